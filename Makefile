@@ -1,0 +1,33 @@
+# raycl — `make demo` sets up .venv and runs the GEC sweep on an embedded local Ray; `make test` is CI's command.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.raycl-installed
+SPACE  ?= gec_pd
+export TOKENIZERS_PARALLELISM := false
+export HF_HUB_OFFLINE := 1
+export PYTHONUNBUFFERED := 1
+
+.PHONY: install test lint demo bench clean
+
+install: $(STAMP)
+
+# torch first, pinned: 2.13.0 is the CPU build on this machine's disk; an unpinned torch would pull CUDA (GBs).
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+lint: install
+	$(VENV)/bin/ruff check raycl tests bench
+	$(VENV)/bin/mypy
+
+test: lint
+	$(VENV)/bin/pytest -q tests
+
+demo: install
+	$(PY) -m raycl.tune $(SPACE) --preset smoke
+
+clean:
+	rm -rf runs .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,58 @@
+"""Shared command-line plumbing of ``python -m raycl.tune`` and ``python -m raycl.train``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from raycl.config import Space, load_space
+
+
+def space_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("space", help="a tune space name (tune_spaces/SPACE.yaml) or a path to a YAML file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a dotted config key, e.g. --set loss.margin=0.3 (repeatable)")
+    p.add_argument("--preset", default=None, help="a preset of the space: smoke | small | paper")
+    p.add_argument("--address", default=None, help="Ray address (auto, HOST:PORT); default: RAY_ADDRESS or "
+                   "an embedded local Ray")
+    p.add_argument("--out", default=None, type=Path,
+                   help="run folder (default runs/SPACE/TIMESTAMP); an existing one is resumed")
+    p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
+    return p
+
+
+def load(args: argparse.Namespace) -> tuple[Space, Path]:
+    space = load_space(args.space, preset=args.preset, overrides=args.overrides)
+    run_dir = args.out or Path("runs") / space.name / time.strftime("%Y%m%d-%H%M%S")
+    return space, run_dir.resolve()
+
+
+def recipe(space: Space) -> Any:
+    task = space.config.task
+    if task == "gec":
+        from raycl.recipes import gec
+
+        return gec
+    raise NotImplementedError(task)
+
+
+def finish(summary: dict[str, Any], *, as_json: bool) -> None:
+    if as_json:
+        json.dump(summary, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return
+    print(f"report: {Path(summary['run_dir']) / 'report.md'}")
+
+
+def quiet_ray() -> None:
+    """Keep the terminal readable: Ray's own progress tables off unless RAYCL_VERBOSE=1."""
+    if os.environ.get("RAYCL_VERBOSE") != "1":
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+        os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+        os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")

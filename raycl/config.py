@@ -1,0 +1,522 @@
+"""Nested dataclass config: loaded from ``tune_spaces/<SPACE>.yaml``, typed ``--set`` overrides, validated once.
+
+A space file has the sections of its task's config (``model``, ``data``, ``loss`` ...), a ``search:`` block
+over dotted keys, optional ``baselines:`` (named dotted overrides, run after the sweep at the best point) and
+``presets:`` (named partial configs merged over the base by ``--preset``). Every key is checked against the
+dataclasses before anything runs: a mistake ends in one line naming the file or ``--set`` and the key.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raycl.errors import UserError
+
+SPACES_DIR = Path(__file__).resolve().parent.parent / "tune_spaces"
+SEARCH_KINDS = ("grid", "choice", "uniform", "loguniform", "qrange")
+
+
+# ---------------------------------------------------------------------------------------------- sections
+@dataclass
+class ScalingSection:
+    num_workers: int = 1  # Ray Train workers per trial; 0 = local mode (no Ray, for tests and debugging)
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0
+
+
+@dataclass
+class TuneSection:
+    num_samples: int = 1
+    max_concurrent_trials: int = 2
+    scheduler: str = "fifo"  # fifo | asha
+    metric: str = "dev_f05"
+    mode: str = "max"
+    driver_cpus: float = 0.25  # Tune trial driver bundle; {"CPU": 0} is rejected by Tune
+    grace_period: int = 1  # ASHA: epochs before a trial may be stopped
+
+
+@dataclass
+class OptimSection:
+    lr: float = 3e-5
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    scheduler: str = "fixed"  # fixed | polynomial
+    warmup_updates: int = 0
+    total_updates: int = 0  # polynomial decay horizon; 0 = epochs × steps per epoch
+    clip_norm: float = 1.0
+    batch_size: int = 32  # sentences per update
+    epochs: int = 3
+    seed: int = 1
+
+
+@dataclass
+class GecModelSection:
+    preset: str = "smoke"  # smoke | small | gec_pd | gec_bart (raycl.models.presets.PRESETS)
+    name: str | None = None  # HF name or local path for from_pretrained; replaces the preset's weights
+    checkpoint: str | None = None  # an already trained base model: skips step 1 of Algorithm 1
+    max_length: int = 64  # tokens, source and target
+    vocab_size: int = 0  # locally trained BPE size for config presets; 0 = the preset's
+    seed: int = 0  # random init of config presets
+    overrides: dict[str, Any] = field(default_factory=dict)  # BartConfig fields, e.g. dropout: 0.3
+
+
+@dataclass
+class BuiltinGecSection:
+    n_train: int = 6000
+    n_finetune: int = 1500
+    n_dev: int = 300
+    n_test: int = 300
+    seed: int = 1
+
+
+@dataclass
+class GecDataSection:
+    train: list[str] = field(default_factory=list)  # D_T file specs; empty = built-in corpus
+    finetune: list[str] = field(default_factory=list)  # D_F
+    dev: dict[str, list[str]] = field(default_factory=dict)  # name -> specs (M2), scored per annotator
+    test: dict[str, list[str]] = field(default_factory=dict)
+    annotator: int = 0  # whose edits make the training target (the paper uses annotator 0)
+    builtin: BuiltinGecSection = field(default_factory=BuiltinGecSection)
+
+
+@dataclass
+class GecLossSection:
+    trade_off: float = 0.5  # λ: (1-λ)·CE + λ·CL, as the released code (SPEC §1.2)
+    margin: float = 0.25  # γ
+    label_smoothing: float = 0.1  # on CE only
+    stack_negatives: bool = False  # one batched pass over all negatives instead of one pass per slot
+
+
+@dataclass
+class MiningSection:
+    k: int = 3
+    beam: int = 5  # beam ≥ k+1; one n-best serves every k ≤ beam-1 of a sweep
+    source_negative: bool = True  # CL (True) or CL⁻ (False)
+    batch_size: int = 64
+    negatives: str | None = None  # pre-mined Parquet: train on it instead of mining
+    num_miners: int = 1
+    cpus_per_miner: float = 1.0
+    gpus_per_miner: float = 0.0
+    sync_every: int = 0  # steps between weight publications; 0 = never (GEC: base-model negatives)
+    max_staleness: int = 0
+    refresh_every: int = 0  # epochs between re-mining with newer weights; 0 = never (the paper)
+
+
+@dataclass
+class GecPretrainSection:
+    """Step 1 of Algorithm 1: train the base model on D_T (skipped when ``model.checkpoint`` is set)."""
+
+    epochs: int = 6
+    lr: float = 1e-3
+    batch_size: int = 64
+    warmup_updates: int = 200
+    label_smoothing: float = 0.1
+
+
+@dataclass
+class GecEvalSection:
+    beam: int = 1  # test/dev decoding beam (GEC-BART: greedy; GEC-PD: 5)
+    batch_size: int = 64
+    max_new_tokens: int = 64
+
+
+@dataclass
+class GecConfig:
+    task: str = "gec"
+    model: GecModelSection = field(default_factory=GecModelSection)
+    data: GecDataSection = field(default_factory=GecDataSection)
+    pretrain: GecPretrainSection = field(default_factory=GecPretrainSection)
+    loss: GecLossSection = field(default_factory=GecLossSection)
+    mining: MiningSection = field(default_factory=MiningSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    eval: GecEvalSection = field(default_factory=GecEvalSection)
+    scaling: ScalingSection = field(default_factory=ScalingSection)
+    tune: TuneSection = field(default_factory=TuneSection)
+
+
+TASKS: dict[str, type] = {"gec": GecConfig}
+
+
+@dataclass
+class Space:
+    """A resolved tune space: the config at its default point, the search block and the baselines."""
+
+    name: str
+    source: str  # the YAML file it came from, for messages
+    config: Any
+    search: dict[str, dict[str, list[Any]]]
+    baselines: dict[str, dict[str, Any]]
+    preset: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------- typing
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(tp) if a is not type(None)) + " (or null)"
+    if origin is list:
+        return f"a list of {_describe(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return f"a mapping of name -> {_describe(typing.get_args(tp)[1])}"
+    names = {bool: "true/false", int: "an integer", float: "a number", str: "a string"}
+    return names.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` (ints are accepted for floats; a lone str for list[str])."""
+    bad = UserError(f"{where}: config key '{key}': expected {_describe(tp)}, got {value!r}")
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(value, args[0], key, where)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if isinstance(value, str) and item is str:
+            value = [value]
+        if not isinstance(value, list):
+            raise bad
+        return [_coerce(v, item, key, where) for v in value]
+    if origin is dict:
+        _, item = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise bad
+        return {str(k): _coerce(v, item, f"{key}.{k}", where) for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise bad
+        return _build(tp, value, key, where)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad
+        return value
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise bad
+        return str(value)
+    return value
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str, where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in known:
+            full = f"{prefix}.{key}" if prefix else key
+            raise UserError(f"{where}: unknown config key '{full}' (known here: {', '.join(sorted(known))})")
+    kwargs = {k: _coerce(v, hints[k], f"{prefix}.{k}" if prefix else k, where) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _field_type(cls: type, dotted: str, where: str) -> Any:
+    """The annotation of a dotted key (``loss.margin`` → float); unknown keys are a UserError."""
+    tp: Any = cls
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        if typing.get_origin(tp) is dict:
+            tp = typing.get_args(tp)[1]
+            continue
+        if not dataclasses.is_dataclass(tp):
+            raise UserError(f"{where}: unknown config key '{dotted}'")
+        hints = typing.get_type_hints(tp)
+        if part not in hints:
+            known = ", ".join(sorted(hints))
+            raise UserError(f"{where}: unknown config key '{'.'.join(parts[: i + 1])}' (known here: {known})")
+        tp = hints[part]
+    return tp
+
+
+# ---------------------------------------------------------------------------------------------- dict ops
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _nest(dotted: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in dotted.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def parse_set(items: list[str]) -> dict[str, str]:
+    """``["loss.margin=0.3"]`` → ``{"loss.margin": "0.3"}``; values are typed later, by the key's annotation."""
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. loss.margin=0.3")
+        out[key.strip()] = raw.strip()
+    return out
+
+
+def _split_top(raw: str) -> list[str]:
+    """``"[a.m2[1000:], b.m2]"`` → ``["a.m2[1000:]", "b.m2"]``: commas split only outside brackets."""
+    if raw.startswith("[") and raw.endswith("]"):
+        raw = raw[1:-1]
+    parts, depth, cur = [], 0, ""
+    for ch in raw:
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    parts.append(cur.strip())
+    return [p.strip("'\"") for p in parts if p.strip()]
+
+
+def _parse_raw(raw: str, tp: Any) -> Any:
+    """Read a command-line value as the annotation ``tp`` wants it (file specs contain ``[`` and ``:``)."""
+    union = typing.get_origin(tp) in (typing.Union, types.UnionType)
+    bare = [a for a in typing.get_args(tp) if a is not type(None)] if union else [tp]
+    if raw.lower() in ("null", "none", "~") and union:
+        return None
+    if bare[0] is str:
+        return raw
+    if typing.get_origin(bare[0]) is list and typing.get_args(bare[0])[0] is str:
+        return _split_top(raw)
+    try:
+        return yaml.safe_load(raw) if raw else None
+    except yaml.YAMLError:
+        return raw
+
+
+def set_dotted(config: Any, dotted: dict[str, Any], *, where: str, raw: bool = False) -> Any:
+    """A copy of ``config`` with dotted keys replaced (typed and validated); used by ``--set`` and Tune.
+
+    ``raw=True``: the values are command-line strings, read according to each key's annotation.
+    """
+    cls = type(config)
+    for key, value in list(dotted.items()):
+        tp = _field_type(cls, key, where)
+        if raw:
+            dotted[key] = _parse_raw(value, tp)
+    data = _merge(dataclasses.asdict(config), _nest(dotted))
+    new = _build(cls, data, "", where)
+    validate(new, where=where)
+    return new
+
+
+def get_dotted(config: Any, key: str) -> Any:
+    node = config
+    for part in key.split("."):
+        node = node[part] if isinstance(node, dict) else getattr(node, part)
+    return node
+
+
+# ---------------------------------------------------------------------------------------------- loading
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: cannot read tune space ({err.__class__.__name__})") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise UserError(f"{path}{line}: invalid YAML ({getattr(err, 'problem', err)})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping of config sections at the top level")
+    return data
+
+
+def resolve_space_path(space: str) -> Path:
+    path = Path(space)
+    if path.suffix in (".yaml", ".yml"):
+        if not path.exists():
+            raise UserError(f"{path}: no such tune space file")
+        return path
+    path = SPACES_DIR / f"{space}.yaml"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in SPACES_DIR.glob("*.yaml")))
+        raise UserError(f"unknown tune space '{space}' (known: {known}; or give a path to a .yaml file)")
+    return path
+
+
+def load_space(space: str, *, preset: str | None = None, overrides: list[str] | None = None) -> Space:
+    """Load a space file, apply ``--preset`` then ``--set`` overrides, validate config, search and baselines."""
+    path = resolve_space_path(space)
+    where = str(path)
+    raw = _read_yaml(path)
+    presets = raw.pop("presets", {}) or {}
+    if preset is not None:
+        if preset not in presets:
+            raise UserError(f"{where}: unknown preset '{preset}' (this space has: {', '.join(presets) or 'none'})")
+        chosen = dict(presets[preset] or {})
+        if "search" in chosen:  # a preset's search replaces the base grid, it does not extend it
+            raw["search"] = chosen.pop("search")
+        raw = _merge(raw, chosen)
+    search = raw.pop("search", {}) or {}
+    baselines = raw.pop("baselines", {}) or {}
+    task = raw.get("task", "gec")
+    if task not in TASKS:
+        raise UserError(f"{where}: config key 'task': expected one of {', '.join(TASKS)}, got {task!r}")
+    config = _build(TASKS[task], raw, "", where)
+    validate(config, where=where)
+    if overrides:
+        config = set_dotted(config, parse_set(overrides), where="--set", raw=True)
+    return Space(
+        name=path.stem,
+        source=where,
+        config=config,
+        search=_check_search(config, search, where),
+        baselines=_check_baselines(config, baselines, where),
+        preset=preset,
+    )
+
+
+def _check_search(config: Any, search: Any, where: str) -> dict[str, dict[str, list[Any]]]:
+    if not isinstance(search, dict):
+        raise UserError(f"{where}: 'search' must map dotted config keys to {{kind: values}}")
+    out: dict[str, dict[str, list[Any]]] = {}
+    for key, spec in search.items():
+        tp = _field_type(type(config), key, f"{where}: search")
+        if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in SEARCH_KINDS:
+            raise UserError(
+                f"{where}: search key '{key}': expected one of {{{', '.join(SEARCH_KINDS)}: [...]}}, got {spec!r}"
+            )
+        kind, values = next(iter(spec.items()))
+        values = _check_search_values(kind, values, key, where)
+        for v in expand_values(kind, values) if kind in ("grid", "choice", "qrange") else values:
+            _coerce(v, tp, key, f"{where}: search")
+            set_dotted(config, {key: v}, where=f"{where}: search value for '{key}'")
+        out[key] = {kind: values}
+    return out
+
+
+def _check_search_values(kind: str, values: Any, key: str, where: str) -> list[Any]:
+    if not isinstance(values, list) or not values:
+        raise UserError(f"{where}: search key '{key}': '{kind}' expects a non-empty list, got {values!r}")
+    if kind in ("uniform", "loguniform") and (len(values) != 2 or not all(_is_num(v) for v in values)):
+        raise UserError(f"{where}: search key '{key}': '{kind}' expects [low, high], got {values!r}")
+    if kind == "loguniform" and min(values) <= 0:
+        raise UserError(f"{where}: search key '{key}': 'loguniform' bounds must be > 0, got {values!r}")
+    if kind == "qrange":
+        if len(values) != 3 or not all(_is_num(v) for v in values) or values[2] <= 0 or values[1] < values[0]:
+            raise UserError(f"{where}: search key '{key}': 'qrange' expects [start, stop, step>0], got {values!r}")
+    return values
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def expand_values(kind: str, values: list[Any]) -> list[Any]:
+    """The discrete values of a ``grid``/``choice``/``qrange`` spec (qrange is inclusive, rounded to the step)."""
+    if kind != "qrange":
+        return list(values)
+    start, stop, step = values
+    n = int(round((stop - start) / step)) + 1
+    decimals = max(0, len(repr(float(step)).split(".")[1].rstrip("0")))
+    vals = [round(start + i * step, decimals) for i in range(n)]
+    return [int(v) for v in vals] if all(isinstance(x, int) for x in values) else vals
+
+
+def _check_baselines(config: Any, baselines: Any, where: str) -> dict[str, dict[str, Any]]:
+    if not isinstance(baselines, dict):
+        raise UserError(f"{where}: 'baselines' must map a name to dotted overrides")
+    for name, over in baselines.items():
+        if not isinstance(over, dict):
+            raise UserError(f"{where}: baseline '{name}': expected a mapping of dotted keys to values")
+        set_dotted(config, over, where=f"{where}: baseline '{name}'")
+    return baselines
+
+
+# ---------------------------------------------------------------------------------------------- validation
+def _require(ok: bool, where: str, key: str, expected: str, value: Any) -> None:
+    if not ok:
+        raise UserError(f"{where}: config key '{key}': expected {expected}, got {value!r}")
+
+
+def validate(config: Any, *, where: str) -> None:
+    """Range and consistency checks that types alone cannot express."""
+    if isinstance(config, GecConfig):
+        _validate_gec(config, where)
+    _validate_common(config, where)
+
+
+def _validate_common(c: Any, where: str) -> None:
+    _require(c.scaling.num_workers >= 0, where, "scaling.num_workers", "an integer ≥ 0", c.scaling.num_workers)
+    _require(c.scaling.cpus_per_worker > 0, where, "scaling.cpus_per_worker", "> 0", c.scaling.cpus_per_worker)
+    _require(c.tune.scheduler in ("fifo", "asha"), where, "tune.scheduler", "fifo or asha", c.tune.scheduler)
+    _require(c.tune.mode in ("max", "min"), where, "tune.mode", "max or min", c.tune.mode)
+    _require(c.tune.num_samples >= 1, where, "tune.num_samples", "an integer ≥ 1", c.tune.num_samples)
+    _require(c.tune.max_concurrent_trials >= 1, where, "tune.max_concurrent_trials", "≥ 1",
+             c.tune.max_concurrent_trials)
+    _require(c.tune.driver_cpus > 0, where, "tune.driver_cpus", "> 0 (Tune rejects 0)", c.tune.driver_cpus)
+    o = c.optim
+    _require(o.lr > 0, where, "optim.lr", "> 0", o.lr)
+    _require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), where, "optim.betas",
+             "two numbers in [0, 1)", o.betas)
+    _require(o.scheduler in ("fixed", "polynomial"), where, "optim.scheduler", "fixed or polynomial", o.scheduler)
+    _require(o.batch_size >= 1, where, "optim.batch_size", "an integer ≥ 1", o.batch_size)
+    _require(o.epochs >= 0, where, "optim.epochs", "an integer ≥ 0", o.epochs)
+    _require(o.clip_norm >= 0, where, "optim.clip_norm", "≥ 0 (0 = no clipping)", o.clip_norm)
+    m = c.mining
+    _require(m.num_miners >= 1, where, "mining.num_miners", "an integer ≥ 1", m.num_miners)
+    _require(m.cpus_per_miner >= 0 and m.gpus_per_miner >= 0, where, "mining.cpus_per_miner",
+             "non-negative resources", (m.cpus_per_miner, m.gpus_per_miner))
+    _require(m.max_staleness >= 0, where, "mining.max_staleness", "an integer ≥ 0", m.max_staleness)
+    _require(m.sync_every >= 0, where, "mining.sync_every", "an integer ≥ 0", m.sync_every)
+    _require(m.refresh_every >= 0, where, "mining.refresh_every", "an integer ≥ 0", m.refresh_every)
+
+
+def _validate_gec(c: GecConfig, where: str) -> None:
+    from raycl.models.presets import PRESETS
+
+    _require(c.model.preset in PRESETS, where, "model.preset", f"one of {', '.join(PRESETS)}", c.model.preset)
+    _require(c.model.max_length >= 8, where, "model.max_length", "an integer ≥ 8", c.model.max_length)
+    _require(0.0 <= c.loss.trade_off <= 1.0, where, "loss.trade_off", "a number in [0, 1]", c.loss.trade_off)
+    _require(c.loss.margin >= 0.0, where, "loss.margin", "a number ≥ 0", c.loss.margin)
+    _require(0.0 <= c.loss.label_smoothing < 1.0, where, "loss.label_smoothing", "a number in [0, 1)",
+             c.loss.label_smoothing)
+    _require(c.mining.k >= 1, where, "mining.k", "an integer ≥ 1", c.mining.k)
+    _require(c.mining.beam >= c.mining.k + 1, where, "mining.beam", f"≥ mining.k + 1 = {c.mining.k + 1}",
+             c.mining.beam)
+    _require(c.eval.beam >= 1, where, "eval.beam", "an integer ≥ 1", c.eval.beam)
+    _require(c.data.annotator >= 0, where, "data.annotator", "an integer ≥ 0", c.data.annotator)
+    b = c.data.builtin
+    _require(min(b.n_train, b.n_finetune, b.n_dev, b.n_test) >= 1, where, "data.builtin",
+             "positive sizes", dataclasses.asdict(b))
+
+
+def from_dict(cls: type, data: dict[str, Any]) -> Any:
+    """Rebuild a config from :func:`to_dict` output (how a config crosses into Ray workers)."""
+    return _build(cls, data, "", "config")
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def dump_yaml(config: Any, path: Path) -> None:
+    """Write the resolved config atomically."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(yaml.safe_dump(to_dict(config), sort_keys=False), encoding="utf-8")
+    tmp.replace(path)

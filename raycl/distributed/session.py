@@ -1,0 +1,59 @@
+"""What a training worker asks of Ray Train: its rank, DDP wrapping, reporting, the checkpoint to resume.
+
+The recipe loops call these functions and never import Ray themselves (STYLE habit 6). With
+``scaling.num_workers=0`` Ray Train runs the loop in-process (local mode) and the same calls work.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import ray.train
+import ray.train.torch
+import torch
+
+
+def world() -> tuple[int, int]:
+    """``(rank, world_size)`` of this worker."""
+    ctx = ray.train.get_context()
+    return ctx.get_world_rank(), ctx.get_world_size()
+
+
+def device() -> torch.device:
+    return ray.train.torch.get_device()
+
+
+def prepare_model(model: torch.nn.Module) -> torch.nn.Module:
+    """Move to this worker's device and wrap in DDP when there is more than one worker."""
+    _, size = world()
+    if size <= 1:
+        return model.to(device())
+    return ray.train.torch.prepare_model(model, parallel_strategy_kwargs={"find_unused_parameters": True})
+
+
+def report(metrics: dict[str, Any], *, checkpoint_dir: Path | None = None) -> None:
+    """Report metrics (all ranks must call); rank 0 may attach a checkpoint folder it just wrote."""
+    ckpt = ray.train.Checkpoint.from_directory(str(checkpoint_dir)) if checkpoint_dir is not None else None
+    ray.train.report(metrics, checkpoint=ckpt)
+
+
+@contextmanager
+def resume_dir() -> Iterator[Path | None]:
+    """The folder of the checkpoint to resume from (after a worker failure or a resumed run), or None."""
+    ckpt = ray.train.get_checkpoint()
+    if ckpt is None:
+        yield None
+        return
+    with ckpt.as_directory() as path:
+        yield Path(path)
+
+
+@contextmanager
+def scratch_dir() -> Iterator[Path]:
+    """A temporary folder for a checkpoint about to be reported (Ray copies it into storage)."""
+    with tempfile.TemporaryDirectory(prefix="raycl-ckpt-") as tmp:
+        yield Path(tmp)

@@ -1,0 +1,92 @@
+"""A Ray Tune sweep whose trials each run a Ray Train ``TorchTrainer`` (the Train-in-Tune pattern of Ray 2.60).
+
+``Tuner(trial_fn)`` with a function trial, never ``Tuner(trainer)`` (deprecated); each trial reserves only its
+driver bundle; the trial's ``TorchTrainer`` places its own workers. YAML search specs are turned into Tune
+domains through a whitelist, never ``eval``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray.tune as tune
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+from raycl.config import TuneSection, expand_values
+
+
+@dataclass
+class TrialOutcome:
+    """What the recipe needs from a finished trial: its point, every report it made, and any error."""
+
+    trial_id: str
+    params: dict[str, Any]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
+
+def to_param_space(search: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
+    """``{"loss.margin": {"qrange": [0.1, 1.0, 0.05]}}`` → Tune domains over the same dotted keys."""
+    space: dict[str, Any] = {}
+    for key, spec in search.items():
+        kind, values = next(iter(spec.items()))
+        if kind in ("grid", "qrange"):
+            space[key] = tune.grid_search(expand_values(kind, values))
+        elif kind == "choice":
+            space[key] = tune.choice(values)
+        elif kind == "uniform":
+            space[key] = tune.uniform(*values)
+        elif kind == "loguniform":
+            space[key] = tune.loguniform(*values)
+    return space
+
+
+def grid(values: list[Any]) -> Any:
+    """A grid dimension over ``values`` (every trial takes one)."""
+    return tune.grid_search(list(values))
+
+
+def trial_run_name() -> str:
+    """The stable Train run name of the current trial (RAY_NOTES 2.2: no timestamps, one per trial)."""
+    return f"train-trial_id={tune.get_context().get_trial_id()}"
+
+
+def run_sweep(
+    trial_fn: Callable[[dict[str, Any]], None],
+    param_space: dict[str, Any],
+    *,
+    tune_cfg: TuneSection,
+    name: str,
+    storage_path: Path,
+    max_t: int,
+) -> list[TrialOutcome]:
+    """Run every trial of ``param_space`` and return their outcomes in trial order."""
+    scheduler = (
+        ASHAScheduler(time_attr="training_iteration", max_t=max(max_t, 1), grace_period=tune_cfg.grace_period)
+        if tune_cfg.scheduler == "asha"
+        else FIFOScheduler()
+    )
+    tuner = tune.Tuner(
+        tune.with_resources(trial_fn, {"cpu": tune_cfg.driver_cpus}),
+        param_space=param_space,
+        tune_config=tune.TuneConfig(
+            metric=tune_cfg.metric,
+            mode=tune_cfg.mode,
+            scheduler=scheduler,
+            num_samples=tune_cfg.num_samples,
+            max_concurrent_trials=tune_cfg.max_concurrent_trials,
+        ),
+        run_config=tune.RunConfig(name=name, storage_path=str(Path(storage_path).resolve()), verbose=0),
+    )
+    grid = tuner.fit()
+    outcomes = []
+    for result in grid:
+        frame = result.metrics_dataframe
+        history = frame.to_dict("records") if frame is not None else []
+        params = {k: v for k, v in (result.config or {}).items()}
+        trial_id = str((result.metrics or {}).get("trial_id", Path(result.path).name))
+        outcomes.append(TrialOutcome(trial_id, params, history, repr(result.error) if result.error else None))
+    return outcomes

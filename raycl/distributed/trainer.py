@@ -1,0 +1,57 @@
+"""One training run on Ray Train V2: a ``TorchTrainer`` with 1…N DDP workers, or local mode with 0."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ray.train
+from ray.train.torch import TorchTrainer
+
+from raycl.config import ScalingSection
+
+
+def fit(
+    train_fn: Callable[[dict[str, Any]], Any],
+    loop_config: dict[str, Any],
+    *,
+    scaling: ScalingSection,
+    name: str,
+    storage_path: Path,
+    in_tune: bool = False,
+    max_failures: int = 0,
+    score_attribute: str | None = None,
+    score_mode: str = "max",
+) -> ray.train.Result:
+    """Run ``train_fn`` on ``scaling.num_workers`` workers and return Ray's ``Result``.
+
+    Inside a Tune trial the documented Train-in-Tune pattern applies (RAY_NOTES 2.2): a stable run name per
+    trial (re-using it resumes that trial's run) and a ``TuneReportCallback`` forwarding rank 0's metrics.
+    """
+    callbacks = []
+    if in_tune:
+        from ray.tune.integration.ray_train import TuneReportCallback
+
+        callbacks.append(TuneReportCallback())
+    trainer = TorchTrainer(
+        train_fn,
+        train_loop_config=loop_config,
+        scaling_config=ray.train.ScalingConfig(
+            num_workers=scaling.num_workers,
+            use_gpu=scaling.use_gpu,
+            resources_per_worker={"CPU": scaling.cpus_per_worker, **({"GPU": 1} if scaling.use_gpu else {})},
+        ),
+        run_config=ray.train.RunConfig(
+            name=name,
+            storage_path=str(Path(storage_path).resolve()),
+            failure_config=ray.train.FailureConfig(max_failures=max_failures),
+            checkpoint_config=ray.train.CheckpointConfig(
+                num_to_keep=1,
+                checkpoint_score_attribute=score_attribute,
+                checkpoint_score_order=score_mode,
+            ),
+            callbacks=callbacks,
+        ),
+    )
+    return trainer.fit()

@@ -1,0 +1,237 @@
+"""The GEC run's outputs: ``results.csv``, ``best.json``, ``report.md`` (the paper's Tables 1–3) and plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raycl.data.gec import load_references
+from raycl.data.gec_corpus import stats as corpus_stats
+from raycl.data.specs import parse_spec
+from raycl.distributed.sweep import TrialOutcome
+
+if TYPE_CHECKING:
+    from raycl.config import Space
+    from raycl.recipes.gec import GecRun
+
+PARAM_NAMES = {"loss.margin": "γ", "mining.k": "k", "loss.trade_off": "λ", "mining.source_negative": "source neg."}
+
+
+def best_row(trial: TrialOutcome, metric: str, mode: str = "max") -> dict[str, Any] | None:
+    """The report of ``trial`` with the best ``metric`` (the checkpoint the paper would pick on dev)."""
+    rows = [r for r in trial.history if _num(r.get(metric)) is not None]
+    if not rows:
+        return None
+    sign = 1.0 if mode == "max" else -1.0
+    return max(rows, key=lambda r: (sign * float(r[metric]), -float(r.get("epoch", 0))))
+
+
+def best_trial(trials: list[TrialOutcome], *, metric: str, mode: str = "max") -> TrialOutcome | None:
+    scored = [(t, best_row(t, metric, mode)) for t in trials]
+    scored = [(t, r) for t, r in scored if r is not None]
+    if not scored:
+        return None
+    sign = 1.0 if mode == "max" else -1.0
+    return max(scored, key=lambda tr: sign * float(tr[1][metric]))[0]
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def _label(trial: TrialOutcome) -> str:
+    name = trial.params.get("baseline")
+    if name is not None:
+        return {"di": "DI", "nll": "NLL", "cl_minus": "CL⁻"}.get(str(name), str(name))
+    return "CL"
+
+
+def _params_text(params: dict[str, Any]) -> str:
+    return ", ".join(f"{PARAM_NAMES.get(k, k)}={v}" for k, v in params.items() if k != "baseline") or "default"
+
+
+# ---------------------------------------------------------------------------------------------- files
+def write_all(run: GecRun, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]) -> dict[str, Any]:
+    metric, mode = run.cfg.tune.metric, run.cfg.tune.mode
+    rows = [_result_row(t, metric, mode) for t in trials + extra]
+    _write_csv(run.run_dir / "results.csv", rows)
+    best = best_trial(trials, metric=metric, mode=mode)
+    summary = {
+        "space": space.name,
+        "run_dir": str(run.run_dir),
+        "best": _result_row(best, metric, mode) if best else None,
+        "table": _table_rows(trials, extra, metric, mode),
+        "timings": run.timings,
+        "builtin_data": run.builtin,
+        "failed_trials": [t.trial_id for t in trials + extra if t.error],
+    }
+    _atomic_write(run.run_dir / "best.json", json.dumps(summary["best"], indent=2, default=str))
+    plots = _plots(run.run_dir, trials + extra, metric)
+    _atomic_write(run.run_dir / "report.md", render_report(run, space, summary, trials, plots))
+    summary["plots"] = [str(p) for p in plots]
+    return summary
+
+
+def _result_row(trial: TrialOutcome, metric: str, mode: str) -> dict[str, Any]:
+    row = best_row(trial, metric, mode) or (trial.history[-1] if trial.history else {})
+    out: dict[str, Any] = {"trial_id": trial.trial_id, "method": _label(trial)}
+    out.update({k: v for k, v in trial.params.items()})
+    keep = ("epoch", "loss", "timing/step", "timing/mine_wait", "checkpoint_path")
+    out.update({k: v for k, v in row.items() if k in keep or k.startswith(("dev", "test"))})
+    if trial.error:
+        out["error"] = trial.error
+    return out
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(path)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------------------------------------- tables
+def _table_rows(
+    trials: list[TrialOutcome], extra: list[TrialOutcome], metric: str, mode: str
+) -> list[dict[str, Any]]:
+    """Table 2's rows in the paper's order: DI, NLL, CL⁻, CL (the best CL trial by dev)."""
+    rows = []
+    by_label = {_label(t): t for t in extra}
+    best = best_trial(trials, metric=metric, mode=mode)
+    for label in ("DI", "NLL", "CL⁻"):
+        if label in by_label:
+            rows.append({"method": label, **(best_row(by_label[label], metric, mode) or {})})
+    for t in extra:
+        if _label(t) not in ("DI", "NLL", "CL⁻"):
+            rows.append({"method": _label(t), **(best_row(t, metric, mode) or {})})
+    if best is not None:
+        rows.append({"method": "CL", "params": _params_text(best.params), **(best_row(best, metric, mode) or {})})
+    return rows
+
+
+def _pct(v: Any) -> str:
+    f = _num(v)
+    return "–" if f is None else f"{100 * f:.2f}"
+
+
+def render_report(
+    run: GecRun, space: Space, summary: dict[str, Any], trials: list[TrialOutcome], plots: list[Path]
+) -> str:
+    cfg = run.cfg
+    tests = list(cfg.data.test)
+    lines = [f"# raycl — {space.name}: GEC with contrastive learning (Cao, Yang, Ng 2021)", ""]
+    lines += [f"Run folder `{run.run_dir}`; model preset `{cfg.model.preset}`"
+              f"{' (' + cfg.model.name + ')' if cfg.model.name else ''}; "
+              f"built-in data for: {', '.join(run.builtin) or 'none'}.", ""]  # fmt: skip
+    lines += ["## Results on test (Table 2)", "",
+              "P / R / F0.5 in %, each the average over the test set's annotators (the paper's protocol); "
+              "the CL row is the sweep's best point by dev F0.5, the other rows run at that point.", ""]  # fmt: skip
+    head = "| Method | " + " | ".join(f"{t} P | {t} R | {t} F0.5" for t in tests) + " | dev F0.5 |"
+    lines += [head, "|" + "---|" * (1 + 3 * len(tests) + 1)]
+    for row in summary["table"]:
+        cells = [_pct(row.get(f"test/{t}/{k}")) for t in tests for k in ("p", "r", "f05")]
+        name = row["method"] + (f" ({row['params']})" if row.get("params") else "")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_pct(row.get('dev_f05'))} |")
+    lines += ["", "## Over-correction and ignored edits (Table 3)", "",
+              "| Method | " + " | ".join(f"{t} IE ratio | {t} OE ratio" for t in tests) + " |",
+              "|" + "---|" * (1 + 2 * len(tests))]  # fmt: skip
+    for row in summary["table"]:
+        cells = [_pct(row.get(f"test/{t}/{k}")) for t in tests for k in ("ie", "oe")]
+        lines.append(f"| {row['method']} | " + " | ".join(cells) + " |")
+    lines += ["", "## Sweep (dev F0.5, %, best epoch of each trial)", "", "| Point | dev F0.5 | epoch |", "|---|---|---|"]
+    for t in sorted(trials, key=lambda t: -(_num((best_row(t, "dev_f05") or {}).get("dev_f05")) or -1)):
+        r = best_row(t, "dev_f05") or {}
+        lines.append(f"| {_params_text(t.params)} | {_pct(r.get('dev_f05'))} | {r.get('epoch', '–')} |")
+    lines += ["", "## Data (Table 1)", "", "| Usage | Files | #sent | err% | e/s |", "|---|---|---|---|---|"]
+    lines += _data_rows(cfg)
+    lines += ["", "## Timings", ""]
+    lines += [f"- {k.replace('_s', '')}: {v:.1f} s" for k, v in run.timings.items()]
+    steps = [_num(r.get("timing/step")) for t in trials for r in t.history]
+    steps = [s for s in steps if s is not None]
+    if steps:
+        lines.append(f"- mean fine-tuning step: {1000 * sum(steps) / len(steps):.1f} ms; mine_wait: 0 "
+                     "(negatives mined before fine-tuning, as the paper's code; see mining.*)")  # fmt: skip
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
+    if summary["failed_trials"]:
+        lines += ["", f"Failed trials: {', '.join(summary['failed_trials'])}"]
+    return "\n".join(lines)
+
+
+def _data_rows(cfg: Any) -> list[str]:
+    splits = [("Train (D_T)", cfg.data.train), ("Fine-tune (D_F)", cfg.data.finetune)]
+    splits += [(f"Dev {n}", s) for n, s in cfg.data.dev.items()] + [(f"Test {n}", s) for n, s in cfg.data.test.items()]
+    out = []
+    for usage, specs in splits:
+        m2 = [s for s in specs if parse_spec(s).format == "m2"]
+        sents = load_references(m2) if m2 else []
+        if not sents:
+            out.append(f"| {usage} | {', '.join(specs)} | – | – | – |")
+            continue
+        st = corpus_stats(sents)
+        out.append(f"| {usage} | {', '.join(Path(s).name for s in specs)} | {len(sents)} | "
+                   f"{100 * st['err_rate']:.1f} | {st['edits_per_error']:.1f} |")  # fmt: skip
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- plots
+def _plots(run_dir: Path, trials: list[TrialOutcome], metric: str) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for t in trials:
+        pts = [(r.get("epoch"), _num(r.get(metric))) for r in t.history if _num(r.get(metric)) is not None]
+        if pts:
+            ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", label=f"{_label(t)} {_params_text(t.params)}")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("dev F0.5 (%)")
+    ax.set_title("Dev F0.5 during fine-tuning")
+    ax.legend(fontsize=6, loc="best")
+    fig.tight_layout()
+    out.append(_save(fig, run_dir / "dev_curves.png"))
+    plt.close(fig)
+    cl = [t for t in trials if "loss.margin" in t.params]
+    if cl:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for k in sorted({t.params.get("mining.k") for t in cl}, key=str):
+            pts = sorted((float(t.params["loss.margin"]), _num((best_row(t, metric) or {}).get(metric)))
+                         for t in cl if t.params.get("mining.k") == k)  # fmt: skip
+            pts = [p for p in pts if p[1] is not None]
+            ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", label=f"k={k}")  # type: ignore[operator]
+        ax.set_xlabel("margin γ")
+        ax.set_ylabel("best dev F0.5 (%)")
+        ax.set_title("Sweep: dev F0.5 against γ and k")
+        ax.legend()
+        fig.tight_layout()
+        out.append(_save(fig, run_dir / "sweep.png"))
+        plt.close(fig)
+    return out
+
+
+def _save(fig: Any, path: Path) -> Path:
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    tmp.replace(path)
+    return path

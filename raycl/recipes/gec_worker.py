@@ -1,0 +1,222 @@
+"""The per-worker training loop of the GEC recipe (runs inside Ray Train workers, or in-process).
+
+One function, :func:`train_worker`, serves both training phases of Algorithm 1 (Cao et al., 2021):
+``pretrain`` (step 1: label-smoothed NLL on D_T) and ``finetune`` (step 3: Eq. 5 on D_F with the mined
+negatives). Gradients are summed over workers and divided by the *global* number of target tokens, as the
+fairseq trainer does (SPEC §1.2: "sum both terms, then divide by ntokens"), so N workers take the same step as
+one worker on the whole batch.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from raycl.config import GecConfig, from_dict
+from raycl.data.gec import GecExample, load_examples, load_references
+from raycl.distributed import session
+from raycl.evaluation.errant_scorer import evaluate_gec
+from raycl.losses.gec_margin import GecContrastiveLoss
+from raycl.miners.beam_search import read_negatives_parquet, select_negatives
+from raycl.models.seq2seq import Seq2SeqScorer
+from raycl.train.checkpoint import MODEL_DIR, load_training_state, save_training_state, seed_everything
+from raycl.train.gec_step import collate, gec_loss
+from raycl.train.optim import build_optimizer, build_scheduler
+
+
+@dataclass(frozen=True)
+class Phase:
+    """What differs between step 1 and step 3 of Algorithm 1."""
+
+    name: str  # pretrain | finetune
+    specs: list[str]
+    lr: float
+    epochs: int
+    batch_size: int
+    warmup: int
+    label_smoothing: float
+    trade_off: float
+
+
+def phase_of(cfg: GecConfig, name: str) -> Phase:
+    if name == "pretrain":
+        p = cfg.pretrain
+        return Phase(name, cfg.data.train, p.lr, p.epochs, p.batch_size, p.warmup_updates, p.label_smoothing, 0.0)
+    o = cfg.optim
+    return Phase(name, cfg.data.finetune, o.lr, o.epochs, o.batch_size, o.warmup_updates,
+                 cfg.loss.label_smoothing, cfg.loss.trade_off)  # fmt: skip
+
+
+def train_worker(loop_config: dict[str, Any]) -> None:
+    """Ray Train entry point. ``loop_config``: ``config`` (dict), ``phase``, ``init_model``, ``nbest`` (Parquet or None)."""
+    cfg: GecConfig = from_dict(GecConfig, loop_config["config"])
+    phase = phase_of(cfg, loop_config["phase"])
+    rank, world_size = session.world()
+    seed_everything(cfg.optim.seed)
+    scorer = Seq2SeqScorer.from_pretrained(loop_config["init_model"])
+    examples = _shard(load_examples(phase.specs, annotator=cfg.data.annotator), rank, world_size)
+    negatives = _negatives(cfg, examples, loop_config.get("nbest")) if phase.name == "finetune" else {}
+    steps_per_epoch = math.ceil(len(examples) / phase.batch_size)
+    total = cfg.optim.total_updates or steps_per_epoch * max(phase.epochs, 1)
+    optimizer = build_optimizer(scorer, phase.lr, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,  # type: ignore[arg-type]
+                                weight_decay=cfg.optim.weight_decay)  # fmt: skip
+    scheduler = build_scheduler(optimizer, cfg.optim.scheduler if phase.name == "finetune" else "fixed",
+                                warmup=phase.warmup, total=total)  # fmt: skip
+    progress: dict[str, Any] = {"epoch": 0, "step": 0}
+    with session.resume_dir() as ckpt:
+        if ckpt is not None:
+            scorer = Seq2SeqScorer.from_pretrained(ckpt / MODEL_DIR)
+            optimizer = build_optimizer(scorer, phase.lr, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,  # type: ignore[arg-type]
+                                        weight_decay=cfg.optim.weight_decay)  # fmt: skip
+            scheduler = build_scheduler(optimizer, cfg.optim.scheduler, warmup=phase.warmup, total=total)
+            progress = load_training_state(ckpt, optimizer=optimizer, scheduler=scheduler)
+    scorer.to(session.device())
+    loss_fn = GecContrastiveLoss(trade_off=phase.trade_off, margin=cfg.loss.margin,
+                                 label_smoothing=phase.label_smoothing)  # fmt: skip
+    refs = _references(cfg) if phase.name == "finetune" and rank == 0 else {}
+    if phase.name == "finetune" and phase.epochs == 0:  # DI: evaluate the base model, train nothing
+        _report(cfg, scorer, optimizer, scheduler, progress, refs, {"loss": float("nan")}, rank)
+        return
+    for epoch in range(progress["epoch"], phase.epochs):
+        stats = _train_epoch(cfg, phase, scorer, optimizer, scheduler, loss_fn, examples, negatives, epoch)
+        progress = {"epoch": epoch + 1, "step": progress["step"] + stats.pop("steps")}
+        _report(cfg, scorer, optimizer, scheduler, progress, refs, stats, rank)
+
+
+def _shard(examples: list[GecExample], rank: int, world_size: int) -> list[GecExample]:
+    """Every worker takes every ``world_size``-th example (DistributedSampler without padding)."""
+    return examples[rank::world_size]
+
+
+def _negatives(cfg: GecConfig, examples: list[GecExample], nbest_path: str | None) -> dict[str, list[str]]:
+    """Each example's negatives for this trial: the top-k of the base model's n-best (+ the source for CL)."""
+    if cfg.loss.trade_off == 0.0:
+        return {}  # NLL fine-tuning needs none
+    if cfg.mining.negatives:  # pre-mined, already selected (the paper's code shipped negatives this way)
+        mined = read_negatives_parquet(cfg.mining.negatives)
+        return {ex.id: list(mined[ex.id].negatives) for ex in examples if ex.id in mined}
+    if nbest_path is None:
+        raise RuntimeError("finetune phase without mined n-best lists")
+    nbest = read_negatives_parquet(nbest_path)
+    return {
+        ex.id: select_negatives(list(nbest[ex.id].negatives), ex.target, ex.source, k=cfg.mining.k,
+                                source_negative=cfg.mining.source_negative)  # fmt: skip
+        for ex in examples
+        if ex.id in nbest
+    }
+
+
+def _references(cfg: GecConfig) -> dict[str, dict[str, Any]]:
+    return {
+        split: {name: load_references(specs) for name, specs in sets.items()}
+        for split, sets in (("dev", cfg.data.dev), ("test", cfg.data.test))
+    }
+
+
+def _train_epoch(
+    cfg: GecConfig, phase: Phase, scorer: Seq2SeqScorer, optimizer: torch.optim.Optimizer, scheduler: Any,
+    loss_fn: GecContrastiveLoss, examples: list[GecExample], negatives: dict[str, list[str]], epoch: int,
+) -> dict[str, float]:
+    scorer.train()
+    order = list(range(len(examples)))
+    random.Random(cfg.optim.seed * 1000 + epoch).shuffle(order)
+    sums = {"loss": 0.0, "ce": 0.0, "mml": 0.0, "ntokens": 0.0}
+    step_time, steps = 0.0, 0
+    for start in range(0, len(order), phase.batch_size):
+        t0 = time.perf_counter()
+        batch_ex = [examples[i] for i in order[start : start + phase.batch_size]]
+        batch = collate(batch_ex, [negatives.get(ex.id, []) for ex in batch_ex], scorer.tokenizer,
+                        max_length=cfg.model.max_length)  # fmt: skip
+        batch = batch.to(session.device()) if hasattr(batch, "to") else batch
+        out = gec_loss(scorer, batch, loss_fn, stack_negatives=cfg.loss.stack_negatives)
+        local_tokens = float(out.ntokens)
+        global_tokens = _all_reduce_sum(local_tokens)
+        optimizer.zero_grad(set_to_none=True)
+        (out.loss * (local_tokens / global_tokens)).backward()
+        _all_reduce_grads(scorer)
+        if cfg.optim.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(scorer.parameters(), cfg.optim.clip_norm)
+        optimizer.step()
+        scheduler.step()
+        step_time += time.perf_counter() - t0
+        steps += 1
+        sums["loss"] += float(out.loss) * local_tokens
+        sums["ce"] += float(out.ce)
+        sums["mml"] += float(out.mml)
+        sums["ntokens"] += local_tokens
+    n = max(sums["ntokens"], 1.0)
+    return {"loss": sums["loss"] / n, "ce_per_token": sums["ce"] / n, "mml_per_token": sums["mml"] / n,
+            "timing/step": step_time / max(steps, 1), "timing/mine_wait": 0.0, "steps": steps,
+            "lr": scheduler.get_last_lr()[0]}  # fmt: skip
+
+
+def _all_reduce_sum(value: float) -> float:
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def _all_reduce_grads(model: torch.nn.Module) -> None:
+    """Sum gradients over workers (the loss was already scaled by local/global tokens)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    for p in model.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+
+
+def _report(
+    cfg: GecConfig, scorer: Seq2SeqScorer, optimizer: torch.optim.Optimizer, scheduler: Any,
+    progress: dict[str, Any], refs: dict[str, dict[str, Any]], stats: dict[str, float], rank: int,
+) -> None:
+    """Rank 0 evaluates dev and test (fine-tuning) and writes a checkpoint; every rank reports."""
+    metrics: dict[str, Any] = {**stats, "epoch": progress["epoch"], "step": progress["step"]}
+    if rank != 0:
+        session.report(metrics)
+        return
+    t0 = time.perf_counter()
+    for split, sets in refs.items():
+        metrics.update(evaluate_split(cfg, scorer, sets, prefix=split))
+    metrics["timing/eval"] = time.perf_counter() - t0
+    with session.scratch_dir() as tmp:
+        save_training_state(tmp, model=scorer, optimizer=optimizer, scheduler=scheduler, progress=progress)
+        session.report(metrics, checkpoint_dir=tmp)
+
+
+def evaluate_split(
+    cfg: GecConfig, scorer: Seq2SeqScorer, sets: dict[str, Any], *, prefix: str
+) -> dict[str, float]:
+    """Decode every set of a split and score it with ERRANT: ``{prefix}_f05`` (mean over sets of the
+    annotator-averaged F0.5, the paper's figure) and ``{prefix}/{set}/{p,r,f05,oe,ie,...}``."""
+    out: dict[str, float] = {}
+    f_values = []
+    for name, refs in sets.items():
+        hyps = decode(cfg, scorer, [r.source for r in refs])
+        result = evaluate_gec(hyps, {name: refs})[name]
+        avg = result["average"]
+        for key in ("p", "r", "f0.5", "oe", "ie"):
+            out[f"{prefix}/{name}/{key.replace('0.5', '05')}"] = float(avg[key])
+        for ann, row in result.items():
+            if ann.startswith("annotator"):
+                out[f"{prefix}/{name}/{ann}/f05"] = float(row["f0.5"])
+        f_values.append(float(avg["f0.5"]))
+    out[f"{prefix}_f05"] = sum(f_values) / max(len(f_values), 1)
+    return out
+
+
+def decode(cfg: GecConfig, scorer: Seq2SeqScorer, sources: list[str]) -> list[str]:
+    """The model's correction of each source (beam ``eval.beam``; 1 = greedy, GEC-BART's test setting)."""
+    scorer.eval()
+    with torch.no_grad():
+        outs = scorer.generate(sources, num_beams=cfg.eval.beam, num_return_sequences=1,
+                               max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size)  # fmt: skip
+    return [o[0][0] if o else "" for o in outs]
+

@@ -1,0 +1,23 @@
+"""``python -m raycl.train SPACE``: one run at the space's default point (no sweep)."""
+
+from __future__ import annotations
+
+from raycl import cli
+from raycl.errors import cli_entry
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> None:
+    args = cli.space_parser("python -m raycl.train", __doc__ or "").parse_args(argv)
+    space, run_dir = cli.load(args)
+    cli.quiet_ray()
+    if space.config.scaling.num_workers > 0:
+        from raycl.distributed.runtime import init_ray
+
+        init_ray(args.address)
+    summary = cli.recipe(space).run_train(space, run_dir)
+    cli.finish(summary, as_json=args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""Optimiser and learning-rate schedule from the ``optim`` section (Adam/AdamW, fixed or polynomial decay)."""
+
+from __future__ import annotations
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+
+def build_optimizer(
+    model: torch.nn.Module, lr: float, *, betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-8,
+    weight_decay: float = 0.0,
+) -> torch.optim.Optimizer:
+    """AdamW (= Adam when ``weight_decay`` is 0, which is GEC-PD's setting; GEC-BART uses 0.01)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, kind: str, *, warmup: int, total: int, end_factor: float = 0.0
+) -> LambdaLR:
+    """``fixed``: linear warm-up then constant (GEC-PD); ``polynomial``: warm-up then linear decay to
+    ``end_factor`` at ``total`` updates (fairseq's polynomial_decay with power 1, GEC-BART)."""
+
+    def factor(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        if kind == "fixed" or total <= warmup:
+            return 1.0
+        frac = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 1.0 - (1.0 - end_factor) * frac
+
+    return LambdaLR(optimizer, factor)

@@ -1,0 +1,22 @@
+"""``python -m raycl.tune SPACE``: a Ray Tune sweep; each trial mines ‖ trains ‖ evaluates; select on dev."""
+
+from __future__ import annotations
+
+from raycl import cli
+from raycl.errors import cli_entry
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> None:
+    args = cli.space_parser("python -m raycl.tune", __doc__ or "").parse_args(argv)
+    space, run_dir = cli.load(args)
+    cli.quiet_ray()
+    from raycl.distributed.runtime import init_ray
+
+    init_ray(args.address)
+    summary = cli.recipe(space).run_tune(space, run_dir)
+    cli.finish(summary, as_json=args.json)
+
+
+if __name__ == "__main__":
+    main()
