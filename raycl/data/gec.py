@@ -1,0 +1,104 @@
+"""GEC examples (source, target) loaded from data specs, and the reference M2 sets for dev/test.
+
+Training data may be M2 or parallel text (see :mod:`raycl.data.specs`); dev/test references must be M2,
+since ERRANT scoring needs the annotators' edits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from raycl.data.m2 import M2Sentence, iter_lines, iter_m2
+from raycl.data.specs import Spec, parse_spec
+from raycl.errors import UserError, at
+
+
+@dataclass(frozen=True)
+class GecExample:
+    """One training pair; ``id`` is ``"<file name>:<sentence index in the file>"`` (stable across slices)."""
+
+    id: str
+    source: str
+    target: str
+
+
+def read_parallel(spec: Spec) -> list[tuple[str, str]]:
+    """All ``(source, target)`` lines of a ``.tsv`` file or a ``SRC|TGT`` pair (the slice is not applied)."""
+    if spec.target_path is None:
+        pairs = []
+        for lineno, line in iter_lines(spec.path):
+            fields = line.split("\t")
+            if len(fields) != 2:
+                raise UserError(f"{at(spec.path, lineno)}: {len(fields)} tab-separated fields, "
+                                "expected 'source<TAB>target'")
+            pairs.append((fields[0], fields[1]))
+        return pairs
+    sources = [line for _, line in iter_lines(spec.path)]
+    targets = [line for _, line in iter_lines(spec.target_path)]
+    if len(sources) != len(targets):
+        raise UserError(f"data spec '{spec}': {spec.path} has {len(sources)} lines but {spec.target_path} has "
+                        f"{len(targets)}, expected one target line per source line")
+    return list(zip(sources, targets, strict=True))
+
+
+def _target(sent: M2Sentence, annotator: int) -> str:
+    present = sent.annotators()
+    return sent.target(annotator if annotator in present else present[0])
+
+
+def _examples_of(spec: Spec, *, annotator: int) -> list[GecExample]:
+    name = spec.path.name
+    if spec.format == "m2":
+        return [GecExample(f"{name}:{i}", s.source, _target(s, annotator))
+                for i, s in spec.select(iter_m2(spec.path))]
+    return [GecExample(f"{name}:{i}", src, tgt) for i, (src, tgt) in spec.select(read_parallel(spec))]
+
+
+def load_examples(specs: Iterable[str], *, annotator: int = 0) -> list[GecExample]:
+    """The examples of all ``specs``, in order.
+
+    For M2 the target is ``annotator``'s correction; a sentence without that annotator uses the lowest
+    annotator id it has (so a 2-annotator set read with ``annotator=1`` never silently yields source = target
+    for sentences only annotator 0 saw). Ids must be unique across specs: the same file name twice (or
+    overlapping slices of one file) is a UserError.
+    """
+    examples: list[GecExample] = []
+    origin: dict[str, str] = {}
+    for text in specs:
+        spec = parse_spec(text)
+        for ex in _examples_of(spec, annotator=annotator):
+            if ex.id in origin:
+                raise UserError(f"data spec {text!r}: example id {ex.id!r} also comes from {origin[ex.id]!r}, "
+                                "expected distinct file names and non-overlapping slices")
+            origin[ex.id] = text
+            examples.append(ex)
+    return examples
+
+
+def load_references(specs: Iterable[str]) -> list[M2Sentence]:
+    """The M2 sentences of dev/test ``specs`` (slices applied), concatenated in order."""
+    sentences: list[M2Sentence] = []
+    for text in specs:
+        spec = parse_spec(text)
+        if spec.format != "m2":
+            raise UserError(f"data spec {text!r}: references must be M2 (.m2) files, expected PATH.m2[START:STOP]")
+        sentences += [s for _, s in spec.select(iter_m2(spec.path))]
+    return sentences
+
+
+def write_parallel(path: str | Path, lines: Iterable[str]) -> None:
+    """Write one sentence per line (hypotheses, sources), atomically (temp file + rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for line in lines:
+                if "\n" in line:
+                    raise ValueError(f"line {line!r} contains a newline; one sentence per line expected")
+                f.write(line + "\n")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)  # only left over when writing failed
