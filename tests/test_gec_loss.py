@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from transformers import BartConfig, BartForConditionalGeneration
 
+from raycl.data.gec import GecExample as Example
 from raycl.losses.gec_margin import GecContrastiveLoss, margin_loss
 from raycl.losses.label_smoothed_nll import label_smoothed_nll
 from raycl.models.seq2seq import Seq2SeqScorer
@@ -19,13 +19,6 @@ from raycl.train.gec_step import collate, gec_loss
 
 EPS = 0.1
 LAMBDA = 0.5
-
-
-@dataclass(frozen=True)
-class Example:  # the fields of raycl.data.gec.GecExample that collate reads
-    id: str
-    source: str
-    target: str
 
 
 EXAMPLES = [

@@ -122,11 +122,15 @@ class Seq2SeqScorer(nn.Module):
     ) -> list[float]:
         """S(target_i | source_i) for each pair, in the current train/eval mode, without gradients."""
         max_length = max_length or self.max_positions
-        scores: list[float] = []
-        for lo in range(0, len(sources), batch_size):
-            x = self.tokenize(sources[lo : lo + batch_size], targets[lo : lo + batch_size], max_length=max_length)
+        order = sorted(range(len(sources)), key=lambda i: len(sources[i]) + len(targets[i]))  # length buckets
+        scores = [0.0] * len(sources)
+        for lo in range(0, len(order), batch_size):
+            idx = order[lo : lo + batch_size]
+            x = self.tokenize([sources[i] for i in idx], [targets[i] for i in idx], max_length=max_length)
             assert x.prev_output_ids is not None and x.target_ids is not None
-            scores += self.sequence_scores(x.src_ids, x.src_mask, x.prev_output_ids, x.target_ids).tolist()
+            batch_scores = self.sequence_scores(x.src_ids, x.src_mask, x.prev_output_ids, x.target_ids)  # (b,)
+            for i, s in zip(idx, batch_scores.tolist(), strict=True):
+                scores[i] = s
         return scores
 
     def generate(

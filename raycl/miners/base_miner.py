@@ -1,0 +1,57 @@
+"""Base class of the miners: mining runs without gradients, in eval mode, and returns one record per example.
+
+As in pytorch-metric-learning's ``BaseMiner``: the public ``mine`` wraps the subclass's ``_mine`` in
+``torch.no_grad()`` (and here also eval mode, restoring the module's previous mode afterwards) and asserts
+its output — one result per input example, in order, with the example's id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Generic, Protocol, TypeVar
+
+import torch
+from torch import nn
+
+
+class HasId(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+ExampleT = TypeVar("ExampleT", bound=HasId)
+ResultT = TypeVar("ResultT", bound=HasId)
+
+
+@contextmanager
+def inference(module: nn.Module) -> Iterator[None]:
+    """``torch.no_grad()`` and eval mode for the duration; the module's previous train/eval mode comes back."""
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        module.train(was_training)
+
+
+class BaseMiner(Generic[ExampleT, ResultT]):
+    """Subclasses implement ``_mine(examples) -> results``; callers use ``miner(examples)`` or ``mine``."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+
+    def __call__(self, examples: Sequence[ExampleT]) -> list[ResultT]:
+        return self.mine(examples)
+
+    def mine(self, examples: Sequence[ExampleT]) -> list[ResultT]:
+        with inference(self.module):
+            results = self._mine(examples)
+        assert len(results) == len(examples), f"{type(self).__name__}: {len(results)} results for {len(examples)}"
+        for ex, res in zip(examples, results, strict=True):
+            assert res.id == ex.id, f"{type(self).__name__}: result {res.id!r} in the place of example {ex.id!r}"
+        return results
+
+    def _mine(self, examples: Sequence[ExampleT]) -> list[ResultT]:
+        raise NotImplementedError

@@ -1,0 +1,207 @@
+"""GEC hard negatives by beam search: the model's own best wrong corrections (SPEC §1.3, §4).
+
+For each (s, t): decode an n-best list with beam ≥ k+1; drop outputs equal to t after whitespace
+normalisation (and empty ones), dedupe, keep the top-k by S(t~|s); append s itself iff s ≠ t and s is not
+already among them (CL). CL⁻ (``source_negative=False``) never adds the source. Every score is the summed
+log-prob S(t~|s) of the mining model, the quantity the margin loss compares (Cao et al. 2021, Eq. 4).
+The released code ships only the mined data (beam size and dedupe unknown, SPEC §1.3); this is raycl's rule.
+
+Records are written to and read from Parquet (``id, source, target, negatives, scores, model_version``):
+both the raw n-best lists (``BeamSearchMiner.nbest``, mined once with the largest beam) and selected
+negatives (``BeamSearchMiner.mine`` / ``select``) use that one format.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from raycl.errors import UserError, at
+from raycl.miners.base_miner import BaseMiner, inference
+
+if TYPE_CHECKING:
+    from raycl.data.gec import GecExample
+    from raycl.models.seq2seq import Seq2SeqScorer
+
+COLUMNS = ("id", "source", "target", "negatives", "scores", "model_version")
+
+
+@dataclass(frozen=True)
+class MinedNegatives:
+    """The negatives of one example, best first (beam part score-descending, then the source if any)."""
+
+    id: str
+    negatives: tuple[str, ...]  # (n,) n ≤ k (+1 with the source); a raw n-best: (≤ beam,)
+    scores: tuple[float, ...]  # (n,) S(t~|s), summed log-probs under the mining model
+
+
+def normalize(text: str) -> str:
+    return " ".join(text.split())
+
+
+def select_negatives(
+    nbest: Sequence[str], target: str, source: str, *, k: int, source_negative: bool
+) -> list[str]:
+    """From an n-best list (best first): the first k distinct outputs ≠ t (and non-empty), then s iff CL, s ≠ t
+    and s not already chosen. Texts are whitespace-normalised."""
+    tgt, src = normalize(target), normalize(source)
+    seen, chosen = {tgt, ""}, list[str]()
+    for text in map(normalize, nbest):
+        if len(chosen) == k:
+            break
+        if text not in seen:
+            seen.add(text)
+            chosen.append(text)
+    if source_negative and src not in seen:
+        chosen.append(src)
+    return chosen
+
+
+def length_chunks(texts: Sequence[str], size: int) -> Iterator[list[int]]:
+    """Indices of ``texts`` in chunks of ``size``, shortest first, so each batch pads little."""
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i].split()))
+    for lo in range(0, len(order), size):
+        yield order[lo : lo + size]
+
+
+class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
+    """Mines k beam-search negatives per example (+ the source for CL) with a ``Seq2SeqScorer``.
+
+    Args:
+        scorer: the mining model (the fixed base weights, in the paper).
+        k: beam negatives kept per example (paper: 3).
+        beam: beam size = n-best size; defaults to k+1 and must be ≥ k+1, so k survive dropping t.
+        source_negative: CL (True) adds the source as a negative; CL⁻ (False) never does.
+        batch_size: sources per beam-search call, bucketed by length.
+
+    Returns (``mine``): one ``MinedNegatives`` per example, ≤ k beam outputs (distinct, ≠ t, score-descending)
+    then the source; its score is S(s|s) under the same model.
+    Degenerate case: k = 0 with CL gives the source as the only negative (none when s = t).
+    """
+
+    def __init__(
+        self,
+        scorer: Seq2SeqScorer,
+        *,
+        k: int = 3,
+        beam: int | None = None,
+        source_negative: bool = True,
+        batch_size: int = 32,
+        max_new_tokens: int = 128,
+    ) -> None:
+        super().__init__(scorer)
+        self.scorer = scorer
+        self.beam = k + 1 if beam is None else beam
+        self.k, self.source_negative = self._check_k(k), source_negative
+        self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
+
+    def _check_k(self, k: int) -> int:
+        if k < 0:
+            raise ValueError(f"k must be ≥ 0, got {k}")
+        if self.beam < k + 1:
+            raise ValueError(f"beam must be ≥ k+1 = {k + 1} (one output may equal the target), got {self.beam}")
+        return k
+
+    def nbest(self, examples: Sequence[GecExample], *, progress: bool = False) -> list[MinedNegatives]:
+        """The raw n-best of each example: distinct beam outputs, best first, with S(t~|s); no selection."""
+        with inference(self.scorer):
+            return self._nbest(examples, progress=progress)
+
+    def select(
+        self, nbests: Sequence[MinedNegatives], examples: Sequence[GecExample], *, k: int | None = None,
+        source_negative: bool | None = None,
+    ) -> list[MinedNegatives]:  # fmt: skip
+        """Negatives from already-mined n-best lists, for this miner's k or another k ≤ beam−1."""
+        k = self.k if k is None else self._check_k(k)
+        use_source = self.source_negative if source_negative is None else source_negative
+        chosen, scores = [], []
+        for nb, ex in zip(nbests, examples, strict=True):
+            assert nb.id == ex.id, f"n-best {nb.id!r} does not belong to example {ex.id!r}"
+            chosen.append(select_negatives(nb.negatives, ex.target, ex.source, k=k, source_negative=use_source))
+            scores.append(dict(zip(nb.negatives, nb.scores, strict=True)))
+        missing = [(i, neg) for i, negs in enumerate(chosen) for neg in negs if neg not in scores[i]]
+        if missing:  # the appended sources: score them with the same model
+            with inference(self.scorer):
+                got = self.scorer.score_texts([examples[i].source for i, _ in missing], [n for _, n in missing],
+                                              batch_size=self.batch_size)  # fmt: skip
+            for (i, neg), s in zip(missing, got, strict=True):
+                scores[i][neg] = s
+        return [
+            MinedNegatives(ex.id, tuple(negs), tuple(sc[n] for n in negs))
+            for ex, negs, sc in zip(examples, chosen, scores, strict=True)
+        ]
+
+    def _mine(self, examples: Sequence[GecExample]) -> list[MinedNegatives]:
+        return self.select(self._nbest(examples, progress=False), examples)
+
+    def _nbest(self, examples: Sequence[GecExample], *, progress: bool) -> list[MinedNegatives]:
+        from tqdm.auto import tqdm
+
+        sources = [ex.source for ex in examples]
+        out: list[MinedNegatives | None] = [None] * len(examples)
+        with tqdm(total=len(examples), unit="sent", desc="beam search", disable=not progress) as bar:
+            for idx in length_chunks(sources, self.batch_size):
+                hyps = self.scorer.generate(
+                    [sources[i] for i in idx], num_beams=self.beam, num_return_sequences=self.beam,
+                    max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
+                )  # fmt: skip
+                for i, h in zip(idx, hyps, strict=True):
+                    out[i] = _distinct_ranked(examples[i].id, h)
+                bar.update(len(idx))
+        return [r for r in out if r is not None]
+
+
+def _distinct_ranked(id_: str, hyps: Sequence[tuple[str, float]]) -> MinedNegatives:
+    """Distinct texts, best score first (of duplicate texts the best score is kept)."""
+    distinct = dict(sorted(hyps, key=lambda ts: ts[1]))  # ascending, so the best duplicate is written last
+    ranked = sorted(distinct.items(), key=lambda ts: -ts[1])
+    return MinedNegatives(id_, tuple(t for t, _ in ranked), tuple(s for _, s in ranked))
+
+
+def write_negatives_parquet(
+    path: str | Path, examples: Sequence[GecExample], mined: Sequence[MinedNegatives], *, model_version: int
+) -> Path:
+    """Write one row per example (``COLUMNS``) to ``path``, atomically (temp file + rename)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for ex, m in zip(examples, mined, strict=True):
+        if ex.id != m.id:
+            raise ValueError(f"mined record {m.id!r} is not for example {ex.id!r}")
+    schema = pa.schema([("id", pa.string()), ("source", pa.string()), ("target", pa.string()),
+                        ("negatives", pa.list_(pa.string())), ("scores", pa.list_(pa.float64())),
+                        ("model_version", pa.int64())])  # fmt: skip
+    table = pa.table({
+        "id": [ex.id for ex in examples], "source": [ex.source for ex in examples],
+        "target": [ex.target for ex in examples], "negatives": [list(m.negatives) for m in mined],
+        "scores": [list(m.scores) for m in mined], "model_version": [model_version] * len(mined),
+    }, schema=schema)  # fmt: skip
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(table, tmp)
+    tmp.replace(path)
+    return path
+
+
+def read_negatives_parquet(path: str | Path) -> dict[str, MinedNegatives]:
+    """The records of a negatives Parquet file by example id (``mining.negatives=PATH``)."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (OSError, ValueError) as err:
+        raise UserError(f"{at(path)}: cannot read a negatives Parquet file ({err})") from None
+    lacking = [c for c in ("id", "negatives", "scores") if c not in table.column_names]
+    if lacking:
+        raise UserError(f"{at(path)}: expected columns {list(COLUMNS)}, missing {lacking}")
+    out: dict[str, MinedNegatives] = {}
+    rows = zip(*(table.column(c).to_pylist() for c in ("id", "negatives", "scores")), strict=True)
+    for row, (id_, negs, scores) in enumerate(rows):
+        if id_ in out or negs is None or len(negs) != len(scores or []):
+            raise UserError(f"{at(path)}: row {row} (id {id_!r}): expected a unique id and one score per negative")
+        out[id_] = MinedNegatives(id_, tuple(negs), tuple(math.nan if s is None else s for s in scores))
+    return out

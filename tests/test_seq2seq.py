@@ -1,0 +1,130 @@
+"""Local BPE tokenizer, model presets and the summed-log-prob sequence scorer (SPEC §1.2)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from raycl.errors import UserError
+from raycl.models.presets import PRESETS, build_model, preset_config
+from raycl.models.seq2seq import Seq2SeqScorer
+from raycl.models.tokenizer import train_bpe_tokenizer
+
+WORDS = (
+    "He She do does n't 's 're like it the a school went go to yesterday . , ? ! ; : \" ' ( ) - -- "
+    "e-mail 3.5 1990 café naïve I 'm O'Neil U.S. don can't ... % $ & cannot they their There"
+).split()
+
+
+def _sentences(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 14))) for _ in range(n)]
+
+
+SENTENCES = ["He do n't like it .", "This are a sentence .", "I has went to school ."] + _sentences(40, 1)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("smoke")
+    return build_model("smoke", out_dir=out, texts=SENTENCES, vocab_size=400, d_model=32, encoder_ffn_dim=64,
+                       decoder_ffn_dim=64, encoder_layers=1, decoder_layers=1)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def scorer(model_dir: Path) -> Seq2SeqScorer:
+    s = Seq2SeqScorer.from_pretrained(model_dir)
+    s.model.double()
+    return s.eval()
+
+
+def _naive_score(scorer: Seq2SeqScorer, source: str, target: str) -> float:
+    src = scorer.tokenizer(source)["input_ids"]
+    tgt = scorer.tokenizer(target)["input_ids"]
+    dec = [scorer.model.config.decoder_start_token_id] + tgt[:-1]
+    with torch.no_grad():
+        logits = scorer.model(input_ids=torch.tensor([src]), decoder_input_ids=torch.tensor([dec])).logits[0]
+    lp = torch.log_softmax(logits, dim=-1)
+    return sum(lp[t, y].item() for t, y in enumerate(tgt))
+
+
+def test_tokenizer_round_trips_m2_text_and_has_bart_specials(tmp_path: Path) -> None:
+    sentences = SENTENCES[:3] + _sentences(197, 2)  # 200; half the words are seen only at test time
+    train_bpe_tokenizer(_sentences(100, 3), tmp_path, vocab_size=400)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    assert [tok.convert_ids_to_tokens(i) for i in range(5)] == ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    assert (tok.bos_token_id, tok.pad_token_id, tok.eos_token_id) == (0, 1, 2)
+    for s in sentences:
+        ids = tok(s)["input_ids"]
+        assert ids[0] == 0 and ids[-1] == 2 and tok.unk_token_id not in ids
+        assert tok.decode(ids, skip_special_tokens=True) == s
+    assert "n't" in " ".join(sentences) and "\"" in " ".join(sentences)
+
+
+def test_smoke_preset_builds_the_specified_bart(tmp_path: Path) -> None:
+    path = build_model("smoke", out_dir=tmp_path, texts=SENTENCES, vocab_size=300)
+    scorer = Seq2SeqScorer.from_pretrained(path)
+    c = scorer.model.config
+    got = (c.d_model, c.encoder_layers, c.decoder_layers, c.encoder_attention_heads, c.decoder_attention_heads,
+           c.encoder_ffn_dim, c.decoder_ffn_dim, c.dropout, c.max_position_embeddings)  # fmt: skip
+    assert got == (128, 2, 2, 4, 4, 256, 256, 0.1, 128)
+    assert c.vocab_size == len(scorer.tokenizer)
+
+
+def test_paper_presets_are_configs_without_download() -> None:
+    assert {"smoke", "gec_pd", "gec_bart"} <= set(PRESETS)
+    c = preset_config("gec_pd", vocab_size=8000)
+    got = (c.d_model, c.encoder_layers, c.decoder_layers, c.encoder_attention_heads, c.encoder_ffn_dim, c.dropout)
+    assert got == (1024, 6, 6, 16, 4096, 0.3) and c.activation_function == "relu"
+    assert PRESETS["gec_bart"].pretrained == "facebook/bart-large"
+    with pytest.raises(UserError, match="model.preset"):
+        build_model("tiny", out_dir="unused")
+    with pytest.raises(UserError, match="training sentences"):
+        build_model("smoke", out_dir="unused")
+    with pytest.raises(UserError, match="d_mode"):
+        preset_config("smoke", vocab_size=10, d_mode=3)
+
+
+def test_sequence_scores_are_summed_token_log_probs(scorer: Seq2SeqScorer) -> None:
+    sources, targets = SENTENCES[:4], ["He does n't like it .", "This is a sentence .", "I went .", SENTENCES[3]]
+    x = scorer.tokenize(sources, targets, max_length=64)
+    assert x.target_ids is not None and x.prev_output_ids is not None
+    assert bool((x.prev_output_ids[:, 0] == scorer.model.config.decoder_start_token_id).all())
+    assert torch.equal(x.prev_output_ids[:, 1:], x.target_ids[:, :-1])
+    with torch.no_grad():
+        got = scorer.sequence_scores(x.src_ids, x.src_mask, x.prev_output_ids, x.target_ids)
+        unmasked = scorer.log_probs(x.src_ids, x.src_mask, x.prev_output_ids)  # no decoder padding mask
+        masked = scorer.log_probs(x.src_ids, x.src_mask, x.prev_output_ids, x.target_ids)
+    for i, (s, t) in enumerate(zip(sources, targets, strict=True)):
+        assert got[i].item() == pytest.approx(_naive_score(scorer, s, t), rel=1e-9)
+    real = x.target_ids.ne(scorer.pad_id)
+    assert torch.allclose(unmasked[real], masked[real], atol=1e-9)
+    assert scorer.score_texts(sources, targets, batch_size=3) == pytest.approx(got.tolist(), rel=1e-9)
+
+
+def test_save_and_reload_keep_scores(scorer: Seq2SeqScorer, tmp_path: Path) -> None:
+    scorer.save_pretrained(tmp_path)
+    again = Seq2SeqScorer.from_pretrained(tmp_path).eval()
+    again.model.double()
+    a = scorer.score_texts(SENTENCES[:3], SENTENCES[1:4])
+    assert again.score_texts(SENTENCES[:3], SENTENCES[1:4]) == pytest.approx(a, rel=1e-9)
+
+
+def test_generate_scores_are_summed_log_probs_in_input_order(scorer: Seq2SeqScorer) -> None:
+    sources = [SENTENCES[5], SENTENCES[0], SENTENCES[9], SENTENCES[2]]  # mixed lengths: bucketed, then restored
+    scorer.train()
+    out = scorer.generate(sources, num_beams=4, num_return_sequences=3, max_new_tokens=12, batch_size=2)
+    assert scorer.training  # the previous mode comes back
+    scorer.eval()
+    assert [len(o) for o in out] == [3, 3, 3, 3]
+    for src, hyps in zip(sources, out, strict=True):
+        scores = [s for _, s in hyps]
+        assert scores == sorted(scores, reverse=True)
+        for text, score in hyps:
+            assert score == pytest.approx(_naive_score(scorer, src, text), rel=1e-9)
+    one_by_one = [scorer.generate([s], num_beams=4, num_return_sequences=3, max_new_tokens=12)[0] for s in sources]
+    assert [[t for t, _ in o] for o in out] == [[t for t, _ in o] for o in one_by_one]
