@@ -16,10 +16,11 @@ from __future__ import annotations
 import random
 from bisect import bisect
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
+from typing import TypedDict
 
 from raycl.data import gec_grammar as g
 from raycl.data.m2 import NOOP, Edit, M2Sentence, write_m2
@@ -221,22 +222,16 @@ def generate(n: int, *, error_rate: float, edits_per_error: float, annotators: i
     return [m2 for _, m2 in pairs]
 
 
-@dataclass(frozen=True)
-class CorpusStats:
-    """Error density of a corpus as one annotator sees it."""
+class CorpusStats(TypedDict):
+    """Error density of a corpus as one annotator sees it (a dict, so reports can format it directly)."""
 
     sentences: int
-    erroneous: int
+    erroneous: int  # sentences with at least one edit
     edits: int
-    by_type: Mapping[str, int]
-
-    @property
-    def err_pct(self) -> float:
-        return 100.0 * self.erroneous / max(self.sentences, 1)
-
-    @property
-    def edits_per_erroneous(self) -> float:
-        return self.edits / max(self.erroneous, 1)
+    err_rate: float  # erroneous / sentences
+    err_pct: float  # 100 * err_rate
+    edits_per_error: float  # edits / erroneous: the density within erroneous sentences
+    by_type: dict[str, int]
 
 
 def stats(sentences: Sequence[M2Sentence], *, annotator: int = 0) -> CorpusStats:
@@ -247,7 +242,10 @@ def stats(sentences: Sequence[M2Sentence], *, annotator: int = 0) -> CorpusStats
         edits = sent.edits_of(annotator)
         erroneous += bool(edits)
         by_type.update(e.type for e in edits)
-    return CorpusStats(len(sentences), erroneous, sum(by_type.values()), dict(by_type))
+    n, n_edits = len(sentences), sum(by_type.values())
+    err_rate = erroneous / max(n, 1)
+    return CorpusStats(sentences=n, erroneous=erroneous, edits=n_edits, err_rate=err_rate, err_pct=100 * err_rate,
+                       edits_per_error=n_edits / max(erroneous, 1), by_type=dict(by_type))
 
 
 def write_builtin_corpus(out_dir: str | Path, *, n_train: int, n_finetune: int, n_dev: int, n_test: int,
