@@ -15,7 +15,6 @@ one mining pass serves the whole (γ, k) grid. The baselines of Table 2 — DI (
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -28,17 +27,11 @@ from raycl.data.gec_corpus import write_builtin_corpus
 from raycl.distributed.sweep import TrialOutcome, grid, run_sweep, to_param_space, trial_run_name
 from raycl.distributed.trainer import fit
 from raycl.errors import UserError
-from raycl.miners.beam_search import (
-    BeamSearchMiner,
-    read_negatives_parquet,
-    select_negatives,
-    write_negatives_parquet,
-)
+from raycl.miners.beam_search import BeamSearchMiner, read_negatives_parquet, write_negatives_parquet
 from raycl.models.presets import build_model
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.recipes import gec_report
-from raycl.recipes.gec_worker import train_worker
-from raycl.train.checkpoint import MODEL_DIR
+from raycl.recipes.gec_worker import read_history, train_worker
 
 BASE_MODEL = "base_model"
 NBEST = "nbest.parquet"
@@ -97,15 +90,13 @@ def pretrain(cfg: GecConfig, run_dir: Path) -> Path:
     init = _initial_model(cfg, run_dir / "init")
     say(f"step 1: training the base model on D_T ({cfg.pretrain.epochs} epochs, "
         f"{cfg.scaling.num_workers} Ray Train worker(s))")  # fmt: skip
-    result = fit(train_worker, {"config": to_dict(cfg), "phase": "pretrain", "init_model": str(init)},
-                 scaling=cfg.scaling, name="pretrain", storage_path=run_dir / "ray")  # fmt: skip
-    if result.checkpoint is None:
-        raise RuntimeError(f"pretraining reported no checkpoint: {result.error}")
-    with result.checkpoint.as_directory() as ckpt:
-        tmp = run_dir / f".{BASE_MODEL}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(Path(ckpt) / MODEL_DIR, tmp)
-        tmp.replace(out)
+    work = run_dir / "pretrain"
+    result = fit(train_worker, {"config": to_dict(cfg), "phase": "pretrain", "init_model": str(init),
+                                "out_dir": str(work)}, scaling=cfg.scaling, name="pretrain",
+                 storage_path=run_dir / "ray")  # fmt: skip
+    if result.error is not None or not (work / "model" / "config.json").exists():
+        raise RuntimeError(f"pretraining did not produce a model: {result.error}")
+    (work / "model").replace(out)
     return out
 
 
@@ -159,9 +150,9 @@ def prepare(space: Space, run_dir: Path) -> GecRun:
     return GecRun(cfg, run_dir, base, nbest, builtin, timings)
 
 
-def _loop_config(run: GecRun, cfg: GecConfig) -> dict[str, Any]:
+def _loop_config(run: GecRun, cfg: GecConfig, out_dir: Path) -> dict[str, Any]:
     return {"config": to_dict(cfg), "phase": "finetune", "init_model": str(run.base_model),
-            "nbest": str(run.nbest) if run.nbest else None}  # fmt: skip
+            "nbest": str(run.nbest) if run.nbest else None, "out_dir": str(out_dir)}  # fmt: skip
 
 
 def _trial(params: dict[str, Any], *, run: GecRun, baselines: dict[str, dict[str, Any]]) -> None:
@@ -171,8 +162,10 @@ def _trial(params: dict[str, Any], *, run: GecRun, baselines: dict[str, dict[str
     if name is not None:
         over.update(baselines[name])
     cfg = set_dotted(run.cfg, over, where="trial")
-    fit(train_worker, _loop_config(run, cfg), scaling=cfg.scaling, name=trial_run_name(),
-        storage_path=run.run_dir / "ray", in_tune=True, score_attribute="dev_f05")  # fmt: skip
+    name = trial_run_name()
+    out_dir = run.run_dir / "trials" / name.split("=", 1)[-1]
+    fit(train_worker, _loop_config(run, cfg, out_dir), scaling=cfg.scaling, name=name,
+        storage_path=run.run_dir / "ray", in_tune=True)  # fmt: skip
 
 
 def sweep(run: GecRun, space: Space) -> list[TrialOutcome]:
@@ -216,32 +209,25 @@ def run_train(space: Space, run_dir: Path) -> dict[str, Any]:
     """``python -m raycl.train``: steps 1–3 at the space's default point, no sweep."""
     run = prepare(space, run_dir)
     t0 = time.perf_counter()
-    result = fit(train_worker, _loop_config(run, run.cfg), scaling=run.cfg.scaling, name="train",
-                 storage_path=run.run_dir / "ray", score_attribute="dev_f05")  # fmt: skip
+    out_dir = run.run_dir / "trials" / "train"
+    result = fit(train_worker, _loop_config(run, run.cfg, out_dir), scaling=run.cfg.scaling, name="train",
+                 storage_path=run.run_dir / "ray")  # fmt: skip
     run.timings["finetune_s"] = time.perf_counter() - t0
     if result.error is not None:
         raise result.error
-    frame = result.metrics_dataframe
-    history = frame.to_dict("records") if frame is not None else [result.metrics or {}]
-    trial = TrialOutcome("train", {}, history)
+    trial = TrialOutcome("train", {}, read_history(out_dir))
     _export_negatives(run, {})
     return gec_report.write_all(run, space, [trial], [])
 
 
 def _export_negatives(run: GecRun, params: dict[str, Any]) -> None:
-    """``negatives.parquet``: the negatives the chosen point trained on (its k, CL or CL⁻)."""
+    """``negatives.parquet``: the negatives the chosen point trained on (its k, CL or CL⁻), with scores."""
     if run.nbest is None:
         return
     cfg = set_dotted(run.cfg, params, where="best point")
     examples = load_examples(cfg.data.finetune, annotator=cfg.data.annotator)
     nbest = read_negatives_parquet(run.nbest)
-    mined = []
-    for ex in examples:
-        record = nbest[ex.id]
-        negs = select_negatives(list(record.negatives), ex.target, ex.source, k=cfg.mining.k,
-                                source_negative=cfg.mining.source_negative)  # fmt: skip
-        scores = dict(zip(record.negatives, record.scores, strict=False))
-        mined.append(dataclasses.replace(record, negatives=tuple(negs),
-                                         scores=tuple(scores.get(n, float("nan")) for n in negs)))  # fmt: skip
+    miner = BeamSearchMiner(Seq2SeqScorer.from_pretrained(run.base_model), k=cfg.mining.k, beam=cfg.mining.beam,
+                            source_negative=cfg.mining.source_negative, batch_size=cfg.mining.batch_size)  # fmt: skip
+    mined = miner.select([nbest[ex.id] for ex in examples], examples)
     write_negatives_parquet(run.run_dir / "negatives.parquet", examples, mined, model_version=0)
-

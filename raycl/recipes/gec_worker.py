@@ -9,10 +9,13 @@ one worker on the whole batch.
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,13 +24,15 @@ import torch.distributed as dist
 from raycl.config import GecConfig, from_dict
 from raycl.data.gec import GecExample, load_examples, load_references
 from raycl.distributed import session
-from raycl.evaluation.errant_scorer import evaluate_gec
+from raycl.evaluation.gec_metrics import evaluate_gec
 from raycl.losses.gec_margin import GecContrastiveLoss
 from raycl.miners.beam_search import read_negatives_parquet, select_negatives
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.train.checkpoint import MODEL_DIR, load_training_state, save_training_state, seed_everything
 from raycl.train.gec_step import collate, gec_loss
 from raycl.train.optim import build_optimizer, build_scheduler
+
+HISTORY = "history.jsonl"
 
 
 @dataclass(frozen=True)
@@ -54,7 +59,11 @@ def phase_of(cfg: GecConfig, name: str) -> Phase:
 
 
 def train_worker(loop_config: dict[str, Any]) -> None:
-    """Ray Train entry point. ``loop_config``: ``config`` (dict), ``phase``, ``init_model``, ``nbest`` (Parquet or None)."""
+    """Ray Train entry point.
+
+    ``loop_config``: ``config`` (dict), ``phase``, ``init_model``, ``nbest`` (Parquet or None) and ``out_dir``,
+    where rank 0 keeps ``history.jsonl`` and the model (``model/`` after pretraining, ``best_model/`` by dev).
+    """
     cfg: GecConfig = from_dict(GecConfig, loop_config["config"])
     phase = phase_of(cfg, loop_config["phase"])
     rank, world_size = session.world()
@@ -80,13 +89,16 @@ def train_worker(loop_config: dict[str, Any]) -> None:
     loss_fn = GecContrastiveLoss(trade_off=phase.trade_off, margin=cfg.loss.margin,
                                  label_smoothing=phase.label_smoothing)  # fmt: skip
     refs = _references(cfg) if phase.name == "finetune" and rank == 0 else {}
+    out_dir = Path(loop_config["out_dir"])
+    out_dir.mkdir(parents=True, exist_ok=True)
     if phase.name == "finetune" and phase.epochs == 0:  # DI: evaluate the base model, train nothing
-        _report(cfg, scorer, optimizer, scheduler, progress, refs, {"loss": float("nan")}, rank)
+        _report(cfg, scorer, optimizer, scheduler, progress, refs, {}, rank, out_dir, last=True)
         return
     for epoch in range(progress["epoch"], phase.epochs):
         stats = _train_epoch(cfg, phase, scorer, optimizer, scheduler, loss_fn, examples, negatives, epoch)
         progress = {"epoch": epoch + 1, "step": progress["step"] + stats.pop("steps")}
-        _report(cfg, scorer, optimizer, scheduler, progress, refs, stats, rank)
+        _report(cfg, scorer, optimizer, scheduler, progress, refs, stats, rank, out_dir,
+                last=epoch + 1 == phase.epochs)  # fmt: skip
 
 
 def _shard(examples: list[GecExample], rank: int, world_size: int) -> list[GecExample]:
@@ -146,9 +158,9 @@ def _train_epoch(
         scheduler.step()
         step_time += time.perf_counter() - t0
         steps += 1
-        sums["loss"] += float(out.loss) * local_tokens
-        sums["ce"] += float(out.ce)
-        sums["mml"] += float(out.mml)
+        sums["loss"] += out.loss.item() * local_tokens
+        sums["ce"] += out.ce.item()
+        sums["mml"] += out.mml.item()
         sums["ntokens"] += local_tokens
     n = max(sums["ntokens"], 1.0)
     return {"loss": sums["loss"] / n, "ce_per_token": sums["ce"] / n, "mml_per_token": sums["mml"] / n,
@@ -176,8 +188,10 @@ def _all_reduce_grads(model: torch.nn.Module) -> None:
 def _report(
     cfg: GecConfig, scorer: Seq2SeqScorer, optimizer: torch.optim.Optimizer, scheduler: Any,
     progress: dict[str, Any], refs: dict[str, dict[str, Any]], stats: dict[str, float], rank: int,
+    out_dir: Path, *, last: bool,
 ) -> None:
-    """Rank 0 evaluates dev and test (fine-tuning) and writes a checkpoint; every rank reports."""
+    """Rank 0 evaluates dev and test, keeps the run's record in ``out_dir`` and a resumable checkpoint in
+    Ray's storage; every rank reports (Ray Train waits for all of them)."""
     metrics: dict[str, Any] = {**stats, "epoch": progress["epoch"], "step": progress["step"]}
     if rank != 0:
         session.report(metrics)
@@ -186,9 +200,37 @@ def _report(
     for split, sets in refs.items():
         metrics.update(evaluate_split(cfg, scorer, sets, prefix=split))
     metrics["timing/eval"] = time.perf_counter() - t0
+    history = _append_history(out_dir, metrics)
+    improved = "dev_f05" in metrics and metrics["dev_f05"] >= max(h.get("dev_f05", -1.0) for h in history)
+    if improved or (last and not refs):
+        save_model_atomic(scorer, out_dir / ("best_model" if refs else "model"))
     with session.scratch_dir() as tmp:
         save_training_state(tmp, model=scorer, optimizer=optimizer, scheduler=scheduler, progress=progress)
         session.report(metrics, checkpoint_dir=tmp)
+
+
+def _append_history(out_dir: Path, metrics: dict[str, Any]) -> list[dict[str, Any]]:
+    """``history.jsonl``: one line per report (rewritten atomically); a resumed run drops replayed epochs."""
+    path = out_dir / HISTORY
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    rows = [r for r in rows if r.get("epoch", 0) < metrics["epoch"]] + [metrics]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(path)
+    return rows
+
+
+def read_history(out_dir: Path) -> list[dict[str, Any]]:
+    path = out_dir / HISTORY
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def save_model_atomic(scorer: Seq2SeqScorer, out: Path) -> None:
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    scorer.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.replace(out)
 
 
 def evaluate_split(
@@ -200,13 +242,13 @@ def evaluate_split(
     f_values = []
     for name, refs in sets.items():
         hyps = decode(cfg, scorer, [r.source for r in refs])
-        result = evaluate_gec(hyps, {name: refs})[name]
+        result = evaluate_gec(hyps, {name: refs})["refs"][name]
         avg = result["average"]
         for key in ("p", "r", "f0.5", "oe", "ie"):
             out[f"{prefix}/{name}/{key.replace('0.5', '05')}"] = float(avg[key])
-        for ann, row in result.items():
-            if ann.startswith("annotator"):
-                out[f"{prefix}/{name}/{ann}/f05"] = float(row["f0.5"])
+        for ann, row in result["annotators"].items():
+            out[f"{prefix}/{name}/ann{ann}/f05"] = float(row["f0.5"])
+        out[f"{prefix}/{name}/combined_f05"] = float(result["combined"]["f0.5"])
         f_values.append(float(avg["f0.5"]))
     out[f"{prefix}_f05"] = sum(f_values) / max(len(f_values), 1)
     return out
