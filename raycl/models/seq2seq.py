@@ -184,7 +184,7 @@ class Seq2SeqScorer(nn.Module):
             num_return_sequences=num_return,
             max_new_tokens=min(max_new_tokens, self.max_positions - 1),
             do_sample=False,
-            early_stopping=True,
+            early_stopping=num_beams > 1,  # a beam flag; greedy decoding warns about it
             length_penalty=1.0,
             no_repeat_ngram_size=0,  # facebook/bart-large ships 3; fairseq's GEC decoding uses none
             forced_bos_token_id=bos if adds_bos else None,
