@@ -192,7 +192,7 @@ def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
         if not isinstance(value, dict):
             raise bad
         return {str(k): _coerce(v, item, f"{key}.{k}", where) for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise bad
         return _build(tp, value, key, where)

@@ -83,7 +83,8 @@ def run_sweep(
     )
     grid = tuner.fit()
     outcomes = []
-    for result in grid:
+    for i in range(len(grid)):
+        result = grid[i]
         frame = result.metrics_dataframe
         history = frame.to_dict("records") if frame is not None else []
         params = {k: v for k, v in (result.config or {}).items()}

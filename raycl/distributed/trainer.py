@@ -29,7 +29,7 @@ def fit(
     Inside a Tune trial the documented Train-in-Tune pattern applies (RAY_NOTES 2.2): a stable run name per
     trial (re-using it resumes that trial's run) and a ``TuneReportCallback`` forwarding rank 0's metrics.
     """
-    callbacks = []
+    callbacks: list[Any] = []
     if in_tune:
         from ray.tune.integration.ray_train import TuneReportCallback
 

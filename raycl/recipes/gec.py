@@ -227,7 +227,8 @@ def _export_negatives(run: GecRun, params: dict[str, Any]) -> None:
     cfg = set_dotted(run.cfg, params, where="best point")
     examples = load_examples(cfg.data.finetune, annotator=cfg.data.annotator)
     nbest = read_negatives_parquet(run.nbest)
-    miner = BeamSearchMiner(Seq2SeqScorer.from_pretrained(run.base_model), k=cfg.mining.k, beam=cfg.mining.beam,
-                            source_negative=cfg.mining.source_negative, batch_size=cfg.mining.batch_size)  # fmt: skip
+    scorer = Seq2SeqScorer.from_pretrained(run.base_model)
+    miner = BeamSearchMiner(scorer, k=cfg.mining.k, beam=cfg.mining.beam,
+                            source_negative=cfg.mining.source_negative, batch_size=cfg.mining.batch_size)
     mined = miner.select([nbest[ex.id] for ex in examples], examples)
     write_negatives_parquet(run.run_dir / "negatives.parquet", examples, mined, model_version=0)

@@ -35,7 +35,7 @@ def best_trial(trials: list[TrialOutcome], *, metric: str, mode: str = "max") ->
     if not scored:
         return None
     sign = 1.0 if mode == "max" else -1.0
-    return max(scored, key=lambda tr: sign * float(tr[1][metric]))[0]
+    return max(scored, key=lambda tr: sign * float((tr[1] or {})[metric]))[0]
 
 
 def _num(v: Any) -> float | None:
@@ -58,7 +58,9 @@ def _params_text(params: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- files
-def write_all(run: GecRun, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]) -> dict[str, Any]:
+def write_all(
+    run: GecRun, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]
+) -> dict[str, Any]:
     metric, mode = run.cfg.tune.metric, run.cfg.tune.mode
     rows = [_result_row(t, metric, mode) for t in trials + extra]
     _write_csv(run.run_dir / "results.csv", rows)
@@ -143,6 +145,7 @@ def render_report(
               f"built-in data for: {', '.join(run.builtin) or 'none'}.", ""]  # fmt: skip
     lines += ["## Results on test (Table 2)", "",
               "P / R / F0.5 in %, each the average over the test set's annotators (the paper's protocol); "
+              
               "the CL row is the sweep's best point by dev F0.5, the other rows run at that point.", ""]  # fmt: skip
     head = "| Method | " + " | ".join(f"{t} P | {t} R | {t} F0.5" for t in tests) + " | dev F0.5 |"
     lines += [head, "|" + "---|" * (1 + 3 * len(tests) + 1)]
@@ -156,16 +159,19 @@ def render_report(
     for row in summary["table"]:
         cells = [_pct(row.get(f"test/{t}/{k}")) for t in tests for k in ("ie", "oe")]
         lines.append(f"| {row['method']} | " + " | ".join(cells) + " |")
-    lines += ["", "## Sweep (dev F0.5, %, best epoch of each trial)", "", "| Point | dev F0.5 | epoch |", "|---|---|---|"]
-    for t in sorted(trials, key=lambda t: -(_num((best_row(t, "dev_f05") or {}).get("dev_f05")) or -1)):
+    lines += ["", "## Sweep (dev F0.5, %, best epoch of each trial)", "",
+              "| Point | dev F0.5 | epoch |", "|---|---|---|"]  # fmt: skip
+    def dev_of(t: TrialOutcome) -> float:
+        return _num((best_row(t, "dev_f05") or {}).get("dev_f05")) or -1.0
+
+    for t in sorted(trials, key=dev_of, reverse=True):
         r = best_row(t, "dev_f05") or {}
         lines.append(f"| {_params_text(t.params)} | {_pct(r.get('dev_f05'))} | {r.get('epoch', '–')} |")
     lines += ["", "## Data (Table 1)", "", "| Usage | Files | #sent | err% | e/s |", "|---|---|---|---|---|"]
     lines += _data_rows(cfg)
     lines += ["", "## Timings", ""]
     lines += [f"- {k.replace('_s', '')}: {v:.1f} s" for k, v in run.timings.items()]
-    steps = [_num(r.get("timing/step")) for t in trials for r in t.history]
-    steps = [s for s in steps if s is not None]
+    steps = [v for t in trials for r in t.history if (v := _num(r.get("timing/step"))) is not None]
     if steps:
         lines.append(f"- mean fine-tuning step: {1000 * sum(steps) / len(steps):.1f} ms; mine_wait: 0 "
                      "(negatives mined before fine-tuning, as the paper's code; see mining.*)")  # fmt: skip
@@ -178,7 +184,8 @@ def render_report(
 
 def _data_rows(cfg: Any) -> list[str]:
     splits = [("Train (D_T)", cfg.data.train), ("Fine-tune (D_F)", cfg.data.finetune)]
-    splits += [(f"Dev {n}", s) for n, s in cfg.data.dev.items()] + [(f"Test {n}", s) for n, s in cfg.data.test.items()]
+    splits += [(f"Dev {n}", s) for n, s in cfg.data.dev.items()]
+    splits += [(f"Test {n}", s) for n, s in cfg.data.test.items()]
     out = []
     for usage, specs in splits:
         m2 = [s for s in specs if parse_spec(s).format == "m2"]
@@ -193,6 +200,13 @@ def _data_rows(cfg: Any) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- plots
+def _curve(trial: TrialOutcome, metric: str) -> tuple[list[float], list[float]]:
+    """(epochs, metric in %) of the reports that carry ``metric``."""
+    pts = [(float(r.get("epoch", 0)), _num(r.get(metric))) for r in trial.history]
+    kept = [(e, v) for e, v in pts if v is not None]
+    return [e for e, _ in kept], [100 * v for _, v in kept]
+
+
 def _plots(run_dir: Path, trials: list[TrialOutcome], metric: str) -> list[Path]:
     import matplotlib
 
@@ -202,27 +216,23 @@ def _plots(run_dir: Path, trials: list[TrialOutcome], metric: str) -> list[Path]
     out = []
     fig, ax = plt.subplots(figsize=(6, 4))
     for t in trials:
-        pts = [(r.get("epoch"), _num(r.get(metric))) for r in t.history if _num(r.get(metric)) is not None]
-        if pts:
-            ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", label=f"{_label(t)} {_params_text(t.params)}")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("dev F0.5 (%)")
-    ax.set_title("Dev F0.5 during fine-tuning")
+        xs, ys = _curve(t, metric)
+        if xs:
+            ax.plot(xs, ys, marker="o", label=f"{_label(t)} {_params_text(t.params)}")
+    ax.set(xlabel="epoch", ylabel="dev F0.5 (%)", title="Dev F0.5 during fine-tuning")
     ax.legend(fontsize=6, loc="best")
     fig.tight_layout()
     out.append(_save(fig, run_dir / "dev_curves.png"))
     plt.close(fig)
-    cl = [t for t in trials if "loss.margin" in t.params]
+    cl = [t for t in trials if "loss.margin" in t.params and "baseline" not in t.params]
     if cl:
         fig, ax = plt.subplots(figsize=(6, 4))
         for k in sorted({t.params.get("mining.k") for t in cl}, key=str):
-            pts = sorted((float(t.params["loss.margin"]), _num((best_row(t, metric) or {}).get(metric)))
-                         for t in cl if t.params.get("mining.k") == k)  # fmt: skip
-            pts = [p for p in pts if p[1] is not None]
-            ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", label=f"k={k}")  # type: ignore[operator]
-        ax.set_xlabel("margin γ")
-        ax.set_ylabel("best dev F0.5 (%)")
-        ax.set_title("Sweep: dev F0.5 against γ and k")
+            pts = [(float(t.params["loss.margin"]), _num((best_row(t, metric) or {}).get(metric)))
+                   for t in cl if t.params.get("mining.k") == k]  # fmt: skip
+            kept = sorted((g, 100 * v) for g, v in pts if v is not None)
+            ax.plot([g for g, _ in kept], [v for _, v in kept], marker="o", label=f"k={k}")
+        ax.set(xlabel="margin γ", ylabel="best dev F0.5 (%)", title="Sweep: dev F0.5 against γ and k")
         ax.legend()
         fig.tight_layout()
         out.append(_save(fig, run_dir / "sweep.png"))
