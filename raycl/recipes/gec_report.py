@@ -145,7 +145,7 @@ def render_report(
               f"built-in data for: {', '.join(run.builtin) or 'none'}.", ""]  # fmt: skip
     lines += ["## Results on test (Table 2)", "",
               "P / R / F0.5 in %, each the average over the test set's annotators (the paper's protocol); "
-              "the CL row is the sweep's best point by dev F0.5, the other rows run at that point.", ""]  # fmt: skip
+              "the CL row is the sweep's best point by dev F0.5, the other rows run at that point.", ""]
     head = "| Method | " + " | ".join(f"{t} P | {t} R | {t} F0.5" for t in tests) + " | dev F0.5 |"
     lines += [head, "|" + "---|" * (1 + 3 * len(tests) + 1)]
     for row in summary["table"]:
