@@ -55,4 +55,3 @@ def quiet_ray() -> None:
     if os.environ.get("RAYCL_VERBOSE") != "1":
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
         os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
-        os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")

@@ -42,7 +42,8 @@ def test_crlf_and_missing_trailing_blank_line_parse_the_same(tmp_path: Path) -> 
 
 def test_none_correction_on_a_real_edit_is_a_deletion(tmp_path: Path) -> None:
     (sent,) = read_m2(_write(tmp_path, "S a the cat\nA 1 2|||U:DET|||-NONE-|||REQUIRED|||-NONE-|||0\n"))
-    assert sent.edits[0].correction == "" and sent.target() == "a cat"
+    # kept verbatim (errant_compare compares the raw strings), applied as a deletion
+    assert sent.edits[0].correction == "-NONE-" and sent.target() == "a cat"
 
 
 def test_write_read_round_trip(tmp_path: Path) -> None:
@@ -126,13 +127,23 @@ def test_spec_formats() -> None:
     ("x.m2[5]", "expected PATH or PATH[START:STOP]"),
     ("x.m2[::2]", "expected PATH or PATH[START:STOP]"),
     ("x.m2[1.5:]", "expected PATH or PATH[START:STOP]"),
-    ("x.txt", "unknown format, expected a .m2 or .tsv file or SRC|TGT"),
+    ("x.txt", "unknown format, expected an M2 file (first line 'S ...'), a .tsv file or SRC|TGT"),
     ("a|b|c", "expected PATH, or SRC|TGT"),
 ])
 def test_bad_specs(text: str, expected: str) -> None:
     with pytest.raises(UserError) as err:
         parse_spec(text, must_exist=False)
     assert expected in str(err.value)
+
+
+def test_format_is_sniffed_when_the_name_does_not_say(tmp_path: Path) -> None:
+    """CWEB ships an M2 file named ``CWEB-G.test.norm.tok.ann1``: read it by content."""
+    m2 = _write(tmp_path, "S a cat\nA -1 -1|||noop|||-NONE-|||REQUIRED|||-NONE-|||1\n", "CWEB-G.test.norm.tok.ann1")
+    tsv = _write(tmp_path, "a cat\tthe cat\n", "pairs.txt")
+    prose = _write(tmp_path, "just text\n", "notes.txt")
+    assert parse_spec(f"{m2}[:1]").format == "m2" and parse_spec(str(tsv)).format == "tsv"
+    with pytest.raises(UserError, match="unknown format"):
+        parse_spec(str(prose))
 
 
 def test_missing_spec_file(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from raycl.errors import UserError, at
 
 NOOP = "noop"
+DELETION = "-NONE-"  # some corpora write a deletion's correction so; ERRANT writes ''
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class M2Sentence:
         """The corrected sentence: ``annotator``'s edits applied right to left to the source tokens."""
         tokens = self.tokens
         for e in sorted(self.edits_of(annotator), key=lambda e: (e.start, e.end), reverse=True):
-            tokens[e.start : e.end] = e.correction.split()
+            tokens[e.start : e.end] = [] if e.correction == DELETION else e.correction.split()
         return " ".join(tokens)
 
     def to_block(self) -> str:
@@ -150,18 +151,16 @@ def _parse_edit(path: str | Path, lineno: int, line: str, n_tokens: int) -> Edit
         annotator = int(fields[5])
     except ValueError:
         raise UserError(f"{at(path, lineno)}: annotator id {fields[5]!r}, expected an integer") from None
-    correction = fields[2]
-    # Some corpora write deletions as '-NONE-' (ERRANT writes ''); both mean "delete the span".
-    if correction == "-NONE-" and fields[1] != NOOP and start >= 0:
-        correction = ""
-    return Edit(start, end, fields[1], correction, annotator)
+    # Kept as written: errant_compare compares correction strings verbatim, so a '-NONE-' deletion must stay
+    # '-NONE-' for score parity; target() reads it as a deletion.
+    return Edit(start, end, fields[1], fields[2], annotator)
 
 
 def iter_m2(path: str | Path) -> Iterator[M2Sentence]:
     """Stream the sentences of an M2 file (strict: any malformed line is a ``file:line`` UserError).
 
     Blocks are separated by blank lines; each starts with one ``S`` line followed by zero or more ``A`` lines
-    of exactly six ``|||`` fields. A ``-NONE-`` correction on a real edit is read as a deletion (``''``).
+    of exactly six ``|||`` fields. A ``-NONE-`` correction is kept verbatim (``target()`` deletes the span).
     """
     source: str | None = None
     n_tokens = 0

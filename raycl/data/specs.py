@@ -38,11 +38,14 @@ class Spec:
     start: int | None = None
     stop: int | None = None
     target_path: Path | None = None  # the TGT file of a ``SRC|TGT`` pair
+    kind: Format | None = None  # sniffed from the content when the name does not say (CWEB's *.tok.ann1)
 
     @property
     def format(self) -> Format:
         if self.target_path is not None:
             return "pair"
+        if self.kind is not None:
+            return self.kind
         return "m2" if self.path.suffix.lower() == ".m2" else "tsv"
 
     @property
@@ -92,10 +95,24 @@ def parse_spec(spec: str, *, must_exist: bool = True) -> Spec:
     if len(parts) > 2 or not all(p.strip() for p in parts):
         raise UserError(f"data spec {spec!r}: expected PATH, or SRC|TGT for a pair of parallel text files")
     paths = [Path(p.strip()) for p in parts]
-    if len(paths) == 1 and paths[0].suffix.lower() not in (".m2", ".tsv"):
-        raise UserError(f"data spec {spec!r}: unknown format, expected a .m2 or .tsv file or SRC|TGT text files")
     if must_exist:
         for p in paths:
             if not p.is_file():
                 raise UserError(f"data spec {spec!r}: no such file {str(p)!r}")
-    return Spec(paths[0], start, stop, paths[1] if len(paths) == 2 else None)
+    kind: Format | None = None
+    if len(paths) == 1 and paths[0].suffix.lower() not in (".m2", ".tsv"):
+        kind = _sniff(paths[0], spec) if paths[0].is_file() else None
+        if kind is None:
+            raise UserError(f"data spec {spec!r}: unknown format, expected an M2 file (first line 'S ...'), "
+                            "a .tsv file or SRC|TGT text files")
+    return Spec(paths[0], start, stop, paths[1] if len(paths) == 2 else None, kind)
+
+
+def _sniff(path: Path, spec: str) -> Format | None:
+    """M2 if the first non-blank line starts with ``S ``, TSV if it has a tab; None otherwise."""
+    with open(path, "rb") as f:
+        for raw in f:
+            line = raw.decode("utf-8", errors="replace").strip("\r\n")
+            if line.strip():
+                return "m2" if line.startswith("S ") else ("tsv" if "\t" in line else None)
+    return None

@@ -55,22 +55,26 @@ def trial_run_name() -> str:
 
 
 def run_sweep(
-    trial_fn: Callable[[dict[str, Any]], None],
+    trial_fn: Callable[..., None],
     param_space: dict[str, Any],
     *,
+    trial_kwargs: dict[str, Any],
     tune_cfg: TuneSection,
     name: str,
     storage_path: Path,
     max_t: int,
 ) -> list[TrialOutcome]:
-    """Run every trial of ``param_space`` and return their outcomes in trial order."""
+    """Run ``trial_fn(params, **trial_kwargs)`` for every point of ``param_space``; outcomes in trial order.
+
+    ``trial_kwargs`` travel through the object store once (``tune.with_parameters``), not once per trial.
+    """
     scheduler = (
         ASHAScheduler(time_attr="training_iteration", max_t=max(max_t, 1), grace_period=tune_cfg.grace_period)
         if tune_cfg.scheduler == "asha"
         else FIFOScheduler()
     )
     tuner = tune.Tuner(
-        tune.with_resources(trial_fn, {"cpu": tune_cfg.driver_cpus}),
+        tune.with_resources(tune.with_parameters(trial_fn, **trial_kwargs), {"cpu": tune_cfg.driver_cpus}),
         param_space=param_space,
         tune_config=tune.TuneConfig(
             metric=tune_cfg.metric,

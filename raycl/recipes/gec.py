@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from raycl.config import GecConfig, Space, dump_yaml, set_dotted, to_dict
-from raycl.data.gec import load_examples
+from raycl.data.gec import load_examples, load_references
 from raycl.data.gec_corpus import write_builtin_corpus
 from raycl.distributed.sweep import TrialOutcome, grid, run_sweep, to_param_space, trial_run_name
 from raycl.distributed.trainer import fit
@@ -73,6 +73,21 @@ def with_data(cfg: GecConfig, data_dir: Path) -> tuple[GecConfig, list[str]]:
     }
     new = dataclasses.replace(d, **{k: fill[k] for k in empty})
     return dataclasses.replace(cfg, data=new), empty
+
+
+def check_data(cfg: GecConfig) -> dict[str, int]:
+    """Read every data file once in the driver, so a malformed file fails here (one line, exit 2) and not
+    inside a Ray worker after minutes of training. Returns sentence counts per split."""
+    counts = {"train": len(load_examples(cfg.data.train)), "finetune": len(load_examples(cfg.data.finetune))}
+    for split, sets in (("dev", cfg.data.dev), ("test", cfg.data.test)):
+        for name, specs in sets.items():
+            refs = load_references(specs)
+            if not refs:
+                raise UserError(f"data.{split}.{name}: {', '.join(specs)} holds no sentences, expected some")
+            counts[f"{split}/{name}"] = len(refs)
+    if counts["finetune"] == 0:
+        raise UserError(f"data.finetune: {', '.join(cfg.data.finetune)} holds no sentences, expected D_F")
+    return counts
 
 
 # ---------------------------------------------------------------------------------------------- step 1
@@ -139,6 +154,8 @@ def prepare(space: Space, run_dir: Path) -> GecRun:
     cfg, builtin = with_data(space.config, run_dir / "data")
     if builtin:
         say(f"built-in corpus for {', '.join(builtin)} (written to {run_dir / 'data'})")
+    counts = check_data(cfg)
+    say("data: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     dump_yaml(cfg, run_dir / "config.yaml")
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -155,7 +172,7 @@ def _loop_config(run: GecRun, cfg: GecConfig, out_dir: Path) -> dict[str, Any]:
             "nbest": str(run.nbest) if run.nbest else None, "out_dir": str(out_dir)}  # fmt: skip
 
 
-def _trial(params: dict[str, Any], *, run: GecRun, baselines: dict[str, dict[str, Any]]) -> None:
+def gec_trial(params: dict[str, Any], *, run: GecRun, baselines: dict[str, dict[str, Any]]) -> None:
     """One Tune trial: the space's point (plus a named baseline's overrides) fine-tuned in a TorchTrainer."""
     over = dict(params)
     name = over.pop("baseline", None)
@@ -172,10 +189,9 @@ def sweep(run: GecRun, space: Space) -> list[TrialOutcome]:
     """Step 3 over the ``search:`` block: one trial per point of the paper's grid (or the preset's)."""
     param_space = to_param_space(space.search)
     say(f"step 3: fine-tuning sweep over {', '.join(param_space) or 'the default point'}")
-    return run_sweep(
-        lambda p: _trial(p, run=run, baselines=space.baselines), param_space, tune_cfg=run.cfg.tune,
-        name="sweep", storage_path=run.run_dir / "ray", max_t=run.cfg.optim.epochs,
-    )  # fmt: skip
+    return run_sweep(gec_trial, param_space, trial_kwargs={"run": run, "baselines": space.baselines},
+                     tune_cfg=run.cfg.tune, name="sweep", storage_path=run.run_dir / "ray",
+                     max_t=run.cfg.optim.epochs)  # fmt: skip
 
 
 def baselines(run: GecRun, space: Space, best_params: dict[str, Any]) -> list[TrialOutcome]:
@@ -185,8 +201,9 @@ def baselines(run: GecRun, space: Space, best_params: dict[str, Any]) -> list[Tr
     say(f"baselines at the best point: {', '.join(space.baselines)}")
     param_space = {**best_params, "baseline": grid(list(space.baselines))}
     cfg = dataclasses.replace(run.cfg, tune=dataclasses.replace(run.cfg.tune, scheduler="fifo"))
-    return run_sweep(lambda p: _trial(p, run=run, baselines=space.baselines), param_space, tune_cfg=cfg.tune,
-                     name="baselines", storage_path=run.run_dir / "ray", max_t=cfg.optim.epochs)  # fmt: skip
+    return run_sweep(gec_trial, param_space, trial_kwargs={"run": run, "baselines": space.baselines},
+                     tune_cfg=cfg.tune, name="baselines", storage_path=run.run_dir / "ray",
+                     max_t=cfg.optim.epochs)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- drivers

@@ -197,11 +197,14 @@ def _report(
         session.report(metrics)
         return
     t0 = time.perf_counter()
-    for split, sets in refs.items():
-        metrics.update(evaluate_split(cfg, scorer, sets, prefix=split))
+    improved = False
+    if refs:  # test is decoded only when dev improves: the epoch selected on dev is always one of those
+        metrics.update(evaluate_split(cfg, scorer, refs["dev"], prefix="dev"))
+        improved = metrics["dev_f05"] > max((h.get("dev_f05", -1.0) for h in read_history(out_dir)), default=-1.0)
+        if improved:
+            metrics.update(evaluate_split(cfg, scorer, refs["test"], prefix="test"))
     metrics["timing/eval"] = time.perf_counter() - t0
-    history = _append_history(out_dir, metrics)
-    improved = "dev_f05" in metrics and metrics["dev_f05"] >= max(h.get("dev_f05", -1.0) for h in history)
+    _append_history(out_dir, metrics)
     if improved or (last and not refs):
         save_model_atomic(scorer, out_dir / ("best_model" if refs else "model"))
     with session.scratch_dir() as tmp:
