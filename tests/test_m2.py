@@ -138,7 +138,8 @@ def test_bad_specs(text: str, expected: str) -> None:
 
 def test_format_is_sniffed_when_the_name_does_not_say(tmp_path: Path) -> None:
     """CWEB ships an M2 file named ``CWEB-G.test.norm.tok.ann1``: read it by content."""
-    m2 = _write(tmp_path, "S a cat\nA -1 -1|||noop|||-NONE-|||REQUIRED|||-NONE-|||1\n", "CWEB-G.test.norm.tok.ann1")
+    noop = "A -1 -1|||noop|||-NONE-|||REQUIRED|||-NONE-|||1"
+    m2 = _write(tmp_path, f"S a cat\n{noop}\n", "CWEB-G.test.norm.tok.ann1")
     tsv = _write(tmp_path, "a cat\tthe cat\n", "pairs.txt")
     prose = _write(tmp_path, "just text\n", "notes.txt")
     assert parse_spec(f"{m2}[:1]").format == "m2" and parse_spec(str(tsv)).format == "tsv"
