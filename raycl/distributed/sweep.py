@@ -7,6 +7,7 @@ domains through a whitelist, never ``eval``.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,40 @@ class TrialOutcome:
     params: dict[str, Any]
     history: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
+
+
+class _TrialProgress(tune.Callback):
+    """One progress bar over the sweep's trials, with the best value of the metric so far."""
+
+    def __init__(self, total: int, metric: str, mode: str, desc: str) -> None:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=total, desc=desc, unit="trial", file=sys.stderr, dynamic_ncols=True)
+        self.metric, self.sign = metric, (1.0 if mode == "max" else -1.0)
+        self.best: float | None = None
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        value = result.get(self.metric)
+        if isinstance(value, (int, float)) and (self.best is None or self.sign * value > self.sign * self.best):
+            self.best = float(value)
+            self.bar.set_postfix({f"best {self.metric}": f"{self.best:.4f}"})
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.bar.update(1)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self.bar.update(1)
+
+    def on_experiment_end(self, trials: list, **info: Any) -> None:
+        self.bar.close()
+
+
+def _count(param_space: dict[str, Any], num_samples: int) -> int:
+    n = num_samples
+    for v in param_space.values():
+        if isinstance(v, dict) and "grid_search" in v:
+            n *= len(v["grid_search"])
+    return n
 
 
 def to_param_space(search: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
@@ -83,7 +118,11 @@ def run_sweep(
             num_samples=tune_cfg.num_samples,
             max_concurrent_trials=tune_cfg.max_concurrent_trials,
         ),
-        run_config=tune.RunConfig(name=name, storage_path=str(Path(storage_path).resolve()), verbose=0),
+        run_config=tune.RunConfig(
+            name=name, storage_path=str(Path(storage_path).resolve()), verbose=0,
+            callbacks=[_TrialProgress(_count(param_space, tune_cfg.num_samples), tune_cfg.metric, tune_cfg.mode,
+                                      name)],
+        ),
     )
     grid = tuner.fit()
     outcomes = []
