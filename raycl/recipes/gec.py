@@ -32,6 +32,7 @@ from raycl.models.presets import build_model
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.recipes import gec_report
 from raycl.recipes.gec_worker import read_history, train_worker
+from raycl.train.progress import follow
 
 BASE_MODEL = "base_model"
 NBEST = "nbest.parquet"
@@ -106,9 +107,10 @@ def pretrain(cfg: GecConfig, run_dir: Path) -> Path:
     say(f"step 1: training the base model on D_T ({cfg.pretrain.epochs} epochs, "
         f"{cfg.scaling.num_workers} Ray Train worker(s))")  # fmt: skip
     work = run_dir / "pretrain"
-    result = fit(train_worker, {"config": to_dict(cfg), "phase": "pretrain", "init_model": str(init),
-                                "out_dir": str(work)}, scaling=cfg.scaling, name="pretrain",
-                 storage_path=run_dir / "ray")  # fmt: skip
+    with follow(work, desc="step 1: pretrain"):
+        result = fit(train_worker, {"config": to_dict(cfg), "phase": "pretrain", "init_model": str(init),
+                                    "out_dir": str(work)}, scaling=cfg.scaling, name="pretrain",
+                     storage_path=run_dir / "ray")  # fmt: skip
     if result.error is not None or not (work / "model" / "config.json").exists():
         raise RuntimeError(f"pretraining did not produce a model: {result.error}")
     (work / "model").replace(out)
@@ -227,8 +229,9 @@ def run_train(space: Space, run_dir: Path) -> dict[str, Any]:
     run = prepare(space, run_dir)
     t0 = time.perf_counter()
     out_dir = run.run_dir / "trials" / "train"
-    result = fit(train_worker, _loop_config(run, run.cfg, out_dir), scaling=run.cfg.scaling, name="train",
-                 storage_path=run.run_dir / "ray")  # fmt: skip
+    with follow(out_dir, desc="step 3: fine-tune"):
+        result = fit(train_worker, _loop_config(run, run.cfg, out_dir), scaling=run.cfg.scaling, name="train",
+                     storage_path=run.run_dir / "ray")  # fmt: skip
     run.timings["finetune_s"] = time.perf_counter() - t0
     if result.error is not None:
         raise result.error

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from raycl.config import GecConfig, from_dict
 from raycl.data.gec import GecExample, load_examples, load_references
@@ -29,8 +28,10 @@ from raycl.losses.gec_margin import GecContrastiveLoss
 from raycl.miners.beam_search import read_negatives_parquet, select_negatives
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.train.checkpoint import MODEL_DIR, load_training_state, save_training_state, seed_everything
+from raycl.train.data_parallel import backward_global
 from raycl.train.gec_step import collate, gec_loss
 from raycl.train.optim import build_optimizer, build_scheduler
+from raycl.train.progress import ProgressWriter
 
 HISTORY = "history.jsonl"
 
@@ -94,8 +95,10 @@ def train_worker(loop_config: dict[str, Any]) -> None:
     if phase.name == "finetune" and phase.epochs == 0:  # DI: evaluate the base model, train nothing
         _report(cfg, scorer, optimizer, scheduler, progress, refs, {}, rank, out_dir, last=True)
         return
+    bar = ProgressWriter(out_dir, total=steps_per_epoch * phase.epochs) if rank == 0 else None
     for epoch in range(progress["epoch"], phase.epochs):
-        stats = _train_epoch(cfg, phase, scorer, optimizer, scheduler, loss_fn, examples, negatives, epoch)
+        stats = _train_epoch(cfg, phase, scorer, optimizer, scheduler, loss_fn, examples, negatives, epoch,
+                             bar=bar, step0=progress["step"])  # fmt: skip
         progress = {"epoch": epoch + 1, "step": progress["step"] + stats.pop("steps")}
         _report(cfg, scorer, optimizer, scheduler, progress, refs, stats, rank, out_dir,
                 last=epoch + 1 == phase.epochs)  # fmt: skip
@@ -134,6 +137,7 @@ def _references(cfg: GecConfig) -> dict[str, dict[str, Any]]:
 def _train_epoch(
     cfg: GecConfig, phase: Phase, scorer: Seq2SeqScorer, optimizer: torch.optim.Optimizer, scheduler: Any,
     loss_fn: GecContrastiveLoss, examples: list[GecExample], negatives: dict[str, list[str]], epoch: int,
+    *, bar: ProgressWriter | None, step0: int,
 ) -> dict[str, float]:
     scorer.train()
     order = list(range(len(examples)))
@@ -148,16 +152,16 @@ def _train_epoch(
         batch = batch.to(session.device()) if hasattr(batch, "to") else batch
         out = gec_loss(scorer, batch, loss_fn, stack_negatives=cfg.loss.stack_negatives)
         local_tokens = float(out.ntokens)
-        global_tokens = _all_reduce_sum(local_tokens)
         optimizer.zero_grad(set_to_none=True)
-        (out.loss * (local_tokens / global_tokens)).backward()
-        _all_reduce_grads(scorer)
+        backward_global(out.loss, local_tokens, scorer)
         if cfg.optim.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(scorer.parameters(), cfg.optim.clip_norm)
         optimizer.step()
         scheduler.step()
         step_time += time.perf_counter() - t0
         steps += 1
+        if bar is not None:
+            bar.update(step0 + steps, epoch=epoch + 1, loss=out.loss.item())
         sums["loss"] += out.loss.item() * local_tokens
         sums["ce"] += out.ce.item()
         sums["mml"] += out.mml.item()
@@ -166,23 +170,6 @@ def _train_epoch(
     return {"loss": sums["loss"] / n, "ce_per_token": sums["ce"] / n, "mml_per_token": sums["mml"] / n,
             "timing/step": step_time / max(steps, 1), "timing/mine_wait": 0.0, "steps": steps,
             "lr": scheduler.get_last_lr()[0]}  # fmt: skip
-
-
-def _all_reduce_sum(value: float) -> float:
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return value
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t)
-    return float(t.item())
-
-
-def _all_reduce_grads(model: torch.nn.Module) -> None:
-    """Sum gradients over workers (the loss was already scaled by local/global tokens)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return
-    for p in model.parameters():
-        if p.grad is not None:
-            dist.all_reduce(p.grad)
 
 
 def _report(

@@ -1,0 +1,75 @@
+"""Two data-parallel shards give the global loss: gradients summed over 2 gloo workers, each loss scaled by
+its share of the tokens, equal the single-process gradient of the whole batch (SPEC §1.2 normalisation)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from transformers import BartConfig, BartForConditionalGeneration
+
+from raycl.data.gec import GecExample
+from raycl.losses.gec_margin import GecContrastiveLoss
+from raycl.models.seq2seq import Seq2SeqScorer
+from raycl.models.tokenizer import train_bpe_tokenizer
+from raycl.train.data_parallel import backward_global
+from raycl.train.gec_step import collate, gec_loss
+
+EXAMPLES = [
+    GecExample("a", "He do n't like it .", "He does n't like it ."),
+    GecExample("b", "This are a long sentence , is n't it ?", "This is a long sentence , is n't it ?"),
+    GecExample("c", "Fine .", "Fine ."),
+    GecExample("d", "I has went to the school yesterday .", "I went to school yesterday ."),
+]
+NEGATIVES = [["He did n't like it ."], [], ["Fine !"], ["I have went to school yesterday .", "I go to school ."]]
+
+
+def _scorer(tok_dir: Path) -> Seq2SeqScorer:
+    texts = [t for e in EXAMPLES for t in (e.source, e.target)] + [n for ns in NEGATIVES for n in ns]
+    tokenizer = train_bpe_tokenizer(texts * 3, tok_dir, vocab_size=300)
+    torch.manual_seed(0)
+    config = BartConfig(vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1,
+                        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                        decoder_ffn_dim=32, max_position_embeddings=64, dropout=0.0)  # fmt: skip
+    return Seq2SeqScorer(BartForConditionalGeneration(config).double().eval(), tokenizer)
+
+
+def _grads(scorer: Seq2SeqScorer, rows: list[int]) -> dict[str, torch.Tensor]:
+    batch = collate([EXAMPLES[i] for i in rows], [NEGATIVES[i] for i in rows], scorer.tokenizer, max_length=32)
+    out = gec_loss(scorer, batch, GecContrastiveLoss(margin=5.0, trade_off=0.5, label_smoothing=0.1))
+    scorer.zero_grad()
+    backward_global(out.loss, float(out.ntokens), scorer)
+    return {n: p.grad.clone() for n, p in scorer.named_parameters() if p.grad is not None}
+
+
+def _worker(rank: int, tok_dir: str, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    shard = [0, 1] if rank == 0 else [2, 3]  # unequal token counts per shard
+    grads = _grads(_scorer(Path(tok_dir) / str(rank)), shard)  # own folder: no race on the tokenizer files
+    if rank == 0:
+        torch.save(grads, out)
+    dist.destroy_process_group()
+
+
+def test_two_shards_equal_the_whole_batch(tmp_path: Path) -> None:
+    whole = _grads(_scorer(tmp_path / "tok"), [0, 1, 2, 3])
+    port = 29500 + os.getpid() % 1000
+    mp.spawn(_worker, args=(str(tmp_path / "tok"), port, str(tmp_path / "g.pt")), nprocs=2, join=True)
+    sharded = torch.load(tmp_path / "g.pt")
+    assert whole.keys() == sharded.keys() and len(whole) > 10
+    for name, g in whole.items():
+        torch.testing.assert_close(sharded[name], g, rtol=1e-9, atol=1e-12, msg=name)
+
+
+def test_one_worker_is_the_plain_backward(tmp_path: Path) -> None:
+    scorer = _scorer(tmp_path / "tok")
+    batch = collate(EXAMPLES, NEGATIVES, scorer.tokenizer, max_length=32)
+    out = gec_loss(scorer, batch, GecContrastiveLoss(margin=5.0))
+    out.loss.backward()
+    plain = {n: p.grad.clone() for n, p in scorer.named_parameters() if p.grad is not None}
+    assert all(torch.equal(plain[n], g) for n, g in _grads(scorer, [0, 1, 2, 3]).items())
