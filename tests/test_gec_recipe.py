@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 
 from raycl.config import load_space
 from raycl.data.m2 import read_m2
@@ -17,9 +16,10 @@ from raycl.recipes import gec
 
 TINY = [
     "data.builtin.n_train=120", "data.builtin.n_finetune=40", "data.builtin.n_dev=16", "data.builtin.n_test=16",
-    "model.overrides={d_model: 32, encoder_layers: 1, decoder_layers: 1, encoder_ffn_dim: 64, decoder_ffn_dim: 64}",
+    "model.overrides={d_model: 32, encoder_layers: 1, decoder_layers: 1, encoder_ffn_dim: 64, "
+    "decoder_ffn_dim: 64}",
     "model.vocab_size=300", "pretrain.epochs=1", "optim.epochs=1", "optim.batch_size=16", "eval.max_new_tokens=24",
-    "mining.beam=3", "mining.k=2",
+    "mining.beam=4", "mining.k=2",
 ]  # fmt: skip
 
 
@@ -52,7 +52,8 @@ def test_builtin_dev_and_test_have_two_annotators(tmp_path: Path) -> None:
 
 
 def test_tune_sweep_and_baselines_on_local_ray(ray_local, tmp_path: Path) -> None:
-    over = [*TINY, "scaling.num_workers=1", "scaling.cpus_per_worker=0.5", "tune.max_concurrent_trials=2"]
+    over = [*TINY, "scaling.num_workers=1", "scaling.cpus_per_worker=0.5", "tune.driver_cpus=0.1",
+            "tune.max_concurrent_trials=3"]
     space = load_space("gec_pd", preset="smoke", overrides=over)
     space.search = {"loss.margin": {"grid": [0.25, 0.85]}, "mining.k": {"grid": [2]}}
     summary = gec.run_tune(space, tmp_path)
@@ -74,11 +75,12 @@ def test_tune_sweep_and_baselines_on_local_ray(ray_local, tmp_path: Path) -> Non
 def test_malformed_m2_in_a_run_exits_2_with_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.m2"
     bad.write_text("S one two three\nA 1 9|||R:NOUN|||x|||REQUIRED|||-NONE-|||0\n")
+    sets = [a for t in [*TINY, f"data.finetune={bad}", "scaling.num_workers=0"] for a in ("--set", t)]
+    cmd = [sys.executable, "-m", "raycl.train", "gec_pd", "--preset", "smoke", "--out", str(tmp_path / "run")]
     proc = subprocess.run(
-        [sys.executable, "-m", "raycl.train", "gec_pd", "--preset", "smoke", "--out", str(tmp_path / "run"),
-         "--set", f"data.finetune={bad}", "--set", "scaling.num_workers=0", *sum((["--set", t] for t in TINY), [])],
+        [*cmd, *sets],
         capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert f"{bad}:2:" in last and "Traceback" not in proc.stderr

@@ -33,11 +33,21 @@ class _TrialProgress(tune.Callback):
     """One progress bar over the sweep's trials, with the best value of the metric so far."""
 
     def __init__(self, total: int, metric: str, mode: str, desc: str) -> None:
-        from tqdm.auto import tqdm
-
-        self.bar = tqdm(total=total, desc=desc, unit="trial", file=sys.stderr, dynamic_ncols=True)
+        self.total, self.desc = total, desc
         self.metric, self.sign = metric, (1.0 if mode == "max" else -1.0)
         self.best: float | None = None
+        self._bar: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_bar": None}  # Tune pickles its run config; a terminal stream does not pickle
+
+    @property
+    def bar(self) -> Any:
+        if self._bar is None:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=self.total, desc=self.desc, unit="trial", file=sys.stderr, dynamic_ncols=True)
+        return self._bar
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         value = result.get(self.metric)
