@@ -73,3 +73,13 @@ def test_one_worker_is_the_plain_backward(tmp_path: Path) -> None:
     out.loss.backward()
     plain = {n: p.grad.clone() for n, p in scorer.named_parameters() if p.grad is not None}
     assert all(torch.equal(plain[n], g) for n, g in _grads(scorer, [0, 1, 2, 3]).items())
+
+
+def test_shards_have_equal_length_and_cover_every_example() -> None:
+    from raycl.recipes.gec_worker import _shard
+
+    for n, world in [(999, 2), (17, 2), (10, 3), (4, 4), (1, 2)]:
+        examples = [GecExample(str(i), "s", "t") for i in range(n)]
+        shards = [_shard(examples, r, world) for r in range(world)]
+        assert len({len(s) for s in shards}) == 1  # same number of steps on every rank
+        assert {e.id for s in shards for e in s} == {e.id for e in examples}

@@ -69,23 +69,18 @@ def train_worker(loop_config: dict[str, Any]) -> None:
     phase = phase_of(cfg, loop_config["phase"])
     rank, world_size = session.world()
     seed_everything(cfg.optim.seed)
-    scorer = Seq2SeqScorer.from_pretrained(loop_config["init_model"])
     examples = _shard(load_examples(phase.specs, annotator=cfg.data.annotator), rank, world_size)
     negatives = _negatives(cfg, examples, loop_config.get("nbest")) if phase.name == "finetune" else {}
-    steps_per_epoch = math.ceil(len(examples) / phase.batch_size)
+    steps_per_epoch = math.ceil(len(examples) / phase.batch_size)  # the same on every rank (padded shards)
     total = cfg.optim.total_updates or steps_per_epoch * max(phase.epochs, 1)
-    optimizer = build_optimizer(scorer, phase.lr, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,  # type: ignore[arg-type]
-                                weight_decay=cfg.optim.weight_decay)  # fmt: skip
-    scheduler = build_scheduler(optimizer, cfg.optim.scheduler if phase.name == "finetune" else "fixed",
-                                warmup=phase.warmup, total=total)  # fmt: skip
-    progress: dict[str, Any] = {"epoch": 0, "step": 0}
-    with session.resume_dir() as ckpt:
-        if ckpt is not None:
-            scorer = Seq2SeqScorer.from_pretrained(ckpt / MODEL_DIR)
-            optimizer = build_optimizer(scorer, phase.lr, betas=tuple(cfg.optim.betas), eps=cfg.optim.eps,  # type: ignore[arg-type]
-                                        weight_decay=cfg.optim.weight_decay)  # fmt: skip
-            scheduler = build_scheduler(optimizer, cfg.optim.scheduler, warmup=phase.warmup, total=total)
-            progress = load_training_state(ckpt, optimizer=optimizer, scheduler=scheduler)
+    with session.resume_dir() as ckpt:  # a restarted worker continues from the last checkpoint
+        scorer = Seq2SeqScorer.from_pretrained(ckpt / MODEL_DIR if ckpt else loop_config["init_model"])
+        optimizer = build_optimizer(scorer, phase.lr, betas=cfg.optim.betas, eps=cfg.optim.eps,
+                                    weight_decay=cfg.optim.weight_decay)  # fmt: skip
+        scheduler = build_scheduler(optimizer, cfg.optim.scheduler if phase.name == "finetune" else "fixed",
+                                    warmup=phase.warmup, total=total)  # fmt: skip
+        progress = (load_training_state(ckpt, optimizer=optimizer, scheduler=scheduler) if ckpt
+                    else {"epoch": 0, "step": 0})  # fmt: skip
     scorer.to(session.device())
     loss_fn = GecContrastiveLoss(trade_off=phase.trade_off, margin=cfg.loss.margin,
                                  label_smoothing=phase.label_smoothing)  # fmt: skip
@@ -105,8 +100,11 @@ def train_worker(loop_config: dict[str, Any]) -> None:
 
 
 def _shard(examples: list[GecExample], rank: int, world_size: int) -> list[GecExample]:
-    """Every worker takes every ``world_size``-th example (DistributedSampler without padding)."""
-    return examples[rank::world_size]
+    """Every ``world_size``-th example, padded by wrap-around so every rank has as many (DistributedSampler):
+    ranks must take the same number of steps, or the gradient all-reduce waits forever."""
+    per_rank = math.ceil(len(examples) / world_size)
+    padded = examples + examples[: per_rank * world_size - len(examples)]
+    return padded[rank::world_size]
 
 
 def _negatives(cfg: GecConfig, examples: list[GecExample], nbest_path: str | None) -> dict[str, list[str]]:

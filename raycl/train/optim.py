@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 
 def build_optimizer(
-    model: torch.nn.Module, lr: float, *, betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-8,
+    model: torch.nn.Module, lr: float, *, betas: Sequence[float] = (0.9, 0.98), eps: float = 1e-8,
     weight_decay: float = 0.0,
 ) -> torch.optim.Optimizer:
     """AdamW (= Adam when ``weight_decay`` is 0, which is GEC-PD's setting; GEC-BART uses 0.01)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    b1, b2 = betas
+    return torch.optim.AdamW(params, lr=lr, betas=(b1, b2), eps=eps, weight_decay=weight_decay)
 
 
 def build_scheduler(
