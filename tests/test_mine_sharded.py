@@ -1,0 +1,172 @@
+"""Standalone mining at scale (issue 3 item 5): streamed input, sharded Parquet output, resume, the miner pool."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+from raycl.data.gec import GecExample, load_examples
+from raycl.data.m2 import Edit, M2Sentence, write_m2
+from raycl.errors import UserError
+from raycl.miners.beam_search import MinedNegatives
+from raycl.miners.shards import ShardWriter, done_ids, read_negatives, shard_files, stream_examples
+from raycl.models.presets import build_model
+
+SENTENCES = [
+    M2Sentence("He do n't like it .", (Edit(1, 2, "R:VERB:SVA", "does"),)),
+    M2Sentence("This are a sentence .", (Edit(1, 2, "R:VERB:SVA", "is"),)),
+    M2Sentence("Fine as it is ."),
+    M2Sentence("I has went to the school yesterday .", (Edit(1, 3, "R:VERB", "went"), Edit(4, 5, "U:DET", ""))),
+    M2Sentence("She go home every day .", (Edit(1, 2, "R:VERB:SVA", "goes"),)),
+    M2Sentence("The cats sleeps on a mat .", (Edit(2, 3, "R:VERB:SVA", "sleep"),)),
+    M2Sentence("We was late again ."),
+    M2Sentence("A dog barked at the moon .", (Edit(0, 1, "R:DET", "The"),)),
+    M2Sentence("They has two car .", (Edit(1, 2, "R:VERB:SVA", "have"), Edit(3, 4, "R:NOUN:NUM", "cars"))),
+    M2Sentence("It rain a lot here .", (Edit(1, 2, "R:VERB:SVA", "rains"),)),
+    M2Sentence("You is right ."),
+]
+N = len(SENTENCES)
+FAST = ["--k", "2", "--max-new-tokens", "6", "--batch-size", "4"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "tiny.m2"
+    write_m2(path, SENTENCES)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
+    texts = [t for s in SENTENCES for t in (s.source, s.target())] * 4
+    tiny = dict(d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_layers=1, decoder_layers=1)
+    return build_model("smoke", out_dir=tmp_path_factory.mktemp("model"), texts=texts, vocab_size=300, **tiny)
+
+
+def _mine(model_dir: Path, corpus: Path, out: Path, *extra: str, capsys: pytest.CaptureFixture[str]) -> dict:
+    from raycl.mine import main
+
+    assert main(["gec", "--model", str(model_dir), "--data", str(corpus), "--out", str(out), *FAST, *extra,
+                 "--json"]) == 0  # fmt: skip
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def single_file(tmp_path_factory: pytest.TempPathFactory, model_dir: Path, corpus: Path) -> dict[str, Any]:
+    """Today's in-process, one-file output: the reference every sharded run is compared with."""
+    from raycl.mine import main
+
+    out = tmp_path_factory.mktemp("single") / "neg.parquet"
+    assert main(["gec", "--model", str(model_dir), "--data", str(corpus), "--out", str(out), *FAST]) == 0
+    return {r["id"]: r for r in pq.read_table(out).to_pylist()}
+
+
+def _same_rows(got: dict[str, Any], want: dict[str, Any]) -> None:
+    """Same ids, texts and negatives; scores equal up to float noise (batches pad differently)."""
+    assert sorted(got) == sorted(want)
+    for id_, row in got.items():
+        ref = want[id_]
+        assert (row["source"], row["target"], row["negatives"]) == (ref["source"], ref["target"], ref["negatives"])
+        assert row["scores"] == pytest.approx(ref["scores"], abs=1e-3)
+        assert row["model_version"] == ref["model_version"] == 0
+
+
+def _rows(out: Path) -> dict[str, Any]:
+    rows = pq.read_table(out).to_pylist()  # the directory, as pyarrow reads it
+    assert len({r["id"] for r in rows}) == len(rows)
+    return {r["id"]: r for r in rows}
+
+
+def test_stream_examples_matches_load_examples_and_is_lazy(corpus: Path, tmp_path: Path) -> None:
+    for spec in (str(corpus), f"{corpus}[2:7]", f"{corpus}[-3:]", f"{corpus}[:4]"):
+        assert list(stream_examples([spec])) == load_examples([spec])
+    tsv = tmp_path / "p.tsv"
+    tsv.write_text("a b\ta c\nd e\td e\n")
+    assert list(stream_examples([str(tsv)])) == load_examples([str(tsv)])
+    stream = stream_examples([str(corpus), str(tsv)])
+    assert next(stream).id == "tiny.m2:0"  # a generator: nothing beyond the first sentence is needed
+    with pytest.raises(UserError, match="overlap"):
+        list(stream_examples([f"{corpus}[:5]", f"{corpus}[4:]"]))
+    assert len(list(stream_examples([f"{corpus}[:5]", f"{corpus}[5:]"]))) == N
+
+
+def test_shard_writer_writes_atomic_shards_drops_duplicates_and_resumes(tmp_path: Path) -> None:
+    exs = [GecExample(f"f:{i}", f"s {i}", f"t {i}") for i in range(7)]
+    mined = [MinedNegatives(ex.id, (f"n {ex.id}",), (-1.0 * i,)) for i, ex in enumerate(exs)]
+    writer = ShardWriter(tmp_path / "d", shard_size=3)
+    for ex, m in zip(exs[:5], mined[:5], strict=True):
+        assert writer.add(ex, m, model_version=2)
+    assert not writer.add(exs[1], mined[1], model_version=2)  # a retried task's repeat
+    writer.close()
+    assert [p.name for p in shard_files(tmp_path / "d")] == ["part-00000.parquet", "part-00001.parquet"]
+    assert not list((tmp_path / "d").glob(".*")) and writer.duplicates == 1
+    (tmp_path / "d" / ".part-00002.parquet.tmp").write_bytes(b"half a shard")  # an interrupted write
+    again = ShardWriter(tmp_path / "d", shard_size=3)
+    assert again.done == {f"f:{i}" for i in range(5)} and again.next_index == 2
+    for ex, m in zip(exs, mined, strict=True):
+        again.add(ex, m, model_version=3)
+    again.close()
+    got = read_negatives(tmp_path / "d")
+    assert got == {m.id: m for m in mined}
+    assert [r["model_version"] for r in pq.read_table(tmp_path / "d").to_pylist()] == [2] * 5 + [3] * 2
+    assert not (tmp_path / "d" / ".part-00002.parquet.tmp").exists()
+
+
+def test_read_negatives_accepts_a_file_or_a_directory_and_names_bad_shards(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="no part-"):
+        read_negatives(tmp_path)
+    (tmp_path / "part-00000.parquet").write_bytes(b"not parquet")
+    with pytest.raises(UserError, match="part-00000.parquet"):
+        done_ids(tmp_path)
+
+
+def test_sharded_in_process_equals_single_file_and_resumes(
+    model_dir: Path, corpus: Path, single_file: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "negs"
+    summary = _mine(model_dir, corpus, out, "--num-miners", "0", "--shard-size", "4", "--task-size", "3",
+                    capsys=capsys)  # fmt: skip
+    assert summary["examples"] == N and summary["shards"] == 3 and summary["num_miners"] == 0
+    assert summary["negatives"] == sum(len(r["negatives"]) for r in single_file.values())
+    assert [len(pq.read_table(p)) for p in shard_files(out)] == [4, 4, 3]
+    _same_rows(_rows(out), single_file)
+    last = shard_files(out)[-1]
+    lost = set(pq.read_table(last, columns=["id"]).column("id").to_pylist())
+    last.unlink()
+    again = _mine(model_dir, corpus, out, "--num-miners", "0", "--shard-size", "4", capsys=capsys)
+    assert again["examples"] == len(lost) == 3 and again["resumed"] == N - 3  # only the lost shard's ids
+    assert set(pq.read_table(shard_files(out)[-1]).column("id").to_pylist()) == lost
+    _same_rows(_rows(out), single_file)
+    assert _mine(model_dir, corpus, out, "--num-miners", "0", capsys=capsys)["examples"] == 0
+    got = read_negatives(out)  # what mining.negatives=DIR reads
+    assert {i: m.negatives for i, m in got.items()} == {i: tuple(r["negatives"]) for i, r in single_file.items()}
+
+
+def test_shards_load_with_datasets(model_dir: Path, corpus: Path, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    import datasets
+
+    out = tmp_path / "negs"
+    _mine(model_dir, corpus, out, "--num-miners", "0", "--shard-size", "5", capsys=capsys)
+    ds = datasets.load_dataset("parquet", data_files=str(out / "part-*.parquet"), split="train",
+                               cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    assert ds.column_names == ["id", "source", "target", "negatives", "scores", "model_version"]
+    assert sorted(ds["id"]) == sorted(f"tiny.m2:{i}" for i in range(N))
+
+
+def test_usage_errors_are_one_line(model_dir: Path, corpus: Path, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    from raycl.mine import main
+
+    (tmp_path / "file.parquet").write_bytes(b"")
+    for extra, where in ((["--shard-size", "0"], "--shard-size"), (["--num-miners", "-1"], "--num-miners"),
+                         (["--out", str(tmp_path / "file.parquet"), "--shards"], "file.parquet")):  # fmt: skip
+        with pytest.raises(SystemExit) as exc:
+            main(["gec", "--model", str(model_dir), "--data", str(corpus), "--out", str(tmp_path / "o"),
+                  "--num-miners", "0", *extra])  # fmt: skip
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and err.count("\n") == 1 and where in err, err
