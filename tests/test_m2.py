@@ -225,3 +225,19 @@ def test_write_parallel_is_atomic_and_rejects_newlines(tmp_path: Path) -> None:
         write_parallel(tmp_path / "out" / "h.txt", ["ok", "bad\nline"])
     assert (tmp_path / "out" / "h.txt").read_text() == "one\ntwo\n"
     assert not list((tmp_path / "out").glob(".*.tmp"))
+
+
+def test_per_annotator_files_of_one_set_merge_and_different_sets_concatenate(tmp_path: Path) -> None:
+    """CWEB ships each test annotator as its own file (annotator id 0 in both): same S lines → one set."""
+    from raycl.data.gec import load_references
+
+    a0 = _write(tmp_path, "S a cat sat\nA 0 1|||R:DET|||the|||REQUIRED|||-NONE-|||0\n\nS ok\n", "t.ann0.m2")
+    a1 = _write(tmp_path, "S a cat sat\nA -1 -1|||noop|||-NONE-|||REQUIRED|||-NONE-|||0\n\nS ok\n"
+                "A 0 1|||R:OTHER|||fine|||REQUIRED|||-NONE-|||0\n", "t.ann1.m2")  # fmt: skip
+    merged = load_references([str(a0), str(a1)])
+    assert [s.source for s in merged] == ["a cat sat", "ok"]
+    assert [s.annotators() for s in merged] == [[0, 1], [0, 1]]
+    assert (merged[0].target(0), merged[0].target(1)) == ("the cat sat", "a cat sat")
+    assert (merged[1].target(0), merged[1].target(1)) == ("ok", "fine")
+    other = _write(tmp_path, "S another one\n", "other.m2")
+    assert [s.source for s in load_references([str(a0), str(other)])] == ["a cat sat", "ok", "another one"]

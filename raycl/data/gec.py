@@ -6,11 +6,12 @@ since ERRANT scoring needs the annotators' edits.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from raycl.data.m2 import M2Sentence, iter_lines, iter_m2
+from raycl.data.m2 import NOOP, Edit, M2Sentence, iter_lines, iter_m2
 from raycl.data.specs import Spec, parse_spec
 from raycl.errors import UserError, at
 
@@ -78,14 +79,41 @@ def load_examples(specs: Iterable[str], *, annotator: int = 0) -> list[GecExampl
 
 
 def load_references(specs: Iterable[str]) -> list[M2Sentence]:
-    """The M2 sentences of dev/test ``specs`` (slices applied), concatenated in order."""
-    sentences: list[M2Sentence] = []
+    """The M2 sentences of a dev/test set (slices applied).
+
+    Several specs are concatenated (CWEB dev = ``CWEB-S.dev.m2[:1000]`` + ``CWEB-G.dev.m2[:1000]``) — unless
+    they hold the same source sentences in the same order, as CWEB's per-annotator test files do
+    (``CWEB-S.test.ann0.m2``, ``…ann1.m2``): then they are one set with one annotator per file, so the set is
+    scored per annotator and averaged, as the paper does.
+    """
+    parts: list[list[M2Sentence]] = []
     for text in specs:
         spec = parse_spec(text)
         if spec.format != "m2":
             raise UserError(f"data spec {text!r}: references must be M2 (.m2) files, expected PATH.m2[START:STOP]")
-        sentences += [s for _, s in spec.select(iter_m2(spec.path))]
-    return sentences
+        parts.append([s for _, s in spec.select(iter_m2(spec.path))])
+    if len(parts) > 1 and all([s.source for s in p] == [s.source for s in parts[0]] for p in parts[1:]):
+        return merge_annotators(parts)
+    return [s for part in parts for s in part]
+
+
+def merge_annotators(parts: list[list[M2Sentence]]) -> list[M2Sentence]:
+    """Files of the same sentences → one set; file j's annotators are renumbered after those of files < j."""
+    merged = [M2Sentence(s.source, ()) for s in parts[0]]
+    offset = 0
+    for part in parts:
+        ids = sorted({a for s in part for a in s.annotators()})
+        renumber = {a: offset + i for i, a in enumerate(ids)}
+        merged = [M2Sentence(m.source, m.edits + _renumbered(s, renumber))
+                  for m, s in zip(merged, part, strict=True)]  # fmt: skip
+        offset += len(ids)
+    return merged
+
+
+def _renumbered(sent: M2Sentence, renumber: dict[int, int]) -> tuple[Edit, ...]:
+    if not sent.edits:  # no A line at all: this annotator saw nothing to correct
+        return (Edit(-1, -1, NOOP, "-NONE-", min(renumber.values())),)
+    return tuple(dataclasses.replace(e, annotator=renumber[e.annotator]) for e in sent.edits)
 
 
 def write_parallel(path: str | Path, lines: Iterable[str]) -> None:
