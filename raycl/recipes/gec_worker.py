@@ -235,7 +235,8 @@ def evaluate_split(
         for key in ("p", "r", "f0.5", "oe", "ie"):
             out[f"{prefix}/{name}/{key.replace('0.5', '05')}"] = float(avg[key])
         for ann, row in result["annotators"].items():
-            out[f"{prefix}/{name}/ann{ann}/f05"] = float(row["f0.5"])
+            for key in ("p", "r", "f0.5"):
+                out[f"{prefix}/{name}/ann{ann}/{key.replace('0.5', '05')}"] = float(row[key])
         out[f"{prefix}/{name}/combined_f05"] = float(result["combined"]["f0.5"])
         f_values.append(float(avg["f0.5"]))
     out[f"{prefix}_f05"] = sum(f_values) / max(len(f_values), 1)
