@@ -123,12 +123,16 @@ Backend = Callable[[Iterable[list["GecExample"]]], Iterator[tuple[Rows, int, int
 
 
 def _run_sharded(args: argparse.Namespace) -> dict[str, Any]:
-    """Stream the data in tasks to the miners, write shards as rows come back; skip ids already in OUT."""
+    """Stream the data in tasks to the miners, write shards as rows come back; skip ids already in OUT.
+
+    ``seconds`` (and negatives/s) count from the moment the miners are built; ``startup_s`` is building them.
+    """
     from raycl.miners.shards import ShardWriter, shard_files, stream_examples
 
     writer = ShardWriter(args.out, shard_size=args.shard_size)
     todo = (ex for ex in stream_examples(args.data, annotator=args.annotator) if ex.id not in writer.done)
     num_miners = 1 if args.num_miners is None else args.num_miners
+    t_start = time.perf_counter()
     backend = _pool_backend(args, num_miners) if num_miners > 0 else _local_backend(args)
     n_ex, n_neg, dropped, t0 = 0, 0, 0, time.perf_counter()
     try:
@@ -145,6 +149,7 @@ def _run_sharded(args: argparse.Namespace) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     return {"out": str(args.out), "examples": n_ex, "negatives": n_neg, "seconds": round(seconds, 3),
             "negatives_per_s": round(n_neg / max(seconds, 1e-9), 2), "num_miners": num_miners,
+            "startup_s": round(t0 - t_start, 3),
             "shards": len(shard_files(args.out)), "shards_written": len(writer.written),
             "resumed": writer.resumed, "duplicates": dropped + writer.duplicates}  # fmt: skip
 
@@ -190,7 +195,14 @@ def _pool_backend(args: argparse.Namespace, num_miners: int) -> Backend:
     on_cluster = bool(args.address or os.environ.get("RAY_ADDRESS"))
     init_ray(args.address, num_cpus=None if on_cluster else _local_cpus(num_miners * args.cpus_per_miner))
     options = {**_miner_options(args), "device": "cuda" if args.gpus_per_miner > 0 else args.device}
-    factory = MinerFactory("gec_beam", str(Path(args.model).resolve()), options)
+    factory = MinerFactory("gec_beam", str(Path(args.model).resolve()), options)  # actors may have another cwd
+    pool = MinerPool(factory, num_miners=num_miners, cpus_per_miner=args.cpus_per_miner,
+                     gpus_per_miner=args.gpus_per_miner)  # fmt: skip
+    try:
+        pool.ready()  # models loaded: the clock of negatives/s starts after this
+    except BaseException:
+        pool.shutdown()
+        raise
 
     def mine(chunks: Iterable[list[GecExample]]) -> Iterator[tuple[Rows, int, int]]:
         pending: dict[str, GecExample] = {}  # examples of the tasks in flight, by id
@@ -200,8 +212,6 @@ def _pool_backend(args: argparse.Namespace, num_miners: int) -> Backend:
                 pending.update((ex.id, ex) for ex in chunk)
                 yield MineTask(epoch=0, task_id=task_id, rank=0, items=tuple(chunk))
 
-        pool = MinerPool(factory, num_miners=num_miners, cpus_per_miner=args.cpus_per_miner,
-                         gpus_per_miner=args.gpus_per_miner)  # fmt: skip
         try:
             for batch in pool.map(tasks()):
                 rows = [(pending.pop(i), MinedNegatives(i, tuple(n), tuple(s)))

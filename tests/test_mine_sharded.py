@@ -170,3 +170,33 @@ def test_usage_errors_are_one_line(model_dir: Path, corpus: Path, tmp_path: Path
                   "--num-miners", "0", *extra])  # fmt: skip
         err = capsys.readouterr().err
         assert exc.value.code == 2 and err.count("\n") == 1 and where in err, err
+
+
+def _miner_actors() -> dict[str, int]:
+    """Every MinerActor of this Ray session (dead ones too) → how often Ray restarted it."""
+    import ray
+    from ray.util.state import list_actors
+
+    address = ray.get_runtime_context().gcs_address  # this session's Ray, not another one on the host
+    actors = list_actors(address=address, filters=[("class_name", "=", "MinerActor")], detail=True, limit=10_000)
+    return {a.actor_id: a.num_restarts for a in actors}
+
+
+def test_pool_output_equals_single_file_even_when_miners_crash(
+    ray_local: Any, model_dir: Path, corpus: Path, single_file: dict[str, Any], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    import raycl.mine
+
+    plain = raycl.mine._miner_options
+    # Each miner's first life dies (os._exit) after mining its 2nd task, before handing it back: Ray restarts
+    # the actor and retries the call, and the shards still hold every id exactly once.
+    monkeypatch.setattr(raycl.mine, "_miner_options", lambda args: {**plain(args), "fail_after_tasks": 2})
+    out, before = tmp_path / "negs", _miner_actors()
+    summary = _mine(model_dir, corpus, out, "--num-miners", "2", "--cpus-per-miner", "0.5", "--task-size", "2",
+                    "--shard-size", "4", capsys=capsys)  # fmt: skip
+    assert summary["num_miners"] == 2 and summary["examples"] == N and summary["shards"] == 3
+    ours = {a: n for a, n in _miner_actors().items() if a not in before}
+    assert len(ours) == 2 and all(n >= 1 for n in ours.values()), ours  # both crashed and were restarted
+    _same_rows(_rows(out), single_file)
+    assert {r["id"] for r in pq.read_table(shard_files(out)[0]).to_pylist()} <= set(single_file)
