@@ -109,6 +109,9 @@ class MiningSection:
     sync_every: int = 0  # steps between weight publications; 0 = never (GEC: base-model negatives)
     max_staleness: int = 0
     refresh_every: int = 0  # epochs between re-mining with newer weights; 0 = never (the paper)
+    queue_size: int = 256  # examples mined-and-undelivered plus being mined, at most (miners wait beyond it)
+    task_size: int = 32  # examples per miner task
+    lease_s: float = 60.0  # a task not returned within this many seconds is mined again by another miner
 
 
 @dataclass
@@ -485,6 +488,10 @@ def _validate_common(c: Any, where: str) -> None:
     _require(m.max_staleness >= 0, where, "mining.max_staleness", "an integer ≥ 0", m.max_staleness)
     _require(m.sync_every >= 0, where, "mining.sync_every", "an integer ≥ 0", m.sync_every)
     _require(m.refresh_every >= 0, where, "mining.refresh_every", "an integer ≥ 0", m.refresh_every)
+    _require(m.task_size >= 1, where, "mining.task_size", "an integer ≥ 1", m.task_size)
+    _require(m.queue_size >= m.task_size, where, "mining.queue_size", f"≥ mining.task_size = {m.task_size}",
+             m.queue_size)
+    _require(m.lease_s > 0, where, "mining.lease_s", "> 0 seconds", m.lease_s)
 
 
 def _validate_gec(c: GecConfig, where: str) -> None:
