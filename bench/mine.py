@@ -34,6 +34,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=24, help="hypothesis length cap (default 24)")
     p.add_argument("--batch-size", type=int, default=32, help="sentences per beam-search call (default 32)")
     p.add_argument("--task-size", type=int, default=64, help="sentences per miner task (default 64)")
+    p.add_argument("--gpus-per-miner", type=float, default=0.0, help="on a GPU machine: GPUs per miner (0.25, 1)")
     p.add_argument("--workdir", type=Path, default=None, help="keep corpus, model and shards here")
     p.add_argument("--json", action="store_true", help="print only the JSON object on stdout")
     return p.parse_args(argv)
@@ -58,8 +59,9 @@ def mine_once(corpus: Path, model: Path, out: Path, m: int, args: argparse.Names
     from raycl.mine import build_parser
 
     argv = ["gec", "--model", str(model), "--data", str(corpus), "--out", str(out), "--num-miners", str(m),
-            "--cpus-per-miner", "1", "--k", str(args.k), "--max-new-tokens", str(args.max_new_tokens),
-            "--batch-size", str(args.batch_size), "--task-size", str(args.task_size), "--shard-size", "5000"]
+            "--cpus-per-miner", "1", "--gpus-per-miner", str(args.gpus_per_miner), "--k", str(args.k),
+            "--max-new-tokens", str(args.max_new_tokens), "--batch-size", str(args.batch_size),
+            "--task-size", str(args.task_size), "--shard-size", "5000"]
     parsed = build_parser().parse_args(argv)
     return parsed.run(parsed)
 
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     physical = info["physical_cores"] or 1
     report = {
         "bench": "mine", "sentences": args.sentences, "k": args.k, "max_new_tokens": args.max_new_tokens,
-        "task_size": args.task_size, "batch_size": args.batch_size,
+        "task_size": args.task_size, "batch_size": args.batch_size, "gpus_per_miner": args.gpus_per_miner,
         "model": "smoke preset (d 128, 2+2 layers), untrained: 0 steps (throughput, not quality)",
         "negatives_per_s": {m: r["negatives_per_s"] for m, r in runs.items()},
         "scaling_efficiency": {m: round(r["negatives_per_s"] / (int(m) * base), 3) for m, r in runs.items()},

@@ -24,7 +24,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -119,7 +119,7 @@ def _run_gec(args: argparse.Namespace) -> dict[str, Any]:
 
 Rows = list[tuple["GecExample", "MinedNegatives"]]
 # A mining backend: chunks of examples in, (rows, model version, ids dropped as duplicates) out.
-Backend = Callable[[Iterable[list["GecExample"]]], Iterator[tuple[Rows, int, int]]]
+Backend = Callable[[Iterable[list["GecExample"]]], Generator[tuple[Rows, int, int], None, None]]
 
 
 def _run_sharded(args: argparse.Namespace) -> dict[str, Any]:
@@ -135,9 +135,10 @@ def _run_sharded(args: argparse.Namespace) -> dict[str, Any]:
     t_start = time.perf_counter()
     backend = _pool_backend(args, num_miners) if num_miners > 0 else _local_backend(args)
     n_ex, n_neg, dropped, t0 = 0, 0, 0, time.perf_counter()
+    batches = backend(_chunks(todo, args.task_size))
     try:
         with _progress(initial=writer.resumed) as bar:
-            for rows, version, n_dup in backend(_chunks(todo, args.task_size)):
+            for rows, version, n_dup in batches:
                 dropped += n_dup
                 for ex, mined in rows:
                     if writer.add(ex, mined, model_version=version):
@@ -145,6 +146,7 @@ def _run_sharded(args: argparse.Namespace) -> dict[str, Any]:
                 bar.update(len(rows))
                 bar.set_postfix(neg_per_s=f"{n_neg / (time.perf_counter() - t0):.1f}")
     finally:
+        batches.close()  # stops the miners now, also on an error or Ctrl-C
         writer.close()  # rows mined before an interruption are kept: a re-run skips them
     seconds = time.perf_counter() - t0
     return {"out": str(args.out), "examples": n_ex, "negatives": n_neg, "seconds": round(seconds, 3),
@@ -178,7 +180,7 @@ def _local_backend(args: argparse.Namespace) -> Backend:
 
     miner = BeamSearchMiner(Seq2SeqScorer.from_pretrained(args.model, device=args.device), **_miner_options(args))
 
-    def mine(chunks: Iterable[list[GecExample]]) -> Iterator[tuple[Rows, int, int]]:
+    def mine(chunks: Iterable[list[GecExample]]) -> Generator[tuple[Rows, int, int], None, None]:
         for chunk in chunks:
             yield list(zip(chunk, miner.mine(chunk), strict=True)), 0, 0
 
@@ -204,7 +206,7 @@ def _pool_backend(args: argparse.Namespace, num_miners: int) -> Backend:
         pool.shutdown()
         raise
 
-    def mine(chunks: Iterable[list[GecExample]]) -> Iterator[tuple[Rows, int, int]]:
+    def mine(chunks: Iterable[list[GecExample]]) -> Generator[tuple[Rows, int, int], None, None]:
         pending: dict[str, GecExample] = {}  # examples of the tasks in flight, by id
 
         def tasks() -> Iterator[MineTask]:

@@ -182,6 +182,7 @@ def _miner_actors() -> dict[str, int]:
     return {a.actor_id: a.num_restarts for a in actors}
 
 
+@pytest.mark.slow
 def test_pool_output_equals_single_file_even_when_miners_crash(
     ray_local: Any, model_dir: Path, corpus: Path, single_file: dict[str, Any], tmp_path: Path,
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
