@@ -100,6 +100,28 @@ def test_reclaim_expire_and_duplicate_or_late_results() -> None:
     led.check()
 
 
+def test_unordered_delivery_does_not_wait_behind_a_lost_task() -> None:
+    for ordered, want in ((True, 0), (False, 4)):
+        led = Ledger(world_size=1, task_size=2, ordered=ordered)
+        led.start_epoch(0, [items(0, 6)])
+        lost, t1, t2 = (led.assign(m, now=0.0) for m in range(3))
+        assert lost is not None and t1 is not None and t2 is not None
+        led.complete(mined(t2, 2))
+        led.complete(mined(t1, 1))
+        got = led.take(0, 10)  # miner 0 died holding the first task
+        assert len(got) == want
+        if not ordered:
+            assert [i.id for i in got] == [*t2.ids, *t1.ids]  # in the order they became ready
+            assert not led.exhausted(0) and led.take(0, 10) == []
+        led.reclaim(0)
+        again = led.assign(3, now=0.0)
+        assert again is not None and again.ids == lost.ids
+        led.complete(mined(again, 3))
+        assert [i.id for i in led.take(0, 10)] == ([*lost.ids, *t1.ids, *t2.ids] if ordered else list(lost.ids))
+        assert led.exhausted(0)
+        led.check()
+
+
 def test_a_batch_missing_ids_gives_them_back() -> None:
     led = Ledger(world_size=1, task_size=4)
     led.start_epoch(0, [items(0, 4)])
@@ -183,7 +205,7 @@ def _random_schedule(seed: int) -> None:
     rng = random.Random(seed)
     world, cap, size = rng.randint(1, 3), rng.randint(4, 12), rng.randint(1, 4)
     cap = max(cap, size)
-    led = Ledger(world_size=world, task_size=size, lease_s=5.0, seed=seed)
+    led = Ledger(world_size=world, task_size=size, lease_s=5.0, seed=seed, ordered=seed % 2 == 0)
     sched = [items(r, rng.randint(0, 25)) for r in range(world)]
     led.start_epoch(0, sched)
     trained: list[list[str]] = [[] for _ in range(world)]  # the trainers' truth
@@ -196,7 +218,7 @@ def _random_schedule(seed: int) -> None:
         if op < 0.30:
             miner = rng.randrange(4)
             led.reclaim(miner)
-            fill, heads = led.fill, [led._deliver[r][0] if led._deliver[r] else None for r in range(world)]
+            fill, heads = led.fill, [led.head(r) for r in range(world)]
             task = led.assign(miner, now=now, capacity=cap)
             held.pop(miner, None)
             if task is not None:

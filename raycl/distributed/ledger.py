@@ -2,15 +2,18 @@
 
 Plain Python (no Ray, no clock of its own): the :class:`~raycl.distributed.stream.NegativeStream` actor drives
 it. Each rank's items are shuffled (seeded by epoch) into a delivery order; tasks are cut from the front of
-the pending ids, and a rank receives its mined items in that order, so batches are the same however many
-miners there are and however fast they run. A miner's task is leased: a restarted miner asking again
-(``reclaim``) or a lease running out (``expire``) puts its unfinished ids back to pending. A result is accepted
-for ids still pending or assigned (first result wins); duplicates and results of an old epoch are dropped.
+the pending ids. With ``ordered=True`` a rank receives its mined items in that order, so batches are the same
+however many miners there are and however fast they run (but a rank waits while its next item is with a miner
+that died, until the restarted miner asks again or the lease runs out); with ``ordered=False`` it receives
+ready items as they come, never waiting behind a lost task. A miner's task is leased: a restarted miner
+asking again (``reclaim``) or a lease running out (``expire``) puts its unfinished ids back to pending. A result
+is accepted for ids still pending or assigned (first result wins); duplicates and late results are dropped.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import random
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
@@ -38,10 +41,13 @@ class Ledger:
     its capacity; items delivered from a cache of an earlier epoch do not count (they cost no mining).
     """
 
-    def __init__(self, *, world_size: int, task_size: int, lease_s: float = 60.0, seed: int = 0) -> None:
+    def __init__(
+        self, *, world_size: int, task_size: int, lease_s: float = 60.0, seed: int = 0, ordered: bool = True
+    ) -> None:
         if world_size < 1 or task_size < 1:
             raise ValueError(f"world_size and task_size must be ≥ 1, got {world_size}, {task_size}")
         self.world_size, self.task_size, self.lease_s, self.seed = world_size, task_size, lease_s, seed
+        self.ordered = ordered
         self.epoch = -1
         self.counters: Counter[str] = Counter()  # mined consumed refused reassigned duplicates late
         self._next_task = 0
@@ -60,7 +66,7 @@ class Ledger:
         self.ready: list[dict[str, StreamItem]] = [{} for _ in range(n)]
         self.fresh: set[str] = set()  # ready ids mined in this epoch (they count against capacity)
         self.consumed: list[dict[str, None]] = [{} for _ in range(n)]  # ordered sets
-        self._deliver: list[deque[str]] = [deque() for _ in range(n)]
+        self._deliver: list[deque[tuple[int, str]]] = [deque() for _ in range(n)]  # (seq, id), lazily pruned
         self._pending: list[list[tuple[int, str]]] = [[] for _ in range(n)]  # heaps of (seq, id), lazily pruned
         self._n_pending = [0] * n
         self._n_assigned = [0] * n
@@ -96,7 +102,7 @@ class Ledger:
         """Put ``id_`` at the end of its rank's delivery order, pending."""
         rank = self.rank_of[id_]
         self.seq[id_], self._next_seq = self._next_seq, self._next_seq + 1
-        self._deliver[rank].append(id_)
+        self._deliver[rank].append((self.seq[id_], id_))
         self._to_pending(id_)
 
     def _to_pending(self, id_: str) -> None:
@@ -159,9 +165,20 @@ class Ledger:
         min_version = max((self.min_version.get(i, 0) for i in ids), default=0)
         return MineTask(self.epoch, task_id, rank, tuple(self.items[i] for i in ids), min_version)
 
-    def _head_pending(self, rank: int) -> bool:
+    def head(self, rank: int) -> str | None:
+        """The rank's next id to deliver in order (dropping delivered or re-queued entries from the front)."""
         queue = self._deliver[rank]
-        return bool(queue) and self.state[queue[0]] == PENDING
+        while queue and (self.state[queue[0][1]] == CONSUMED or self.seq[queue[0][1]] != queue[0][0]):
+            queue.popleft()
+        return queue[0][1] if queue else None
+
+    def undelivered(self, rank: int) -> list[str]:
+        """The rank's ids not delivered yet, in delivery order."""
+        return [i for q, i in self._deliver[rank] if self.state[i] != CONSUMED and self.seq[i] == q]
+
+    def _head_pending(self, rank: int) -> bool:
+        head = self.head(rank)
+        return head is not None and self.state[head] == PENDING
 
     def _ranks_by_need(self) -> list[int]:
         """Ranks with pending ids: those whose next delivery is pending first, then fewest items on the way."""
@@ -222,20 +239,28 @@ class Ledger:
 
     # ------------------------------------------------------------------------------------------ trainers
     def take(self, rank: int, n: int) -> list[StreamItem]:
-        """Up to ``n`` of ``rank``'s items, in delivery order, that are ready now; they become consumed."""
-        queue, out = self._deliver[rank], list[StreamItem]()
-        while queue and len(out) < n and self.state[queue[0]] == READY:
-            id_ = queue.popleft()
-            out.append(self.ready[rank][id_])
-            self._leave(id_)
-            self.state[id_] = CONSUMED
-            self.consumed[rank][id_] = None
+        """Up to ``n`` of ``rank``'s items that are ready now, which become consumed: the next ones in delivery
+        order (``ordered``), else the ready ones in the order they became ready."""
+        out: list[StreamItem] = []
+        if self.ordered:
+            while len(out) < n and (head := self.head(rank)) is not None and self.state[head] == READY:
+                out.append(self._deliver_one(head))
+        else:
+            out = [self._deliver_one(i) for i in list(itertools.islice(self.ready[rank], n))]  # insertion order
         self.counters["consumed"] += len(out)
         return out
 
+    def _deliver_one(self, id_: str) -> StreamItem:
+        rank = self.rank_of[id_]
+        item = self.ready[rank][id_]
+        self._leave(id_)
+        self.state[id_] = CONSUMED
+        self.consumed[rank][id_] = None
+        return item
+
     def exhausted(self, rank: int) -> bool:
         """True when every item of ``rank`` in this epoch has been delivered."""
-        return not self._deliver[rank]
+        return self.head(rank) is None
 
     def refuse(self, rank: int, ids: Sequence[str], *, min_version: int = 0) -> None:
         """Consumed ids the trainer found too stale: re-mined with weights ≥ ``min_version``, delivered later."""
@@ -285,7 +310,7 @@ class Ledger:
         self._n_pending = [0] * n
         for id_ in sorted(self.state, key=self.seq.__getitem__):
             if self.state[id_] != CONSUMED:
-                self._deliver[self.rank_of[id_]].append(id_)
+                self._deliver[self.rank_of[id_]].append((self.seq[id_], id_))
             if self.state[id_] == PENDING:
                 self._to_pending(id_)
 
@@ -297,8 +322,9 @@ class Ledger:
             assert count[PENDING] == self._n_pending[rank] and count[ASSIGNED] == self._n_assigned[rank]
             assert set(self.ready[rank]) == {i for i in mine if self.state[i] == READY}
             assert set(self.consumed[rank]) == {i for i in mine if self.state[i] == CONSUMED}
-            assert sorted(self._deliver[rank], key=self.seq.__getitem__) == list(self._deliver[rank])
-            assert set(self._deliver[rank]) == {i for i in mine if self.state[i] != CONSUMED}
+            live = self.undelivered(rank)
+            assert sorted(live, key=self.seq.__getitem__) == live
+            assert set(live) == {i for i in mine if self.state[i] != CONSUMED}
         assert self.fresh <= {i for i, s in self.state.items() if s == READY}
         for task_id, lease in self.leases.items():
             assert self.miner_task.get(lease.miner_id) == task_id

@@ -1,0 +1,291 @@
+"""The miner pool: M restartable Ray actors, each wrapping a plain miner (``BeamSearchMiner`` for GEC).
+
+A ``MinerActor`` builds its plain miner from a small picklable :class:`MinerFactory` (never big object refs as
+constructor arguments: restarts re-run ``__init__``, RAY_NOTES §4) and runs one loop: take a task from the
+negative stream → pull newer weights → mine → hand the batch back. Actors have ``max_restarts=-1,
+max_task_retries=-1``: after a crash Ray restarts the actor and re-submits ``run``; the restarted miner asks the
+stream again, which reclaims the task it held (RAY_NOTES §2.3). ``MinerPool.map`` serves standalone mining.
+Chaos switches for tests and benchmarks (RLlib's ``CartPoleCrashing``), read from ``MinerFactory.options``
+and honoured in an actor's first life only, by the miners listed in ``chaos_miners`` (default: all):
+``fail_after_tasks`` (``os._exit`` after mining that many tasks, before handing the last back) and ``stall_s``
+(sleep that long after the ``stall_after_tasks``-th task, default the first).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import ray
+import torch
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+
+from raycl.distributed.messages import MinedBatch, MineTask, WeightsRef
+from raycl.distributed.weights import fetch_weights
+
+if TYPE_CHECKING:
+    from raycl.config import MiningSection
+
+log = logging.getLogger(__name__)
+CHAOS_KEYS = ("fail_after_tasks", "stall_s", "stall_after_tasks")
+ACTOR_KEYS = (*CHAOS_KEYS, "chaos_miners", "version_wait_s")  # options the actor keeps; the rest go to the miner
+
+
+# ---------------------------------------------------------------------------------------------- miner kinds
+@dataclass(frozen=True)
+class MinerKind:
+    """How to build a plain miner of one kind and how to put published weights into it."""
+
+    build: Callable[[str, dict[str, Any]], Any]  # (model_path, options) -> plain miner with .mine(items)
+    load: Callable[[Any, Mapping[str, torch.Tensor]], None]  # (miner, state_dict) -> None
+
+
+MINER_KINDS: dict[str, MinerKind] = {}
+
+
+def register_miner(kind: str, *, build: Callable[[str, dict[str, Any]], Any],
+                   load: Callable[[Any, Mapping[str, torch.Tensor]], None]) -> None:  # fmt: skip
+    MINER_KINDS[kind] = MinerKind(build, load)
+
+
+def _build_gec_beam(model_path: str, options: dict[str, Any]) -> Any:
+    from raycl.miners.beam_search import BeamSearchMiner
+    from raycl.models.seq2seq import Seq2SeqScorer
+
+    opts = dict(options)
+    device = opts.pop("device", "cuda" if torch.cuda.is_available() else "cpu")
+    return BeamSearchMiner(Seq2SeqScorer.from_pretrained(model_path, device=device), **opts)
+
+
+def _load_module(miner: Any, state_dict: Mapping[str, torch.Tensor]) -> None:
+    """The published state dict is that of the module the miner wraps (``BaseMiner.module``: the scorer)."""
+    miner.module.load_state_dict(state_dict)
+
+
+@dataclass(frozen=True)
+class _EchoRecord:
+    id: str
+    negatives: tuple[str, ...]
+    scores: tuple[float, ...]
+
+
+class EchoMiner:
+    """A stand-in miner for tests and benchmarks: k negatives ``"<id>~i"`` scored ``w − i``, where w is the sum
+    of the last loaded weights (0 before any); ``delay_s`` of sleep per item imitates mining time."""
+
+    def __init__(self, *, k: int = 2, delay_s: float = 0.0) -> None:
+        self.k, self.delay_s, self.weight_sum = k, delay_s, 0.0
+
+    def mine(self, items: Sequence[Any]) -> list[_EchoRecord]:
+        time.sleep(self.delay_s * len(items))
+        return [_EchoRecord(x.id, tuple(f"{x.id}~{i}" for i in range(self.k)),
+                            tuple(self.weight_sum - i for i in range(self.k))) for x in items]  # fmt: skip
+
+    def load(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        self.weight_sum = float(sum(t.double().sum() for t in state_dict.values()))
+
+
+register_miner("gec_beam", build=_build_gec_beam, load=_load_module)
+register_miner("echo", build=lambda _path, opts: EchoMiner(**opts), load=lambda m, sd: m.load(sd))
+
+
+@dataclass(frozen=True)
+class MinerFactory:
+    """Small and picklable: how to build the plain miner inside an actor (``model_path`` holds version 0).
+
+    ``options``: the miner's keyword arguments (``{"k": 3, "beam": 5, "batch_size": 64, ...}`` for
+    ``gec_beam``), plus ``ACTOR_KEYS``, which the actor keeps for itself: the chaos switches and
+    ``version_wait_s`` (how long a task needing newer weights waits for them; default 60).
+    """
+
+    kind: str  # a key of MINER_KINDS: "gec_beam", "echo"
+    model_path: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def build(self) -> Any:
+        if self.kind not in MINER_KINDS:
+            raise ValueError(f"unknown miner kind {self.kind!r}, expected one of {sorted(MINER_KINDS)}")
+        opts = {k: v for k, v in self.options.items() if k not in ACTOR_KEYS}
+        return MINER_KINDS[self.kind].build(self.model_path, opts)
+
+    def load(self, miner: Any, state_dict: Mapping[str, torch.Tensor]) -> None:
+        MINER_KINDS[self.kind].load(miner, state_dict)
+
+
+# ---------------------------------------------------------------------------------------------- the actor
+def _first_life() -> bool:
+    """False inside an actor Ray has restarted (chaos switches fire once, not in every life)."""
+    if not ray.is_initialized():
+        return True
+    ctx = ray.get_runtime_context()
+    with warnings.catch_warnings():  # Ray 2.60's property reads its own deprecated `actor_id`
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return ctx.get_actor_id() is None or not ctx.was_current_actor_reconstructed
+
+
+@dataclass(frozen=True)
+class Chaos:
+    """Crash/stall switches for tests and the chaos bench (none by default)."""
+
+    fail_after_tasks: int = 0  # os._exit(1) once this many tasks are mined (the last is never handed back)
+    stall_s: float = 0.0  # sleep this long after the stall_after_tasks-th task (its lease may run out)
+    stall_after_tasks: int = 1
+
+    @classmethod
+    def of(cls, options: Mapping[str, Any], miner_id: int) -> Chaos:
+        if miner_id not in options.get("chaos_miners", [miner_id]):
+            return cls()
+        return cls(**{k: options[k] for k in CHAOS_KEYS if k in options})
+
+    def after_task(self, done: int, miner_id: int) -> None:
+        if self.fail_after_tasks and done >= self.fail_after_tasks:
+            log.warning("miner %d: chaos crash after %d tasks", miner_id, done)
+            os._exit(1)
+        if self.stall_s and done == self.stall_after_tasks:
+            time.sleep(self.stall_s)
+
+
+class MinerActor:
+    """A plain miner behind a Ray actor; made remote by :class:`MinerPool` (restartable), usable in-process."""
+
+    def __init__(self, miner_id: int, factory: MinerFactory, weight_store: Any | None = None) -> None:
+        self.miner_id, self.factory = miner_id, factory
+        self.store: Any = weight_store
+        self.miner = factory.build()
+        self._version = 0  # the factory's model_path holds version 0
+        self._done = 0
+        self.chaos = Chaos.of(factory.options, miner_id) if _first_life() else Chaos()
+        self.version_wait_s = float(factory.options.get("version_wait_s", 60.0))
+
+    def mine(self, task: MineTask) -> MinedBatch:
+        """Mine one task with weights ≥ ``task.min_version`` (pulling newer ones first)."""
+        self._sync(task.min_version)
+        records = self.miner.mine(list(task.items))
+        batch = MinedBatch.of(task, records, model_version=self._version, miner_id=self.miner_id)
+        self._done += 1
+        self.chaos.after_task(self._done, self.miner_id)
+        return batch
+
+    def run(self, stream: Any) -> int:
+        """pull_if_newer → next task → mine → put, until the stream closes; returns the tasks done in this life."""
+        done = 0
+        while (task := ray.get(stream.next_task.remote(self.miner_id))) is not None:
+            ray.get(stream.put.remote(self.mine(task)))
+            done += 1
+        return done
+
+    @ray.method(concurrency_group="control")
+    def version(self) -> int:
+        return self._version
+
+    @ray.method(concurrency_group="control")
+    def node_id(self) -> str:
+        """The Ray node this (possibly restarted) miner runs on."""
+        return ray.get_runtime_context().get_node_id()
+
+    def _sync(self, min_version: int) -> None:
+        """Pull newer weights; wait (up to ``version_wait_s``) while older than ``min_version``."""
+        if self.store is None:
+            return
+        deadline = time.monotonic() + self.version_wait_s
+        self._pull()
+        while self._version < min_version and time.monotonic() < deadline:
+            time.sleep(0.05)
+            self._pull()
+
+    def _pull(self) -> None:
+        try:
+            weights: WeightsRef | None = ray.get(self.store.pull_if_newer.remote(self._version))
+            if weights is not None:
+                self.factory.load(self.miner, fetch_weights(weights))
+                self._version = weights.version
+        except ray.exceptions.RayError as err:  # store or buffer gone: keep mining with the weights we have
+            log.warning("miner %d: weight pull failed, keeps version %d (%s)", self.miner_id, self._version, err)
+
+
+# ---------------------------------------------------------------------------------------------- the pool
+def miner_options(
+    i: int, *, cpus: float, gpus: float, resources: dict[str, float] | None = None, placement_group: Any = None,
+    first_bundle: int = 1, node_ids: Sequence[str] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """Ray actor options of miner ``i``: its resources, restarts, and placement (bundle or preferred node)."""
+    opts: dict[str, Any] = dict(num_cpus=cpus, num_gpus=gpus, max_restarts=-1, max_task_retries=-1)
+    if resources:
+        opts["resources"] = dict(resources)
+    if placement_group is not None:
+        opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            placement_group, placement_group_bundle_index=first_bundle + i)
+    elif node_ids:
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_ids[i % len(node_ids)], soft=True)
+    return opts
+
+
+class MinerPool:
+    """Starts ``num_miners`` restartable ``MinerActor``s with ``cpus_per_miner``/``gpus_per_miner`` each
+    (fractions allowed); with a placement group, miner i goes to bundle ``first_bundle + i`` (bundle 0 is
+    the trial's driver); with ``node_ids``, miner i prefers node ``node_ids[i % len]`` (soft affinity)."""
+
+    def __init__(
+        self, factory: MinerFactory, *, num_miners: int, cpus_per_miner: float = 1.0, gpus_per_miner: float = 0.0,
+        weight_store: Any | None = None, placement_group: Any | None = None, first_bundle: int = 1,
+        node_ids: Sequence[str] | None = None, resources: dict[str, float] | None = None,
+    ) -> None:  # fmt: skip
+        self.factory = factory
+        placement: dict[str, Any] = dict(cpus=cpus_per_miner, gpus=gpus_per_miner, resources=resources,
+                                         placement_group=placement_group, first_bundle=first_bundle,
+                                         node_ids=node_ids)
+        cls: Any = ray.remote(concurrency_groups={"control": 1})(MinerActor)  # type: ignore[call-overload]
+        # the "control" group lets version()/node_id() answer while run() loops
+        self._actors: list[Any] = [cls.options(**miner_options(i, **placement)).remote(i, factory, weight_store)
+                                   for i in range(num_miners)]  # fmt: skip
+        self._runs: list[Any] = []
+
+    @classmethod
+    def from_config(cls, factory: MinerFactory, mining: MiningSection, **kwargs: Any) -> MinerPool:
+        return cls(factory, num_miners=mining.num_miners, cpus_per_miner=mining.cpus_per_miner,
+                   gpus_per_miner=mining.gpus_per_miner, **kwargs)  # fmt: skip
+
+    def actors(self) -> list[Any]:
+        return list(self._actors)
+
+    def ready(self, timeout: float | None = None) -> list[int]:
+        """Wait until every miner is built (model loaded); returns their weight versions."""
+        return ray.get([a.version.remote() for a in self._actors], timeout=timeout)
+
+    def start(self, stream: Any) -> None:
+        """Every miner runs its loop against ``stream`` until ``stream.close()``."""
+        self._runs = [a.run.remote(stream) for a in self._actors]
+
+    def join(self, timeout: float | None = None) -> list[int]:
+        """Wait for the run loops (after ``stream.close()``); tasks each did in its last life."""
+        return ray.get(self._runs, timeout=timeout)
+
+    def map(self, tasks: Iterable[MineTask], *, in_flight_per_miner: int = 2) -> Iterator[MinedBatch]:
+        """Mine ``tasks`` (read lazily, so a corpus larger than memory streams), yielding batches as they finish
+        (completion order). A crashed miner's calls are retried on its restarted actor."""
+        todo, running = iter(tasks), dict[Any, int]()
+
+        def submit(i: int) -> None:
+            task = next(todo, None)
+            if task is not None:
+                running[self._actors[i].mine.remote(task)] = i
+
+        for i in range(len(self._actors)):
+            for _ in range(in_flight_per_miner):
+                submit(i)
+        while running:
+            (ref,), _ = ray.wait(list(running), num_returns=1)
+            i = running.pop(ref)
+            batch = ray.get(ref)
+            submit(i)
+            yield batch
+
+    def shutdown(self) -> None:
+        for actor in self._actors:
+            ray.kill(actor, no_restart=True)
+        self._actors, self._runs = [], []
