@@ -132,3 +132,26 @@ def test_a_miner_only_moves_to_newer_weights(ray_local) -> None:
 @dataclass(frozen=True)
 class _Item:
     id: str
+
+
+def test_gec_miners_load_the_scorers_the_ddp_copys_or_the_inner_models_weights() -> None:
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from raycl.distributed.miner_pool import MINER_KINDS
+
+    class Scorer(nn.Module):  # the shape of Seq2SeqScorer: the HF model under `.model`
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = nn.Linear(2, 3)
+
+    src = Scorer()
+    forms = [src.state_dict(), {f"module.{k}": v for k, v in src.state_dict().items()}, src.model.state_dict()]
+    for sd in forms:
+        miner = SimpleNamespace(module=Scorer())
+        MINER_KINDS["gec_beam"].load(miner, sd)
+        assert all(torch.equal(a, b) for a, b in zip(miner.module.state_dict().values(),
+                                                     src.state_dict().values(), strict=True))  # fmt: skip
+    with pytest.raises(RuntimeError):
+        MINER_KINDS["gec_beam"].load(SimpleNamespace(module=Scorer()), {"weight": torch.zeros(3, 3)})

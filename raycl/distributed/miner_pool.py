@@ -63,8 +63,13 @@ def _build_gec_beam(model_path: str, options: dict[str, Any]) -> Any:
 
 
 def _load_module(miner: Any, state_dict: Mapping[str, torch.Tensor]) -> None:
-    """The published state dict is that of the module the miner wraps (``BaseMiner.module``: the scorer)."""
-    miner.module.load_state_dict(state_dict)
+    """Load into the module the miner wraps (``BaseMiner.module``, the scorer): its own state dict, the same
+    from a DDP-wrapped copy (``module.`` prefix), or the inner HF model's (``scorer.model``)."""
+    module = miner.module
+    sd = {k.removeprefix("module."): v for k, v in state_dict.items()}
+    inner = getattr(module, "model", None)
+    target = inner if inner is not None and set(sd) == set(inner.state_dict()) else module
+    target.load_state_dict(sd)
 
 
 @dataclass(frozen=True)
@@ -264,6 +269,18 @@ class MinerPool:
     def join(self, timeout: float | None = None) -> list[int]:
         """Wait for the run loops (after ``stream.close()``); tasks each did in its last life."""
         return ray.get(self._runs, timeout=timeout)
+
+    def errors(self) -> list[str]:
+        """Errors of run loops that ended with an exception (a bug or a bad factory; crashes restart instead).
+        Non-blocking: a trainer waiting on the stream can check that its miners are still there."""
+        done, _ = ray.wait(self._runs, num_returns=len(self._runs), timeout=0)
+        out = []
+        for ref in done:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as err:
+                out.append(str(err).strip().splitlines()[-1])
+        return out
 
     def map(self, tasks: Iterable[MineTask], *, in_flight_per_miner: int = 2) -> Iterator[MinedBatch]:
         """Mine ``tasks`` (read lazily, so a corpus larger than memory streams), yielding batches as they finish
