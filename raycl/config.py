@@ -30,6 +30,7 @@ class ScalingSection:
     num_workers: int = 1  # Ray Train workers per trial; 0 = local mode (no Ray, for tests and debugging)
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
+    resources: dict[str, float] = field(default_factory=dict)  # custom resources per worker, e.g. {trainer: 1}
 
 
 @dataclass
@@ -106,6 +107,7 @@ class MiningSection:
     num_miners: int = 1
     cpus_per_miner: float = 1.0
     gpus_per_miner: float = 0.0
+    resources: dict[str, float] = field(default_factory=dict)  # custom resources per miner, e.g. {miner: 1}
     sync_every: int = 0  # steps between weight publications; 0 = never (GEC: base-model negatives)
     max_staleness: int = 0
     refresh_every: int = 0  # epochs between re-mining with newer weights; 0 = never (the paper)

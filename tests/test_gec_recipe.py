@@ -19,11 +19,12 @@ TINY = [
     "model.overrides={d_model: 32, encoder_layers: 1, decoder_layers: 1, encoder_ffn_dim: 64, "
     "decoder_ffn_dim: 64}",
     "model.vocab_size=300", "pretrain.epochs=1", "optim.epochs=1", "optim.batch_size=16", "eval.max_new_tokens=24",
-    "mining.beam=4", "mining.k=2",
+    "mining.beam=4", "mining.k=2", "mining.cpus_per_miner=0.25", "mining.task_size=8", "mining.queue_size=32",
 ]  # fmt: skip
 
 
-def test_train_in_process_writes_every_output(tmp_path: Path) -> None:
+def test_train_in_process_writes_every_output(ray_local, tmp_path: Path) -> None:
+    """Trainer in-process (Ray Train local mode), miners as actors on the local Ray."""
     space = load_space("gec_pd", preset="smoke", overrides=[*TINY, "scaling.num_workers=0"])
     summary = gec.run_train(space, tmp_path)
     for name in ("config.yaml", "results.csv", "best.json", "report.md", "negatives.parquet", "dev_curves.png"):
@@ -32,11 +33,12 @@ def test_train_in_process_writes_every_output(tmp_path: Path) -> None:
     best = summary["best"]
     for key in ("dev_f05", "test/S/f05", "test/G/p", "test/G/ann0/f05", "test/G/ann1/f05", "test/S/oe"):
         assert key in best and 0.0 <= best[key] <= 1.0, key
+    assert 0.0 <= best["timing/mine_wait_fraction"] <= 1.0 and best["stream/staleness_max"] == 0.0
     table = (tmp_path / "report.md").read_text()
     assert "Table 2" in table and "| CL " in table and "Table 1" in table
     negs = pq.read_table(tmp_path / "negatives.parquet").to_pylist()
     assert {"id", "source", "target", "negatives", "scores", "model_version"} <= set(negs[0])
-    assert len(negs) == 40
+    assert len(negs) == 40 and {r["model_version"] for r in negs} == {0}  # the paper: all from the base model
     for row in negs:
         assert row["target"] not in row["negatives"] and len(row["negatives"]) == len(set(row["negatives"]))
         assert len(row["negatives"]) <= 2 + (row["source"] != row["target"])
@@ -53,7 +55,7 @@ def test_builtin_dev_and_test_have_two_annotators(tmp_path: Path) -> None:
 
 def test_tune_sweep_and_baselines_on_local_ray(ray_local, tmp_path: Path) -> None:
     over = [*TINY, "scaling.num_workers=1", "scaling.cpus_per_worker=0.5", "tune.driver_cpus=0.1",
-            "tune.max_concurrent_trials=3"]
+            "tune.max_concurrent_trials=2"]
     space = load_space("gec_pd", preset="smoke", overrides=over)
     space.search = {"loss.margin": {"grid": [0.25, 0.85]}, "mining.k": {"grid": [2]}}
     summary = gec.run_tune(space, tmp_path)

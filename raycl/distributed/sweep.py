@@ -108,10 +108,13 @@ def run_sweep(
     name: str,
     storage_path: Path,
     max_t: int,
+    resources: Any = None,
 ) -> list[TrialOutcome]:
     """Run ``trial_fn(params, **trial_kwargs)`` for every point of ``param_space``; outcomes in trial order.
 
     ``trial_kwargs`` travel through the object store once (``tune.with_parameters``), not once per trial.
+    ``resources``: each trial's reservation (a ``PlacementGroupFactory`` with the trial's miners); default:
+    the driver's CPUs only.
     """
     scheduler = (
         ASHAScheduler(time_attr="training_iteration", max_t=max(max_t, 1), grace_period=tune_cfg.grace_period)
@@ -119,7 +122,8 @@ def run_sweep(
         else FIFOScheduler()
     )
     tuner = tune.Tuner(
-        tune.with_resources(tune.with_parameters(trial_fn, **trial_kwargs), {"cpu": tune_cfg.driver_cpus}),
+        tune.with_resources(tune.with_parameters(trial_fn, **trial_kwargs),
+                            resources or {"cpu": tune_cfg.driver_cpus}),
         param_space=param_space,
         tune_config=tune.TuneConfig(
             metric=tune_cfg.metric,

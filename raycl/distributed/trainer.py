@@ -40,7 +40,8 @@ def fit(
         scaling_config=ray.train.ScalingConfig(
             num_workers=scaling.num_workers,
             use_gpu=scaling.use_gpu,
-            resources_per_worker={"CPU": scaling.cpus_per_worker, **({"GPU": 1} if scaling.use_gpu else {})},
+            resources_per_worker={"CPU": scaling.cpus_per_worker, **({"GPU": 1} if scaling.use_gpu else {}),
+                                  **scaling.resources},
         ),
         run_config=ray.train.RunConfig(
             name=name,

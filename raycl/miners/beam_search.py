@@ -162,9 +162,14 @@ def _distinct_ranked(id_: str, hyps: Sequence[tuple[str, float]]) -> MinedNegati
 
 
 def write_negatives_parquet(
-    path: str | Path, examples: Sequence[GecExample], mined: Sequence[MinedNegatives], *, model_version: int
+    path: str | Path, examples: Sequence[GecExample], mined: Sequence[MinedNegatives], *,
+    model_version: int | Sequence[int],
 ) -> Path:
-    """Write one row per example (``COLUMNS``) to ``path``, atomically (temp file + rename)."""
+    """Write one row per example (``COLUMNS``) to ``path``, atomically (temp file + rename).
+
+    ``model_version``: the weights' version for every row, or one version per row (negatives mined while
+    training may come from several versions)."""
+    versions = [model_version] * len(mined) if isinstance(model_version, int) else list(model_version)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -177,7 +182,7 @@ def write_negatives_parquet(
     table = pa.table({
         "id": [ex.id for ex in examples], "source": [ex.source for ex in examples],
         "target": [ex.target for ex in examples], "negatives": [list(m.negatives) for m in mined],
-        "scores": [list(m.scores) for m in mined], "model_version": [model_version] * len(mined),
+        "scores": [list(m.scores) for m in mined], "model_version": versions,
     }, schema=schema)  # fmt: skip
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,19 +2,22 @@
 
 Algorithm 1, as this module runs it (each step is one function below, read top to bottom)::
 
-    1. θ̂    ← train the base model on D_T (label-smoothed NLL)        pretrain()     (or model.checkpoint)
-    2. D_F̃  ← beam-search n-best of θ̂ on D_F                          mine_nbest()   (model version 0)
-    3. θ̂_CL ← fine-tune on D_F̃ with Eq. 5, one Tune trial per point     sweep()        (γ, k from the space)
-    4. select on dev F0.5 (annotator-averaged), report test            baselines() + write_report()
+    1. θ̂    ← train the base model on D_T (label-smoothed NLL)          pretrain()   (or model.checkpoint)
+    2. D_F̃  ← beam-search negatives of θ̂ on D_F, by the miner pool  ┐   finetune()   (model version 0)
+    3. θ̂_CL ← fine-tune on D_F̃ with Eq. 5, as soon as batches arrive ┘   one Tune trial per (γ, k) point
+    4. select on dev F0.5 (annotator-averaged), report test              baselines() + gec_report
 
-Every trial keeps the top-k distinct n-best outputs ≠ target (+ the source for CL) from the same n-best list, so
-one mining pass serves the whole (γ, k) grid. The baselines of Table 2 — DI (base model, no fine-tuning), NLL
-(λ = 0) and CL⁻ (no source negative) — run at the best CL point.
+Steps 2 and 3 overlap: each trial's miner actors stream negatives (top-k distinct beam outputs ≠ target, plus
+the source for CL) into a bounded buffer that its Ray Train workers consume, instead of mining everything
+first as the paper's code did. As in the paper all negatives come from the base model (version 0) and are
+mined once; ``mining.refresh_every`` / ``sync_every`` re-mine with newer weights. The baselines of Table 2 —
+DI (base model, no fine-tuning), NLL (λ = 0) and CL⁻ (no source negative) — run at the best CL point.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -24,18 +27,18 @@ from typing import Any
 from raycl.config import GecConfig, Space, dump_yaml, set_dotted, to_dict
 from raycl.data.gec import load_examples, load_references
 from raycl.data.gec_corpus import write_builtin_corpus
+from raycl.distributed.miner_pool import MinerFactory
+from raycl.distributed.mining_service import MiningService, trial_resources
 from raycl.distributed.sweep import TrialOutcome, grid, run_sweep, to_param_space, trial_run_name
 from raycl.distributed.trainer import fit
 from raycl.errors import UserError
-from raycl.miners.beam_search import BeamSearchMiner, read_negatives_parquet, write_negatives_parquet
+from raycl.miners.beam_search import write_negatives_parquet
 from raycl.models.presets import build_model
-from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.recipes import gec_report
 from raycl.recipes.gec_worker import read_history, train_worker
 from raycl.train.progress import follow
 
 BASE_MODEL = "base_model"
-NBEST = "nbest.parquet"
 
 
 @dataclass
@@ -45,7 +48,6 @@ class GecRun:
     cfg: GecConfig
     run_dir: Path
     base_model: Path
-    nbest: Path | None
     builtin: list[str]  # the splits filled with the built-in corpus
     timings: dict[str, float]
 
@@ -130,28 +132,9 @@ def _initial_model(cfg: GecConfig, out: Path) -> Path:
     return build_model(cfg.model.preset, out_dir=out, texts=texts, seed=cfg.model.seed, **overrides)
 
 
-# ---------------------------------------------------------------------------------------------- step 2
-def mine_nbest(cfg: GecConfig, base_model: Path, run_dir: Path) -> Path | None:
-    """Step 2: the base model's beam-search n-best on D_F (beam ``mining.beam``), written once as Parquet."""
-    if cfg.mining.negatives:
-        return None  # pre-mined negatives are used as given
-    out = run_dir / NBEST
-    if out.exists():
-        say(f"step 2: reusing the n-best lists in {out}")
-        return out
-    examples = load_examples(cfg.data.finetune, annotator=cfg.data.annotator)
-    say(f"step 2: mining {len(examples)} sentences of D_F with beam {cfg.mining.beam}")
-    scorer = Seq2SeqScorer.from_pretrained(base_model)
-    miner = BeamSearchMiner(scorer, k=cfg.mining.beam - 1, beam=cfg.mining.beam, source_negative=False,
-                            batch_size=cfg.mining.batch_size, max_new_tokens=cfg.eval.max_new_tokens)  # fmt: skip
-    nbest = miner.nbest(examples, progress=True)
-    write_negatives_parquet(out, examples, nbest, model_version=0)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------- step 3
+# ---------------------------------------------------------------------------------------------- steps 2–3
 def prepare(space: Space, run_dir: Path) -> GecRun:
-    """Steps 1–2 plus the run folder: resolved data, ``config.yaml``, base model, n-best lists."""
+    """Step 1 plus the run folder: resolved data, ``config.yaml``, the base model."""
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg, builtin = with_data(space.config, run_dir / "data")
     if builtin:
@@ -159,41 +142,71 @@ def prepare(space: Space, run_dir: Path) -> GecRun:
     counts = check_data(cfg)
     say("data: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     dump_yaml(cfg, run_dir / "config.yaml")
-    timings: dict[str, float] = {}
     t0 = time.perf_counter()
     base = pretrain(cfg, run_dir)
-    timings["pretrain_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    nbest = mine_nbest(cfg, base, run_dir)
-    timings["mine_s"] = time.perf_counter() - t0
-    return GecRun(cfg, run_dir, base, nbest, builtin, timings)
+    return GecRun(cfg, run_dir, base, builtin, {"pretrain_s": time.perf_counter() - t0})
 
 
-def _loop_config(run: GecRun, cfg: GecConfig, out_dir: Path) -> dict[str, Any]:
-    return {"config": to_dict(cfg), "phase": "finetune", "init_model": str(run.base_model),
-            "nbest": str(run.nbest) if run.nbest else None, "out_dir": str(out_dir)}  # fmt: skip
+def mines_while_training(cfg: GecConfig) -> bool:
+    """Step 2 runs in the miner pool, alongside fine-tuning, unless negatives are pre-mined or not needed."""
+    return cfg.loss.trade_off > 0 and cfg.optim.epochs > 0 and not cfg.mining.negatives
+
+
+def finetune(run: GecRun, cfg: GecConfig, out_dir: Path, *, name: str, in_tune: bool) -> Any:
+    """Steps 2–3 for one point: miners mine D_F with the base model (version 0) while the trainers consume it."""
+    loop_config: dict[str, Any] = {"config": to_dict(cfg), "phase": "finetune", "init_model": str(run.base_model),
+                                   "out_dir": str(out_dir)}  # fmt: skip
+    if not mines_while_training(cfg):
+        return fit(train_worker, loop_config, scaling=cfg.scaling, name=name, storage_path=run.run_dir / "ray",
+                   in_tune=in_tune)  # fmt: skip
+    factory = MinerFactory("gec_beam", str(run.base_model), {
+        "k": cfg.mining.k, "beam": cfg.mining.beam, "source_negative": cfg.mining.source_negative,
+        "batch_size": cfg.mining.batch_size, "max_new_tokens": cfg.eval.max_new_tokens})  # fmt: skip
+    service = MiningService.start(factory, cfg.mining, world_size=max(cfg.scaling.num_workers, 1),
+                                  seed=cfg.optim.seed)  # fmt: skip
+    try:
+        loop_config.update(stream=service.stream, store=service.store)
+        result = fit(train_worker, loop_config, scaling=cfg.scaling, name=name, storage_path=run.run_dir / "ray",
+                     in_tune=in_tune)  # fmt: skip
+        _write_negatives(out_dir / "negatives.parquet", cfg, service.negatives())
+        return result
+    finally:
+        service.close()
+
+
+def _write_negatives(path: Path, cfg: GecConfig, items: list[Any]) -> None:
+    """The negatives a run trained on (the newest mined for each example), as ``raycl.mine`` writes them."""
+    by_id = {it.id: it for it in items}
+    examples = [ex for ex in load_examples(cfg.data.finetune, annotator=cfg.data.annotator) if ex.id in by_id]
+    mined = [by_id[ex.id] for ex in examples]
+    write_negatives_parquet(path, examples, mined, model_version=[it.model_version for it in mined])
 
 
 def gec_trial(params: dict[str, Any], *, run: GecRun, baselines: dict[str, dict[str, Any]]) -> None:
-    """One Tune trial: the space's point (plus a named baseline's overrides) fine-tuned in a TorchTrainer."""
+    """One Tune trial: the space's point (plus a named baseline's overrides) fine-tuned in a TorchTrainer,
+    with its own miners in the trial's placement group."""
     over = dict(params)
     name = over.pop("baseline", None)
     if name is not None:
         over.update(baselines[name])
     cfg = set_dotted(run.cfg, over, where="trial")
     name = trial_run_name()
-    out_dir = run.run_dir / "trials" / name.split("=", 1)[-1]
-    fit(train_worker, _loop_config(run, cfg, out_dir), scaling=cfg.scaling, name=name,
-        storage_path=run.run_dir / "ray", in_tune=True)  # fmt: skip
+    finetune(run, cfg, run.run_dir / "trials" / name.split("=", 1)[-1], name=name, in_tune=True)
+
+
+def _sweep(run: GecRun, space: Space, param_space: dict[str, Any], *, name: str, fifo: bool = False) -> Any:
+    tune_cfg = dataclasses.replace(run.cfg.tune, scheduler="fifo") if fifo else run.cfg.tune
+    mining = run.cfg.mining if mines_while_training(run.cfg) else None
+    return run_sweep(gec_trial, param_space, trial_kwargs={"run": run, "baselines": space.baselines},
+                     tune_cfg=tune_cfg, name=name, storage_path=run.run_dir / "ray", max_t=run.cfg.optim.epochs,
+                     resources=trial_resources(tune_cfg.driver_cpus, mining))  # fmt: skip
 
 
 def sweep(run: GecRun, space: Space) -> list[TrialOutcome]:
     """Step 3 over the ``search:`` block: one trial per point of the paper's grid (or the preset's)."""
     param_space = to_param_space(space.search)
-    say(f"step 3: fine-tuning sweep over {', '.join(param_space) or 'the default point'}")
-    return run_sweep(gec_trial, param_space, trial_kwargs={"run": run, "baselines": space.baselines},
-                     tune_cfg=run.cfg.tune, name="sweep", storage_path=run.run_dir / "ray",
-                     max_t=run.cfg.optim.epochs)  # fmt: skip
+    say(f"steps 2–3: mining ‖ fine-tuning, sweep over {', '.join(param_space) or 'the default point'}")
+    return _sweep(run, space, param_space, name="sweep")
 
 
 def baselines(run: GecRun, space: Space, best_params: dict[str, Any]) -> list[TrialOutcome]:
@@ -201,11 +214,8 @@ def baselines(run: GecRun, space: Space, best_params: dict[str, Any]) -> list[Tr
     if not space.baselines:
         return []
     say(f"baselines at the best point: {', '.join(space.baselines)}")
-    param_space = {**best_params, "baseline": grid(list(space.baselines))}
-    cfg = dataclasses.replace(run.cfg, tune=dataclasses.replace(run.cfg.tune, scheduler="fifo"))
-    return run_sweep(gec_trial, param_space, trial_kwargs={"run": run, "baselines": space.baselines},
-                     tune_cfg=cfg.tune, name="baselines", storage_path=run.run_dir / "ray",
-                     max_t=cfg.optim.epochs)  # fmt: skip
+    return _sweep(run, space, {**best_params, "baseline": grid(list(space.baselines))}, name="baselines",
+                  fifo=True)
 
 
 # ---------------------------------------------------------------------------------------------- drivers
@@ -220,7 +230,7 @@ def run_tune(space: Space, run_dir: Path) -> dict[str, Any]:
     extra = baselines(run, space, best.params) if best is not None else []
     run.timings["baselines_s"] = time.perf_counter() - t0
     if best is not None:
-        _export_negatives(run, best.params)
+        _export_negatives(run, best)
     return gec_report.write_all(run, space, trials, extra)
 
 
@@ -229,26 +239,19 @@ def run_train(space: Space, run_dir: Path) -> dict[str, Any]:
     run = prepare(space, run_dir)
     t0 = time.perf_counter()
     out_dir = run.run_dir / "trials" / "train"
-    with follow(out_dir, desc="step 3: fine-tune"):
-        result = fit(train_worker, _loop_config(run, run.cfg, out_dir), scaling=run.cfg.scaling, name="train",
-                     storage_path=run.run_dir / "ray")  # fmt: skip
+    with follow(out_dir, desc="steps 2–3: mine ‖ fine-tune"):
+        result = finetune(run, run.cfg, out_dir, name="train", in_tune=False)
     run.timings["finetune_s"] = time.perf_counter() - t0
     if result.error is not None:
         raise result.error
     trial = TrialOutcome("train", {}, read_history(out_dir))
-    _export_negatives(run, {})
+    _export_negatives(run, trial)
     return gec_report.write_all(run, space, [trial], [])
 
 
-def _export_negatives(run: GecRun, params: dict[str, Any]) -> None:
-    """``negatives.parquet``: the negatives the chosen point trained on (its k, CL or CL⁻), with scores."""
-    if run.nbest is None:
-        return
-    cfg = set_dotted(run.cfg, params, where="best point")
-    examples = load_examples(cfg.data.finetune, annotator=cfg.data.annotator)
-    nbest = read_negatives_parquet(run.nbest)
-    scorer = Seq2SeqScorer.from_pretrained(run.base_model)
-    miner = BeamSearchMiner(scorer, k=cfg.mining.k, beam=cfg.mining.beam,
-                            source_negative=cfg.mining.source_negative, batch_size=cfg.mining.batch_size)
-    mined = miner.select([nbest[ex.id] for ex in examples], examples)
-    write_negatives_parquet(run.run_dir / "negatives.parquet", examples, mined, model_version=0)
+def _export_negatives(run: GecRun, trial: TrialOutcome) -> None:
+    """``negatives.parquet`` of the run: those the chosen trial trained on."""
+    src = run.run_dir / "trials" / trial.trial_id / "negatives.parquet"
+    if src.exists():
+        shutil.copyfile(src, run.run_dir / ".negatives.parquet.tmp")
+        (run.run_dir / ".negatives.parquet.tmp").replace(run.run_dir / "negatives.parquet")

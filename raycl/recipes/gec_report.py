@@ -85,8 +85,8 @@ def _result_row(trial: TrialOutcome, metric: str, mode: str) -> dict[str, Any]:
     row = best_row(trial, metric, mode) or (trial.history[-1] if trial.history else {})
     out: dict[str, Any] = {"trial_id": trial.trial_id, "method": _label(trial)}
     out.update({k: v for k, v in trial.params.items()})
-    keep = ("epoch", "loss", "timing/step", "timing/mine_wait", "checkpoint_path")
-    out.update({k: v for k, v in row.items() if k in keep or k.startswith(("dev", "test"))})
+    keep = ("epoch", "loss", "checkpoint_path")
+    out.update({k: v for k, v in row.items() if k in keep or k.startswith(("dev", "test", "timing/", "stream/"))})
     if trial.error:
         out["error"] = trial.error
     return out
@@ -172,13 +172,29 @@ def render_report(
     lines += [f"- {k.replace('_s', '')}: {v:.1f} s" for k, v in run.timings.items()]
     steps = [v for t in trials for r in t.history if (v := _num(r.get("timing/step"))) is not None]
     if steps:
-        lines.append(f"- mean fine-tuning step: {1000 * sum(steps) / len(steps):.1f} ms; mine_wait: 0 "
-                     "(negatives mined before fine-tuning, as the paper's code; see mining.*)")  # fmt: skip
+        lines.append(f"- mean fine-tuning step: {1000 * sum(steps) / len(steps):.1f} ms")
+    lines += _stream_lines(trials)
     if plots:
         lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     if summary["failed_trials"]:
         lines += ["", f"Failed trials: {', '.join(summary['failed_trials'])}"]
     return "\n".join(lines)
+
+
+def _stream_lines(trials: list[TrialOutcome]) -> list[str]:
+    """Mining ‖ training: how long trainers waited for negatives and how stale the negatives were."""
+    rows = [r for t in trials for r in t.history if _num(r.get("stream/negatives"))]
+    if not rows:
+        return ["- negatives: pre-mined or not needed (no miner pool in these trials)"]
+    wait = sum(_num(r.get("timing/mine_wait")) or 0.0 for r in rows)
+    first = sum(_num(r.get("timing/mine_wait_first")) or 0.0 for r in rows)
+    wall = sum(_num(r.get("timing/epoch")) or 0.0 for r in rows)
+    stale = max(_num(r.get("stream/staleness_max")) or 0.0 for r in rows)
+    refused = sum(_num(r.get("stream/refused")) or 0.0 for r in rows)
+    return [f"- mine_wait (trainers waiting for negatives): {wait:.1f} s of {wall:.1f} s of training "
+            f"({100 * wait / max(wall, 1e-9):.1f}%; steady state without each epoch's first batch: "
+            f"{100 * (wait - first) / max(wall - first, 1e-9):.1f}%)",
+            f"- staleness of the negatives used: max {stale:.0f} versions; refused as too stale: {refused:.0f}"]
 
 
 def _data_rows(cfg: Any) -> list[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import shutil
 import time
 from dataclasses import dataclass
@@ -23,12 +22,14 @@ import torch
 from raycl.config import GecConfig, from_dict
 from raycl.data.gec import GecExample, load_examples, load_references
 from raycl.distributed import session
+from raycl.distributed.consumer import StreamConsumer
 from raycl.evaluation.gec_metrics import evaluate_gec
 from raycl.losses.gec_margin import GecContrastiveLoss
-from raycl.miners.beam_search import read_negatives_parquet, select_negatives
+from raycl.miners.shards import read_negatives
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.train.checkpoint import MODEL_DIR, load_training_state, save_training_state, seed_everything
 from raycl.train.data_parallel import backward_global
+from raycl.train.feeds import Feed, StaticFeed, StreamFeed, shard
 from raycl.train.gec_step import collate, gec_loss
 from raycl.train.optim import build_optimizer, build_scheduler
 from raycl.train.progress import ProgressWriter
@@ -62,16 +63,17 @@ def phase_of(cfg: GecConfig, name: str) -> Phase:
 def train_worker(loop_config: dict[str, Any]) -> None:
     """Ray Train entry point.
 
-    ``loop_config``: ``config`` (dict), ``phase``, ``init_model``, ``nbest`` (Parquet or None) and ``out_dir``,
-    where rank 0 keeps ``history.jsonl`` and the model (``model/`` after pretraining, ``best_model/`` by dev).
+    ``loop_config``: ``config`` (dict), ``phase``, ``init_model``, ``out_dir`` (rank 0 keeps ``history.jsonl``
+    and the model there: ``model/`` after pretraining, ``best_model/`` by dev) and, when negatives are mined
+    while training, the ``stream`` and weight ``store`` actors.
     """
     cfg: GecConfig = from_dict(GecConfig, loop_config["config"])
     phase = phase_of(cfg, loop_config["phase"])
     rank, world_size = session.world()
     seed_everything(cfg.optim.seed)
-    examples = _shard(load_examples(phase.specs, annotator=cfg.data.annotator), rank, world_size)
-    negatives = _negatives(cfg, examples, loop_config.get("nbest")) if phase.name == "finetune" else {}
-    steps_per_epoch = math.ceil(len(examples) / phase.batch_size)  # the same on every rank (padded shards)
+    examples = load_examples(phase.specs, annotator=cfg.data.annotator)
+    feed = _feed(cfg, phase, loop_config, examples, rank, world_size)
+    steps_per_epoch = math.ceil(math.ceil(len(examples) / world_size) / phase.batch_size)  # same on every rank
     total = cfg.optim.total_updates or steps_per_epoch * max(phase.epochs, 1)
     with session.resume_dir() as ckpt:  # a restarted worker continues from the last checkpoint
         scorer = Seq2SeqScorer.from_pretrained(ckpt / MODEL_DIR if ckpt else loop_config["init_model"])
@@ -79,9 +81,11 @@ def train_worker(loop_config: dict[str, Any]) -> None:
                                     weight_decay=cfg.optim.weight_decay)  # fmt: skip
         scheduler = build_scheduler(optimizer, cfg.optim.scheduler if phase.name == "finetune" else "fixed",
                                     warmup=phase.warmup, total=total)  # fmt: skip
-        progress = (load_training_state(ckpt, optimizer=optimizer, scheduler=scheduler) if ckpt
-                    else {"epoch": 0, "step": 0})  # fmt: skip
+        progress: dict[str, Any] = (load_training_state(ckpt, optimizer=optimizer, scheduler=scheduler) if ckpt
+                                    else {"epoch": 0, "step": 0})  # fmt: skip
     scorer.to(session.device())
+    if ckpt is not None:
+        feed.resume(progress.get("feed", {}), scorer)
     loss_fn = GecContrastiveLoss(trade_off=phase.trade_off, margin=cfg.loss.margin,
                                  label_smoothing=phase.label_smoothing)  # fmt: skip
     refs = _references(cfg) if phase.name == "finetune" and rank == 0 else {}
@@ -92,37 +96,32 @@ def train_worker(loop_config: dict[str, Any]) -> None:
         return
     bar = ProgressWriter(out_dir, total=steps_per_epoch * phase.epochs) if rank == 0 else None
     for epoch in range(progress["epoch"], phase.epochs):
-        stats = _train_epoch(cfg, phase, scorer, optimizer, scheduler, loss_fn, examples, negatives, epoch,
-                             bar=bar, step0=progress["step"])  # fmt: skip
-        progress = {"epoch": epoch + 1, "step": progress["step"] + stats.pop("steps")}
+        stats = _train_epoch(cfg, scorer, optimizer, scheduler, loss_fn, feed, epoch, bar=bar,
+                             step0=progress["step"])  # fmt: skip
+        progress = {"epoch": epoch + 1, "step": progress["step"] + stats.pop("steps"), "feed": feed.state()}
         _report(cfg, scorer, optimizer, scheduler, progress, refs, stats, rank, out_dir,
                 last=epoch + 1 == phase.epochs)  # fmt: skip
 
 
-def _shard(examples: list[GecExample], rank: int, world_size: int) -> list[GecExample]:
-    """Every ``world_size``-th example, padded by wrap-around so every rank has as many (DistributedSampler):
-    ranks must take the same number of steps, or the gradient all-reduce waits forever."""
-    per_rank = math.ceil(len(examples) / world_size)
-    padded = examples + examples[: per_rank * world_size - len(examples)]
-    return padded[rank::world_size]
-
-
-def _negatives(cfg: GecConfig, examples: list[GecExample], nbest_path: str | None) -> dict[str, list[str]]:
-    """Each example's negatives for this trial: the top-k of the base model's n-best (+ the source for CL)."""
-    if cfg.loss.trade_off == 0.0:
-        return {}  # NLL fine-tuning needs none
-    if cfg.mining.negatives:  # pre-mined, already selected (the paper's code shipped negatives this way)
-        mined = read_negatives_parquet(cfg.mining.negatives)
-        return {ex.id: list(mined[ex.id].negatives) for ex in examples if ex.id in mined}
-    if nbest_path is None:
-        raise RuntimeError("finetune phase without mined n-best lists")
-    nbest = read_negatives_parquet(nbest_path)
-    return {
-        ex.id: select_negatives(list(nbest[ex.id].negatives), ex.target, ex.source, k=cfg.mining.k,
-                                source_negative=cfg.mining.source_negative)  # fmt: skip
-        for ex in examples
-        if ex.id in nbest
-    }
+def _feed(
+    cfg: GecConfig, phase: Phase, loop_config: dict[str, Any], examples: list[GecExample], rank: int,
+    world_size: int,
+) -> Feed:
+    """Negatives mined while training (the stream), pre-mined ones (``mining.negatives``), or none."""
+    shards = [shard(examples, r, world_size) for r in range(world_size)]
+    needs_negatives = phase.name == "finetune" and phase.trade_off > 0 and phase.epochs > 0
+    if needs_negatives and loop_config.get("stream") is not None:
+        consumer = StreamConsumer(loop_config["stream"], loop_config["store"], rank=rank, world_size=world_size,
+                                  max_staleness=cfg.mining.max_staleness)  # fmt: skip
+        return StreamFeed(consumer, shards, batch_size=phase.batch_size, sync_every=cfg.mining.sync_every,
+                          refresh_every=cfg.mining.refresh_every)  # fmt: skip
+    negatives: dict[str, list[str]] = {}
+    if needs_negatives:
+        if not cfg.mining.negatives:
+            raise RuntimeError("contrastive fine-tuning without a negative stream or mining.negatives")
+        mined = read_negatives(cfg.mining.negatives)
+        negatives = {ex.id: list(mined[ex.id].negatives) for ex in examples if ex.id in mined}
+    return StaticFeed(shards[rank], negatives, batch_size=phase.batch_size, seed=cfg.optim.seed)
 
 
 def _references(cfg: GecConfig) -> dict[str, dict[str, Any]]:
@@ -133,22 +132,17 @@ def _references(cfg: GecConfig) -> dict[str, dict[str, Any]]:
 
 
 def _train_epoch(
-    cfg: GecConfig, phase: Phase, scorer: Seq2SeqScorer, optimizer: torch.optim.Optimizer, scheduler: Any,
-    loss_fn: GecContrastiveLoss, examples: list[GecExample], negatives: dict[str, list[str]], epoch: int,
-    *, bar: ProgressWriter | None, step0: int,
+    cfg: GecConfig, scorer: Seq2SeqScorer, optimizer: torch.optim.Optimizer, scheduler: Any,
+    loss_fn: GecContrastiveLoss, feed: Feed, epoch: int, *, bar: ProgressWriter | None, step0: int,
 ) -> dict[str, float]:
+    """One pass over this rank's batches; time spent waiting for negatives is the feed's, not the step's."""
     scorer.train()
-    order = list(range(len(examples)))
-    random.Random(cfg.optim.seed * 1000 + epoch).shuffle(order)
     sums = {"loss": 0.0, "ce": 0.0, "mml": 0.0, "ntokens": 0.0}
-    step_time, steps = 0.0, 0
-    for start in range(0, len(order), phase.batch_size):
+    step_time, steps, t_epoch = 0.0, 0, time.perf_counter()
+    for batch_ex, batch_negs in feed.batches(epoch, scorer):
         t0 = time.perf_counter()
-        batch_ex = [examples[i] for i in order[start : start + phase.batch_size]]
-        batch = collate(batch_ex, [negatives.get(ex.id, []) for ex in batch_ex], scorer.tokenizer,
-                        max_length=cfg.model.max_length)  # fmt: skip
-        batch = batch.to(session.device()) if hasattr(batch, "to") else batch
-        out = gec_loss(scorer, batch, loss_fn, stack_negatives=cfg.loss.stack_negatives)
+        batch = collate(batch_ex, batch_negs, scorer.tokenizer, max_length=cfg.model.max_length)
+        out = gec_loss(scorer, batch.to(session.device()), loss_fn, stack_negatives=cfg.loss.stack_negatives)
         local_tokens = float(out.ntokens)
         optimizer.zero_grad(set_to_none=True)
         backward_global(out.loss, local_tokens, scorer)
@@ -158,15 +152,20 @@ def _train_epoch(
         scheduler.step()
         step_time += time.perf_counter() - t0
         steps += 1
+        feed.after_step(step0 + steps, scorer)
         if bar is not None:
             bar.update(step0 + steps, epoch=epoch + 1, loss=out.loss.item())
-        sums["loss"] += out.loss.item() * local_tokens
-        sums["ce"] += out.ce.item()
-        sums["mml"] += out.mml.item()
-        sums["ntokens"] += local_tokens
-    n = max(sums["ntokens"], 1.0)
+        for key, value in (("loss", out.loss.item() * local_tokens), ("ce", out.ce.item()),
+                           ("mml", out.mml.item()), ("ntokens", local_tokens)):  # fmt: skip
+            sums[key] += value
+    n, wall = max(sums["ntokens"], 1.0), time.perf_counter() - t_epoch
+    fm = feed.metrics()
     return {"loss": sums["loss"] / n, "ce_per_token": sums["ce"] / n, "mml_per_token": sums["mml"] / n,
-            "timing/step": step_time / max(steps, 1), "timing/mine_wait": 0.0, "steps": steps,
+            "timing/step": step_time / max(steps, 1), "timing/epoch": wall, **fm, "steps": steps,
+            "timing/mine_wait_fraction": fm["timing/mine_wait"] / max(wall, 1e-9),
+            # steady state: without the wait for the epoch's first batch (the pipeline filling up)
+            "timing/mine_wait_fraction_steady": (fm["timing/mine_wait"] - fm["timing/mine_wait_first"])
+            / max(wall - fm["timing/mine_wait_first"], 1e-9),
             "lr": scheduler.get_last_lr()[0]}  # fmt: skip
 
 

@@ -1,0 +1,151 @@
+"""Mining in parallel with training, measured on the GEC recipe with the smoke preset.
+
+Prints one JSON object:
+- ``sequential``: the paper's schedule — mine every negative first (in-process beam search), then train in a
+  plain single-process loop (Ray Train local mode: the same loop, no Ray);
+- ``ray_one_worker``: the same training on pre-mined negatives in one Ray Train worker →
+  ``overhead_vs_plain`` = its loop time / the plain loop time (and with the worker start-up included);
+- ``pipeline[M]``: miners stream negatives while one Ray Train worker trains, for each M in ``--miners`` →
+  ``mine_wait_fraction`` (trainer time waiting for negatives / wall time, steady state: without the wait for
+  the very first batch), ``negatives_per_s`` (negatives delivered per second of training) and
+  ``speedup_vs_sequential`` (sequential mine-then-train time / pipelined time).
+
+Usage: ``.venv/bin/python bench/pipeline.py --json [--miners 1,2,4] [--finetune 600] [--epochs 2]``.
+On a CPU machine the resources are logical (``num_cpus`` = 2 + max M): miners and the trainer share the
+physical cores, which the JSON records; on a GPU machine give each miner a GPU fraction with ``--gpus-per-miner``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _space(tmp: Path, args: argparse.Namespace, *extra: str) -> Any:
+    from raycl.config import load_space
+
+    return load_space("gec_pd", preset="smoke", overrides=[
+        f"data.builtin.n_train={args.train}", f"data.builtin.n_finetune={args.finetune}", "data.builtin.n_dev=50",
+        "data.builtin.n_test=50", f"pretrain.epochs={args.pretrain_epochs}", f"optim.epochs={args.epochs}",
+        "scaling.num_workers=1", "scaling.cpus_per_worker=1", f"mining.gpus_per_miner={args.gpus_per_miner}",
+        f"scaling.use_gpu={str(args.gpus_per_miner > 0).lower()}", *extra])  # fmt: skip
+
+
+def _loop_time(history: list[dict[str, Any]]) -> float:
+    return sum(float(h.get("timing/epoch", 0.0)) for h in history)
+
+
+def _sequential(run: Any, out: Path) -> dict[str, Any]:
+    """The paper's code: every negative mined first (in-process), then a plain training loop."""
+    from raycl.data.gec import load_examples
+    from raycl.miners.beam_search import BeamSearchMiner, write_negatives_parquet
+    from raycl.models.seq2seq import Seq2SeqScorer
+    from raycl.recipes.gec import finetune
+    from raycl.recipes.gec_worker import read_history
+
+    cfg = run.cfg
+    examples = load_examples(cfg.data.finetune)
+    miner = BeamSearchMiner(Seq2SeqScorer.from_pretrained(run.base_model), k=cfg.mining.k, beam=cfg.mining.beam,
+                            batch_size=cfg.mining.batch_size, max_new_tokens=cfg.eval.max_new_tokens)  # fmt: skip
+    t0 = time.perf_counter()
+    mined = miner.mine(examples)
+    mine_s = time.perf_counter() - t0
+    write_negatives_parquet(out / "neg.parquet", examples, mined, model_version=0)
+    plain = _with(cfg, **{"mining.negatives": str(out / "neg.parquet"), "scaling.num_workers": 0})
+    finetune(dataclasses.replace(run, cfg=plain), plain, out / "plain", name="plain", in_tune=False)
+    train_s = _loop_time(read_history(out / "plain"))
+    negatives = sum(len(m.negatives) for m in mined)
+    return {"mine_s": mine_s, "train_loop_s": train_s, "total_s": mine_s + train_s, "negatives": negatives,
+            "negatives_per_s_in_process": negatives / mine_s}  # fmt: skip
+
+
+def _with(cfg: Any, **dotted: Any) -> Any:
+    from raycl.config import set_dotted
+
+    return set_dotted(cfg, dotted, where="bench")
+
+
+def _ray_one_worker(run: Any, out: Path, plain_loop_s: float) -> dict[str, Any]:
+    from raycl.recipes.gec import finetune
+    from raycl.recipes.gec_worker import read_history
+
+    cfg = _with(run.cfg, **{"mining.negatives": str(out / "neg.parquet")})
+    t0 = time.perf_counter()
+    finetune(dataclasses.replace(run, cfg=cfg), cfg, out / "ray1", name="ray1", in_tune=False)
+    fit_s = time.perf_counter() - t0
+    loop_s = _loop_time(read_history(out / "ray1"))
+    return {"train_loop_s": loop_s, "fit_s": fit_s, "overhead_vs_plain": loop_s / plain_loop_s,
+            "overhead_vs_plain_with_startup": fit_s / plain_loop_s}  # fmt: skip
+
+
+def _pipeline(run: Any, out: Path, miners: int, sequential_s: float) -> dict[str, Any]:
+    from raycl.recipes.gec import finetune
+    from raycl.recipes.gec_worker import read_history
+
+    cfg = _with(run.cfg, **{"mining.num_miners": miners, "mining.cpus_per_miner": 1.0})
+    t0 = time.perf_counter()
+    finetune(dataclasses.replace(run, cfg=cfg), cfg, out / f"pipe{miners}", name=f"pipe{miners}", in_tune=False)
+    fit_s = time.perf_counter() - t0
+    hist = read_history(out / f"pipe{miners}")
+    loop_s, first = _loop_time(hist), hist[0]
+    negatives = sum(float(h.get("stream/negatives", 0.0)) for h in hist)
+    wait = sum(float(h.get("timing/mine_wait", 0.0)) for h in hist)
+    wait_first = sum(float(h.get("timing/mine_wait_first", 0.0)) for h in hist)
+    return {
+        "miners": miners,
+        "mine_wait_fraction": (wait - wait_first) / max(loop_s - wait_first, 1e-9),
+        "mine_wait_fraction_incl_first_batch": wait / max(loop_s, 1e-9),
+        "first_batch_wait_s": float(first.get("timing/mine_wait_first", 0.0)),
+        "negatives_per_s": negatives / max(loop_s, 1e-9),
+        "train_loop_s": loop_s, "fit_s": fit_s, "speedup_vs_sequential": sequential_s / loop_s,
+        "max_fill": first.get("stream/max_fill"),
+        "staleness_max": max(h.get("stream/staleness_max", 0) for h in hist),
+    }  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--miners", default="1,2,4")
+    p.add_argument("--train", type=int, default=2000)
+    p.add_argument("--finetune", type=int, default=600)
+    p.add_argument("--pretrain-epochs", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--gpus-per-miner", type=float, default=0.0)
+    args = p.parse_args()
+    ms = [int(m) for m in args.miners.split(",")]
+    import ray
+
+    from raycl.distributed.runtime import init_ray
+    from raycl.recipes.gec import prepare
+
+    init_ray(num_cpus=2 + max(ms))
+    with tempfile.TemporaryDirectory(prefix="raycl-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        space = _space(tmp, args)
+        t0 = time.perf_counter()
+        run = prepare(space, tmp / "run")
+        print(f"[bench] base model ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        seq = _sequential(run, tmp)
+        ray1 = _ray_one_worker(run, tmp, seq["train_loop_s"])
+        pipes = {str(m): _pipeline(run, tmp, m, seq["total_s"]) for m in ms}
+    print(json.dumps({
+        "bench": "pipeline", "recipe": "gec_pd smoke", "finetune_sentences": args.finetune, "epochs": args.epochs,
+        "machine": {"cpus": os.cpu_count(), "gpus": ray.cluster_resources().get("GPU", 0),
+                    "logical_cpus": ray.cluster_resources().get("CPU")},
+        "sequential": seq, "ray_one_worker": ray1, "pipeline": pipes,
+    }, indent=2 if args.json else None))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

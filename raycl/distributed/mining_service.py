@@ -1,0 +1,70 @@
+"""A run's mining side: the weight store, the negative stream and the miner pool, started and stopped together.
+
+In a Tune trial the miners go into the trial's own placement group (bundle 0 is the trial driver, bundles
+1…M the miners), so they are reserved with the trial and die with it; outside Tune they take plain resources.
+The store and the stream reserve no CPU and sit with the driver that owns them (fate-shared with it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.tune.execution.placement_groups import PlacementGroupFactory
+from ray.util.placement_group import get_current_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from raycl.config import MiningSection
+from raycl.distributed.miner_pool import MinerFactory, MinerPool
+from raycl.distributed.stream import StreamItem, start_stream
+from raycl.distributed.weights import start_weight_store
+
+
+def trial_resources(driver_cpus: float, mining: MiningSection | None) -> PlacementGroupFactory:
+    """One placement group per trial: the driver's bundle, then one bundle per miner (none without mining)."""
+    miners = [] if mining is None else [
+        {"CPU": mining.cpus_per_miner, **({"GPU": mining.gpus_per_miner} if mining.gpus_per_miner else {}),
+         **mining.resources}
+        for _ in range(mining.num_miners)
+    ]  # fmt: skip
+    return PlacementGroupFactory([{"CPU": driver_cpus}, *miners])
+
+
+@dataclass
+class MiningService:
+    store: Any  # WeightStore actor
+    stream: Any  # NegativeStream actor
+    pool: MinerPool
+
+    @classmethod
+    def start(cls, factory: MinerFactory, mining: MiningSection, *, world_size: int, seed: int) -> MiningService:
+        pg = get_current_placement_group()
+        near_driver: dict[str, Any] = {}
+        if pg is not None:
+            near_driver["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, 0)
+        store = start_weight_store(**near_driver)
+        stream = start_stream(world_size=world_size, capacity=mining.queue_size, task_size=mining.task_size,
+                              lease_s=mining.lease_s, seed=seed, **near_driver)  # fmt: skip
+        pool = MinerPool.from_config(factory, mining, weight_store=store, placement_group=pg, first_bundle=1,
+                                     resources=mining.resources or None)
+        pool.start(stream)
+        return cls(store, stream, pool)
+
+    def negatives(self) -> list[StreamItem]:
+        """The newest mined item of every example (what the trainers were given)."""
+        return list(ray.get(self.stream.cached.remote()))
+
+    def stats(self) -> dict[str, Any]:
+        return dict(ray.get(self.stream.stats.remote()))
+
+    def close(self) -> None:
+        """Stop the miners' loops, then the actors (the store last: miners may still pull from it)."""
+        ray.get(self.stream.close.remote())
+        try:
+            self.pool.join(timeout=30)
+        except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+            pass
+        self.pool.shutdown()
+        ray.kill(self.stream)
+        ray.kill(self.store)

@@ -1,0 +1,104 @@
+"""Where a training epoch's batches and their negatives come from.
+
+:class:`StaticFeed`: negatives known before training (pre-mined Parquet, or none: pretraining, NLL), in a
+seeded shuffle. :class:`StreamFeed`: negatives mined *while* training, pulled from the negative stream, so
+fine-tuning starts as soon as the first task is mined (DESIGN.md "The pipeline"). Both yield
+``(examples, negatives)`` batches and the same number of batches on every data-parallel rank.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import torch
+
+from raycl.data.gec import GecExample
+
+Batch = tuple[list[GecExample], list[list[str]]]
+
+
+def shard(examples: Sequence[GecExample], rank: int, world_size: int) -> list[GecExample]:
+    """Every ``world_size``-th example, padded by wrap-around so every rank has as many (DistributedSampler):
+    ranks must take the same number of steps, or the gradient all-reduce waits forever. Padding copies get
+    their own id (``#pad``), so every id of an epoch is unique across ranks."""
+    per_rank = math.ceil(len(examples) / world_size)
+    pad = [replace(ex, id=f"{ex.id}#pad") for ex in examples[: per_rank * world_size - len(examples)]]
+    return [*examples, *pad][rank::world_size]
+
+
+class Feed(Protocol):
+    def batches(self, epoch: int, model: torch.nn.Module) -> Iterator[Batch]: ...
+    def after_step(self, step: int, model: torch.nn.Module) -> None: ...
+    def metrics(self) -> dict[str, float]: ...
+    def state(self) -> dict[str, Any]: ...
+    def resume(self, state: dict[str, Any], model: torch.nn.Module) -> None: ...
+
+
+@dataclass
+class StaticFeed:
+    examples: list[GecExample]  # this rank's shard
+    negatives: dict[str, list[str]]
+    batch_size: int
+    seed: int
+
+    def batches(self, epoch: int, model: torch.nn.Module) -> Iterator[Batch]:
+        order = list(range(len(self.examples)))
+        random.Random(self.seed * 1000 + epoch).shuffle(order)
+        for start in range(0, len(order), self.batch_size):
+            chunk = [self.examples[i] for i in order[start : start + self.batch_size]]
+            yield chunk, [self.negatives.get(_base_id(ex.id), []) for ex in chunk]
+
+    def after_step(self, step: int, model: torch.nn.Module) -> None:
+        pass
+
+    def metrics(self) -> dict[str, float]:
+        return {"timing/mine_wait": 0.0, "timing/mine_wait_first": 0.0}
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def resume(self, state: dict[str, Any], model: torch.nn.Module) -> None:
+        pass
+
+
+class StreamFeed:
+    """Negatives from the miner pool. ``sync_every`` steps move the weight version on (rank 0 publishes);
+    ``refresh_every`` epochs publish before the epoch, so everything is mined again with newer weights."""
+
+    def __init__(self, consumer: Any, shards: list[list[GecExample]], *, batch_size: int, sync_every: int,
+                 refresh_every: int) -> None:  # fmt: skip
+        self.consumer, self.shards, self.batch_size = consumer, shards, batch_size
+        self.sync_every, self.refresh_every = sync_every, refresh_every
+        self.by_id = {ex.id: ex for ex in shards[consumer.rank]}
+
+    def batches(self, epoch: int, model: torch.nn.Module) -> Iterator[Batch]:
+        if epoch > 0 and self.refresh_every > 0 and epoch % self.refresh_every == 0:
+            self.consumer.publish(model)
+        self.consumer.start_epoch(epoch, self.shards)
+        while items := self.consumer.take(self.batch_size, epoch=epoch):
+            yield [self.by_id[it.id] for it in items], [list(it.negatives) for it in items]
+
+    def after_step(self, step: int, model: torch.nn.Module) -> None:
+        if self.sync_every > 0 and step % self.sync_every == 0:
+            self.consumer.publish(model)
+
+    def metrics(self) -> dict[str, float]:
+        out = {**self.consumer.stats.metrics(), "stream/version": float(self.consumer.version)}
+        return {**out, **self.consumer.buffer()} if self.consumer.rank == 0 else out
+
+    def state(self) -> dict[str, Any]:
+        return {"version": self.consumer.version}
+
+    def resume(self, state: dict[str, Any], model: torch.nn.Module) -> None:
+        """The checkpoint is the truth: restored weights go out under a new version (miners may hold weights
+        the checkpoint never saw); the interrupted epoch is delivered again from its start."""
+        self.consumer.version = int(state.get("version", 0))
+        self.consumer.publish(model, after=self.consumer.store_version())
+
+
+def _base_id(id_: str) -> str:
+    return id_.removesuffix("#pad")
