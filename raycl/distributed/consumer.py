@@ -15,6 +15,7 @@ from typing import Any
 
 import ray
 import torch
+import torch.distributed as dist
 
 from raycl.distributed.weights import publish_weights
 
@@ -87,8 +88,12 @@ class StreamConsumer:
             publish_weights(self.store, self.version, model.state_dict())
 
     def store_version(self) -> int:
-        """The newest version the store holds (a dead run may have published past our checkpoint)."""
-        return int(ray.get(self.store.version.remote()))
+        """The newest version the store holds (a dead run may have published past our checkpoint). Rank 0 asks
+        and tells the others, so every rank counts from the same number even if rank 0 publishes meanwhile."""
+        value = [int(ray.get(self.store.version.remote())) if self.rank == 0 else 0]
+        if self.world_size > 1 and dist.is_available() and dist.is_initialized():
+            dist.broadcast_object_list(value, src=0)
+        return value[0]
 
     def buffer(self) -> dict[str, float]:
         s = ray.get(self.stream.stats.remote())
