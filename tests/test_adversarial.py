@@ -6,7 +6,6 @@ the embedding matrix, with the global Frobenius norm computed in a plain Python 
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
