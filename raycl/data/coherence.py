@@ -1,0 +1,348 @@
+"""Coherence data (Jwalapuram, Joty, Lin, ACL 2022; SPEC §2): documents, permuted sets, pairs files.
+
+* Documents: a text file with one sentence per line and a blank line between documents (ids
+  ``"<stem>:<n>"``, n from 0), or JSONL with ``{"id": str, "sentences": [str, ...]}`` per line.
+* Permuted sets (paper §2.1): an original document (or a 10-sentence block of one) is the positive, its
+  sentence permutations the negatives. See :func:`build_permuted_set` for what ``copies`` means.
+* Pairs files in the coherence repo's format: a pickled ``list`` of dicts, ``{"pos", "neg", "doc_id",
+  "filename", "reference_file"}`` (test sets, one negative) or ``{"pos", "negs": [[...], ...]}`` (training).
+  Pickles are read through an unpickler that refuses every global lookup, so a crafted file cannot run code.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import pickle
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from raycl.data.m2 import iter_lines
+from raycl.errors import UserError, at
+
+PICKLE_SUFFIXES = (".pkl", ".pickle")
+_ENUMERATE_UP_TO = 5040  # 7!: listing every ordering is cheaper than rejection sampling near the cap
+
+
+@dataclass(frozen=True)
+class Document:
+    """A coherent document: its sentences in the original order."""
+
+    id: str
+    sentences: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class CoherenceItem:
+    """A coherent document and candidate incoherent versions of it (eval pairs have exactly one)."""
+
+    id: str
+    pos: tuple[str, ...]
+    negs: tuple[tuple[str, ...], ...]
+
+
+# ---------------------------------------------------------------- documents
+
+
+def _check_sentence(where: str, sentence: object) -> str:
+    if not isinstance(sentence, str):
+        raise UserError(f"{where}: sentence is {type(sentence).__name__}, expected a string")
+    for bad, name in (("\n", "a newline"), ("\r", "a carriage return"), ("\0", "a NUL byte")):
+        if bad in sentence:
+            raise UserError(f"{where}: sentence contains {name}, expected one line of text per sentence")
+    if not sentence.strip():
+        raise UserError(f"{where}: empty sentence, expected text")
+    return sentence
+
+
+def _document_from_json(path: Path, lineno: int, line: str) -> Document:
+    where = at(path, lineno)
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise UserError(f"{where}: invalid JSON ({err.msg}), expected one object per line") from None
+    if not isinstance(obj, dict) or "id" not in obj or "sentences" not in obj:
+        raise UserError(f'{where}: expected an object with keys "id" and "sentences"')
+    if not isinstance(obj["id"], str):
+        raise UserError(f'{where}: "id" is {type(obj["id"]).__name__}, expected a string')
+    sentences = obj["sentences"]
+    if not isinstance(sentences, list) or not sentences:
+        raise UserError(f'{where}: "sentences" must be a non-empty list of strings')
+    return Document(obj["id"], tuple(_check_sentence(where, s) for s in sentences))
+
+
+def _read_text_documents(path: Path) -> list[Document]:
+    docs: list[Document] = []
+    current: list[str] = []
+    for _, line in itertools.chain(iter_lines(path), [(0, "")]):  # the sentinel closes the last document
+        if line.strip():
+            current.append(line.strip())
+        elif current:
+            docs.append(Document(f"{path.stem}:{len(docs)}", tuple(current)))
+            current = []
+    return docs
+
+
+def read_documents(path: str | Path) -> list[Document]:
+    """All documents of a text (one sentence per line, blank line between documents) or ``.jsonl`` file.
+
+    Strict: undecodable bytes, NUL bytes, bad JSON, missing keys, non-string or multi-line sentences,
+    duplicate JSONL ids and empty files raise a :class:`UserError` starting with ``file:line``.
+    """
+    path = Path(path)
+    if path.suffix != ".jsonl":
+        docs = _read_text_documents(path)
+    else:
+        docs, seen = [], set()
+        for lineno, line in iter_lines(path):
+            if line.strip():
+                doc = _document_from_json(path, lineno, line)
+                if doc.id in seen:
+                    raise UserError(f"{at(path, lineno)}: duplicate id {doc.id!r}, expected unique ids")
+                seen.add(doc.id)
+                docs.append(doc)
+    if not docs:
+        raise UserError(f"{at(path)}: empty file, expected documents (one sentence per line)")
+    return docs
+
+
+def write_documents(documents: Iterable[Document], path: str | Path) -> None:
+    """Write documents atomically: JSONL for a ``.jsonl`` path (ids kept), else the text format."""
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        text = "".join(json.dumps({"id": d.id, "sentences": list(d.sentences)}) + "\n" for d in documents)
+    else:
+        text = "".join("".join(s + "\n" for s in d.sentences) + "\n" for d in documents)
+    _atomic_write(path, text.encode("utf-8"))
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------- permuted sets
+
+
+def sample_permutations(n: int, count: int, *, rng: random.Random) -> list[tuple[int, ...]]:
+    """``count`` distinct permutations of ``range(n)``, never the identity, at most ``n! - 1`` of them.
+
+    Enumerates all orderings when there are few of them (or ``count`` is close to the cap), else rejection-
+    samples with ``rng.shuffle``. Deterministic given the state of ``rng``.
+    """
+    identity = tuple(range(n))
+    total = math.factorial(n) - 1
+    count = min(count, total)
+    if count <= 0:
+        return []
+    if total + 1 <= max(_ENUMERATE_UP_TO, 2 * count):
+        candidates = [p for p in itertools.permutations(identity) if p != identity]
+        return rng.sample(candidates, count)
+    seen: set[tuple[int, ...]] = {identity}
+    out: list[tuple[int, ...]] = []
+    order = list(identity)
+    while len(out) < count:
+        rng.shuffle(order)
+        perm = tuple(order)
+        if perm not in seen:
+            seen.add(perm)
+            out.append(perm)
+    return out
+
+
+def split_blocks(sentences: Sequence[str], *, block_size: int = 10, split_over: int = 20) -> list[tuple[str, ...]]:
+    """The document whole, or (``split_over``+ sentences) its consecutive blocks of ``block_size``."""
+    if len(sentences) < split_over:
+        return [tuple(sentences)]
+    return [tuple(sentences[i : i + block_size]) for i in range(0, len(sentences), block_size)]
+
+
+def build_permuted_set(
+    documents: Iterable[Document],
+    *,
+    num_negs: int,
+    copies: int,
+    seed: int,
+    min_sentences: int = 4,
+    block_size: int = 10,
+    split_over: int = 20,
+) -> list[CoherenceItem]:
+    """The paper's permuted-document set (§2.1 and footnote 1), one item per (block, copy).
+
+    Documents with ``split_over`` (20)+ sentences are cut into blocks of ``block_size`` (10); every block
+    (or whole document) with fewer than ``min_sentences`` (4) sentences is dropped. ``copies`` is how many
+    times each positive is repeated (20 in the WSJ data: the pairwise set pairs each document with 20
+    permutations). Each block gets ``copies * num_negs`` *distinct* non-identity permutations, divided
+    among its copies, so no negative repeats across an item's copies (the paper's 5 negatives x 20 copies =
+    100 unique permutations). When a block has fewer orderings than that (4 sentences: 23), the copies
+    that fit are full and the last one holds the remainder; blocks whose permutations all read the same as
+    the original (repeated sentences) give no item. Ids: ``"<doc id>#<block>/<copy>"``. Deterministic: each
+    block draws from its own ``Random`` seeded with ``seed`` and its id, so adding documents changes nothing
+    for the others.
+    """
+    if num_negs < 1 or copies < 1:
+        raise ValueError(f"num_negs and copies must be >= 1, got {num_negs} and {copies}")
+    items: list[CoherenceItem] = []
+    for doc in documents:
+        for b, block in enumerate(split_blocks(doc.sentences, block_size=block_size, split_over=split_over)):
+            if len(block) < min_sentences:
+                continue
+            rng = random.Random(f"{seed}:{doc.id}#{b}")
+            perms = sample_permutations(len(block), num_negs * copies, rng=rng)
+            texts = (tuple(block[i] for i in p) for p in perms)
+            # repeated sentences can make a permutation read like the original or like another one
+            negs = [t for t in dict.fromkeys(texts) if t != block]
+            for c in range(0, len(negs), num_negs):
+                items.append(CoherenceItem(f"{doc.id}#{b}/{c // num_negs}", block, tuple(negs[c : c + num_negs])))
+    return items
+
+
+# ---------------------------------------------------------------- pickles and pairs files
+
+
+class _NoGlobalsUnpickler(pickle.Unpickler):
+    """Builds only what pickle encodes without globals (list, dict, tuple, str, int, float, bool, None)."""
+
+    def __init__(self, file: IO[bytes], *, path: Path) -> None:
+        super().__init__(file)
+        self._path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise UserError(f"{at(self._path)}: pickle refers to '{module}.{name}'; only builtin containers and "
+                        "strings are allowed")
+
+
+def load_builtins_pickle(path: str | Path) -> Any:
+    """Unpickle ``path`` refusing every global lookup (``os.system``, ``builtins.eval``, classes, ...)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            return _NoGlobalsUnpickler(f, path=path).load()
+    except OSError as err:
+        raise UserError(f"{at(path)}: cannot read ({err.strerror or err})") from None
+    except (pickle.UnpicklingError, EOFError, ValueError, KeyError, IndexError, TypeError, OverflowError,
+            MemoryError) as err:
+        raise UserError(f"{at(path)}: not a valid pickle ({type(err).__name__}: {err})") from None
+
+
+def _is_pickle(path: Path) -> bool:
+    if path.suffix in PICKLE_SUFFIXES:
+        return True
+    if path.suffix in (".jsonl", ".json"):
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(1) == b"\x80"  # PROTO opcode: every pickle of protocol 2 or later starts with it
+    except OSError as err:
+        raise UserError(f"{at(path)}: cannot read ({err.strerror or err})") from None
+
+
+def _sentences(where: str, key: str, value: object) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not value or not all(isinstance(s, str) for s in value):
+        raise UserError(f"{where}: {key!r} must be a non-empty list of sentences (strings)")
+    return tuple(value)
+
+
+def _item(where: str, raw: object, default_id: str) -> CoherenceItem:
+    if not isinstance(raw, dict) or "pos" not in raw or ("neg" not in raw and "negs" not in raw):
+        raise UserError(f"{where}: expected a dict with 'pos' and 'neg' (test) or 'negs' (training)")
+    pos = _sentences(where, "pos", raw["pos"])
+    if "negs" in raw:
+        if not isinstance(raw["negs"], list | tuple) or not raw["negs"]:
+            raise UserError(f"{where}: 'negs' must be a non-empty list of documents (lists of strings)")
+        negs = tuple(_sentences(f"{where}: negs[{j}]", "negs", n) for j, n in enumerate(raw["negs"]))
+    else:
+        negs = (_sentences(where, "neg", raw["neg"]),)
+    ident = raw.get("id", raw.get("doc_id", default_id))
+    return CoherenceItem(str(ident), pos, negs)
+
+
+def read_pairs(path: str | Path) -> list[CoherenceItem]:
+    """Items of a pairs file: a pickle (``.pkl``/``.pickle``, or any name starting with byte 0x80) or JSONL.
+
+    Both hold the repo's dicts (``pos`` plus ``neg`` or ``negs``); ``id`` or ``doc_id`` becomes the item
+    id (else ``"<stem>:<index>"``). Malformed items raise ``file: item N: ...`` (pickle, N from 0) or
+    ``file:line: ...`` (JSONL).
+    """
+    path = Path(path)
+    if _is_pickle(path):
+        data = load_builtins_pickle(path)
+        if not isinstance(data, list | tuple):
+            raise UserError(f"{at(path)}: pickle holds {type(data).__name__}, expected a list of dicts")
+        items = [_item(f"{at(path)}: item {i}", raw, f"{path.stem}:{i}") for i, raw in enumerate(data)]
+    elif path.suffix == ".jsonl":
+        items = []
+        for lineno, line in iter_lines(path):
+            if line.strip():
+                try:
+                    raw = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise UserError(f"{at(path, lineno)}: invalid JSON ({err.msg}), expected one object per "
+                                    "line") from None
+                items.append(_item(at(path, lineno), raw, f"{path.stem}:{len(items)}"))
+    else:
+        raise UserError(f"{at(path)}: not a pickle (no 0x80 protocol byte) and not .jsonl, expected a pairs "
+                        "file")
+    if not items:
+        raise UserError(f"{at(path)}: no pairs, expected a non-empty list")
+    return items
+
+
+def _pair_dict(item: CoherenceItem) -> dict[str, Any]:
+    source = item.id.split("#")[0]
+    if len(item.negs) == 1:  # the repo's test-set layout
+        return {"pos": list(item.pos), "neg": list(item.negs[0]), "doc_id": item.id, "filename": source,
+                "reference_file": source}
+    return {"pos": list(item.pos), "negs": [list(n) for n in item.negs], "doc_id": item.id}
+
+
+def write_pairs_pickle(items: Iterable[CoherenceItem], path: str | Path) -> None:
+    """Pickle (protocol 3, builtins only) atomically: test layout when an item has one negative, else training."""
+    _atomic_write(Path(path), pickle.dumps([_pair_dict(it) for it in items], protocol=3))
+
+
+def write_pairs_jsonl(items: Iterable[CoherenceItem], path: str | Path) -> None:
+    """The same dicts as :func:`write_pairs_pickle`, one JSON object per line, atomically."""
+    _atomic_write(Path(path), "".join(json.dumps(_pair_dict(it)) + "\n" for it in items).encode("utf-8"))
+
+
+def read_annotations(path: str | Path) -> list[list[str | None]]:
+    """LMvLM_Annotations: coders' label lists (pickle or ``.json``), all of one length, labels numeric strings.
+
+    Labels are ``'0'`` (``pos`` preferred) or ``'1'``; ``None`` is a missing judgement. Integer labels are
+    read as their string.
+    """
+    path = Path(path)
+    if _is_pickle(path):
+        data = load_builtins_pickle(path)
+    else:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise UserError(f"{at(path)}: cannot read as JSON ({err}), expected a list of label lists") from None
+    if not isinstance(data, list | tuple) or not data or not all(isinstance(c, list | tuple) for c in data):
+        raise UserError(f"{at(path)}: expected a non-empty list of coders' label lists")
+    coders = [[_label(path, i, j, v) for j, v in enumerate(c)] for i, c in enumerate(data)]
+    if len({len(c) for c in coders}) != 1:
+        raise UserError(f"{at(path)}: coders have {[len(c) for c in coders]} labels, expected equal lengths")
+    return coders
+
+
+def _label(path: Path, coder: int, unit: int, value: object) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if isinstance(value, str):
+        try:
+            if math.isfinite(float(value)):
+                return value
+        except ValueError:
+            pass
+    raise UserError(f"{at(path)}: coder {coder}: item {unit}: label {value!r}, expected '0', '1' or None")
