@@ -101,7 +101,7 @@ def test_momentum_loss_is_scale_free_cosine() -> None:
 def test_momentum_loss_empty_queue_is_zero() -> None:
     q = torch.randn(3, 4, requires_grad=True)
     per, loss = momentum_contrastive_loss(q, torch.randn(3, 4), torch.zeros(0, 4))
-    assert per.tolist() == [0.0, 0.0, 0.0] and float(loss) == 0.0
+    assert per.tolist() == [0.0, 0.0, 0.0] and loss.item() == 0.0
 
 
 def test_total_loss_weighting() -> None:
