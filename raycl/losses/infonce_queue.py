@@ -1,0 +1,80 @@
+"""InfoNCE with in-batch negatives and a queue of momentum keys (ZhichunRoad's MultipleNegativesRankingLoss_MoCo).
+
+ℓ_i = −log( e^{cos(h_i, h⁺_i)/τ} / (Σ_{j=1}^{B} e^{cos(h_i, h⁺_j)/τ} + Σ_{q=1}^{Q} e^{cos(h_i, k_q)/τ}) );
+L_con = (1/B) Σ_i ℓ_i.  The joint objective is L = L_mse + λ·L_con.
+
+References:
+    Xuange Cui, Wei Xiong, Songlin Wang. "ZhichunRoad at SemEval-2022 Task 2: Adversarial Training and
+    Contrastive Learning for Multiword Representations." SemEval 2022, §3.3, Eq. 4 (L_con) and Eq. 3
+    (L_joint). Kaiming He et al. "Momentum Contrast for Unsupervised Visual Representation Learning."
+    CVPR 2020 (the queue). SPEC §3.2 ("Contrastive + MoCo", "Joint training") and §4 (the joint loss).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from raycl.losses.mse_cosine import CITATION
+
+TEMPERATURE = 0.05  # τ; sentence-transformers' scale 20 = 1/τ
+LAMBDA = 0.15  # λ of the joint loss
+
+
+@dataclass(frozen=True)
+class InfoNCEOutput:
+    loss: Tensor  # () mean of per_example — backpropagate this
+    per_example: Tensor  # (B,) ℓ_i
+    logits: Tensor  # (B, B+Q) [cos(h_i, h⁺_j) ‖ cos(h_i, k_q)] / τ; the positive of row i is column i
+
+
+class InfoNCEQueueLoss(nn.Module):
+    """L_con = mean_i CE([cos(h_i, h⁺_j)]_j ‖ [cos(h_i, k_q)]_q) / τ, label i) — Cui et al. (2022) Eq. 4.
+
+    Args:
+        temperature: τ (0.05, i.e. the code's scale 20).
+
+    Inputs (``forward``):
+        h: (B, H) anchors h_i (SimCSE view 1: mean-pooled encoder output, cross-attention bypassed).
+        h_pos: (B, H) positives h⁺_i (view 2: the same sentences, another dropout mask); h⁺_j, j ≠ i, are
+            the in-batch negatives.
+        queue: (Q, H) key embeddings k_q from the momentum encoder, negatives only; Q = 0 or ``None`` allowed.
+            It is detached here: keys never carry gradient.
+
+    Relations: the queue only adds columns to the softmax's denominator; it supplies no positives. The caller
+    enqueues this step's keys *after* computing the loss (SPEC §3.2), so a key never meets its own anchor.
+
+    Degenerate case: Q = 0 is sentence-transformers' MultipleNegativesRankingLoss (in-batch InfoNCE, SimCSE).
+
+    Example::
+
+        out = InfoNCEQueueLoss()(model.embed(ids, mask), model.embed(ids, mask), moco.queued())
+        moco.enqueue(moco.keys(ids, mask))
+    """
+
+    citation = CITATION
+
+    def __init__(self, *, temperature: float = TEMPERATURE) -> None:
+        super().__init__()
+        if temperature <= 0:
+            raise ValueError(f"temperature τ must be > 0, got {temperature}")
+        self.temperature = temperature
+
+    def forward(self, h: Tensor, h_pos: Tensor, queue: Tensor | None = None) -> InfoNCEOutput:
+        h_n, pos_n = F.normalize(h, dim=-1), F.normalize(h_pos, dim=-1)  # (B, H), (B, H)
+        columns = pos_n
+        if queue is not None and queue.size(0) > 0:
+            keys = F.normalize(queue.detach().to(h_n.dtype), dim=-1)  # (Q, H)
+            columns = torch.cat([pos_n, keys], dim=0)  # (B+Q, H)
+        logits = h_n @ columns.t() / self.temperature  # (B, B+Q)
+        labels = torch.arange(h.size(0), device=h.device)  # (B,) the positive of row i is column i
+        per_example = F.cross_entropy(logits, labels, reduction="none")  # (B,)
+        return InfoNCEOutput(loss=per_example.mean(), per_example=per_example, logits=logits)
+
+
+def joint_loss(l_mse: Tensor, l_con: Tensor, *, lam: float = LAMBDA) -> Tensor:
+    """L_joint = L_mse + λ·L_con — Cui et al. (2022) Eq. 3, raycl's default (SPEC §4; ``loss.joint=sum``)."""
+    return l_mse + lam * l_con

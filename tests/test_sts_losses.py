@@ -1,0 +1,101 @@
+"""Subtask B losses (SPEC §3.2) against naive per-example loops: MSE-cosine, InfoNCE + queue, the joint sum."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from raycl.losses.infonce_queue import LAMBDA, InfoNCEQueueLoss, joint_loss
+from raycl.losses.mse_cosine import MSECosineLoss
+
+
+def _cos(x: list[float], y: list[float]) -> float:
+    dot = sum(a * b for a, b in zip(x, y, strict=True))
+    return dot / (math.sqrt(sum(a * a for a in x)) * math.sqrt(sum(b * b for b in y)))
+
+
+def _naive_mse_cosine(u: torch.Tensor, v: torch.Tensor, labels: torch.Tensor) -> list[float]:
+    return [(_cos(a, b) - y) ** 2 for a, b, y in zip(u.tolist(), v.tolist(), labels.tolist(), strict=True)]
+
+
+def _naive_infonce(h: torch.Tensor, h_pos: torch.Tensor, queue: torch.Tensor, tau: float) -> list[float]:
+    """ℓ_i = −log(e^{s_ii} / (Σ_j e^{s_ij} + Σ_q e^{s_iq})), Cui et al. (2022) Eq. 4, one anchor at a time."""
+    losses = []
+    for i, anchor in enumerate(h.tolist()):
+        positive = math.exp(_cos(anchor, h_pos[i].tolist()) / tau)
+        in_batch = sum(math.exp(_cos(anchor, p) / tau) for p in h_pos.tolist())
+        queued = sum(math.exp(_cos(anchor, k) / tau) for k in queue.tolist())
+        losses.append(-math.log(positive / (in_batch + queued)))
+    return losses
+
+
+def _rand(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def test_mse_cosine_matches_naive_loop() -> None:
+    u, v = _rand(5, 7, seed=0), _rand(5, 7, seed=1)
+    v[2] = 3.0 * u[2]  # cos = 1 exactly: ℓ = (1 − y)²
+    labels = torch.tensor([0.0, 0.2, 0.4, 0.8, 1.0], dtype=torch.float64)  # STS scores / 5
+    out = MSECosineLoss()(u, v, labels)
+    expected = _naive_mse_cosine(u, v, labels)
+    torch.testing.assert_close(out.per_example, torch.tensor(expected, dtype=torch.float64))
+    assert out.loss.item() == pytest.approx(sum(expected) / len(expected), rel=1e-12)
+    assert out.per_example[2].item() == pytest.approx((1 - 0.4) ** 2, rel=1e-12)
+
+
+def test_mse_cosine_gradient_flows_to_both_sides() -> None:
+    u, v = _rand(3, 4, seed=2).requires_grad_(), _rand(3, 4, seed=3).requires_grad_()
+    MSECosineLoss()(u, v, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).loss.backward()
+    assert u.grad is not None and v.grad is not None
+    assert u.grad.abs().sum() > 0 and v.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("tau", [0.05, 0.5])
+def test_infonce_with_queue_matches_naive_loop(tau: float) -> None:
+    h, h_pos, queue = _rand(4, 6, seed=4), _rand(4, 6, seed=5), _rand(7, 6, seed=6)
+    queue[0] = 10.0 * h[1]  # a queued key that is very close to an anchor: large denominator term
+    out = InfoNCEQueueLoss(temperature=tau)(h, h_pos, queue)
+    expected = _naive_infonce(h, h_pos, queue, tau)
+    torch.testing.assert_close(out.per_example, torch.tensor(expected, dtype=torch.float64))
+    assert out.loss.item() == pytest.approx(sum(expected) / len(expected), rel=1e-12)
+    assert out.logits.shape == (4, 4 + 7)
+
+
+def test_empty_queue_is_in_batch_infonce() -> None:
+    h, h_pos = _rand(5, 3, seed=7), _rand(5, 3, seed=8)
+    expected = torch.tensor(_naive_infonce(h, h_pos, torch.empty(0, 3), 0.05), dtype=torch.float64)
+    for queue in (None, torch.empty(0, 3, dtype=torch.float64)):
+        out = InfoNCEQueueLoss()(h, h_pos, queue)
+        torch.testing.assert_close(out.per_example, expected)
+        assert out.logits.shape == (5, 5)
+
+
+def test_queue_only_adds_negatives() -> None:
+    """Keys enlarge the denominator only: every ℓ_i grows, and the queue itself never gets a gradient."""
+    h, h_pos = _rand(3, 4, seed=9).requires_grad_(), _rand(3, 4, seed=10)
+    queue = _rand(6, 4, seed=11).requires_grad_()
+    with_queue = InfoNCEQueueLoss()(h, h_pos, queue)
+    without = InfoNCEQueueLoss()(h, h_pos)
+    assert bool((with_queue.per_example > without.per_example).all())
+    with_queue.loss.backward()
+    assert h.grad is not None and queue.grad is None
+
+
+def test_joint_loss_is_mse_plus_lambda_con() -> None:
+    u, v, h, h_pos = (_rand(3, 5, seed=s) for s in (12, 13, 14, 15))
+    labels = torch.tensor([0.3, 0.6, 0.9], dtype=torch.float64)
+    l_mse = MSECosineLoss()(u, v, labels).loss
+    queue = _rand(2, 5, seed=16)
+    l_con = InfoNCEQueueLoss()(h, h_pos, queue).loss
+    naive = sum(_naive_mse_cosine(u, v, labels)) / 3 + 0.15 * sum(_naive_infonce(h, h_pos, queue, 0.05)) / 3
+    assert LAMBDA == 0.15
+    assert joint_loss(l_mse, l_con).item() == pytest.approx(naive, rel=1e-12)
+    assert joint_loss(l_mse, l_con, lam=0.0).item() == pytest.approx(l_mse.item(), rel=1e-12)
+
+
+def test_bad_temperature_is_refused() -> None:
+    with pytest.raises(ValueError, match="temperature"):
+        InfoNCEQueueLoss(temperature=0.0)
