@@ -194,6 +194,6 @@ def test_momentum_update_matches_elementwise_formula() -> None:
     for i in range(old_t.size(0)):
         for j in range(old_t.size(1)):
             expected = m * float(old_t[i, j]) + (1 - m) * float(src[i, j])
-            assert float(target[0].weight[i, j]) == pytest.approx(expected, abs=1e-6)
+            assert target[0].weight[i, j].item() == pytest.approx(expected, abs=1e-6)
     assert torch.equal(target[1].running_mean, source[1].running_mean)  # buffers copied, not averaged
     assert not any(p.grad is not None for p in target.parameters())
