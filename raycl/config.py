@@ -31,6 +31,7 @@ class ScalingSection:
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
     resources: dict[str, float] = field(default_factory=dict)  # custom resources per worker, e.g. {trainer: 1}
+    max_failures: int = 2  # worker-group restarts from the last checkpoint (Ray Train FailureConfig); -1 = forever
 
 
 @dataclass
@@ -469,6 +470,8 @@ def validate(config: Any, *, where: str) -> None:
 def _validate_common(c: Any, where: str) -> None:
     _require(c.scaling.num_workers >= 0, where, "scaling.num_workers", "an integer ≥ 0", c.scaling.num_workers)
     _require(c.scaling.cpus_per_worker > 0, where, "scaling.cpus_per_worker", "> 0", c.scaling.cpus_per_worker)
+    _require(c.scaling.max_failures >= -1, where, "scaling.max_failures", "an integer ≥ -1 (-1: retry forever)",
+             c.scaling.max_failures)
     _require(c.tune.scheduler in ("fifo", "asha"), where, "tune.scheduler", "fifo or asha", c.tune.scheduler)
     _require(c.tune.mode in ("max", "min"), where, "tune.mode", "max or min", c.tune.mode)
     _require(c.tune.num_samples >= 1, where, "tune.num_samples", "an integer ≥ 1", c.tune.num_samples)

@@ -21,3 +21,13 @@ def ray_local():
     init_ray(num_cpus=2)
     yield ray
     ray.shutdown()
+
+
+# The GEC recipe at its smallest: a 1+1-layer BART of width 32 and a few dozen built-in sentences.
+GEC_TINY = [
+    "data.builtin.n_train=120", "data.builtin.n_finetune=40", "data.builtin.n_dev=16", "data.builtin.n_test=16",
+    "model.overrides={d_model: 32, encoder_layers: 1, decoder_layers: 1, encoder_ffn_dim: 64, "
+    "decoder_ffn_dim: 64}",
+    "model.vocab_size=300", "pretrain.epochs=1", "optim.epochs=1", "optim.batch_size=16", "eval.max_new_tokens=24",
+    "mining.beam=4", "mining.k=2", "mining.cpus_per_miner=0.25", "mining.task_size=8", "mining.queue_size=32",
+]  # fmt: skip

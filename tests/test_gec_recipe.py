@@ -9,18 +9,13 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+from conftest import GEC_TINY
 
 from raycl.config import load_space
 from raycl.data.m2 import read_m2
 from raycl.recipes import gec
 
-TINY = [
-    "data.builtin.n_train=120", "data.builtin.n_finetune=40", "data.builtin.n_dev=16", "data.builtin.n_test=16",
-    "model.overrides={d_model: 32, encoder_layers: 1, decoder_layers: 1, encoder_ffn_dim: 64, "
-    "decoder_ffn_dim: 64}",
-    "model.vocab_size=300", "pretrain.epochs=1", "optim.epochs=1", "optim.batch_size=16", "eval.max_new_tokens=24",
-    "mining.beam=4", "mining.k=2", "mining.cpus_per_miner=0.25", "mining.task_size=8", "mining.queue_size=32",
-]  # fmt: skip
+TINY = GEC_TINY
 
 
 def test_train_in_process_writes_every_output(ray_local, tmp_path: Path) -> None:

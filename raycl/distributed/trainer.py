@@ -20,14 +20,15 @@ def fit(
     name: str,
     storage_path: Path,
     in_tune: bool = False,
-    max_failures: int = 0,
     score_attribute: str | None = None,
     score_mode: str = "max",
 ) -> ray.train.Result:
     """Run ``train_fn`` on ``scaling.num_workers`` workers and return Ray's ``Result``.
 
-    Inside a Tune trial the documented Train-in-Tune pattern applies (RAY_NOTES 2.2): a stable run name per
-    trial (re-using it resumes that trial's run) and a ``TuneReportCallback`` forwarding rank 0's metrics.
+    A worker that dies restarts the worker group from the last reported checkpoint, up to
+    ``scaling.max_failures`` times. Inside a Tune trial the documented Train-in-Tune pattern applies
+    (RAY_NOTES 2.2): a stable run name per trial (re-using it resumes that trial's run) and a
+    ``TuneReportCallback`` forwarding rank 0's metrics.
     """
     callbacks: list[Any] = []
     if in_tune:
@@ -46,7 +47,7 @@ def fit(
         run_config=ray.train.RunConfig(
             name=name,
             storage_path=str(Path(storage_path).resolve()),
-            failure_config=ray.train.FailureConfig(max_failures=max_failures),
+            failure_config=ray.train.FailureConfig(max_failures=scaling.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(
                 num_to_keep=1,
                 checkpoint_score_attribute=score_attribute,

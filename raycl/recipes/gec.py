@@ -152,10 +152,12 @@ def mines_while_training(cfg: GecConfig) -> bool:
     return cfg.loss.trade_off > 0 and cfg.optim.epochs > 0 and not cfg.mining.negatives
 
 
-def finetune(run: GecRun, cfg: GecConfig, out_dir: Path, *, name: str, in_tune: bool) -> Any:
-    """Steps 2–3 for one point: miners mine D_F with the base model (version 0) while the trainers consume it."""
+def finetune(run: GecRun, cfg: GecConfig, out_dir: Path, *, name: str, in_tune: bool,
+             chaos: dict[str, Any] | None = None) -> Any:  # fmt: skip
+    """Steps 2–3 for one point: miners mine D_F with the base model (version 0) while the trainers consume it.
+    ``chaos``: a trainer crash switch for tests and benchmarks (``raycl.train.chaos``)."""
     loop_config: dict[str, Any] = {"config": to_dict(cfg), "phase": "finetune", "init_model": str(run.base_model),
-                                   "out_dir": str(out_dir)}  # fmt: skip
+                                   "out_dir": str(out_dir), "chaos": chaos}  # fmt: skip
     if not mines_while_training(cfg):
         return fit(train_worker, loop_config, scaling=cfg.scaling, name=name, storage_path=run.run_dir / "ray",
                    in_tune=in_tune)  # fmt: skip

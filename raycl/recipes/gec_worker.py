@@ -13,6 +13,7 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from raycl.evaluation.gec_metrics import evaluate_gec
 from raycl.losses.gec_margin import GecContrastiveLoss
 from raycl.miners.shards import read_negatives
 from raycl.models.seq2seq import Seq2SeqScorer
+from raycl.train.chaos import crash_switch
 from raycl.train.checkpoint import MODEL_DIR, load_training_state, save_training_state, seed_everything
 from raycl.train.data_parallel import backward_global
 from raycl.train.feeds import Feed, StaticFeed, StreamFeed, shard
@@ -95,9 +97,10 @@ def train_worker(loop_config: dict[str, Any]) -> None:
         _report(cfg, scorer, optimizer, scheduler, progress, refs, {}, rank, out_dir, last=True)
         return
     bar = ProgressWriter(out_dir, total=steps_per_epoch * phase.epochs) if rank == 0 else None
+    on_step = crash_switch(loop_config.get("chaos"), rank=rank)
     for epoch in range(progress["epoch"], phase.epochs):
         stats = _train_epoch(cfg, scorer, optimizer, scheduler, loss_fn, feed, epoch, bar=bar,
-                             step0=progress["step"])  # fmt: skip
+                             step0=progress["step"], on_step=on_step)  # fmt: skip
         progress = {"epoch": epoch + 1, "step": progress["step"] + stats.pop("steps"), "feed": feed.state()}
         _report(cfg, scorer, optimizer, scheduler, progress, refs, stats, rank, out_dir,
                 last=epoch + 1 == phase.epochs)  # fmt: skip
@@ -134,6 +137,7 @@ def _references(cfg: GecConfig) -> dict[str, dict[str, Any]]:
 def _train_epoch(
     cfg: GecConfig, scorer: Seq2SeqScorer, optimizer: torch.optim.Optimizer, scheduler: Any,
     loss_fn: GecContrastiveLoss, feed: Feed, epoch: int, *, bar: ProgressWriter | None, step0: int,
+    on_step: Callable[[int], None] = lambda step: None,
 ) -> dict[str, float]:
     """One pass over this rank's batches; time spent waiting for negatives is the feed's, not the step's."""
     scorer.train()
@@ -153,6 +157,7 @@ def _train_epoch(
         step_time += time.perf_counter() - t0
         steps += 1
         feed.after_step(step0 + steps, scorer)
+        on_step(step0 + steps)
         if bar is not None:
             bar.update(step0 + steps, epoch=epoch + 1, loss=out.loss.item())
         for key, value in (("loss", out.loss.item() * local_tokens), ("ce", out.ce.item()),

@@ -94,10 +94,14 @@ class StreamFeed:
         return {"version": self.consumer.version}
 
     def resume(self, state: dict[str, Any], model: torch.nn.Module) -> None:
-        """The checkpoint is the truth: restored weights go out under a new version (miners may hold weights
-        the checkpoint never saw); the interrupted epoch is delivered again from its start."""
+        """The checkpoint is the truth. If the dead run published past the checkpoint's version, miners may hold
+        weights the checkpoint never saw: the restored ones go out under a newer version (and ``max_staleness``
+        refuses what those mined). Otherwise the miners' weights are the checkpoint's (the paper's GEC schedule:
+        version 0 throughout). The interrupted epoch is delivered again from its start."""
         self.consumer.version = int(state.get("version", 0))
-        self.consumer.publish(model, after=self.consumer.store_version())
+        newest = self.consumer.store_version()
+        if newest > self.consumer.version:
+            self.consumer.publish(model, after=newest)
 
 
 def _base_id(id_: str) -> str:
