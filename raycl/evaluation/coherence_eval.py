@@ -38,10 +38,10 @@ def add_coherence_parser(sub: Any) -> None:
 
 
 def _check_args(args: argparse.Namespace) -> None:
-    if args.model is None and args.annotations is None:
-        raise UserError("--model: missing, expected --model DIR with --pairs FILE (and/or --annotations FILE)")
     if args.model is None and args.pairs:
         raise UserError("--pairs: scoring pairs needs --model DIR")
+    if args.model is None and args.annotations is None:
+        raise UserError("--model: missing, expected --model DIR with --pairs FILE (and/or --annotations FILE)")
     if args.model is not None and not args.pairs:
         raise UserError("--pairs: missing, expected at least one pairs file to score with --model")
     if args.model is not None and args.annotations is not None and len(args.pairs) != 1:
