@@ -106,8 +106,8 @@ def stable_kl(logits: Tensor, target: Tensor, *, epsilon: float = 1e-6) -> Tenso
         () the summed loss. Degenerate case: logits = target gives 0 with zero gradient.
 
     References:
-        Jiang et al., "SMART", ACL 2020, Eq. 3 (the code's stand-in for the Bregman term); MT-DNN
-        ``mt_dnn/perturbation.py``; SPEC §3.1.
+        Jiang et al., "SMART", ACL 2020, §3 (the KL divergence of its regularisers); MT-DNN
+        ``mt_dnn/perturbation.py`` (``stable_kl``); SPEC §3.1.
     """
     dtype = torch.promote_types(logits.dtype, torch.float32)  # the code's .float(), without downcasting fp64
     logits = logits.reshape(-1, logits.size(-1)).to(dtype)  # (B, C)
