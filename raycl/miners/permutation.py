@@ -1,0 +1,96 @@
+"""Coherence hard negatives: rank an item's candidate permutations by the current model (SPEC §2.2, §4).
+
+For each item, score its first ``num_rank`` candidate negative documents (the pickle's ``negs``, permutations
+of ``pos``) with the scorer, in eval mode without gradients, sort them by f descending (highest = hardest,
+ties keep candidate order) and keep the top ``num_negs``. Items with fewer than ``num_negs`` candidates get no
+negatives; the trainer skips them, as the released code does. Scoring is batched across items.
+
+A negative document crosses process boundaries as one string: its sentences joined with "\\n"
+(``encode_doc`` / ``decode_doc``).
+
+References: Jwalapuram, Joty & Lin (ACL 2022) §3.4 and Algorithm 1 (hard negative mining; 50 ranked, top 5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from raycl.miners.base_miner import BaseMiner
+
+if TYPE_CHECKING:
+    from raycl.models.coherence import CoherenceScorer
+
+SENTENCE_SEP = "\n"
+
+
+class CoherenceItemLike(Protocol):
+    """What the miner reads of a ``raycl.data.coherence.CoherenceItem``: its id and candidate negatives."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def negs(self) -> Sequence[Sequence[str]]: ...
+
+
+@dataclass(frozen=True)
+class MinedPermutations:
+    """The hardest negatives of one item, hardest first (empty when the item had < num_negs candidates)."""
+
+    id: str
+    negatives: tuple[str, ...]  # (n,) n ∈ {0, num_negs}; each an encoded document (sentences joined by "\n")
+    scores: tuple[float, ...]  # (n,) f(x⁻) under the mining model, descending
+
+
+def encode_doc(sentences: Sequence[str]) -> str:
+    """One string for a document: its sentences joined with "\\n" (no sentence may contain one)."""
+    if any(SENTENCE_SEP in s for s in sentences):
+        raise ValueError("a sentence contains a newline; documents are encoded one sentence per line")
+    return SENTENCE_SEP.join(sentences)
+
+
+def decode_doc(text: str) -> tuple[str, ...]:
+    """The sentences of an ``encode_doc`` string."""
+    return tuple(text.split(SENTENCE_SEP))
+
+
+class PermutationMiner(BaseMiner[CoherenceItemLike, MinedPermutations]):
+    """Keeps the ``num_negs`` highest-scoring of each item's first ``num_rank`` candidate negatives.
+
+    Args:
+        scorer: the current main model (a ``CoherenceScorer``: anything with ``score_documents``).
+        num_rank: candidates ranked per item (paper: 50).
+        num_negs: negatives kept per item (paper: 5).
+        batch_size: documents per scoring batch (across items).
+
+    Returns (``mine``): one ``MinedPermutations`` per item, in order.
+    Degenerate case: num_rank = num_negs keeps every ranked candidate, only reordered by score.
+    """
+
+    def __init__(
+        self, scorer: CoherenceScorer, *, num_rank: int = 50, num_negs: int = 5, batch_size: int = 16
+    ) -> None:
+        super().__init__(scorer)
+        if num_negs < 1 or num_rank < num_negs:
+            raise ValueError(f"need 1 ≤ num_negs ≤ num_rank, got num_negs={num_negs}, num_rank={num_rank}")
+        self.scorer = scorer
+        self.num_rank, self.num_negs, self.batch_size = num_rank, num_negs, batch_size
+
+    def _mine(self, examples: Sequence[CoherenceItemLike]) -> list[MinedPermutations]:
+        pools = [list(item.negs[: self.num_rank]) if len(item.negs) >= self.num_negs else [] for item in examples]
+        flat = [doc for pool in pools for doc in pool]
+        scores = self.scorer.score_documents(flat, batch_size=self.batch_size).tolist() if flat else []  # (Σ n_i,)
+        results, start = [], 0
+        for item, pool in zip(examples, pools, strict=True):
+            item_scores = scores[start : start + len(pool)]
+            start += len(pool)
+            # sorted() is stable: tied candidates keep their order in the item
+            order = sorted(range(len(pool)), key=lambda j: -item_scores[j])[: self.num_negs]
+            results.append(MinedPermutations(
+                id=item.id,
+                negatives=tuple(encode_doc(pool[j]) for j in order),
+                scores=tuple(float(item_scores[j]) for j in order),
+            ))  # fmt: skip
+        return results

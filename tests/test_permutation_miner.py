@@ -1,0 +1,117 @@
+"""PermutationMiner (SPEC §2.2 hard negatives): ranking equals a naive per-candidate loop, top-N, ties, skips."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from raycl.miners.permutation import MinedPermutations, PermutationMiner, decode_doc, encode_doc
+from raycl.models.coherence import CoherenceScorer
+from raycl.models.coherence_presets import build_coherence_model
+
+
+@dataclass(frozen=True)
+class Item:
+    """The contract's ``CoherenceItem``: a coherent document and candidate negative documents."""
+
+    id: str
+    pos: tuple[str, ...]
+    negs: tuple[tuple[str, ...], ...]
+
+
+DOC = ("Anna bought a bike .", "It was red .", "She rode it to work .", "Her boss liked it .", "Then it rained .")
+
+
+def _permutations(doc: tuple[str, ...], n: int, skip: int = 0) -> tuple[tuple[str, ...], ...]:
+    perms = (p for p in itertools.permutations(doc) if p != doc)
+    return tuple(itertools.islice(perms, skip, skip + n))
+
+
+class FixedScorer(nn.Module):
+    """Scores a document by a lookup table; records each ``score_documents`` call."""
+
+    def __init__(self, table: dict[tuple[str, ...], float]) -> None:
+        super().__init__()
+        self.table, self.calls = table, list[tuple[int, bool, bool]]()
+        self.anchor = nn.Parameter(torch.zeros(1))  # BaseMiner toggles train/eval on a real module
+
+    def score_documents(self, docs: Sequence[Sequence[str]], *, batch_size: int = 16) -> torch.Tensor:
+        self.calls.append((len(docs), torch.is_grad_enabled(), self.training))
+        return torch.tensor([self.table[tuple(d)] for d in docs], dtype=torch.float64)
+
+
+Ranked = list[tuple[tuple[str, ...], float]]
+
+
+def _naive(scorer: CoherenceScorer | FixedScorer, item: Item, num_rank: int, num_negs: int) -> Ranked:
+    """Score every candidate alone, then pick the top num_negs by repeatedly taking the first maximum."""
+    if len(item.negs) < num_negs:
+        return []
+    pool = list(item.negs[:num_rank])
+    scores = [float(scorer.score_documents([doc])[0]) for doc in pool]
+    chosen: Ranked = []
+    while len(chosen) < num_negs:
+        best = 0
+        for j in range(1, len(pool)):
+            if scores[j] > scores[best]:
+                best = j
+        chosen.append((pool.pop(best), scores.pop(best)))
+    return chosen
+
+
+def test_encode_decode_doc_round_trip() -> None:
+    assert decode_doc(encode_doc(DOC)) == DOC
+    with pytest.raises(ValueError):
+        encode_doc(("one\ntwo",))
+
+
+def test_top_n_order_ties_and_skips() -> None:
+    negs = _permutations(DOC, 8)
+    values = [0.1, 0.9, 0.5, 0.9, -1.0, 0.5, 0.3, 2.0]  # ties at 0.9 (1, 3) and 0.5 (2, 5); 7 is beyond num_rank
+    scorer = FixedScorer(dict(zip(negs, values, strict=True)))
+    items = [Item("a", DOC, negs), Item("few", DOC, negs[:2]), Item("b", DOC, negs[2:7])]
+    mined = PermutationMiner(scorer, num_rank=7, num_negs=3, batch_size=4).mine(items)
+    assert [m.id for m in mined] == ["a", "few", "b"]
+    assert mined[0] == MinedPermutations("a", tuple(encode_doc(negs[j]) for j in (1, 3, 2)), (0.9, 0.9, 0.5))
+    assert mined[1] == MinedPermutations("few", (), ())  # < num_negs candidates: skipped, as the code does
+    assert [decode_doc(n) for n in mined[2].negatives] == [negs[3], negs[2], negs[5]]
+    # one scoring call across items, in eval mode without gradients; the skipped item is not scored
+    assert scorer.calls == [(7 + 5, False, False)]
+    for item, result in zip(items, mined, strict=True):
+        assert [(decode_doc(n), f) for n, f in zip(result.negatives, result.scores, strict=True)] == _naive(
+            scorer, item, 7, 3
+        )
+
+
+def test_scorer_mode_is_restored() -> None:
+    scorer = FixedScorer({n: 0.0 for n in _permutations(DOC, 5)})
+    scorer.train()
+    PermutationMiner(scorer, num_rank=5, num_negs=5).mine([Item("a", DOC, _permutations(DOC, 5))])
+    assert scorer.training
+
+
+@pytest.fixture(scope="module")
+def smoke_scorer(tmp_path_factory: pytest.TempPathFactory) -> CoherenceScorer:
+    folder: Path = build_coherence_model("smoke", tmp_path_factory.mktemp("miner"), texts=list(DOC) * 10)
+    return CoherenceScorer.from_pretrained(folder).double()
+
+
+def test_ranking_equals_naive_loop_with_real_scorer(smoke_scorer: CoherenceScorer) -> None:
+    items = [Item("x", DOC, _permutations(DOC, 9)), Item("y", DOC[:4], _permutations(DOC[:4], 7))]
+    mined = PermutationMiner(smoke_scorer, num_rank=6, num_negs=3, batch_size=4).mine(items)  # mixed batches
+    for item, result in zip(items, mined, strict=True):
+        naive = _naive(smoke_scorer, item, 6, 3)
+        assert [decode_doc(n) for n in result.negatives] == [doc for doc, _ in naive]
+        assert list(result.scores) == pytest.approx([f for _, f in naive], abs=1e-9)
+        assert list(result.scores) == sorted(result.scores, reverse=True)
+
+
+def test_rejects_bad_sizes() -> None:
+    with pytest.raises(ValueError):
+        PermutationMiner(FixedScorer({}), num_rank=3, num_negs=5)
