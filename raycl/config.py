@@ -61,49 +61,10 @@ class OptimSection:
 
 
 @dataclass
-class GecModelSection:
-    preset: str = "smoke"  # smoke | small | gec_pd | gec_bart (raycl.models.presets.PRESETS)
-    name: str | None = None  # HF name or local path for from_pretrained; replaces the preset's weights
-    checkpoint: str | None = None  # an already trained base model: skips step 1 of Algorithm 1
-    max_length: int = 64  # tokens, source and target
-    vocab_size: int = 0  # locally trained BPE size for config presets; 0 = the preset's
-    seed: int = 0  # random init of config presets
-    overrides: dict[str, Any] = field(default_factory=dict)  # BartConfig fields, e.g. dropout: 0.3
-
-
-@dataclass
-class BuiltinGecSection:
-    n_train: int = 6000
-    n_finetune: int = 1500
-    n_dev: int = 300
-    n_test: int = 300
-    seed: int = 1
-
-
-@dataclass
-class GecDataSection:
-    train: list[str] = field(default_factory=list)  # D_T file specs; empty = built-in corpus
-    finetune: list[str] = field(default_factory=list)  # D_F
-    dev: dict[str, list[str]] = field(default_factory=dict)  # name -> specs (M2), scored per annotator
-    test: dict[str, list[str]] = field(default_factory=dict)
-    annotator: int = 0  # whose edits make the training target (the paper uses annotator 0)
-    builtin: BuiltinGecSection = field(default_factory=BuiltinGecSection)
-
-
-@dataclass
-class GecLossSection:
-    trade_off: float = 0.5  # λ: (1-λ)·CE + λ·CL, as the released code (SPEC §1.2)
-    margin: float = 0.25  # γ
-    label_smoothing: float = 0.1  # on CE only
-    stack_negatives: bool = False  # one batched pass over all negatives instead of one pass per slot
-
-
-@dataclass
 class MiningSection:
-    k: int = 3
-    beam: int = 5  # beam ≥ k+1; one n-best serves every k ≤ beam-1 of a sweep
-    source_negative: bool = True  # CL (True) or CL⁻ (False)
-    batch_size: int = 64
+    """The miner pool and the negative stream (every mining recipe); recipes add their miner's own keys."""
+
+    batch_size: int = 64  # examples per miner forward (a beam-search call, a scoring batch)
     negatives: str | None = None  # pre-mined Parquet: train on it instead of mining
     num_miners: int = 1
     cpus_per_miner: float = 1.0
@@ -117,39 +78,6 @@ class MiningSection:
     lease_s: float = 60.0  # a task not returned within this many seconds is mined again by another miner
 
 
-@dataclass
-class GecPretrainSection:
-    """Step 1 of Algorithm 1: train the base model on D_T (skipped when ``model.checkpoint`` is set)."""
-
-    epochs: int = 6
-    lr: float = 1e-3
-    batch_size: int = 64
-    warmup_updates: int = 200
-    label_smoothing: float = 0.1
-
-
-@dataclass
-class GecEvalSection:
-    beam: int = 1  # test/dev decoding beam (GEC-BART: greedy; GEC-PD: 5)
-    batch_size: int = 64
-    max_new_tokens: int = 64
-
-
-@dataclass
-class GecConfig:
-    task: str = "gec"
-    model: GecModelSection = field(default_factory=GecModelSection)
-    data: GecDataSection = field(default_factory=GecDataSection)
-    pretrain: GecPretrainSection = field(default_factory=GecPretrainSection)
-    loss: GecLossSection = field(default_factory=GecLossSection)
-    mining: MiningSection = field(default_factory=MiningSection)
-    optim: OptimSection = field(default_factory=OptimSection)
-    eval: GecEvalSection = field(default_factory=GecEvalSection)
-    scaling: ScalingSection = field(default_factory=ScalingSection)
-    tune: TuneSection = field(default_factory=TuneSection)
-
-
-TASKS: dict[str, type] = {"gec": GecConfig}
 
 
 @dataclass
@@ -380,6 +308,8 @@ def load_space(space: str, *, preset: str | None = None, overrides: list[str] | 
         raw = _merge(raw, chosen)
     search = raw.pop("search", {}) or {}
     baselines = raw.pop("baselines", {}) or {}
+    from raycl.configs import TASKS
+
     task = raw.get("task", "gec")
     if task not in TASKS:
         raise UserError(f"{where}: config key 'task': expected one of {', '.join(TASKS)}, got {task!r}")
@@ -455,67 +385,57 @@ def _check_baselines(config: Any, baselines: Any, where: str) -> dict[str, dict[
 
 
 # ---------------------------------------------------------------------------------------------- validation
-def _require(ok: bool, where: str, key: str, expected: str, value: Any) -> None:
+def require(ok: bool, where: str, key: str, expected: str, value: Any) -> None:
     if not ok:
         raise UserError(f"{where}: config key '{key}': expected {expected}, got {value!r}")
 
 
 def validate(config: Any, *, where: str) -> None:
     """Range and consistency checks that types alone cannot express."""
-    if isinstance(config, GecConfig):
-        _validate_gec(config, where)
     _validate_common(config, where)
+    check = getattr(config, "validate", None)
+    if check is not None:  # the task's own checks (raycl/configs/<task>.py)
+        check(where)
 
 
 def _validate_common(c: Any, where: str) -> None:
-    _require(c.scaling.num_workers >= 0, where, "scaling.num_workers", "an integer ≥ 0", c.scaling.num_workers)
-    _require(c.scaling.cpus_per_worker > 0, where, "scaling.cpus_per_worker", "> 0", c.scaling.cpus_per_worker)
-    _require(c.scaling.max_failures >= -1, where, "scaling.max_failures", "an integer ≥ -1 (-1: retry forever)",
+    require(c.scaling.num_workers >= 0, where, "scaling.num_workers", "an integer ≥ 0", c.scaling.num_workers)
+    require(c.scaling.cpus_per_worker > 0, where, "scaling.cpus_per_worker", "> 0", c.scaling.cpus_per_worker)
+    require(c.scaling.max_failures >= -1, where, "scaling.max_failures", "an integer ≥ -1 (-1: retry forever)",
              c.scaling.max_failures)
-    _require(c.tune.scheduler in ("fifo", "asha"), where, "tune.scheduler", "fifo or asha", c.tune.scheduler)
-    _require(c.tune.mode in ("max", "min"), where, "tune.mode", "max or min", c.tune.mode)
-    _require(c.tune.num_samples >= 1, where, "tune.num_samples", "an integer ≥ 1", c.tune.num_samples)
-    _require(c.tune.max_concurrent_trials >= 1, where, "tune.max_concurrent_trials", "≥ 1",
+    require(c.tune.scheduler in ("fifo", "asha"), where, "tune.scheduler", "fifo or asha", c.tune.scheduler)
+    require(c.tune.mode in ("max", "min"), where, "tune.mode", "max or min", c.tune.mode)
+    require(c.tune.num_samples >= 1, where, "tune.num_samples", "an integer ≥ 1", c.tune.num_samples)
+    require(c.tune.max_concurrent_trials >= 1, where, "tune.max_concurrent_trials", "≥ 1",
              c.tune.max_concurrent_trials)
-    _require(c.tune.driver_cpus > 0, where, "tune.driver_cpus", "> 0 (Tune rejects 0)", c.tune.driver_cpus)
-    o = c.optim
-    _require(o.lr > 0, where, "optim.lr", "> 0", o.lr)
-    _require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), where, "optim.betas",
+    require(c.tune.driver_cpus > 0, where, "tune.driver_cpus", "> 0 (Tune rejects 0)", c.tune.driver_cpus)
+    if isinstance(c.optim, OptimSection):
+        _validate_optim(c.optim, where)
+    if isinstance(getattr(c, "mining", None), MiningSection):
+        _validate_mining(c.mining, where)
+
+
+def _validate_optim(o: OptimSection, where: str) -> None:
+    require(o.lr > 0, where, "optim.lr", "> 0", o.lr)
+    require(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), where, "optim.betas",
              "two numbers in [0, 1)", o.betas)
-    _require(o.scheduler in ("fixed", "polynomial"), where, "optim.scheduler", "fixed or polynomial", o.scheduler)
-    _require(o.batch_size >= 1, where, "optim.batch_size", "an integer ≥ 1", o.batch_size)
-    _require(o.epochs >= 0, where, "optim.epochs", "an integer ≥ 0", o.epochs)
-    _require(o.clip_norm >= 0, where, "optim.clip_norm", "≥ 0 (0 = no clipping)", o.clip_norm)
-    m = c.mining
-    _require(m.num_miners >= 1, where, "mining.num_miners", "an integer ≥ 1", m.num_miners)
-    _require(m.cpus_per_miner >= 0 and m.gpus_per_miner >= 0, where, "mining.cpus_per_miner",
+    require(o.scheduler in ("fixed", "polynomial"), where, "optim.scheduler", "fixed or polynomial", o.scheduler)
+    require(o.batch_size >= 1, where, "optim.batch_size", "an integer ≥ 1", o.batch_size)
+    require(o.epochs >= 0, where, "optim.epochs", "an integer ≥ 0", o.epochs)
+    require(o.clip_norm >= 0, where, "optim.clip_norm", "≥ 0 (0 = no clipping)", o.clip_norm)
+
+
+def _validate_mining(m: MiningSection, where: str) -> None:
+    require(m.num_miners >= 1, where, "mining.num_miners", "an integer ≥ 1", m.num_miners)
+    require(m.cpus_per_miner >= 0 and m.gpus_per_miner >= 0, where, "mining.cpus_per_miner",
              "non-negative resources", (m.cpus_per_miner, m.gpus_per_miner))
-    _require(m.max_staleness >= 0, where, "mining.max_staleness", "an integer ≥ 0", m.max_staleness)
-    _require(m.sync_every >= 0, where, "mining.sync_every", "an integer ≥ 0", m.sync_every)
-    _require(m.refresh_every >= 0, where, "mining.refresh_every", "an integer ≥ 0", m.refresh_every)
-    _require(m.task_size >= 1, where, "mining.task_size", "an integer ≥ 1", m.task_size)
-    _require(m.queue_size >= m.task_size, where, "mining.queue_size", f"≥ mining.task_size = {m.task_size}",
+    require(m.max_staleness >= 0, where, "mining.max_staleness", "an integer ≥ 0", m.max_staleness)
+    require(m.sync_every >= 0, where, "mining.sync_every", "an integer ≥ 0", m.sync_every)
+    require(m.refresh_every >= 0, where, "mining.refresh_every", "an integer ≥ 0", m.refresh_every)
+    require(m.task_size >= 1, where, "mining.task_size", "an integer ≥ 1", m.task_size)
+    require(m.queue_size >= m.task_size, where, "mining.queue_size", f"≥ mining.task_size = {m.task_size}",
              m.queue_size)
-    _require(m.lease_s > 0, where, "mining.lease_s", "> 0 seconds", m.lease_s)
-
-
-def _validate_gec(c: GecConfig, where: str) -> None:
-    from raycl.models.presets import PRESETS
-
-    _require(c.model.preset in PRESETS, where, "model.preset", f"one of {', '.join(PRESETS)}", c.model.preset)
-    _require(c.model.max_length >= 8, where, "model.max_length", "an integer ≥ 8", c.model.max_length)
-    _require(0.0 <= c.loss.trade_off <= 1.0, where, "loss.trade_off", "a number in [0, 1]", c.loss.trade_off)
-    _require(c.loss.margin >= 0.0, where, "loss.margin", "a number ≥ 0", c.loss.margin)
-    _require(0.0 <= c.loss.label_smoothing < 1.0, where, "loss.label_smoothing", "a number in [0, 1)",
-             c.loss.label_smoothing)
-    _require(c.mining.k >= 1, where, "mining.k", "an integer ≥ 1", c.mining.k)
-    _require(c.mining.beam >= c.mining.k + 1, where, "mining.beam", f"≥ mining.k + 1 = {c.mining.k + 1}",
-             c.mining.beam)
-    _require(c.eval.beam >= 1, where, "eval.beam", "an integer ≥ 1", c.eval.beam)
-    _require(c.data.annotator >= 0, where, "data.annotator", "an integer ≥ 0", c.data.annotator)
-    b = c.data.builtin
-    _require(min(b.n_train, b.n_finetune, b.n_dev, b.n_test) >= 1, where, "data.builtin",
-             "positive sizes", dataclasses.asdict(b))
+    require(m.lease_s > 0, where, "mining.lease_s", "> 0 seconds", m.lease_s)
 
 
 def from_dict(cls: type, data: dict[str, Any]) -> Any:

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raycl.config import GecConfig, Space, dump_yaml, set_dotted, to_dict
+from raycl.config import Space, dump_yaml, set_dotted, to_dict
+from raycl.configs.gec import GecConfig
 from raycl.data.gec import load_examples, load_references
 from raycl.data.gec_corpus import write_builtin_corpus
 from raycl.distributed.miner_pool import MinerFactory

@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from raycl.config import GecConfig, from_dict
+from raycl.config import from_dict
+from raycl.configs.gec import GecConfig
 from raycl.data.gec import GecExample, load_examples, load_references
 from raycl.distributed import session
 from raycl.distributed.consumer import StreamConsumer

@@ -1,0 +1,105 @@
+"""The GEC recipe's config (SPEC §1): ``tune_spaces/gec_pd.yaml`` and ``gec_bart.yaml`` fill it."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from raycl.config import MiningSection, OptimSection, ScalingSection, TuneSection, require
+
+
+@dataclass
+class GecModelSection:
+    preset: str = "smoke"  # smoke | small | gec_pd | gec_bart (raycl.models.presets.PRESETS)
+    name: str | None = None  # HF name or local path for from_pretrained; replaces the preset's weights
+    checkpoint: str | None = None  # an already trained base model: skips step 1 of Algorithm 1
+    max_length: int = 64  # tokens, source and target
+    vocab_size: int = 0  # locally trained BPE size for config presets; 0 = the preset's
+    seed: int = 0  # random init of config presets
+    overrides: dict[str, Any] = field(default_factory=dict)  # BartConfig fields, e.g. dropout: 0.3
+
+
+@dataclass
+class BuiltinGecSection:
+    n_train: int = 6000
+    n_finetune: int = 1500
+    n_dev: int = 300
+    n_test: int = 300
+    seed: int = 1
+
+
+@dataclass
+class GecDataSection:
+    train: list[str] = field(default_factory=list)  # D_T file specs; empty = built-in corpus
+    finetune: list[str] = field(default_factory=list)  # D_F
+    dev: dict[str, list[str]] = field(default_factory=dict)  # name -> specs (M2), scored per annotator
+    test: dict[str, list[str]] = field(default_factory=dict)
+    annotator: int = 0  # whose edits make the training target (the paper uses annotator 0)
+    builtin: BuiltinGecSection = field(default_factory=BuiltinGecSection)
+
+
+@dataclass
+class GecLossSection:
+    trade_off: float = 0.5  # λ: (1-λ)·CE + λ·CL, as the released code (SPEC §1.2)
+    margin: float = 0.25  # γ
+    label_smoothing: float = 0.1  # on CE only
+    stack_negatives: bool = False  # one batched pass over all negatives instead of one pass per slot
+
+
+@dataclass
+class GecMiningSection(MiningSection):
+    k: int = 3
+    beam: int = 5  # beam ≥ k+1; one n-best serves every k ≤ beam-1 of a sweep
+    source_negative: bool = True  # CL (True) or CL⁻ (False)
+
+
+@dataclass
+class GecPretrainSection:
+    """Step 1 of Algorithm 1: train the base model on D_T (skipped when ``model.checkpoint`` is set)."""
+
+    epochs: int = 6
+    lr: float = 1e-3
+    batch_size: int = 64
+    warmup_updates: int = 200
+    label_smoothing: float = 0.1
+
+
+@dataclass
+class GecEvalSection:
+    beam: int = 1  # test/dev decoding beam (GEC-BART: greedy; GEC-PD: 5)
+    batch_size: int = 64
+    max_new_tokens: int = 64
+
+
+@dataclass
+class GecConfig:
+    task: str = "gec"
+    model: GecModelSection = field(default_factory=GecModelSection)
+    data: GecDataSection = field(default_factory=GecDataSection)
+    pretrain: GecPretrainSection = field(default_factory=GecPretrainSection)
+    loss: GecLossSection = field(default_factory=GecLossSection)
+    mining: GecMiningSection = field(default_factory=GecMiningSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    eval: GecEvalSection = field(default_factory=GecEvalSection)
+    scaling: ScalingSection = field(default_factory=ScalingSection)
+    tune: TuneSection = field(default_factory=TuneSection)
+
+    def validate(self, where: str) -> None:
+        c = self
+        from raycl.models.presets import PRESETS
+
+        require(c.model.preset in PRESETS, where, "model.preset", f"one of {', '.join(PRESETS)}", c.model.preset)
+        require(c.model.max_length >= 8, where, "model.max_length", "an integer ≥ 8", c.model.max_length)
+        require(0.0 <= c.loss.trade_off <= 1.0, where, "loss.trade_off", "a number in [0, 1]", c.loss.trade_off)
+        require(c.loss.margin >= 0.0, where, "loss.margin", "a number ≥ 0", c.loss.margin)
+        require(0.0 <= c.loss.label_smoothing < 1.0, where, "loss.label_smoothing", "a number in [0, 1)",
+                 c.loss.label_smoothing)
+        require(c.mining.k >= 1, where, "mining.k", "an integer ≥ 1", c.mining.k)
+        require(c.mining.beam >= c.mining.k + 1, where, "mining.beam", f"≥ mining.k + 1 = {c.mining.k + 1}",
+                 c.mining.beam)
+        require(c.eval.beam >= 1, where, "eval.beam", "an integer ≥ 1", c.eval.beam)
+        require(c.data.annotator >= 0, where, "data.annotator", "an integer ≥ 0", c.data.annotator)
+        b = c.data.builtin
+        require(min(b.n_train, b.n_finetune, b.n_dev, b.n_test) >= 1, where, "data.builtin",
+                 "positive sizes", dataclasses.asdict(b))
