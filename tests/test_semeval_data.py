@@ -168,7 +168,8 @@ def test_builtin_subtask_b_like_the_real_data(builtin: dict[str, Path]) -> None:
         assert p.tokenised()[0] != p.sentence1 or p.mwe1 is None
         assert p.tokenised(upstream_quirk=False) == p.tokenised()  # no regex characters, MWE2 always None
     pretrain = S.read_sts_pretrain(builtin["b.sts_pretrain"])
-    assert {p.split for p in pretrain} == {"train", "dev", "test"} and {p.language for p in pretrain} == {"EN", "PT"}
+    assert {p.split for p in pretrain} == {"train", "dev", "test"}
+    assert {p.language for p in pretrain} == {"EN", "PT"}
 
 
 def test_builtin_is_deterministic(tmp_path: Path, builtin: dict[str, Path]) -> None:

@@ -1,0 +1,331 @@
+"""Official SemEval-2022 Task 2 scores (SPEC §3.4) against naive references, and alignment/uniformity.
+
+The references are written here from the evaluators' rules with plain loops: macro-F1 from per-class counts,
+Spearman as the Pearson correlation of average ranks. Files are random submissions with ties and GL rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+
+from raycl.data.semeval import write_csv
+from raycl.errors import UserError
+from raycl.evaluation.embedding_geometry import alignment, plot_alignment_uniformity, uniformity
+from raycl.evaluation.semeval_eval import add_idiom_parser, add_sts_parser
+from raycl.evaluation.semeval_metrics import evaluate_idiom, evaluate_sts
+
+A_SUB = ["ID", "Language", "Setting", "Label"]
+A_GOLD = ["ID", "DataID", "Language", "Label"]
+B_SUB = ["ID", "Language", "Setting", "Sim"]
+B_GOLD = ["ID", "DataID", "Language", "sim", "otherID"]
+LANGS = {"EN": ["EN"], "PT": ["PT"], "EN,PT": ["EN", "PT"]}
+
+
+# ------------------------------------------------------------------------------------ naive references
+def naive_macro_f1(y_true: Sequence[int], y_pred: Sequence[int]) -> float:
+    labels = sorted(set(y_true) | set(y_pred))
+    total = 0.0
+    for c in labels:
+        tp = fp = fn = 0
+        for t, p in zip(y_true, y_pred, strict=True):
+            tp += t == c and p == c
+            fp += t != c and p == c
+            fn += t == c and p != c
+        total += 2 * tp / (2 * tp + fp + fn) if tp else 0.0
+    return total / len(labels)
+
+
+def naive_ranks(xs: Sequence[float]) -> list[float]:
+    """1-based ranks; tied values share the average of their positions."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    ranks = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def naive_spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    rx, ry = naive_ranks(x), naive_ranks(y)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    vx = sum((a - mx) ** 2 for a in rx)
+    vy = sum((b - my) ** 2 for b in ry)
+    return cov / math.sqrt(vx * vy)
+
+
+def naive_idiom(sub: list[list[str]], gold: list[list[str]]) -> dict[str, dict[str, float | None]]:
+    out: dict[str, dict[str, float | None]] = {}
+    for setting in ("zero_shot", "one_shot"):
+        if not any(r[2] == setting for r in sub):
+            continue
+        out[setting] = {}
+        for key, langs in LANGS.items():
+            rows = [r for r in sub if r[1] in langs and r[2] == setting]
+            ids = [int(r[0]) for r in rows]
+            g = [r for r in gold if int(r[0]) in ids]
+            assert [int(r[0]) for r in g] == ids
+            blank = not rows or any(r[3] == "" for r in rows)
+            y_true, y_pred = [int(r[3]) for r in g], [int(r[3]) for r in rows]
+            out[setting][key] = None if blank else naive_macro_f1(y_true, y_pred)
+    return out
+
+
+def naive_sts(sub: list[list[str]], gold: list[list[str]]) -> dict[str, dict[str, dict[str, float | None]]]:
+    out: dict[str, dict[str, dict[str, float | None]]] = {}
+    for setting in ("pre_train", "fine_tune"):
+        if not any(r[2] == setting for r in sub):
+            continue
+        out[setting] = {}
+        for key, langs in LANGS.items():
+            rows = [r for r in sub if r[1] in langs and r[2] == setting]
+            pred = {r[0]: r[3] for r in rows}
+            cols: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in ("ALL", "Idiom", "STS")}
+            for gid, data_id, lang, sim, other in gold:
+                if lang in langs:
+                    target = float(sim if sim != "" else pred[other])
+                    for k in ("ALL", "STS" if data_id.split(".")[2] == "sts" else "Idiom"):
+                        cols[k][0].append(target)
+                        cols[k][1].append(float(pred[gid]))
+            blank = any(r[3] == "" for r in rows)
+            out[setting][key] = {k: None if blank else naive_spearman(*v) for k, v in cols.items()}
+    return out
+
+
+# ------------------------------------------------------------------------------------------ fixtures
+def _csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[str]]) -> Path:
+    return write_csv(path, header, rows)
+
+
+def _idiom_files(tmp: Path, rng: random.Random) -> tuple[Path, Path, list[list[str]], list[list[str]]]:
+    n = rng.randrange(8, 40)
+    ids = rng.sample(range(1, 100_000), n)
+    gold = [[str(i), f"dev.{lang}.1.{k}", lang, str(rng.randrange(2))]
+            for k, i in enumerate(ids) for lang in [rng.choice(["EN", "EN", "PT", "GL"])]]
+    sub = [[g[0], g[2], s, str(rng.randrange(2))] for s in ("zero_shot", "one_shot") for g in gold]
+    return _csv(tmp / "sub.csv", A_SUB, sub), _csv(tmp / "gold.csv", A_GOLD, gold), sub, gold
+
+
+def _sts_files(tmp: Path, rng: random.Random) -> tuple[Path, Path, list[list[str]], list[list[str]]]:
+    ids = iter(rng.sample(range(1, 100_000), 200))
+    gold: list[list[str]] = []
+    extra: list[tuple[str, str]] = []  # MWE-free (correct, wrong) rows: inputs only, not gold
+    for lang in ("EN", "PT", "GL"):
+        for k in range(rng.randrange(4, 12)):
+            i1, i2, i3 = str(next(ids)), str(next(ids)), str(next(ids))
+            gold += [[i1, f"dev.{lang}.{k}.1", lang, "1", ""], [i2, f"dev.{lang}.{k}.2", lang, "", i3]]
+            extra.append((i3, lang))
+        gold += [[str(next(ids)), f"dev.{lang}.sts.{k}", lang, f"{rng.randrange(6) / 5:g}", ""]
+                 for k in range(rng.randrange(4, 12))]
+    inputs = [(g[0], g[2]) for g in gold] + extra
+    rng.shuffle(inputs)
+    sub = [[i, lang, s, f"{rng.randrange(10) / 10:g}"] for s in ("pre_train", "fine_tune") for i, lang in inputs]
+    return _csv(tmp / "sub.csv", B_SUB, sub), _csv(tmp / "gold.csv", B_GOLD, gold), sub, gold
+
+
+def _close(a: object, b: object) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if a is None or b is None:
+        return a is b
+    assert isinstance(a, float) and isinstance(b, float)
+    return abs(a - b) < 1e-9
+
+
+# ----------------------------------------------------------------------------------------- Subtask A
+@pytest.mark.parametrize("seed", range(12))
+def test_idiom_matches_naive_reference(tmp_path: Path, seed: int) -> None:
+    sub_path, gold_path, sub, gold = _idiom_files(tmp_path, random.Random(seed))
+    got = evaluate_idiom(sub_path, gold_path)
+    assert list(got) == ["zero_shot", "one_shot"] and list(got["zero_shot"]) == ["EN", "PT", "EN,PT"]
+    assert _close(got, naive_idiom(sub, gold))
+
+
+def test_naive_macro_f1_on_a_hand_example() -> None:
+    # class 0: tp 1, fp 1, fn 1 -> 0.5; class 1: tp 1, fp 1, fn 1 -> 0.5; class 2: tp 0 -> 0
+    assert naive_macro_f1([0, 0, 1, 1, 2], [0, 1, 1, 0, 1]) == pytest.approx((0.5 + 0.4 + 0) / 3)
+
+
+def test_idiom_blank_label_gives_none_only_where_it_is(tmp_path: Path) -> None:
+    gold = [["1", "d.EN.1.1", "EN", "0"], ["2", "d.EN.1.2", "EN", "1"], ["3", "d.PT.1.1", "PT", "1"]]
+    sub = [["1", "EN", "zero_shot", "0"], ["2", "EN", "zero_shot", "1"], ["3", "PT", "zero_shot", ""]]
+    got = evaluate_idiom(_csv(tmp_path / "s.csv", A_SUB, sub), _csv(tmp_path / "g.csv", A_GOLD, gold))
+    assert got == {"zero_shot": {"EN": 1.0, "PT": None, "EN,PT": None}}  # one_shot absent: skipped
+
+
+def test_idiom_order_and_header_errors(tmp_path: Path) -> None:
+    gold = _csv(tmp_path / "g.csv", A_GOLD, [["1", "d.EN.1.1", "EN", "0"], ["2", "d.EN.1.2", "EN", "1"]])
+    swapped = _csv(tmp_path / "s.csv", A_SUB, [["2", "EN", "one_shot", "1"], ["1", "EN", "one_shot", "0"]])
+    pattern = rf"^{swapped}:2: one_shot EN IDs do not match .*found ID 2, expected ID 1 "
+    with pytest.raises(UserError, match=pattern):
+        evaluate_idiom(swapped, gold)
+    unknown = _csv(tmp_path / "u.csv", A_SUB, [["1", "EN", "one_shot", "0"], ["7", "EN", "one_shot", "0"]])
+    with pytest.raises(UserError, match="found ID 7, expected no more rows"):
+        evaluate_idiom(unknown, gold)
+    bad = _csv(tmp_path / "h.csv", ["ID", "Language", "Setting", "Sim"], [["1", "EN", "one_shot", "0"]])
+    with pytest.raises(UserError, match=rf"^{bad}:1: header"):
+        evaluate_idiom(bad, gold)
+    typo = _csv(tmp_path / "t.csv", A_SUB, [["1", "EN", "one-shot", "0"]])
+    with pytest.raises(UserError, match=rf"^{typo}:2: Setting 'one-shot'"):
+        evaluate_idiom(typo, gold)
+
+
+# ----------------------------------------------------------------------------------------- Subtask B
+@pytest.mark.parametrize("seed", range(12))
+def test_sts_matches_naive_reference(tmp_path: Path, seed: int) -> None:
+    sub_path, gold_path, sub, gold = _sts_files(tmp_path, random.Random(seed))
+    got = evaluate_sts(sub_path, gold_path)
+    assert list(got["pre_train"]["EN,PT"]) == ["ALL", "Idiom", "STS"]
+    assert _close(got, naive_sts(sub, gold))
+
+
+def test_naive_spearman_on_a_hand_example() -> None:
+    assert naive_ranks([3.0, 1.0, 3.0, 2.0]) == [3.5, 1.0, 3.5, 2.0]
+    assert naive_spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert naive_spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+
+
+def test_sts_consistency_target_uses_own_prediction(tmp_path: Path) -> None:
+    # Row 11 has no gold sim: its target is the submission's prediction for row 12.
+    gold = [["10", "d.EN.1.1", "EN", "1", ""], ["11", "d.EN.1.2", "EN", "", "12"],
+            ["20", "d.EN.sts.1", "EN", "0.2", ""], ["21", "d.EN.sts.2", "EN", "0.8", ""]]
+    sub = [["10", "EN", "fine_tune", "0.9"], ["11", "EN", "fine_tune", "0.3"], ["12", "EN", "fine_tune", "0.3"],
+           ["20", "EN", "fine_tune", "0.1"], ["21", "EN", "fine_tune", "0.7"]]
+    got = evaluate_sts(_csv(tmp_path / "s.csv", B_SUB, sub), _csv(tmp_path / "g.csv", B_GOLD, gold))
+    assert got["fine_tune"]["EN"] == {"ALL": pytest.approx(1.0), "Idiom": pytest.approx(1.0),
+                                      "STS": pytest.approx(1.0)}
+    assert got["fine_tune"]["PT"] == {"ALL": None, "Idiom": None, "STS": None}  # no PT rows
+    blank = [r if r[0] != "20" else ["20", "EN", "fine_tune", ""] for r in sub]
+    got = evaluate_sts(_csv(tmp_path / "b.csv", B_SUB, blank), tmp_path / "g.csv")
+    assert got["fine_tune"]["EN"] == {"ALL": None, "Idiom": None, "STS": None} and "pre_train" not in got
+
+
+def test_sts_id_errors(tmp_path: Path) -> None:
+    rows = [["10", "d.EN.1.1", "EN", "1", ""], ["11", "d.EN.1.2", "EN", "", "12"]]
+    gold = _csv(tmp_path / "g.csv", B_GOLD, rows)
+    stray = _csv(tmp_path / "s.csv", B_SUB, [["10", "EN", "pre_train", "1"], ["99", "EN", "pre_train", "1"]])
+    with pytest.raises(UserError, match=rf"^{stray}:3: ID 99 is not in"):
+        evaluate_sts(stray, gold)
+    missing = _csv(tmp_path / "m.csv", B_SUB, [["10", "EN", "pre_train", "1"], ["11", "EN", "pre_train", "1"]])
+    with pytest.raises(UserError, match=r"no pre_train prediction for ID 12 \(needed by .*g\.csv:3\)"):
+        evaluate_sts(missing, gold)
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="task", required=True)
+    add_idiom_parser(sub)
+    add_sts_parser(sub)
+    return parser.parse_args(argv)
+
+
+def test_cli_json_and_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sub_path, gold_path, _, _ = _idiom_files(tmp_path, random.Random(5))
+    args = _parse(["idiom", "--submission", str(sub_path), "--gold", str(gold_path), "--json"])
+    assert args.run(args) == 0
+    assert _close(json.loads(capsys.readouterr().out), evaluate_idiom(sub_path, gold_path))
+    args = _parse(["idiom", "--submission", str(sub_path), "--gold", str(gold_path)])
+    args.run(args)
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split() == ["setting", "EN", "PT", "EN,PT"] and table[1].startswith("zero_shot")
+    sub_b, gold_b, _, _ = _sts_files(tmp_path, random.Random(5))
+    args = _parse(["sts", "--submission", str(sub_b), "--gold", str(gold_b), "--json"])
+    args.run(args)
+    assert _close(json.loads(capsys.readouterr().out), evaluate_sts(sub_b, gold_b))
+    args = _parse(["sts", "--submission", str(sub_b), "--gold", str(gold_b)])
+    args.run(args)
+    assert len(capsys.readouterr().out.splitlines()) == 1 + 6
+
+
+def test_builtin_perfect_submission(tmp_path: Path) -> None:
+    from raycl.data.semeval import fill_submission, read_idiom_gold, read_sts_gold
+    from raycl.data.semeval_corpus import write_builtin_semeval
+
+    files = write_builtin_semeval(tmp_path / "data", seed=1)
+    labels = {(g.id, s): g.label for g in read_idiom_gold(files["a.dev_gold"]) for s in ("zero_shot", "one_shot")}
+    sub = fill_submission(files["a.dev_submission_format"], labels, tmp_path / "a.csv")
+    assert all(v == 1.0 for row in evaluate_idiom(sub, files["a.dev_gold"]).values() for v in row.values())
+    rng = random.Random(0)
+    preds: dict[tuple[str, str], float | int | None] = {}
+    for g in read_sts_gold(files["b.dev_gold"]):  # a borrowed row and its otherID get the same value
+        value = g.sim if g.sim is not None else rng.random()
+        preds[(g.id, "fine_tune")] = value
+        if g.other_id:
+            preds[(g.other_id, "fine_tune")] = value
+    sub = fill_submission(files["b.dev_submission_format"], preds, tmp_path / "b.csv")
+    scores = evaluate_sts(sub, files["b.dev_gold"])
+    assert all(v is None for cell in scores["pre_train"].values() for v in cell.values())  # blank cells
+    assert all(v == pytest.approx(1.0) for cell in scores["fine_tune"].values() for v in cell.values())
+
+
+# -------------------------------------------------------------------------------- alignment/uniformity
+def _unit(v: Sequence[float]) -> list[float]:
+    n = math.sqrt(sum(x * x for x in v))
+    return [x / n for x in v]
+
+
+def naive_alignment(x: list[list[float]], y: list[list[float]], alpha: float = 2.0) -> float:
+    total = 0.0
+    for a, b in zip(x, y, strict=True):
+        a, b = _unit(a), _unit(b)
+        total += math.sqrt(sum((p - q) ** 2 for p, q in zip(a, b, strict=True))) ** alpha
+    return total / len(x)
+
+
+def naive_uniformity(x: list[list[float]], t: float = 2.0) -> float:
+    u = [_unit(v) for v in x]
+    terms = [math.exp(-t * sum((p - q) ** 2 for p, q in zip(u[i], u[j], strict=True)))
+             for i in range(len(u)) for j in range(i + 1, len(u))]
+    return math.log(sum(terms) / len(terms))
+
+
+def test_alignment_uniformity_vs_naive_loops() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(11, 5, generator=g, dtype=torch.float64)
+    y = torch.randn(11, 5, generator=g, dtype=torch.float64)
+    xl, yl = x.tolist(), y.tolist()
+    assert alignment(x, y).item() == pytest.approx(naive_alignment(xl, yl), abs=1e-12)
+    assert alignment(x, y, alpha=1.0).item() == pytest.approx(naive_alignment(xl, yl, 1.0), abs=1e-12)
+    assert uniformity(x).item() == pytest.approx(naive_uniformity(xl), abs=1e-12)
+    assert uniformity(x, t=0.5).item() == pytest.approx(naive_uniformity(xl, 0.5), abs=1e-12)
+    # The paper's script: means over batches (the last one short), uniformity over both sides of a batch.
+    batches = [(0, 4), (4, 8), (8, 11)]
+    align_b = sum(naive_alignment(xl[a:b], yl[a:b]) for a, b in batches) / 3
+    unif_b = sum(naive_uniformity(xl[a:b] + yl[a:b]) for a, b in batches) / 3
+    assert alignment(x, y, batch_size=4).item() == pytest.approx(align_b, abs=1e-12)
+    assert uniformity(x, y, batch_size=4).item() == pytest.approx(unif_b, abs=1e-12)
+
+
+def test_alignment_uniformity_degenerate_cases() -> None:
+    x = torch.randn(6, 4, dtype=torch.float64)
+    assert alignment(x, 3 * x).item() == pytest.approx(0.0, abs=1e-12)  # same direction after normalising
+    assert uniformity(x[:1].repeat(5, 1)).item() == pytest.approx(0.0, abs=1e-12)
+    antipodal = torch.tensor([[1.0, 0.0], [-1.0, 0.0]], dtype=torch.float64)
+    assert uniformity(antipodal).item() == pytest.approx(-8.0)  # ‖x−y‖² = 4, t = 2
+
+
+def test_plot_writes_png(tmp_path: Path) -> None:
+    out = plot_alignment_uniformity({"mBERT": (0.08, -0.44), "joint": (0.16, -2.9)}, tmp_path / "fig" / "au.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(out.parent.glob(".*.tmp"))
+
+
+def test_csv_helper_roundtrip(tmp_path: Path) -> None:
+    p = _csv(tmp_path / "x.csv", A_SUB, [["1", "EN", "zero_shot", ""]])
+    with open(p, encoding="utf-8", newline="") as f:
+        assert list(csv.reader(f)) == [A_SUB, ["1", "EN", "zero_shot", ""]]
