@@ -50,8 +50,8 @@ def _sequential(run: Any, out: Path) -> dict[str, Any]:
     from raycl.data.gec import load_examples
     from raycl.miners.beam_search import BeamSearchMiner, write_negatives_parquet
     from raycl.models.seq2seq import Seq2SeqScorer
+    from raycl.recipes.common import read_history
     from raycl.recipes.gec import finetune
-    from raycl.recipes.gec_worker import read_history
 
     cfg = run.cfg
     examples = load_examples(cfg.data.finetune)
@@ -76,8 +76,8 @@ def _with(cfg: Any, **dotted: Any) -> Any:
 
 
 def _ray_one_worker(run: Any, out: Path, plain_loop_s: float) -> dict[str, Any]:
+    from raycl.recipes.common import read_history
     from raycl.recipes.gec import finetune
-    from raycl.recipes.gec_worker import read_history
 
     cfg = _with(run.cfg, **{"mining.negatives": str(out / "neg.parquet")})
     t0 = time.perf_counter()
@@ -89,8 +89,8 @@ def _ray_one_worker(run: Any, out: Path, plain_loop_s: float) -> dict[str, Any]:
 
 
 def _pipeline(run: Any, out: Path, miners: int, sequential_s: float) -> dict[str, Any]:
+    from raycl.recipes.common import read_history
     from raycl.recipes.gec import finetune
-    from raycl.recipes.gec_worker import read_history
 
     cfg = _with(run.cfg, **{"mining.num_miners": miners, "mining.cpus_per_miner": 1.0})
     t0 = time.perf_counter()

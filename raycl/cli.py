@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -34,12 +35,8 @@ def load(args: argparse.Namespace) -> tuple[Space, Path]:
 
 
 def recipe(space: Space) -> Any:
-    task = space.config.task
-    if task == "gec":
-        from raycl.recipes import gec
-
-        return gec
-    raise NotImplementedError(task)
+    """The recipe module of the space's task: ``raycl.recipes.<task>`` with ``run_train`` and ``run_tune``."""
+    return importlib.import_module(f"raycl.recipes.{space.config.task}")
 
 
 def finish(summary: dict[str, Any], *, as_json: bool) -> None:

@@ -308,12 +308,13 @@ def load_space(space: str, *, preset: str | None = None, overrides: list[str] | 
         raw = _merge(raw, chosen)
     search = raw.pop("search", {}) or {}
     baselines = raw.pop("baselines", {}) or {}
-    from raycl.configs import TASKS
+    from raycl.configs import TASK_CONFIGS, task_config
 
     task = raw.get("task", "gec")
-    if task not in TASKS:
-        raise UserError(f"{where}: config key 'task': expected one of {', '.join(TASKS)}, got {task!r}")
-    config = _build(TASKS[task], raw, "", where)
+    cls = task_config(task) if isinstance(task, str) else None
+    if cls is None:
+        raise UserError(f"{where}: config key 'task': expected one of {', '.join(TASK_CONFIGS)}, got {task!r}")
+    config = _build(cls, raw, "", where)
     validate(config, where=where)
     if overrides:
         config = set_dotted(config, parse_set(overrides), where="--set", raw=True)

@@ -5,7 +5,9 @@ order of the reference's ``S`` lines) against one or more M2 references, per ann
 combined (errant's best reference per sentence), with OE/IE ratios; ``--compare`` adds the paper's
 bootstrap sign test. Same numbers as ``errant_parallel -orig SRC -cor HYP`` + ``errant_compare``.
 
-Other tasks (coherence, idiom, sts) add their own ``_add_<task>(subparsers)``.
+``coherence``: pairwise accuracy per pairs file (ties wrong) and Krippendorff's α with the model as an extra
+coder (``raycl.evaluation.coherence_eval``); ``idiom`` / ``sts``: the SemEval-2022 Task 2 official scores
+(``raycl.evaluation.semeval_eval``).
 """
 
 from __future__ import annotations
@@ -104,6 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m raycl.eval", description="Score a system's output.")
     sub = parser.add_subparsers(dest="task", required=True, metavar="TASK")
     _add_gec(sub)
+    from raycl.evaluation.coherence_eval import add_coherence_parser
+    from raycl.evaluation.semeval_eval import add_idiom_parser, add_sts_parser
+
+    add_coherence_parser(sub)
+    add_idiom_parser(sub)
+    add_sts_parser(sub)
     return parser
 
 

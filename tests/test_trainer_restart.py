@@ -11,7 +11,7 @@ from conftest import GEC_TINY
 
 from raycl.config import load_space
 from raycl.recipes import gec
-from raycl.recipes.gec_worker import read_history
+from raycl.recipes.common import read_history
 
 
 def test_a_trainer_killed_mid_epoch_resumes_from_its_checkpoint(ray_local, tmp_path: Path) -> None:

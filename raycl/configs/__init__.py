@@ -1,7 +1,14 @@
-"""One config dataclass per task; a space file's ``task:`` key picks it (default ``gec``)."""
+"""One config dataclass per task, in ``raycl/configs/<task>.py``; a space file's ``task:`` key picks it."""
 
 from __future__ import annotations
 
-from raycl.configs.gec import GecConfig
+import importlib
 
-TASKS: dict[str, type] = {"gec": GecConfig}
+TASK_CONFIGS = {"gec": "GecConfig", "coherence": "CoherenceConfig", "idiom": "IdiomConfig", "sts": "StsConfig"}
+
+
+def task_config(task: str) -> type | None:
+    """The config class of ``task`` (None for an unknown task); modules load on first use."""
+    if task not in TASK_CONFIGS:
+        return None
+    return getattr(importlib.import_module(f"raycl.configs.{task}"), TASK_CONFIGS[task])

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,8 @@ from raycl.errors import UserError
 from raycl.miners.beam_search import write_negatives_parquet
 from raycl.models.presets import build_model
 from raycl.recipes import gec_report
-from raycl.recipes.gec_worker import read_history, train_worker
+from raycl.recipes.common import read_history, say
+from raycl.recipes.gec_worker import train_worker
 from raycl.train.progress import follow
 
 BASE_MODEL = "base_model"
@@ -51,10 +51,6 @@ class GecRun:
     base_model: Path
     builtin: list[str]  # the splits filled with the built-in corpus
     timings: dict[str, float]
-
-
-def say(msg: str) -> None:
-    print(f"[raycl] {msg}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------------------------- data

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import csv
 import json
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,38 +10,13 @@ from raycl.data.gec import load_references
 from raycl.data.gec_corpus import stats as corpus_stats
 from raycl.data.specs import parse_spec
 from raycl.distributed.sweep import TrialOutcome
+from raycl.recipes.common import atomic_write, best_row, best_trial, num, save_png, write_csv
 
 if TYPE_CHECKING:
     from raycl.config import Space
     from raycl.recipes.gec import GecRun
 
 PARAM_NAMES = {"loss.margin": "γ", "mining.k": "k", "loss.trade_off": "λ", "mining.source_negative": "source neg."}
-
-
-def best_row(trial: TrialOutcome, metric: str, mode: str = "max") -> dict[str, Any] | None:
-    """The report of ``trial`` with the best ``metric`` (the checkpoint the paper would pick on dev)."""
-    rows = [r for r in trial.history if _num(r.get(metric)) is not None]
-    if not rows:
-        return None
-    sign = 1.0 if mode == "max" else -1.0
-    return max(rows, key=lambda r: (sign * float(r[metric]), -float(r.get("epoch", 0))))
-
-
-def best_trial(trials: list[TrialOutcome], *, metric: str, mode: str = "max") -> TrialOutcome | None:
-    scored = [(t, best_row(t, metric, mode)) for t in trials]
-    scored = [(t, r) for t, r in scored if r is not None]
-    if not scored:
-        return None
-    sign = 1.0 if mode == "max" else -1.0
-    return max(scored, key=lambda tr: sign * float((tr[1] or {})[metric]))[0]
-
-
-def _num(v: Any) -> float | None:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(f) else f
 
 
 def _label(trial: TrialOutcome) -> str:
@@ -63,7 +36,7 @@ def write_all(
 ) -> dict[str, Any]:
     metric, mode = run.cfg.tune.metric, run.cfg.tune.mode
     rows = [_result_row(t, metric, mode) for t in trials + extra]
-    _write_csv(run.run_dir / "results.csv", rows)
+    write_csv(run.run_dir / "results.csv", rows)
     best = best_trial(trials, metric=metric, mode=mode)
     summary = {
         "space": space.name,
@@ -74,9 +47,9 @@ def write_all(
         "builtin_data": run.builtin,
         "failed_trials": [t.trial_id for t in trials + extra if t.error],
     }
-    _atomic_write(run.run_dir / "best.json", json.dumps(summary["best"], indent=2, default=str))
+    atomic_write(run.run_dir / "best.json", json.dumps(summary["best"], indent=2, default=str))
     plots = _plots(run.run_dir, trials + extra, metric)
-    _atomic_write(run.run_dir / "report.md", render_report(run, space, summary, trials, plots))
+    atomic_write(run.run_dir / "report.md", render_report(run, space, summary, trials, plots))
     summary["plots"] = [str(p) for p in plots]
     return summary
 
@@ -92,25 +65,6 @@ def _result_row(trial: TrialOutcome, metric: str, mode: str) -> dict[str, Any]:
     return out
 
 
-def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    keys: list[str] = []
-    for r in rows:
-        keys += [k for k in r if k not in keys]
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text + "\n", encoding="utf-8")
-    tmp.replace(path)
-
-
-# ---------------------------------------------------------------------------------------------- tables
 def _table_rows(
     trials: list[TrialOutcome], extra: list[TrialOutcome], metric: str, mode: str
 ) -> list[dict[str, Any]]:
@@ -130,7 +84,7 @@ def _table_rows(
 
 
 def _pct(v: Any) -> str:
-    f = _num(v)
+    f = num(v)
     return "–" if f is None else f"{100 * f:.2f}"
 
 
@@ -161,7 +115,7 @@ def render_report(
     lines += ["", "## Sweep (dev F0.5, %, best epoch of each trial)", "",
               "| Point | dev F0.5 | epoch |", "|---|---|---|"]  # fmt: skip
     def dev_of(t: TrialOutcome) -> float:
-        return _num((best_row(t, "dev_f05") or {}).get("dev_f05")) or -1.0
+        return num((best_row(t, "dev_f05") or {}).get("dev_f05")) or -1.0
 
     for t in sorted(trials, key=dev_of, reverse=True):
         r = best_row(t, "dev_f05") or {}
@@ -170,7 +124,7 @@ def render_report(
     lines += _data_rows(cfg)
     lines += ["", "## Timings", ""]
     lines += [f"- {k.replace('_s', '')}: {v:.1f} s" for k, v in run.timings.items()]
-    steps = [v for t in trials for r in t.history if (v := _num(r.get("timing/step"))) is not None]
+    steps = [v for t in trials for r in t.history if (v := num(r.get("timing/step"))) is not None]
     if steps:
         lines.append(f"- mean fine-tuning step: {1000 * sum(steps) / len(steps):.1f} ms")
     lines += _stream_lines(trials)
@@ -183,14 +137,14 @@ def render_report(
 
 def _stream_lines(trials: list[TrialOutcome]) -> list[str]:
     """Mining ‖ training: how long trainers waited for negatives and how stale the negatives were."""
-    rows = [r for t in trials for r in t.history if _num(r.get("stream/negatives"))]
+    rows = [r for t in trials for r in t.history if num(r.get("stream/negatives"))]
     if not rows:
         return ["- negatives: pre-mined or not needed (no miner pool in these trials)"]
-    wait = sum(_num(r.get("timing/mine_wait")) or 0.0 for r in rows)
-    first = sum(_num(r.get("timing/mine_wait_first")) or 0.0 for r in rows)
-    wall = sum(_num(r.get("timing/epoch")) or 0.0 for r in rows)
-    stale = max(_num(r.get("stream/staleness_max")) or 0.0 for r in rows)
-    refused = sum(_num(r.get("stream/refused")) or 0.0 for r in rows)
+    wait = sum(num(r.get("timing/mine_wait")) or 0.0 for r in rows)
+    first = sum(num(r.get("timing/mine_wait_first")) or 0.0 for r in rows)
+    wall = sum(num(r.get("timing/epoch")) or 0.0 for r in rows)
+    stale = max(num(r.get("stream/staleness_max")) or 0.0 for r in rows)
+    refused = sum(num(r.get("stream/refused")) or 0.0 for r in rows)
     return [f"- mine_wait (trainers waiting for negatives): {wait:.1f} s of {wall:.1f} s of training "
             f"({100 * wait / max(wall, 1e-9):.1f}%; steady state without each epoch's first batch: "
             f"{100 * (wait - first) / max(wall - first, 1e-9):.1f}%)",
@@ -217,7 +171,7 @@ def _data_rows(cfg: Any) -> list[str]:
 # ---------------------------------------------------------------------------------------------- plots
 def _curve(trial: TrialOutcome, metric: str) -> tuple[list[float], list[float]]:
     """(epochs, metric in %) of the reports that carry ``metric``."""
-    pts = [(float(r.get("epoch", 0)), _num(r.get(metric))) for r in trial.history]
+    pts = [(float(r.get("epoch", 0)), num(r.get(metric))) for r in trial.history]
     kept = [(e, v) for e, v in pts if v is not None]
     return [e for e, _ in kept], [100 * v for _, v in kept]
 
@@ -237,26 +191,19 @@ def _plots(run_dir: Path, trials: list[TrialOutcome], metric: str) -> list[Path]
     ax.set(xlabel="epoch", ylabel="dev F0.5 (%)", title="Dev F0.5 during fine-tuning")
     ax.legend(fontsize=6, loc="best")
     fig.tight_layout()
-    out.append(_save(fig, run_dir / "dev_curves.png"))
+    out.append(save_png(fig, run_dir / "dev_curves.png"))
     plt.close(fig)
     cl = [t for t in trials if "loss.margin" in t.params and "baseline" not in t.params]
     if cl:
         fig, ax = plt.subplots(figsize=(6, 4))
         for k in sorted({t.params.get("mining.k") for t in cl}, key=str):
-            pts = [(float(t.params["loss.margin"]), _num((best_row(t, metric) or {}).get(metric)))
+            pts = [(float(t.params["loss.margin"]), num((best_row(t, metric) or {}).get(metric)))
                    for t in cl if t.params.get("mining.k") == k]  # fmt: skip
             kept = sorted((g, 100 * v) for g, v in pts if v is not None)
             ax.plot([g for g, _ in kept], [v for _, v in kept], marker="o", label=f"k={k}")
         ax.set(xlabel="margin γ", ylabel="best dev F0.5 (%)", title="Sweep: dev F0.5 against γ and k")
         ax.legend()
         fig.tight_layout()
-        out.append(_save(fig, run_dir / "sweep.png"))
+        out.append(save_png(fig, run_dir / "sweep.png"))
         plt.close(fig)
     return out
-
-
-def _save(fig: Any, path: Path) -> Path:
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    tmp.replace(path)
-    return path

@@ -9,9 +9,7 @@ one worker on the whole batch.
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +27,7 @@ from raycl.evaluation.gec_metrics import evaluate_gec
 from raycl.losses.gec_margin import GecContrastiveLoss
 from raycl.miners.shards import read_negatives
 from raycl.models.seq2seq import Seq2SeqScorer
+from raycl.recipes.common import append_history, read_history, save_dir_atomic
 from raycl.train.chaos import crash_switch
 from raycl.train.checkpoint import MODEL_DIR, load_training_state, save_training_state, seed_everything
 from raycl.train.data_parallel import backward_global
@@ -36,8 +35,6 @@ from raycl.train.feeds import Feed, StaticFeed, StreamFeed, shard
 from raycl.train.gec_step import collate, gec_loss
 from raycl.train.optim import build_optimizer, build_scheduler
 from raycl.train.progress import ProgressWriter
-
-HISTORY = "history.jsonl"
 
 
 @dataclass(frozen=True)
@@ -194,36 +191,12 @@ def _report(
         if improved:
             metrics.update(evaluate_split(cfg, scorer, refs["test"], prefix="test"))
     metrics["timing/eval"] = time.perf_counter() - t0
-    _append_history(out_dir, metrics)
+    append_history(out_dir, metrics)
     if improved or (last and not refs):
-        save_model_atomic(scorer, out_dir / ("best_model" if refs else "model"))
+        save_dir_atomic(scorer.save_pretrained, out_dir / ("best_model" if refs else "model"))
     with session.scratch_dir() as tmp:
         save_training_state(tmp, model=scorer, optimizer=optimizer, scheduler=scheduler, progress=progress)
         session.report(metrics, checkpoint_dir=tmp)
-
-
-def _append_history(out_dir: Path, metrics: dict[str, Any]) -> list[dict[str, Any]]:
-    """``history.jsonl``: one line per report (rewritten atomically); a resumed run drops replayed epochs."""
-    path = out_dir / HISTORY
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    rows = [r for r in rows if r.get("epoch", 0) < metrics["epoch"]] + [metrics]
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
-    return rows
-
-
-def read_history(out_dir: Path) -> list[dict[str, Any]]:
-    path = out_dir / HISTORY
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def save_model_atomic(scorer: Seq2SeqScorer, out: Path) -> None:
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    scorer.save_pretrained(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.replace(out)
 
 
 def evaluate_split(
