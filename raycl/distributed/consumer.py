@@ -45,17 +45,27 @@ class StreamConsumer:
         self.max_staleness, self.version = max_staleness, version
         self.stats = StreamStats()
 
-    def start_epoch(self, epoch: int, items_per_rank: list[list[Any]]) -> None:
-        """Rank 0 schedules ``epoch``; cached negatives fresh enough for ``max_staleness`` are reused. If the
-        stream already runs this epoch, a restarted trainer is replaying it: every item is delivered again."""
+    def start_epoch(self, epoch: int, items_per_rank: list[list[Any]], *, shuffle: bool = True) -> None:
+        """Rank 0 schedules ``epoch`` (shuffled by epoch, or in the given order); cached negatives fresh enough for
+        ``max_staleness`` are reused. If the stream already runs this epoch, a restarted trainer is replaying it:
+        every item is delivered again."""
         self.stats = StreamStats()
         if self.rank != 0:
             return
-        started = ray.get(self.stream.start_epoch.remote(epoch, items_per_rank,
+        started = ray.get(self.stream.start_epoch.remote(epoch, items_per_rank, shuffle=shuffle,
                                                          reuse_version=self.version - self.max_staleness))
         if not started:
             empty: list[list[str]] = [[] for _ in range(self.world_size)]
             ray.get(self.stream.restore.remote({"epoch": epoch, "consumed": empty}))
+
+    def ledger_state(self, consumed: list[int]) -> dict[str, Any] | None:
+        """Rank 0: the stream's position for a checkpoint, ``consumed[r]`` items of rank r trained on."""
+        return ray.get(self.stream.ledger_state.remote(consumed=consumed)) if self.rank == 0 else None
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Rank 0, after ``start_epoch``: items a checkpoint counted as trained on stay consumed."""
+        if self.rank == 0:
+            ray.get(self.stream.restore.remote(state))
 
     def take(self, n: int, *, epoch: int) -> list[Any]:
         """Up to ``n`` fresh items of this rank's ``epoch`` (fewer only at its end)."""

@@ -62,6 +62,15 @@ def _build_gec_beam(model_path: str, options: dict[str, Any]) -> Any:
     return BeamSearchMiner(Seq2SeqScorer.from_pretrained(model_path, device=device), **opts)
 
 
+def _build_coherence_rank(model_path: str, options: dict[str, Any]) -> Any:
+    from raycl.miners.permutation import PermutationMiner
+    from raycl.models.coherence import CoherenceScorer
+
+    opts = dict(options)
+    device = opts.pop("device", "cuda" if torch.cuda.is_available() else "cpu")
+    return PermutationMiner(CoherenceScorer.from_pretrained(model_path, device=device), **opts)
+
+
 def _load_module(miner: Any, state_dict: Mapping[str, torch.Tensor]) -> None:
     """Load into the module the miner wraps (``BaseMiner.module``, the scorer): its own state dict, the same
     from a DDP-wrapped copy (``module.`` prefix), or the inner HF model's (``scorer.model``)."""
@@ -96,6 +105,7 @@ class EchoMiner:
 
 
 register_miner("gec_beam", build=_build_gec_beam, load=_load_module)
+register_miner("coherence_rank", build=_build_coherence_rank, load=_load_module)
 register_miner("echo", build=lambda _path, opts: EchoMiner(**opts), load=lambda m, sd: m.load(sd))
 
 
@@ -108,7 +118,7 @@ class MinerFactory:
     ``version_wait_s`` (how long a task needing newer weights waits for them; default 60).
     """
 
-    kind: str  # a key of MINER_KINDS: "gec_beam", "echo"
+    kind: str  # a key of MINER_KINDS: "gec_beam", "coherence_rank", "echo"
     model_path: str = ""
     options: dict[str, Any] = field(default_factory=dict)
 

@@ -51,7 +51,7 @@ def _check_args(args: argparse.Namespace) -> None:
         raise UserError("--batch-size/--num-negs: expected integers >= 1")
 
 
-def _score_items(scorer: Any, items: Sequence[CoherenceItem], *, num_negs: int, batch_size: int
+def score_items(scorer: Any, items: Sequence[CoherenceItem], *, num_negs: int, batch_size: int
                  ) -> tuple[list[float], list[list[float]]]:
     """Scores of each item's pos and of its first ``num_negs`` negatives, in one batched pass."""
     docs: list[tuple[str, ...]] = []
@@ -84,7 +84,7 @@ def run_coherence(args: argparse.Namespace) -> int:
         result["files"] = {}
         for path in args.pairs:
             items = read_pairs(path)
-            pos, negs = _score_items(scorer, items, num_negs=args.num_negs, batch_size=args.batch_size)
+            pos, negs = score_items(scorer, items, num_negs=args.num_negs, batch_size=args.batch_size)
             result["files"][path] = {"n": len(items), "accuracy": pairwise_accuracy(pos, negs)}
             if coders is not None:
                 result["alpha"] = _model_alpha(path, items, coders=coders, pos=pos, negs=negs)

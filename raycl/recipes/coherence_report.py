@@ -1,0 +1,167 @@
+"""The coherence run's outputs: ``results.csv``, ``best.json``, ``report.md`` (the paper's Table 1) and the plots of
+Fig. 2: dev accuracy over steps with and without hard negatives (a), accuracy against the swept values (b–d)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raycl.distributed.sweep import TrialOutcome
+from raycl.recipes.common import atomic_write, best_row, best_trial, num, save_png, write_csv
+
+if TYPE_CHECKING:
+    from raycl.config import Space
+    from raycl.recipes.coherence import CoherenceRun
+
+LABELS = {"pairwise": "Pairwise", "contrastive": "Contrastive", "contrastive_hn": "Contrastive + hard negatives",
+          "full_no_hn": "Full model − hard negatives"}  # fmt: skip
+TABLE_1 = ("pairwise", "contrastive", None)  # None: the sweep's best point, the full model
+SYMBOLS = {"loss.margin": "τ", "mining.num_rank": "P (ranked)", "momentum.queue_size": "queue", "momentum.m": "m",
+           "loss.lam": "λ", "mining.max_staleness": "staleness", "mining.num_negs": "N"}  # fmt: skip
+
+
+def _label(trial: TrialOutcome | None) -> str:
+    name = None if trial is None else trial.params.get("baseline")
+    return "Full model" if name is None else LABELS.get(str(name), str(name))
+
+
+def _row(trial: TrialOutcome, metric: str, mode: str) -> dict[str, Any]:
+    row = best_row(trial, metric, mode) or (trial.history[-1] if trial.history else {})
+    out: dict[str, Any] = {"trial_id": trial.trial_id, "method": _label(trial), **trial.params}
+    out.update({k: v for k, v in row.items()
+                if k in ("step", "epoch", "loss") or k.startswith(("dev", "test/", "timing/", "stream/"))})
+    if trial.error:
+        out["error"] = trial.error
+    return out
+
+
+def write_all(run: CoherenceRun, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]
+              ) -> dict[str, Any]:  # fmt: skip
+    metric, mode = run.cfg.tune.metric, run.cfg.tune.mode
+    write_csv(run.run_dir / "results.csv", [_row(t, metric, mode) for t in trials + extra])
+    best = best_trial(trials, metric=metric, mode=mode)
+    table = _table(best, extra, metric, mode)
+    summary = {"space": space.name, "run_dir": str(run.run_dir), "best": _row(best, metric, mode) if best else None,
+               "table": table, "timings": run.timings, "builtin_data": run.builtin, "data": run.counts,
+               "failed_trials": [t.trial_id for t in trials + extra if t.error]}  # fmt: skip
+    atomic_write(run.run_dir / "best.json", json.dumps(summary["best"], indent=2, default=str))
+    plots = _plots(run.run_dir, trials, extra, best, metric)
+    atomic_write(run.run_dir / "report.md", _render(run, space, summary, trials, extra, plots))
+    summary["plots"] = [str(p) for p in plots]
+    return summary
+
+
+def _table(best: TrialOutcome | None, extra: list[TrialOutcome], metric: str, mode: str) -> list[dict[str, Any]]:
+    """Table 1's rows (pairwise, contrastive, full model), then the other baselines (Fig. 2a's runs)."""
+    by_name = {str(t.params.get("baseline")): t for t in extra}
+    order = [by_name.get(n) if n else best for n in TABLE_1] + [t for n, t in by_name.items() if n not in TABLE_1]
+    return [_row(t, metric, mode) for t in order if t is not None]
+
+
+def _pct(v: Any) -> str:
+    f = num(v)
+    return "–" if f is None else f"{100 * f:.2f}"
+
+
+def _render(run: CoherenceRun, space: Space, summary: dict[str, Any], trials: list[TrialOutcome],
+            extra: list[TrialOutcome], plots: list[Path]) -> str:  # fmt: skip
+    tests = list(run.cfg.data.test)
+    alphas = list(run.cfg.data.annotations)
+    head = ["Method", *[f"{t} acc" for t in tests], *[f"{a} α" for a in alphas], "dev acc"]
+    lines = [f"# Coherence — {space.name}", "",
+             "Table 1: pairwise accuracy (%, ties wrong) on the held-out permuted test and each independent set; "
+             "Krippendorff's α (nominal) with the model as one more coder where annotations are given "
+             f"(annotators alone: {', '.join(_pct(_alpha(summary, a, 'human_alpha')) for a in alphas) or '–'}).",
+             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+    for row in summary["table"]:
+        cells = [row["method"], *[_pct(row.get(f"test/{t}/acc")) for t in tests],
+                 *[f"{num(row.get(f'test/{a}/alpha')) or 0:.3f}" for a in alphas], _pct(row.get("dev_acc"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"Data: {', '.join(f'{k} {v}' for k, v in run.counts.items())}"
+              + (f" (built-in: {', '.join(run.builtin)})" if run.builtin else "") + ".", ""]
+    lines += _sweep_lines(trials, tests) + _stream_lines(trials + extra)
+    lines += ["## Timings", "", ", ".join(f"{k} {v:.1f} s" for k, v in run.timings.items()), ""]
+    lines += [f"![{p.stem}]({p.name})" for p in plots]
+    return "\n".join(lines)
+
+
+def _alpha(summary: dict[str, Any], name: str, key: str) -> Any:
+    return next((r.get(f"test/{name}/{key}") for r in summary["table"] if r.get(f"test/{name}/{key}") is not None),
+                None)
+
+
+def _sweep_lines(trials: list[TrialOutcome], tests: list[str]) -> list[str]:
+    keys = sorted({k for t in trials for k in t.params})
+    if not keys:
+        return []
+    head = [SYMBOLS.get(k, k) for k in keys] + ["dev acc", *[f"{t} acc" for t in tests]]
+    lines = ["## Sweep (full model)", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for t in trials:
+        r = best_row(t, "dev_acc") or {}
+        cells = [str(t.params.get(k)) for k in keys] + [_pct(r.get("dev_acc"))]
+        lines.append("| " + " | ".join(cells + [_pct(r.get(f"test/{n}/acc")) for n in tests]) + " |")
+    return [*lines, ""]
+
+
+def _stream_lines(trials: list[TrialOutcome]) -> list[str]:
+    """Mining ‖ training: the trainers' waiting time and the negatives' staleness, per trial."""
+    rows = []
+    for t in trials:
+        mined = [h for h in t.history if num(h.get("stream/version")) is not None]
+        if mined:
+            wait = sum(num(h.get("timing/mine_wait")) or 0.0 for h in mined)
+            wall = sum(num(h.get("timing/interval")) or 0.0 for h in mined)
+            stale = max(num(h.get("stream/staleness_max")) or 0.0 for h in mined)
+            refused = sum(num(h.get("stream/refused")) or 0.0 for h in mined)
+            rows.append(f"| {_label(t)} {t.params.get('mining.max_staleness', '')} | {100 * wait / max(wall, 1e-9):.1f} "
+                        f"| {stale:.0f} | {refused:.0f} | {mined[-1].get('stream/version', 0):.0f} |")
+    if not rows:
+        return []
+    return ["## Hard-negative mining ‖ training", "",
+            "| trial | mine_wait (% of training time) | max staleness | refused (re-mined) | weight versions |",
+            "|---|---|---|---|---|", *rows, ""]  # fmt: skip
+
+
+def _plots(run_dir: Path, trials: list[TrialOutcome], extra: list[TrialOutcome], best: TrialOutcome | None,
+           metric: str) -> list[Path]:  # fmt: skip
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = []
+    curves = [t for t in extra if t.params.get("baseline") in ("contrastive", "contrastive_hn")]
+    curves += [best] if best is not None else []
+    if curves:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for t in curves:
+            pts = [(h["step"], 100 * h[metric]) for h in t.history if num(h.get(metric)) is not None]
+            ax.plot(*zip(*pts, strict=True), marker="o", label=_label(t))
+        ax.set(xlabel="training steps (items)", ylabel="dev accuracy (%)", title="Fig. 2a: dev accuracy over steps")
+        ax.legend()
+        fig.tight_layout()
+        out.append(save_png(fig, run_dir / "dev_curves.png"))
+        plt.close(fig)
+    swept = [k for k in ("mining.num_rank", "momentum.m", "momentum.queue_size", "loss.margin", "loss.lam",
+                         "mining.max_staleness") if len({str(t.params.get(k)) for t in trials}) > 1]
+    if swept:
+        fig, axes = plt.subplots(1, len(swept), figsize=(4.5 * len(swept), 3.6), squeeze=False)
+        for ax, key in zip(axes[0], swept, strict=True):
+            _sweep_panel(ax, trials, key, metric)
+        fig.tight_layout()
+        out.append(save_png(fig, run_dir / "sweep.png"))
+        plt.close(fig)
+    return out
+
+
+def _sweep_panel(ax: Any, trials: list[TrialOutcome], key: str, metric: str) -> None:
+    """Fig. 2b–d: the best accuracy reached at each value of ``key`` (over the other swept keys)."""
+    rows = [(t.params.get(key), best_row(t, metric) or {}) for t in trials]
+    values = sorted({v for v, _ in rows if v is not None}, key=float)
+    series = [metric] + sorted({k for _, r in rows for k in r if k.startswith("test/") and k.endswith("/acc")})
+    for s in series:
+        ys = [max((100 * (num(r.get(s)) or 0.0) for v, r in rows if v == x), default=0.0) for x in values]
+        ax.plot([str(v) for v in values], ys, marker="o", label=s.replace("test/", "").replace("/acc", ""))
+    ax.set(xlabel=SYMBOLS.get(key, key), ylabel="accuracy (%)")
+    ax.legend(fontsize=7)
