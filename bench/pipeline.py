@@ -11,6 +11,9 @@ Prints one JSON object:
   ``speedup_vs_sequential`` (sequential mine-then-train time / pipelined time).
 
 Usage: ``.venv/bin/python bench/pipeline.py --json [--miners 1,2,4] [--finetune 600] [--epochs 2]``.
+``--recipe coherence``: the coherence recipe (smoke preset) instead, each M at ``max_staleness`` 0 (the paper's
+schedule: every chunk ranked with the weights published at its start, so the trainer waits for it) and 1 (the
+next chunk is ranked while this one trains): ``mine_wait_fraction``, refused (re-ranked) items, versions.
 On a CPU machine the resources are logical (``num_cpus`` = 2 + max M): miners and the trainer share the
 physical cores, which the JSON records; on a GPU machine give each miner a GPU fraction with ``--gpus-per-miner``.
 """
@@ -113,12 +116,54 @@ def _pipeline(run: Any, out: Path, miners: int, sequential_s: float) -> dict[str
     }  # fmt: skip
 
 
+def _coherence_run(run: Any, out: Path, *, staleness: int, miners: int) -> dict[str, Any]:
+    """One coherence training pass whose hard negatives are ranked by ``miners`` actors at ``staleness``."""
+    from raycl.recipes.coherence import train_one
+    from raycl.recipes.common import read_history
+
+    cfg = _with(run.cfg, **{"mining.max_staleness": staleness, "mining.num_miners": miners,
+                            "mining.cpus_per_miner": 1.0})  # fmt: skip
+    name = f"coh-s{staleness}-m{miners}"
+    t0 = time.perf_counter()
+    train_one(dataclasses.replace(run, cfg=cfg), cfg, out / name, name=name, in_tune=False)
+    fit_s = time.perf_counter() - t0
+    hist = read_history(out / name)
+    wait = sum(float(h.get("timing/mine_wait", 0.0)) for h in hist)
+    wall = sum(float(h.get("timing/interval", 0.0)) for h in hist)
+    steady = hist[1:]  # the first interval trains on the items' own negatives (nothing mined yet)
+    s_wait = sum(float(h.get("timing/mine_wait", 0.0)) for h in steady)
+    s_wall = sum(float(h.get("timing/interval", 0.0)) for h in steady)
+    return {"max_staleness": staleness, "miners": miners, "mine_wait_fraction": wait / max(wall, 1e-9),
+            "mine_wait_fraction_mining_chunks": s_wait / max(s_wall, 1e-9), "train_loop_s": wall, "fit_s": fit_s,
+            "refused": sum(float(h.get("stream/refused", 0.0)) for h in hist),
+            "staleness_max": max(float(h.get("stream/staleness_max", 0.0)) for h in hist),
+            "weight_versions": hist[-1].get("stream/version"), "dev_acc": hist[-1].get("dev_acc")}  # fmt: skip
+
+
+def coherence_main(args: argparse.Namespace) -> dict[str, Any]:
+    """The coherence recipe (smoke preset): mine_wait with the paper's schedule (staleness 0) against 1."""
+    from raycl.config import load_space
+    from raycl.recipes.coherence import prepare
+
+    ms = [int(m) for m in args.miners.split(",")]
+    with tempfile.TemporaryDirectory(prefix="raycl-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        space = load_space("coherence", preset="smoke", overrides=[
+            f"data.builtin.train={args.documents}", "scaling.num_workers=1", "scaling.cpus_per_worker=1"])
+        run = prepare(space, tmp / "run")
+        runs = [_coherence_run(run, tmp, staleness=s, miners=m) for m in ms for s in (0, 1)]
+    return {"bench": "pipeline", "recipe": "coherence smoke", "training_items": run.counts["train"],
+            "rank_every": run.cfg.mining.rank_every, "num_rank": run.cfg.mining.num_rank, "runs": runs}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--recipe", choices=("gec", "coherence"), default="gec")
     p.add_argument("--miners", default="1,2,4")
     p.add_argument("--train", type=int, default=2000)
     p.add_argument("--finetune", type=int, default=600)
+    p.add_argument("--documents", type=int, default=100, help="coherence: built-in training documents")
     p.add_argument("--pretrain-epochs", type=int, default=1)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--gpus-per-miner", type=float, default=0.0)
@@ -127,9 +172,18 @@ def main() -> None:
     import ray
 
     from raycl.distributed.runtime import init_ray
-    from raycl.recipes.gec import prepare
 
     init_ray(num_cpus=2 + max(ms))
+    machine = {"cpus": os.cpu_count(), "gpus": ray.cluster_resources().get("GPU", 0),
+               "logical_cpus": ray.cluster_resources().get("CPU")}  # fmt: skip
+    result = coherence_main(args) if args.recipe == "coherence" else gec_main(args)
+    print(json.dumps({**result, "machine": machine}, indent=2 if args.json else None))
+
+
+def gec_main(args: argparse.Namespace) -> dict[str, Any]:
+    from raycl.recipes.gec import prepare
+
+    ms = [int(m) for m in args.miners.split(",")]
     with tempfile.TemporaryDirectory(prefix="raycl-bench-") as tmp_name:
         tmp = Path(tmp_name)
         space = _space(tmp, args)
@@ -139,12 +193,8 @@ def main() -> None:
         seq = _sequential(run, tmp)
         ray1 = _ray_one_worker(run, tmp, seq["train_loop_s"])
         pipes = {str(m): _pipeline(run, tmp, m, seq["total_s"]) for m in ms}
-    print(json.dumps({
-        "bench": "pipeline", "recipe": "gec_pd smoke", "finetune_sentences": args.finetune, "epochs": args.epochs,
-        "machine": {"cpus": os.cpu_count(), "gpus": ray.cluster_resources().get("GPU", 0),
-                    "logical_cpus": ray.cluster_resources().get("CPU")},
-        "sequential": seq, "ray_one_worker": ray1, "pipeline": pipes,
-    }, indent=2 if args.json else None))  # fmt: skip
+    return {"bench": "pipeline", "recipe": "gec_pd smoke", "finetune_sentences": args.finetune,
+            "epochs": args.epochs, "sequential": seq, "ray_one_worker": ray1, "pipeline": pipes}  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -39,6 +39,14 @@ def recipe(space: Space) -> Any:
     return importlib.import_module(f"raycl.recipes.{space.config.task}")
 
 
+def check_inputs(space: Space, run_dir: Path) -> None:
+    """Read every input file before Ray starts (the recipe's ``check_inputs``, where it has one): a malformed
+    file ends in one line and exit status 2 with nothing started."""
+    check = getattr(recipe(space), "check_inputs", None)
+    if check is not None:
+        check(space, run_dir)
+
+
 def finish(summary: dict[str, Any], *, as_json: bool) -> None:
     if as_json:
         json.dump(summary, sys.stdout, indent=2, default=str)

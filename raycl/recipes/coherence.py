@@ -30,7 +30,12 @@ from typing import Any
 from raycl.config import Space, dump_yaml, set_dotted, to_dict
 from raycl.configs.coherence import CoherenceConfig
 from raycl.data.coherence import (
-    CoherenceItem, build_permuted_set, read_annotations, read_documents, read_pairs, write_pairs_jsonl,
+    CoherenceItem,
+    build_permuted_set,
+    read_annotations,
+    read_documents,
+    read_pairs,
+    write_pairs_jsonl,
 )  # fmt: skip
 from raycl.data.coherence_corpus import write_builtin_corpus
 from raycl.distributed.miner_pool import MinerFactory
@@ -136,6 +141,13 @@ def check_data(cfg: CoherenceConfig) -> dict[str, int]:
     return counts
 
 
+def check_inputs(space: Space, run_dir: Path) -> None:
+    """Before Ray starts (``raycl.cli``): every data file of the run is read once."""
+    cfg, _ = with_data(space.config, run_dir / "data")
+    check_data(cfg)
+    training_items(cfg)
+
+
 # ---------------------------------------------------------------------------------------------- 2. model
 def base_model(cfg: CoherenceConfig, run_dir: Path, items: list[CoherenceItem]) -> Path:
     """The starting scorer: the preset (a tiny XLNet's tokenizer trained on the training sentences, the offline
@@ -158,10 +170,10 @@ def prepare(space: Space, run_dir: Path) -> CoherenceRun:
     """Steps 1–2 and the run folder: resolved data, ``config.yaml``, the training items, the base model."""
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg, builtin = with_data(space.config, run_dir / "data")
+    counts = check_data(cfg)  # every file is read before anything is said or run: a bad one ends here
+    items = training_items(cfg)
     if builtin:
         say(f"built-in corpus for {', '.join(builtin)} (written to {run_dir / 'data'})")
-    counts = check_data(cfg)
-    items = training_items(cfg)
     counts["train"] = len(items)
     say("data: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     (run_dir / "data").mkdir(exist_ok=True)
@@ -219,7 +231,7 @@ def _sweep(run: CoherenceRun, space: Space, param_space: dict[str, Any], *, name
 
 # ---------------------------------------------------------------------------------------------- drivers
 def run_tune(space: Space, run_dir: Path) -> dict[str, Any]:
-    """``python -m raycl.tune coherence``: the sweep (the full model), the baselines at its best point, the report."""
+    """``python -m raycl.tune coherence``: the sweep (the full model), baselines at its best point, the report."""
     run = prepare(space, run_dir)
     say(f"sweep over {', '.join(space.search) or 'the default point'} (trainers ‖ permutation miners)")
     t0 = time.perf_counter()

@@ -1,5 +1,5 @@
-"""The coherence run's outputs: ``results.csv``, ``best.json``, ``report.md`` (the paper's Table 1) and the plots of
-Fig. 2: dev accuracy over steps with and without hard negatives (a), accuracy against the swept values (b–d)."""
+"""The coherence run's outputs: ``results.csv``, ``best.json``, ``report.md`` (the paper's Table 1) and the plots
+of Fig. 2: dev accuracy over steps with and without hard negatives (a), accuracy against the swept values (b–d)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ def _label(trial: TrialOutcome | None) -> str:
     return "Full model" if name is None else LABELS.get(str(name), str(name))
 
 
+def _params(trial: TrialOutcome) -> str:
+    return ", ".join(f"{SYMBOLS.get(k, k)}={v}" for k, v in trial.params.items() if k != "baseline")
+
+
 def _row(trial: TrialOutcome, metric: str, mode: str) -> dict[str, Any]:
     row = best_row(trial, metric, mode) or (trial.history[-1] if trial.history else {})
     out: dict[str, Any] = {"trial_id": trial.trial_id, "method": _label(trial), **trial.params}
@@ -42,8 +46,9 @@ def write_all(run: CoherenceRun, space: Space, trials: list[TrialOutcome], extra
     write_csv(run.run_dir / "results.csv", [_row(t, metric, mode) for t in trials + extra])
     best = best_trial(trials, metric=metric, mode=mode)
     table = _table(best, extra, metric, mode)
-    summary = {"space": space.name, "run_dir": str(run.run_dir), "best": _row(best, metric, mode) if best else None,
-               "table": table, "timings": run.timings, "builtin_data": run.builtin, "data": run.counts,
+    summary = {"space": space.name, "run_dir": str(run.run_dir),
+               "best": _row(best, metric, mode) if best else None, "table": table, "timings": run.timings,
+               "builtin_data": run.builtin, "data": run.counts,
                "failed_trials": [t.trial_id for t in trials + extra if t.error]}  # fmt: skip
     atomic_write(run.run_dir / "best.json", json.dumps(summary["best"], indent=2, default=str))
     plots = _plots(run.run_dir, trials, extra, best, metric)
@@ -114,8 +119,9 @@ def _stream_lines(trials: list[TrialOutcome]) -> list[str]:
             wall = sum(num(h.get("timing/interval")) or 0.0 for h in mined)
             stale = max(num(h.get("stream/staleness_max")) or 0.0 for h in mined)
             refused = sum(num(h.get("stream/refused")) or 0.0 for h in mined)
-            rows.append(f"| {_label(t)} {t.params.get('mining.max_staleness', '')} | {100 * wait / max(wall, 1e-9):.1f} "
-                        f"| {stale:.0f} | {refused:.0f} | {mined[-1].get('stream/version', 0):.0f} |")
+            name = f"{_label(t)} {_params(t)}".strip()
+            rows.append(f"| {name} | {100 * wait / max(wall, 1e-9):.1f} | {stale:.0f} | {refused:.0f} "
+                        f"| {mined[-1].get('stream/version', 0):.0f} |")
     if not rows:
         return []
     return ["## Hard-negative mining ‖ training", "",
@@ -138,7 +144,7 @@ def _plots(run_dir: Path, trials: list[TrialOutcome], extra: list[TrialOutcome],
         for t in curves:
             pts = [(h["step"], 100 * h[metric]) for h in t.history if num(h.get(metric)) is not None]
             ax.plot(*zip(*pts, strict=True), marker="o", label=_label(t))
-        ax.set(xlabel="training steps (items)", ylabel="dev accuracy (%)", title="Fig. 2a: dev accuracy over steps")
+        ax.set(xlabel="training steps (items)", ylabel="dev accuracy (%)", title="Fig. 2a: dev accuracy")
         ax.legend()
         fig.tight_layout()
         out.append(save_png(fig, run_dir / "dev_curves.png"))

@@ -90,6 +90,12 @@ def check_data(cfg: GecConfig) -> dict[str, int]:
     return counts
 
 
+def check_inputs(space: Space, run_dir: Path) -> None:
+    """Before Ray starts (``raycl.cli``): every data file of the run is read once."""
+    cfg, _ = with_data(space.config, run_dir / "data")
+    check_data(cfg)
+
+
 # ---------------------------------------------------------------------------------------------- step 1
 def pretrain(cfg: GecConfig, run_dir: Path) -> Path:
     """Step 1: the base model θ̂, trained on D_T with NLL — or ``model.checkpoint`` as given."""

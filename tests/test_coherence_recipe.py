@@ -1,0 +1,130 @@
+"""The coherence recipe end to end, tiny: a run whose hard negatives are ranked by miner actors while it trains
+(staleness 0 and 1), the pooled ranking against the in-process miner, a Tune sweep with baselines, the eval CLI on
+the trained model, and a pickle that tries to import something refused before anything runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raycl.config import load_space
+from raycl.data.coherence import read_pairs
+from raycl.recipes import coherence
+from raycl.recipes.common import read_history
+
+TINY = [
+    "data.builtin.train=24", "data.builtin.dev=6", "data.builtin.test=6", "data.builtin.intrusion=6",
+    "data.builtin.lmvlm=8", "data.permute.copies=2", "mining.num_rank=4", "mining.num_negs=2",
+    "mining.rank_every=10", "mining.task_size=4", "mining.queue_size=12", "optim.eval_every=10",
+    "eval.num_negs=2", "momentum.queue_size=8", "scaling.num_workers=0", "mining.cpus_per_miner=0.25",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_a_run_trains_on_negatives_ranked_by_the_miners(ray_local, tmp_path: Path, staleness: int) -> None:
+    space = load_space("coherence", preset="smoke", overrides=[*TINY, f"mining.max_staleness={staleness}"])
+    summary = coherence.run_train(space, tmp_path)
+    for name in ("config.yaml", "results.csv", "best.json", "report.md", "dev_curves.png"):
+        assert (tmp_path / name).exists(), name
+    history = read_history(tmp_path / "trials" / "train")
+    n_items = len(read_pairs(tmp_path / "data" / "train_items.jsonl"))
+    assert history[-1]["step"] == n_items  # one pass, batch 1 (no item has fewer than 2 negatives)
+    assert [h["step"] for h in history] == [*range(10, n_items, 10), n_items]
+    # one weight version per mining chunk after the first (which trains on the items' own negatives)
+    assert history[-1]["stream/version"] == (n_items - 1) // 10
+    assert max(h["stream/staleness_max"] for h in history) <= staleness
+    if staleness == 0:  # miners ran ahead with older weights: those items were refused and ranked again
+        assert sum(h["stream/refused"] for h in history) > 0
+    best = summary["best"]
+    for key in ("dev_acc", "test/permuted/acc", "test/intrusion/acc", "test/lmvlm/acc"):
+        assert 0.0 <= best[key] <= 1.0, key
+    assert -1.0 <= best["test/lmvlm/alpha"] <= 1.0 and -1.0 <= best["test/lmvlm/human_alpha"] <= 1.0
+    report = (tmp_path / "report.md").read_text()
+    assert "Table 1" in report and "| Full model |" in report and "mine_wait" in report
+    if staleness == 1:
+        _eval_cli_scores_the_trained_model(tmp_path)
+
+
+def _eval(*args: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "raycl.eval", "coherence", *args, "--json"], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def _eval_cli_scores_the_trained_model(run_dir: Path) -> None:
+    data, model = run_dir / "data", str(run_dir / "trials/train/best_model")
+    out = _eval("--model", model, "--pairs", str(data / "test.pkl"), "--pairs", str(data / "intrusion_test.pkl"),
+                "--num-negs", "1")  # fmt: skip
+    assert out["files"][str(data / "test.pkl")]["n"] == len(read_pairs(data / "test.pkl"))
+    best = json.loads((run_dir / "best.json").read_text())
+    assert abs(out["files"][str(data / "intrusion_test.pkl")]["accuracy"] - best["test/intrusion/acc"]) < 1e-9
+    out = _eval("--model", model, "--pairs", str(data / "lmvlm.pkl"), "--annotations",
+                str(data / "lmvlm_annotations.pkl"))  # fmt: skip
+    assert abs(out["alpha"] - best["test/lmvlm/alpha"]) < 1e-9
+    assert abs(out["human_alpha"] - best["test/lmvlm/human_alpha"]) < 1e-9
+
+
+def test_the_pool_ranks_permutations_as_the_in_process_miner(ray_local, tmp_path: Path) -> None:
+    from raycl.data.coherence import build_permuted_set
+    from raycl.data.coherence_corpus import generate_documents
+    from raycl.distributed.messages import MineTask
+    from raycl.distributed.miner_pool import MinerFactory, MinerPool
+    from raycl.miners.permutation import PermutationMiner
+    from raycl.models.coherence import CoherenceScorer
+    from raycl.models.coherence_presets import build_coherence_model
+
+    items = build_permuted_set(generate_documents(6, seed=3), num_negs=6, copies=1, seed=3)
+    model = build_coherence_model("smoke", tmp_path / "m", texts=[s for it in items for s in it.pos], seed=2)
+    local = PermutationMiner(CoherenceScorer.from_pretrained(model), num_rank=6, num_negs=3).mine(items)
+    pool = MinerPool(MinerFactory("coherence_rank", str(model), {"num_rank": 6, "num_negs": 3}), num_miners=2,
+                     cpus_per_miner=0.25)  # fmt: skip
+    tasks = [MineTask(0, i, 0, tuple(items[i : i + 2])) for i in range(0, len(items), 2)]
+    pooled = {i: r for b in pool.map(tasks) for i, r in zip(b.ids, zip(b.negatives, b.scores, strict=True),
+                                                             strict=True)}  # fmt: skip
+    pool.shutdown()
+    for rec in local:
+        negatives, scores = pooled[rec.id]
+        assert negatives == rec.negatives  # the same three hardest permutations, in the same order
+        assert scores == pytest.approx(rec.scores, abs=1e-5)
+
+
+def test_tune_sweep_and_baselines(ray_local, tmp_path: Path) -> None:
+    over = [*TINY, "scaling.num_workers=1", "scaling.cpus_per_worker=0.5", "tune.driver_cpus=0.1"]
+    space = load_space("coherence", preset="smoke", overrides=over)
+    space.search = {"mining.max_staleness": {"grid": [0, 1]}}
+    space.baselines = {k: v for k, v in space.baselines.items() if k in ("pairwise", "contrastive")}
+    summary = coherence.run_tune(space, tmp_path)
+    assert not summary["failed_trials"]
+    assert [r["method"] for r in summary["table"]] == ["Pairwise", "Contrastive", "Full model"]
+    assert (tmp_path / "sweep.png").exists() and (tmp_path / "dev_curves.png").exists()
+    import ray._common.test_utils as tu
+
+    tu.wait_for_condition(lambda: ray_local.available_resources().get("CPU", 0) == 2.0, timeout=30)
+
+
+class _Evil:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {MARKER}",))
+
+
+MARKER = Path("/tmp/raycl-coherence-pickle-marker")
+
+
+def test_a_pickle_that_imports_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    MARKER.unlink(missing_ok=True)
+    evil = tmp_path / "dev.pkl"
+    evil.write_bytes(pickle.dumps([{"pos": ["a"], "neg": ["b"], "x": _Evil()}], protocol=3))
+    done = subprocess.run([sys.executable, "-m", "raycl.train", "coherence", "--preset", "smoke", "--out",
+                           str(tmp_path / "run"), "--set", f"data.dev=[{evil}]"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "system'" in lines[0] and str(evil) in lines[0], lines
+    assert not MARKER.exists() and not (tmp_path / "run" / "ray").exists()
