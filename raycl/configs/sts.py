@@ -1,0 +1,126 @@
+"""The SemEval-2022 Task 2 Subtask B recipe's config (SPEC §3.2, §4; ZhichunRoad): ``tune_spaces/sts.yaml``.
+
+Data keys left empty are filled with the built-in set (``raycl.data.semeval_corpus``), written under the run
+folder. The official files come in groups: ``dev``, ``dev_gold`` and ``dev_submission_format`` are all given or
+all left empty (the same for ``eval`` and ``eval_submission_format``; ``eval_gold`` may stay empty, as in the real
+data, and then there are no test scores).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from raycl.config import ScalingSection, TuneSection, require
+
+JOINT_KINDS = ("sum", "alternate")
+
+
+@dataclass
+class StsModelSection:
+    preset: str = "paper"  # smoke | small (offline MiniLM) | paper (bert-base-multilingual-cased)
+    checkpoint: str | None = None  # an HF encoder (name or folder) for the preset, or a SentenceEncoder folder
+    cross_attention: bool = True  # false: the MSE cosine (and the prediction) on mean-pooled encoder outputs
+    max_seq_length: int = 64
+    seed: int = 0  # fresh weights: the smoke encoder, the cross-attention, the MWE token rows
+
+
+@dataclass
+class BuiltinStsSection:
+    seed: int = 0
+
+
+@dataclass
+class StsDataSection:
+    sts_pretrain: list[str] = field(default_factory=list)  # raycl's STS CSV (split, Language, s1, s2, score 0–5)
+    train_data: str = ""  # train_data.csv of Subtask B
+    dev: str = ""
+    dev_gold: str = ""
+    dev_submission_format: str = ""
+    eval: str = ""
+    eval_gold: str = ""  # empty with a user's eval: no test scores (the real data has no eval gold)
+    eval_submission_format: str = ""
+    upstream_quirk: bool = True  # sentence 2 rewritten with MWE1's pattern, the MWE as a raw regex (SPEC §3.2)
+    builtin: BuiltinStsSection = field(default_factory=BuiltinStsSection)
+
+
+@dataclass
+class StsLossSection:
+    joint: str = "sum"  # sum: L_mse + λ·L_con in one step (paper); alternate: a step per objective (code)
+    lam: float = 0.15  # λ; 0 = MSE only (no contrastive pass)
+    temperature: float = 0.05  # τ (the code's scale 20)
+
+
+@dataclass
+class MocoSection:
+    queue_size: int = 80  # Q = int(32 · 2.5); 0 = in-batch InfoNCE (no key encoder)
+    m: float = 0.999
+    update_every_forward: bool = False  # true: the code's update on every encoder forward
+
+
+@dataclass
+class StsPhaseSection:
+    epochs: int = 30
+    eval_every: int = 250  # steps between dev evaluations (each epoch's end is evaluated too)
+    seed: int = 4
+
+
+@dataclass
+class StsOptimSection:
+    lr: float = 2e-5  # AdamW, one optimiser per objective with loss.joint=alternate
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0
+    warmup_ratio: float = 0.1  # linear warm-up over this share of a fit's steps, then linear decay
+    batch_size: int = 32  # pairs per MSE step and sentences per contrastive step, per worker
+
+
+@dataclass
+class StsEvalSection:
+    batch_size: int = 64  # pairs per prediction batch; also the alignment/uniformity batch (the paper's script)
+    align_min_score: float = 4.0  # STS pairs with score ≥ this are ℓ_align's positives
+
+
+@dataclass
+class StsConfig:
+    task: str = "sts"
+    model: StsModelSection = field(default_factory=StsModelSection)
+    data: StsDataSection = field(default_factory=StsDataSection)
+    loss: StsLossSection = field(default_factory=StsLossSection)
+    moco: MocoSection = field(default_factory=MocoSection)
+    pretrain: StsPhaseSection = field(default_factory=StsPhaseSection)
+    finetune: StsPhaseSection = field(default_factory=lambda: StsPhaseSection(epochs=3, eval_every=250, seed=1))
+    optim: StsOptimSection = field(default_factory=StsOptimSection)
+    eval: StsEvalSection = field(default_factory=StsEvalSection)
+    scaling: ScalingSection = field(default_factory=ScalingSection)
+    tune: TuneSection = field(default_factory=lambda: TuneSection(metric="dev_spearman"))
+
+    @property
+    def final_setting(self) -> str:
+        """The setting a trial ends in, whose dev Spearman is the Tune metric."""
+        return "fine_tune" if self.finetune.epochs > 0 else "pre_train"
+
+    def validate(self, where: str) -> None:
+        from raycl.models.sentence_encoder import PRESETS
+
+        m, lo, mo, o, d = self.model, self.loss, self.moco, self.optim, self.data
+        require(m.preset in PRESETS, where, "model.preset", f"one of {', '.join(PRESETS)}", m.preset)
+        require(m.max_seq_length >= 8, where, "model.max_seq_length", "an integer ≥ 8", m.max_seq_length)
+        require(lo.joint in JOINT_KINDS, where, "loss.joint", " or ".join(JOINT_KINDS), lo.joint)
+        require(lo.lam >= 0, where, "loss.lam", "a number ≥ 0", lo.lam)
+        require(lo.temperature > 0, where, "loss.temperature", "a number > 0", lo.temperature)
+        require(mo.queue_size >= 0, where, "moco.queue_size", "an integer ≥ 0", mo.queue_size)
+        require(0.0 <= mo.m <= 1.0, where, "moco.m", "a number in [0, 1]", mo.m)
+        for name, p in (("pretrain", self.pretrain), ("finetune", self.finetune)):
+            require(p.epochs >= 0, where, f"{name}.epochs", "an integer ≥ 0", p.epochs)
+            require(p.eval_every >= 1, where, f"{name}.eval_every", "an integer ≥ 1", p.eval_every)
+        require(o.lr > 0, where, "optim.lr", "a number > 0", o.lr)
+        require(o.weight_decay >= 0, where, "optim.weight_decay", "a number ≥ 0", o.weight_decay)
+        require(o.clip_norm >= 0, where, "optim.clip_norm", "a number ≥ 0 (0 = no clipping)", o.clip_norm)
+        require(0.0 <= o.warmup_ratio < 1.0, where, "optim.warmup_ratio", "a number in [0, 1)", o.warmup_ratio)
+        require(o.batch_size >= 2, where, "optim.batch_size", "an integer ≥ 2 (in-batch negatives)", o.batch_size)
+        require(self.eval.batch_size >= 2, where, "eval.batch_size", "an integer ≥ 2", self.eval.batch_size)
+        for group in (("dev", "dev_gold", "dev_submission_format"), ("eval", "eval_submission_format")):
+            given = [bool(getattr(d, k)) for k in group]
+            require(all(given) or not any(given), where, f"data.{group[0]}",
+                    f"{', '.join('data.' + k for k in group)} all given or all empty (built-in)",
+                    {k: getattr(d, k) for k in group})  # fmt: skip
+        require(not d.eval_gold or bool(d.eval), where, "data.eval_gold", "data.eval given with it", d.eval_gold)
