@@ -1,0 +1,126 @@
+"""The Subtask B recipe end to end, tiny: an in-process run whose submissions the official scorer reads, the
+fine-tuning labels of 'None' rows, the epoch's batches, a Tune sweep with Table 5's ladder, and a malformed CSV
+that ends in one line before anything runs."""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from raycl.config import load_space
+from raycl.data.semeval import read_sts_train
+from raycl.evaluation.semeval_metrics import evaluate_sts
+from raycl.models.sentence_encoder import SentenceEncoder, build_sentence_encoder
+from raycl.recipes import sts
+from raycl.recipes.common import read_history
+from raycl.recipes.sts_worker import epoch_batches, finetune_pairs
+
+TINY = ["pretrain.epochs=1", "finetune.epochs=1", "pretrain.eval_every=4", "finetune.eval_every=4",
+        "moco.queue_size=16"]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def _rows(path: Path) -> list[list[str]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.reader(f))
+
+
+def test_run_train_writes_submissions_the_official_scorer_reads(tmp_path: Path) -> None:
+    space = load_space("sts", preset="smoke", overrides=[*TINY, "scaling.num_workers=0"])
+    summary = sts.run_train(space, tmp_path)
+    data = tmp_path / "data" / "SubTaskB"
+    for split in ("dev", "eval"):
+        sub, fmt = _rows(tmp_path / f"{split}.submission.csv"), _rows(data / f"{split}.submission_format.csv")
+        assert [r[:3] for r in sub] == [r[:3] for r in fmt]  # the format file's rows, in its order
+        assert all(-1.0 <= float(r[3]) <= 1.0 for r in sub[1:])  # every cell filled with a cosine
+        scores = evaluate_sts(tmp_path / f"{split}.submission.csv", data / f"{split}.gold.csv")
+        assert set(scores) == {"pre_train", "fine_tune"}
+        prefix = "dev" if split == "dev" else "test"
+        for setting, by_lang in scores.items():
+            for subset, rho in by_lang["EN,PT"].items():
+                assert rho is not None
+                assert summary["best"][f"{prefix}/{setting}/EN+PT/{subset}"] == pytest.approx(rho)
+    best = summary["best"]
+    assert best["dev_spearman"] == pytest.approx(best["dev/fine_tune/EN+PT/ALL"])  # the final setting's ALL
+    assert {"align/pre_train", "uniform/pre_train", "align/fine_tune", "uniform/fine_tune"} <= set(best)
+    history = read_history(tmp_path / "trials" / "train")
+    settings = [h["setting"] for h in history[:-1]]
+    n_pre, n_fine = settings.count("pre_train"), settings.count("fine_tune")
+    assert n_pre > 0 and n_fine > 0 and settings == ["pre_train"] * n_pre + ["fine_tune"] * n_fine
+    assert history[-1]["final"] == 1 and [h["report"] for h in history] == list(range(1, len(history) + 1))
+    for name in ("report.md", "results.csv", "best.json", "config.yaml", "align_uniform.png", "dev_curves.png"):
+        assert (tmp_path / name).exists(), name
+    assert "Table 5" in (tmp_path / "report.md").read_text()
+
+
+def test_none_rows_are_labelled_by_the_pretrained_models_cosine(tmp_path: Path) -> None:
+    space = load_space("sts", preset="smoke", overrides=["scaling.num_workers=0"])
+    cfg, _ = sts.with_data(space.config, tmp_path / "data")
+    rows = read_sts_train(cfg.data.train_data)
+    texts = [s for r in rows for s in (r.sentence1, r.sentence2)]
+    enc = SentenceEncoder.from_pretrained(build_sentence_encoder("smoke", tmp_path / "m", texts=texts, seed=3))
+    enc.eval()
+    pairs = finetune_pairs(cfg, enc)
+    assert len(pairs) == len(rows)
+    with torch.no_grad():
+        for row, (a, b, label) in zip(rows, pairs, strict=True):
+            assert (a, b) == row.tokenised()
+            if row.sim is not None:
+                assert label == row.sim
+                continue
+            u, v = enc.pair_embeddings([row.alternative_1], [row.alternative_2])  # one pair at a time
+            dot = sum(x * y for x, y in zip(u[0].tolist(), v[0].tolist(), strict=True))
+            norm = (sum(x * x for x in u[0].tolist()) * sum(y * y for y in v[0].tolist())) ** 0.5
+            assert label == pytest.approx(dot / norm, abs=1e-4)
+    assert any(r.sim is None for r in rows)
+
+
+def test_epoch_batches_give_every_rank_the_same_steps_and_end_with_the_shorter_loader() -> None:
+    pairs = [(f"a{i}", f"b{i}", 0.5) for i in range(23)]
+    sentences = [f"s{i}" for i in range(9)]
+    shards = [epoch_batches(pairs, sentences, batch_size=4, seed=1, rank=r, world_size=2) for r in range(2)]
+    assert [len(s) for s in shards] == [1, 1]  # 4 sentences per rank: one contrastive batch, so one step
+    assert not {p for b, _ in shards[0] for p in b} & {p for b, _ in shards[1] for p in b}  # disjoint shards
+    mse_only = epoch_batches(pairs, [], batch_size=4, seed=1, rank=0, world_size=2)
+    assert [len(b) for b, s in mse_only] == [4, 4, 3] and all(s == [] for _, s in mse_only)  # 11 pairs per rank
+
+
+def test_tune_sweep_runs_table_5s_ladder(ray_local, tmp_path: Path) -> None:
+    over = [*TINY, "scaling.cpus_per_worker=0.5", "tune.driver_cpus=0.1", "finetune.epochs=0"]
+    space = load_space("sts", preset="smoke", overrides=over)
+    space.search = {"moco.queue_size": {"grid": [8]}}
+    del space.baselines["cross_attention"]  # three trials keep the file near its time budget; the demo runs all
+    summary = sts.run_tune(space, tmp_path)
+    assert not summary["failed_trials"]
+    assert [r["method"] for r in summary["table"]] == ["MSE only", "+ InfoNCE (in-batch)", "+ MoCo queue"]
+    for row in summary["table"]:  # no fine-tuning: the final setting is pre_train
+        assert row["dev_spearman"] == pytest.approx(row["dev/pre_train/EN+PT/ALL"])
+    report = (tmp_path / "report.md").read_text()
+    assert "| MSE only |" in report and "| + MoCo queue |" in report
+    assert (tmp_path / "dev.submission.csv").exists() and (tmp_path / "align_uniform.png").exists()
+
+
+def test_a_malformed_csv_ends_in_one_line_before_anything_runs(tmp_path: Path) -> None:
+    space = load_space("sts", preset="smoke")
+    cfg, _ = sts.with_data(space.config, tmp_path / "data")
+    lines = Path(cfg.data.train_data).read_text(encoding="utf-8").splitlines()
+    bad = tmp_path / "bad_train.csv"
+    bad.write_text("\n".join([*lines[:3], "train.en.99.1,big fish,None,EN,only five fields"]) + "\n")
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "raycl.train", "sts", "--preset", "smoke", "--out", str(out),
+                           "--set", f"data.train_data={bad}"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RAY_ADDRESS": ""})  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().count("\n") == 0
+    assert f"{bad}:4: 5 fields, expected 9" in done.stderr  # header, two rows, then the bad one
+    assert not (out / "ray").exists() and not (out / "base_model").exists()
