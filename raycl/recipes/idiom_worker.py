@@ -201,6 +201,7 @@ def _final(st: _State, evals: Evaluator | None, out_dir: Path, loop_config: dict
         session.report(metrics)
         return
     kept = out_dir / BEST_MODEL
+    model: Any  # HF's typing of PreTrainedModel.to rejects a device
     model, tokenizer = load_classifier(kept if (kept / "config.json").exists() else loop_config["init_model"])
     model.to(session.device())  # in place, as every nn.Module
     model.eval()
