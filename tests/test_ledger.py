@@ -257,3 +257,18 @@ def _random_schedule(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(60))
 def test_random_schedules_deliver_every_item_exactly_once(seed: int) -> None:
     _random_schedule(seed)
+
+
+def test_scheduled_version_floors_cut_tasks_at_chunk_boundaries() -> None:
+    """Floors known in advance (a trainer publishing every 5 items) go on the tasks, and no task mixes two:
+    a task holding the end of one chunk and the start of the next would wait for the later weights."""
+    led = Ledger(world_size=1, task_size=4, seed=0)
+    xs = items(0, 12)
+    led.start_epoch(0, [xs], shuffle=False, min_versions={x.id: i // 5 for i, x in enumerate(xs)})
+    tasks = []
+    while (task := led.assign(0, now=0.0)) is not None:
+        tasks.append(task)
+        led.complete(mined(task, 0, version=task.min_version))
+    assert [[x.id for x in t.items] for t in tasks] == [
+        [x.id for x in xs[a:b]] for a, b in ((0, 4), (4, 5), (5, 9), (9, 10), (10, 12))]
+    assert [t.min_version for t in tasks] == [0, 0, 1, 1, 2]

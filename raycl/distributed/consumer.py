@@ -45,7 +45,8 @@ class StreamConsumer:
         self.max_staleness, self.version = max_staleness, version
         self.stats = StreamStats()
 
-    def start_epoch(self, epoch: int, items_per_rank: list[list[Any]], *, shuffle: bool = True) -> None:
+    def start_epoch(self, epoch: int, items_per_rank: list[list[Any]], *, shuffle: bool = True,
+                    min_versions: dict[str, int] | None = None) -> None:  # fmt: skip
         """Rank 0 schedules ``epoch`` (shuffled by epoch, or in the given order); cached negatives fresh enough for
         ``max_staleness`` are reused. If the stream already runs this epoch, a restarted trainer is replaying it:
         every item is delivered again."""
@@ -53,7 +54,8 @@ class StreamConsumer:
         if self.rank != 0:
             return
         started = ray.get(self.stream.start_epoch.remote(epoch, items_per_rank, shuffle=shuffle,
-                                                         reuse_version=self.version - self.max_staleness))
+                                                         reuse_version=self.version - self.max_staleness,
+                                                         min_versions=min_versions))  # fmt: skip
         if not started:
             empty: list[list[str]] = [[] for _ in range(self.world_size)]
             ray.get(self.stream.restore.remote({"epoch": epoch, "consumed": empty}))

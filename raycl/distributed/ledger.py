@@ -77,14 +77,18 @@ class Ledger:
     def start_epoch(
         self, epoch: int, items_per_rank: Sequence[Sequence[Any]], *,
         cached: Mapping[str, StreamItem] | None = None, shuffle: bool = True,
+        min_versions: Mapping[str, int] | None = None,
     ) -> None:  # fmt: skip
         """Schedule ``epoch``: each rank's items (objects with an ``id``), shuffled by (seed, epoch, rank).
 
         Ids found in ``cached`` are ready at once, with that item. Ids must be unique across ranks.
+        ``min_versions``: ids that must be mined with weights of at least that version (known in advance when
+        a trainer publishes on a schedule: miners wait for the version instead of mining what would be refused).
         """
         if len(items_per_rank) != self.world_size:
             raise ValueError(f"expected items for {self.world_size} ranks, got {len(items_per_rank)}")
         self._clear()
+        self.min_version.update(min_versions or {})
         self.epoch, cached = epoch, cached or {}
         for rank, items in enumerate(items_per_rank):
             order = list(items)
@@ -153,7 +157,12 @@ class Ledger:
         return None
 
     def _lease(self, rank: int, size: int, miner_id: int, *, now: float, exempt: bool) -> MineTask:
-        ids = [self._pop_pending(rank) for _ in range(size)]
+        ids = [self._pop_pending(rank)]
+        floor = self.min_version.get(ids[0], 0)
+        # a task never mixes version floors: it would wait for the highest and hold back the others
+        while len(ids) < size and (nxt := self._peek_pending(rank)) is not None \
+                and self.min_version.get(nxt, 0) == floor:
+            ids.append(self._pop_pending(rank))
         task_id, self._next_task = self._next_task, self._next_task + 1
         for id_ in ids:
             self._leave(id_)
@@ -184,6 +193,16 @@ class Ledger:
         """Ranks with pending ids: those whose next delivery is pending first, then fewest items on the way."""
         ranks = [r for r in range(self.world_size) if self._n_pending[r] > 0]
         return sorted(ranks, key=lambda r: (not self._head_pending(r), len(self.ready[r]) + self._n_assigned[r]))
+
+    def _peek_pending(self, rank: int) -> str | None:
+        """The rank's next pending id without taking it (stale heap entries are dropped on the way)."""
+        heap = self._pending[rank]
+        while heap:
+            seq, id_ = heap[0]
+            if self.state[id_] == PENDING and self.seq[id_] == seq:
+                return id_
+            heapq.heappop(heap)
+        return None
 
     def _pop_pending(self, rank: int) -> str:
         heap = self._pending[rank]

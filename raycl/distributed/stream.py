@@ -71,10 +71,11 @@ class NegativeStream:
     # ------------------------------------------------------------------------------------------ driver
     async def start_epoch(
         self, epoch: int, items_per_rank: Sequence[Sequence[Any]], *, reuse_version: int | None = None,
-        shuffle: bool = True,
+        shuffle: bool = True, min_versions: dict[str, int] | None = None,
     ) -> bool:  # fmt: skip
         """Schedule ``epoch`` (each rank's items, shuffled by epoch, cut into tasks). Cached negatives mined
-        at version ≥ ``reuse_version`` are delivered without mining (None: re-mine everything). Calling it
+        at version ≥ ``reuse_version`` are delivered without mining (None: re-mine everything); ``min_versions``
+        are per-id version floors for the miners (``Ledger.start_epoch``). Calling it
         again for the epoch already running does nothing (every rank may call it); returns True if it started.
         """
         if epoch <= self.ledger.epoch:
@@ -83,7 +84,7 @@ class NegativeStream:
             item.id: self.cache[item.id] for items in items_per_rank for item in items
             if item.id in self.cache and self.cache[item.id].model_version >= reuse_version
         }  # fmt: skip
-        self.ledger.start_epoch(epoch, items_per_rank, cached=cached, shuffle=shuffle)
+        self.ledger.start_epoch(epoch, items_per_rank, cached=cached, shuffle=shuffle, min_versions=min_versions)
         await self._notify()
         return True
 

@@ -199,8 +199,9 @@ def train_one(run: CoherenceRun, cfg: CoherenceConfig, out_dir: Path, *, name: s
         return fit(train_worker, loop_config, scaling=cfg.scaling, name=name, storage_path=run.run_dir / "ray",
                    in_tune=in_tune)  # fmt: skip
     m = cfg.mining
-    factory = MinerFactory("coherence_rank", str(run.base_model),
-                           {"num_rank": m.num_rank, "num_negs": m.num_negs, "batch_size": m.batch_size})
+    # a task waits (up to its lease) for the version of its chunk instead of being ranked with older weights
+    factory = MinerFactory("coherence_rank", str(run.base_model), {
+        "num_rank": m.num_rank, "num_negs": m.num_negs, "batch_size": m.batch_size, "version_wait_s": m.lease_s})
     service = MiningService.start(factory, m, world_size=max(cfg.scaling.num_workers, 1), seed=cfg.optim.seed)
     try:
         loop_config.update(stream=service.stream, store=service.store)

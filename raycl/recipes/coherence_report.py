@@ -118,7 +118,7 @@ def _stream_lines(trials: list[TrialOutcome]) -> list[str]:
             wait = sum(num(h.get("timing/mine_wait")) or 0.0 for h in mined)
             wall = sum(num(h.get("timing/interval")) or 0.0 for h in mined)
             stale = max(num(h.get("stream/staleness_max")) or 0.0 for h in mined)
-            refused = sum(num(h.get("stream/refused")) or 0.0 for h in mined)
+            refused = max(num(h.get("stream/refused")) or 0.0 for h in mined)  # counted per epoch
             name = f"{_label(t)} {_params(t)}".strip()
             rows.append(f"| {name} | {100 * wait / max(wall, 1e-9):.1f} | {stale:.0f} | {refused:.0f} "
                         f"| {mined[-1].get('stream/version', 0):.0f} |")

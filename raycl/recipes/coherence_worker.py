@@ -82,8 +82,14 @@ class CoherenceFeed:
         if self.consumer is None:
             return
         self.by_id = {it.id: it for it in self.shards[self.rank]}
-        firsts = [min(self.cfg.mining.rank_every, len(s)) if epoch == 0 else 0 for s in self.shards]
-        self.consumer.start_epoch(epoch, [s[f:] for s, f in zip(self.shards, firsts, strict=True)], shuffle=False)
+        every, v0 = self.cfg.mining.rank_every, self.consumer.version
+        firsts = [min(every, len(s)) if epoch == 0 else 0 for s in self.shards]
+        # the version published at the start of an item's chunk, known now: miners wait for it (less the allowed
+        # staleness) rather than rank with older weights what the trainer would refuse
+        floors = {it.id: v0 + pos // every + (epoch > 0) - self.cfg.mining.max_staleness
+                  for s, f in zip(self.shards, firsts, strict=True) for pos, it in enumerate(s) if pos >= f}
+        self.consumer.start_epoch(epoch, [s[f:] for s, f in zip(self.shards, firsts, strict=True)], shuffle=False,
+                                  min_versions=floors)  # fmt: skip
         if state is not None and self.rank == 0:
             self.consumer.restore(state)
 
