@@ -162,6 +162,7 @@ def base_model(cfg: CoherenceConfig, run_dir: Path, items: list[CoherenceItem]) 
     build_coherence_model(cfg.model.preset, out, texts=texts, checkpoint=source, seed=cfg.model.seed)
     scorer = CoherenceScorer.from_pretrained(out, max_len=cfg.model.max_len or None,
                                              mask_padding=cfg.model.mask_padding)  # fmt: skip
+    scorer.tokenizer.model_max_length = scorer.max_len + 2  # the text budget plus <sep><cls> (or [CLS] [SEP])
     scorer.save_pretrained(out)
     return out
 
