@@ -76,6 +76,14 @@ class AdversarialSection:
 
 
 @dataclass
+class LadderSection:
+    """Which rows of Tables 3–4 ``python -m raycl.tune`` runs after the sweep (each a trial per setting)."""
+
+    baselines: list[str] = field(default_factory=list)  # names from the space's `baselines:`; empty = all of them
+    settings: list[str] = field(default_factory=list)  # settings the ladder runs at; empty = every swept setting
+
+
+@dataclass
 class IdiomEvalSection:
     batch_size: int = 64  # examples per prediction batch
 
@@ -89,6 +97,7 @@ class IdiomConfig:
     ema: EmaSection = field(default_factory=EmaSection)
     adversarial: AdversarialSection = field(default_factory=AdversarialSection)
     eval: IdiomEvalSection = field(default_factory=IdiomEvalSection)
+    ladder: LadderSection = field(default_factory=LadderSection)
     scaling: ScalingSection = field(default_factory=ScalingSection)
     tune: TuneSection = field(default_factory=lambda: TuneSection(metric="dev_f1"))
 
@@ -124,6 +133,8 @@ class IdiomConfig:
         require(a.alpha >= 0, where, "adversarial.alpha", "a number ≥ 0", a.alpha)
         require(a.steps >= 1, where, "adversarial.steps", "an integer ≥ 1", a.steps)
         require(a.smart_mu >= 0, where, "adversarial.smart_mu", "a number ≥ 0", a.smart_mu)
+        require(all(s in SETTINGS for s in self.ladder.settings), where, "ladder.settings",
+                f"a list of {', '.join(SETTINGS)}", self.ladder.settings)  # fmt: skip
         require(self.eval.batch_size >= 1, where, "eval.batch_size", "an integer ≥ 1", self.eval.batch_size)
         require(bool(d.dev) == bool(d.dev_gold), where, "data.dev_gold",
                 "data.dev and data.dev_gold both given or both empty (built-in)", d.dev_gold)  # fmt: skip

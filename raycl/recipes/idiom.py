@@ -200,10 +200,20 @@ def sweep_space(space: Space, cfg: IdiomConfig) -> dict[str, Any]:
     return param_space
 
 
+def ladder_of(space: Space, cfg: IdiomConfig) -> list[str]:
+    """The baselines run as the table's rows: ``ladder.baselines``, or all of the space's, in the space's order."""
+    unknown = [n for n in cfg.ladder.baselines if n not in space.baselines]
+    if unknown:
+        raise UserError(f"{space.source}: config key 'ladder.baselines': expected names among the space's "
+                        f"baselines ({', '.join(space.baselines) or 'none'}), got {unknown!r}")  # fmt: skip
+    return [n for n in space.baselines if not cfg.ladder.baselines or n in cfg.ladder.baselines]
+
+
 # ---------------------------------------------------------------------------------------------- drivers
 def run_tune(space: Space, run_dir: Path) -> dict[str, Any]:
     """``python -m raycl.tune idiom``: the sweep, the strategy ladder at each setting's best point, the report."""
     param_space = sweep_space(space, space.config)
+    ladder_of(space, space.config)
     run = prepare(space, run_dir)
     say(f"sweep over {', '.join(param_space)} (one setting per trial)")
     t0 = time.perf_counter()
@@ -211,12 +221,13 @@ def run_tune(space: Space, run_dir: Path) -> dict[str, Any]:
     run.timings["sweep_s"] = time.perf_counter() - t0
     best = idiom_report.best_trials(trials, metric=run.cfg.tune.metric, mode=run.cfg.tune.mode)
     extra: list[TrialOutcome] = []
-    if best and space.baselines:
-        say(f"Tables 3–4's ladder at each setting's best point: {', '.join(space.baselines)}")
+    names, settings = ladder_of(space, run.cfg), [s for s in best if s in (run.cfg.ladder.settings or SETTINGS)]
+    if names and settings:
+        say(f"Tables 3–4's ladder at the best point of {', '.join(settings)}: {', '.join(names)}")
         t0 = time.perf_counter()
         points = {s: t.params for s, t in best.items()}
-        extra = _sweep(run, space, {"baseline": grid(list(space.baselines)), "data.setting": grid(list(best))},
-                       name="baselines", points=points, fifo=True)  # fmt: skip
+        extra = _sweep(run, space, {"baseline": grid(names), "data.setting": grid(settings)}, name="baselines",
+                       points=points, fifo=True)  # fmt: skip
         run.timings["baselines_s"] = time.perf_counter() - t0
     return idiom_report.write_all(run, space, trials, extra)
 

@@ -196,7 +196,7 @@ def _ladder(run: IdiomRun, space: Space, trials: list[TrialOutcome], extra: list
     without baselines, one row per strategy trained."""
     groups: dict[str, dict[str, TrialOutcome]] = {}
     if extra:
-        for name in space.baselines:
+        for name in (n for n in space.baselines if any(t.params.get("baseline") == n for t in extra)):
             groups[name] = {s: t for t in extra if t.params.get("baseline") == name and (s := setting_of(t))}
         groups["sweep best"] = best
     else:
@@ -254,6 +254,11 @@ def _table(rows: list[dict[str, Any]], keys: Sequence[tuple[str, str]]) -> list[
     return lines
 
 
+def _int(v: Any) -> str:
+    f = num(v)
+    return "–" if f is None else str(int(f))  # Tune's history holds numbers as floats
+
+
 def _point(trial: TrialOutcome) -> str:
     return ", ".join(f"{k}={v}" for k, v in trial.params.items() if k != "data.setting") or "default"
 
@@ -284,7 +289,7 @@ def _render(run: IdiomRun, space: Space, summary: dict[str, Any], trials: list[T
     for t in trials:
         f = final_row(t) or {}
         lines.append(f"| {setting_of(t)} | {strategy(run.cfg, t.params)} | {_point(t)} | "
-                     f"{f.get('best_epoch', '–')} | {_pct(f.get('dev_f1'))} | {_pct(f.get('test_f1'))} |")
+                     f"{_int(f.get('best_epoch'))} | {_pct(f.get('dev_f1'))} | {_pct(f.get('test_f1'))} |")
     lines += ["", f"Data: {', '.join(f'{k} {v}' for k, v in run.counts.items())}"
               + (f" (built-in: {', '.join(run.builtin)})" if run.builtin else "") + ".", "",
               "## Timings", "", ", ".join(f"{k} {v:.1f} s" for k, v in run.timings.items()), ""]  # fmt: skip

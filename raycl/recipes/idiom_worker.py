@@ -113,7 +113,7 @@ def train_step(st: _State, batch: list[IdiomExample]) -> dict[str, float]:
     st.scheduler.step()
     if st.ema is not None:
         st.ema.update()
-    return {"loss": float(loss.detach()), **{f"adv/{k}": float(v) for k, v in extra.items()}}
+    return {"loss": float(loss.detach()), **extra}  # extra: adv/loss (and SMART's adv/kl)
 
 
 # ---------------------------------------------------------------------------------------------- the loop
