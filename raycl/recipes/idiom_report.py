@@ -234,9 +234,9 @@ def write_all(run: IdiomRun, space: Space, trials: list[TrialOutcome], extra: li
 
 
 def _curves(table: list[dict[str, Any]], trials: list[TrialOutcome]) -> list[tuple[str, TrialOutcome]]:
-    """``(row name, trial)`` of every table row's trials but the sweep's best (already a row of its own)."""
+    """``(row name, trial)`` of every table row's trials."""
     by_id = {t.trial_id: t for t in trials}
-    return [(r["method"], by_id[r[f"{s}/trial_id"]]) for r in table if r["method"] != "sweep best"
+    return [(r["method"], by_id[r[f"{s}/trial_id"]]) for r in table
             for s in A_SETTINGS if r.get(f"{s}/trial_id") in by_id]  # fmt: skip
 
 
