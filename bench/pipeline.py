@@ -50,6 +50,8 @@ def _loop_time(history: list[dict[str, Any]]) -> float:
 
 def _sequential(run: Any, out: Path) -> dict[str, Any]:
     """The paper's code: every negative mined first (in-process), then a plain training loop."""
+    import torch
+
     from raycl.data.gec import load_examples
     from raycl.miners.beam_search import BeamSearchMiner, write_negatives_parquet
     from raycl.models.seq2seq import Seq2SeqScorer
@@ -65,11 +67,19 @@ def _sequential(run: Any, out: Path) -> dict[str, Any]:
     mine_s = time.perf_counter() - t0
     write_negatives_parquet(out / "neg.parquet", examples, mined, model_version=0)
     plain = _with(cfg, **{"mining.negatives": str(out / "neg.parquet"), "scaling.num_workers": 0})
-    finetune(dataclasses.replace(run, cfg=plain), plain, out / "plain", name="plain", in_tune=False)
+    # Ray gives a worker of c CPUs OMP_NUM_THREADS=c; the plain loop gets the same threads, so that
+    # overhead_vs_plain compares Ray against no Ray, not one thread against all the cores
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(cfg.scaling.cpus_per_worker)))
+    try:
+        finetune(dataclasses.replace(run, cfg=plain), plain, out / "plain", name="plain", in_tune=False)
+    finally:
+        torch.set_num_threads(threads)
     train_s = _loop_time(read_history(out / "plain"))
     negatives = sum(len(m.negatives) for m in mined)
     return {"mine_s": mine_s, "train_loop_s": train_s, "total_s": mine_s + train_s, "negatives": negatives,
-            "negatives_per_s_in_process": negatives / mine_s}  # fmt: skip
+            "negatives_per_s_in_process": negatives / mine_s, "mine_threads": torch.get_num_threads(),
+            "train_threads": max(1, int(cfg.scaling.cpus_per_worker))}  # fmt: skip
 
 
 def _with(cfg: Any, **dotted: Any) -> Any:
