@@ -1,6 +1,7 @@
 """``python -m raycl.eval idiom|sts``: the official SemEval-2022 Task 2 scores of a submission file.
 
-``idiom`` (Subtask A): macro-F1 per setting (zero_shot, one_shot) and languages (EN, PT, EN+PT).
+``idiom`` (Subtask A): macro-F1 per setting (zero_shot, one_shot) and languages (EN, PT, EN+PT); ``--average
+weighted|micro|binary`` gives the columns the released ``SubTask1Evaluator.py`` prints instead.
 ``sts`` (Subtask B): Spearman ρ over ALL, Idiom and STS rows per setting (pre_train, fine_tune) and languages.
 Same numbers as the organisers' ``SubTask1Evaluator.py`` / ``SubTask2Evaluator.py`` (SPEC §3.4); settings
 absent from the submission are skipped. ``raycl/eval.py`` wires these in with ``add_idiom_parser(sub)``.
@@ -12,10 +13,17 @@ import argparse
 import json
 from typing import Any
 
-from raycl.evaluation.semeval_metrics import SUBSETS, IdiomScores, StsScores, evaluate_idiom, evaluate_sts
+from raycl.evaluation.semeval_metrics import (
+    F1_AVERAGES,
+    SUBSETS,
+    IdiomScores,
+    StsScores,
+    evaluate_idiom,
+    evaluate_sts,
+)
 
 
-def _add(sub: Any, name: str, help_text: str, run: Any) -> None:
+def _add(sub: Any, name: str, help_text: str, run: Any) -> Any:
     p = sub.add_parser(name, help=help_text, description=__doc__,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--submission", required=True, metavar="CSV",
@@ -23,12 +31,16 @@ def _add(sub: Any, name: str, help_text: str, run: Any) -> None:
     p.add_argument("--gold", required=True, metavar="CSV", help="the official gold file of the same split")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of a table")
     p.set_defaults(run=run)
+    return p
 
 
 def add_idiom_parser(sub: Any) -> None:
     """Add the ``idiom`` subcommand (Subtask A macro-F1) to an argparse subparsers object."""
-    _add(sub, "idiom", "SemEval-2022 Task 2 Subtask A: official macro-F1 (zero/one-shot x EN, PT, EN+PT)",
-         run_idiom)
+    p = _add(sub, "idiom", "SemEval-2022 Task 2 Subtask A: official macro-F1 (zero/one-shot x EN, PT, EN+PT)",
+             run_idiom)
+    p.add_argument("--average", choices=F1_AVERAGES, default="macro",
+                   help="F1 averaging: macro (the task's metric, default), or weighted / micro / binary "
+                        "(label 1), the columns the released SubTask1Evaluator.py prints")
 
 
 def add_sts_parser(sub: Any) -> None:
@@ -57,7 +69,7 @@ def format_sts_table(scores: StsScores) -> str:
 
 
 def run_idiom(args: argparse.Namespace) -> int:
-    scores = evaluate_idiom(args.submission, args.gold)
+    scores = evaluate_idiom(args.submission, args.gold, average=args.average)
     print(json.dumps(scores, indent=2) if args.json else format_idiom_table(scores))
     return 0
 

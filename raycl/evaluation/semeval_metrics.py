@@ -3,8 +3,9 @@
 Subtask A (``SubTask1Evaluator.py``): for each setting (zero_shot, one_shot) and languages EN, PT, EN+PT,
 take the submission rows of that setting and languages, take the gold rows whose IDs (compared as integers)
 are among them, in gold order, and require the two ID lists to be identical (same IDs, same order, no
-repeats); the score is sklearn's macro-F1 on the integer labels, or None if any predicted label is blank.
-Rows of other languages (GL) are ignored.
+repeats); the score is sklearn's macro-F1 on the integer labels (the task's metric; ``average`` picks
+``weighted``, ``micro`` or ``binary``, the three columns the released script prints), or None if any predicted
+label is blank. Rows of other languages (GL) are ignored.
 
 Subtask B (``SubTask2Evaluator.py``): one setting at a time (pre_train, fine_tune); predictions are looked up
 by ID within the setting and languages (a repeated ID keeps its last row). For each gold row of those
@@ -42,6 +43,7 @@ SUBSETS = ("ALL", "Idiom", "STS")
 
 Rows = Sequence[tuple[int, Sequence[str]]]  # (line, fields) as read_rows yields them
 IdiomScores = dict[str, dict[str, float | None]]  # {setting: {"EN" | "PT" | "EN,PT": macro-F1}}
+F1_AVERAGES = ("macro", "weighted", "micro", "binary")  # sklearn's ``average``; binary: F1 of label 1
 StsScores = dict[str, dict[str, dict[str, float | None]]]  # {setting: {languages: {ALL|Idiom|STS: rho}}}
 
 
@@ -65,11 +67,14 @@ def _settings(path: str | Path, rows: Rows, known: Sequence[str]) -> list[str]:
 
 # ----------------------------------------------------------------------------------------- Subtask A
 def score_idiom(submission: Rows, gold: Rows, *, setting: str, languages: Sequence[str],
-                names: tuple[str | Path, str | Path] = ("submission", "gold")) -> float | None:
-    """Macro-F1 of one (setting, languages) cell; rows are ``(line, [ID, Language, Setting, Label])`` and
-    ``(line, [ID, DataID, Language, Label])``. None if a label is blank or no row is selected."""
+                names: tuple[str | Path, str | Path] = ("submission", "gold"),
+                average: str = "macro") -> float | None:
+    """Macro-F1 (or ``average``) of one (setting, languages) cell; rows are ``(line, [ID, Language, Setting,
+    Label])`` and ``(line, [ID, DataID, Language, Label])``. None if a label is blank or no row is selected."""
     from sklearn.metrics import f1_score
 
+    if average not in F1_AVERAGES:
+        raise UserError(f"average {average!r}, expected one of {', '.join(F1_AVERAGES)}")
     sub = [(line, row) for line, row in submission if row[1] in languages and row[2] == setting]
     sub_ids = [_int_id(names[0], line, row[0]) for line, row in sub]
     wanted = set(sub_ids)
@@ -83,7 +88,7 @@ def score_idiom(submission: Rows, gold: Rows, *, setting: str, languages: Sequen
     y_true = [_int_label(names[1], line, row[3]) for line, row in gold_sel]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # sklearn warns on labels absent from y_true; the value is official
-        return float(f1_score(y_true, y_pred, average="macro"))
+        return float(f1_score(y_true, y_pred, average=average))
 
 
 def _int_label(path: str | Path, line: int, value: str) -> int:
@@ -104,12 +109,12 @@ def _id_mismatch(names: tuple[str | Path, str | Path], setting: str, languages: 
                     f"(the gold file's IDs, in its order, each once)")
 
 
-def evaluate_idiom(submission: str | Path, gold: str | Path) -> IdiomScores:
+def evaluate_idiom(submission: str | Path, gold: str | Path, average: str = "macro") -> IdiomScores:
     """``{setting: {"EN": f1, "PT": f1, "EN,PT": f1}}`` for the settings in the submission file."""
     sub = list(read_rows(submission, A_SUBMISSION_HEADER))
     gold_rows = list(read_rows(gold, A_GOLD_HEADER))
     return {setting: {",".join(langs): score_idiom(sub, gold_rows, setting=setting, languages=langs,
-                                                   names=(submission, gold))
+                                                   names=(submission, gold), average=average)
                       for langs in LANGUAGE_SETS}
             for setting in _settings(submission, sub, A_SETTINGS)}
 
