@@ -69,8 +69,8 @@ def _sequential(run: Any, out: Path) -> dict[str, Any]:
     plain = _with(cfg, **{"mining.negatives": str(out / "neg.parquet"), "scaling.num_workers": 0})
     # Ray gives a worker of c CPUs OMP_NUM_THREADS=c; the plain loop gets the same threads, so that
     # overhead_vs_plain compares Ray against no Ray, not one thread against all the cores
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, int(cfg.scaling.cpus_per_worker)))
+    threads, train_threads = torch.get_num_threads(), max(1, int(cfg.scaling.cpus_per_worker))
+    torch.set_num_threads(train_threads)
     try:
         finetune(dataclasses.replace(run, cfg=plain), plain, out / "plain", name="plain", in_tune=False)
     finally:
@@ -78,8 +78,8 @@ def _sequential(run: Any, out: Path) -> dict[str, Any]:
     train_s = _loop_time(read_history(out / "plain"))
     negatives = sum(len(m.negatives) for m in mined)
     return {"mine_s": mine_s, "train_loop_s": train_s, "total_s": mine_s + train_s, "negatives": negatives,
-            "negatives_per_s_in_process": negatives / mine_s, "mine_threads": torch.get_num_threads(),
-            "train_threads": max(1, int(cfg.scaling.cpus_per_worker))}  # fmt: skip
+            "negatives_per_s_in_process": negatives / mine_s, "mine_threads": threads,
+            "train_threads": train_threads}  # fmt: skip
 
 
 def _with(cfg: Any, **dotted: Any) -> Any:

@@ -31,35 +31,32 @@ LANGS = {"EN": ["EN"], "PT": ["PT"], "EN,PT": ["EN", "PT"]}
 
 
 # ------------------------------------------------------------------------------------ naive references
+def naive_class_f1(y_true: Sequence[int], y_pred: Sequence[int], c: int) -> float:
+    """F1 of label ``c`` (0 when it has no true positive)."""
+    tp = fp = fn = 0
+    for t, p in zip(y_true, y_pred, strict=True):
+        tp += t == c and p == c
+        fp += t != c and p == c
+        fn += t == c and p != c
+    return 2 * tp / (2 * tp + fp + fn) if tp else 0.0
+
+
 def naive_macro_f1(y_true: Sequence[int], y_pred: Sequence[int]) -> float:
     labels = sorted(set(y_true) | set(y_pred))
-    total = 0.0
-    for c in labels:
-        tp = fp = fn = 0
-        for t, p in zip(y_true, y_pred, strict=True):
-            tp += t == c and p == c
-            fp += t != c and p == c
-            fn += t == c and p != c
-        total += 2 * tp / (2 * tp + fp + fn) if tp else 0.0
-    return total / len(labels)
+    return sum(naive_class_f1(y_true, y_pred, c) for c in labels) / len(labels)
 
 
 def naive_f1(y_true: Sequence[int], y_pred: Sequence[int], average: str) -> float:
     """macro as above; weighted: per-label F1 weighted by its gold count; micro: accuracy (one label per row);
-    binary: F1 of label 1 (0 when it has no true positive)."""
+    binary: F1 of label 1."""
     if average == "macro":
         return naive_macro_f1(y_true, y_pred)
     if average == "micro":
         return sum(t == p for t, p in zip(y_true, y_pred, strict=True)) / len(y_true)
-
-    def f1(c: int) -> float:
-        tp = sum(t == c and p == c for t, p in zip(y_true, y_pred, strict=True))
-        wrong = sum((t == c) != (p == c) for t, p in zip(y_true, y_pred, strict=True))
-        return 2 * tp / (2 * tp + wrong) if tp else 0.0
-
     if average == "binary":
-        return f1(1)
-    return sum(f1(c) * sum(t == c for t in y_true) for c in set(y_true) | set(y_pred)) / len(y_true)
+        return naive_class_f1(y_true, y_pred, 1)
+    labels = set(y_true) | set(y_pred)
+    return sum(naive_class_f1(y_true, y_pred, c) * y_true.count(c) for c in labels) / len(y_true)
 
 
 def naive_ranks(xs: Sequence[float]) -> list[float]:
