@@ -55,8 +55,10 @@ def _sequential(run: Any, out: Path) -> dict[str, Any]:
     from raycl.data.gec import load_examples
     from raycl.miners.beam_search import BeamSearchMiner, write_negatives_parquet
     from raycl.models.seq2seq import Seq2SeqScorer
-    from raycl.recipes.common import read_history
-    from raycl.recipes.gec import finetune
+    from raycl.recipes import recipe_for
+    from raycl.records import read_history
+
+    finetune = recipe_for("gec").train_one
 
     cfg = run.cfg
     examples = load_examples(cfg.data.finetune)
@@ -89,8 +91,10 @@ def _with(cfg: Any, **dotted: Any) -> Any:
 
 
 def _ray_one_worker(run: Any, out: Path, plain_loop_s: float) -> dict[str, Any]:
-    from raycl.recipes.common import read_history
-    from raycl.recipes.gec import finetune
+    from raycl.recipes import recipe_for
+    from raycl.records import read_history
+
+    finetune = recipe_for("gec").train_one
 
     cfg = _with(run.cfg, **{"mining.negatives": str(out / "neg.parquet")})
     t0 = time.perf_counter()
@@ -102,8 +106,10 @@ def _ray_one_worker(run: Any, out: Path, plain_loop_s: float) -> dict[str, Any]:
 
 
 def _pipeline(run: Any, out: Path, miners: int, sequential_s: float) -> dict[str, Any]:
-    from raycl.recipes.common import read_history
-    from raycl.recipes.gec import finetune
+    from raycl.recipes import recipe_for
+    from raycl.records import read_history
+
+    finetune = recipe_for("gec").train_one
 
     cfg = _with(run.cfg, **{"mining.num_miners": miners, "mining.cpus_per_miner": 1.0})
     t0 = time.perf_counter()
@@ -191,14 +197,14 @@ def main() -> None:
 
 
 def gec_main(args: argparse.Namespace) -> dict[str, Any]:
-    from raycl.recipes.gec import prepare
+    from raycl.recipes import driver, recipe_for
 
     ms = [int(m) for m in args.miners.split(",")]
     with tempfile.TemporaryDirectory(prefix="raycl-bench-") as tmp_name:
         tmp = Path(tmp_name)
         space = _space(tmp, args)
         t0 = time.perf_counter()
-        run = prepare(space, tmp / "run")
+        run = driver.prepare(recipe_for("gec"), space, tmp / "run")
         print(f"[bench] base model ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
         seq = _sequential(run, tmp)
         ray1 = _ray_one_worker(run, tmp, seq["train_loop_s"])

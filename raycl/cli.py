@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -35,16 +34,24 @@ def load(args: argparse.Namespace) -> tuple[Space, Path]:
 
 
 def recipe(space: Space) -> Any:
-    """The recipe module of the space's task: ``raycl.recipes.<task>`` with ``run_train`` and ``run_tune``."""
-    return importlib.import_module(f"raycl.recipes.{space.config.task}")
+    """The space's task's recipe (``raycl.recipes.RECIPES``)."""
+    from raycl.recipes import recipe_for
+
+    return recipe_for(space.config.task)
 
 
 def check_inputs(space: Space, run_dir: Path) -> None:
-    """Read every input file before Ray starts (the recipe's ``check_inputs``, where it has one): a malformed
-    file ends in one line and exit status 2 with nothing started."""
-    check = getattr(recipe(space), "check_inputs", None)
-    if check is not None:
-        check(space, run_dir)
+    """Read every input file before Ray starts: a malformed file ends in one line and exit status 2 with nothing
+    started."""
+    from raycl.recipes.driver import check_inputs as check
+
+    check(recipe(space), space, run_dir)
+
+
+def run(space: Space, run_dir: Path, *, sweep: bool) -> dict[str, Any]:
+    from raycl.recipes import driver
+
+    return (driver.run_tune if sweep else driver.run_train)(recipe(space), space, run_dir)
 
 
 def finish(summary: dict[str, Any], *, as_json: bool) -> None:

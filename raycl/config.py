@@ -45,8 +45,20 @@ class TuneSection:
     grace_period: int = 1  # ASHA: epochs before a trial may be stopped
 
 
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
 @dataclass
-class OptimSection:
+class LoopOptions:
+    """What the one training loop (``raycl/train/loop.py``) takes from every recipe's ``optim`` section."""
+
+    precision: str = "fp32"  # fp32 | bf16 | fp16: autocast (fp16 with a gradient scaler), training and evaluation
+    update_freq: int = 1  # batches whose gradients are summed into one update (fairseq's --update-freq)
+    tf32: bool = True  # TF32 matmuls for what stays fp32, on GPUs that have them (Ampere and newer)
+
+
+@dataclass
+class OptimSection(LoopOptions):
     lr: float = 3e-5
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = 1e-8
@@ -76,6 +88,7 @@ class MiningSection:
     queue_size: int = 256  # examples mined-and-undelivered plus being mined, at most (miners wait beyond it)
     task_size: int = 32  # examples per miner task
     lease_s: float = 60.0  # a task not returned within this many seconds is mined again by another miner
+    precision: str = "fp32"  # the miners' forward passes: fp32 | bf16 | fp16 (autocast)
 
 
 
@@ -410,6 +423,9 @@ def _validate_common(c: Any, where: str) -> None:
     require(c.tune.max_concurrent_trials >= 1, where, "tune.max_concurrent_trials", "≥ 1",
              c.tune.max_concurrent_trials)
     require(c.tune.driver_cpus > 0, where, "tune.driver_cpus", "> 0 (Tune rejects 0)", c.tune.driver_cpus)
+    if isinstance(c.optim, LoopOptions):
+        require(c.optim.precision in PRECISIONS, where, "optim.precision", " | ".join(PRECISIONS), c.optim.precision)
+        require(c.optim.update_freq >= 1, where, "optim.update_freq", "an integer ≥ 1", c.optim.update_freq)
     if isinstance(c.optim, OptimSection):
         _validate_optim(c.optim, where)
     if isinstance(getattr(c, "mining", None), MiningSection):
@@ -437,6 +453,7 @@ def _validate_mining(m: MiningSection, where: str) -> None:
     require(m.queue_size >= m.task_size, where, "mining.queue_size", f"≥ mining.task_size = {m.task_size}",
              m.queue_size)
     require(m.lease_s > 0, where, "mining.lease_s", "> 0 seconds", m.lease_s)
+    require(m.precision in PRECISIONS, where, "mining.precision", " | ".join(PRECISIONS), m.precision)
 
 
 def from_dict(cls: type, data: dict[str, Any]) -> Any:

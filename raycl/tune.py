@@ -15,7 +15,7 @@ def main(argv: list[str] | None = None) -> None:
     from raycl.distributed.runtime import init_ray
 
     init_ray(args.address)
-    summary = cli.recipe(space).run_tune(space, run_dir)
+    summary = cli.run(space, run_dir, sweep=True)
     cli.finish(summary, as_json=args.json)
 
 

@@ -13,7 +13,9 @@ from conftest import GEC_TINY
 
 from raycl.config import load_space
 from raycl.data.m2 import read_m2
-from raycl.recipes import gec
+from raycl.recipes import driver, recipe_for
+
+gec = recipe_for("gec")
 
 TINY = GEC_TINY
 
@@ -21,7 +23,7 @@ TINY = GEC_TINY
 def test_train_in_process_writes_every_output(ray_local, tmp_path: Path) -> None:
     """Trainer in-process (Ray Train local mode), miners as actors on the local Ray."""
     space = load_space("gec_pd", preset="smoke", overrides=[*TINY, "scaling.num_workers=0"])
-    summary = gec.run_train(space, tmp_path)
+    summary = driver.run_train(gec, space, tmp_path)
     for name in ("config.yaml", "results.csv", "best.json", "report.md", "negatives.parquet", "dev_curves.png"):
         assert (tmp_path / name).exists(), name
     assert (tmp_path / "base_model" / "config.json").exists()
@@ -53,7 +55,7 @@ def test_tune_sweep_and_baselines_on_local_ray(ray_local, tmp_path: Path) -> Non
             "tune.max_concurrent_trials=2"]
     space = load_space("gec_pd", preset="smoke", overrides=over)
     space.search = {"loss.margin": {"grid": [0.25, 0.85]}, "mining.k": {"grid": [2]}}
-    summary = gec.run_tune(space, tmp_path)
+    summary = driver.run_tune(gec, space, tmp_path)
     rows = list(csv.DictReader(open(tmp_path / "results.csv")))
     assert sorted(r["method"] for r in rows) == sorted(["CL", "CL", "DI", "NLL", "CL⁻"])
     assert not summary["failed_trials"]

@@ -10,19 +10,20 @@ from pathlib import Path
 from conftest import GEC_TINY
 
 from raycl.config import load_space
-from raycl.recipes import gec
-from raycl.recipes.common import read_history
+from raycl.recipes import driver, recipe_for
+from raycl.records import read_history
 
 
 def test_a_trainer_killed_mid_epoch_resumes_from_its_checkpoint(ray_local, tmp_path: Path) -> None:
     over = [*GEC_TINY, "scaling.num_workers=1", "scaling.cpus_per_worker=0.5", "scaling.max_failures=1",
             "optim.epochs=2", "optim.batch_size=8", "mining.sync_every=2", "mining.max_staleness=1"]
     space = load_space("gec_pd", preset="smoke", overrides=over)
-    run = gec.prepare(space, tmp_path / "run")
+    gec = recipe_for("gec")
+    run = driver.prepare(gec, space, tmp_path / "run")
     marker, out = tmp_path / "crashed", tmp_path / "ft"
     # 40 sentences in batches of 8: 5 steps an epoch; the worker dies after step 7, in the middle of epoch 2
-    result = gec.finetune(run, run.cfg, out, name="restart", in_tune=False,
-                          chaos={"exit_at_step": 7, "marker": str(marker)})  # fmt: skip
+    result = gec.train_one(run, run.cfg, out, name="restart", in_tune=False,  # type: ignore[call-arg]
+                           chaos={"exit_at_step": 7, "marker": str(marker)})  # fmt: skip
     assert marker.read_text().strip() == "exited at step 7" and result.error is None
     history = read_history(out)
     assert [h["epoch"] for h in history] == [1, 2]  # epoch 2 once: the replay replaced the lost part

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from raycl.config import MiningSection, ScalingSection, TuneSection, require
+from raycl.config import LoopOptions, MiningSection, ScalingSection, TuneSection, require
 
 LOSS_KINDS = ("pairwise", "contrastive", "momentum")
 
@@ -73,7 +73,7 @@ class CoherenceMiningSection(MiningSection):
 
 
 @dataclass
-class CoherenceOptimSection:
+class CoherenceOptimSection(LoopOptions):
     lr: float = 5e-6
     eps: float = 1e-6
     weight_decay: float = 0.0

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from raycl.config import ScalingSection, TuneSection, require
+from raycl.config import LoopOptions, ScalingSection, TuneSection, require
 
 SETTINGS = ("zero_shot", "one_shot")
 BATCH_SIZE = {"zero_shot": 16, "one_shot": 32}  # the released scripts (SPEC §3.1)
@@ -51,7 +51,7 @@ class IdiomDataSection:
 
 
 @dataclass
-class IdiomOptimSection:
+class IdiomOptimSection(LoopOptions):
     lr: float = 2e-5  # AdamW (β 0.9/0.999, eps 1e-8)
     weight_decay: float = 0.0
     warmup_ratio: float = 0.1  # linear warm-up over this share of the steps, then linear decay; 0 = the scripts

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from raycl.config import ScalingSection, TuneSection, require
+from raycl.config import LoopOptions, ScalingSection, TuneSection, require
 
 JOINT_KINDS = ("sum", "alternate")
 
@@ -65,7 +65,7 @@ class StsPhaseSection:
 
 
 @dataclass
-class StsOptimSection:
+class StsOptimSection(LoopOptions):
     lr: float = 2e-5  # AdamW, one optimiser per objective with loss.joint=alternate
     weight_decay: float = 0.01
     clip_norm: float = 1.0

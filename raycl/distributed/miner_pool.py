@@ -27,6 +27,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from raycl.distributed.messages import MinedBatch, MineTask, WeightsRef
 from raycl.distributed.weights import fetch_weights
+from raycl.miners.registry import MinerKind, miner_device, miner_kind, register_miner
 
 if TYPE_CHECKING:
     from raycl.config import MiningSection
@@ -37,50 +38,6 @@ ACTOR_KEYS = (*CHAOS_KEYS, "chaos_miners", "version_wait_s")  # options the acto
 
 
 # ---------------------------------------------------------------------------------------------- miner kinds
-@dataclass(frozen=True)
-class MinerKind:
-    """How to build a plain miner of one kind and how to put published weights into it."""
-
-    build: Callable[[str, dict[str, Any]], Any]  # (model_path, options) -> plain miner with .mine(items)
-    load: Callable[[Any, Mapping[str, torch.Tensor]], None]  # (miner, state_dict) -> None
-
-
-MINER_KINDS: dict[str, MinerKind] = {}
-
-
-def register_miner(kind: str, *, build: Callable[[str, dict[str, Any]], Any],
-                   load: Callable[[Any, Mapping[str, torch.Tensor]], None]) -> None:  # fmt: skip
-    MINER_KINDS[kind] = MinerKind(build, load)
-
-
-def _build_gec_beam(model_path: str, options: dict[str, Any]) -> Any:
-    from raycl.miners.beam_search import BeamSearchMiner
-    from raycl.models.seq2seq import Seq2SeqScorer
-
-    opts = dict(options)
-    device = opts.pop("device", "cuda" if torch.cuda.is_available() else "cpu")
-    return BeamSearchMiner(Seq2SeqScorer.from_pretrained(model_path, device=device), **opts)
-
-
-def _build_coherence_rank(model_path: str, options: dict[str, Any]) -> Any:
-    from raycl.miners.permutation import PermutationMiner
-    from raycl.models.coherence import CoherenceScorer
-
-    opts = dict(options)
-    device = opts.pop("device", "cuda" if torch.cuda.is_available() else "cpu")
-    return PermutationMiner(CoherenceScorer.from_pretrained(model_path, device=device), **opts)
-
-
-def _load_module(miner: Any, state_dict: Mapping[str, torch.Tensor]) -> None:
-    """Load into the module the miner wraps (``BaseMiner.module``, the scorer): its own state dict, the same
-    from a DDP-wrapped copy (``module.`` prefix), or the inner HF model's (``scorer.model``)."""
-    module = miner.module
-    sd = {k.removeprefix("module."): v for k, v in state_dict.items()}
-    inner = getattr(module, "model", None)
-    target = inner if inner is not None and set(sd) == set(inner.state_dict()) else module
-    target.load_state_dict(sd)
-
-
 @dataclass(frozen=True)
 class _EchoRecord:
     id: str
@@ -104,9 +61,15 @@ class EchoMiner:
         self.weight_sum = float(sum(t.double().sum() for t in state_dict.values()))
 
 
-register_miner("gec_beam", build=_build_gec_beam, load=_load_module)
-register_miner("coherence_rank", build=_build_coherence_rank, load=_load_module)
-register_miner("echo", build=lambda _path, opts: EchoMiner(**opts), load=lambda m, sd: m.load(sd))
+def _build_echo(_path: str, options: dict[str, Any]) -> EchoMiner:
+    return EchoMiner(**{k: v for k, v in options.items() if k not in ("device", "precision")})
+
+
+def _load_echo(miner: Any, state_dict: Mapping[str, torch.Tensor]) -> None:
+    miner.load(state_dict)
+
+
+register_miner("echo", build=_build_echo, load=_load_echo)
 
 
 @dataclass(frozen=True)
@@ -118,18 +81,26 @@ class MinerFactory:
     ``version_wait_s`` (how long a task needing newer weights waits for them; default 60).
     """
 
-    kind: str  # a key of MINER_KINDS: "gec_beam", "coherence_rank", "echo"
+    kind: str | MinerKind  # a registered name ("gec_beam", "coherence_rank", "echo") or the kind itself
     model_path: str = ""
     options: dict[str, Any] = field(default_factory=dict)
 
+    def spec(self) -> MinerKind:
+        return self.kind if isinstance(self.kind, MinerKind) else miner_kind(self.kind)
+
+    def resolved(self) -> MinerFactory:
+        """The same factory carrying its kind (pickled by reference: an actor imports the kind's module)."""
+        return MinerFactory(self.spec(), self.model_path, self.options)
+
     def build(self) -> Any:
-        if self.kind not in MINER_KINDS:
-            raise ValueError(f"unknown miner kind {self.kind!r}, expected one of {sorted(MINER_KINDS)}")
+        """The plain miner, on a GPU only when Ray reserved one for this process (``ray.get_gpu_ids()``)."""
         opts = {k: v for k, v in self.options.items() if k not in ACTOR_KEYS}
-        return MINER_KINDS[self.kind].build(self.model_path, opts)
+        gpus = ray.get_gpu_ids() if ray.is_initialized() else []
+        opts.setdefault("device", miner_device(gpus))
+        return self.spec().build(self.model_path, opts)
 
     def load(self, miner: Any, state_dict: Mapping[str, torch.Tensor]) -> None:
-        MINER_KINDS[self.kind].load(miner, state_dict)
+        self.spec().load(miner, state_dict)
 
 
 # ---------------------------------------------------------------------------------------------- the actor
@@ -250,7 +221,7 @@ class MinerPool:
         weight_store: Any | None = None, placement_group: Any | None = None, first_bundle: int = 1,
         node_ids: Sequence[str] | None = None, resources: dict[str, float] | None = None,
     ) -> None:  # fmt: skip
-        self.factory = factory
+        self.factory = factory = factory.resolved()  # the kind travels with the factory (an unknown one fails here)
         placement: dict[str, Any] = dict(cpus=cpus_per_miner, gpus=gpus_per_miner, resources=resources,
                                          placement_group=placement_group, first_bundle=first_bundle,
                                          node_ids=node_ids)

@@ -27,12 +27,15 @@ def device() -> torch.device:
     return ray.train.torch.get_device()
 
 
-def prepare_model(model: torch.nn.Module) -> torch.nn.Module:
-    """Move to this worker's device and wrap in DDP when there is more than one worker."""
+def wrap_ddp(model: torch.nn.Module, *, find_unused_parameters: bool = False) -> torch.nn.Module:
+    """DDP over ``model`` (already on this worker's device) when there is more than one worker; its bucketed
+    all-reduce overlaps the backward. ``find_unused_parameters`` only for models with parameters a step may not
+    use (it costs a graph traversal every step)."""
     _, size = world()
     if size <= 1:
-        return model.to(device())
-    return ray.train.torch.prepare_model(model, parallel_strategy_kwargs={"find_unused_parameters": True})
+        return model
+    return ray.train.torch.prepare_model(model, move_to_device=False, parallel_strategy_kwargs={
+        "find_unused_parameters": find_unused_parameters})
 
 
 def report(metrics: dict[str, Any], *, checkpoint_dir: Path | None = None) -> None:

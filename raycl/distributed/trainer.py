@@ -13,8 +13,7 @@ from raycl.config import ScalingSection
 
 
 def fit(
-    train_fn: Callable[[dict[str, Any]], Any],
-    loop_config: dict[str, Any],
+    train_fn: Callable[[], Any],
     *,
     scaling: ScalingSection,
     name: str,
@@ -23,7 +22,8 @@ def fit(
     score_attribute: str | None = None,
     score_mode: str = "max",
 ) -> ray.train.Result:
-    """Run ``train_fn`` on ``scaling.num_workers`` workers and return Ray's ``Result``.
+    """Run ``train_fn`` (``functools.partial(raycl.train.loop.run, job)``: the job travels with the function, typed)
+    on ``scaling.num_workers`` workers and return Ray's ``Result``.
 
     A worker that dies restarts the worker group from the last reported checkpoint, up to
     ``scaling.max_failures`` times. Inside a Tune trial the documented Train-in-Tune pattern applies
@@ -37,7 +37,6 @@ def fit(
         callbacks.append(TuneReportCallback())
     trainer = TorchTrainer(
         train_fn,
-        train_loop_config=loop_config,
         scaling_config=ray.train.ScalingConfig(
             num_workers=scaling.num_workers,
             use_gpu=scaling.use_gpu,

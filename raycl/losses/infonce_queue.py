@@ -64,12 +64,15 @@ class InfoNCEQueueLoss(nn.Module):
         self.temperature = temperature
 
     def forward(self, h: Tensor, h_pos: Tensor, queue: Tensor | None = None) -> InfoNCEOutput:
-        h_n, pos_n = F.normalize(h, dim=-1), F.normalize(h_pos, dim=-1)  # (B, H), (B, H)
-        columns = pos_n
-        if queue is not None and queue.size(0) > 0:
-            keys = F.normalize(queue.detach().to(h_n.dtype), dim=-1)  # (Q, H)
-            columns = torch.cat([pos_n, keys], dim=0)  # (B+Q, H)
-        logits = h_n @ columns.t() / self.temperature  # (B, B+Q)
+        # the logits stay fp32 under autocast: cosines / τ (τ = 0.05) in bf16 would keep ~2 significant digits
+        dt = torch.promote_types(h.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
+        with torch.autocast(device_type=h.device.type, enabled=False):
+            h_n, pos_n = F.normalize(h.to(dt), dim=-1), F.normalize(h_pos.to(dt), dim=-1)  # (B, H), (B, H)
+            columns = pos_n
+            if queue is not None and queue.size(0) > 0:
+                keys = F.normalize(queue.detach().to(dt), dim=-1)  # (Q, H)
+                columns = torch.cat([pos_n, keys], dim=0)  # (B+Q, H)
+            logits = h_n @ columns.t() / self.temperature  # (B, B+Q)
         labels = torch.arange(h.size(0), device=h.device)  # (B,) the positive of row i is column i
         per_example = F.cross_entropy(logits, labels, reduction="none")  # (B,)
         return InfoNCEOutput(loss=per_example.mean(), per_example=per_example, logits=logits)

@@ -8,7 +8,7 @@ its output — one result per input example, in order, with the example's id.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Generic, Protocol, TypeVar
 
 import torch
@@ -39,19 +39,27 @@ def inference(module: nn.Module) -> Iterator[None]:
 class BaseMiner(Generic[ExampleT, ResultT]):
     """Subclasses implement ``_mine(examples) -> results``; callers use ``miner(examples)`` or ``mine``."""
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, *, precision: str = "fp32") -> None:
         self.module = module
+        self.precision = precision  # fp32 | bf16 | fp16: the forward passes' autocast (mining.precision)
 
     def __call__(self, examples: Sequence[ExampleT]) -> list[ResultT]:
         return self.mine(examples)
 
     def mine(self, examples: Sequence[ExampleT]) -> list[ResultT]:
-        with inference(self.module):
+        with inference(self.module), self._autocast():
             results = self._mine(examples)
         assert len(results) == len(examples), f"{type(self).__name__}: {len(results)} results for {len(examples)}"
         for ex, res in zip(examples, results, strict=True):
             assert res.id == ex.id, f"{type(self).__name__}: result {res.id!r} in the place of example {ex.id!r}"
         return results
+
+    def _autocast(self) -> AbstractContextManager[None]:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+        if dtype is None:
+            return nullcontext()
+        device = next(self.module.parameters()).device
+        return torch.autocast(device_type=device.type, dtype=dtype)
 
     def _mine(self, examples: Sequence[ExampleT]) -> list[ResultT]:
         raise NotImplementedError

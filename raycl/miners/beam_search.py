@@ -17,9 +17,10 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, TYPE_CHECKING
 
 from raycl.errors import UserError, at
+from raycl.miners.registry import load_module, register_miner
 from raycl.miners.base_miner import BaseMiner, inference
 
 if TYPE_CHECKING:
@@ -91,8 +92,9 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
         source_negative: bool = True,
         batch_size: int = 32,
         max_new_tokens: int = 128,
+        precision: str = "fp32",
     ) -> None:
-        super().__init__(scorer)
+        super().__init__(scorer, precision=precision)
         self.scorer = scorer
         self.beam = k + 1 if beam is None else beam
         self.k, self.source_negative = self._check_k(k), source_negative
@@ -210,3 +212,15 @@ def read_negatives_parquet(path: str | Path) -> dict[str, MinedNegatives]:
             raise UserError(f"{at(path)}: row {row} (id {id_!r}): expected a unique id and one score per negative")
         out[id_] = MinedNegatives(id_, tuple(negs), tuple(math.nan if s is None else s for s in scores))
     return out
+
+
+def build_beam_miner(model_path: str, options: dict[str, Any]) -> BeamSearchMiner:
+    """A ``gec_beam`` miner in an actor: the scorer from ``model_path`` on ``options["device"]``."""
+    from raycl.models.seq2seq import Seq2SeqScorer
+
+    opts = dict(options)
+    device = opts.pop("device", "cpu")
+    return BeamSearchMiner(Seq2SeqScorer.from_pretrained(model_path, device=device), **opts)
+
+
+GEC_BEAM = register_miner("gec_beam", build=build_beam_miner, load=load_module)

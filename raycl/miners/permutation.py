@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from raycl.miners.base_miner import BaseMiner
+from raycl.miners.registry import load_module, register_miner
 
 if TYPE_CHECKING:
     from raycl.models.coherence import CoherenceScorer
@@ -70,9 +71,10 @@ class PermutationMiner(BaseMiner[CoherenceItemLike, MinedPermutations]):
     """
 
     def __init__(
-        self, scorer: CoherenceScorer, *, num_rank: int = 50, num_negs: int = 5, batch_size: int = 16
+        self, scorer: CoherenceScorer, *, num_rank: int = 50, num_negs: int = 5, batch_size: int = 16,
+        precision: str = "fp32",
     ) -> None:
-        super().__init__(scorer)
+        super().__init__(scorer, precision=precision)
         if num_negs < 1 or num_rank < num_negs:
             raise ValueError(f"need 1 ≤ num_negs ≤ num_rank, got num_negs={num_negs}, num_rank={num_rank}")
         self.scorer = scorer
@@ -94,3 +96,15 @@ class PermutationMiner(BaseMiner[CoherenceItemLike, MinedPermutations]):
                 scores=tuple(float(item_scores[j]) for j in order),
             ))  # fmt: skip
         return results
+
+
+def build_permutation_miner(model_path: str, options: dict[str, Any]) -> PermutationMiner:
+    """A ``coherence_rank`` miner in an actor: the scorer from ``model_path`` on ``options["device"]``."""
+    from raycl.models.coherence import CoherenceScorer
+
+    opts = dict(options)
+    device = opts.pop("device", "cpu")
+    return PermutationMiner(CoherenceScorer.from_pretrained(model_path, device=device), **opts)
+
+
+COHERENCE_RANK = register_miner("coherence_rank", build=build_permutation_miner, load=load_module)

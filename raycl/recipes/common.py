@@ -1,39 +1,30 @@
-"""Pieces every recipe shares: messages, the run record (``history.jsonl``), picking the best report of a sweep,
-and atomic writes of tables, texts, plots and model folders."""
+"""What every recipe's driver and report share: messages, picking the best report of a sweep, and the report
+helpers (percentages, Markdown tables, timings, plots); the run's files are :mod:`raycl.records`."""
 
 from __future__ import annotations
 
-import csv
-import json
 import math
-import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from raycl.records import (  # noqa: F401  (the recipes' reports write through these)
+    append_history,
+    atomic_write,
+    copy_atomic,
+    read_history,
+    save_png,
+    write_csv,
+)
 
 if TYPE_CHECKING:
     from raycl.distributed.sweep import TrialOutcome
 
-HISTORY = "history.jsonl"
-
 
 def say(msg: str) -> None:
     print(f"[raycl] {msg}", file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------------------------------------- history
-def append_history(out_dir: Path, metrics: dict[str, Any], *, key: str = "epoch") -> list[dict[str, Any]]:
-    """``history.jsonl``: one line per report (rewritten atomically); a resumed run drops the reports it replays
-    (those at or after ``metrics[key]``)."""
-    rows = [r for r in read_history(out_dir) if r.get(key, 0) < metrics[key]] + [metrics]
-    atomic_write(out_dir / HISTORY, "".join(json.dumps(r) + "\n" for r in rows).rstrip("\n"))
-    return rows
-
-
-def read_history(out_dir: Path) -> list[dict[str, Any]]:
-    path = out_dir / HISTORY
-    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
 
 
 # ---------------------------------------------------------------------------------------------- selection
@@ -64,37 +55,46 @@ def best_trial(trials: list[TrialOutcome], *, metric: str, mode: str = "max") ->
     return max(scored, key=lambda tr: sign * float((tr[1] or {})[metric]))[0]
 
 
-# ---------------------------------------------------------------------------------------------- files
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text + "\n", encoding="utf-8")
-    tmp.replace(path)
+def failed(trials: list[TrialOutcome]) -> list[str]:
+    return [t.trial_id for t in trials if t.error]
 
 
-def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
-    """Rows with possibly different keys: the header is their union, in first-seen order."""
-    keys: list[str] = []
-    for r in rows:
-        keys += [k for k in r if k not in keys]
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
+# ---------------------------------------------------------------------------------------------- report text
+def pct(v: Any) -> str:
+    """A score in [0, 1] as a percentage with two decimals, or an en dash when it is missing."""
+    f = num(v)
+    return "–" if f is None else f"{100 * f:.2f}"
 
 
-def save_png(fig: Any, path: Path) -> Path:
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    tmp.replace(path)
-    return path
+def md_table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """A Markdown table's lines."""
+    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+            *("| " + " | ".join(str(c) for c in r) + " |" for r in rows)]  # fmt: skip
 
 
-def save_dir_atomic(save: Callable[[Path], Any], out: Path) -> None:
-    """``save(tmp)`` writes a folder (``model.save_pretrained``), which then replaces ``out`` in one rename."""
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.replace(out)
+def timing_line(timings: dict[str, float]) -> str:
+    return ", ".join(f"{k.removesuffix('_s')} {v:.1f} s" for k, v in timings.items())
+
+
+def data_line(counts: dict[str, int], builtin: list[str]) -> str:
+    return (f"Data: {', '.join(f'{k} {v}' for k, v in counts.items())}"
+            + (f" (built-in: {', '.join(builtin)})" if builtin else "") + ".")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- plots
+@contextmanager
+def figure(path: Path, out: list[Path], *, ncols: int = 1, size: tuple[float, float] = (6, 4)) -> Iterator[Any]:
+    """A matplotlib figure (Agg) whose axes the caller draws on; saved atomically to ``path`` (appended to
+    ``out``) and closed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, ncols, figsize=(size[0] * ncols, size[1]), squeeze=False)
+    try:
+        yield axes[0] if ncols > 1 else axes[0][0]
+        fig.tight_layout()
+        out.append(save_png(fig, path))
+    finally:
+        plt.close(fig)

@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> None:
         from raycl.distributed.runtime import init_ray
 
         init_ray(args.address)
-    summary = cli.recipe(space).run_train(space, run_dir)
+    summary = cli.run(space, run_dir, sweep=False)
     cli.finish(summary, as_json=args.json)
 
 

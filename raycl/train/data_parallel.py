@@ -1,42 +1,94 @@
-"""Data parallelism with fairseq's normalisation: gradients summed over workers, divided by *global* tokens.
+"""Data parallelism with fairseq's normalisation: gradients summed over workers, divided by the *global* weight.
 
-Each worker's loss is ``sum_over_its_tokens / its_ntokens``. Scaling it by ``its_ntokens / global_ntokens``
-before ``backward`` and summing gradients over workers gives exactly the gradient of
-``sum_over_all_tokens / global_ntokens`` — the single-process loss on the union of the shards (SPEC §1.2:
-"sum both terms, then divide by ntokens"). Several forward passes per step (one per negative slot) are fine,
-unlike DDP's reducer, because the gradients are summed once, after ``backward``.
+A micro-batch's backward is of its *summed* loss (``mean × weight``, weight = its target tokens for GEC, its
+pairs for STS, 1 for a mean-reduced loss). After the last micro-batch of an update the gradients are summed over
+workers and divided by the global weight (all ranks, all micro-batches), which is exactly the gradient of the
+single-process loss over the union of the shards (fairseq: "sum both terms, then divide by ntokens").
+
+Collective tensors live on the device of the process group's backend: NCCL (Ray Train's backend as soon as the
+workers have GPUs) accepts only CUDA tensors, gloo CPU ones.
+
+Recipes whose model runs several forward passes per step through methods other than ``forward`` (GEC: one pass
+per negative slot through the scorer; STS: SimCSE views, MoCo keys, cross-attended pairs) sum gradients here,
+after the backward, bucketed (a few large all-reduces instead of one per tensor, or one flat copy of the whole
+model). The other recipes use DDP, whose bucketed all-reduce overlaps the backward.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.distributed as dist
 
+BUCKET_BYTES = 64 * 2**20  # gradients per all-reduce: large enough to amortise a call, small to bound the copy
 
-def _distributed() -> bool:
+
+def distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def collective_device(backend: str) -> torch.device:
+    """Where a collective's tensors must be: the current CUDA device under NCCL, else the CPU."""
+    return torch.device("cuda") if backend == "nccl" else torch.device("cpu")  # "cuda": the current device
 
 
 def all_reduce_sum(value: float) -> float:
     """Sum a Python number over workers (identity with one worker)."""
-    if not _distributed():
+    if not distributed():
         return value
-    t = torch.tensor([value], dtype=torch.float64)
+    t = torch.tensor([value], dtype=torch.float64, device=collective_device(str(dist.get_backend())))
     dist.all_reduce(t)
     return float(t.item())
 
 
-def backward_global(loss: torch.Tensor, ntokens: float, model: torch.nn.Module) -> float:
-    """Backward of this worker's share of the global per-token loss, then sum gradients; returns global tokens."""
-    global_tokens = all_reduce_sum(float(ntokens))
-    (loss * (float(ntokens) / max(global_tokens, 1.0))).backward()
-    if _distributed():
-        # One all-reduce over a flat copy: per-tensor calls cost a round trip each (~100 tensors in a BART).
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+def _buckets(grads: list[torch.Tensor], limit: int) -> Iterable[list[torch.Tensor]]:
+    """Consecutive gradients of one dtype and device, each bucket at most ``limit`` bytes (or one tensor)."""
+    bucket: list[torch.Tensor] = []
+    size = 0
+    for g in grads:
+        nbytes = g.numel() * g.element_size()
+        same = not bucket or (g.dtype == bucket[0].dtype and g.device == bucket[0].device)
+        if bucket and (size + nbytes > limit or not same):
+            yield bucket
+            bucket, size = [], 0
+        bucket.append(g)
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def sum_gradients(params: Iterable[torch.nn.Parameter], *, bucket_bytes: int = BUCKET_BYTES) -> None:
+    """Sum ``.grad`` over workers in place (bucketed all-reduces); a no-op with one worker."""
+    if not distributed():
+        return
+    device = collective_device(str(dist.get_backend()))
+    grads = [p.grad for p in params if p.grad is not None]
+    for bucket in _buckets(grads, bucket_bytes):
+        flat = torch.cat([g.reshape(-1) for g in bucket]).to(device)
         dist.all_reduce(flat)
         offset = 0
-        for g in grads:
+        for g in bucket:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
-    return global_tokens
+
+
+def scale_gradients(params: Iterable[torch.nn.Parameter], factor: float) -> None:
+    if factor == 1.0:
+        return
+    for p in params:
+        if p.grad is not None:
+            p.grad.mul_(factor)
+
+
+def average_gradients(params: list[torch.nn.Parameter], weight: float, *, averaged_by_ddp: bool = False) -> float:
+    """The update's gradient from the summed-loss gradients of this worker's micro-batches: summed over workers
+    (unless DDP's all-reduce already averaged them) and divided by the global weight; returns that weight."""
+    global_weight = all_reduce_sum(weight)
+    if averaged_by_ddp:
+        factor = dist.get_world_size() / max(global_weight, 1e-12)
+    else:
+        sum_gradients(params)
+        factor = 1.0 / max(global_weight, 1e-12)
+    scale_gradients(params, factor)
+    return global_weight

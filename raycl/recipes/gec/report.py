@@ -10,11 +10,11 @@ from raycl.data.gec import load_references
 from raycl.data.gec_corpus import stats as corpus_stats
 from raycl.data.specs import parse_spec
 from raycl.distributed.sweep import TrialOutcome
-from raycl.recipes.common import atomic_write, best_row, best_trial, num, save_png, write_csv
+from raycl.recipes.common import atomic_write, best_row, best_trial, failed, figure, num, pct, write_csv
 
 if TYPE_CHECKING:
     from raycl.config import Space
-    from raycl.recipes.gec import GecRun
+    from raycl.recipes.driver import Run
 
 PARAM_NAMES = {"loss.margin": "γ", "mining.k": "k", "loss.trade_off": "λ", "mining.source_negative": "source neg."}
 
@@ -32,7 +32,7 @@ def _params_text(params: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------------------------- files
 def write_all(
-    run: GecRun, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]
+    run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]
 ) -> dict[str, Any]:
     metric, mode = run.cfg.tune.metric, run.cfg.tune.mode
     rows = [_result_row(t, metric, mode) for t in trials + extra]
@@ -45,7 +45,7 @@ def write_all(
         "table": _table_rows(trials, extra, metric, mode),
         "timings": run.timings,
         "builtin_data": run.builtin,
-        "failed_trials": [t.trial_id for t in trials + extra if t.error],
+        "failed_trials": failed(trials + extra),
     }
     atomic_write(run.run_dir / "best.json", json.dumps(summary["best"], indent=2, default=str))
     plots = _plots(run.run_dir, trials + extra, metric)
@@ -83,13 +83,8 @@ def _table_rows(
     return rows
 
 
-def _pct(v: Any) -> str:
-    f = num(v)
-    return "–" if f is None else f"{100 * f:.2f}"
-
-
 def render_report(
-    run: GecRun, space: Space, summary: dict[str, Any], trials: list[TrialOutcome], plots: list[Path]
+    run: Run, space: Space, summary: dict[str, Any], trials: list[TrialOutcome], plots: list[Path]
 ) -> str:
     cfg = run.cfg
     tests = list(cfg.data.test)
@@ -103,14 +98,14 @@ def render_report(
     head = "| Method | " + " | ".join(f"{t} P | {t} R | {t} F0.5" for t in tests) + " | dev F0.5 |"
     lines += [head, "|" + "---|" * (1 + 3 * len(tests) + 1)]
     for row in summary["table"]:
-        cells = [_pct(row.get(f"test/{t}/{k}")) for t in tests for k in ("p", "r", "f05")]
+        cells = [pct(row.get(f"test/{t}/{k}")) for t in tests for k in ("p", "r", "f05")]
         name = row["method"] + (f" ({row['params']})" if row.get("params") else "")
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_pct(row.get('dev_f05'))} |")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {pct(row.get('dev_f05'))} |")
     lines += ["", "## Over-correction and ignored edits (Table 3)", "",
               "| Method | " + " | ".join(f"{t} IE ratio | {t} OE ratio" for t in tests) + " |",
               "|" + "---|" * (1 + 2 * len(tests))]  # fmt: skip
     for row in summary["table"]:
-        cells = [_pct(row.get(f"test/{t}/{k}")) for t in tests for k in ("ie", "oe")]
+        cells = [pct(row.get(f"test/{t}/{k}")) for t in tests for k in ("ie", "oe")]
         lines.append(f"| {row['method']} | " + " | ".join(cells) + " |")
     lines += ["", "## Sweep (dev F0.5, %, best epoch of each trial)", "",
               "| Point | dev F0.5 | epoch |", "|---|---|---|"]  # fmt: skip
@@ -119,7 +114,7 @@ def render_report(
 
     for t in sorted(trials, key=dev_of, reverse=True):
         r = best_row(t, "dev_f05") or {}
-        lines.append(f"| {_params_text(t.params)} | {_pct(r.get('dev_f05'))} | {r.get('epoch', '–')} |")
+        lines.append(f"| {_params_text(t.params)} | {pct(r.get('dev_f05'))} | {r.get('epoch', '–')} |")
     lines += ["", "## Data (Table 1)", "", "| Usage | Files | #sent | err% | e/s |", "|---|---|---|---|---|"]
     lines += _data_rows(cfg)
     lines += ["", "## Timings", ""]
@@ -177,33 +172,22 @@ def _curve(trial: TrialOutcome, metric: str) -> tuple[list[float], list[float]]:
 
 
 def _plots(run_dir: Path, trials: list[TrialOutcome], metric: str) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = []
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for t in trials:
-        xs, ys = _curve(t, metric)
-        if xs:
-            ax.plot(xs, ys, marker="o", label=f"{_label(t)} {_params_text(t.params)}")
-    ax.set(xlabel="epoch", ylabel="dev F0.5 (%)", title="Dev F0.5 during fine-tuning")
-    ax.legend(fontsize=6, loc="best")
-    fig.tight_layout()
-    out.append(save_png(fig, run_dir / "dev_curves.png"))
-    plt.close(fig)
+    out: list[Path] = []
+    with figure(run_dir / "dev_curves.png", out) as ax:
+        for t in trials:
+            xs, ys = _curve(t, metric)
+            if xs:
+                ax.plot(xs, ys, marker="o", label=f"{_label(t)} {_params_text(t.params)}")
+        ax.set(xlabel="epoch", ylabel="dev F0.5 (%)", title="Dev F0.5 during fine-tuning")
+        ax.legend(fontsize=6, loc="best")
     cl = [t for t in trials if "loss.margin" in t.params and "baseline" not in t.params]
     if cl:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for k in sorted({t.params.get("mining.k") for t in cl}, key=str):
-            pts = [(float(t.params["loss.margin"]), num((best_row(t, metric) or {}).get(metric)))
-                   for t in cl if t.params.get("mining.k") == k]  # fmt: skip
-            kept = sorted((g, 100 * v) for g, v in pts if v is not None)
-            ax.plot([g for g, _ in kept], [v for _, v in kept], marker="o", label=f"k={k}")
-        ax.set(xlabel="margin γ", ylabel="best dev F0.5 (%)", title="Sweep: dev F0.5 against γ and k")
-        ax.legend()
-        fig.tight_layout()
-        out.append(save_png(fig, run_dir / "sweep.png"))
-        plt.close(fig)
+        with figure(run_dir / "sweep.png", out) as ax:
+            for k in sorted({t.params.get("mining.k") for t in cl}, key=str):
+                pts = [(float(t.params["loss.margin"]), num((best_row(t, metric) or {}).get(metric)))
+                       for t in cl if t.params.get("mining.k") == k]  # fmt: skip
+                kept = sorted((g, 100 * v) for g, v in pts if v is not None)
+                ax.plot([g for g, _ in kept], [v for _, v in kept], marker="o", label=f"k={k}")
+            ax.set(xlabel="margin γ", ylabel="best dev F0.5 (%)", title="Sweep: dev F0.5 against γ and k")
+            ax.legend()
     return out

@@ -1,0 +1,49 @@
+"""GEC evaluation, shared by the worker (dev and test after every epoch) and the report: decode every source of a
+split with the model and score it with ERRANT (P / R / F0.5 per annotator, their average — the paper's figure —
+the combined score, and the over-correction / ignored-edit ratios)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from raycl.configs.gec import GecConfig
+from raycl.data.gec import load_references
+from raycl.evaluation.gec_metrics import evaluate_gec
+from raycl.models.seq2seq import Seq2SeqScorer
+
+
+def references(cfg: GecConfig) -> dict[str, dict[str, Any]]:
+    """``{"dev": {set: refs}, "test": {set: refs}}`` of the config's M2 files."""
+    return {split: {name: load_references(specs) for name, specs in sets.items()}
+            for split, sets in (("dev", cfg.data.dev), ("test", cfg.data.test))}  # fmt: skip
+
+
+def evaluate_split(cfg: GecConfig, scorer: Seq2SeqScorer, sets: dict[str, Any], *, prefix: str) -> dict[str, float]:
+    """Decode every set of a split and score it with ERRANT: ``{prefix}_f05`` (mean over sets of the
+    annotator-averaged F0.5, the paper's figure) and ``{prefix}/{set}/{p,r,f05,oe,ie,...}``."""
+    out: dict[str, float] = {}
+    f_values = []
+    for name, refs in sets.items():
+        hyps = decode(cfg, scorer, [r.source for r in refs])
+        result = evaluate_gec(hyps, {name: refs})["refs"][name]
+        avg = result["average"]
+        for key in ("p", "r", "f0.5", "oe", "ie"):
+            out[f"{prefix}/{name}/{key.replace('0.5', '05')}"] = float(avg[key])
+        for ann, row in result["annotators"].items():
+            for key in ("p", "r", "f0.5"):
+                out[f"{prefix}/{name}/ann{ann}/{key.replace('0.5', '05')}"] = float(row[key])
+        out[f"{prefix}/{name}/combined_f05"] = float(result["combined"]["f0.5"])
+        f_values.append(float(avg["f0.5"]))
+    out[f"{prefix}_f05"] = sum(f_values) / max(len(f_values), 1)
+    return out
+
+
+def decode(cfg: GecConfig, scorer: Seq2SeqScorer, sources: list[str]) -> list[str]:
+    """The model's correction of each source (beam ``eval.beam``; 1 = greedy, GEC-BART's test setting)."""
+    scorer.eval()
+    with torch.no_grad():
+        outs = scorer.generate(sources, num_beams=cfg.eval.beam, num_return_sequences=1,
+                               max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size)  # fmt: skip
+    return [o[0][0] if o else "" for o in outs]

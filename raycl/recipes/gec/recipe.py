@@ -1,0 +1,159 @@
+"""GEC with contrastive learning in low error density domains (Cao, Yang, Ng; Findings of EMNLP 2021).
+
+Algorithm 1, as the driver (``raycl.recipes.driver``) runs it with this recipe::
+
+    1. θ̂    ← train the base model on D_T (label-smoothed NLL)          base_model()  (or model.checkpoint)
+    2. D_F̃  ← beam-search negatives of θ̂ on D_F, by the miner pool  ┐   train_one()   (model version 0)
+    3. θ̂_CL ← fine-tune on D_F̃ with Eq. 5, as soon as batches arrive ┘   one Tune trial per (γ, k) point
+    4. select on dev F0.5 (annotator-averaged), report test              the driver's baselines + report.py
+
+Steps 2 and 3 overlap: each trial's miner actors stream negatives (top-k distinct beam outputs ≠ target, plus
+the source for CL) into a bounded buffer that its Ray Train workers consume, instead of mining everything
+first as the paper's released code did. As in the paper all negatives come from the base model (version 0) and
+are mined once; ``mining.refresh_every`` / ``sync_every`` re-mine with newer weights. The baselines of Table 2 —
+DI (base model, no fine-tuning), NLL (λ = 0) and CL⁻ (no source negative) — run at the best CL point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from raycl.config import Space
+from raycl.configs.gec import GecConfig
+from raycl.data.gec import load_examples, load_references
+from raycl.data.gec_corpus import write_builtin_corpus
+from raycl.distributed.miner_pool import MinerFactory
+from raycl.distributed.mining_service import trial_resources
+from raycl.distributed.sweep import TrialOutcome
+from raycl.errors import UserError
+from raycl.miners.beam_search import GEC_BEAM, write_negatives_parquet
+from raycl.models.presets import build_model
+from raycl.recipes.common import copy_atomic, say
+from raycl.recipes.driver import RecipeBase, Run, TrainPoint, fit_job, miners
+from raycl.recipes.gec import report
+from raycl.recipes.gec.worker import GecTask
+from raycl.train.loop import Job
+from raycl.train.progress import follow
+
+
+class GecRecipe(RecipeBase):
+    task = "gec"
+
+    # ------------------------------------------------------------------------------------------ data
+    def with_data(self, cfg: GecConfig, data_dir: Path) -> tuple[GecConfig, list[str]]:
+        """Fill every empty split with the built-in corpus (written as M2 under ``data_dir``), check the rest."""
+        d = cfg.data
+        empty = [k for k in ("train", "finetune", "dev", "test") if not getattr(d, k)]
+        if "train" in empty and cfg.model.checkpoint:
+            empty.remove("train")  # step 1 is skipped: D_T is not needed
+        if not empty:
+            return cfg, []
+        b = d.builtin
+        files = write_builtin_corpus(data_dir, n_train=b.n_train, n_finetune=b.n_finetune, n_dev=b.n_dev,
+                                     n_test=b.n_test, seed=b.seed)  # fmt: skip
+        fill: dict[str, Any] = {"train": [str(files["train"])], "finetune": [str(files["finetune"])],
+                                "dev": {"builtin": [str(files["dev"])]},
+                                "test": {"S": [str(files["test-s"])], "G": [str(files["test-g"])]}}  # fmt: skip
+        return dataclasses.replace(cfg, data=dataclasses.replace(d, **{k: fill[k] for k in empty})), empty
+
+    def check_data(self, cfg: GecConfig) -> dict[str, int]:
+        """Sentence counts per split; every file is read (a malformed one fails here, not in a worker)."""
+        counts = {"train": len(load_examples(cfg.data.train)), "finetune": len(load_examples(cfg.data.finetune))}
+        for split, sets in (("dev", cfg.data.dev), ("test", cfg.data.test)):
+            for name, specs in sets.items():
+                refs = load_references(specs)
+                if not refs:
+                    raise UserError(f"data.{split}.{name}: {', '.join(specs)} holds no sentences, expected some")
+                counts[f"{split}/{name}"] = len(refs)
+        if counts["finetune"] == 0:
+            raise UserError(f"data.finetune: {', '.join(cfg.data.finetune)} holds no sentences, expected D_F")
+        return counts
+
+    # ------------------------------------------------------------------------------------------ step 1
+    def base_model(self, run: Run) -> None:
+        """Step 1: the base model θ̂, trained on D_T with NLL — or ``model.checkpoint`` as given."""
+        cfg = run.cfg
+        if cfg.model.checkpoint:
+            run.base_model = Path(cfg.model.checkpoint)
+            if not (run.base_model / "config.json").exists():
+                raise UserError(f"model.checkpoint: {run.base_model}: expected a Hugging Face model folder "
+                                "(config.json)")  # fmt: skip
+            return
+        if (run.base_model / "config.json").exists():
+            say(f"step 1: reusing the base model in {run.base_model}")
+            return
+        init = _initial_model(cfg, run.run_dir / "init")
+        say(f"step 1: training the base model on D_T ({cfg.pretrain.epochs} epochs, "
+            f"{cfg.scaling.num_workers} Ray Train worker(s))")  # fmt: skip
+        work = run.run_dir / "pretrain"
+        with follow(work, desc="step 1: pretrain"):
+            result = fit_job(run, cfg, Job(GecTask(cfg, "pretrain"), str(init), str(work)), name="pretrain",
+                             in_tune=False)  # fmt: skip
+        if result.error is not None or not (work / "model" / "config.json").exists():
+            raise RuntimeError(f"pretraining did not produce a model: {result.error}")
+        (work / "model").replace(run.base_model)
+
+    # ------------------------------------------------------------------------------------------ steps 2–3
+    def train_points(self, run: Run) -> list[TrainPoint]:
+        return [TrainPoint("train", {}, "steps 2–3: mine ‖ fine-tune")]
+
+    def train_one(self, run: Run, cfg: GecConfig, out_dir: Path, *, name: str, in_tune: bool,
+                  chaos: dict[str, Any] | None = None) -> Any:  # fmt: skip
+        """Steps 2–3 for one point: miners mine D_F with the base model (version 0) while the trainers consume
+        it. ``chaos``: a trainer crash switch for tests and benchmarks (``raycl.train.chaos``)."""
+        job = Job(GecTask(cfg, "finetune"), str(run.base_model), str(out_dir), chaos=chaos)
+        if not mines_while_training(cfg):
+            return fit_job(run, cfg, job, name=name, in_tune=in_tune)
+        m = cfg.mining
+        factory = MinerFactory(GEC_BEAM, str(run.base_model), {
+            "k": m.k, "beam": m.beam, "source_negative": m.source_negative, "batch_size": m.batch_size,
+            "max_new_tokens": cfg.eval.max_new_tokens, "precision": m.precision})  # fmt: skip
+        with miners(factory, m, world_size=cfg.scaling.num_workers, seed=cfg.optim.seed) as service:
+            job = dataclasses.replace(job, stream=service.stream, store=service.store)
+            result = fit_job(run, cfg, job, name=name, in_tune=in_tune)
+            _write_negatives(out_dir / "negatives.parquet", cfg, service.negatives())
+        return result
+
+    def max_t(self, run: Run) -> int:
+        return int(run.cfg.optim.epochs)
+
+    def trial_resources(self, run: Run) -> Any:
+        return trial_resources(run.cfg.tune.driver_cpus, run.cfg.mining if mines_while_training(run.cfg) else None)
+
+    # ------------------------------------------------------------------------------------------ step 4
+    def export(self, run: Run, best: dict[Any, TrialOutcome]) -> None:
+        """``negatives.parquet`` of the run: those the chosen trial trained on."""
+        if None in best and (src := run.run_dir / "trials" / best[None].trial_id / "negatives.parquet").exists():
+            copy_atomic(src, run.run_dir / "negatives.parquet")
+
+    def write_report(self, run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]
+                     ) -> dict[str, Any]:  # fmt: skip
+        return report.write_all(run, space, trials, extra)
+
+
+def _initial_model(cfg: GecConfig, out: Path) -> Path:
+    """The untrained starting point: a config preset with a BPE trained on D_T ∪ D_F, or ``model.name``."""
+    if (out / "config.json").exists():
+        return out
+    overrides: dict[str, Any] = dict(cfg.model.overrides)
+    if cfg.model.name:
+        return build_model(cfg.model.preset, out_dir=out, checkpoint=cfg.model.name, **overrides)
+    texts = [t for ex in load_examples(cfg.data.train + cfg.data.finetune) for t in (ex.source, ex.target)]
+    if cfg.model.vocab_size:
+        overrides["vocab_size"] = cfg.model.vocab_size
+    return build_model(cfg.model.preset, out_dir=out, texts=texts, seed=cfg.model.seed, **overrides)
+
+
+def mines_while_training(cfg: GecConfig) -> bool:
+    """Step 2 runs in the miner pool, alongside fine-tuning, unless negatives are pre-mined or not needed."""
+    return cfg.loss.trade_off > 0 and cfg.optim.epochs > 0 and not cfg.mining.negatives
+
+
+def _write_negatives(path: Path, cfg: GecConfig, items: list[Any]) -> None:
+    """The negatives a run trained on (the newest mined for each example), as ``raycl.mine`` writes them."""
+    by_id = {it.id: it for it in items}
+    examples = [ex for ex in load_examples(cfg.data.finetune, annotator=cfg.data.annotator) if ex.id in by_id]
+    mined = [by_id[ex.id] for ex in examples]
+    write_negatives_parquet(path, examples, mined, model_version=[it.model_version for it in mined])

@@ -1,0 +1,175 @@
+"""The GEC recipe's side of the one training loop (``raycl.train.loop``): its state, feed and step.
+
+One task serves both training phases of Algorithm 1: ``pretrain`` (step 1: label-smoothed NLL on D_T) and
+``finetune`` (step 3: Eq. 5 on D_F with the mined negatives). A step's backward is of its *summed* loss (weight =
+its target tokens); the loop sums gradients over ``optim.update_freq`` batches and every worker and divides by the
+global token count, as the fairseq trainer does ("sum both terms, then divide by ntokens"), so N workers, or N
+accumulated batches, take the same step as one batch N times as large. After every epoch rank 0 decodes dev
+(ERRANT F0.5) and, when dev improved, test, keeping ``best_model/``; pretraining keeps its last model in ``model/``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from raycl.configs.gec import GecConfig
+from raycl.data.gec import GecExample, load_examples
+from raycl.distributed.consumer import StreamConsumer
+from raycl.losses.gec_margin import GecContrastiveLoss
+from raycl.miners.shards import read_negatives
+from raycl.models.seq2seq import Seq2SeqScorer
+from raycl.recipes.gec import evaluation
+from raycl.records import save_dir_atomic
+from raycl.train.feeds import Feed, StaticFeed, StreamFeed, shard
+from raycl.train.gec_step import collate, gec_loss
+from raycl.train.loop import Batch, Keep, LoopSettings, Report, StepContext, TaskBase, TrainState, Window, Worker
+from raycl.train.optim import build_optimizer, build_scheduler
+
+
+@dataclass(frozen=True)
+class Phase:
+    """What differs between step 1 and step 3 of Algorithm 1."""
+
+    name: str  # pretrain | finetune
+    specs: list[str]
+    lr: float
+    epochs: int
+    batch_size: int
+    warmup: int
+    label_smoothing: float
+    trade_off: float
+
+
+def phase_of(cfg: GecConfig, name: str) -> Phase:
+    if name == "pretrain":
+        p = cfg.pretrain
+        return Phase(name, cfg.data.train, p.lr, p.epochs, p.batch_size, p.warmup_updates, p.label_smoothing, 0.0)
+    o = cfg.optim
+    return Phase(name, cfg.data.finetune, o.lr, o.epochs, o.batch_size, o.warmup_updates,
+                 cfg.loss.label_smoothing, cfg.loss.trade_off)  # fmt: skip
+
+
+@dataclass
+class GecState(TrainState):
+    feed: Any = None  # Feed
+    loss_fn: Any = None  # GecContrastiveLoss
+    refs: dict[str, Any] = field(default_factory=dict)  # rank 0 of fine-tuning: dev and test references
+    steps_per_epoch: int = 0  # batches of this rank's shard
+
+
+@dataclass(frozen=True)
+class GecTask(TaskBase):
+    """One phase of Algorithm 1 on one worker."""
+
+    cfg: GecConfig
+    phase: str  # pretrain | finetune
+
+    @property
+    def settings(self) -> LoopSettings:
+        o = self.cfg.optim
+        return LoopSettings(precision=o.precision, update_freq=o.update_freq, clip_norm=o.clip_norm, tf32=o.tf32,
+                            seed=o.seed)  # fmt: skip
+
+    @property
+    def ph(self) -> Phase:
+        return phase_of(self.cfg, self.phase)
+
+    def load_model(self, path: Path) -> Seq2SeqScorer:
+        return Seq2SeqScorer.from_pretrained(path)
+
+    def build(self, model: Any, w: Worker, progress: dict[str, Any] | None) -> GecState:
+        cfg, ph = self.cfg, self.ph
+        examples = load_examples(ph.specs, annotator=cfg.data.annotator)
+        steps = math.ceil(math.ceil(len(examples) / w.world_size) / ph.batch_size)  # the same on every rank
+        updates = math.ceil(steps / cfg.optim.update_freq) * max(ph.epochs, 1)
+        optimizer = build_optimizer(model, ph.lr, betas=cfg.optim.betas, eps=cfg.optim.eps,
+                                    weight_decay=cfg.optim.weight_decay)  # fmt: skip
+        scheduler = build_scheduler(optimizer, cfg.optim.scheduler if ph.name == "finetune" else "fixed",
+                                    warmup=ph.warmup, total=cfg.optim.total_updates or updates)  # fmt: skip
+        loss_fn = GecContrastiveLoss(trade_off=ph.trade_off, margin=cfg.loss.margin,
+                                     label_smoothing=ph.label_smoothing)  # fmt: skip
+        return GecState(model, [optimizer], [scheduler], dict(progress or {"epoch": 0}), feed=self._feed(examples, w),
+                        loss_fn=loss_fn, steps_per_epoch=steps)  # fmt: skip
+
+    def _feed(self, examples: list[GecExample], w: Worker) -> Feed:
+        """Negatives mined while training (the stream), pre-mined ones (``mining.negatives``), or none."""
+        cfg, ph = self.cfg, self.ph
+        shards = [shard(examples, r, w.world_size) for r in range(w.world_size)]
+        needs_negatives = ph.name == "finetune" and ph.trade_off > 0 and ph.epochs > 0
+        if needs_negatives and w.job.stream is not None:
+            consumer = StreamConsumer(w.job.stream, w.job.store, rank=w.rank, world_size=w.world_size,
+                                      max_staleness=cfg.mining.max_staleness)  # fmt: skip
+            return StreamFeed(consumer, shards, batch_size=ph.batch_size, sync_every=cfg.mining.sync_every,
+                              refresh_every=cfg.mining.refresh_every)  # fmt: skip
+        negatives: dict[str, list[str]] = {}
+        if needs_negatives:
+            if not cfg.mining.negatives:
+                raise RuntimeError("contrastive fine-tuning without a negative stream or mining.negatives")
+            mined = read_negatives(cfg.mining.negatives)
+            negatives = {ex.id: list(mined[ex.id].negatives) for ex in examples if ex.id in mined}
+        return StaticFeed(shards[w.rank], negatives, batch_size=ph.batch_size, seed=cfg.optim.seed)
+
+    def start(self, st: GecState, w: Worker, *, resumed: bool) -> None:
+        if resumed:  # the weight version of the checkpoint, republished if the dead run went past it
+            st.feed.resume(st.progress.get("feed", {}), st.model)
+        if self.phase == "finetune" and w.rank == 0:
+            st.refs = evaluation.references(self.cfg)
+
+    def stream(self, st: GecState, w: Worker) -> Iterator[Batch | Report]:
+        ph = self.ph
+        if ph.name == "finetune" and ph.epochs == 0:  # DI: evaluate the base model, train nothing
+            yield Report()
+            return
+        for epoch in range(st.progress["epoch"], ph.epochs):
+            for batch in st.feed.batches(epoch, st.model):
+                yield Batch(batch)
+            st.progress.update(epoch=epoch + 1, feed=st.feed.state())
+            yield Report()
+
+    def step(self, st: GecState, data: Any, ctx: StepContext) -> dict[str, float]:
+        examples, negatives = data
+        batch = collate(examples, negatives, st.model.tokenizer, max_length=self.cfg.model.max_length)
+        out = gec_loss(st.model, batch.to(ctx.device), st.loss_fn, stack_negatives=self.cfg.loss.stack_negatives)
+        ntokens = float(out.ntokens)
+        ctx.backward(out.loss, weight=ntokens)
+        loss = out.loss.item()
+        return {"loss": loss, "loss_sum": loss * ntokens, "ce": out.ce.item(), "mml": out.mml.item(),
+                "ntokens": ntokens}  # fmt: skip
+
+    def after_update(self, st: GecState) -> None:
+        st.feed.after_step(st.progress["step"], st.model)  # sync_every: publish newer weights to the miners
+
+    def metrics(self, st: GecState, window: Window, rep: Report, w: Worker) -> dict[str, Any]:
+        if not window.batches:
+            return {"epoch": st.progress["epoch"]}
+        s, wall, fm = window.sums, window.wall(), st.feed.metrics()
+        n = max(s["ntokens"], 1.0)
+        return {"loss": s["loss_sum"] / n, "ce_per_token": s["ce"] / n, "mml_per_token": s["mml"] / n,
+                "timing/step": window.step_time(), "timing/epoch": wall, **fm,
+                "timing/mine_wait_fraction": fm["timing/mine_wait"] / max(wall, 1e-9),
+                # steady state: without the wait for the epoch's first batch (the pipeline filling up)
+                "timing/mine_wait_fraction_steady": (fm["timing/mine_wait"] - fm["timing/mine_wait_first"])
+                / max(wall - fm["timing/mine_wait_first"], 1e-9),
+                "lr": st.schedulers[0].get_last_lr()[0], "epoch": st.progress["epoch"]}  # fmt: skip
+
+    def evaluate(self, st: GecState, rep: Report, w: Worker) -> dict[str, Any]:
+        return evaluation.evaluate_split(self.cfg, st.model, st.refs["dev"], prefix="dev") if st.refs else {}
+
+    def keep(self, rep: Report, metrics: dict[str, Any]) -> Keep | None:
+        return Keep("dev_f05", "best_model") if self.phase == "finetune" else None
+
+    def on_best(self, st: GecState, rep: Report, w: Worker) -> dict[str, Any]:
+        # test is decoded only when dev improves: the epoch selected on dev is always one of those
+        return evaluation.evaluate_split(self.cfg, st.model, st.refs["test"], prefix="test")
+
+    def final(self, st: GecState, w: Worker) -> dict[str, Any] | None:
+        if self.phase == "pretrain" and w.rank == 0:  # step 1's model, the base of fine-tuning
+            save_dir_atomic(st.model.save_pretrained, w.out_dir / "model")
+        return None
+
+    def total_steps(self, st: GecState, w: Worker) -> int:
+        return st.steps_per_epoch * self.ph.epochs // self.cfg.optim.update_freq

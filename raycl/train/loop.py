@@ -1,0 +1,435 @@
+"""The one training loop every recipe runs on a Ray Train worker (or in-process, ``scaling.num_workers=0``).
+
+The loop owns what is the same for every recipe, in this order::
+
+    model ← task.load_model(checkpoint/model or the initial model); model.to(device)   # before any optimizer
+    state ← task.build(model)            # optimizers, schedules, queue, EMA … (the checkpoint's progress known)
+    restore optimizers, schedules, scaler, extras, RNG from the checkpoint; task.start(resumed)
+    for item in task.stream(state):      # the task's feed: Batch … Report … Batch … (resumable from progress)
+        Batch  → forward/backward under autocast, gradients accumulated over ``update_freq`` batches, then one
+                 update: sum over workers, ÷ global weight, unscale (fp16), clip, step, schedule
+        Report → flush a partial update; the task's metrics; rank 0 evaluates, keeps the best model, appends
+                 ``history.jsonl`` and attaches a resumable checkpoint; every rank reports
+    task.final(state)                    # the recipe's closing report (official submissions), if any
+
+A recipe (a :class:`Task`) supplies only what differs: how to load its model, its state, its feed, its step and
+its evaluation. What crosses into the Ray Train worker is one frozen :class:`Job` holding the task, whose config
+is the recipe's typed config dataclass.
+
+Gradients: a step's backward is of its *summed* loss (``ctx.backward(mean_loss, weight=n)``); an update divides
+by the weight summed over its micro-batches and every worker, so ``update_freq`` N with batch B is the update of
+one batch N·B, and W workers are one worker on the union of their shards (fairseq's ``ntokens`` normalisation for
+GEC; the mean of per-batch means with the default weight 1). Tasks whose forward runs through ``forward`` use
+DDP (``LoopSettings.ddp``: its bucketed all-reduce overlaps the backward; ``no_sync`` while accumulating);
+the others sum gradients after the backward (:mod:`raycl.train.data_parallel`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import nn
+
+from raycl.distributed import session
+from raycl.records import append_history, save_dir_atomic
+from raycl.train.chaos import crash_switch
+from raycl.train.checkpoint import MODEL_DIR, STATE_FILE, seed_everything
+from raycl.train.data_parallel import average_gradients
+from raycl.train.precision import Precision, enable_tf32, inference
+from raycl.train.progress import ProgressWriter
+
+
+# ---------------------------------------------------------------------------------------------- what a task gives
+@dataclass(frozen=True)
+class LoopSettings:
+    """The loop's knobs, taken from a recipe's ``optim`` section."""
+
+    precision: str = "fp32"  # fp32 | bf16 | fp16
+    update_freq: int = 1  # batches whose gradients are summed into one optimizer update
+    clip_norm: float = 0.0  # 0 = no clipping
+    tf32: bool = True  # TF32 matmuls on GPUs that have them
+    seed: int = 1
+    ddp: bool = False  # forward through DDP (several workers) instead of summing gradients after the backward
+    find_unused_parameters: bool = False  # DDP: only for models with parameters a step may not use
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One micro-batch of a task's feed; its gradients update ``state.optimizers[optimizer]``."""
+
+    data: Any
+    optimizer: int = 0
+
+
+@dataclass(frozen=True)
+class Report:
+    """A point in a task's feed where the loop reports (evaluate, keep the best, checkpoint)."""
+
+    info: dict[str, Any] = field(default_factory=dict)  # what the task needs to know of it (a phase, an epoch)
+    checkpoint: bool = True
+
+
+@dataclass(frozen=True)
+class Keep:
+    """Which model a report may keep: the best ``metric`` (higher is better) within ``scope``, in ``folder``.
+    The first report of a scope always keeps its model (earliest on ties, as the released loops' ``>``)."""
+
+    metric: str
+    folder: str
+    scope: str = ""
+
+
+@dataclass
+class TrainState:
+    """What a checkpoint holds. ``extras``: objects with ``state_dict``/``load_state_dict`` (queue, EMA, momentum
+    encoder); those that are modules follow the model's train/eval mode."""
+
+    model: nn.Module
+    optimizers: list[torch.optim.Optimizer]
+    schedulers: list[Any]  # one per optimizer (None: not stepped per update)
+    progress: dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def modules(self) -> list[nn.Module]:
+        return [self.model, *(m for m in self.extras.values() if isinstance(m, nn.Module))]
+
+    def train(self, mode: bool = True) -> None:
+        for m in self.modules():
+            m.train(mode)
+
+
+@dataclass
+class Worker:
+    """This worker's place: rank, device, precision, the run's folder, and the job it runs."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    precision: Precision
+    out_dir: Path
+    job: Job
+
+
+class Task(Protocol):
+    """A recipe's side of the loop (``raycl/recipes/<task>/worker.py``)."""
+
+    settings: LoopSettings
+
+    def load_model(self, path: Path) -> nn.Module: ...
+    def build(self, model: nn.Module, w: Worker, progress: dict[str, Any] | None) -> TrainState: ...
+    def start(self, st: TrainState, w: Worker, *, resumed: bool) -> None: ...
+    def stream(self, st: TrainState, w: Worker) -> Iterator[Batch | Report]: ...
+    def step(self, st: TrainState, data: Any, ctx: StepContext) -> dict[str, float]: ...
+    def before_update(self, st: TrainState) -> None: ...
+    def after_update(self, st: TrainState) -> None: ...
+    def metrics(self, st: TrainState, window: Window, rep: Report, w: Worker) -> dict[str, Any]: ...
+    def evaluate(self, st: TrainState, rep: Report, w: Worker) -> dict[str, Any]: ...
+    def keep(self, rep: Report, metrics: dict[str, Any]) -> Keep | None: ...
+    def on_best(self, st: TrainState, rep: Report, w: Worker) -> dict[str, Any]: ...
+    def save_model(self, st: TrainState, folder: Path) -> None: ...
+    def final(self, st: TrainState, w: Worker) -> dict[str, Any] | None: ...
+    def total_steps(self, st: TrainState, w: Worker) -> int: ...
+
+
+class TaskBase:
+    """Defaults for the optional parts of :class:`Task` (a task gives ``settings`` as an attribute or property)."""
+
+    def start(self, st: Any, w: Worker, *, resumed: bool) -> None:
+        pass
+
+    def before_update(self, st: Any) -> None:
+        pass
+
+    def after_update(self, st: Any) -> None:
+        pass
+
+    def keep(self, rep: Report, metrics: dict[str, Any]) -> Keep | None:
+        return None
+
+    def on_best(self, st: Any, rep: Report, w: Worker) -> dict[str, Any]:
+        return {}
+
+    def save_model(self, st: Any, folder: Path) -> None:
+        st.model.save_pretrained(folder)  # type: ignore[operator]
+
+    def final(self, st: Any, w: Worker) -> dict[str, Any] | None:
+        return None
+
+
+@dataclass(frozen=True)
+class Job:
+    """What crosses into a Ray Train worker: the task (with its typed config) and where things are."""
+
+    task: Any  # a Task; typed loosely so that recipes' task classes need not subclass the Protocol
+    init_model: str
+    out_dir: str
+    stream: Any = None  # the negative stream's actor handle, when negatives are mined while training
+    store: Any = None  # the weight store's actor handle
+    chaos: dict[str, Any] | None = None  # a trainer crash switch for tests and benchmarks (raycl.train.chaos)
+
+
+# ---------------------------------------------------------------------------------------------- a step's view
+class StepContext:
+    """What a task's step uses: the module to run forward passes through, the device, and ``backward``."""
+
+    def __init__(self, module: nn.Module, device: torch.device, scaler: torch.amp.GradScaler | None) -> None:
+        self.module, self.device, self.scaler = module, device, scaler
+        self.weight = 0.0
+
+    def backward(self, loss: torch.Tensor, *, weight: float = 1.0) -> None:
+        """Backward of ``loss × weight`` (the micro-batch's summed loss); the update divides by the global weight."""
+        self.weight += weight
+        scaled = loss * weight
+        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+
+    def loss_scale(self, weight: float = 1.0) -> float:
+        """The factor a task's own extra backward passes (adversarial terms) multiply their loss by."""
+        return weight * (float(self.scaler.get_scale()) if self.scaler is not None else 1.0)
+
+
+class Window:
+    """Sums of one report interval: the step outputs (per micro-batch), updates, step time, wall time."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.t0, self.sums, self.batches, self.updates, self.step_s = time.perf_counter(), {}, 0, 0, 0.0
+
+    def add(self, out: dict[str, float], seconds: float) -> None:
+        self.batches += 1
+        self.step_s += seconds
+        for k, v in out.items():
+            self.sums[k] = self.sums.get(k, 0.0) + float(v)
+
+    def means(self) -> dict[str, float]:
+        return {k: v / max(self.batches, 1) for k, v in self.sums.items()}
+
+    def wall(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def step_time(self) -> float:
+        """Seconds per optimizer update (forward, backward and update of its micro-batches)."""
+        return self.step_s / max(self.updates, 1)
+
+
+# ---------------------------------------------------------------------------------------------- the loop
+def run(job: Job) -> None:
+    """Ray Train entry point (``functools.partial(run, job)``): one worker's whole training run."""
+    task = job.task
+    s: LoopSettings = task.settings
+    rank, world_size = session.world()
+    device = session.device()
+    enable_tf32(device, on=s.tf32)
+    seed_everything(s.seed)
+    w = Worker(rank, world_size, device, Precision(s.precision, device), Path(job.out_dir), job)
+    w.out_dir.mkdir(parents=True, exist_ok=True)
+    with session.resume_dir() as ckpt:  # a restarted worker group continues from the last checkpoint
+        saved = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False) if ckpt else None
+        model = task.load_model(ckpt / MODEL_DIR if ckpt else Path(job.init_model))
+        model.to(device)  # before any optimizer is built on its parameters or loads state onto them
+        st = task.build(model, w, saved["progress"] if saved else None)
+    loop = _Loop(task, st, w)
+    if saved is not None:
+        loop.restore(saved)
+    task.start(st, w, resumed=saved is not None)
+    loop.train()
+    loop.final()
+
+
+class _Loop:
+    def __init__(self, task: Any, st: TrainState, w: Worker) -> None:
+        self.task, self.st, self.w, self.s = task, st, w, task.settings
+        self.scaler = w.precision.scaler()
+        self.window = Window()
+        self.pending: list[int] = []  # optimizer index of each micro-batch since the last update
+        self.ctx: StepContext | None = None
+        self.synced = False  # whether the last backward ran DDP's all-reduce
+        self.module_of: tuple[nn.Module, nn.Module] | None = None
+        self.on_step = crash_switch(w.job.chaos, rank=w.rank)
+        self.bar: ProgressWriter | None = None
+        st.progress.setdefault("step", 0)
+        st.progress.setdefault("report", 0)
+        st.progress.setdefault("best", {})
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Optimizers (their moments land on their parameters' device), schedules, scaler, extras, RNG."""
+        st = self.st
+        for opt, state in zip(st.optimizers, saved["optimizers"], strict=True):
+            opt.load_state_dict(state)
+        for sched, state in zip(st.schedulers, saved["schedulers"], strict=True):
+            if sched is not None and state is not None:
+                sched.load_state_dict(state)
+        if self.scaler is not None and saved.get("scaler"):
+            self.scaler.load_state_dict(saved["scaler"])
+        for name, obj in st.extras.items():
+            if saved["extras"].get(name) is not None:
+                obj.load_state_dict(saved["extras"][name])
+        st.progress = dict(saved["progress"])
+        rng = saved["rng"]
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"])
+
+    def save(self, folder: Path) -> None:
+        """``model/`` (``save_pretrained``) and ``state.pt``, each written to a temporary name and renamed."""
+        st = self.st
+        save_dir_atomic(lambda tmp: self.task.save_model(st, tmp), folder / MODEL_DIR)
+        state = {"optimizers": [o.state_dict() for o in st.optimizers],
+                 "schedulers": [s.state_dict() if s is not None else None for s in st.schedulers],
+                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                 "extras": {k: v.state_dict() for k, v in st.extras.items()}, "progress": st.progress,
+                 "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
+                         "torch": torch.get_rng_state()}}  # fmt: skip
+        tmp = folder / f".{STATE_FILE}.tmp"
+        torch.save(state, tmp)
+        tmp.replace(folder / STATE_FILE)
+
+    # ------------------------------------------------------------------------------------------ training
+    def module(self) -> nn.Module:
+        """The module forward passes run through: DDP over the model with several workers (re-wrapped if the
+        task replaced its model), else the model."""
+        model = self.st.model
+        if not (self.s.ddp and self.w.world_size > 1):
+            return model
+        if self.module_of is None or self.module_of[0] is not model:
+            ddp = session.wrap_ddp(model, find_unused_parameters=self.s.find_unused_parameters)
+            self.module_of = (model, ddp)
+        return self.module_of[1]
+
+    def train(self) -> None:
+        if self.w.rank == 0:
+            self.bar = ProgressWriter(self.w.out_dir, total=max(self.task.total_steps(self.st, self.w), 1))
+        for item in self.task.stream(self.st, self.w):
+            if isinstance(item, Report):
+                self.report(item)
+            else:
+                self.micro_batch(item)
+        self.flush()
+
+    def micro_batch(self, batch: Batch) -> None:
+        if self.pending and self.pending[-1] != batch.optimizer:
+            self.flush()  # another optimizer's turn (alternating objectives): the previous update first
+        if self.ctx is None:
+            self.ctx = StepContext(self.module(), self.w.device, self.scaler)
+        last = len(self.pending) + 1 >= self.s.update_freq
+        ddp = isinstance(self.ctx.module, nn.parallel.DistributedDataParallel)
+        quiet = ddp and not last  # accumulate locally; the group's last backward all-reduces the sum
+        t0 = time.perf_counter()
+        self.st.train(True)
+        with self.ctx.module.no_sync() if quiet else contextlib.nullcontext():  # type: ignore[operator]
+            with self.w.precision.autocast():
+                out = self.task.step(self.st, batch.data, self.ctx)
+        self.synced = ddp and not quiet
+        self.pending.append(batch.optimizer)
+        if last:
+            self.update()
+        self.window.add(out, time.perf_counter() - t0)
+        if last and self.bar is not None:
+            self.bar.update(self.st.progress["step"], loss=out.get("loss", float("nan")))
+
+    def flush(self) -> None:
+        """An update of what has been accumulated (a report, or the feed's end, comes mid-group)."""
+        if self.pending:
+            self.update()
+
+    def update(self) -> None:
+        """Sum over workers, divide by the global weight, unscale, clip, step, schedule; then the task's hooks."""
+        assert self.ctx is not None
+        k, st = self.pending[0], self.st
+        opt = st.optimizers[k]
+        params = [p for g in opt.param_groups for p in g["params"]]
+        average_gradients(params, self.ctx.weight, averaged_by_ddp=self.synced)
+        if self.scaler is not None:  # after the all-reduce: every rank sees the same inf/NaN and skips alike
+            self.scaler.unscale_(opt)
+        self.task.before_update(st)
+        if self.s.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, self.s.clip_norm)
+        if self.scaler is not None:
+            self.scaler.step(opt)
+            self.scaler.update()
+        else:
+            opt.step()
+        if st.schedulers[k] is not None:
+            st.schedulers[k].step()
+        opt.zero_grad(set_to_none=True)
+        self.pending, self.ctx, self.synced = [], None, False
+        self.window.updates += 1
+        if k == 0:  # a step counts the first optimizer's updates (alternating objectives: one of each)
+            st.progress["step"] += 1
+        self.task.after_update(st)
+        if k == 0:
+            self.on_step(st.progress["step"])
+
+    # ------------------------------------------------------------------------------------------ reports
+    def report(self, rep: Report) -> None:
+        self.flush()
+        st, w = self.st, self.w
+        st.progress["report"] += 1
+        metrics = {**self.task.metrics(st, self.window, rep, w), "report": st.progress["report"],
+                   "step": st.progress["step"]}  # fmt: skip
+        if w.rank == 0:
+            metrics.update(self.evaluate(rep, metrics))
+            metrics = nan_for_none(metrics)
+            append_history(w.out_dir, metrics, key="report")
+        if rep.checkpoint and w.rank == 0:
+            with session.scratch_dir() as tmp:
+                self.save(tmp)
+                session.report(metrics, checkpoint_dir=tmp)
+        else:
+            session.report(metrics)
+        self.window.reset()
+
+    def evaluate(self, rep: Report, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Rank 0: the task's evaluation in eval mode; the best model of the report's scope is kept."""
+        st, w, task = self.st, self.w, self.task
+        t0 = time.perf_counter()
+        st.train(False)
+        with inference(w.precision):
+            out = dict(task.evaluate(st, rep, w))
+            keep = task.keep(rep, {**metrics, **out})
+            if keep is not None:
+                value, best = _num(out.get(keep.metric)), st.progress["best"]
+                if keep.scope not in best or (value is not None and (best[keep.scope] is None
+                                                                     or value > best[keep.scope])):
+                    best[keep.scope] = value
+                    out.update(task.on_best(st, rep, w))
+                    save_dir_atomic(lambda tmp: task.save_model(st, tmp), w.out_dir / keep.folder)
+                    out["kept"] = 1
+        st.train(True)
+        out["timing/eval"] = time.perf_counter() - t0
+        return out
+
+    def final(self) -> None:
+        """The task's closing report (no checkpoint), when it has one."""
+        st, w = self.st, self.w
+        st.train(False)
+        with inference(w.precision):
+            metrics = self.task.final(st, w)
+        if metrics is None:
+            return
+        st.progress["report"] += 1
+        metrics = nan_for_none({**metrics, "report": st.progress["report"], "step": st.progress["step"],
+                                "final": 1})  # fmt: skip
+        if w.rank == 0:
+            append_history(w.out_dir, metrics, key="report")
+        session.report(metrics)
+
+
+def _num(v: Any) -> float | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
+
+
+def nan_for_none(metrics: dict[str, Any]) -> dict[str, Any]:
+    """Tune's metric must be a number in every report: an undefined score (no rows, constant predictions) is NaN."""
+    return {k: float("nan") if v is None else v for k, v in metrics.items()}

@@ -1,0 +1,365 @@
+"""The one training loop (``raycl.train.loop``), in-process with a fake Ray Train session: the order of things
+(device before optimizer), gradient accumulation (N batches of B = one of N·B, GEC's token normalisation
+exact), precision (bf16 and fp32 losses agree; the losses that must stay fp32 do), checkpoint and resume (a run
+killed at a report ends where an uninterrupted one does), and the GPU bugs' CPU-visible halves: collective
+tensors on the backend's device, miners on a GPU only when Ray reserved one."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from raycl.configs.gec import GecConfig
+from raycl.data.gec import GecExample
+from raycl.distributed import session
+from raycl.losses.gec_margin import GecContrastiveLoss
+from raycl.losses.infonce_queue import InfoNCEQueueLoss
+from raycl.models.seq2seq import Seq2SeqScorer
+from raycl.models.tokenizer import train_bpe_tokenizer
+from raycl.records import read_history
+from raycl.recipes.gec.worker import GecState, GecTask
+from raycl.train import loop
+from raycl.train.data_parallel import collective_device
+from raycl.train.gec_step import collate, gec_loss
+from raycl.train.loop import Batch, Job, Keep, LoopSettings, Report, TaskBase, TrainState
+from raycl.train.precision import Precision
+
+
+# ---------------------------------------------------------------------------------------------- a fake session
+class FakeSession:
+    """What ``raycl.distributed.session`` gives a worker, without Ray: rank 0 of 1 on the CPU; reports recorded,
+    checkpoints kept in a folder, a "crash" ends the run after a given report."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.reports, self.ckpt, self.crash_after = root, [], None, None  # type: ignore[var-annotated]
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(session, "world", lambda: (0, 1))
+        monkeypatch.setattr(session, "device", lambda: torch.device("cpu"))
+        monkeypatch.setattr(session, "report", self.report)
+        monkeypatch.setattr(session, "resume_dir", self.resume_dir)
+
+    @contextlib.contextmanager
+    def resume_dir(self) -> Iterator[Path | None]:
+        yield self.ckpt
+
+    def report(self, metrics: dict[str, Any], *, checkpoint_dir: Path | None = None) -> None:
+        self.reports.append(metrics)
+        if checkpoint_dir is not None:
+            self.ckpt = self.root / f"ckpt{len(self.reports)}"
+            import shutil
+
+            shutil.copytree(checkpoint_dir, self.ckpt)
+        if self.crash_after == len(self.reports):
+            raise SystemExit("crash")
+
+
+# ---------------------------------------------------------------------------------------------- a toy task
+class Linear(nn.Linear):
+    def save_pretrained(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save(self.state_dict(), folder / "w.pt")
+
+
+LOG: list[str] = []
+X = torch.randn(8, 3, generator=torch.Generator().manual_seed(0))
+Y = X @ torch.tensor([1.0, -2.0, 0.5]) + 0.3
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyTask(TaskBase):
+    """Least squares over 8 rows in batches of ``batch``; a report (and checkpoint) after every epoch."""
+
+    settings: LoopSettings = LoopSettings()
+    batch: int = 2
+    epochs: int = 2
+
+    def load_model(self, path: Path) -> nn.Module:
+        torch.manual_seed(0)
+        model = Linear(3, 1)
+        if (path / "w.pt").exists():
+            model.load_state_dict(torch.load(path / "w.pt"))
+        real_to = model.to
+
+        def to(*args: Any, **kwargs: Any) -> Any:
+            LOG.append("to")
+            return real_to(*args, **kwargs)
+
+        model.to = to  # type: ignore[method-assign]
+        return model
+
+    def build(self, model: nn.Module, w: loop.Worker, progress: dict[str, Any] | None) -> TrainState:
+        LOG.append("build")
+        opt = torch.optim.Adam(model.parameters(), lr=0.1)
+        return TrainState(model, [opt], [None], dict(progress or {"epoch": 0}))
+
+    def stream(self, st: TrainState, w: loop.Worker) -> Iterator[Batch | Report]:
+        for epoch in range(st.progress["epoch"], self.epochs):
+            for i in range(0, len(X), self.batch):
+                yield Batch(slice(i, i + self.batch))
+            st.progress["epoch"] = epoch + 1
+            yield Report()
+
+    def step(self, st: TrainState, rows: slice, ctx: loop.StepContext) -> dict[str, float]:
+        pred = ctx.module(X[rows]).squeeze(-1)  # (b,)
+        loss = ((pred - Y[rows]) ** 2).mean()
+        ctx.backward(loss, weight=float(len(Y[rows])))
+        return {"loss": float(loss.detach())}
+
+    def metrics(self, st: TrainState, window: loop.Window, rep: Report, w: loop.Worker) -> dict[str, Any]:
+        return {"loss": window.means().get("loss"), "epoch": st.progress["epoch"]}
+
+    def evaluate(self, st: TrainState, rep: Report, w: loop.Worker) -> dict[str, Any]:
+        return {"dev": -float(((st.model(X).squeeze(-1) - Y) ** 2).mean())}
+
+    def keep(self, rep: Report, metrics: dict[str, Any]) -> Keep | None:
+        return Keep("dev", "best_model")
+
+    def total_steps(self, st: TrainState, w: loop.Worker) -> int:
+        return self.epochs * len(X) // self.batch
+
+
+def _run(task: Any, out: Path, fake: FakeSession) -> None:
+    loop.run(Job(task, init_model=str(out / "none"), out_dir=str(out)))
+
+
+def test_the_model_is_on_its_device_before_the_optimizer_is_built(tmp_path: Path, monkeypatch) -> None:
+    fake = FakeSession(tmp_path)
+    fake.install(monkeypatch)
+    LOG.clear()
+    _run(ToyTask(epochs=1), tmp_path / "a", fake)
+    assert LOG[:2] == ["to", "build"]
+    fake.crash_after = None
+    LOG.clear()
+    _run(ToyTask(epochs=2), tmp_path / "a", fake)  # a restart: from the checkpoint, the same order
+    assert LOG[:2] == ["to", "build"]
+
+
+def test_a_run_killed_after_a_report_resumes_to_the_same_end(tmp_path: Path, monkeypatch) -> None:
+    whole = FakeSession(tmp_path / "w")
+    whole.install(monkeypatch)
+    _run(ToyTask(epochs=3), tmp_path / "whole", whole)
+    broken = FakeSession(tmp_path / "b")
+    broken.install(monkeypatch)
+    broken.crash_after = 2
+    with pytest.raises(SystemExit):
+        _run(ToyTask(epochs=3), tmp_path / "broken", broken)
+    broken.crash_after = None
+    _run(ToyTask(epochs=3), tmp_path / "broken", broken)  # resumes from the report-2 checkpoint
+    assert [h["report"] for h in read_history(tmp_path / "broken")] == [1, 2, 3]
+    assert [h["step"] for h in read_history(tmp_path / "broken")] == [4, 8, 12]
+    a = torch.load(tmp_path / "whole" / "best_model" / "w.pt")
+    b = torch.load(tmp_path / "broken" / "best_model" / "w.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)  # optimizer moments and RNG restored: the same weights
+
+
+def test_accumulating_two_batches_is_one_batch_twice_the_size(tmp_path: Path, monkeypatch) -> None:
+    results = []
+    for batch, freq in ((4, 1), (2, 2)):
+        fake = FakeSession(tmp_path / f"{batch}")
+        fake.install(monkeypatch)
+        task = ToyTask(settings=LoopSettings(update_freq=freq), batch=batch, epochs=2)
+        _run(task, tmp_path / f"run{batch}", fake)
+        results.append(torch.load(tmp_path / f"run{batch}" / "best_model" / "w.pt"))
+        assert [r["step"] for r in fake.reports] == [2, 4]
+    for k in results[0]:
+        torch.testing.assert_close(results[1][k], results[0][k], rtol=1e-6, atol=1e-7)
+
+
+# ---------------------------------------------------------------------------------------------- GEC's step
+EXAMPLES = [
+    GecExample("a", "He do n't like it .", "He does n't like it ."),
+    GecExample("b", "This are a long sentence , is n't it ?", "This is a long sentence , is n't it ?"),
+    GecExample("c", "Fine .", "Fine ."),
+    GecExample("d", "I has went to the school yesterday .", "I went to school yesterday ."),
+]
+NEGATIVES = [["He did n't like it ."], [], ["Fine !"], ["I have went to school yesterday .", "I go to school ."]]
+
+
+def _scorer(tmp: Path) -> Seq2SeqScorer:
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    texts = [t for e in EXAMPLES for t in (e.source, e.target)] + [n for ns in NEGATIVES for n in ns]
+    tok = train_bpe_tokenizer(texts * 3, tmp / "tok", vocab_size=300)
+    torch.manual_seed(0)
+    config = BartConfig(vocab_size=len(tok), d_model=32, encoder_layers=1, decoder_layers=1, dropout=0.0,
+                        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+                        decoder_ffn_dim=64, max_position_embeddings=64)  # fmt: skip
+    return Seq2SeqScorer(BartForConditionalGeneration(config).eval(), tok)
+
+
+def _gec_grads(tmp: Path, batches: list[list[int]], freq: int) -> dict[str, torch.Tensor]:
+    """The gradient the loop's update sees (after the division by the global token count) for ``batches``."""
+    cfg = dataclasses.replace(GecConfig(), optim=dataclasses.replace(GecConfig().optim, update_freq=freq,
+                                                                     clip_norm=0.0))  # fmt: skip
+    seen: dict[str, torch.Tensor] = {}
+
+    class Capture(GecTask):
+        def before_update(self, st: Any) -> None:
+            seen.update({n: p.grad.clone() for n, p in st.model.named_parameters() if p.grad is not None})
+
+        def after_update(self, st: Any) -> None:
+            pass  # no feed here
+
+    scorer = _scorer(tmp)
+    opt = torch.optim.SGD(scorer.parameters(), lr=0.0)
+    st = GecState(scorer, [opt], [None], {}, loss_fn=GecContrastiveLoss(margin=5.0, trade_off=0.5,
+                                                                         label_smoothing=0.1))  # fmt: skip
+    w = loop.Worker(0, 1, torch.device("cpu"), Precision("fp32", torch.device("cpu")), tmp, Job(None, "", ""))
+    runner = loop._Loop(Capture(cfg, "finetune"), st, w)
+    for rows in batches:
+        runner.micro_batch(Batch(([EXAMPLES[i] for i in rows], [NEGATIVES[i] for i in rows])))
+    runner.flush()
+    return seen
+
+
+def test_gec_update_freq_two_equals_one_batch_of_twice_the_size(tmp_path: Path) -> None:
+    """fairseq's normalisation stays exact: the two halves hold different token counts."""
+    whole = _gec_grads(tmp_path, [[0, 1, 2, 3]], freq=1)
+    halves = _gec_grads(tmp_path, [[0, 1], [2, 3]], freq=2)
+    assert whole.keys() == halves.keys() and len(whole) > 10
+    for n, g in whole.items():
+        torch.testing.assert_close(halves[n], g, rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_bf16_and_fp32_gec_losses_agree_and_stay_fp32(tmp_path: Path) -> None:
+    scorer = _scorer(tmp_path)
+    batch = collate(EXAMPLES, NEGATIVES, scorer.tokenizer, max_length=32)
+    loss_fn = GecContrastiveLoss(margin=1.0, trade_off=0.5, label_smoothing=0.1)
+    fp32 = gec_loss(scorer, batch, loss_fn)
+    with Precision("bf16", torch.device("cpu")).autocast():
+        lprobs = scorer.log_probs(batch.src_ids, batch.src_mask, scorer.shift_right(batch.target_ids),
+                                  batch.target_ids)  # fmt: skip
+        bf16 = gec_loss(scorer, batch, loss_fn)
+    assert lprobs.dtype == torch.float32 and bf16.loss.dtype == torch.float32  # log-softmax sums in fp32
+    torch.testing.assert_close(bf16.loss, fp32.loss, rtol=3e-2, atol=1e-2)
+    assert not torch.equal(bf16.loss, fp32.loss)  # the autocast did run the matmuls in bf16
+
+
+def test_infonce_logits_stay_fp32_under_autocast() -> None:
+    h, h_pos, queue = torch.randn(4, 8), torch.randn(4, 8), torch.randn(5, 8)
+    fp32 = InfoNCEQueueLoss(temperature=0.05)(h, h_pos, queue)
+    with Precision("bf16", torch.device("cpu")).autocast():
+        bf16 = InfoNCEQueueLoss(temperature=0.05)(h.bfloat16(), h_pos.bfloat16(), queue)
+    assert bf16.logits.dtype == torch.float32
+    torch.testing.assert_close(bf16.loss, fp32.loss, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_the_toy_run_trains_at_low_precision(tmp_path: Path, monkeypatch, precision: str) -> None:
+    losses = {}
+    for p in ("fp32", precision):
+        fake = FakeSession(tmp_path / p)
+        fake.install(monkeypatch)
+        _run(ToyTask(settings=LoopSettings(precision=p), epochs=3), tmp_path / f"run-{p}", fake)
+        losses[p] = [r["loss"] for r in fake.reports]
+    assert losses[precision][-1] < losses[precision][0]  # it learns
+    if precision == "bf16":  # fp16's scaler skips its first steps (the initial scale 2^16 overflows)
+        assert losses[precision] == pytest.approx(losses["fp32"], rel=0.1, abs=0.05)
+
+
+# ---------------------------------------------------------------------------------------------- the GPU bugs
+def test_collectives_use_the_backends_device() -> None:
+    """NCCL accepts CUDA tensors only: a token count all-reduced under NCCL must be built on the GPU."""
+    assert collective_device("nccl").type == "cuda"
+    assert collective_device("gloo") == torch.device("cpu")
+
+
+def test_a_miner_without_a_gpu_share_stays_on_the_cpu(monkeypatch) -> None:
+    """``mining.gpus_per_miner=0`` on a machine with a GPU: the miner must not take cuda:0 under a trainer."""
+    from raycl.distributed.miner_pool import MinerFactory
+    from raycl.miners.registry import miner_device, register_miner
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    kind = register_miner("record-options", build=lambda path, opts: dict(opts), load=lambda m, sd: None)
+    assert MinerFactory(kind, "", {"k": 1}).build()["device"] == "cpu"  # no Ray GPU ids in this process
+    assert miner_device([]) == "cpu" and miner_device(["0"]) == "cuda"
+
+
+def test_unknown_settings_are_refused_with_the_key() -> None:
+    from raycl.config import load_space
+    from raycl.errors import UserError
+
+    with pytest.raises(UserError, match="optim.precision"):
+        load_space("gec_pd", preset="smoke", overrides=["optim.precision=fp8"])
+    with pytest.raises(UserError, match="optim.update_freq"):
+        load_space("gec_pd", preset="smoke", overrides=["optim.update_freq=0"])
+    with pytest.raises(UserError, match="mining.precision"):
+        load_space("gec_pd", preset="smoke", overrides=["mining.precision=int4"])
+
+
+# ---------------------------------------------------------------------------------------------- on a GPU
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_restart_puts_the_optimizer_state_on_the_gpu(tmp_path: Path, monkeypatch) -> None:
+    fake = FakeSession(tmp_path)
+    fake.install(monkeypatch)
+    monkeypatch.setattr(session, "device", lambda: torch.device("cuda"))
+    _run(ToyTask(epochs=1), tmp_path / "a", fake)
+    states: list[Any] = []
+    real_build = ToyTask.build
+
+    def build(self: Any, model: nn.Module, w: loop.Worker, progress: Any) -> TrainState:
+        st = real_build(self, model, w, progress)
+        states.append(st)
+        return st
+
+    monkeypatch.setattr(ToyTask, "build", build)
+    _run(ToyTask(epochs=2), tmp_path / "a", fake)  # resumed from the epoch-1 checkpoint: one more epoch on cuda
+    moments = [t for s in states[0].optimizers[0].state.values() for t in s.values() if torch.is_tensor(t)]
+    assert moments and all(t.device.type == "cuda" for t in moments if t.dim() > 0)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_gpu_low_precision_run(tmp_path: Path, monkeypatch, precision: str) -> None:
+    fake = FakeSession(tmp_path)
+    fake.install(monkeypatch)
+    monkeypatch.setattr(session, "device", lambda: torch.device("cuda"))
+    _run(ToyTask(settings=LoopSettings(precision=precision), epochs=3), tmp_path / "a", fake)
+    assert fake.reports[-1]["loss"] < fake.reports[0]["loss"]
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_nccl_all_reduce_of_a_count(tmp_path: Path) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    from raycl.train.data_parallel import all_reduce_sum
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29611")
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    try:
+        assert all_reduce_sum(3.0) == 3.0
+        t = torch.ones(2, device="cuda")
+        dist.all_reduce(t)
+        assert t.tolist() == [1.0, 1.0]
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_miner_with_a_gpu_share_uses_it(monkeypatch) -> None:
+    from raycl.distributed.miner_pool import MinerFactory
+    from raycl.miners.registry import register_miner
+
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get_gpu_ids", lambda: ["0"])
+    kind = register_miner("record-options-gpu", build=lambda path, opts: dict(opts), load=lambda m, sd: None)
+    assert MinerFactory(kind, "", {}).build()["device"] == "cuda"
