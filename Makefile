@@ -7,7 +7,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install test lint demo bench clean
+.PHONY: install test test-gpu lint demo bench clean
 
 install: $(STAMP)
 
@@ -25,6 +25,10 @@ lint: install
 
 test: lint
 	$(VENV)/bin/pytest -q tests
+
+# the tests marked gpu (skipped without CUDA); on a GPU machine without the venv: python3 -m pytest -m gpu tests
+test-gpu: install
+	$(VENV)/bin/pytest -q -m gpu tests
 
 demo: install
 	$(PY) -m raycl.tune $(SPACE) --preset smoke

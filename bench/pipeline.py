@@ -63,7 +63,8 @@ def _sequential(run: Any, out: Path) -> dict[str, Any]:
     cfg = run.cfg
     examples = load_examples(cfg.data.finetune)
     miner = BeamSearchMiner(Seq2SeqScorer.from_pretrained(run.base_model), k=cfg.mining.k, beam=cfg.mining.beam,
-                            batch_size=cfg.mining.batch_size, max_new_tokens=cfg.eval.max_new_tokens)  # fmt: skip
+                            batch_size=cfg.mining.batch_size, max_new_tokens=cfg.eval.max_new_tokens,
+                            rank_by=cfg.mining.rank_by, refill=cfg.mining.refill)  # fmt: skip
     t0 = time.perf_counter()
     mined = miner.mine(examples)
     mine_s = time.perf_counter() - t0

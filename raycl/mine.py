@@ -49,6 +49,11 @@ def _add_gec(sub: Any) -> None:
                    help="CL⁻: never add the source sentence as a negative")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=32, help="sentences per beam-search batch (default 32)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="longest hypothesis in tokens (default 128)")
+    p.add_argument("--rank-by", choices=["beam", "sum_logprob"], default="beam",
+                   help="the n-best's order: the beam's length-normalised score (the paper; default) or S(t~|s)")
+    p.add_argument("--refill", action="store_true",
+                   help="k negatives ≠ target even when the target is in the top k (default: the paper's k−1)")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32", help="autocast (default fp32)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--out", required=True, type=Path,
                    help="a .parquet file (mined in this process), or a directory of Parquet shards")  # fmt: skip
@@ -100,8 +105,7 @@ def _run_gec(args: argparse.Namespace) -> dict[str, Any]:
 
     examples = load_examples(args.data, annotator=args.annotator)
     scorer = Seq2SeqScorer.from_pretrained(args.model, device=args.device)
-    miner = BeamSearchMiner(scorer, k=args.k, beam=args.beam, source_negative=args.source_negative,
-                            batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)  # fmt: skip
+    miner = BeamSearchMiner(scorer, **_miner_options(args))
     mined: list[Any] = [None] * len(examples)
     n_neg, t0 = 0, time.perf_counter()
     with tqdm(total=len(examples), unit="sent", desc="mining", file=sys.stderr) as bar:
@@ -169,8 +173,9 @@ def _progress(*, initial: int) -> Any:
 
 
 def _miner_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"k": args.k, "beam": args.beam, "source_negative": args.source_negative,
-            "batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens}  # fmt: skip
+    return {"k": args.k, "beam": args.beam, "source_negative": args.source_negative, "batch_size": args.batch_size,
+            "max_new_tokens": args.max_new_tokens, "rank_by": args.rank_by, "refill": args.refill,
+            "precision": args.precision}  # fmt: skip
 
 
 def _local_backend(args: argparse.Namespace) -> Backend:

@@ -49,15 +49,26 @@ def scorer(model_dir: Path) -> Seq2SeqScorer:
 
 
 def test_select_negatives_on_hand_made_lists() -> None:
+    """The paper's rule (§2.2.3): the top k of the n-best, the target dropped (k−1 when it is among them)."""
     nbest = ["a  b c", "the target .", "a b c", "", "x y", "src s .", "z", "w"]
     got = select_negatives(nbest, " the  target . ", "src s .", k=3, source_negative=True)
     assert got == ["a b c", "x y", "src s ."]  # target (any spacing), duplicate, empty dropped; source in top-k
     got = select_negatives(nbest, "the target .", "new src", k=2, source_negative=True)
-    assert got == ["a b c", "x y", "new src"]
-    assert select_negatives(nbest, "the target .", "new src", k=2, source_negative=False) == ["a b c", "x y"]
+    assert got == ["a b c", "new src"]  # the target was 2nd of the top 2: one beam negative, not refilled
+    assert select_negatives(nbest, "the target .", "new src", k=2, source_negative=False) == ["a b c"]
     assert select_negatives(nbest, "same", "same", k=1, source_negative=True) == ["a b c"]  # s = t: no source
     assert select_negatives(nbest, "t", "s", k=0, source_negative=True) == ["s"]
     assert select_negatives(["t", "t"], "t", "s", k=3, source_negative=False) == []
+
+
+def test_select_negatives_with_refill_takes_k_outputs_past_the_target() -> None:
+    nbest = ["a  b c", "the target .", "a b c", "", "x y", "src s .", "z", "w"]
+    got = select_negatives(nbest, "the target .", "new src", k=2, source_negative=True, refill=True)
+    assert got == ["a b c", "x y", "new src"]
+    assert select_negatives(nbest, "the target .", "new src", k=2, source_negative=False, refill=True) == [
+        "a b c", "x y"]
+    got = select_negatives(nbest, " the  target . ", "src s .", k=3, source_negative=True, refill=True)
+    assert got == ["a b c", "x y", "src s ."]
 
 
 def test_beam_must_leave_room_for_the_target(scorer: Seq2SeqScorer) -> None:
@@ -68,7 +79,7 @@ def test_beam_must_leave_room_for_the_target(scorer: Seq2SeqScorer) -> None:
         BeamSearchMiner(scorer, k=1, beam=5).select([], [], k=5)
 
 
-def _check_invariants(ex: GecExample, m: MinedNegatives, *, k: int, with_source: bool) -> None:
+def _check_invariants(ex: GecExample, m: MinedNegatives, *, k: int, with_source: bool, by_score: bool) -> None:
     norm = " ".join(ex.source.split())
     assert m.id == ex.id and len(m.negatives) == len(m.scores)
     assert ex.target not in m.negatives and "" not in m.negatives
@@ -76,7 +87,7 @@ def _check_invariants(ex: GecExample, m: MinedNegatives, *, k: int, with_source:
     beam_part = m.negatives[:-1] if with_source and m.negatives and m.negatives[-1] == norm else m.negatives
     assert len(beam_part) <= k
     scores = list(m.scores[: len(beam_part)])
-    assert scores == sorted(scores, reverse=True)
+    assert not by_score or scores == sorted(scores, reverse=True)
     if not with_source or ex.source == ex.target:
         assert len(m.negatives) <= k
     else:
@@ -85,12 +96,13 @@ def _check_invariants(ex: GecExample, m: MinedNegatives, *, k: int, with_source:
 
 def test_mined_negatives_obey_the_rule_and_carry_model_scores(scorer: Seq2SeqScorer) -> None:
     scorer.train()
-    for source_negative in (True, False):
-        miner = BeamSearchMiner(scorer, k=2, beam=4, source_negative=source_negative, max_new_tokens=10)
+    for source_negative, rank_by in ((True, "beam"), (False, "beam"), (True, "sum_logprob")):
+        miner = BeamSearchMiner(scorer, k=2, beam=4, source_negative=source_negative, max_new_tokens=10,
+                                rank_by=rank_by)  # fmt: skip
         mined = miner(EXAMPLES)
         assert scorer.training and all(p.grad is None for p in scorer.parameters())
         for ex, m in zip(EXAMPLES, mined, strict=True):
-            _check_invariants(ex, m, k=2, with_source=source_negative)
+            _check_invariants(ex, m, k=2, with_source=source_negative, by_score=rank_by == "sum_logprob")
         assert mined == miner.mine(EXAMPLES)  # deterministic
     scorer.eval()
     pairs = [(ex.source, n, s) for ex, m in zip(EXAMPLES, mined, strict=True)
@@ -104,7 +116,20 @@ def test_a_beam_output_equal_to_the_target_is_dropped(scorer: Seq2SeqScorer) -> 
     top = miner.nbest(EXAMPLES[:1])[0].negatives[0]
     ex = GecExample("y:0", EXAMPLES[0].source, top)  # the model's best output is now the gold target
     (m,) = miner.mine([ex])
-    assert top not in m.negatives and len([n for n in m.negatives if n != ex.source]) == 2
+    assert top not in m.negatives and len([n for n in m.negatives if n != ex.source]) == 1  # the paper: k−1
+    (m,) = BeamSearchMiner(scorer, k=2, beam=4, max_new_tokens=10, refill=True).mine([ex])
+    assert top not in m.negatives and len([n for n in m.negatives if n != ex.source]) == 2  # refilled to k
+
+
+def test_the_nbest_keeps_the_beams_order_by_default(scorer: Seq2SeqScorer) -> None:
+    """The paper takes the top k of the beam (its length-normalised order), not a re-ranking by summed log-prob."""
+    beam = scorer.generate([ex.source for ex in EXAMPLES], num_beams=4, num_return_sequences=4,
+                           max_new_tokens=10, rank_by="beam")  # fmt: skip
+    nbest = BeamSearchMiner(scorer, k=2, beam=4, max_new_tokens=10).nbest(EXAMPLES)
+    by_score = BeamSearchMiner(scorer, k=2, beam=4, max_new_tokens=10, rank_by="sum_logprob").nbest(EXAMPLES)
+    for hyps, nb, ns in zip(beam, nbest, by_score, strict=True):
+        assert list(nb.negatives) == list(dict.fromkeys(t for t, _ in hyps))
+        assert sorted(nb.negatives) == sorted(ns.negatives) and list(ns.scores) == sorted(ns.scores, reverse=True)
 
 
 def test_reselecting_one_nbest_equals_mining_with_that_k(scorer: Seq2SeqScorer) -> None:

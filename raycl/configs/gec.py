@@ -52,6 +52,8 @@ class GecMiningSection(MiningSection):
     k: int = 3
     beam: int = 5  # beam ≥ k+1; one n-best serves every k ≤ beam-1 of a sweep
     source_negative: bool = True  # CL (True) or CL⁻ (False)
+    rank_by: str = "beam"  # the n-best's order: beam (length-normalised beam score, the paper) | sum_logprob
+    refill: bool = False  # False: top k of the n-best minus the target (the paper: k−1 if it is there); True: k ≠ t
 
 
 @dataclass
@@ -98,6 +100,8 @@ class GecConfig:
         require(c.mining.k >= 1, where, "mining.k", "an integer ≥ 1", c.mining.k)
         require(c.mining.beam >= c.mining.k + 1, where, "mining.beam", f"≥ mining.k + 1 = {c.mining.k + 1}",
                  c.mining.beam)
+        require(c.mining.rank_by in ("beam", "sum_logprob"), where, "mining.rank_by", "beam | sum_logprob",
+                c.mining.rank_by)
         require(c.eval.beam >= 1, where, "eval.beam", "an integer ≥ 1", c.eval.beam)
         require(c.data.annotator >= 0, where, "data.annotator", "an integer ≥ 0", c.data.annotator)
         b = c.data.builtin

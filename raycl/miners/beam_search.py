@@ -17,17 +17,18 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from raycl.errors import UserError, at
-from raycl.miners.registry import load_module, register_miner
 from raycl.miners.base_miner import BaseMiner, inference
+from raycl.miners.registry import load_module, register_miner
 
 if TYPE_CHECKING:
     from raycl.data.gec import GecExample
     from raycl.models.seq2seq import Seq2SeqScorer
 
 COLUMNS = ("id", "source", "target", "negatives", "scores", "model_version")
+RANK_BY = ("beam", "sum_logprob")  # the n-best's order: the beam's length-normalised score (the paper), or S(t~|s)
 
 
 @dataclass(frozen=True)
@@ -44,19 +45,16 @@ def normalize(text: str) -> str:
 
 
 def select_negatives(
-    nbest: Sequence[str], target: str, source: str, *, k: int, source_negative: bool
+    nbest: Sequence[str], target: str, source: str, *, k: int, source_negative: bool, refill: bool = False
 ) -> list[str]:
-    """From an n-best list (best first): the first k distinct outputs ≠ t (and non-empty), then s iff CL, s ≠ t
-    and s not already chosen. Texts are whitespace-normalised."""
+    """From an n-best list (best first, distinct, empty outputs dropped): the top k with the target dropped — the
+    paper's rule (§2.2.3), k−1 negatives when the target is among them — or, with ``refill``, the first k outputs
+    ≠ t (raycl's option: always k when the beam has them). Then s iff CL, s ≠ t and s not already chosen. Texts
+    are whitespace-normalised."""
     tgt, src = normalize(target), normalize(source)
-    seen, chosen = {tgt, ""}, list[str]()
-    for text in map(normalize, nbest):
-        if len(chosen) == k:
-            break
-        if text not in seen:
-            seen.add(text)
-            chosen.append(text)
-    if source_negative and src not in seen:
+    distinct = list(dict.fromkeys(t for t in map(normalize, nbest) if t))
+    chosen = [t for t in distinct if t != tgt][:k] if refill else [t for t in distinct[:k] if t != tgt]
+    if source_negative and src != tgt and src not in chosen:
         chosen.append(src)
     return chosen
 
@@ -93,8 +91,13 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
         batch_size: int = 32,
         max_new_tokens: int = 128,
         precision: str = "fp32",
+        rank_by: str = "beam",
+        refill: bool = False,
     ) -> None:
         super().__init__(scorer, precision=precision)
+        if rank_by not in RANK_BY:
+            raise ValueError(f"rank_by must be one of {RANK_BY}, got {rank_by!r}")
+        self.rank_by, self.refill = rank_by, refill
         self.scorer = scorer
         self.beam = k + 1 if beam is None else beam
         self.k, self.source_negative = self._check_k(k), source_negative
@@ -122,7 +125,8 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
         chosen, scores = [], []
         for nb, ex in zip(nbests, examples, strict=True):
             assert nb.id == ex.id, f"n-best {nb.id!r} does not belong to example {ex.id!r}"
-            chosen.append(select_negatives(nb.negatives, ex.target, ex.source, k=k, source_negative=use_source))
+            chosen.append(select_negatives(nb.negatives, ex.target, ex.source, k=k, source_negative=use_source,
+                                           refill=self.refill))  # fmt: skip
             scores.append(dict(zip(nb.negatives, nb.scores, strict=True)))
         missing = [(i, neg) for i, negs in enumerate(chosen) for neg in negs if neg not in scores[i]]
         if missing:  # the appended sources: score them with the same model
@@ -148,19 +152,20 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
             for idx in length_chunks(sources, self.batch_size):
                 hyps = self.scorer.generate(
                     [sources[i] for i in idx], num_beams=self.beam, num_return_sequences=self.beam,
-                    max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
+                    max_new_tokens=self.max_new_tokens, batch_size=self.batch_size, rank_by=self.rank_by,
                 )  # fmt: skip
                 for i, h in zip(idx, hyps, strict=True):
-                    out[i] = _distinct_ranked(examples[i].id, h)
+                    out[i] = _distinct(examples[i].id, h)
                 bar.update(len(idx))
         return [r for r in out if r is not None]
 
 
-def _distinct_ranked(id_: str, hyps: Sequence[tuple[str, float]]) -> MinedNegatives:
-    """Distinct texts, best score first (of duplicate texts the best score is kept)."""
-    distinct = dict(sorted(hyps, key=lambda ts: ts[1]))  # ascending, so the best duplicate is written last
-    ranked = sorted(distinct.items(), key=lambda ts: -ts[1])
-    return MinedNegatives(id_, tuple(t for t, _ in ranked), tuple(s for _, s in ranked))
+def _distinct(id_: str, hyps: Sequence[tuple[str, float]]) -> MinedNegatives:
+    """Distinct texts in the order given (the beam's, or by score), each at its first, best-ranked place."""
+    first: dict[str, float] = {}
+    for text, score in hyps:
+        first.setdefault(text, score)
+    return MinedNegatives(id_, tuple(first), tuple(first.values()))
 
 
 def write_negatives_parquet(

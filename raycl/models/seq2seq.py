@@ -142,11 +142,13 @@ class Seq2SeqScorer(nn.Module):
         max_new_tokens: int = 128,
         batch_size: int = 32,
         max_length: int | None = None,
+        rank_by: str = "sum_logprob",
     ) -> list[list[tuple[str, float]]]:
         """Beam search: per source, ``num_return_sequences`` ``(text, S(text|source))``, best first.
 
-        HF ranks beams by a length-normalised score; the returned score is recomputed as the summed
-        log-prob of the decoded text re-tokenised, so it is exactly the S(t|s) the loss sees for it.
+        HF ranks beams by a length-normalised score (``rank_by="beam"`` keeps that order); the returned score is
+        recomputed as the summed log-prob of the decoded text re-tokenised, so it is exactly the S(t|s) the loss
+        sees for it (``rank_by="sum_logprob"`` orders by it).
         Runs in eval mode (restoring the previous mode) and batches sources of similar length together.
         """
         max_length = max_length or self.max_positions
@@ -164,7 +166,7 @@ class Seq2SeqScorer(nn.Module):
                 hyps = list(zip(texts, scores, strict=True))
                 for n, i in enumerate(idx):
                     mine = hyps[n * num_return_sequences : (n + 1) * num_return_sequences]
-                    results[i] = sorted(mine, key=lambda h: -h[1])
+                    results[i] = mine if rank_by == "beam" else sorted(mine, key=lambda h: -h[1])
         finally:
             self.train(was_training)
         return results
