@@ -23,8 +23,8 @@ from raycl.losses.gec_margin import GecContrastiveLoss
 from raycl.losses.infonce_queue import InfoNCEQueueLoss
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.models.tokenizer import train_bpe_tokenizer
-from raycl.records import read_history
 from raycl.recipes.gec.worker import GecState, GecTask
+from raycl.records import read_history
 from raycl.train import loop
 from raycl.train.data_parallel import collective_device
 from raycl.train.gec_step import collate, gec_loss
@@ -354,10 +354,10 @@ def test_gpu_nccl_all_reduce_of_a_count(tmp_path: Path) -> None:
 @pytest.mark.gpu
 @gpu
 def test_gpu_miner_with_a_gpu_share_uses_it(monkeypatch) -> None:
+    import ray
+
     from raycl.distributed.miner_pool import MinerFactory
     from raycl.miners.registry import register_miner
-
-    import ray
 
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray, "get_gpu_ids", lambda: ["0"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,6 +79,23 @@ def timing_line(timings: dict[str, float]) -> str:
 def data_line(counts: dict[str, int], builtin: list[str]) -> str:
     return (f"Data: {', '.join(f'{k} {v}' for k, v in counts.items())}"
             + (f" (built-in: {', '.join(builtin)})" if builtin else "") + ".")  # fmt: skip
+
+
+def write_run_files(run: Any, space: Any, *, rows: list[dict[str, Any]], best: Any, table: Any,
+                    plots: Callable[[Path], list[Path]], render: Callable[[dict[str, Any], list[Path]], str],
+                    **more: Any) -> dict[str, Any]:  # fmt: skip
+    """A run's outputs: ``results.csv`` (``rows``), ``best.json``, the plots, ``report.md`` (``render``);
+    returns the summary every ``raycl.tune``/``raycl.train`` prints with ``--json``."""
+    import json
+
+    write_csv(run.run_dir / "results.csv", rows)
+    summary = {"space": space.name, "run_dir": str(run.run_dir), "best": best, "table": table,
+               "timings": run.timings, "builtin_data": run.builtin, "data": run.counts, **more}  # fmt: skip
+    atomic_write(run.run_dir / "best.json", json.dumps(best, indent=2, default=str))
+    paths = plots(run.run_dir)
+    atomic_write(run.run_dir / "report.md", render(summary, paths))
+    summary["plots"] = [str(p) for p in paths]
+    return summary
 
 
 # ---------------------------------------------------------------------------------------------- plots

@@ -93,7 +93,7 @@ class TrainState:
     """What a checkpoint holds. ``extras``: objects with ``state_dict``/``load_state_dict`` (queue, EMA, momentum
     encoder); those that are modules follow the model's train/eval mode."""
 
-    model: nn.Module
+    model: Any  # an nn.Module with save_pretrained (the recipe's own type)
     optimizers: list[torch.optim.Optimizer]
     schedulers: list[Any]  # one per optimizer (None: not stepped per update)
     progress: dict[str, Any] = field(default_factory=dict)
@@ -186,7 +186,8 @@ class StepContext:
         self.weight = 0.0
 
     def backward(self, loss: torch.Tensor, *, weight: float = 1.0) -> None:
-        """Backward of ``loss × weight`` (the micro-batch's summed loss); the update divides by the global weight."""
+        """Backward of ``loss × weight`` (the micro-batch's summed loss); the update divides by the global
+        weight."""
         self.weight += weight
         scaled = loss * weight
         (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
@@ -203,7 +204,8 @@ class Window:
         self.reset()
 
     def reset(self) -> None:
-        self.t0, self.sums, self.batches, self.updates, self.step_s = time.perf_counter(), {}, 0, 0, 0.0
+        self.sums: dict[str, float] = {}
+        self.t0, self.batches, self.updates, self.step_s = time.perf_counter(), 0, 0, 0.0
 
     def add(self, out: dict[str, float], seconds: float) -> None:
         self.batches += 1
@@ -431,5 +433,6 @@ def _num(v: Any) -> float | None:
 
 
 def nan_for_none(metrics: dict[str, Any]) -> dict[str, Any]:
-    """Tune's metric must be a number in every report: an undefined score (no rows, constant predictions) is NaN."""
+    """Tune's metric must be a number in every report: an undefined score (no rows, constant predictions) is
+    NaN."""
     return {k: float("nan") if v is None else v for k, v in metrics.items()}

@@ -20,7 +20,8 @@ def references(cfg: GecConfig) -> dict[str, dict[str, Any]]:
             for split, sets in (("dev", cfg.data.dev), ("test", cfg.data.test))}  # fmt: skip
 
 
-def evaluate_split(cfg: GecConfig, scorer: Seq2SeqScorer, sets: dict[str, Any], *, prefix: str) -> dict[str, float]:
+def evaluate_split(cfg: GecConfig, scorer: Seq2SeqScorer, sets: dict[str, Any], *, prefix: str
+                   ) -> dict[str, float]:  # fmt: skip
     """Decode every set of a split and score it with ERRANT: ``{prefix}_f05`` (mean over sets of the
     annotator-averaged F0.5, the paper's figure) and ``{prefix}/{set}/{p,r,f05,oe,ie,...}``."""
     out: dict[str, float] = {}

@@ -109,7 +109,8 @@ class GecRecipe(RecipeBase):
         m = cfg.mining
         factory = MinerFactory(GEC_BEAM, str(run.base_model), {
             "k": m.k, "beam": m.beam, "source_negative": m.source_negative, "batch_size": m.batch_size,
-            "max_new_tokens": cfg.eval.max_new_tokens, "precision": m.precision})  # fmt: skip
+            "max_new_tokens": cfg.eval.max_new_tokens, "precision": m.precision, "rank_by": m.rank_by,
+            "refill": m.refill})  # fmt: skip
         with miners(factory, m, world_size=cfg.scaling.num_workers, seed=cfg.optim.seed) as service:
             job = dataclasses.replace(job, stream=service.stream, store=service.store)
             result = fit_job(run, cfg, job, name=name, in_tune=in_tune)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -10,7 +9,7 @@ from raycl.data.gec import load_references
 from raycl.data.gec_corpus import stats as corpus_stats
 from raycl.data.specs import parse_spec
 from raycl.distributed.sweep import TrialOutcome
-from raycl.recipes.common import atomic_write, best_row, best_trial, failed, figure, num, pct, write_csv
+from raycl.recipes.common import best_row, best_trial, failed, figure, md_table, num, pct, write_run_files
 
 if TYPE_CHECKING:
     from raycl.config import Space
@@ -31,94 +30,60 @@ def _params_text(params: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- files
-def write_all(
-    run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]
-) -> dict[str, Any]:
+def write_all(run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]) -> dict[str, Any]:
     metric, mode = run.cfg.tune.metric, run.cfg.tune.mode
-    rows = [_result_row(t, metric, mode) for t in trials + extra]
-    write_csv(run.run_dir / "results.csv", rows)
     best = best_trial(trials, metric=metric, mode=mode)
-    summary = {
-        "space": space.name,
-        "run_dir": str(run.run_dir),
-        "best": _result_row(best, metric, mode) if best else None,
-        "table": _table_rows(trials, extra, metric, mode),
-        "timings": run.timings,
-        "builtin_data": run.builtin,
-        "failed_trials": failed(trials + extra),
-    }
-    atomic_write(run.run_dir / "best.json", json.dumps(summary["best"], indent=2, default=str))
-    plots = _plots(run.run_dir, trials + extra, metric)
-    atomic_write(run.run_dir / "report.md", render_report(run, space, summary, trials, plots))
-    summary["plots"] = [str(p) for p in plots]
-    return summary
+    return write_run_files(run, space, rows=[_result_row(t, metric, mode) for t in trials + extra],
+                           best=_result_row(best, metric, mode) if best else None,
+                           table=_table_rows(trials, extra, metric, mode), failed_trials=failed(trials + extra),
+                           plots=lambda d: _plots(d, trials + extra, metric),
+                           render=lambda summary, plots: render_report(run, space, summary, trials, plots))
 
 
 def _result_row(trial: TrialOutcome, metric: str, mode: str) -> dict[str, Any]:
     row = best_row(trial, metric, mode) or (trial.history[-1] if trial.history else {})
-    out: dict[str, Any] = {"trial_id": trial.trial_id, "method": _label(trial)}
-    out.update({k: v for k, v in trial.params.items()})
+    out: dict[str, Any] = {"trial_id": trial.trial_id, "method": _label(trial), **trial.params}
     keep = ("epoch", "loss", "checkpoint_path")
     out.update({k: v for k, v in row.items() if k in keep or k.startswith(("dev", "test", "timing/", "stream/"))})
-    if trial.error:
-        out["error"] = trial.error
-    return out
+    return {**out, "error": trial.error} if trial.error else out
 
 
-def _table_rows(
-    trials: list[TrialOutcome], extra: list[TrialOutcome], metric: str, mode: str
-) -> list[dict[str, Any]]:
-    """Table 2's rows in the paper's order: DI, NLL, CL⁻, CL (the best CL trial by dev)."""
-    rows = []
-    by_label = {_label(t): t for t in extra}
+def _table_rows(trials: list[TrialOutcome], extra: list[TrialOutcome], metric: str, mode: str
+                ) -> list[dict[str, Any]]:  # fmt: skip
+    """Table 2's rows in the paper's order: DI, NLL, CL⁻, then other baselines, CL (the best CL trial by dev)."""
+    order = {"DI": 0, "NLL": 1, "CL⁻": 2}
+    rows = [{"method": _label(t), **(best_row(t, metric, mode) or {})}
+            for t in sorted(extra, key=lambda t: order.get(_label(t), 3))]  # fmt: skip
     best = best_trial(trials, metric=metric, mode=mode)
-    for label in ("DI", "NLL", "CL⁻"):
-        if label in by_label:
-            rows.append({"method": label, **(best_row(by_label[label], metric, mode) or {})})
-    for t in extra:
-        if _label(t) not in ("DI", "NLL", "CL⁻"):
-            rows.append({"method": _label(t), **(best_row(t, metric, mode) or {})})
     if best is not None:
         rows.append({"method": "CL", "params": _params_text(best.params), **(best_row(best, metric, mode) or {})})
     return rows
 
 
-def render_report(
-    run: Run, space: Space, summary: dict[str, Any], trials: list[TrialOutcome], plots: list[Path]
-) -> str:
-    cfg = run.cfg
-    tests = list(cfg.data.test)
-    lines = [f"# raycl — {space.name}: GEC with contrastive learning (Cao, Yang, Ng 2021)", ""]
-    lines += [f"Run folder `{run.run_dir}`; model preset `{cfg.model.preset}`"
-              f"{' (' + cfg.model.name + ')' if cfg.model.name else ''}; "
-              f"built-in data for: {', '.join(run.builtin) or 'none'}.", ""]  # fmt: skip
-    lines += ["## Results on test (Table 2)", "",
-              "P / R / F0.5 in %, each the average over the test set's annotators (the paper's protocol); "
-              "the CL row is the sweep's best point by dev F0.5, the other rows run at that point.", ""]
-    head = "| Method | " + " | ".join(f"{t} P | {t} R | {t} F0.5" for t in tests) + " | dev F0.5 |"
-    lines += [head, "|" + "---|" * (1 + 3 * len(tests) + 1)]
-    for row in summary["table"]:
-        cells = [pct(row.get(f"test/{t}/{k}")) for t in tests for k in ("p", "r", "f05")]
-        name = row["method"] + (f" ({row['params']})" if row.get("params") else "")
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {pct(row.get('dev_f05'))} |")
-    lines += ["", "## Over-correction and ignored edits (Table 3)", "",
-              "| Method | " + " | ".join(f"{t} IE ratio | {t} OE ratio" for t in tests) + " |",
-              "|" + "---|" * (1 + 2 * len(tests))]  # fmt: skip
-    for row in summary["table"]:
-        cells = [pct(row.get(f"test/{t}/{k}")) for t in tests for k in ("ie", "oe")]
-        lines.append(f"| {row['method']} | " + " | ".join(cells) + " |")
-    lines += ["", "## Sweep (dev F0.5, %, best epoch of each trial)", "",
-              "| Point | dev F0.5 | epoch |", "|---|---|---|"]  # fmt: skip
-    def dev_of(t: TrialOutcome) -> float:
-        return num((best_row(t, "dev_f05") or {}).get("dev_f05")) or -1.0
-
-    for t in sorted(trials, key=dev_of, reverse=True):
-        r = best_row(t, "dev_f05") or {}
-        lines.append(f"| {_params_text(t.params)} | {pct(r.get('dev_f05'))} | {r.get('epoch', '–')} |")
-    lines += ["", "## Data (Table 1)", "", "| Usage | Files | #sent | err% | e/s |", "|---|---|---|---|---|"]
-    lines += _data_rows(cfg)
-    lines += ["", "## Timings", ""]
-    lines += [f"- {k.replace('_s', '')}: {v:.1f} s" for k, v in run.timings.items()]
+def render_report(run: Run, space: Space, summary: dict[str, Any], trials: list[TrialOutcome], plots: list[Path]
+                  ) -> str:  # fmt: skip
+    cfg, tests, table = run.cfg, list(run.cfg.data.test), summary["table"]
+    lines = [f"# raycl — {space.name}: GEC with contrastive learning (Cao, Yang, Ng 2021)", "",
+             f"Run folder `{run.run_dir}`; model preset `{cfg.model.preset}`"
+             f"{' (' + cfg.model.name + ')' if cfg.model.name else ''}; "
+             f"built-in data for: {', '.join(run.builtin) or 'none'}.", "", "## Results on test (Table 2)", "",
+             "P / R / F0.5 in %, each the average over the test set's annotators (the paper's protocol); "
+             "the CL row is the sweep's best point by dev F0.5, the other rows run at that point.", "",
+             *md_table(["Method", *(f"{t} {k}" for t in tests for k in ("P", "R", "F0.5")), "dev F0.5"],
+                       [[r["method"] + (f" ({r['params']})" if r.get("params") else ""),
+                         *(pct(r.get(f"test/{t}/{k}")) for t in tests for k in ("p", "r", "f05")),
+                         pct(r.get("dev_f05"))] for r in table]),
+             "", "## Over-correction and ignored edits (Table 3)", "",
+             *md_table(["Method", *(f"{t} {k} ratio" for t in tests for k in ("IE", "OE"))],
+                       [[r["method"], *(pct(r.get(f"test/{t}/{k}")) for t in tests for k in ("ie", "oe"))]
+                        for r in table]),
+             "", "## Sweep (dev F0.5, %, best epoch of each trial)", ""]  # fmt: skip
+    best_rows = sorted(((best_row(t, "dev_f05") or {}, t) for t in trials),
+                       key=lambda rt: num(rt[0].get("dev_f05")) or -1.0, reverse=True)  # fmt: skip
+    lines += md_table(["Point", "dev F0.5", "epoch"], [[_params_text(t.params), pct(r.get("dev_f05")),
+                                                         r.get("epoch", "–")] for r, t in best_rows])
+    lines += ["", "## Data (Table 1)", "", *md_table(["Usage", "Files", "#sent", "err%", "e/s"], _data_rows(cfg)),
+              "", "## Timings", "", *(f"- {k.removesuffix('_s')}: {v:.1f} s" for k, v in run.timings.items())]
     steps = [v for t in trials for r in t.history if (v := num(r.get("timing/step"))) is not None]
     if steps:
         lines.append(f"- mean fine-tuning step: {1000 * sum(steps) / len(steps):.1f} ms")
@@ -146,20 +111,18 @@ def _stream_lines(trials: list[TrialOutcome]) -> list[str]:
             f"- staleness of the negatives used: max {stale:.0f} versions; refused as too stale: {refused:.0f}"]
 
 
-def _data_rows(cfg: Any) -> list[str]:
-    splits = [("Train (D_T)", cfg.data.train), ("Fine-tune (D_F)", cfg.data.finetune)]
-    splits += [(f"Dev {n}", s) for n, s in cfg.data.dev.items()]
-    splits += [(f"Test {n}", s) for n, s in cfg.data.test.items()]
-    out = []
+def _data_rows(cfg: Any) -> list[list[Any]]:
+    splits = [("Train (D_T)", cfg.data.train), ("Fine-tune (D_F)", cfg.data.finetune),
+              *((f"Dev {n}", s) for n, s in cfg.data.dev.items()),
+              *((f"Test {n}", s) for n, s in cfg.data.test.items())]
+    out: list[list[Any]] = []
     for usage, specs in splits:
         m2 = [s for s in specs if parse_spec(s).format == "m2"]
         sents = load_references(m2) if m2 else []
-        if not sents:
-            out.append(f"| {usage} | {', '.join(specs)} | – | – | – |")
-            continue
-        st = corpus_stats(sents)
-        out.append(f"| {usage} | {', '.join(Path(s).name for s in specs)} | {len(sents)} | "
-                   f"{100 * st['err_rate']:.1f} | {st['edits_per_error']:.1f} |")  # fmt: skip
+        st = corpus_stats(sents) if sents else None
+        out.append([usage, ", ".join(Path(s).name for s in specs) if st else ", ".join(specs),
+                    *((len(sents), f"{100 * st['err_rate']:.1f}", f"{st['edits_per_error']:.1f}") if st
+                      else ("–", "–", "–"))])  # fmt: skip
     return out
 
 

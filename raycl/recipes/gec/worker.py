@@ -5,7 +5,8 @@ One task serves both training phases of Algorithm 1: ``pretrain`` (step 1: label
 its target tokens); the loop sums gradients over ``optim.update_freq`` batches and every worker and divides by the
 global token count, as the fairseq trainer does ("sum both terms, then divide by ntokens"), so N workers, or N
 accumulated batches, take the same step as one batch N times as large. After every epoch rank 0 decodes dev
-(ERRANT F0.5) and, when dev improved, test, keeping ``best_model/``; pretraining keeps its last model in ``model/``.
+(ERRANT F0.5) and, when dev improved, test, keeping ``best_model/``; pretraining keeps its last model in
+``model/``.
 """
 
 from __future__ import annotations
@@ -92,8 +93,8 @@ class GecTask(TaskBase):
                                     warmup=ph.warmup, total=cfg.optim.total_updates or updates)  # fmt: skip
         loss_fn = GecContrastiveLoss(trade_off=ph.trade_off, margin=cfg.loss.margin,
                                      label_smoothing=ph.label_smoothing)  # fmt: skip
-        return GecState(model, [optimizer], [scheduler], dict(progress or {"epoch": 0}), feed=self._feed(examples, w),
-                        loss_fn=loss_fn, steps_per_epoch=steps)  # fmt: skip
+        return GecState(model, [optimizer], [scheduler], dict(progress or {"epoch": 0}),
+                        feed=self._feed(examples, w), loss_fn=loss_fn, steps_per_epoch=steps)  # fmt: skip
 
     def _feed(self, examples: list[GecExample], w: Worker) -> Feed:
         """Negatives mined while training (the stream), pre-mined ones (``mining.negatives``), or none."""
