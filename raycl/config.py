@@ -67,7 +67,8 @@ class OptimSection(LoopOptions):
     warmup_updates: int = 0
     total_updates: int = 0  # polynomial decay horizon; 0 = epochs × steps per epoch
     clip_norm: float = 1.0
-    batch_size: int = 32  # sentences per update
+    batch_size: int = 32  # sentences per batch; with max_tokens, the pool (sorted by length) cut into batches
+    max_tokens: int = 0  # fairseq's --max-tokens: sentences × longest num_tokens ≤ this a batch (0: by sentences)
     epochs: int = 3
     seed: int = 1
 
@@ -424,7 +425,8 @@ def _validate_common(c: Any, where: str) -> None:
              c.tune.max_concurrent_trials)
     require(c.tune.driver_cpus > 0, where, "tune.driver_cpus", "> 0 (Tune rejects 0)", c.tune.driver_cpus)
     if isinstance(c.optim, LoopOptions):
-        require(c.optim.precision in PRECISIONS, where, "optim.precision", " | ".join(PRECISIONS), c.optim.precision)
+        require(c.optim.precision in PRECISIONS, where, "optim.precision", " | ".join(PRECISIONS),
+                c.optim.precision)
         require(c.optim.update_freq >= 1, where, "optim.update_freq", "an integer ≥ 1", c.optim.update_freq)
     if isinstance(c.optim, OptimSection):
         _validate_optim(c.optim, where)
@@ -438,6 +440,8 @@ def _validate_optim(o: OptimSection, where: str) -> None:
              "two numbers in [0, 1)", o.betas)
     require(o.scheduler in ("fixed", "polynomial"), where, "optim.scheduler", "fixed or polynomial", o.scheduler)
     require(o.batch_size >= 1, where, "optim.batch_size", "an integer ≥ 1", o.batch_size)
+    require(o.max_tokens >= 0, where, "optim.max_tokens", "an integer ≥ 0 (0 = batches by sentences)",
+            o.max_tokens)
     require(o.epochs >= 0, where, "optim.epochs", "an integer ≥ 0", o.epochs)
     require(o.clip_norm >= 0, where, "optim.clip_norm", "≥ 0 (0 = no clipping)", o.clip_norm)
 

@@ -87,3 +87,34 @@ def test_shards_have_equal_length_and_cover_every_example() -> None:
         ids = [e.id for s in shards for e in s]
         assert len(ids) == len(set(ids))  # padding copies get ids of their own (the ledger needs unique ids)
         assert {i.removesuffix("#pad") for i in ids} == {e.id for e in examples}
+
+
+def _uneven_worker(rank: int, port: int, out: str) -> None:
+    """Rank 0 makes 3 updates, rank 1 one (token budgets cut their epochs differently), then joins the rest."""
+    from raycl.train.data_parallel import join_update
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    params = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))]
+    got = []
+    for i in range(3 if rank == 0 else 1):
+        params[0].grad, params[1].grad = torch.full((3,), float(rank + 1 + i)), torch.ones(2)
+        weight = average_gradients(params, 2.0)
+        got.append((weight, params[0].grad.tolist()))
+    rounds = 0
+    while join_update(params):
+        rounds += 1
+    if rank == 0:
+        torch.save({"got": got, "rounds": rounds}, out)
+    dist.destroy_process_group()
+
+
+def test_a_rank_out_of_batches_joins_the_others_updates(tmp_path: Path) -> None:
+    port = 29700 + os.getpid() % 1000
+    mp.spawn(_uneven_worker, args=(port, str(tmp_path / "u.pt")), nprocs=2, join=True)
+    res = torch.load(tmp_path / "u.pt")
+    assert res["rounds"] == 0  # rank 0 was the last: nobody left to join
+    (w1, g1), (w2, g2), (w3, g3) = res["got"]
+    assert w1 == 4.0 and g1 == [(1 + 2) / 4] * 3  # both ranks: summed grads ÷ the global weight
+    assert w2 == 2.0 and g2 == [2 / 2] * 3  # rank 1 joined with zero gradients and no weight
+    assert w3 == 2.0 and g3 == [3 / 2] * 3

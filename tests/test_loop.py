@@ -363,3 +363,37 @@ def test_gpu_miner_with_a_gpu_share_uses_it(monkeypatch) -> None:
     monkeypatch.setattr(ray, "get_gpu_ids", lambda: ["0"])
     kind = register_miner("record-options-gpu", build=lambda path, opts: dict(opts), load=lambda m, sd: None)
     assert MinerFactory(kind, "", {}).build()["device"] == "cuda"
+
+
+# ---------------------------------------------------------------------------------------------- token budgets
+def test_token_batches_keep_fairseqs_budget_over_the_whole_target_line(tmp_path: Path) -> None:
+    import random
+
+    from raycl.train.feeds import token_batches
+
+    scorer = _scorer(tmp_path)
+    st = GecState(scorer, [], [], {})
+    sizes = {ex.id: st.num_tokens(ex, negs) for ex, negs in zip(EXAMPLES, NEGATIVES, strict=True)}
+    tok = scorer.tokenizer
+    for ex, negs in zip(EXAMPLES, NEGATIVES, strict=True):  # max(source, target + every negative), in tokens
+        line = sum(len(tok(t)["input_ids"]) for t in [ex.target, *negs])
+        assert sizes[ex.id] == max(len(tok(ex.source)["input_ids"]), line)
+    assert sizes["d"] > sizes["c"]  # two negatives weigh on the budget
+    budget = 2 * max(sizes.values())
+    batches = token_batches((EXAMPLES, NEGATIVES), max_tokens=budget, size=st.num_tokens, rng=random.Random(0))
+    seen = [ex.id for b, _ in batches for ex in b]
+    assert sorted(seen) == sorted(sizes) and len(batches) >= 2
+    for b, negs in batches:
+        assert len(b) == 1 or len(b) * max(sizes[ex.id] for ex in b) <= budget
+        assert all(NEGATIVES[EXAMPLES.index(ex)] == n for ex, n in zip(b, negs, strict=True))
+    one = token_batches((EXAMPLES, NEGATIVES), max_tokens=1, size=st.num_tokens, rng=random.Random(0))
+    assert [len(b) for b, _ in one] == [1, 1, 1, 1]  # a sentence over the budget is a batch of its own
+
+
+def test_the_paper_presets_batch_by_tokens() -> None:
+    from raycl.config import load_space
+
+    pd, bart = load_space("gec_pd").config, load_space("gec_bart").config
+    assert (pd.optim.max_tokens, pd.optim.update_freq) == (4096, 1)
+    assert (bart.optim.max_tokens, bart.optim.update_freq, bart.scaling.num_workers) == (1400, 4, 4)
+    assert load_space("gec_pd", preset="smoke").config.optim.max_tokens == 0  # the demo keeps sentence batches

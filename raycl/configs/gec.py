@@ -53,7 +53,7 @@ class GecMiningSection(MiningSection):
     beam: int = 5  # beam ≥ k+1; one n-best serves every k ≤ beam-1 of a sweep
     source_negative: bool = True  # CL (True) or CL⁻ (False)
     rank_by: str = "beam"  # the n-best's order: beam (length-normalised beam score, the paper) | sum_logprob
-    refill: bool = False  # False: top k of the n-best minus the target (the paper: k−1 if it is there); True: k ≠ t
+    refill: bool = False  # False: top k of the n-best less the target (the paper: k−1 if it is there); True: k ≠ t
 
 
 @dataclass
@@ -63,6 +63,7 @@ class GecPretrainSection:
     epochs: int = 6
     lr: float = 1e-3
     batch_size: int = 64
+    max_tokens: int = 0  # as optim.max_tokens, for step 1
     warmup_updates: int = 200
     label_smoothing: float = 0.1
 

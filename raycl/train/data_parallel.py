@@ -63,6 +63,10 @@ def sum_gradients(params: Iterable[torch.nn.Parameter], *, bucket_bytes: int = B
     if not distributed():
         return
     device = collective_device(str(dist.get_backend()))
+    params = list(params)
+    for p in params:  # every rank reduces the same tensors: a parameter this rank did not use counts as zero
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
     grads = [p.grad for p in params if p.grad is not None]
     for bucket in _buckets(grads, bucket_bytes):
         flat = torch.cat([g.reshape(-1) for g in bucket]).to(device)
@@ -81,14 +85,40 @@ def scale_gradients(params: Iterable[torch.nn.Parameter], factor: float) -> None
             p.grad.mul_(factor)
 
 
-def average_gradients(params: list[torch.nn.Parameter], weight: float, *, averaged_by_ddp: bool = False) -> float:
+def average_gradients(params: list[torch.nn.Parameter], weight: float, *, averaged_by_ddp: bool = False,
+                      active: bool = True) -> float:  # fmt: skip
     """The update's gradient from the summed-loss gradients of this worker's micro-batches: summed over workers
-    (unless DDP's all-reduce already averaged them) and divided by the global weight; returns that weight."""
-    global_weight = all_reduce_sum(weight)
+    (unless DDP's all-reduce already averaged them) and divided by the global weight; returns that weight.
+    ``active``: this rank counts itself in the update (ranks that finished their epoch join with
+    ``join_update``)."""
     if averaged_by_ddp:
-        factor = dist.get_world_size() / max(global_weight, 1e-12)
-    else:
-        sum_gradients(params)
-        factor = 1.0 / max(global_weight, 1e-12)
-    scale_gradients(params, factor)
+        global_weight = all_reduce_sum(weight)
+        scale_gradients(params, dist.get_world_size() / max(global_weight, 1e-12))
+        return global_weight
+    global_weight, _ = _weight_and_active(weight, active)
+    sum_gradients(params)
+    scale_gradients(params, 1.0 / max(global_weight, 1e-12))
     return global_weight
+
+
+def _weight_and_active(weight: float, active: bool) -> tuple[float, float]:
+    if not distributed():
+        return weight, float(active)
+    device = collective_device(str(dist.get_backend()))
+    t = torch.tensor([weight, float(active)], dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return float(t[0].item()), float(t[1].item())
+
+
+def join_update(params: list[torch.nn.Parameter]) -> bool:
+    """A rank with no batch left takes part in one update of the others with zero gradients; returns whether any
+    rank was still updating (False: every rank has joined, the epoch is over everywhere)."""
+    _, active = _weight_and_active(0.0, False)
+    if active == 0:
+        return False
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    sum_gradients(params)
+    for p in params:
+        p.grad = None
+    return True

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -28,6 +28,26 @@ def shard(examples: Sequence[GecExample], rank: int, world_size: int) -> list[Ge
     per_rank = math.ceil(len(examples) / world_size)
     pad = [replace(ex, id=f"{ex.id}#pad") for ex in examples[: per_rank * world_size - len(examples)]]
     return [*examples, *pad][rank::world_size]
+
+
+def token_batches(batch: Batch, *, max_tokens: int, size: Callable[[GecExample, list[str]], int],
+                  rng: random.Random) -> list[Batch]:  # fmt: skip
+    """fairseq's ``--max-tokens`` within one pool of examples: sorted by size, cut so that every batch's sentences
+    × its longest ``size`` stay ≤ ``max_tokens`` (a longer sentence is a batch of its own), in shuffled order.
+    ``size``: fairseq's ``num_tokens`` of a GEC-CL example, max(source, the whole target line with negatives)."""
+    examples, negatives = batch
+    sizes = [size(ex, negs) for ex, negs in zip(examples, negatives, strict=True)]
+    groups: list[list[int]] = []
+    longest = 0
+    for i in sorted(range(len(examples)), key=lambda j: sizes[j]):
+        if groups and (len(groups[-1]) + 1) * max(longest, sizes[i]) <= max_tokens:
+            groups[-1].append(i)
+            longest = max(longest, sizes[i])
+        else:
+            groups.append([i])
+            longest = sizes[i]
+    rng.shuffle(groups)
+    return [([examples[i] for i in g], [negatives[i] for i in g]) for g in groups]
 
 
 class Feed(Protocol):

@@ -43,7 +43,7 @@ from raycl.distributed import session
 from raycl.records import append_history, save_dir_atomic
 from raycl.train.chaos import crash_switch
 from raycl.train.checkpoint import MODEL_DIR, STATE_FILE, seed_everything
-from raycl.train.data_parallel import average_gradients
+from raycl.train.data_parallel import average_gradients, join_update
 from raycl.train.precision import Precision, enable_tf32, inference
 from raycl.train.progress import ProgressWriter
 
@@ -340,6 +340,16 @@ class _Loop:
         if last and self.bar is not None:
             self.bar.update(self.st.progress["step"], loss=out.get("loss", float("nan")))
 
+    def join(self) -> None:
+        """Uneven inputs (token-budget batches: ranks may cut an epoch into different numbers of batches): a rank
+        that reached the report joins every update the others still make with zero gradients, until all are
+        here (DDP's ``Join``, for the gradient sums made after the backward)."""
+        if self.s.ddp or self.w.world_size <= 1:
+            return
+        params = [p for g in self.st.optimizers[0].param_groups for p in g["params"]]
+        while join_update(params):
+            pass
+
     def flush(self) -> None:
         """An update of what has been accumulated (a report, or the feed's end, comes mid-group)."""
         if self.pending:
@@ -351,7 +361,7 @@ class _Loop:
         k, st = self.pending[0], self.st
         opt = st.optimizers[k]
         params = [p for g in opt.param_groups for p in g["params"]]
-        average_gradients(params, self.ctx.weight, averaged_by_ddp=self.synced)
+        average_gradients(params, self.ctx.weight, averaged_by_ddp=self.synced, active=not self.synced)
         if self.scaler is not None:  # after the all-reduce: every rank sees the same inf/NaN and skips alike
             self.scaler.unscale_(opt)
         self.task.before_update(st)
@@ -376,6 +386,7 @@ class _Loop:
     # ------------------------------------------------------------------------------------------ reports
     def report(self, rep: Report) -> None:
         self.flush()
+        self.join()
         st, w = self.st, self.w
         st.progress["report"] += 1
         metrics = {**self.task.metrics(st, self.window, rep, w), "report": st.progress["report"],

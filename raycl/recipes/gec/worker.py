@@ -12,6 +12,7 @@ accumulated batches, take the same step as one batch N times as large. After eve
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ from raycl.miners.shards import read_negatives
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.recipes.gec import evaluation
 from raycl.records import save_dir_atomic
-from raycl.train.feeds import Feed, StaticFeed, StreamFeed, shard
+from raycl.train.feeds import Feed, StaticFeed, StreamFeed, shard, token_batches
 from raycl.train.gec_step import collate, gec_loss
 from raycl.train.loop import Batch, Keep, LoopSettings, Report, StepContext, TaskBase, TrainState, Window, Worker
 from raycl.train.optim import build_optimizer, build_scheduler
@@ -60,6 +61,12 @@ class GecState(TrainState):
     loss_fn: Any = None  # GecContrastiveLoss
     refs: dict[str, Any] = field(default_factory=dict)  # rank 0 of fine-tuning: dev and test references
     steps_per_epoch: int = 0  # batches of this rank's shard
+
+    def num_tokens(self, example: GecExample, negatives: list[str]) -> int:
+        """fairseq's ``num_tokens`` of a GEC-CL example: max(source, the target line ``t </s> n1 </s> …``)."""
+        texts = [example.source, example.target, *negatives]
+        lengths = [len(ids) for ids in self.model.tokenizer(texts)["input_ids"]]
+        return max(lengths[0], sum(lengths[1:]))
 
 
 @dataclass(frozen=True)
@@ -125,9 +132,12 @@ class GecTask(TaskBase):
         if ph.name == "finetune" and ph.epochs == 0:  # DI: evaluate the base model, train nothing
             yield Report()
             return
+        budget = self.cfg.optim.max_tokens if ph.name == "finetune" else self.cfg.pretrain.max_tokens
         for epoch in range(st.progress["epoch"], ph.epochs):
-            for batch in st.feed.batches(epoch, st.model):
-                yield Batch(batch)
+            rng = random.Random(self.cfg.optim.seed * 1000 + epoch)
+            for pool in st.feed.batches(epoch, st.model):
+                batches = token_batches(pool, max_tokens=budget, size=st.num_tokens, rng=rng) if budget else [pool]
+                yield from map(Batch, batches)
             st.progress.update(epoch=epoch + 1, feed=st.feed.state())
             yield Report()
 
