@@ -282,6 +282,8 @@ class _Loop:
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])
         torch.set_rng_state(rng["torch"])
+        if rng.get("cuda") and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
 
     def save(self, folder: Path) -> None:
         """``model/`` (``save_pretrained``) and ``state.pt``, each written to a temporary name and renamed."""
@@ -292,7 +294,9 @@ class _Loop:
                  "scaler": self.scaler.state_dict() if self.scaler is not None else None,
                  "extras": {k: v.state_dict() for k, v in st.extras.items()}, "progress": st.progress,
                  "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                         "torch": torch.get_rng_state()}}  # fmt: skip
+                         "torch": torch.get_rng_state(),
+                         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+                 }  # fmt: skip
         tmp = folder / f".{STATE_FILE}.tmp"
         torch.save(state, tmp)
         tmp.replace(folder / STATE_FILE)
