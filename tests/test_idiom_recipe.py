@@ -18,9 +18,11 @@ from raycl.config import load_space
 from raycl.errors import UserError
 from raycl.evaluation.semeval_metrics import evaluate_idiom
 from raycl.models.classifier import load_classifier
-from raycl.recipes import idiom
+from raycl.recipes import driver, recipe_for
 from raycl.recipes.common import num, read_history
-from raycl.recipes.idiom_worker import epoch_batches, train_examples
+from raycl.recipes.idiom.worker import epoch_batches, train_examples
+
+idiom = recipe_for("idiom")
 
 TINY = ["optim.epochs=2", "adversarial.method=fgm", "optim.batch_size=32"]
 
@@ -37,7 +39,7 @@ def _rows(path: Path) -> list[list[str]]:
 
 def test_run_train_writes_submissions_the_official_scorer_reads(tmp_path: Path) -> None:
     space = load_space("idiom", preset="smoke", overrides=[*TINY, "optim.epochs=3", "scaling.num_workers=0"])
-    summary = idiom.run_train(space, tmp_path)
+    summary = driver.run_train(idiom, space, tmp_path)
     data = tmp_path / "data" / "SubTaskA"
     for split, prefix in (("dev", "dev_f1"), ("eval", "test_f1")):
         sub, fmt = _rows(tmp_path / f"{split}.submission.csv"), _rows(data / f"{split}_submission_format.csv")
@@ -78,7 +80,7 @@ def test_the_kept_model_holds_the_ema_weights(tmp_path: Path, ema: bool) -> None
     over = ["optim.epochs=1", "adversarial.method=none", "optim.batch_size=200", "ema.decay=0.5",
             f"ema.enabled={str(ema).lower()}", f"optim.lr={lr}", "optim.warmup_ratio=0",
             "data.setting=zero_shot", "scaling.num_workers=0"]  # fmt: skip
-    idiom.run_train(load_space("idiom", preset="smoke", overrides=over), tmp_path)
+    driver.run_train(idiom, load_space("idiom", preset="smoke", overrides=over), tmp_path)
     init, _ = load_classifier(tmp_path / "base_model")
     kept, _ = load_classifier(tmp_path / "trials" / "zero_shot" / "best_model")
     init_p, kept_p = dict(init.named_parameters()), dict(kept.named_parameters())
@@ -111,7 +113,7 @@ def test_tune_sweep_runs_the_strategy_ladder(ray_local, tmp_path: Path) -> None:
             "ladder.baselines=[baseline, smart]", "tune.max_concurrent_trials=2"]  # fmt: skip
     space = load_space("idiom", preset="smoke", overrides=over)
     space.search = {"adversarial.method": {"grid": ["none"]}}
-    summary = idiom.run_tune(space, tmp_path)
+    summary = driver.run_tune(idiom, space, tmp_path)
     assert not summary["failed_trials"]
     assert [r["method"] for r in summary["table"]] == ["baseline", "+ EMA + SMART", "sweep best"]
     assert all(num(r["zero_shot/dev_f1"]) is not None and num(r["zero_shot/test_f1"]) is not None
@@ -125,11 +127,11 @@ def test_tune_sweep_runs_the_strategy_ladder(ray_local, tmp_path: Path) -> None:
 def test_unknown_ladder_rows_and_a_setting_of_both_in_the_search_are_refused(tmp_path: Path) -> None:
     space = load_space("idiom", preset="smoke", overrides=["ladder.baselines=[baseline, nope]"])
     with pytest.raises(UserError, match=r"'ladder.baselines'.*\['nope'\]"):
-        idiom.run_tune(space, tmp_path)
+        driver.run_tune(idiom, space, tmp_path)
     space = load_space("idiom", preset="smoke")
     space.search = {"data.setting": {"grid": ["zero_shot", "both"]}}
     with pytest.raises(UserError, match="search key 'data.setting'"):
-        idiom.run_tune(space, tmp_path)
+        driver.run_tune(idiom, space, tmp_path)
     assert not (tmp_path / "ray").exists()
 
 

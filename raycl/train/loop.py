@@ -135,7 +135,7 @@ class Task(Protocol):
     def evaluate(self, st: TrainState, rep: Report, w: Worker) -> dict[str, Any]: ...
     def keep(self, rep: Report, metrics: dict[str, Any]) -> Keep | None: ...
     def on_best(self, st: TrainState, rep: Report, w: Worker) -> dict[str, Any]: ...
-    def save_model(self, st: TrainState, folder: Path) -> None: ...
+    def save_model(self, st: TrainState, folder: Path, *, kept: bool) -> None: ...
     def final(self, st: TrainState, w: Worker) -> dict[str, Any] | None: ...
     def total_steps(self, st: TrainState, w: Worker) -> int: ...
 
@@ -158,8 +158,9 @@ class TaskBase:
     def on_best(self, st: Any, rep: Report, w: Worker) -> dict[str, Any]:
         return {}
 
-    def save_model(self, st: Any, folder: Path) -> None:
-        st.model.save_pretrained(folder)  # type: ignore[operator]
+    def save_model(self, st: Any, folder: Path, *, kept: bool) -> None:
+        """``kept``: the best model of a scope (else a checkpoint's ``model/``)."""
+        st.model.save_pretrained(folder)
 
     def final(self, st: Any, w: Worker) -> dict[str, Any] | None:
         return None
@@ -288,7 +289,7 @@ class _Loop:
     def save(self, folder: Path) -> None:
         """``model/`` (``save_pretrained``) and ``state.pt``, each written to a temporary name and renamed."""
         st = self.st
-        save_dir_atomic(lambda tmp: self.task.save_model(st, tmp), folder / MODEL_DIR)
+        save_dir_atomic(lambda tmp: self.task.save_model(st, tmp, kept=False), folder / MODEL_DIR)
         state = {"optimizers": [o.state_dict() for o in st.optimizers],
                  "schedulers": [s.state_dict() if s is not None else None for s in st.schedulers],
                  "scaler": self.scaler.state_dict() if self.scaler is not None else None,
@@ -421,7 +422,7 @@ class _Loop:
                                                                      or value > best[keep.scope])):
                     best[keep.scope] = value
                     out.update(task.on_best(st, rep, w))
-                    save_dir_atomic(lambda tmp: task.save_model(st, tmp), w.out_dir / keep.folder)
+                    save_dir_atomic(lambda tmp: task.save_model(st, tmp, kept=True), w.out_dir / keep.folder)
                     out["kept"] = 1
         st.train(True)
         out["timing/eval"] = time.perf_counter() - t0

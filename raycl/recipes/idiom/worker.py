@@ -1,0 +1,176 @@
+"""Subtask A's side of the one training loop (``raycl.train.loop``): one setting, EMA, adversarial training.
+
+A trial trains one setting (``data.setting`` is ``zero_shot`` or ``one_shot`` here): the zero-shot model reads
+"Previous Target Next" of train_zero_shot, the one-shot model the (Target, MWE) pairs of train_one_shot followed
+by train_zero_shot. AdamW (lr 2e-5, wd 0) with a linear warm-up/decay schedule; the batch (per worker) and seed
+are the setting's unless set. Each step, as the released loop::
+
+    loss, logits = forward(); loss.backward()                      # the clean pass (mean cross-entropy)
+    adversary.attack_and_backward(forward, clean_logits=logits)    # FGM / PGD / FreeLB / SMART add to .grad
+    optimizer.step(); scheduler.step(); ema.update()
+
+With several workers the forward runs through DDP (every backward, the adversarial ones too, averages the
+gradients, so every rank perturbs the embeddings alike), while the adversary and the EMA hold the unwrapped
+model. After every epoch rank 0 scores dev (official macro-F1, EN+PT) with the EMA weights swapped in and keeps
+the best epoch in ``best_model/`` — the EMA weights, as the released code saves them. The closing report
+(``final: 1``) holds the official scores of the kept model's dev and eval submissions.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer
+
+from raycl.adversarial.base import build_adversarial
+from raycl.configs.idiom import IdiomConfig
+from raycl.data.semeval import IdiomExample, read_idiom_train
+from raycl.memory.ema import EMA
+from raycl.models.classifier import encode_batch, load_classifier
+from raycl.recipes.idiom.evaluation import Evaluator, model_input
+from raycl.train.loop import Batch, Keep, LoopSettings, Report, StepContext, TaskBase, TrainState, Window, Worker
+from raycl.train.optim import build_scheduler
+
+BEST_MODEL = "best_model"
+
+
+def train_examples(cfg: IdiomConfig, setting: str) -> list[IdiomExample]:
+    """The setting's training rows: one-shot trains on train_one_shot + train_zero_shot (SPEC §3.1)."""
+    zero = read_idiom_train(cfg.data.train_zero_shot)
+    return read_idiom_train(cfg.data.train_one_shot) + zero if setting == "one_shot" else zero
+
+
+def epoch_batches(n: int, *, batch_size: int, seed: int, rank: int, world_size: int) -> list[list[int]]:
+    """This rank's batches (row indices) of an epoch: one shuffle shared by all ranks, equal strided shards (the
+    last ``n mod world_size`` rows of the shuffle sit the epoch out, so every rank takes the same steps)."""
+    order = random.Random(seed).sample(range(n), n)
+    mine = order[rank : n // world_size * world_size : world_size]
+    return [mine[i : i + batch_size] for i in range(0, len(mine), batch_size)]
+
+
+@dataclass
+class IdiomState(TrainState):
+    tokenizer: Any = None
+    examples: list[IdiomExample] | None = None
+    adversary: Any = None
+    evals: Evaluator | None = None  # rank 0
+
+    @property
+    def ema(self) -> EMA | None:
+        return self.extras.get("ema")
+
+
+@dataclass(frozen=True)
+class IdiomTask(TaskBase):
+    cfg: IdiomConfig
+
+    @property
+    def setting(self) -> str:
+        return self.cfg.data.setting
+
+    @property
+    def settings(self) -> LoopSettings:
+        o = self.cfg.optim
+        # a BERT-style classifier uses every parameter in every step: no unused-parameter search
+        return LoopSettings(precision=o.precision, update_freq=o.update_freq, tf32=o.tf32,
+                            seed=self.cfg.seed(self.setting), ddp=True)  # fmt: skip
+
+    def load_model(self, path: Path) -> Any:
+        return load_classifier(path)[0]
+
+    def build(self, model: Any, w: Worker, progress: dict[str, Any] | None) -> IdiomState:
+        cfg, o, a = self.cfg, self.cfg.optim, self.cfg.adversarial
+        examples = train_examples(cfg, self.setting)
+        total = max(self._steps(len(examples), w) * o.epochs // o.update_freq, 1)
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr,
+                                      weight_decay=o.weight_decay)  # fmt: skip
+        scheduler = build_scheduler(optimizer, "polynomial", warmup=math.ceil(o.warmup_ratio * total), total=total)
+        extras = {"ema": EMA(model, decay=cfg.ema.decay)} if cfg.ema.enabled else {}
+        adversary = build_adversarial(a.method, model, epsilon=a.epsilon, alpha=a.alpha, steps=a.steps,
+                                      smart_mu=a.smart_mu)  # fmt: skip
+        return IdiomState(model, [optimizer], [scheduler], dict(progress or {"epoch": 0, "best_epoch": 0}), extras,
+                          tokenizer=AutoTokenizer.from_pretrained(w.job.init_model), examples=examples,
+                          adversary=adversary)  # fmt: skip
+
+    def _steps(self, n: int, w: Worker) -> int:
+        bs = self.cfg.batch_size(self.setting)
+        return len(epoch_batches(n, batch_size=bs, seed=0, rank=0, world_size=w.world_size))
+
+    def start(self, st: IdiomState, w: Worker, *, resumed: bool) -> None:
+        st.evals = Evaluator(self.cfg, self.setting) if w.rank == 0 else None
+
+    def stream(self, st: IdiomState, w: Worker) -> Iterator[Batch | Report]:
+        examples, seed = st.examples or [], self.cfg.seed(self.setting)
+        for epoch in range(st.progress["epoch"], self.cfg.optim.epochs):
+            for b in epoch_batches(len(examples), batch_size=self.cfg.batch_size(self.setting),
+                                   seed=seed * 1000 + epoch, rank=w.rank, world_size=w.world_size):  # fmt: skip
+                yield Batch([examples[i] for i in b])
+            st.progress["epoch"] = epoch + 1
+            yield Report()
+
+    def step(self, st: IdiomState, batch: list[IdiomExample], ctx: StepContext) -> dict[str, float]:
+        """The clean backward, then the adversarial terms (the loop steps the optimizer, then the EMA)."""
+        texts: Any = [model_input(e, self.setting) for e in batch]  # all texts or all pairs: one setting
+        enc = encode_batch(st.tokenizer, texts, max_len=self.cfg.model.max_len)
+        inputs = {k: v.to(ctx.device) for k, v in enc.items()}  # (B, T) each
+        labels = torch.tensor([e.label for e in batch], device=ctx.device)  # (B,)
+
+        def forward() -> tuple[torch.Tensor, torch.Tensor]:
+            out = ctx.module(**inputs, labels=labels)
+            return out.loss, out.logits  # (), (B, 2)
+
+        loss, logits = forward()
+        ctx.backward(loss)
+        extra = st.adversary.attack_and_backward(forward, clean_logits=logits.detach(),
+                                                 loss_scale=ctx.loss_scale())  # fmt: skip
+        return {"loss": float(loss.detach()), **extra}  # extra: adv/loss (and SMART's adv/kl)
+
+    def after_update(self, st: IdiomState) -> None:
+        if st.ema is not None:
+            st.ema.update()
+
+    def metrics(self, st: IdiomState, window: Window, rep: Report, w: Worker) -> dict[str, Any]:
+        return {**window.means(), "timing/step": window.step_time(), "timing/epoch": window.wall(),
+                "steps": float(window.updates), "epoch": st.progress["epoch"], "setting": self.setting,
+                "lr": st.schedulers[0].get_last_lr()[0]}  # fmt: skip
+
+    def evaluate(self, st: IdiomState, rep: Report, w: Worker) -> dict[str, Any]:
+        assert st.evals is not None
+        with st.ema.applied() if st.ema is not None else nullcontext():  # EMA off: the live weights
+            return dict(st.evals.dev_scores(st.model, st.tokenizer))
+
+    def keep(self, rep: Report, metrics: dict[str, Any]) -> Keep | None:
+        return Keep("dev_f1", BEST_MODEL)  # the released `if f1 > best`: the earliest of equal epochs
+
+    def on_best(self, st: IdiomState, rep: Report, w: Worker) -> dict[str, Any]:
+        st.progress["best_epoch"] = st.progress["epoch"]
+        return {}
+
+    def save_model(self, st: IdiomState, folder: Path, *, kept: bool) -> None:
+        """The EMA weights where EMA is on (the kept model is the average, as the released code saves it); a
+        checkpoint saves the live weights (its ``extras`` hold the shadow)."""
+        with st.ema.applied() if st.ema is not None and kept else nullcontext():
+            st.model.save_pretrained(folder)
+        st.tokenizer.save_pretrained(folder)
+
+    def final(self, st: IdiomState, w: Worker) -> dict[str, Any] | None:
+        """The closing report: the kept model's dev and eval submissions of this setting, officially scored."""
+        metrics: dict[str, Any] = {"epoch": st.progress["epoch"], "setting": self.setting,
+                                   "best_epoch": st.progress["best_epoch"]}  # fmt: skip
+        if st.evals is None:
+            return metrics
+        kept = w.out_dir / BEST_MODEL
+        model: Any  # HF's typing of PreTrainedModel.to rejects a device
+        model, tokenizer = load_classifier(kept if (kept / "config.json").exists() else w.job.init_model)
+        model.to(w.device).eval()
+        return {**metrics, **st.evals.final(model, tokenizer, w.out_dir)}
+
+    def total_steps(self, st: IdiomState, w: Worker) -> int:
+        return self._steps(len(st.examples or []), w) * self.cfg.optim.epochs
