@@ -17,9 +17,11 @@ from raycl.config import load_space
 from raycl.data.semeval import read_sts_train
 from raycl.evaluation.semeval_metrics import evaluate_sts
 from raycl.models.sentence_encoder import SentenceEncoder, build_sentence_encoder
-from raycl.recipes import sts
+from raycl.recipes import driver, recipe_for
 from raycl.recipes.common import read_history
-from raycl.recipes.sts_worker import epoch_batches, finetune_pairs
+from raycl.recipes.sts.worker import epoch_batches, finetune_pairs
+
+sts = recipe_for("sts")
 
 TINY = ["pretrain.epochs=1", "finetune.epochs=1", "pretrain.eval_every=4", "finetune.eval_every=4",
         "moco.queue_size=16"]  # fmt: skip
@@ -37,7 +39,7 @@ def _rows(path: Path) -> list[list[str]]:
 
 def test_run_train_writes_submissions_the_official_scorer_reads(tmp_path: Path) -> None:
     space = load_space("sts", preset="smoke", overrides=[*TINY, "scaling.num_workers=0"])
-    summary = sts.run_train(space, tmp_path)
+    summary = driver.run_train(sts, space, tmp_path)
     data = tmp_path / "data" / "SubTaskB"
     for split in ("dev", "eval"):
         sub, fmt = _rows(tmp_path / f"{split}.submission.csv"), _rows(data / f"{split}.submission_format.csv")
@@ -100,7 +102,7 @@ def test_tune_sweep_runs_table_5s_ladder(ray_local, tmp_path: Path) -> None:
     space = load_space("sts", preset="smoke", overrides=over)
     space.search = {"moco.queue_size": {"grid": [8]}}
     del space.baselines["cross_attention"]  # three trials keep the file near its time budget; the demo runs all
-    summary = sts.run_tune(space, tmp_path)
+    summary = driver.run_tune(sts, space, tmp_path)
     assert not summary["failed_trials"]
     assert [r["method"] for r in summary["table"]] == ["MSE only", "+ InfoNCE (in-batch)", "+ MoCo queue"]
     for row in summary["table"]:  # no fine-tuning: the final setting is pre_train

@@ -1,0 +1,139 @@
+"""Subtask B's evaluation, used by the worker (dev Spearman during training, the labels of train_data's 'None'
+rows, the closing submissions) and the report: similarity predictions (the cross-attended cosine, or the plain
+cosine of mean-pooled embeddings without cross-attention), the official Spearman of dev, the official submissions
+of dev and eval for both settings scored with ``evaluate_sts``, and the alignment and uniformity of the sentence
+embeddings (the paper's §5, Fig. 5)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from raycl.data.semeval import (
+    B_GOLD_HEADER,
+    StsPair,
+    fill_submission,
+    read_rows,
+    read_sts_inputs,
+    read_sts_pretrain,
+)
+from raycl.evaluation.embedding_geometry import alignment, uniformity
+from raycl.evaluation.semeval_metrics import evaluate_sts, score_sts
+from raycl.models.sentence_encoder import SentenceEncoder
+
+if TYPE_CHECKING:
+    from raycl.configs.sts import StsConfig
+
+
+def pair_embeddings(enc: SentenceEncoder, a: list[str], b: list[str], *, cross: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(B, H), (B, H): the cross-attended pair, or each side's mean-pooled encoder output (no cross-attention)."""
+    return enc.pair_embeddings(a, b) if cross else (enc.encode(a), enc.encode(b))
+
+
+@torch.no_grad()
+def similarities(enc: SentenceEncoder, a: Sequence[str], b: Sequence[str], *, cross: bool, batch_size: int
+                 ) -> list[float]:  # fmt: skip
+    out: list[float] = []
+    for i in range(0, len(a), batch_size):
+        u, v = pair_embeddings(enc, list(a[i : i + batch_size]), list(b[i : i + batch_size]), cross=cross)
+        out += torch.cosine_similarity(u, v, dim=-1).tolist()  # (b,)
+    return out
+
+
+def predict(enc: SentenceEncoder, pairs: Sequence[StsPair], *, cross: bool, batch_size: int,
+            upstream_quirk: bool = True) -> dict[str, float]:  # fmt: skip
+    """``{ID: similarity}`` of Subtask B pairs, with their MWEs as single tokens."""
+    texts = [p.tokenised(upstream_quirk=upstream_quirk) for p in pairs]
+    sims = similarities(enc, [t[0] for t in texts], [t[1] for t in texts], cross=cross, batch_size=batch_size)
+    return {p.id: s for p, s in zip(pairs, sims, strict=True)}
+
+
+@torch.no_grad()
+def embed_all(enc: SentenceEncoder, texts: Sequence[str], *, batch_size: int) -> torch.Tensor:
+    """Mean-pooled encoder outputs: N texts -> (N, H)."""
+    return torch.cat([enc.encode(list(texts[i : i + batch_size])) for i in range(0, len(texts), batch_size)])
+
+
+def spearman(gold: Sequence[float], pred: Sequence[float]) -> float | None:
+    from scipy.stats import spearmanr
+
+    if len(gold) < 2:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a constant column gives nan
+        rho = float(spearmanr(gold, pred)[0])
+    return None if math.isnan(rho) else rho
+
+
+def _flatten(prefix: str, scores: dict[str, dict[str, dict[str, float | None]]]) -> dict[str, float | None]:
+    """``{setting: {"EN,PT": {"ALL": ρ}}}`` -> ``{"dev/fine_tune/EN+PT/ALL": ρ}``."""
+    return {f"{prefix}/{s}/{langs.replace(',', '+')}/{k}": v for s, by_lang in scores.items()
+            for langs, row in by_lang.items() for k, v in row.items()}  # fmt: skip
+
+
+class Evaluator:
+    """Rank 0's dev and eval sets, read once."""
+
+    def __init__(self, cfg: StsConfig) -> None:
+        self.cfg, self.cross, self.bs = cfg, cfg.model.cross_attention, cfg.eval.batch_size
+        held_out = [p for spec in cfg.data.sts_pretrain for p in read_sts_pretrain(spec) if p.split != "train"]
+        self.sts_dev = [p for p in held_out if p.split == "dev"]
+        self.has_sts_dev = len(self.sts_dev) >= 2
+        self.geometry_pairs = held_out  # the STS dev and test pairs: alignment of score ≥ 4, uniformity of all
+        self.dev_pairs = read_sts_inputs(cfg.data.dev)
+        self.eval_pairs = read_sts_inputs(cfg.data.eval)
+        self.dev_gold = list(read_rows(cfg.data.dev_gold, B_GOLD_HEADER))
+
+    def dev(self, enc: SentenceEncoder, *, setting: str) -> dict[str, float | None]:
+        """``sts_dev_spearman`` (STS dev split) and the official dev Spearman of ``setting`` (EN+PT)."""
+        out: dict[str, float | None] = {}
+        if self.has_sts_dev:
+            d = self.sts_dev
+            sims = similarities(enc, [p.sentence1 for p in d], [p.sentence2 for p in d], cross=self.cross,
+                                batch_size=self.bs)  # fmt: skip
+            out["sts_dev_spearman"] = spearman([p.score for p in d], sims)
+        preds = predict(enc, self.dev_pairs, cross=self.cross, batch_size=self.bs,
+                        upstream_quirk=self.cfg.data.upstream_quirk)  # fmt: skip
+        rows = [(i + 2, [p.id, p.language, setting, repr(preds[p.id])]) for i, p in enumerate(self.dev_pairs)]
+        scores = score_sts(rows, self.dev_gold, setting=setting, languages=("EN", "PT"),
+                           names=(f"{setting} dev predictions", self.cfg.data.dev_gold))  # fmt: skip
+        out.update({f"dev/{k}": v for k, v in scores.items()})
+        out["dev_spearman"] = scores["ALL"]
+        return out
+
+    def final(self, models: dict[str, Path], out_dir: Path, *, device: Any) -> dict[str, float | None]:
+        """Both settings' submissions of dev and eval (``fill_submission``), scored where gold exists."""
+        preds: dict[str, dict[tuple[str, str], float | int | None]] = {"dev": {}, "eval": {}}
+        out: dict[str, float | None] = {}
+        for setting, path in models.items():
+            enc = SentenceEncoder.from_pretrained(path, device=device).eval()
+            for split, pairs in (("dev", self.dev_pairs), ("eval", self.eval_pairs)):
+                got = predict(enc, pairs, cross=self.cross, batch_size=self.bs,
+                              upstream_quirk=self.cfg.data.upstream_quirk)  # fmt: skip
+                preds[split].update({(i, setting): v for i, v in got.items()})
+            out.update(self.geometry(enc, setting))
+        d = self.cfg.data
+        dev_sub = fill_submission(d.dev_submission_format, preds["dev"], out_dir / "dev.submission.csv")
+        eval_sub = fill_submission(d.eval_submission_format, preds["eval"], out_dir / "eval.submission.csv")
+        out.update(_flatten("dev", evaluate_sts(dev_sub, d.dev_gold)))
+        if d.eval_gold:
+            out.update(_flatten("test", evaluate_sts(eval_sub, d.eval_gold)))
+        out["dev_spearman"] = out.get(f"dev/{self.cfg.final_setting}/EN+PT/ALL")
+        return out
+
+    def geometry(self, enc: SentenceEncoder, setting: str) -> dict[str, float | None]:
+        """ℓ_align over held-out STS pairs with score ≥ ``eval.align_min_score``, ℓ_uniform over all of them."""
+        pairs = self.geometry_pairs
+        if not pairs:
+            return {}
+        x = embed_all(enc, [p.sentence1 for p in pairs], batch_size=self.bs)  # (N, H)
+        y = embed_all(enc, [p.sentence2 for p in pairs], batch_size=self.bs)  # (N, H)
+        pos = torch.tensor([p.score >= self.cfg.eval.align_min_score for p in pairs])  # (N,)
+        align = float(alignment(x[pos], y[pos], batch_size=self.bs)) if pos.any() else None
+        return {f"align/{setting}": align, f"uniform/{setting}": float(uniformity(x, y, batch_size=self.bs))}

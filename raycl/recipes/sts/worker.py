@@ -1,0 +1,266 @@
+"""Subtask B's side of the one training loop (``raycl.train.loop``): pre-train on STS pairs, then fine-tune.
+
+A trial is a list of *fits*, as the released code calls sentence-transformers' ``fit``: one pre-training fit of
+``pretrain.epochs`` epochs, then ``finetune.epochs`` fits of one epoch each (warm-up recomputed each time). Each
+fit has fresh AdamW optimisers (no decay on biases and LayerNorm, as ``fit``) and a linear warm-up/decay
+schedule. A step is a batch of pairs (MSE of the cross-attended cosine against score/5) and, when λ > 0, a
+batch of sentences for InfoNCE (SimCSE views through dropout, mean-pooled encoder outputs, cross-attention
+bypassed, MoCo keys as extra negatives); an epoch ends with the shorter of the two loaders. ``loss.joint=sum``
+backpropagates L_mse + λ·L_con once (the paper); ``alternate`` steps each objective with its own optimiser (the
+released code): the feed yields the pair batch for optimiser 0, then the sentence batch for optimiser 1.
+Gradients are summed over workers and divided by the global batch (no DDP: the model runs several forwards per
+step through its own methods).
+
+Every ``eval_every`` steps and at each epoch's end rank 0 predicts the official dev set: pre-training keeps the
+model with the best Spearman on the STS dev split (``pre_train_model/``), fine-tuning the one with the best
+official dev Spearman (``fine_tune_model/``). Fine-tuning starts from the kept pre-trained model; rows of
+train_data.csv with sim 'None' get its cross-attended cosine of (alternative_1, alternative_2). The closing
+report (``final: 1``) holds the official scores of both settings' submissions, and alignment/uniformity.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from raycl.configs.sts import StsConfig
+from raycl.data.semeval import StsPair, read_sts_pretrain, read_sts_train
+from raycl.losses.infonce_queue import InfoNCEQueueLoss, joint_loss
+from raycl.losses.mse_cosine import MSECosineLoss
+from raycl.memory.moco import MoCoKeyEncoder
+from raycl.models.sentence_encoder import SentenceEncoder
+from raycl.recipes.sts import evaluation
+from raycl.train.checkpoint import seed_everything
+from raycl.train.loop import Batch, Keep, LoopSettings, Report, StepContext, TaskBase, TrainState, Window, Worker
+from raycl.train.optim import build_scheduler
+
+Pair = tuple[str, str, float]  # (sentence 1, sentence 2, label in [0, 1])
+
+
+@dataclass(frozen=True)
+class Fit:
+    """One ``fit`` call of the released code."""
+
+    setting: str  # pre_train | fine_tune
+    epochs: int
+    eval_every: int
+    seed: int
+
+
+def fits(cfg: StsConfig) -> list[Fit]:
+    p, f = cfg.pretrain, cfg.finetune
+    out = [Fit("pre_train", p.epochs, p.eval_every, p.seed)] if p.epochs else []
+    return out + [Fit("fine_tune", 1, f.eval_every, f.seed + e) for e in range(f.epochs)]
+
+
+def epoch_batches(pairs: list[Pair], sentences: list[str], *, batch_size: int, seed: int, rank: int,
+                  world_size: int) -> list[tuple[list[Pair], list[str]]]:  # fmt: skip
+    """This rank's steps of an epoch: equal shards on every rank; no sentences: MSE only (λ = 0)."""
+    rng = random.Random(seed)
+    pairs, sentences = rng.sample(pairs, len(pairs)), rng.sample(sentences, len(sentences))
+    p = pairs[rank : len(pairs) // world_size * world_size : world_size]
+    s = sentences[rank : len(sentences) // world_size * world_size : world_size]
+    pb = [p[i : i + batch_size] for i in range(0, len(p), batch_size)]
+    if not sentences:
+        return [(b, []) for b in pb]
+    sb = [c for c in (s[i : i + batch_size] for i in range(0, len(s), batch_size)) if len(c) >= 2]
+    return list(zip(pb, sb, strict=False))  # the shorter loader ends the epoch, as sentence-transformers' fit
+
+
+def unique_sentences(pairs: list[Pair]) -> list[str]:
+    """The contrastive objective's data: every sentence of the pairs, once (SimCSE pairs it with itself)."""
+    return sorted({s for a, b, _ in pairs for s in (a, b)})
+
+
+def pretrain_pairs(cfg: StsConfig, split: str) -> list[Pair]:
+    return [(p.sentence1, p.sentence2, p.score / 5.0) for spec in cfg.data.sts_pretrain
+            for p in read_sts_pretrain(spec) if p.split == split]  # fmt: skip
+
+
+def finetune_pairs(cfg: StsConfig, encoder: SentenceEncoder) -> list[Pair]:
+    """train_data.csv as (tokenised s1, tokenised s2, label): sim, or the pre-trained model's cosine of the two
+    alternatives when sim is 'None' (SPEC §3.2)."""
+    rows = read_sts_train(cfg.data.train_data)
+    todo = [r for r in rows if r.sim is None]
+    alt = [StsPair(r.id, r.language, None, None, r.alternative_1, r.alternative_2) for r in todo]
+    labels = evaluation.predict(encoder, alt, cross=cfg.model.cross_attention, batch_size=cfg.eval.batch_size)
+    out = []
+    for r in rows:
+        a, b = r.tokenised(upstream_quirk=cfg.data.upstream_quirk)
+        out.append((a, b, float(r.sim if r.sim is not None else labels[r.id])))
+    return out
+
+
+def adamw(model: torch.nn.Module, *, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """sentence-transformers' optimiser: AdamW (eps 1e-6), no weight decay on biases and LayerNorm weights."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    no_decay = [p for n, p in named if "bias" in n or "LayerNorm" in n]
+    decay = [p for n, p in named if not ("bias" in n or "LayerNorm" in n)]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, eps=1e-6)
+
+
+@dataclass
+class StsState(TrainState):
+    pairs: list[Pair] = field(default_factory=list)  # the current fit's data
+    sentences: list[str] = field(default_factory=list)
+    evals: evaluation.Evaluator | None = None  # rank 0
+
+    @property
+    def moco(self) -> MoCoKeyEncoder | None:
+        return self.extras.get("moco")
+
+
+@dataclass(frozen=True)
+class StsTask(TaskBase):
+    cfg: StsConfig
+
+    @property
+    def settings(self) -> LoopSettings:
+        o = self.cfg.optim
+        return LoopSettings(precision=o.precision, update_freq=o.update_freq, clip_norm=o.clip_norm, tf32=o.tf32,
+                            seed=self.cfg.pretrain.seed)  # fmt: skip
+
+    def load_model(self, path: Path) -> SentenceEncoder:
+        return SentenceEncoder.from_pretrained(path)
+
+    def build(self, model: SentenceEncoder, w: Worker, progress: dict[str, Any] | None) -> StsState:
+        """A fresh run's state, or the checkpoint's fit: its data, optimisers and key encoder (the loop then
+        restores their states)."""
+        st = StsState(model, [], [], dict(progress or {"fit": 0, "epoch": 0, "batch": 0, "started": False}))
+        self._key_encoder(st, w)
+        if progress is not None and progress["started"]:
+            self._start_fit(st, fits(self.cfg)[progress["fit"]], w)
+        return st
+
+    def _key_encoder(self, st: StsState, w: Worker) -> None:
+        c = self.cfg
+        st.extras.pop("moco", None)
+        if c.loss.lam > 0 and c.moco.queue_size > 0:
+            st.extras["moco"] = MoCoKeyEncoder(st.model, dim=st.model.hidden_size, queue_size=c.moco.queue_size,
+                                               m=c.moco.m, update_every_forward=c.moco.update_every_forward
+                                               ).to(w.device)  # fmt: skip
+
+    def _start_fit(self, st: StsState, fit: Fit, w: Worker) -> None:
+        """The fit's data and fresh optimisers and schedules, as every ``fit`` call: one per objective with
+        ``alternate``."""
+        cfg, o = self.cfg, self.cfg.optim
+        if fit.setting == "pre_train":
+            st.pairs = pretrain_pairs(cfg, "train")
+        else:
+            labeller = SentenceEncoder.from_pretrained(_kept(w, "pre_train")).to(w.device)
+            st.pairs = finetune_pairs(cfg, labeller.eval())
+        st.sentences = unique_sentences(st.pairs) if cfg.loss.lam > 0 else []
+        steps = len(epoch_batches(st.pairs, st.sentences, batch_size=o.batch_size, seed=0, rank=0,
+                                  world_size=w.world_size)) * fit.epochs  # fmt: skip
+        n = 2 if self._alternate() else 1
+        st.optimizers = [adamw(st.model, lr=o.lr, weight_decay=o.weight_decay) for _ in range(n)]
+        st.schedulers = [build_scheduler(opt, "polynomial", warmup=math.ceil(o.warmup_ratio * max(steps, 1)),
+                                         total=max(steps, 1)) for opt in st.optimizers]  # fmt: skip
+
+    def _alternate(self) -> bool:
+        return self.cfg.loss.joint == "alternate" and self.cfg.loss.lam > 0
+
+    def start(self, st: StsState, w: Worker, *, resumed: bool) -> None:
+        st.evals = evaluation.Evaluator(self.cfg) if w.rank == 0 else None
+
+    def stream(self, st: StsState, w: Worker) -> Iterator[Batch | Report]:
+        plan, p = fits(self.cfg), st.progress
+        for k in range(p["fit"], len(plan)):
+            fit = plan[k]
+            if not p["started"]:
+                seed_everything(fit.seed)
+                if fit.setting == "fine_tune" and (k == 0 or plan[k - 1].setting == "pre_train"):
+                    st.model = SentenceEncoder.from_pretrained(_kept(w, "pre_train")).to(w.device)
+                    self._key_encoder(st, w)  # fine-tuning starts from the kept pre-trained model
+                self._start_fit(st, fit, w)
+                p.update(fit=k, epoch=0, batch=0, started=True)
+            for epoch in range(p["epoch"], fit.epochs):
+                batches = epoch_batches(st.pairs, st.sentences, batch_size=self.cfg.optim.batch_size,
+                                        seed=fit.seed * 1000 + epoch, rank=w.rank, world_size=w.world_size)
+                for i in range(p["batch"], len(batches)):
+                    pairs, sentences = batches[i]
+                    if self._alternate() and sentences:
+                        yield Batch(("mse", pairs, []))
+                        yield Batch(("con", [], sentences), optimizer=1)
+                    else:
+                        yield Batch(("joint", pairs, sentences))
+                    p["batch"] = i + 1
+                    if p["step"] % fit.eval_every == 0 or i + 1 == len(batches):
+                        yield Report({"setting": fit.setting})
+                p.update(epoch=epoch + 1, batch=0)
+            p.update(fit=k + 1, epoch=0, batch=0, started=False)
+
+    def step(self, st: StsState, data: Any, ctx: StepContext) -> dict[str, float]:
+        """The MSE objective, the contrastive one, or their joint sum (backward of the summed loss: the weight is
+        the batch's pairs, or sentences, so workers' shards average to the global batch)."""
+        kind, pairs, sentences = data
+        lam, out = self.cfg.loss.lam, {"n_mse": float(kind != "con"), "n_con": float(kind != "mse")}
+        l_mse = self._mse(st, pairs) if pairs else torch.zeros((), device=ctx.device)
+        l_con, keys = self._contrastive(st, sentences) if sentences else (torch.zeros((), device=ctx.device), None)
+        if kind == "con":
+            ctx.backward(lam * l_con, weight=float(len(sentences)))  # the released MoCo loss carries the ×λ
+        else:
+            ctx.backward(joint_loss(l_mse, l_con, lam=lam) if kind == "joint" else l_mse, weight=float(len(pairs)))
+        if keys is not None and st.moco is not None:
+            st.moco.enqueue(keys)  # after the loss: a key never meets its own anchor
+        return {**out, "l_mse": float(l_mse.detach()), "l_con": float(l_con.detach())}
+
+    def _mse(self, st: StsState, pairs: list[Pair]) -> torch.Tensor:
+        a, b, y = zip(*pairs, strict=True)
+        u, v = evaluation.pair_embeddings(st.model, list(a), list(b), cross=self.cfg.model.cross_attention)
+        # u, v: (B, H)
+        return MSECosineLoss()(u, v, torch.tensor(y, device=u.device)).loss
+
+    def _contrastive(self, st: StsState, sentences: list[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """L_con of SimCSE views of ``sentences`` against in-batch positives and the queue; this step's keys."""
+        enc, moco = st.model, st.moco
+        ids, mask = enc.tokenize(sentences)  # (B, T), (B, T)
+        h, h_pos = enc.embed(ids, mask), enc.embed(ids, mask)  # (B, H) twice: dropout is the augmentation
+        keys, queue = None, None
+        if moco is not None:
+            if not self.cfg.moco.update_every_forward:
+                moco.momentum_update(enc)
+            keys, queue = moco.keys(ids, mask), moco.queued()  # (B, H), (Q, H)
+        return InfoNCEQueueLoss(temperature=self.cfg.loss.temperature)(h, h_pos, queue).loss, keys
+
+    def metrics(self, st: StsState, window: Window, rep: Report, w: Worker) -> dict[str, Any]:
+        s, lam = window.sums, self.cfg.loss.lam
+        steps = max(s.get("n_mse", 0.0), 1.0)
+        l_mse, l_con = s.get("l_mse", 0.0) / steps, s.get("l_con", 0.0) / max(s.get("n_con", 0.0), 1.0)
+        return {"loss": l_mse + lam * l_con, "l_mse": l_mse, "l_con": l_con, "timing/step": window.step_s / steps,
+                "setting": rep.info["setting"], "lr": st.schedulers[0].get_last_lr()[0]}  # fmt: skip
+
+    def evaluate(self, st: StsState, rep: Report, w: Worker) -> dict[str, Any]:
+        assert st.evals is not None
+        return dict(st.evals.dev(st.model, setting=rep.info["setting"]))
+
+    def keep(self, rep: Report, metrics: dict[str, Any]) -> Keep | None:
+        setting = rep.info["setting"]
+        key = "sts_dev_spearman" if setting == "pre_train" and "sts_dev_spearman" in metrics else "dev_spearman"
+        return Keep(key, f"{setting}_model", scope=setting)
+
+    def final(self, st: StsState, w: Worker) -> dict[str, Any] | None:
+        """Both settings' submissions for dev and eval from the kept models, officially scored."""
+        metrics: dict[str, Any] = {"setting": self.cfg.final_setting}
+        if st.evals is None:
+            return metrics
+        models = {s: _kept(w, s) for s in ("pre_train", "fine_tune")}
+        if not self.cfg.finetune.epochs:
+            models.pop("fine_tune")
+        return {**metrics, **st.evals.final(models, w.out_dir, device=w.device)}
+
+    def total_steps(self, st: StsState, w: Worker) -> int:
+        return 1
+
+
+def _kept(w: Worker, setting: str) -> Path:
+    """The model kept for ``setting`` (the initial model when that phase did not run)."""
+    path = w.out_dir / f"{setting}_model"
+    return path if (path / "config.json").exists() else Path(w.job.init_model)
