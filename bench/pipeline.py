@@ -135,8 +135,10 @@ def _pipeline(run: Any, out: Path, miners: int, sequential_s: float) -> dict[str
 
 def _coherence_run(run: Any, out: Path, *, staleness: int, miners: int) -> dict[str, Any]:
     """One coherence training pass whose hard negatives are ranked by ``miners`` actors at ``staleness``."""
-    from raycl.recipes.coherence import train_one
-    from raycl.recipes.common import read_history
+    from raycl.recipes import recipe_for
+    from raycl.records import read_history
+
+    train_one = recipe_for("coherence").train_one
 
     cfg = _with(run.cfg, **{"mining.max_staleness": staleness, "mining.num_miners": miners,
                             "mining.cpus_per_miner": 1.0})  # fmt: skip
@@ -160,14 +162,14 @@ def _coherence_run(run: Any, out: Path, *, staleness: int, miners: int) -> dict[
 def coherence_main(args: argparse.Namespace) -> dict[str, Any]:
     """The coherence recipe (smoke preset): mine_wait with the paper's schedule (staleness 0) against 1."""
     from raycl.config import load_space
-    from raycl.recipes.coherence import prepare
+    from raycl.recipes import driver, recipe_for
 
     ms = [int(m) for m in args.miners.split(",")]
     with tempfile.TemporaryDirectory(prefix="raycl-bench-") as tmp_name:
         tmp = Path(tmp_name)
         space = load_space("coherence", preset="smoke", overrides=[
             f"data.builtin.train={args.documents}", "scaling.num_workers=1", "scaling.cpus_per_worker=1"])
-        run = prepare(space, tmp / "run")
+        run = driver.prepare(recipe_for("coherence"), space, tmp / "run")
         runs = [_coherence_run(run, tmp, staleness=s, miners=m) for m in ms for s in (0, 1)]
     return {"bench": "pipeline", "recipe": "coherence smoke", "training_items": run.counts["train"],
             "rank_every": run.cfg.mining.rank_every, "num_rank": run.cfg.mining.num_rank, "runs": runs}

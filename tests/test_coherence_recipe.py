@@ -15,7 +15,7 @@ import pytest
 
 from raycl.config import load_space
 from raycl.data.coherence import read_pairs
-from raycl.recipes import coherence
+from raycl.recipes import driver, recipe_for
 from raycl.recipes.common import read_history
 
 TINY = [
@@ -25,11 +25,13 @@ TINY = [
     "eval.num_negs=2", "momentum.queue_size=8", "scaling.num_workers=0", "mining.cpus_per_miner=0.25",
 ]  # fmt: skip
 
+COHERENCE = recipe_for("coherence")
+
 
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_a_run_trains_on_negatives_ranked_by_the_miners(ray_local, tmp_path: Path, staleness: int) -> None:
     space = load_space("coherence", preset="smoke", overrides=[*TINY, f"mining.max_staleness={staleness}"])
-    summary = coherence.run_train(space, tmp_path)
+    summary = driver.run_train(COHERENCE, space, tmp_path)
     for name in ("config.yaml", "results.csv", "best.json", "report.md", "dev_curves.png"):
         assert (tmp_path / name).exists(), name
     history = read_history(tmp_path / "trials" / "train")
@@ -101,7 +103,7 @@ def test_tune_sweep_and_baselines(ray_local, tmp_path: Path) -> None:
     # two sweep trials side by side, then one baseline (staleness 0 runs in test_a_run_trains_…)
     space.search = {"mining.max_staleness": {"grid": [1]}, "loss.margin": {"grid": [0.1, 0.3]}}
     space.baselines = {k: v for k, v in space.baselines.items() if k == "pairwise"}
-    summary = coherence.run_tune(space, tmp_path)
+    summary = driver.run_tune(COHERENCE, space, tmp_path)
     assert not summary["failed_trials"]
     assert [r["method"] for r in summary["table"]] == ["Pairwise", "Full model"]
     assert summary["best"]["loss.margin"] in (0.1, 0.3) and summary["best"]["mining.max_staleness"] == 1

@@ -17,7 +17,7 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -221,7 +221,7 @@ class MinerPool:
         weight_store: Any | None = None, placement_group: Any | None = None, first_bundle: int = 1,
         node_ids: Sequence[str] | None = None, resources: dict[str, float] | None = None,
     ) -> None:  # fmt: skip
-        self.factory = factory = factory.resolved()  # the kind travels with the factory (an unknown one fails here)
+        self.factory = factory = factory.resolved()  # the kind travels with the factory; an unknown one fails here
         placement: dict[str, Any] = dict(cpus=cpus_per_miner, gpus=gpus_per_miner, resources=resources,
                                          placement_group=placement_group, first_bundle=first_bundle,
                                          node_ids=node_ids)

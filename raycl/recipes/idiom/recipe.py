@@ -56,7 +56,7 @@ SPLIT_OF = {"dev_gold": "dev", "dev_submission_format": "dev", "eval_gold": "eva
 
 class IdiomRecipe(RecipeBase):
     task = "idiom"
-    group_key = "data.setting"
+    group_key: str | None = "data.setting"
 
     # ------------------------------------------------------------------------------------------ 1. data
     def with_data(self, cfg: IdiomConfig, data_dir: Path) -> tuple[IdiomConfig, list[str]]:

@@ -3,16 +3,25 @@ of Fig. 2: dev accuracy over steps with and without hard negatives (a), accuracy
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raycl.distributed.sweep import TrialOutcome
-from raycl.recipes.common import atomic_write, best_row, best_trial, num, save_png, write_csv
+from raycl.recipes.common import (
+    best_row,
+    best_trial,
+    data_line,
+    failed,
+    figure,
+    num,
+    pct,
+    timing_line,
+    write_run_files,
+)
 
 if TYPE_CHECKING:
     from raycl.config import Space
-    from raycl.recipes.coherence import CoherenceRun
+    from raycl.recipes.driver import Run
 
 LABELS = {"pairwise": "Pairwise", "contrastive": "Contrastive", "contrastive_hn": "Contrastive + hard negatives",
           "full_no_hn": "Full model − hard negatives"}  # fmt: skip
@@ -40,21 +49,14 @@ def _row(trial: TrialOutcome, metric: str, mode: str) -> dict[str, Any]:
     return out
 
 
-def write_all(run: CoherenceRun, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]
-              ) -> dict[str, Any]:  # fmt: skip
+def write_all(run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]) -> dict[str, Any]:
     metric, mode = run.cfg.tune.metric, run.cfg.tune.mode
-    write_csv(run.run_dir / "results.csv", [_row(t, metric, mode) for t in trials + extra])
     best = best_trial(trials, metric=metric, mode=mode)
-    table = _table(best, extra, metric, mode)
-    summary = {"space": space.name, "run_dir": str(run.run_dir),
-               "best": _row(best, metric, mode) if best else None, "table": table, "timings": run.timings,
-               "builtin_data": run.builtin, "data": run.counts,
-               "failed_trials": [t.trial_id for t in trials + extra if t.error]}  # fmt: skip
-    atomic_write(run.run_dir / "best.json", json.dumps(summary["best"], indent=2, default=str))
-    plots = _plots(run.run_dir, trials, extra, best, metric)
-    atomic_write(run.run_dir / "report.md", _render(run, space, summary, trials, extra, plots))
-    summary["plots"] = [str(p) for p in plots]
-    return summary
+    return write_run_files(run, space, rows=[_row(t, metric, mode) for t in trials + extra],
+                           best=_row(best, metric, mode) if best else None,
+                           table=_table(best, extra, metric, mode), failed_trials=failed(trials + extra),
+                           plots=lambda d: _plots(d, trials, extra, best, metric),
+                           render=lambda summary, plots: _render(run, space, summary, trials, extra, plots))
 
 
 def _table(best: TrialOutcome | None, extra: list[TrialOutcome], metric: str, mode: str) -> list[dict[str, Any]]:
@@ -64,12 +66,7 @@ def _table(best: TrialOutcome | None, extra: list[TrialOutcome], metric: str, mo
     return [_row(t, metric, mode) for t in order if t is not None]
 
 
-def _pct(v: Any) -> str:
-    f = num(v)
-    return "–" if f is None else f"{100 * f:.2f}"
-
-
-def _render(run: CoherenceRun, space: Space, summary: dict[str, Any], trials: list[TrialOutcome],
+def _render(run: Run, space: Space, summary: dict[str, Any], trials: list[TrialOutcome],
             extra: list[TrialOutcome], plots: list[Path]) -> str:  # fmt: skip
     tests = list(run.cfg.data.test)
     alphas = list(run.cfg.data.annotations)
@@ -77,16 +74,15 @@ def _render(run: CoherenceRun, space: Space, summary: dict[str, Any], trials: li
     lines = [f"# Coherence — {space.name}", "",
              "Table 1: pairwise accuracy (%, ties wrong) on the held-out permuted test and each independent set; "
              "Krippendorff's α (nominal) with the model as one more coder where annotations are given "
-             f"(annotators alone: {', '.join(_pct(_alpha(summary, a, 'human_alpha')) for a in alphas) or '–'}).",
+             f"(annotators alone: {', '.join(pct(_alpha(summary, a, 'human_alpha')) for a in alphas) or '–'}).",
              "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
     for row in summary["table"]:
-        cells = [row["method"], *[_pct(row.get(f"test/{t}/acc")) for t in tests],
-                 *[f"{num(row.get(f'test/{a}/alpha')) or 0:.3f}" for a in alphas], _pct(row.get("dev_acc"))]
+        cells = [row["method"], *[pct(row.get(f"test/{t}/acc")) for t in tests],
+                 *[f"{num(row.get(f'test/{a}/alpha')) or 0:.3f}" for a in alphas], pct(row.get("dev_acc"))]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"Data: {', '.join(f'{k} {v}' for k, v in run.counts.items())}"
-              + (f" (built-in: {', '.join(run.builtin)})" if run.builtin else "") + ".", ""]
+    lines += ["", data_line(run.counts, run.builtin), ""]
     lines += _sweep_lines(trials, tests) + _stream_lines(trials + extra)
-    lines += ["## Timings", "", ", ".join(f"{k} {v:.1f} s" for k, v in run.timings.items()), ""]
+    lines += ["## Timings", "", timing_line(run.timings), ""]
     lines += [f"![{p.stem}]({p.name})" for p in plots]
     return "\n".join(lines)
 
@@ -104,8 +100,8 @@ def _sweep_lines(trials: list[TrialOutcome], tests: list[str]) -> list[str]:
     lines = ["## Sweep (full model)", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for t in trials:
         r = best_row(t, "dev_acc") or {}
-        cells = [str(t.params.get(k)) for k in keys] + [_pct(r.get("dev_acc"))]
-        lines.append("| " + " | ".join(cells + [_pct(r.get(f"test/{n}/acc")) for n in tests]) + " |")
+        cells = [str(t.params.get(k)) for k in keys] + [pct(r.get("dev_acc"))]
+        lines.append("| " + " | ".join(cells + [pct(r.get(f"test/{n}/acc")) for n in tests]) + " |")
     return [*lines, ""]
 
 
@@ -131,33 +127,22 @@ def _stream_lines(trials: list[TrialOutcome]) -> list[str]:
 
 def _plots(run_dir: Path, trials: list[TrialOutcome], extra: list[TrialOutcome], best: TrialOutcome | None,
            metric: str) -> list[Path]:  # fmt: skip
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out = []
+    out: list[Path] = []
     curves = [t for t in extra if t.params.get("baseline") in ("contrastive", "contrastive_hn")]
     curves += [best] if best is not None else []
     if curves:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for t in curves:
-            pts = [(h["step"], 100 * h[metric]) for h in t.history if num(h.get(metric)) is not None]
-            ax.plot(*zip(*pts, strict=True), marker="o", label=_label(t))
-        ax.set(xlabel="training steps (items)", ylabel="dev accuracy (%)", title="Fig. 2a: dev accuracy")
-        ax.legend()
-        fig.tight_layout()
-        out.append(save_png(fig, run_dir / "dev_curves.png"))
-        plt.close(fig)
+        with figure(run_dir / "dev_curves.png", out) as ax:
+            for t in curves:
+                pts = [(h["step"], 100 * h[metric]) for h in t.history if num(h.get(metric)) is not None]
+                ax.plot(*zip(*pts, strict=True), marker="o", label=_label(t))
+            ax.set(xlabel="training steps (items)", ylabel="dev accuracy (%)", title="Fig. 2a: dev accuracy")
+            ax.legend()
     swept = [k for k in ("mining.num_rank", "momentum.m", "momentum.queue_size", "loss.margin", "loss.lam",
                          "mining.max_staleness") if len({str(t.params.get(k)) for t in trials}) > 1]
     if swept:
-        fig, axes = plt.subplots(1, len(swept), figsize=(4.5 * len(swept), 3.6), squeeze=False)
-        for ax, key in zip(axes[0], swept, strict=True):
-            _sweep_panel(ax, trials, key, metric)
-        fig.tight_layout()
-        out.append(save_png(fig, run_dir / "sweep.png"))
-        plt.close(fig)
+        with figure(run_dir / "sweep.png", out, ncols=len(swept), size=(4.5, 3.6)) as axes:
+            for ax, key in zip(axes if len(swept) > 1 else [axes], swept, strict=True):
+                _sweep_panel(ax, trials, key, metric)
     return out
 
 

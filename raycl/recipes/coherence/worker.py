@@ -1,0 +1,242 @@
+"""The coherence recipe's side of the one training loop (``raycl.train.loop``), fed by the miner pool.
+
+Per epoch (the paper: one pass) this rank's items are consumed in ``optim.batch_size`` steps. Negatives come from
+the item itself (its first ``mining.num_negs``; pairwise uses one) — or, with ``mining.hard_negatives``, after
+the first chunk of ``mining.rank_every`` items, from the negative stream: at each chunk's start the weights are
+published as a new version and the miners rank every item's first ``mining.num_rank`` candidates with weights at
+most ``mining.max_staleness`` versions old, keeping the ``num_negs`` highest scored. ``max_staleness = 0`` is
+the paper's schedule (each chunk ranked by the model as it is when the chunk starts); 1 lets the miners rank the
+next chunk while this one trains. Every ``optim.eval_every`` steps: a scheduler step (SWALR), dev accuracy, test
+sets when dev improved, a report and a checkpoint (model, optimizer, momentum encoder, queue, ledger position,
+weight version), from which a restarted worker group resumes mid-epoch. The momentum encoder and the queue are the
+state's ``extras``: the encoder follows the scorer's train/eval mode (dropout in training, as the released
+``model.train()`` on the module holding both encoders).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.optim.swa_utils import SWALR
+
+from raycl.configs.coherence import CoherenceConfig
+from raycl.data.coherence import CoherenceItem, read_pairs
+from raycl.distributed.consumer import StreamConsumer
+from raycl.memory.momentum import momentum_update
+from raycl.memory.negative_queue import NegativeQueue
+from raycl.miners.permutation import decode_doc
+from raycl.models.coherence import CoherenceScorer, MomentumEncoder
+from raycl.recipes.coherence.evaluation import Evaluator
+from raycl.train.coherence_step import coherence_loss
+from raycl.train.loop import Batch, Keep, LoopSettings, Report, StepContext, TaskBase, TrainState, Window, Worker
+
+Negs = list[tuple[str, ...]]
+
+
+def shards_of(items: list[CoherenceItem], world_size: int) -> list[list[CoherenceItem]]:
+    return [items[r::world_size] for r in range(world_size)]
+
+
+class CoherenceFeed:
+    """This rank's (item, negatives) pairs of an epoch, resumable at ``done`` items; mined ones from the stream."""
+
+    def __init__(self, cfg: CoherenceConfig, shards: list[list[CoherenceItem]], rank: int,
+                 consumer: StreamConsumer | None) -> None:  # fmt: skip
+        self.cfg, self.shards, self.rank, self.consumer = cfg, shards, rank, consumer
+        self.need = 1 if cfg.loss.kind == "pairwise" else cfg.mining.num_negs
+
+    def static(self, epoch: int) -> int:
+        """How many of a rank's first items train on their own negatives: the first chunk, in epoch 0 only."""
+        return min(self.cfg.mining.rank_every, len(self.shards[self.rank])) if epoch == 0 else 0
+
+    def items(self, epoch: int, done: int, model: torch.nn.Module) -> Iterator[tuple[CoherenceItem, Negs]]:
+        shard, first = self.shards[self.rank], self.static(epoch) if self.consumer else len(self.shards[self.rank])
+        for item in shard[done:first]:
+            yield item, list(item.negs[: self.need])
+        if self.consumer is None:
+            return
+        every, pos = self.cfg.mining.rank_every, max(done, first)
+        while pos < len(shard):
+            if pos % every == 0:  # a chunk starts: the miners rank it with these weights (or newer)
+                self.consumer.publish(model)
+            got = self.consumer.take(min(self.cfg.optim.batch_size, every - pos % every), epoch=epoch)
+            if not got:
+                return
+            for it in got:
+                pos += 1
+                yield self.by_id[it.id], [decode_doc(d) for d in it.negatives][: self.need]
+
+    def start_epoch(self, epoch: int, state: dict[str, Any] | None) -> None:
+        """Schedule the stream's part of ``epoch`` (rank 0), or restore it from a checkpoint's ledger state."""
+        if self.consumer is None:
+            return
+        self.by_id = {it.id: it for it in self.shards[self.rank]}
+        every, v0 = self.cfg.mining.rank_every, self.consumer.version
+        firsts = [min(every, len(s)) if epoch == 0 else 0 for s in self.shards]
+        # the version published at the start of an item's chunk, known now: miners wait for it (less the allowed
+        # staleness) rather than rank with older weights what the trainer would refuse
+        floors = {it.id: v0 + pos // every + (epoch > 0) - self.cfg.mining.max_staleness
+                  for s, f in zip(self.shards, firsts, strict=True) for pos, it in enumerate(s) if pos >= f}
+        self.consumer.start_epoch(epoch, [s[f:] for s, f in zip(self.shards, firsts, strict=True)], shuffle=False,
+                                  min_versions=floors)  # fmt: skip
+        if state is not None and self.rank == 0:
+            self.consumer.restore(state)
+
+    def ledger_state(self, epoch: int, done: list[int]) -> dict[str, Any] | None:
+        if self.consumer is None:
+            return None
+        firsts = [min(self.cfg.mining.rank_every, len(s)) if epoch == 0 else 0 for s in self.shards]
+        return self.consumer.ledger_state([max(d - f, 0) for d, f in zip(done, firsts, strict=True)])
+
+
+
+def _batches(cfg: CoherenceConfig, pairs: Iterator[tuple[CoherenceItem, Negs]], need: int
+             ) -> Iterator[tuple[list[CoherenceItem], list[Negs], int]]:  # fmt: skip
+    """Steps of ``optim.batch_size`` usable items (those with ``need`` negatives); the items each step consumed."""
+    batch: list[tuple[CoherenceItem, Negs]] = []
+    consumed = 0
+    for item, negs in pairs:
+        consumed += 1
+        if len(negs) >= need:  # the code skips items with fewer negatives than it trains on
+            batch.append((item, negs[:need]))
+        if len(batch) == cfg.optim.batch_size:
+            yield [b[0] for b in batch], [b[1] for b in batch], consumed
+            batch, consumed = [], 0
+    if batch:
+        yield [b[0] for b in batch], [b[1] for b in batch], consumed
+
+def _all_ranks(value: int) -> list[int]:
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return [int(v) for v in out]
+
+
+@dataclass
+class CoherenceState(TrainState):
+    feed: Any = None  # CoherenceFeed
+    rng: random.Random = field(default_factory=random.Random)  # prefix slices of the momentum positive
+    evals: Evaluator | None = None  # rank 0
+    wait0: float = 0.0  # the stream's waiting time at the start of the report interval
+
+    @property
+    def momentum(self) -> MomentumEncoder | None:
+        return self.extras.get("momentum")
+
+
+@dataclass(frozen=True)
+class CoherenceTask(TaskBase):
+    cfg: CoherenceConfig
+    train_items: str  # the permuted training set (JSONL), in training order
+
+    @property
+    def settings(self) -> LoopSettings:
+        o = self.cfg.optim
+        # the scorer reads the encoder's hidden states only: XLNet's mask_emb and BERT's pooler get no gradient
+        return LoopSettings(precision=o.precision, update_freq=o.update_freq, clip_norm=o.clip_norm, tf32=o.tf32,
+                            seed=o.seed, ddp=True, find_unused_parameters=True)  # fmt: skip
+
+    def load_model(self, path: Path) -> CoherenceScorer:
+        return CoherenceScorer.from_pretrained(path)
+
+    def build(self, model: CoherenceScorer, w: Worker, progress: dict[str, Any] | None) -> CoherenceState:
+        c, o = self.cfg, self.cfg.optim
+        optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, eps=o.eps, weight_decay=o.weight_decay)
+        extras: dict[str, Any] = {"queue": NegativeQueue(int(model.encoder.config.hidden_size),
+                                                         size=c.momentum.queue_size, num_negs=c.mining.num_negs
+                                                         ).to(w.device)}  # fmt: skip
+        if c.loss.kind == "momentum":
+            extras["momentum"] = MomentumEncoder(model)
+        p = dict(progress or {"epoch": 0, "done": 0, "version": 0, "ledger": None})
+        st = CoherenceState(model, [optimizer], [None], p, extras)
+        st.extras["swalr"] = SWALR(optimizer, swa_lr=o.swa_lr, anneal_epochs=o.anneal_epochs,
+                                   anneal_strategy="linear")  # one step per report, as the released code
+        consumer = None
+        if w.job.stream is not None:
+            consumer = StreamConsumer(w.job.stream, w.job.store, rank=w.rank, world_size=w.world_size,
+                                      max_staleness=c.mining.max_staleness)  # fmt: skip
+        st.feed = CoherenceFeed(c, shards_of(read_pairs(self.train_items), w.world_size), w.rank, consumer)
+        return st
+
+    def start(self, st: CoherenceState, w: Worker, *, resumed: bool) -> None:
+        st.rng = random.Random(self.cfg.optim.seed + 1000 * w.rank + st.progress.get("step", 0))
+        st.evals = Evaluator(self.cfg) if w.rank == 0 else None
+        consumer = st.feed.consumer
+        if consumer is not None:
+            consumer.version = int(st.progress.get("version", 0))
+            newest = consumer.store_version()
+            if newest > consumer.version:  # the dead run published past the checkpoint: republish the truth
+                consumer.publish(st.model, after=newest)
+            st.wait0 = consumer.stats.mine_wait
+
+    def stream(self, st: CoherenceState, w: Worker) -> Iterator[Batch | Report]:
+        p, feed, every = st.progress, st.feed, self.cfg.optim.eval_every
+        reported = p.get("step", 0)
+        for epoch in range(p["epoch"], self.cfg.optim.epochs):
+            feed.start_epoch(epoch, p.get("ledger") if epoch == p["epoch"] else None)
+            done = p["done"] if epoch == p["epoch"] else 0
+            for items, negs, consumed in _batches(self.cfg, feed.items(epoch, done, st.model), feed.need):
+                yield Batch((items, negs))
+                done += consumed
+                p.update(done=done, epoch=epoch)
+                if p["step"] % every == 0 and p["step"] != reported:  # after an update, once per step
+                    reported = p["step"]
+                    yield Report({"epoch": epoch})
+            p.update(epoch=epoch + 1, done=0, ledger=None)
+        if p["step"] % every or p["step"] == 0:  # the end of training is always evaluated
+            yield Report({"epoch": p["epoch"], "final": True})
+
+    def step(self, st: CoherenceState, data: Any, ctx: StepContext) -> dict[str, float]:
+        items, negs = data
+        c = self.cfg
+        out = coherence_loss(ctx.module, st.model, [it.pos for it in items], negs, kind=c.loss.kind,
+                             margin=c.loss.margin, lam=c.loss.lam, momentum=st.momentum, queue=st.extras["queue"],
+                             rng=st.rng)  # fmt: skip
+        ctx.backward(out.loss)
+        return {"loss": float(out.loss.detach()), "l_c": out.l_c, "l_m": out.l_m, "items": float(len(items))}
+
+    def before_update(self, st: CoherenceState) -> None:
+        if st.momentum is not None:  # after backward, before the step: the EMA uses the pre-step weights
+            momentum_update(st.momentum.encoder, st.model.encoder, m=self.cfg.momentum.m)
+
+    def metrics(self, st: CoherenceState, window: Window, rep: Report, w: Worker) -> dict[str, Any]:
+        """Every rank: one SWALR step per report; the interval's losses and the stream's waiting; rank 0's
+        checkpoint position in the stream's ledger."""
+        st.extras["swalr"].step()
+        p, c = st.progress, st.feed.consumer
+        wall = window.wall()
+        wait = max(c.stats.mine_wait - st.wait0, 0.0) if c is not None else 0.0  # stats restart each epoch
+        out = {**{k: v for k, v in window.means().items() if k != "items"}, "timing/step": window.step_time(),
+               "timing/interval": wall, "items": window.sums.get("items", 0.0), "epoch": rep.info["epoch"],
+               "lr": st.extras["swalr"].get_last_lr()[0]}  # fmt: skip
+        if c is not None:
+            out.update({**c.stats.metrics(), "stream/version": float(c.version)})
+            out.pop("timing/mine_wait_first", None)
+            st.wait0 = c.stats.mine_wait
+        out.update({"timing/mine_wait": wait, "timing/mine_wait_fraction": wait / max(wall, 1e-9)})
+        done = _all_ranks(p["done"])
+        p["version"] = c.version if c is not None else 0
+        mid_epoch = not rep.info.get("final") and p["done"]
+        p["ledger"] = st.feed.ledger_state(rep.info["epoch"], done) if mid_epoch else None
+        return out
+
+    def evaluate(self, st: CoherenceState, rep: Report, w: Worker) -> dict[str, Any]:
+        assert st.evals is not None
+        return st.evals.dev(st.model)
+
+    def keep(self, rep: Report, metrics: dict[str, Any]) -> Keep | None:
+        return Keep("dev_acc", "best_model")
+
+    def on_best(self, st: CoherenceState, rep: Report, w: Worker) -> dict[str, Any]:
+        assert st.evals is not None
+        return st.evals.test(st.model)
+
+    def total_steps(self, st: CoherenceState, w: Worker) -> int:
+        return len(st.feed.shards[w.rank]) * self.cfg.optim.epochs // self.cfg.optim.batch_size
