@@ -161,8 +161,9 @@ def _coherence_run(run: Any, out: Path, *, staleness: int, miners: int) -> dict[
 
 def coherence_main(args: argparse.Namespace) -> dict[str, Any]:
     """The coherence recipe (smoke preset): mine_wait with the paper's schedule (staleness 0) against 1."""
+    from raycl import driver
     from raycl.config import load_space
-    from raycl.recipes import driver, recipe_for
+    from raycl.recipes import recipe_for
 
     ms = [int(m) for m in args.miners.split(",")]
     with tempfile.TemporaryDirectory(prefix="raycl-bench-") as tmp_name:
@@ -200,7 +201,8 @@ def main() -> None:
 
 
 def gec_main(args: argparse.Namespace) -> dict[str, Any]:
-    from raycl.recipes import driver, recipe_for
+    from raycl import driver
+    from raycl.recipes import recipe_for
 
     ms = [int(m) for m in args.miners.split(",")]
     with tempfile.TemporaryDirectory(prefix="raycl-bench-") as tmp_name:

@@ -43,13 +43,13 @@ def recipe(space: Space) -> Any:
 def check_inputs(space: Space, run_dir: Path) -> None:
     """Read every input file before Ray starts: a malformed file ends in one line and exit status 2 with nothing
     started."""
-    from raycl.recipes.driver import check_inputs as check
+    from raycl.driver import check_inputs as check
 
     check(recipe(space), space, run_dir)
 
 
 def run(space: Space, run_dir: Path, *, sweep: bool) -> dict[str, Any]:
-    from raycl.recipes import driver
+    from raycl import driver
 
     return (driver.run_tune if sweep else driver.run_train)(recipe(space), space, run_dir)
 

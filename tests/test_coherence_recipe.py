@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from raycl import driver
 from raycl.config import load_space
 from raycl.data.coherence import read_pairs
-from raycl.recipes import driver, recipe_for
-from raycl.recipes.common import read_history
+from raycl.recipes import recipe_for
+from raycl.report import read_history
 
 TINY = [
     "data.builtin.train=24", "data.builtin.dev=6", "data.builtin.test=6", "data.builtin.intrusion=6",

@@ -11,9 +11,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from conftest import GEC_TINY
 
+from raycl import driver
 from raycl.config import load_space
 from raycl.data.m2 import read_m2
-from raycl.recipes import driver, recipe_for
+from raycl.recipes import recipe_for
 
 gec = recipe_for("gec")
 

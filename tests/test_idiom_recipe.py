@@ -14,13 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from raycl import driver
 from raycl.config import load_space
 from raycl.errors import UserError
 from raycl.evaluation.semeval_metrics import evaluate_idiom
 from raycl.models.classifier import load_classifier
-from raycl.recipes import driver, recipe_for
-from raycl.recipes.common import num, read_history
+from raycl.recipes import recipe_for
 from raycl.recipes.idiom.worker import epoch_batches, train_examples
+from raycl.report import num, read_history
 
 idiom = recipe_for("idiom")
 

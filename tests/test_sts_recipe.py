@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from raycl import driver
 from raycl.config import load_space
 from raycl.data.semeval import read_sts_train
 from raycl.evaluation.semeval_metrics import evaluate_sts
 from raycl.models.sentence_encoder import SentenceEncoder, build_sentence_encoder
-from raycl.recipes import driver, recipe_for
-from raycl.recipes.common import read_history
+from raycl.recipes import recipe_for
 from raycl.recipes.sts.worker import epoch_batches, finetune_pairs
+from raycl.report import read_history
 
 sts = recipe_for("sts")
 

@@ -1,7 +1,7 @@
 """The recipes: one package per task (``gec``, ``coherence``, ``idiom``, ``sts``), each holding only what differs —
 ``recipe.py`` (the driver's side: data, base model, one training, report's selection), ``worker.py`` (the loop's
 side: state, feed, step), ``evaluation.py`` (its scores, used by both) and ``report.py`` (its tables and plots) —
-composed by the one driver (:mod:`raycl.recipes.driver`) and the one loop (:mod:`raycl.train.loop`)."""
+composed by the one driver (:mod:`raycl.driver`) and the one loop (:mod:`raycl.train.loop`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from raycl.recipes.driver import Recipe
+    from raycl.driver import Recipe
 
 
 def _gec() -> Recipe:

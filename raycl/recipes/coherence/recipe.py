@@ -1,7 +1,7 @@
 """Coherence modelling with contrastive learning, a momentum queue and hard negatives (Jwalapuram, Joty, Lin;
 ACL 2022), as the released code runs it.
 
-The run, as the driver (``raycl.recipes.driver``) runs it with this recipe::
+The run, as the driver (``raycl.driver``) runs it with this recipe::
 
     1. data      documents → the permuted set (blocks of 10, copies with distinct permutations)   check_data()
     2. model     the preset's encoder + a linear scorer (XLNet: <cls> last)                       base_model()
@@ -21,48 +21,36 @@ and the runs of Fig. 2a (contrastive with and without hard negatives).
 from __future__ import annotations
 
 import dataclasses
-import json
-import random
 from pathlib import Path
 from typing import Any
 
 from raycl.config import Space
 from raycl.configs.coherence import CoherenceConfig
+from raycl.data import coherence_inputs
 from raycl.data.coherence import (
     CoherenceItem,
-    build_permuted_set,
-    read_annotations,
-    read_documents,
-    read_pairs,
     write_pairs_jsonl,
 )  # fmt: skip
-from raycl.data.coherence_corpus import write_builtin_corpus
 from raycl.distributed.miner_pool import MinerFactory
 from raycl.distributed.mining_service import trial_resources
 from raycl.distributed.sweep import TrialOutcome
-from raycl.errors import UserError, at
+from raycl.driver import RecipeBase, Run, TrainPoint, fit_job, miners
 from raycl.miners.permutation import COHERENCE_RANK
 from raycl.models.coherence_presets import build_coherence_model
 from raycl.recipes.coherence import report
 from raycl.recipes.coherence.worker import CoherenceTask
-from raycl.recipes.driver import RecipeBase, Run, TrainPoint, fit_job, miners
 from raycl.train.loop import Job
 
 
 class CoherenceRecipe(RecipeBase):
     task = "coherence"
 
-    def with_data(self, cfg: CoherenceConfig, data_dir: Path) -> tuple[CoherenceConfig, list[str]]:
-        return with_data(cfg, data_dir)
-
-    def check_data(self, cfg: CoherenceConfig) -> dict[str, int]:
-        counts = check_data(cfg)
-        counts["train"] = len(training_items(cfg))
-        return counts
+    with_data = staticmethod(coherence_inputs.with_data)
+    check_data = staticmethod(coherence_inputs.check_data)
 
     def base_model(self, run: Run) -> None:
         """The permuted training set, written in training order, and the starting scorer."""
-        items = training_items(run.cfg)
+        items = coherence_inputs.training_items(run.cfg)
         (run.run_dir / "data").mkdir(exist_ok=True)
         run.files["train_items"] = run.run_dir / "data" / "train_items.jsonl"
         write_pairs_jsonl(items, run.files["train_items"])
@@ -100,82 +88,6 @@ class CoherenceRecipe(RecipeBase):
 
 def mines_while_training(cfg: CoherenceConfig) -> bool:
     return cfg.mining.hard_negatives and cfg.optim.epochs > 0
-
-
-# ---------------------------------------------------------------------------------------------- data
-def with_data(cfg: CoherenceConfig, data_dir: Path) -> tuple[CoherenceConfig, list[str]]:
-    """Fill every empty ``data`` split with the built-in corpus (written once into ``data_dir``)."""
-    d = cfg.data
-    empty = [k for k in ("train", "dev", "test") if not getattr(d, k)]
-    if not empty:
-        return cfg, []
-    b = d.builtin
-    files = write_builtin_corpus(data_dir, seed=b.seed, sizes={"train": b.train, "dev": b.dev, "test": b.test,
-                                                               "intrusion": b.intrusion, "lmvlm": b.lmvlm})
-    fill: dict[str, Any] = {
-        "train": [str(files["train"])], "dev": [str(files["dev"])],
-        "test": {"permuted": [str(files["test"])], "intrusion": [str(files["intrusion"])],
-                 "lmvlm": [str(files["lmvlm"])]},
-    }  # fmt: skip
-    new = dataclasses.replace(d, **{k: fill[k] for k in empty})
-    if "test" in empty and not d.annotations:
-        new = dataclasses.replace(new, annotations={"lmvlm": str(files["lmvlm_annotations"])})
-    return dataclasses.replace(cfg, data=new), empty
-
-
-def _is_documents(path: Path) -> bool:
-    """Documents (text, or JSONL with ``sentences``) rather than a pairs file (pickle, or JSONL with ``pos``)."""
-    if path.suffix in (".pkl", ".pickle"):
-        return False
-    if path.suffix != ".jsonl":
-        with open(path, "rb") as f:
-            return f.read(1) != b"\x80"
-    with open(path, encoding="utf-8", errors="replace") as f:
-        first = next((line for line in f if line.strip()), "{}")
-    try:
-        return "sentences" in json.loads(first)
-    except json.JSONDecodeError:
-        return True  # read_documents names the line
-
-
-def training_items(cfg: CoherenceConfig) -> list[CoherenceItem]:
-    """The training set: documents are permuted as the paper does (each item gets ``max(num_rank, num_negs)``
-    distinct candidate negatives, never repeated across the copies of a positive); pairs files are used as
-    given. Shuffled once with ``optim.seed`` when ``optim.shuffle`` (the momentum model's ``random.seed(100)``)."""
-    p, m = cfg.data.permute, cfg.mining
-    items: list[CoherenceItem] = []
-    for spec in cfg.data.train:
-        path = Path(spec)
-        if not path.exists():
-            raise UserError(f"{at(path)}: no such file (data.train)")
-        if _is_documents(path):
-            items += build_permuted_set(read_documents(path), num_negs=max(m.num_rank, m.num_negs),
-                                        copies=p.copies, seed=p.seed, min_sentences=p.min_sentences,
-                                        block_size=p.block_size, split_over=p.split_over)  # fmt: skip
-        else:
-            items += read_pairs(path)
-    if not items:
-        raise UserError(f"data.train: {', '.join(cfg.data.train)} gives no training items (documents need "
-                        f"≥ {p.min_sentences} sentences)")
-    if cfg.optim.shuffle:
-        random.Random(cfg.optim.seed).shuffle(items)
-    return items
-
-
-def check_data(cfg: CoherenceConfig) -> dict[str, int]:
-    """Read every evaluation file in the driver: a malformed one fails here (one line, exit 2), not in a worker."""
-    counts = {"dev": sum(len(read_pairs(s)) for s in cfg.data.dev)}
-    for name, specs in cfg.data.test.items():
-        counts[f"test/{name}"] = sum(len(read_pairs(s)) for s in specs)
-    for name, path in cfg.data.annotations.items():
-        if name not in cfg.data.test:
-            raise UserError(f"data.annotations.{name}: no test set named {name!r} (data.test has "
-                            f"{', '.join(cfg.data.test) or 'none'})")
-        coders = read_annotations(path)
-        if len(coders[0]) != counts[f"test/{name}"]:
-            raise UserError(f"{at(path)}: {len(coders[0])} labels per coder for {counts[f'test/{name}']} pairs "
-                            f"in data.test.{name}, expected one label per pair")
-    return counts
 
 
 # ---------------------------------------------------------------------------------------------- model

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raycl.distributed.sweep import TrialOutcome
-from raycl.recipes.common import (
+from raycl.report import (
     best_row,
     best_trial,
     data_line,
@@ -21,7 +21,7 @@ from raycl.recipes.common import (
 
 if TYPE_CHECKING:
     from raycl.config import Space
-    from raycl.recipes.driver import Run
+    from raycl.driver import Run
 
 LABELS = {"pairwise": "Pairwise", "contrastive": "Contrastive", "contrastive_hn": "Contrastive + hard negatives",
           "full_no_hn": "Full model − hard negatives"}  # fmt: skip

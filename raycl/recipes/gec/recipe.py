@@ -1,6 +1,6 @@
 """GEC with contrastive learning in low error density domains (Cao, Yang, Ng; Findings of EMNLP 2021).
 
-Algorithm 1, as the driver (``raycl.recipes.driver``) runs it with this recipe::
+Algorithm 1, as the driver (``raycl.driver``) runs it with this recipe::
 
     1. θ̂    ← train the base model on D_T (label-smoothed NLL)          base_model()  (or model.checkpoint)
     2. D_F̃  ← beam-search negatives of θ̂ on D_F, by the miner pool  ┐   train_one()   (model version 0)
@@ -22,18 +22,18 @@ from typing import Any
 
 from raycl.config import Space
 from raycl.configs.gec import GecConfig
-from raycl.data.gec import load_examples, load_references
-from raycl.data.gec_corpus import write_builtin_corpus
+from raycl.data import gec_inputs
+from raycl.data.gec import load_examples
 from raycl.distributed.miner_pool import MinerFactory
 from raycl.distributed.mining_service import trial_resources
 from raycl.distributed.sweep import TrialOutcome
+from raycl.driver import RecipeBase, Run, TrainPoint, fit_job, miners
 from raycl.errors import UserError
 from raycl.miners.beam_search import GEC_BEAM, write_negatives_parquet
 from raycl.models.presets import build_model
-from raycl.recipes.common import copy_atomic, say
-from raycl.recipes.driver import RecipeBase, Run, TrainPoint, fit_job, miners
 from raycl.recipes.gec import report
 from raycl.recipes.gec.worker import GecTask
+from raycl.report import copy_atomic, say
 from raycl.train.loop import Job
 from raycl.train.progress import follow
 
@@ -41,35 +41,8 @@ from raycl.train.progress import follow
 class GecRecipe(RecipeBase):
     task = "gec"
 
-    # ------------------------------------------------------------------------------------------ data
-    def with_data(self, cfg: GecConfig, data_dir: Path) -> tuple[GecConfig, list[str]]:
-        """Fill every empty split with the built-in corpus (written as M2 under ``data_dir``), check the rest."""
-        d = cfg.data
-        empty = [k for k in ("train", "finetune", "dev", "test") if not getattr(d, k)]
-        if "train" in empty and cfg.model.checkpoint:
-            empty.remove("train")  # step 1 is skipped: D_T is not needed
-        if not empty:
-            return cfg, []
-        b = d.builtin
-        files = write_builtin_corpus(data_dir, n_train=b.n_train, n_finetune=b.n_finetune, n_dev=b.n_dev,
-                                     n_test=b.n_test, seed=b.seed)  # fmt: skip
-        fill: dict[str, Any] = {"train": [str(files["train"])], "finetune": [str(files["finetune"])],
-                                "dev": {"builtin": [str(files["dev"])]},
-                                "test": {"S": [str(files["test-s"])], "G": [str(files["test-g"])]}}  # fmt: skip
-        return dataclasses.replace(cfg, data=dataclasses.replace(d, **{k: fill[k] for k in empty})), empty
-
-    def check_data(self, cfg: GecConfig) -> dict[str, int]:
-        """Sentence counts per split; every file is read (a malformed one fails here, not in a worker)."""
-        counts = {"train": len(load_examples(cfg.data.train)), "finetune": len(load_examples(cfg.data.finetune))}
-        for split, sets in (("dev", cfg.data.dev), ("test", cfg.data.test)):
-            for name, specs in sets.items():
-                refs = load_references(specs)
-                if not refs:
-                    raise UserError(f"data.{split}.{name}: {', '.join(specs)} holds no sentences, expected some")
-                counts[f"{split}/{name}"] = len(refs)
-        if counts["finetune"] == 0:
-            raise UserError(f"data.finetune: {', '.join(cfg.data.finetune)} holds no sentences, expected D_F")
-        return counts
+    with_data = staticmethod(gec_inputs.with_data)
+    check_data = staticmethod(gec_inputs.check_data)
 
     # ------------------------------------------------------------------------------------------ step 1
     def base_model(self, run: Run) -> None:

@@ -9,11 +9,11 @@ from raycl.data.gec import load_references
 from raycl.data.gec_corpus import stats as corpus_stats
 from raycl.data.specs import parse_spec
 from raycl.distributed.sweep import TrialOutcome
-from raycl.recipes.common import best_row, best_trial, failed, figure, md_table, num, pct, write_run_files
+from raycl.report import best_row, best_trial, failed, figure, md_table, num, pct, write_run_files
 
 if TYPE_CHECKING:
     from raycl.config import Space
-    from raycl.recipes.driver import Run
+    from raycl.driver import Run
 
 PARAM_NAMES = {"loss.margin": "γ", "mining.k": "k", "loss.trade_off": "λ", "mining.source_negative": "source neg."}
 

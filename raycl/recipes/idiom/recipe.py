@@ -1,7 +1,7 @@
 """SemEval-2022 Task 2 Subtask A: idiomaticity detection with EMA and adversarial training (ZhichunRoad: Cui,
 Xiong, Wang 2022), as the released code runs it.
 
-The run, as the driver (``raycl.recipes.driver``) runs it with this recipe::
+The run, as the driver (``raycl.driver``) runs it with this recipe::
 
     1. data      official CSVs (or the built-in set), read and checked before anything trains   check_data()
     2. model     the preset's classifier (smoke: a BPE trained on the run's texts)               base_model()
@@ -23,70 +23,31 @@ take each setting's rows from its best trial.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 from raycl.config import Space
 from raycl.configs.idiom import SETTINGS, IdiomConfig
+from raycl.data import semeval_inputs
 from raycl.data.semeval import (
-    A_SUBMISSION_HEADER,
-    IdiomExample,
-    read_idiom_gold,
     read_idiom_inputs,
     read_idiom_train,
-    read_rows,
-    with_gold,
 )  # fmt: skip
-from raycl.data.semeval_corpus import write_builtin_semeval
 from raycl.distributed.sweep import TrialOutcome, grid, to_param_space
-from raycl.errors import UserError, at
+from raycl.driver import RecipeBase, Run, TrainPoint, fit_job
+from raycl.errors import UserError
 from raycl.models.classifier import build_classifier
-from raycl.recipes.driver import RecipeBase, Run, TrainPoint, fit_job
 from raycl.recipes.idiom import report
 from raycl.recipes.idiom.worker import IdiomTask
 from raycl.train.loop import Job
-
-DATA_KEYS = {"train_zero_shot": "a.train_zero_shot", "train_one_shot": "a.train_one_shot", "dev": "a.dev",
-             "dev_gold": "a.dev_gold", "dev_submission_format": "a.dev_submission_format", "eval": "a.eval",
-             "eval_gold": "a.eval_gold", "eval_submission_format": "a.eval_submission_format"}  # fmt: skip
-SPLIT_OF = {"dev_gold": "dev", "dev_submission_format": "dev", "eval_gold": "eval",
-            "eval_submission_format": "eval"}  # fmt: skip
 
 
 class IdiomRecipe(RecipeBase):
     task = "idiom"
     group_key: str | None = "data.setting"
 
-    # ------------------------------------------------------------------------------------------ 1. data
-    def with_data(self, cfg: IdiomConfig, data_dir: Path) -> tuple[IdiomConfig, list[str]]:
-        """Fill the empty ``data`` keys with the built-in set (written once into ``data_dir``); a split's optional
-        files (gold of eval, format files) are filled only when the split itself is built-in."""
-        d = cfg.data
-        empty = [k for k in DATA_KEYS if not getattr(d, k) and not getattr(d, SPLIT_OF.get(k, k))]
-        if not empty:
-            return cfg, []
-        files = write_builtin_semeval(data_dir, seed=d.builtin.seed)
-        fill: dict[str, Any] = {k: str(files[DATA_KEYS[k]]) for k in empty}
-        return dataclasses.replace(cfg, data=dataclasses.replace(d, **fill)), empty
-
-    def check_data(self, cfg: IdiomConfig) -> dict[str, int]:
-        """Read every file in the driver: a malformed one fails here (one line, exit 2), not in a worker."""
-        d = cfg.data
-        counts = {"train_zero_shot": len(read_idiom_train(d.train_zero_shot))}
-        if "one_shot" in cfg.settings:
-            counts["train_one_shot"] = len(read_idiom_train(d.train_one_shot))
-        if counts["train_zero_shot"] + counts.get("train_one_shot", 0) == 0:
-            raise UserError(f"data.train_zero_shot: {d.train_zero_shot} has no rows, expected labelled examples")
-        for split in ("dev", "eval"):
-            if not getattr(d, split):
-                continue
-            examples = _inputs(getattr(d, split), getattr(d, f"{split}_gold"), f"{split}_gold")
-            counts[split] = len(examples)
-            if getattr(d, f"{split}_submission_format"):
-                _check_format(getattr(d, f"{split}_submission_format"), examples, cfg.settings,
-                              f"{split}_submission_format")  # fmt: skip
-        return counts
+    with_data = staticmethod(semeval_inputs.idiom_with_data)
+    check_data = staticmethod(semeval_inputs.idiom_check_data)
 
     # ------------------------------------------------------------------------------------------ 2. model
     def base_model(self, run: Run) -> None:
@@ -143,21 +104,3 @@ class IdiomRecipe(RecipeBase):
     def write_report(self, run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]
                      ) -> dict[str, Any]:  # fmt: skip
         return report.write_all(run, space, trials, extra)
-
-
-def _inputs(path: str, gold: str, key: str) -> list[IdiomExample]:
-    """A dev/eval input file, checked against its gold file (the same IDs in the same order, as upstream)."""
-    examples = read_idiom_inputs(path)
-    if gold:
-        with_gold(examples, read_idiom_gold(gold), name=f"data.{key}: {gold}")
-    return examples
-
-
-def _check_format(path: str, examples: list[IdiomExample], settings: tuple[str, ...], key: str) -> None:
-    """Every input ID has a row per trained setting in the submission format file."""
-    rows = {(r[0], r[2]) for _, r in read_rows(path, A_SUBMISSION_HEADER)}
-    for e in examples:
-        for s in settings:
-            if (e.id, s) not in rows:
-                raise UserError(f"{at(path)}: no row for ID {e.id} setting {s}; expected the IDs of "
-                                f"data.{key.removesuffix('_submission_format')}")  # fmt: skip

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from raycl.data.semeval import A_SETTINGS, A_SUBMISSION_HEADER, Value, read_idiom_inputs, read_rows
 from raycl.evaluation.semeval_metrics import evaluate_idiom
-from raycl.recipes.common import failed, figure, num, pct, write_run_files
 from raycl.recipes.idiom.evaluation import write_submission
+from raycl.report import failed, figure, num, pct, write_run_files
 
 if TYPE_CHECKING:
     from raycl.config import Space
     from raycl.configs.idiom import IdiomConfig
     from raycl.distributed.sweep import TrialOutcome
-    from raycl.recipes.driver import Run
+    from raycl.driver import Run
 
 METHOD_NAMES = {"fgm": "FGM", "pgd": "PGD", "freelb": "FreeLB", "smart": "SMART"}
 SETTING_NAMES = {"zero_shot": "zero-shot", "one_shot": "one-shot"}

@@ -1,7 +1,7 @@
 """SemEval-2022 Task 2 Subtask B: idiom-aware sentence embeddings (ZhichunRoad: Cui, Xiong, Wang 2022), as the
 released code runs it.
 
-The run, as the driver (``raycl.recipes.driver``) runs it with this recipe::
+The run, as the driver (``raycl.driver``) runs it with this recipe::
 
     1. data      official CSVs (or the built-in set), raycl's STS pre-training pairs          check_data()
     2. model     the preset's encoder with every MWE as one token, + cross-attention          base_model()
@@ -18,77 +18,32 @@ copied to the run folder.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 from typing import Any
 
 from raycl.config import Space
 from raycl.configs.sts import StsConfig
+from raycl.data import semeval_inputs
 from raycl.data.semeval import (
-    B_GOLD_HEADER,
-    B_SUBMISSION_HEADER,
-    mwe_token,
-    read_rows,
     read_sts_inputs,
     read_sts_pretrain,
     read_sts_train,
 )  # fmt: skip
-from raycl.data.semeval_corpus import write_builtin_semeval
 from raycl.distributed.sweep import TrialOutcome
-from raycl.errors import UserError
+from raycl.driver import RecipeBase, Run, TrainPoint, fit_job
 from raycl.models.sentence_encoder import CONFIG_FILE, build_sentence_encoder
-from raycl.recipes.common import copy_atomic
-from raycl.recipes.driver import RecipeBase, Run, TrainPoint, fit_job
 from raycl.recipes.sts import report
 from raycl.recipes.sts.worker import StsTask, fits
+from raycl.report import copy_atomic
 from raycl.train.loop import Job
-
-DATA_KEYS = {"train_data": "b.train_data", "dev": "b.dev", "dev_gold": "b.dev_gold",
-             "dev_submission_format": "b.dev_submission_format", "eval": "b.eval", "eval_gold": "b.eval_gold",
-             "eval_submission_format": "b.eval_submission_format"}  # fmt: skip
 
 
 class StsRecipe(RecipeBase):
     task = "sts"
 
-    # ------------------------------------------------------------------------------------------ 1. data
-    def with_data(self, cfg: StsConfig, data_dir: Path) -> tuple[StsConfig, list[str]]:
-        """Fill every empty ``data`` key with the built-in set (written once into ``data_dir``)."""
-        d = cfg.data
-        empty = [k for k in DATA_KEYS if not getattr(d, k) and not (k == "eval_gold" and d.eval)]
-        if not d.sts_pretrain:
-            empty.append("sts_pretrain")
-        if not empty:
-            return cfg, []
-        files = write_builtin_semeval(data_dir, seed=d.builtin.seed)
-        fill: dict[str, Any] = {k: str(files[DATA_KEYS[k]]) for k in empty if k in DATA_KEYS}
-        if "sts_pretrain" in empty:
-            fill["sts_pretrain"] = [str(files["b.sts_pretrain"])]
-        return dataclasses.replace(cfg, data=dataclasses.replace(d, **fill)), empty
-
-    def check_data(self, cfg: StsConfig) -> dict[str, int]:
-        """Read every file in the driver: a malformed one fails here (one line, exit 2), not in a worker."""
-        d = cfg.data
-        pretrain = [p for spec in d.sts_pretrain for p in read_sts_pretrain(spec)]
-        counts = {f"sts_{s}": sum(p.split == s for p in pretrain) for s in ("train", "dev", "test")}
-        if counts["sts_train"] < 2 and cfg.pretrain.epochs:
-            raise UserError(f"data.sts_pretrain: {', '.join(d.sts_pretrain)} has {counts['sts_train']} train "
-                            "pairs, expected at least 2 (or pretrain.epochs: 0)")  # fmt: skip
-        train = read_sts_train(d.train_data)
-        for pair in train:
-            pair.tokenised(upstream_quirk=d.upstream_quirk)  # an MWE missing from its sentence ends here
-        counts["train_data"] = len(train)
-        for split in ("dev", "eval"):
-            pairs = read_sts_inputs(getattr(d, split))
-            for pair in pairs:
-                pair.tokenised(upstream_quirk=d.upstream_quirk)
-            counts[split] = len(pairs)
-            list(read_rows(getattr(d, f"{split}_submission_format"), B_SUBMISSION_HEADER))
-        counts["dev_gold"] = len(list(read_rows(d.dev_gold, B_GOLD_HEADER)))
-        if d.eval_gold:
-            counts["eval_gold"] = len(list(read_rows(d.eval_gold, B_GOLD_HEADER)))
-        return counts
+    with_data = staticmethod(semeval_inputs.sts_with_data)
+    check_data = staticmethod(semeval_inputs.sts_check_data)
 
     # ------------------------------------------------------------------------------------------ 2. model
     def base_model(self, run: Run) -> None:
@@ -107,8 +62,8 @@ class StsRecipe(RecipeBase):
             rows = read_sts_train(d.train_data) + read_sts_inputs(d.dev) + read_sts_inputs(d.eval)
             texts = [s for p in pretrain for s in (p.sentence1, p.sentence2)]
             texts += [s for p in rows for s in (p.sentence1, p.sentence2, p.alternative_1, p.alternative_2) if s]
-        build_sentence_encoder(m.preset, run.base_model, texts=texts, extra_tokens=mwe_tokens(cfg), seed=m.seed,
-                               checkpoint=m.checkpoint, max_seq_length=m.max_seq_length)  # fmt: skip
+        build_sentence_encoder(m.preset, run.base_model, texts=texts, extra_tokens=semeval_inputs.mwe_tokens(cfg),
+                               seed=m.seed, checkpoint=m.checkpoint, max_seq_length=m.max_seq_length)  # fmt: skip
 
     # ------------------------------------------------------------------------------------------ 3–5.
     def train_points(self, run: Run) -> list[TrainPoint]:
@@ -140,10 +95,3 @@ class StsRecipe(RecipeBase):
     def write_report(self, run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]
                      ) -> dict[str, Any]:  # fmt: skip
         return report.write_all(run, space, trials, extra)
-
-
-def mwe_tokens(cfg: StsConfig) -> list[str]:
-    """The organisers' single tokens of every MWE in train, dev and eval (the "tokenised" mBERT's new words)."""
-    d = cfg.data
-    pairs = read_sts_train(d.train_data) + read_sts_inputs(d.dev) + read_sts_inputs(d.eval)
-    return sorted({mwe_token(m) for p in pairs for m in (p.mwe1, p.mwe2) if m is not None})

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from raycl.evaluation.embedding_geometry import plot_alignment_uniformity
 from raycl.evaluation.semeval_metrics import SUBSETS
-from raycl.recipes.common import failed, figure, num, pct, write_run_files
+from raycl.report import failed, figure, num, pct, write_run_files
 
 if TYPE_CHECKING:
     from raycl.config import Space
     from raycl.distributed.sweep import TrialOutcome
-    from raycl.recipes.driver import Run
+    from raycl.driver import Run
 
 SETTINGS = ("pre_train", "fine_tune")
 LADDER = (("mse_only", "MSE only"), ("cross_attention", "+ cross-attention"),

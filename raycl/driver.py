@@ -23,8 +23,8 @@ from raycl.distributed.miner_pool import MinerFactory
 from raycl.distributed.mining_service import MiningService
 from raycl.distributed.sweep import TrialOutcome, grid, run_sweep, to_param_space, trial_run_name
 from raycl.distributed.trainer import fit
-from raycl.recipes.common import best_trial, say
 from raycl.records import read_history
+from raycl.report import best_trial, say
 from raycl.train import loop
 from raycl.train.progress import follow
 

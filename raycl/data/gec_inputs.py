@@ -1,0 +1,44 @@
+"""The GEC run's inputs: every empty split filled with the built-in corpus (written as M2 into the run's
+``data/``), every file read once by the driver before Ray starts, so a malformed one ends in one line (file:line)
+and not inside a Ray worker after minutes of training."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from raycl.configs.gec import GecConfig
+from raycl.data.gec import load_examples, load_references
+from raycl.data.gec_corpus import write_builtin_corpus
+from raycl.errors import UserError
+
+
+def with_data(cfg: GecConfig, data_dir: Path) -> tuple[GecConfig, list[str]]:
+    """Fill every empty split with the built-in corpus (written as M2 under ``data_dir``), check the rest."""
+    d = cfg.data
+    empty = [k for k in ("train", "finetune", "dev", "test") if not getattr(d, k)]
+    if "train" in empty and cfg.model.checkpoint:
+        empty.remove("train")  # step 1 is skipped: D_T is not needed
+    if not empty:
+        return cfg, []
+    b = d.builtin
+    files = write_builtin_corpus(data_dir, n_train=b.n_train, n_finetune=b.n_finetune, n_dev=b.n_dev,
+                                 n_test=b.n_test, seed=b.seed)  # fmt: skip
+    fill: dict[str, Any] = {"train": [str(files["train"])], "finetune": [str(files["finetune"])],
+                            "dev": {"builtin": [str(files["dev"])]},
+                            "test": {"S": [str(files["test-s"])], "G": [str(files["test-g"])]}}  # fmt: skip
+    return dataclasses.replace(cfg, data=dataclasses.replace(d, **{k: fill[k] for k in empty})), empty
+
+def check_data(cfg: GecConfig) -> dict[str, int]:
+    """Sentence counts per split; every file is read (a malformed one fails here, not in a worker)."""
+    counts = {"train": len(load_examples(cfg.data.train)), "finetune": len(load_examples(cfg.data.finetune))}
+    for split, sets in (("dev", cfg.data.dev), ("test", cfg.data.test)):
+        for name, specs in sets.items():
+            refs = load_references(specs)
+            if not refs:
+                raise UserError(f"data.{split}.{name}: {', '.join(specs)} holds no sentences, expected some")
+            counts[f"{split}/{name}"] = len(refs)
+    if counts["finetune"] == 0:
+        raise UserError(f"data.finetune: {', '.join(cfg.data.finetune)} holds no sentences, expected D_F")
+    return counts
