@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from raycl.adversarial.base import ADVERSARIAL, build_adversarial, stable_kl
+from raycl.adversarial import build_adversarial
+from raycl.adversarial.base import ADVERSARIAL, stable_kl
 from raycl.adversarial.fgm import FGM
 from raycl.adversarial.freelb import FreeLB
 from raycl.adversarial.pgd import PGD

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification
 
-from raycl.adversarial.base import build_adversarial
+from raycl.adversarial import build_adversarial
 from raycl.errors import UserError
 from raycl.models.classifier import CLASSIFIER_PRESETS, build_classifier, encode_batch, load_classifier
 

@@ -33,8 +33,6 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from raycl.errors import UserError
-
 Forward = Callable[[], tuple[Tensor, Tensor]]  # () -> (loss (), logits (B, C)) at the current embeddings
 
 ADVERSARIAL: frozenset[str] = frozenset({"none", "fgm", "pgd", "freelb", "smart"})
@@ -190,36 +188,3 @@ class NoAdversarial(AdversarialMethod):
         self, forward: Forward, *, clean_logits: Tensor | None = None, loss_scale: float = 1.0
     ) -> dict[str, float]:
         return {}
-
-
-def build_adversarial(
-    name: str,
-    model: nn.Module,
-    *,
-    epsilon: float = 1.0,
-    alpha: float = 0.3,
-    steps: int = 3,
-    smart_mu: float = 0.2,
-) -> AdversarialMethod:
-    """The method called ``name`` (one of :data:`ADVERSARIAL`) with the paper's constants by default."""
-    # The methods subclass AdversarialMethod from this module, so they are imported here, not at the top.
-    from raycl.adversarial.fgm import FGM
-    from raycl.adversarial.freelb import FreeLB
-    from raycl.adversarial.pgd import PGD
-    from raycl.adversarial.smart import SMART
-
-    if name not in ADVERSARIAL:
-        raise UserError(f"adversarial.name: unknown method {name!r}; expected one of {sorted(ADVERSARIAL)}")
-    _check(epsilon >= 0, "adversarial.epsilon", f"expected ε ≥ 0, got {epsilon}")
-    _check(alpha >= 0, "adversarial.alpha", f"expected α ≥ 0, got {alpha}")
-    _check(steps >= 1, "adversarial.steps", f"expected K ≥ 1, got {steps}")
-    _check(smart_mu >= 0, "adversarial.smart_mu", f"expected μ ≥ 0, got {smart_mu}")
-    if name == "smart":
-        return SMART(model, epsilon=epsilon, alpha=alpha, steps=steps, mu=smart_mu)
-    classes: dict[str, type[AdversarialMethod]] = {"none": NoAdversarial, "fgm": FGM, "pgd": PGD, "freelb": FreeLB}
-    return classes[name](model, epsilon=epsilon, alpha=alpha, steps=steps)
-
-
-def _check(ok: bool, key: str, message: str) -> None:
-    if not ok:
-        raise UserError(f"{key}: {message}")

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
-from raycl.adversarial.base import build_adversarial
+from raycl.adversarial import build_adversarial
 from raycl.configs.idiom import IdiomConfig
 from raycl.data.semeval import IdiomExample, read_idiom_train
 from raycl.memory.ema import EMA
