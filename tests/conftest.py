@@ -11,6 +11,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
 
 
+def pytest_ignore_collect(collection_path, config) -> bool | None:  # noqa: ANN001
+    """``-m gpu`` (``make test-gpu``, or ``python3 -m pytest -m gpu`` on a GPU machine without the venv): only the
+    files that hold GPU tests are imported, so that the others' dependencies (spaCy, ERRANT) need not be there."""
+    if config.getoption("markexpr", "") == "gpu" and collection_path.suffix == ".py":
+        return "pytest.mark.gpu" not in collection_path.read_text(encoding="utf-8")
+    return None
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     """A 2-CPU local Ray shared by every test that asks for it; shut down once at the end of the session."""

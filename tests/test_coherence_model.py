@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -135,3 +136,33 @@ def test_user_errors(tmp_path: Path) -> None:
         build_coherence_model("smoke", tmp_path / "y")
     with pytest.raises(UserError, match="not a model folder"):
         CoherenceScorer.from_pretrained(tmp_path / "missing")
+
+
+def test_the_momentum_encoder_trains_with_dropout_as_the_scorer(smoke_dir: Path, tmp_path: Path) -> None:
+    """The released train.py calls .train() on the module holding both encoders: the momentum encoder's reps (the
+    positive's prefix slice, the queue entries) carry dropout in training. Its mode follows the scorer's through
+    the training state's extras; two training-mode passes differ, two eval-mode passes agree."""
+    from raycl.configs.coherence import CoherenceConfig
+    from raycl.data.coherence import CoherenceItem, write_pairs_jsonl
+    from raycl.recipes.coherence.worker import CoherenceTask
+    from raycl.train import loop
+    from raycl.train.precision import Precision
+
+    scorer = CoherenceScorer.from_pretrained(smoke_dir)  # from_pretrained leaves it in eval mode
+    items = tmp_path / "items.jsonl"
+    write_pairs_jsonl([CoherenceItem("0", tuple(SENTENCES[:3]), (tuple(SENTENCES[2::-1]),))], items)
+    cfg = dataclasses.replace(CoherenceConfig(), loss=dataclasses.replace(CoherenceConfig().loss, kind="momentum"))
+    w = loop.Worker(0, 1, torch.device("cpu"), Precision("fp32", torch.device("cpu")), tmp_path,
+                    loop.Job(None, "", ""))  # fmt: skip
+    st = CoherenceTask(cfg, str(items)).build(scorer, w, None)
+    momentum = st.momentum
+    assert momentum is not None and not momentum.encoder.training  # a copy of an eval-mode encoder
+    st.train(True)  # what the loop does before every step
+    assert momentum.encoder.training and scorer.training
+    x = scorer.encode([SENTENCES[:3], SENTENCES[3:6]])
+    torch.manual_seed(0)
+    a = momentum(**x)
+    b = momentum(**x)
+    assert not torch.allclose(a, b)  # dropout
+    st.train(False)
+    assert not momentum.encoder.training and torch.equal(momentum(**x), momentum(**x))
