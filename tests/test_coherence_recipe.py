@@ -133,3 +133,19 @@ def test_a_pickle_that_imports_is_refused_before_anything_runs(tmp_path: Path) -
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "system'" in lines[0] and str(evil) in lines[0], lines
     assert not MARKER.exists() and not (tmp_path / "run" / "ray").exists()
+
+
+def test_pairwise_and_contrastive_baselines_read_items_in_file_order(tmp_path: Path) -> None:
+    """The released pairwise and contrastive scripts do not shuffle the training pairs; the momentum one does."""
+    from raycl.config import set_dotted
+    from raycl.data.coherence_inputs import training_items
+
+    space = load_space("coherence", preset="smoke", overrides=TINY)
+    cfg, _ = COHERENCE.with_data(space.config, tmp_path / "data")
+    full = [it.id for it in training_items(cfg)]
+    in_order = [it.id for it in training_items(set_dotted(cfg, {"optim.shuffle": False}, where="test"))]
+    assert sorted(full) == sorted(in_order) and full != in_order
+    for name in ("pairwise", "contrastive", "contrastive_hn"):
+        baseline = set_dotted(cfg, space.baselines[name], where="test")
+        assert [it.id for it in training_items(baseline)] == in_order, name
+    assert [it.id for it in training_items(set_dotted(cfg, space.baselines["full_no_hn"], where="test"))] == full
