@@ -150,3 +150,23 @@ def test_a_malformed_csv_ends_in_one_line_before_anything_runs(tmp_path: Path) -
     assert done.stderr.strip().count("\n") == 0
     assert f"{bad}:4: Label '2', expected 0 (idiomatic) or 1 (non-idiomatic)" in done.stderr
     assert not (out / "ray").exists() and not (out / "base_model").exists()
+
+
+def test_subtask_a_adamw_eps_and_the_papers_batch_grid(tmp_path: Path) -> None:
+    """The released code's transformers.AdamW has eps 1e-6; the paper's batch grid is {16, 32, 64}."""
+    from raycl.config import set_dotted
+    from raycl.recipes.idiom.worker import IdiomTask
+    from raycl.train import loop
+    from raycl.train.precision import Precision
+
+    space = load_space("idiom")
+    assert space.config.optim.eps == 1e-6 and space.search["optim.batch_size"] == {"grid": [16, 32, 64]}
+    cfg, _ = idiom.with_data(load_space("idiom", preset="smoke").config, tmp_path / "data")
+    cfg = set_dotted(cfg, {"data.setting": "zero_shot"}, where="test")
+    run = driver.Run(cfg, tmp_path, tmp_path / "base_model", [], {})
+    idiom.base_model(run)
+    cpu = torch.device("cpu")
+    w = loop.Worker(0, 1, cpu, Precision("fp32", cpu), tmp_path, loop.Job(None, str(run.base_model), str(tmp_path)))
+    task = IdiomTask(cfg)
+    st = task.build(task.load_model(run.base_model), w, None)
+    assert st.optimizers[0].defaults["eps"] == 1e-6

@@ -52,7 +52,8 @@ class IdiomDataSection:
 
 @dataclass
 class IdiomOptimSection(LoopOptions):
-    lr: float = 2e-5  # AdamW (β 0.9/0.999, eps 1e-8)
+    lr: float = 2e-5  # AdamW, β 0.9/0.999
+    eps: float = 1e-6  # the released transformers.AdamW's default (torch's is 1e-8)
     weight_decay: float = 0.0
     warmup_ratio: float = 0.1  # linear warm-up over this share of the steps, then linear decay; 0 = the scripts
     batch_size: int | None = None  # examples per step per worker; null = the setting's (zero-shot 16, one-shot 32)
@@ -123,6 +124,7 @@ class IdiomConfig:
         require(d.setting in (*SETTINGS, "both"), where, "data.setting", "zero_shot, one_shot or both", d.setting)
         require(o.lr > 0, where, "optim.lr", "a number > 0", o.lr)
         require(o.weight_decay >= 0, where, "optim.weight_decay", "a number ≥ 0", o.weight_decay)
+        require(o.eps > 0, where, "optim.eps", "a number > 0", o.eps)
         require(0.0 <= o.warmup_ratio < 1.0, where, "optim.warmup_ratio", "a number in [0, 1)", o.warmup_ratio)
         require(o.batch_size is None or o.batch_size >= 1, where, "optim.batch_size",
                 "an integer ≥ 1 (or null: the setting's)", o.batch_size)  # fmt: skip

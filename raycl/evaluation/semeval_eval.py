@@ -1,7 +1,8 @@
 """``python -m raycl.eval idiom|sts``: the official SemEval-2022 Task 2 scores of a submission file.
 
-``idiom`` (Subtask A): macro-F1 per setting (zero_shot, one_shot) and languages (EN, PT, EN+PT); ``--average
-weighted|micro|binary`` gives the columns the released ``SubTask1Evaluator.py`` prints instead.
+``idiom`` (Subtask A): macro-F1 per setting (zero_shot, one_shot) and languages (EN, PT, EN+PT), as the
+organisers' ``SubTask1Evaluator.py`` prints it from commit b415bf9 (2021-09-03) on, its latest f647c08 included;
+``--average weighted|micro|binary`` gives the three columns its first commits (4b9946f, 381fec5) printed.
 ``sts`` (Subtask B): Spearman ρ over ALL, Idiom and STS rows per setting (pre_train, fine_tune) and languages.
 Same numbers as the organisers' ``SubTask1Evaluator.py`` / ``SubTask2Evaluator.py`` (SPEC §3.4); settings
 absent from the submission are skipped. ``raycl/eval.py`` wires these in with ``add_idiom_parser(sub)``.
@@ -39,8 +40,9 @@ def add_idiom_parser(sub: Any) -> None:
     p = _add(sub, "idiom", "SemEval-2022 Task 2 Subtask A: official macro-F1 (zero/one-shot x EN, PT, EN+PT)",
              run_idiom)
     p.add_argument("--average", choices=F1_AVERAGES, default="macro",
-                   help="F1 averaging: macro (the task's metric, default), or weighted / micro / binary "
-                        "(label 1), the columns the released SubTask1Evaluator.py prints")
+                   help="F1 averaging: macro (the task's metric and what SubTask1Evaluator.py prints since "
+                        "b415bf9, default), or weighted / micro / binary (label 1), the columns its first "
+                        "commits 4b9946f and 381fec5 printed")
 
 
 def add_sts_parser(sub: Any) -> None:

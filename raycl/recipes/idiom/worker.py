@@ -89,7 +89,7 @@ class IdiomTask(TaskBase):
         cfg, o, a = self.cfg, self.cfg.optim, self.cfg.adversarial
         examples = train_examples(cfg, self.setting)
         total = max(self._steps(len(examples), w) * o.epochs // o.update_freq, 1)
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr,
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr, eps=o.eps,
                                       weight_decay=o.weight_decay)  # fmt: skip
         scheduler = build_scheduler(optimizer, "polynomial", warmup=math.ceil(o.warmup_ratio * total), total=total)
         extras = {"ema": EMA(model, decay=cfg.ema.decay)} if cfg.ema.enabled else {}
