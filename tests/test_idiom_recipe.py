@@ -166,7 +166,8 @@ def test_subtask_a_adamw_eps_and_the_papers_batch_grid(tmp_path: Path) -> None:
     run = driver.Run(cfg, tmp_path, tmp_path / "base_model", [], {})
     idiom.base_model(run)
     cpu = torch.device("cpu")
-    w = loop.Worker(0, 1, cpu, Precision("fp32", cpu), tmp_path, loop.Job(None, str(run.base_model), str(tmp_path)))
+    job = loop.Job(None, str(run.base_model), str(tmp_path))
+    w = loop.Worker(0, 1, cpu, Precision("fp32", cpu), tmp_path, job)
     task = IdiomTask(cfg)
     st = task.build(task.load_model(run.base_model), w, None)
     assert st.optimizers[0].defaults["eps"] == 1e-6
