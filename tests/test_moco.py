@@ -167,7 +167,8 @@ def sentence_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("every_forward", [False, True])
 def test_update_schedule_step_or_every_forward(sentence_encoder: Path, every_forward: bool) -> None:
-    """Default: θ_k moves only when the step calls momentum_update. The code's schedule: any encode moves it."""
+    """Default — the released cadence, once per contrastive step: θ_k moves only when the step calls
+    momentum_update, never on other passes (MSE pairs, dev predictions). The ablation: any encode moves it."""
     model = SentenceEncoder.from_pretrained(sentence_encoder).eval()
     moco = MoCoKeyEncoder(model, dim=model.hidden_size, m=0.5, update_every_forward=every_forward)
     with torch.no_grad():

@@ -127,3 +127,32 @@ def test_a_malformed_csv_ends_in_one_line_before_anything_runs(tmp_path: Path) -
     assert done.stderr.strip().count("\n") == 0
     assert f"{bad}:4: 5 fields, expected 9" in done.stderr  # header, two rows, then the bad one
     assert not (out / "ray").exists() and not (out / "base_model").exists()
+
+
+def test_the_paper_preset_is_the_released_schedule() -> None:
+    """alternate (an AdamW per objective), 29 one-epoch fine-tuning fits, the released warm-up rule."""
+    from raycl.errors import UserError
+
+    cfg = load_space("sts").config
+    assert (cfg.loss.joint, cfg.finetune.epochs, cfg.optim.warmup) == ("alternate", 29, "released")
+    with pytest.raises(UserError, match="optim.update_freq"):
+        load_space("sts", overrides=["optim.update_freq=2"])
+    assert load_space("sts", overrides=["optim.update_freq=2", "loss.joint=sum"]).config.optim.update_freq == 2
+
+
+def test_released_warmup_and_the_contrastive_pool() -> None:
+    from raycl.config import set_dotted
+    from raycl.recipes.sts.worker import Fit, pair_sentences, warmup_steps
+
+    pairs = [("a x", "b", 1.0), ("a x", "c", 0.5), ("d", "b", 0.2)]
+    assert pair_sentences(pairs) == ["a x", "b", "a x", "c", "d", "b"]  # both of every pair, repeats kept
+    cfg = load_space("sts").config
+    # pre-training: 10% of the contrastive loader (twice the pair loader that ends the epoch) × epochs = 20%
+    pre = Fit("pre_train", 30, 250, 4)
+    assert warmup_steps(cfg, pre, steps=100 * 30, pair_batches=100, sentence_batches=200) == 600
+    # the k-th one-epoch fine-tuning fit: 10% × k of its pair loader, past the fit's length from k = 10 on
+    for k, want in ((1, 10), (5, 50), (12, 120)):
+        assert warmup_steps(cfg, Fit("fine_tune", 1, 250, 1, k), steps=100, pair_batches=100,
+                            sentence_batches=200) == want  # fmt: skip
+    raycl_rule = set_dotted(cfg, {"optim.warmup": "steps"}, where="test")
+    assert warmup_steps(raycl_rule, pre, steps=3000, pair_batches=100, sentence_batches=200) == 300

@@ -45,7 +45,7 @@ class StsDataSection:
 
 @dataclass
 class StsLossSection:
-    joint: str = "sum"  # sum: L_mse + λ·L_con in one step (paper); alternate: a step per objective (code)
+    joint: str = "alternate"  # alternate: a step per objective, an AdamW each (released code); sum: raycl's option
     lam: float = 0.15  # λ; 0 = MSE only (no contrastive pass)
     temperature: float = 0.05  # τ (the code's scale 20)
 
@@ -54,7 +54,7 @@ class StsLossSection:
 class MocoSection:
     queue_size: int = 80  # Q = int(32 · 2.5); 0 = in-batch InfoNCE (no key encoder)
     m: float = 0.999
-    update_every_forward: bool = False  # true: the code's update on every encoder forward
+    update_every_forward: bool = False  # false: once per step (the released cadence); true: after every forward
 
 
 @dataclass
@@ -69,7 +69,11 @@ class StsOptimSection(LoopOptions):
     lr: float = 2e-5  # AdamW, one optimiser per objective with loss.joint=alternate
     weight_decay: float = 0.01
     clip_norm: float = 1.0
-    warmup_ratio: float = 0.1  # linear warm-up over this share of a fit's steps, then linear decay
+    warmup_ratio: float = 0.1  # linear warm-up, then linear decay to 0 at the fit's end
+    # released: ratio × the contrastive loader's length × epochs in pre-training (that loader holds both sentences
+    # of every pair: effectively 20% of the steps), ratio × the pair loader × k in the k-th one-epoch fine-tuning
+    # fit (it grows with k, past the fit from k = 10); steps: ratio × the fit's steps (raycl's option)
+    warmup: str = "released"
     batch_size: int = 32  # pairs per MSE step and sentences per contrastive step, per worker
 
 
@@ -116,6 +120,9 @@ class StsConfig:
         require(o.weight_decay >= 0, where, "optim.weight_decay", "a number ≥ 0", o.weight_decay)
         require(o.clip_norm >= 0, where, "optim.clip_norm", "a number ≥ 0 (0 = no clipping)", o.clip_norm)
         require(0.0 <= o.warmup_ratio < 1.0, where, "optim.warmup_ratio", "a number in [0, 1)", o.warmup_ratio)
+        require(o.warmup in ("released", "steps"), where, "optim.warmup", "released | steps", o.warmup)
+        require(o.update_freq == 1 or lo.joint != "alternate" or self.loss.lam == 0, where, "optim.update_freq",
+                "1 with loss.joint=alternate (each objective steps its own optimiser every batch)", o.update_freq)
         require(o.batch_size >= 2, where, "optim.batch_size", "an integer ≥ 2 (in-batch negatives)", o.batch_size)
         require(self.eval.batch_size >= 2, where, "eval.batch_size", "an integer ≥ 2", self.eval.batch_size)
         for group in (("dev", "dev_gold", "dev_submission_format"), ("eval", "eval_submission_format")):

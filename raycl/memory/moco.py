@@ -9,12 +9,12 @@ state dict), the initial queue is random-normal and normalised along dim 0, and 
 under ``@torch.no_grad``. Unlike moco, K need not be a multiple of the batch size (upstream's Q = int(32·2.5)
 = 80 with batch 32): ``enqueue`` wraps around the ring.
 
-When is θ_k updated? The released code updates it on *every* forward of its MoCoBuilder module, and that
-module sits in the sentence-transformers pipeline, so the supervised objective's passes and every
-``model.encode`` at evaluation move θ_k towards θ_q too (repeated evaluation calls pull θ_k onto θ_q). raycl's
-default is once per training step: the training loop calls :meth:`MoCoKeyEncoder.momentum_update` before it
-computes the step's keys, as moco's builder does. ``update_every_forward=True`` follows the code instead: a
-forward hook on the query encoder runs the update after each of its forwards, whatever called it.
+When is θ_k updated? In the released code once per contrastive pass: its MoCo loss runs the query encoder's
+modules itself and calls the builder once, which computes that pass's keys and then moves θ_k; the MSE pairs,
+both SimCSE views and the dev predictions do not go through it. raycl's default has the same cadence, once per
+training step (:meth:`MoCoKeyEncoder.momentum_update`, called before the step's keys, as moco's builder does).
+``update_every_forward=True`` is an ablation, not the released schedule: a forward hook on the query encoder
+runs the update after each of its forwards, whatever called it (evaluation included).
 
 References:
     Kaiming He, Haoqi Fan, Yuxin Wu, Saining Xie, Ross Girshick. "Momentum Contrast for Unsupervised Visual
@@ -47,7 +47,8 @@ class MoCoKeyEncoder(nn.Module):
         dim: H, the key size.
         queue_size: K ≥ 0 keys kept; K = 0 disables the queue (in-batch InfoNCE).
         m: momentum in [0, 1]; m = 0 copies f_q into f_k, m = 1 freezes f_k.
-        update_every_forward: follow the released code (update on every f_q forward) instead of once per step.
+        update_every_forward: an ablation: update after every f_q forward instead of once per step (the released
+            cadence).
 
     The key encoder runs in this module's train/eval mode: in train mode its dropout is on, as upstream,
     where the builder is one module of the trained pipeline.

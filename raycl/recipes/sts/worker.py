@@ -51,12 +51,13 @@ class Fit:
     epochs: int
     eval_every: int
     seed: int
+    index: int = 1  # k of the k-th fine-tuning fit (the released warm-up grows with it)
 
 
 def fits(cfg: StsConfig) -> list[Fit]:
     p, f = cfg.pretrain, cfg.finetune
     out = [Fit("pre_train", p.epochs, p.eval_every, p.seed)] if p.epochs else []
-    return out + [Fit("fine_tune", 1, f.eval_every, f.seed + e) for e in range(f.epochs)]
+    return out + [Fit("fine_tune", 1, f.eval_every, f.seed + e, e + 1) for e in range(f.epochs)]
 
 
 def epoch_batches(pairs: list[Pair], sentences: list[str], *, batch_size: int, seed: int, rank: int,
@@ -73,9 +74,22 @@ def epoch_batches(pairs: list[Pair], sentences: list[str], *, batch_size: int, s
     return list(zip(pb, sb, strict=False))  # the shorter loader ends the epoch, as sentence-transformers' fit
 
 
-def unique_sentences(pairs: list[Pair]) -> list[str]:
-    """The contrastive objective's data: every sentence of the pairs, once (SimCSE pairs it with itself)."""
-    return sorted({s for a, b, _ in pairs for s in (a, b)})
+def pair_sentences(pairs: list[Pair]) -> list[str]:
+    """The contrastive objective's data: both sentences of every pair, repeats kept, as the released scripts
+    build ``train_samples_unsup`` (SimCSE pairs each with itself)."""
+    return [s for a, b, _ in pairs for s in (a, b)]
+
+
+def warmup_steps(cfg: StsConfig, fit: Fit, *, steps: int, pair_batches: int, sentence_batches: int) -> int:
+    """``optim.warmup=released``: the released scripts' ``warmup_steps`` — ratio × the contrastive loader × epochs
+    in pre-training (that loader is twice the pair loader that ends the epoch: 20% of the steps), ratio × the pair
+    loader × k in the k-th one-epoch fine-tuning fit; ``steps``: ratio × the fit's steps."""
+    o = cfg.optim
+    if o.warmup == "steps":
+        return math.ceil(o.warmup_ratio * steps)
+    if fit.setting == "pre_train":
+        return math.ceil(o.warmup_ratio * (sentence_batches or pair_batches) * fit.epochs)
+    return math.ceil(o.warmup_ratio * pair_batches * fit.index)
 
 
 def pretrain_pairs(cfg: StsConfig, split: str) -> list[Pair]:
@@ -156,13 +170,15 @@ class StsTask(TaskBase):
         else:
             labeller = SentenceEncoder.from_pretrained(_kept(w, "pre_train")).to(w.device)
             st.pairs = finetune_pairs(cfg, labeller.eval())
-        st.sentences = unique_sentences(st.pairs) if cfg.loss.lam > 0 else []
+        st.sentences = pair_sentences(st.pairs) if cfg.loss.lam > 0 else []
         steps = len(epoch_batches(st.pairs, st.sentences, batch_size=o.batch_size, seed=0, rank=0,
                                   world_size=w.world_size)) * fit.epochs  # fmt: skip
+        pb, sb = (math.ceil(len(x) // w.world_size / o.batch_size) for x in (st.pairs, st.sentences))  # loaders
+        warmup = warmup_steps(cfg, fit, steps=max(steps, 1), pair_batches=pb, sentence_batches=sb)
         n = 2 if self._alternate() else 1
         st.optimizers = [adamw(st.model, lr=o.lr, weight_decay=o.weight_decay) for _ in range(n)]
-        st.schedulers = [build_scheduler(opt, "polynomial", warmup=math.ceil(o.warmup_ratio * max(steps, 1)),
-                                         total=max(steps, 1)) for opt in st.optimizers]  # fmt: skip
+        st.schedulers = [build_scheduler(opt, "polynomial", warmup=warmup, total=max(steps, 1))
+                         for opt in st.optimizers]  # fmt: skip
 
     def _alternate(self) -> bool:
         return self.cfg.loss.joint == "alternate" and self.cfg.loss.lam > 0
