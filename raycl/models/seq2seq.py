@@ -48,7 +48,11 @@ class Seq2SeqScorer(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, *, device: str | torch.device = "cpu") -> Seq2SeqScorer:
-        tokenizer = AutoTokenizer.from_pretrained(str(name_or_path))
+        from raycl.models.fairseq_tokenizer import FairseqBPETokenizer, is_fairseq_folder
+
+        # a fairseq model converted by raycl.convert carries its own BPE (subword-nmt over whitespace tokens)
+        tokenizer = (FairseqBPETokenizer.from_folder(name_or_path) if is_fairseq_folder(name_or_path)
+                     else AutoTokenizer.from_pretrained(str(name_or_path)))  # fmt: skip
         model = AutoModelForSeq2SeqLM.from_pretrained(str(name_or_path))
         return cls(model, tokenizer).to(device)
 
