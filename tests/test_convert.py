@@ -52,14 +52,16 @@ def _fairseq_state(seed: int, *, separate_output: bool) -> dict[str, torch.Tenso
 
 
 ARGS = dict(arch="transformer_vaswani_wmt_en_de_big", encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
-            encoder_embed_dim=D, decoder_embed_dim=D, share_all_embeddings=True, source_lang="src", target_lang="trg",
+            encoder_embed_dim=D, decoder_embed_dim=D, share_all_embeddings=True, source_lang="src",
+            target_lang="trg",
             dropout=0.3, attention_dropout=0.1, activation_fn="relu", max_source_positions=64,
             max_target_positions=64, encoder_normalize_before=False, decoder_normalize_before=False)  # fmt: skip
 
 
 def _write(tmp: Path, *, cfg_style: bool = False, **over: object) -> tuple[Path, Path, Path]:
     state = _fairseq_state(0, separate_output=cfg_style)
-    args = {**ARGS, **({"share_all_embeddings": False} if cfg_style else {}), **over}  # cfg: its own output matrix
+    own_output = {"share_all_embeddings": False} if cfg_style else {}  # the cfg-style one: its own output matrix
+    args = {**ARGS, **own_output, **over}
     ckpt = tmp / "checkpoint_best.pt"
     if cfg_style:  # fairseq ≥ 0.10: an omegaconf-like cfg with a model section
         torch.save({"cfg": {"model": args, "task": {"source_lang": "src"}}, "model": state}, ckpt)
