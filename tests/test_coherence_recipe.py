@@ -136,16 +136,22 @@ def test_a_pickle_that_imports_is_refused_before_anything_runs(tmp_path: Path) -
 
 
 def test_pairwise_and_contrastive_baselines_read_items_in_file_order(tmp_path: Path) -> None:
-    """The released pairwise and contrastive scripts do not shuffle the training pairs; the momentum one does."""
+    """The released pairwise and contrastive scripts do not shuffle the training pairs; the momentum one does.
+    Each trial orders the run's items (written once, in file order) by its own config."""
     from raycl.config import set_dotted
-    from raycl.data.coherence_inputs import training_items
+    from raycl.data.coherence_inputs import in_training_order, training_items
 
     space = load_space("coherence", preset="smoke", overrides=TINY)
     cfg, _ = COHERENCE.with_data(space.config, tmp_path / "data")
-    full = [it.id for it in training_items(cfg)]
-    in_order = [it.id for it in training_items(set_dotted(cfg, {"optim.shuffle": False}, where="test"))]
-    assert sorted(full) == sorted(in_order) and full != in_order
+    run = driver.Run(cfg, tmp_path, tmp_path / "base_model", [], {})
+    COHERENCE.base_model(run)
+    written = read_pairs(run.files["train_items"])
+
+    def order(over: dict) -> list[str]:  # what a trial's worker trains on
+        return [it.id for it in in_training_order(set_dotted(cfg, over, where="test"), written)]
+
+    in_order = [it.id for it in written]
+    assert order({}) == [it.id for it in training_items(cfg)] != in_order  # the full model: shuffled
     for name in ("pairwise", "contrastive", "contrastive_hn"):
-        baseline = set_dotted(cfg, space.baselines[name], where="test")
-        assert [it.id for it in training_items(baseline)] == in_order, name
-    assert [it.id for it in training_items(set_dotted(cfg, space.baselines["full_no_hn"], where="test"))] == full
+        assert order(space.baselines[name]) == in_order, name
+    assert order(space.baselines["full_no_hn"]) == order({})

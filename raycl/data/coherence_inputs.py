@@ -51,10 +51,11 @@ def _is_documents(path: Path) -> bool:
         return True  # read_documents names the line
 
 
-def training_items(cfg: CoherenceConfig) -> list[CoherenceItem]:
+def training_items(cfg: CoherenceConfig, *, shuffle: bool | None = None) -> list[CoherenceItem]:
     """The training set: documents are permuted as the paper does (each item gets ``max(num_rank, num_negs)``
     distinct candidate negatives, never repeated across the copies of a positive); pairs files are used as
-    given. Shuffled once with ``optim.seed`` when ``optim.shuffle`` (the momentum model's ``random.seed(100)``)."""
+    given. Shuffled once with ``optim.seed`` when ``shuffle`` (default ``optim.shuffle``: the momentum model's
+    ``random.seed(100)``) — :func:`in_training_order`, which each trial applies to the file order."""
     p, m = cfg.data.permute, cfg.mining
     items: list[CoherenceItem] = []
     for spec in cfg.data.train:
@@ -70,7 +71,14 @@ def training_items(cfg: CoherenceConfig) -> list[CoherenceItem]:
     if not items:
         raise UserError(f"data.train: {', '.join(cfg.data.train)} gives no training items (documents need "
                         f"≥ {p.min_sentences} sentences)")
+    return in_training_order(cfg, items) if (cfg.optim.shuffle if shuffle is None else shuffle) else items
+
+
+def in_training_order(cfg: CoherenceConfig, items: list[CoherenceItem]) -> list[CoherenceItem]:
+    """The items in the order a run trains on them: shuffled once with ``optim.seed`` when ``optim.shuffle``
+    (the released momentum script), else as read (the pairwise and contrastive scripts)."""
     if cfg.optim.shuffle:
+        items = list(items)
         random.Random(cfg.optim.seed).shuffle(items)
     return items
 

@@ -49,8 +49,9 @@ class CoherenceRecipe(RecipeBase):
     check_data = staticmethod(coherence_inputs.check_data)
 
     def base_model(self, run: Run) -> None:
-        """The permuted training set, written in training order, and the starting scorer."""
-        items = coherence_inputs.training_items(run.cfg)
+        """The permuted training set, written in file order (each trial orders it by its own ``optim.shuffle``),
+        and the starting scorer."""
+        items = coherence_inputs.training_items(run.cfg, shuffle=False)
         (run.run_dir / "data").mkdir(exist_ok=True)
         run.files["train_items"] = run.run_dir / "data" / "train_items.jsonl"
         write_pairs_jsonl(items, run.files["train_items"])

@@ -27,6 +27,7 @@ from torch.optim.swa_utils import SWALR
 
 from raycl.configs.coherence import CoherenceConfig
 from raycl.data.coherence import CoherenceItem, read_pairs
+from raycl.data.coherence_inputs import in_training_order
 from raycl.distributed.consumer import StreamConsumer
 from raycl.memory.momentum import momentum_update
 from raycl.memory.negative_queue import NegativeQueue
@@ -134,7 +135,7 @@ class CoherenceState(TrainState):
 @dataclass(frozen=True)
 class CoherenceTask(TaskBase):
     cfg: CoherenceConfig
-    train_items: str  # the permuted training set (JSONL), in training order
+    train_items: str  # the permuted training set (JSONL), in file order
 
     @property
     def settings(self) -> LoopSettings:
@@ -162,7 +163,8 @@ class CoherenceTask(TaskBase):
         if w.job.stream is not None:
             consumer = StreamConsumer(w.job.stream, w.job.store, rank=w.rank, world_size=w.world_size,
                                       max_staleness=c.mining.max_staleness)  # fmt: skip
-        st.feed = CoherenceFeed(c, shards_of(read_pairs(self.train_items), w.world_size), w.rank, consumer)
+        items = in_training_order(c, read_pairs(self.train_items))
+        st.feed = CoherenceFeed(c, shards_of(items, w.world_size), w.rank, consumer)
         return st
 
     def start(self, st: CoherenceState, w: Worker, *, resumed: bool) -> None:
