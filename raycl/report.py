@@ -81,6 +81,14 @@ def data_line(counts: dict[str, int], builtin: list[str]) -> str:
             + (f" (built-in: {', '.join(builtin)})" if builtin else "") + ".")  # fmt: skip
 
 
+def closing_lines(run: Any, summary: dict[str, Any], plots: list[Path]) -> list[str]:
+    """A report's end: the data, the timings, the failed trials and the plots."""
+    lines = ["", data_line(run.counts, run.builtin), "", "## Timings", "", timing_line(run.timings), ""]
+    if summary["failed_trials"]:
+        lines += [f"Failed trials: {', '.join(summary['failed_trials'])}", ""]
+    return lines + [f"![{p.stem}]({p.name})" for p in plots]
+
+
 def write_run_files(run: Any, space: Any, *, rows: list[dict[str, Any]], best: Any, table: Any,
                     plots: Callable[[Path], list[Path]], render: Callable[[dict[str, Any], list[Path]], str],
                     **more: Any) -> dict[str, Any]:  # fmt: skip

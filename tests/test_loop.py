@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 import torch
+from test_data_parallel import EXAMPLES, NEGATIVES
 from torch import nn
 
 from raycl.configs.gec import GecConfig
-from raycl.data.gec import GecExample
 from raycl.distributed import session
 from raycl.losses.gec_margin import GecContrastiveLoss
 from raycl.losses.infonce_queue import InfoNCEQueueLoss
@@ -174,15 +174,6 @@ def test_accumulating_two_batches_is_one_batch_twice_the_size(tmp_path: Path, mo
 
 
 # ---------------------------------------------------------------------------------------------- GEC's step
-EXAMPLES = [
-    GecExample("a", "He do n't like it .", "He does n't like it ."),
-    GecExample("b", "This are a long sentence , is n't it ?", "This is a long sentence , is n't it ?"),
-    GecExample("c", "Fine .", "Fine ."),
-    GecExample("d", "I has went to the school yesterday .", "I went to school yesterday ."),
-]
-NEGATIVES = [["He did n't like it ."], [], ["Fine !"], ["I have went to school yesterday .", "I go to school ."]]
-
-
 def _scorer(tmp: Path) -> Seq2SeqScorer:
     from transformers import BartConfig, BartForConditionalGeneration
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from raycl.data.semeval import A_SETTINGS, A_SUBMISSION_HEADER, Value, read_idiom_inputs, read_rows
 from raycl.evaluation.semeval_metrics import evaluate_idiom
 from raycl.recipes.idiom.evaluation import write_submission
-from raycl.report import failed, figure, num, pct, write_run_files
+from raycl.report import closing_lines, failed, figure, num, pct, write_run_files
 
 if TYPE_CHECKING:
     from raycl.config import Space
@@ -180,12 +180,7 @@ def _render(run: Run, space: Space, summary: dict[str, Any], trials: list[TrialO
         f = final_row(t) or {}
         lines.append(f"| {setting_of(t)} | {strategy(run.cfg, t.params)} | {_point(t)} | "
                      f"{_int(f.get('best_epoch'))} | {pct(f.get('dev_f1'))} | {pct(f.get('test_f1'))} |")
-    lines += ["", f"Data: {', '.join(f'{k} {v}' for k, v in run.counts.items())}"
-              + (f" (built-in: {', '.join(run.builtin)})" if run.builtin else "") + ".", "",
-              "## Timings", "", ", ".join(f"{k} {v:.1f} s" for k, v in run.timings.items()), ""]  # fmt: skip
-    if summary["failed_trials"]:
-        lines += [f"Failed trials: {', '.join(summary['failed_trials'])}", ""]
-    return "\n".join(lines + [f"![{p.stem}]({p.name})" for p in plots])
+    return "\n".join(lines + closing_lines(run, summary, plots))
 
 
 def _plot(run_dir: Path, curves: list[tuple[str, TrialOutcome]]) -> Path:

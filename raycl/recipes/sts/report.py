@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from raycl.evaluation.embedding_geometry import plot_alignment_uniformity
 from raycl.evaluation.semeval_metrics import SUBSETS
-from raycl.report import failed, figure, num, pct, write_run_files
+from raycl.report import closing_lines, failed, figure, num, pct, write_run_files
 
 if TYPE_CHECKING:
     from raycl.config import Space
@@ -91,12 +91,7 @@ def _render(run: Run, space: Space, summary: dict[str, Any], trials: list[TrialO
     for t in trials:
         point = ", ".join(f"{SYMBOLS.get(k, k)}={v}" for k, v in t.params.items()) or "default"
         lines.append(f"| {point} | {pct((final_row(t) or {}).get('dev_spearman'))} |")
-    lines += ["", f"Data: {', '.join(f'{k} {v}' for k, v in run.counts.items())}"
-              + (f" (built-in: {', '.join(run.builtin)})" if run.builtin else "") + ".", "",
-              "## Timings", "", ", ".join(f"{k} {v:.1f} s" for k, v in run.timings.items()), ""]  # fmt: skip
-    if summary["failed_trials"]:
-        lines += [f"Failed trials: {', '.join(summary['failed_trials'])}", ""]
-    return "\n".join(lines + [f"![{p.stem}]({p.name})" for p in plots])
+    return "\n".join(lines + closing_lines(run, summary, plots))
 
 
 def _plots(run_dir: Path, ladder: list[TrialOutcome]) -> list[Path]:
