@@ -75,11 +75,12 @@ def test_run_train_writes_submissions_the_official_scorer_reads(tmp_path: Path) 
 @pytest.mark.parametrize("ema", [True, False])
 def test_the_kept_model_holds_the_ema_weights(tmp_path: Path, ema: bool) -> None:
     """One epoch of one step (a batch larger than the set), EMA decay 0.5. AdamW's first step moves every weight
-    with a non-zero gradient by lr·g/(|g|+eps) ≈ ±lr, so the live θ₁ = θ₀ ± lr and the shadow
+    with a non-zero gradient by lr·g/(|g|+eps) ≈ ±lr (eps 1e-12 here: the released 1e-6 is not ≪ |g| for every
+    weight of a tiny model), so the live θ₁ = θ₀ ± lr and the shadow
     0.5·θ₁ + 0.5·θ₀ = θ₀ ± lr/2: the kept model is off its initial weights by lr/2 with EMA, by lr without."""
     lr = 1e-3
     over = ["optim.epochs=1", "adversarial.method=none", "optim.batch_size=200", "ema.decay=0.5",
-            f"ema.enabled={str(ema).lower()}", f"optim.lr={lr}", "optim.warmup_ratio=0",
+            f"ema.enabled={str(ema).lower()}", f"optim.lr={lr}", "optim.warmup_ratio=0", "optim.eps=1e-12",
             "data.setting=zero_shot", "scaling.num_workers=0"]  # fmt: skip
     driver.run_train(idiom, load_space("idiom", preset="smoke", overrides=over), tmp_path)
     init, _ = load_classifier(tmp_path / "base_model")
