@@ -80,7 +80,7 @@ def test_the_kept_model_holds_the_ema_weights(tmp_path: Path, ema: bool) -> None
     0.5·θ₁ + 0.5·θ₀ = θ₀ ± lr/2: the kept model is off its initial weights by lr/2 with EMA, by lr without."""
     lr = 1e-3
     over = ["optim.epochs=1", "adversarial.method=none", "optim.batch_size=200", "ema.decay=0.5",
-            f"ema.enabled={str(ema).lower()}", f"optim.lr={lr}", "optim.warmup_ratio=0", "optim.eps=1e-12",
+            f"ema.enabled={str(ema).lower()}", f"optim.lr={lr}", "optim.warmup_ratio=0", "optim.eps=1.0e-12",
             "data.setting=zero_shot", "scaling.num_workers=0"]  # fmt: skip
     driver.run_train(idiom, load_space("idiom", preset="smoke", overrides=over), tmp_path)
     init, _ = load_classifier(tmp_path / "base_model")
