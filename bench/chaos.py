@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     from raycl.distributed.miner_pool import MinerFactory, MinerPool
     from raycl.distributed.stream import start_stream
     from raycl.distributed.weights import publish_weights, start_weight_store
+    from raycl.miners.beam_search import GEC_BEAM
 
     work = Path(tempfile.mkdtemp(prefix="raycl-chaos-"))
     examples, model = make_inputs(work, 2 * args.per_rank)
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     stream = start_stream(world_size=2, capacity=64, task_size=8, lease_s=30.0, ordered=False,
                           scheduling_strategy=head)  # fmt: skip
     store = start_weight_store(scheduling_strategy=head)
-    factory = MinerFactory("gec_beam", str(model), options={"k": 2, "beam": 3, "batch_size": 8,
+    factory = MinerFactory(GEC_BEAM, str(model), options={"k": 2, "beam": 3, "batch_size": 8,
                                                              "max_new_tokens": args.max_new_tokens})
     pool = MinerPool(factory, num_miners=args.miners, cpus_per_miner=0.5, weight_store=store,
                      node_ids=[doomed.node_id, survivor.node_id])  # fmt: skip

@@ -33,7 +33,7 @@ from raycl.errors import UserError, at, cli_entry
 
 if TYPE_CHECKING:
     from raycl.data.gec import GecExample
-    from raycl.miners.beam_search import MinedNegatives
+    from raycl.miners.beam_search import GEC_BEAM, MinedNegatives
 
 
 def _add_gec(sub: Any) -> None:
@@ -202,7 +202,7 @@ def _pool_backend(args: argparse.Namespace, num_miners: int) -> Backend:
     on_cluster = bool(args.address or os.environ.get("RAY_ADDRESS"))
     init_ray(args.address, num_cpus=None if on_cluster else _local_cpus(num_miners * args.cpus_per_miner))
     options = {**_miner_options(args), "device": "cuda" if args.gpus_per_miner > 0 else args.device}
-    factory = MinerFactory("gec_beam", str(Path(args.model).resolve()), options)  # actors may have another cwd
+    factory = MinerFactory(GEC_BEAM, str(Path(args.model).resolve()), options)  # actors may have another cwd
     pool = MinerPool(factory, num_miners=num_miners, cpus_per_miner=args.cpus_per_miner,
                      gpus_per_miner=args.gpus_per_miner)  # fmt: skip
     try:

@@ -79,14 +79,14 @@ def test_the_pool_ranks_permutations_as_the_in_process_miner(ray_local, tmp_path
     from raycl.data.coherence_corpus import generate_documents
     from raycl.distributed.messages import MineTask
     from raycl.distributed.miner_pool import MinerFactory, MinerPool
-    from raycl.miners.permutation import PermutationMiner
+    from raycl.miners.permutation import COHERENCE_RANK, PermutationMiner
     from raycl.models.coherence import CoherenceScorer
     from raycl.models.coherence_presets import build_coherence_model
 
     items = build_permuted_set(generate_documents(6, seed=3), num_negs=6, copies=1, seed=3)
     model = build_coherence_model("smoke", tmp_path / "m", texts=[s for it in items for s in it.pos], seed=2)
     local = PermutationMiner(CoherenceScorer.from_pretrained(model), num_rank=6, num_negs=3).mine(items)
-    pool = MinerPool(MinerFactory("coherence_rank", str(model), {"num_rank": 6, "num_negs": 3}), num_miners=2,
+    pool = MinerPool(MinerFactory(COHERENCE_RANK, str(model), {"num_rank": 6, "num_negs": 3}), num_miners=2,
                      cpus_per_miner=0.25)  # fmt: skip
     tasks = [MineTask(0, i, 0, tuple(items[i : i + 2])) for i in range(0, len(items), 2)]
     pooled = {i: r for b in pool.map(tasks) for i, r in zip(b.ids, zip(b.negatives, b.scores, strict=True),

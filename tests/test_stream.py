@@ -18,7 +18,7 @@ from raycl.distributed.messages import MineTask, StreamItem
 from raycl.distributed.miner_pool import MinerFactory, MinerPool, miner_options
 from raycl.distributed.stream import start_stream
 from raycl.distributed.weights import publish_weights, start_weight_store
-from raycl.miners.beam_search import BeamSearchMiner
+from raycl.miners.beam_search import GEC_BEAM, BeamSearchMiner
 from raycl.models.presets import build_model
 from raycl.models.seq2seq import Seq2SeqScorer
 
@@ -239,7 +239,7 @@ def test_the_pool_mines_what_the_in_process_miner_mines_with_the_same_weights(ra
     store = start_weight_store()
     assert publish_weights(store, 1, scorer.state_dict())
     stream = start_stream(world_size=2, capacity=8, task_size=4)
-    pool = MinerPool(MinerFactory("gec_beam", str(model_dir), opts), num_miners=2, cpus_per_miner=0.5,
+    pool = MinerPool(MinerFactory(GEC_BEAM, str(model_dir), opts), num_miners=2, cpus_per_miner=0.5,
                      weight_store=store)  # fmt: skip
     pool.start(stream)
     ray.get(stream.start_epoch.remote(0, [EXAMPLES[0::2], EXAMPLES[1::2]]))

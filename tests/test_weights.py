@@ -139,7 +139,7 @@ def test_gec_miners_load_the_scorers_the_ddp_copys_or_the_inner_models_weights()
 
     from torch import nn
 
-    from raycl.distributed.miner_pool import MINER_KINDS
+    from raycl.miners.beam_search import GEC_BEAM
 
     class Scorer(nn.Module):  # the shape of Seq2SeqScorer: the HF model under `.model`
         def __init__(self) -> None:
@@ -150,8 +150,8 @@ def test_gec_miners_load_the_scorers_the_ddp_copys_or_the_inner_models_weights()
     forms = [src.state_dict(), {f"module.{k}": v for k, v in src.state_dict().items()}, src.model.state_dict()]
     for sd in forms:
         miner = SimpleNamespace(module=Scorer())
-        MINER_KINDS["gec_beam"].load(miner, sd)
+        GEC_BEAM.load(miner, sd)
         assert all(torch.equal(a, b) for a, b in zip(miner.module.state_dict().values(),
                                                      src.state_dict().values(), strict=True))  # fmt: skip
     with pytest.raises(RuntimeError):
-        MINER_KINDS["gec_beam"].load(SimpleNamespace(module=Scorer()), {"weight": torch.zeros(3, 3)})
+        GEC_BEAM.load(SimpleNamespace(module=Scorer()), {"weight": torch.zeros(3, 3)})

@@ -13,7 +13,8 @@ log = logging.getLogger(__name__)
 def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
     """Start (or join) Ray once per process.
 
-    With no address and no ``RAY_ADDRESS`` this starts an embedded local Ray, which ``ray[default]`` gives a
+    With no address and no ``RAY_ADDRESS`` this starts an embedded local Ray (``address="local"``: never another
+    process's Ray on the same machine; ``--address auto`` joins a cluster), which ``ray[default]`` gives a
     dashboard: Train V2 needs its State API to release the placement groups of trials that Tune stops early
     (RAY_NOTES 2.2). Never calls ``ray stop``.
     """
@@ -25,7 +26,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
         kwargs["num_cpus"] = num_cpus
     # Workers import raycl from this checkout even when it is not installed (a fresh clone, `make demo`).
     kwargs["runtime_env"] = {"env_vars": _propagated_env()}
-    ray.init(address=address, **kwargs)  # type: ignore[arg-type]
+    ray.init(address=address or "local", **kwargs)  # type: ignore[arg-type]
     log.info("ray: %s", ray.cluster_resources())
 
 
