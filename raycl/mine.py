@@ -33,7 +33,7 @@ from raycl.errors import UserError, at, cli_entry
 
 if TYPE_CHECKING:
     from raycl.data.gec import GecExample
-    from raycl.miners.beam_search import GEC_BEAM, MinedNegatives
+    from raycl.miners.beam_search import MinedNegatives
 
 
 def _add_gec(sub: Any) -> None:
@@ -197,7 +197,7 @@ def _pool_backend(args: argparse.Namespace, num_miners: int) -> Backend:
     from raycl.distributed.messages import MineTask
     from raycl.distributed.miner_pool import MinerFactory, MinerPool
     from raycl.distributed.runtime import init_ray
-    from raycl.miners.beam_search import MinedNegatives
+    from raycl.miners.beam_search import GEC_BEAM, MinedNegatives
 
     on_cluster = bool(args.address or os.environ.get("RAY_ADDRESS"))
     init_ray(args.address, num_cpus=None if on_cluster else _local_cpus(num_miners * args.cpus_per_miner))
