@@ -114,17 +114,52 @@ def test_save_and_reload_keep_scores(scorer: Seq2SeqScorer, tmp_path: Path) -> N
     assert again.score_texts(SENTENCES[:3], SENTENCES[1:4]) == pytest.approx(a, rel=1e-9)
 
 
-def test_generate_scores_are_summed_log_probs_in_input_order(scorer: Seq2SeqScorer) -> None:
+def _naive_ids_score(scorer: Seq2SeqScorer, source: str, target_ids: list[int]) -> float:
+    src = scorer.tokenizer(source)["input_ids"]
+    dec = [scorer.model.config.decoder_start_token_id] + target_ids[:-1]
+    with torch.no_grad():
+        logits = scorer.model(input_ids=torch.tensor([src]), decoder_input_ids=torch.tensor([dec])).logits[0]
+    lp = torch.log_softmax(logits, dim=-1)
+    return sum(lp[t, y].item() for t, y in enumerate(target_ids))
+
+
+@pytest.mark.parametrize("beam", [4, 1])
+def test_one_pass_scores_are_teacher_forced_scores_of_the_decoded_tokens(scorer: Seq2SeqScorer, beam: int) -> None:
+    # hypotheses long enough to hit the length limit: the forced </s> there is scored by its raw log-prob too
+    sources = [SENTENCES[5], SENTENCES[0], SENTENCES[9]]
+    for max_new in (6, 30):
+        texts, scores, ids = scorer._beam(sources, beam, beam, max_new, 64)
+        assert len(texts) == len(scores) == len(ids) == 3 * beam
+        bos, eos = scorer.tokenizer.bos_token_id, scorer.tokenizer.eos_token_id
+        for n, (score, tokens) in enumerate(zip(scores, ids, strict=True)):
+            assert tokens[0] == bos and tokens[-1] == eos and len(tokens) <= max_new
+            # HF's search keeps log-probs in fp32 (the naive reference runs this fp64 model in fp64)
+            assert score == pytest.approx(_naive_ids_score(scorer, sources[n // beam], tokens), rel=1e-6)
+
+
+def test_generate_scores_are_summed_log_probs_in_input_order(scorer: Seq2SeqScorer, monkeypatch) -> None:
     sources = [SENTENCES[5], SENTENCES[0], SENTENCES[9], SENTENCES[2]]  # mixed lengths: bucketed, then restored
+
+    def second_pass(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("generate must not score its hypotheses with a second forward")
+
     scorer.train()
-    out = scorer.generate(sources, num_beams=4, num_return_sequences=3, max_new_tokens=12, batch_size=2)
+    with monkeypatch.context() as m:
+        m.setattr(scorer, "log_probs", second_pass)
+        out = scorer.generate(sources, num_beams=4, num_return_sequences=3, max_new_tokens=12, batch_size=2)
     assert scorer.training  # the previous mode comes back
     scorer.eval()
     assert [len(o) for o in out] == [3, 3, 3, 3]
+    checked = 0
     for src, hyps in zip(sources, out, strict=True):
         scores = [s for _, s in hyps]
         assert scores == sorted(scores, reverse=True)
-        for text, score in hyps:
-            assert score == pytest.approx(_naive_score(scorer, src, text), rel=1e-9)
+        texts, beam_scores, ids = scorer._beam([src], 4, 3, 12, 64)
+        assert sorted(beam_scores, reverse=True) == pytest.approx(scores, rel=1e-9)
+        for text, score, tokens in zip(texts, beam_scores, ids, strict=True):
+            if scorer.tokenizer(text)["input_ids"] == tokens:  # the text re-tokenises to the decoded tokens
+                assert score == pytest.approx(_naive_score(scorer, src, text), rel=1e-6)
+                checked += 1
+    assert checked >= 4
     one_by_one = [scorer.generate([s], num_beams=4, num_return_sequences=3, max_new_tokens=12)[0] for s in sources]
     assert [[t for t, _ in o] for o in out] == [[t for t, _ in o] for o in one_by_one]

@@ -8,6 +8,7 @@ with the model's ``decoder_start_token_id`` (teacher forcing), the convention HF
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -150,10 +151,12 @@ class Seq2SeqScorer(nn.Module):
     ) -> list[list[tuple[str, float]]]:
         """Beam search: per source, ``num_return_sequences`` ``(text, S(text|source))``, best first.
 
-        HF ranks beams by a length-normalised score (``rank_by="beam"`` keeps that order); the returned score is
-        recomputed as the summed log-prob of the decoded text re-tokenised, so it is exactly the S(t|s) the loss
-        sees for it (``rank_by="sum_logprob"`` orders by it).
-        Runs in eval mode (restoring the previous mode) and batches sources of similar length together.
+        One decoding pass: each hypothesis's score is summed from the log-probs the beam search itself computed
+        (:class:`_StepLogProbs`), the raw model log-probs of its tokens, EOS included, the forced ``<s>``
+        included — the S(t|s) of teacher forcing (``score_texts``) up to float rounding, with no second forward.
+        HF ranks beams by a length-normalised score (``rank_by="beam"`` keeps that order); ``rank_by=
+        "sum_logprob"`` orders by S. Runs in eval mode (restoring the previous mode) and batches sources of
+        similar length together; memory per batch: the beam's own, plus ``(steps, rows, 3·beam)`` floats.
         """
         max_length = max_length or self.max_positions
         order = sorted(range(len(sources)), key=lambda i: len(sources[i].split()))  # length buckets
@@ -163,10 +166,9 @@ class Seq2SeqScorer(nn.Module):
         try:
             for lo in range(0, len(order), batch_size):
                 idx = order[lo : lo + batch_size]
-                batch = [sources[i] for i in idx]
-                texts = self._beam_texts(batch, num_beams, num_return_sequences, max_new_tokens, max_length)
-                repeated = [s for s in batch for _ in range(num_return_sequences)]
-                scores = self.score_texts(repeated, texts, max_length=max_length, batch_size=len(texts))
+                texts, scores, _ = self._beam(
+                    [sources[i] for i in idx], num_beams, num_return_sequences, max_new_tokens, max_length
+                )
                 hyps = list(zip(texts, scores, strict=True))
                 for n, i in enumerate(idx):
                     mine = hyps[n * num_return_sequences : (n + 1) * num_return_sequences]
@@ -176,24 +178,101 @@ class Seq2SeqScorer(nn.Module):
         return results
 
     @torch.no_grad()
-    def _beam_texts(
+    def _beam(
         self, sources: list[str], num_beams: int, num_return: int, max_new_tokens: int, max_length: int
-    ) -> list[str]:
+    ) -> tuple[list[str], list[float], list[list[int]]]:
+        """Texts, summed log-probs and token ids (``<s> … </s>``) of ``len(sources) × num_return`` hypotheses, in
+        HF's order. The score is that of the ids; the text re-tokenised usually gives the same ids again."""
+        from transformers import LogitsProcessorList
+
         x = self.tokenize(sources, max_length=max_length)
         bos = self.tokenizer.bos_token_id
         # Targets start with <s> when the tokenizer adds one (BART); force it so hypotheses look like targets.
         adds_bos = bos is not None and self.tokenizer("a")["input_ids"][0] == bos
-        seqs = self.model.generate(  # type: ignore[operator]
+        steps = min(max_new_tokens, self.max_positions - 1)
+        forced_eos = getattr(self.model.generation_config, "forced_eos_token_id", None)
+        record = _StepLogProbs(keep=3 * num_beams, force_first=bos if adds_bos else None,
+                               force_last=forced_eos if isinstance(forced_eos, int) else None, last_step=steps - 1,
+                               logits=num_beams == 1)  # greedy search hands processors logits, beam log-probs
+        out = self.model.generate(  # type: ignore[operator]
             input_ids=x.src_ids,
             attention_mask=x.src_mask,
             num_beams=num_beams,
             num_return_sequences=num_return,
-            max_new_tokens=min(max_new_tokens, self.max_positions - 1),
+            max_new_tokens=steps,
             do_sample=False,
             early_stopping=num_beams > 1,  # a beam flag; greedy decoding warns about it
             length_penalty=1.0,
             no_repeat_ngram_size=0,  # facebook/bart-large ships 3; fairseq's GEC decoding uses none
-            forced_bos_token_id=bos if adds_bos else None,
+            forced_bos_token_id=None,  # both forced by ``record``, which first keeps their raw log-probs
+            forced_eos_token_id=None,
             decoder_start_token_id=self.decoder_start_id,
-        )  # (B * num_return, L)
-        return [" ".join(t.split()) for t in self.tokenizer.batch_decode(seqs, skip_special_tokens=True)]
+            logits_processor=LogitsProcessorList([record]),
+            return_dict_in_generate=True,
+        )
+        seqs = out.sequences  # (N, 1 + steps): the start token, then the generated ones
+        scores = record.sequence_scores(seqs[:, 1:], getattr(out, "beam_indices", None),
+                                        eos_id=self.tokenizer.eos_token_id, pad_id=self.pad_id)  # fmt: skip
+        texts = [" ".join(t.split()) for t in self.tokenizer.batch_decode(seqs, skip_special_tokens=True)]
+        ids = [[t for t in row if t != self.pad_id] for row in seqs[:, 1:].tolist()]
+        return texts, scores.tolist(), ids
+
+
+class _StepLogProbs:
+    """A logits processor that keeps, per decoding step and beam row, the ``keep`` best raw log-probs.
+
+    HF's beam search log-softmaxes the logits, runs the processors, then picks the top ``2·beam`` (+ one beam
+    per EOS id) continuations over all rows: a token chosen from a row is among that row's top ``keep = 3·beam``,
+    so the kept values hold every chosen token's log-prob and ``beam_indices`` say which row it came from.
+    ``force_first``: the token forced at the first step (BART's ``<s>``), ``force_last``: the one forced at step
+    ``last_step`` (the config's ``forced_eos_token_id`` at the length limit); their raw log-probs are kept before
+    they are forced, as teacher forcing scores them. (HF's own processors would run first and hide them.)
+    ``logits``: the scores are raw logits (greedy search), log-softmaxed here before they are kept.
+    """
+
+    def __init__(self, *, keep: int, force_first: int | None, force_last: int | None = None, last_step: int = -1,
+                 logits: bool = False) -> None:  # fmt: skip
+        self.keep, self.force_first, self.logits = keep, force_first, logits
+        self.force_last, self.last_step = force_last, last_step
+        self.values: list[Tensor] = []  # per step: (rows, keep)
+        self.indices: list[Tensor] = []  # per step: (rows, keep)
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        lp = F.log_softmax(scores.float(), dim=-1) if self.logits else scores  # (rows, V)
+        values, indices = lp.topk(min(self.keep, lp.shape[-1]), dim=-1)  # (rows, keep)
+        step = len(self.values)
+        forced = self.force_first if step == 0 else self.force_last if step == self.last_step else None
+        if forced is not None:  # keep the forced token's raw log-prob, then force it
+            indices = torch.full_like(indices, -1)  # the forced token only (it may be among the top ones too)
+            values[:, 0], indices[:, 0] = lp[:, forced], forced
+            scores = torch.full_like(scores, -math.inf)
+            scores[:, forced] = 0.0
+        self.values.append(values if values.dtype == torch.float64 else values.float())
+        self.indices.append(indices)
+        return scores
+
+    def sequence_scores(self, tokens: Tensor, beam_indices: Tensor | None, *, eos_id: int | None, pad_id: int
+                        ) -> Tensor:  # fmt: skip
+        """Σ over each hypothesis's generated tokens of their kept log-prob: (N, T) tokens -> (N,).
+
+        ``beam_indices`` (N, ≤ T): the row each token was chosen from, −1 past the end (beam search); None for
+        greedy search, where row n is hypothesis n up to its first EOS (then padding)."""
+        steps = min(tokens.shape[1], len(self.values))
+        tokens = tokens[:, :steps]  # (N, T)
+        if beam_indices is None:
+            n = torch.arange(tokens.shape[0], device=tokens.device)
+            rows = n[:, None].expand(-1, steps)  # (N, T)
+            ended = tokens.eq(eos_id if eos_id is not None else -1).long().cumsum(1)  # (N, T)
+            valid = (ended - tokens.eq(eos_id if eos_id is not None else -1).long()).eq(0) & tokens.ne(pad_id)
+        else:
+            rows = beam_indices[:, :steps]  # (N, T)
+            valid = rows.ge(0)
+            rows = rows.clamp(min=0)
+        values = torch.stack(self.values[:steps], 1)  # (R, T, keep)
+        indices = torch.stack(self.indices[:steps], 1)  # (R, T, keep)
+        t = torch.arange(steps, device=tokens.device)[None, :].expand_as(rows)  # (N, T)
+        v, i = values[rows, t], indices[rows, t]  # (N, T, keep)
+        hit = i.eq(tokens.unsqueeze(-1))  # (N, T, keep)
+        token_lp = torch.where(hit, v, torch.zeros_like(v)).sum(-1)  # (N, T)
+        token_lp = torch.where(hit.any(-1), token_lp, torch.full_like(token_lp, math.nan))  # never: see above
+        return token_lp.masked_fill(~valid, 0.0).sum(-1)  # (N,)
