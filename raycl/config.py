@@ -46,6 +46,7 @@ class TuneSection:
 
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+ENGINES = ("hf", "ctranslate2")  # beam-search decoding: HF generate, or CTranslate2 (raycl.models.ct2_engine)
 
 
 @dataclass
@@ -89,7 +90,7 @@ class MiningSection:
     queue_size: int = 256  # examples mined-and-undelivered plus being mined, at most (miners wait beyond it)
     task_size: int = 32  # examples per miner task
     lease_s: float = 60.0  # a task not returned within this many seconds is mined again by another miner
-    precision: str = "fp32"  # the miners' forward passes: fp32 | bf16 | fp16 (autocast)
+    precision: str = "fp32"  # the miners' forward passes: fp32 | bf16 | fp16 (autocast); int8 with ctranslate2
 
 
 
@@ -457,7 +458,11 @@ def _validate_mining(m: MiningSection, where: str) -> None:
     require(m.queue_size >= m.task_size, where, "mining.queue_size", f"≥ mining.task_size = {m.task_size}",
              m.queue_size)
     require(m.lease_s > 0, where, "mining.lease_s", "> 0 seconds", m.lease_s)
-    require(m.precision in PRECISIONS, where, "mining.precision", " | ".join(PRECISIONS), m.precision)
+    engine = getattr(m, "engine", "hf")  # beam-search miners choose a decoding engine (GecMiningSection)
+    require(engine in ENGINES, where, "mining.engine", " | ".join(ENGINES), engine)
+    allowed = PRECISIONS + ("int8",) if engine == "ctranslate2" else PRECISIONS
+    require(m.precision in allowed, where, "mining.precision", " | ".join(allowed) + (
+        "" if engine == "ctranslate2" else " (int8 with mining.engine=ctranslate2)"), m.precision)
 
 
 def from_dict(cls: type, data: dict[str, Any]) -> Any:

@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -40,6 +40,7 @@ class Run:
     counts: dict[str, int]  # examples per split, as read by the driver
     timings: dict[str, float] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)  # the recipe's other shared artefacts
+    services: dict[str, Any] = field(default_factory=dict)  # run-level actors trials use (GEC: the shared n-best)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class Recipe(Protocol):
     def search_space(self, space: Space, cfg: Any) -> dict[str, Any]: ...
     def ladder(self, space: Space, cfg: Any) -> list[str]: ...
     def train_points(self, run: Run) -> list[TrainPoint]: ...
+    def shared(self, run: Run, space: Space) -> AbstractContextManager[Any]: ...
     def train_one(self, run: Run, cfg: Any, out_dir: Path, *, name: str, in_tune: bool) -> Any: ...
     def max_t(self, run: Run) -> int: ...
     def trial_resources(self, run: Run) -> Any: ...
@@ -85,6 +87,10 @@ class RecipeBase:
 
     def train_points(self, run: Run) -> list[TrainPoint]:
         return [TrainPoint("train", {}, "train")]
+
+    def shared(self, run: Run, space: Space) -> AbstractContextManager[Any]:
+        """What every training of the run shares while the sweep and baselines run (GEC: the mined n-best)."""
+        return nullcontext()
 
     def trial_resources(self, run: Run) -> Any:
         return None
@@ -182,14 +188,15 @@ def run_tune(recipe: Recipe, space: Space, run_dir: Path) -> dict[str, Any]:
     names = recipe.ladder(space, space.config)
     run = prepare(recipe, space, run_dir)
     say(f"sweep over {', '.join(param_space) or 'the default point'}")
-    t0 = time.perf_counter()
-    trials = sweep(recipe, run, space, param_space, name="sweep")
-    run.timings["sweep_s"] = time.perf_counter() - t0
-    best = recipe.best(trials, run.cfg)
-    t0 = time.perf_counter()
-    extra = baselines(recipe, run, space, ladder_groups(recipe, run, best), names)
-    if extra:
-        run.timings["baselines_s"] = time.perf_counter() - t0
+    with recipe.shared(run, space):
+        t0 = time.perf_counter()
+        trials = sweep(recipe, run, space, param_space, name="sweep")
+        run.timings["sweep_s"] = time.perf_counter() - t0
+        best = recipe.best(trials, run.cfg)
+        t0 = time.perf_counter()
+        extra = baselines(recipe, run, space, ladder_groups(recipe, run, best), names)
+        if extra:
+            run.timings["baselines_s"] = time.perf_counter() - t0
     recipe.export(run, best)
     return recipe.write_report(run, space, trials, extra)
 
@@ -203,8 +210,16 @@ def ladder_groups(recipe: Recipe, run: Run, best: dict[Any, TrialOutcome]) -> di
 def run_train(recipe: Recipe, space: Space, run_dir: Path) -> dict[str, Any]:
     """``python -m raycl.train``: prepare, then each of the recipe's trainings at the default point, report."""
     run = prepare(recipe, space, run_dir)
-    trials = []
     t0 = time.perf_counter()
+    with recipe.shared(run, space):
+        trials = _train_points(recipe, run)
+    run.timings["train_s"] = time.perf_counter() - t0
+    recipe.export(run, recipe.best(trials, run.cfg) if recipe.group_key else {None: trials[0]})
+    return recipe.write_report(run, space, trials, [])
+
+
+def _train_points(recipe: Recipe, run: Run) -> list[TrialOutcome]:
+    trials: list[TrialOutcome] = []
     for point in recipe.train_points(run):
         cfg = set_dotted(run.cfg, point.overrides, where="train") if point.overrides else run.cfg
         out_dir = run.run_dir / "trials" / point.trial_id
@@ -214,6 +229,4 @@ def run_train(recipe: Recipe, space: Space, run_dir: Path) -> dict[str, Any]:
         if result.error is not None:
             raise result.error
         trials.append(TrialOutcome(point.trial_id, dict(point.overrides), read_history(out_dir)))
-    run.timings["train_s"] = time.perf_counter() - t0
-    recipe.export(run, recipe.best(trials, run.cfg) if recipe.group_key else {None: trials[0]})
-    return recipe.write_report(run, space, trials, [])
+    return trials

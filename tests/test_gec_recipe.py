@@ -66,6 +66,7 @@ def test_tune_sweep_and_baselines_on_local_ray(ray_local, tmp_path: Path) -> Non
     di = next(r for r in summary["table"] if r["method"] == "DI")
     assert di["epoch"] == 0 and "test/G/f05" in di  # direct inference: the base model, no fine-tuning
     assert (tmp_path / "sweep.png").exists()
+    _check_mined_once(tmp_path, space.config)
     # every trial's CPUs are back once the sweep is over (Train V2 placement groups released)
     import ray._common.test_utils as tu
 
@@ -84,3 +85,28 @@ def test_malformed_m2_in_a_run_exits_2_with_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert f"{bad}:2:" in last and "Traceback" not in proc.stderr
+
+
+def _check_mined_once(run_dir: Path, cfg) -> None:  # type: ignore[no-untyped-def]
+    """Version-0 negatives: the run beam-searched every D_F sentence once, no trial ran miners of its own, and each
+    trial's negatives are those today's per-trial miner (``BeamSearchMiner.mine``) gives for its k and CL/CL⁻."""
+    from raycl.data.gec import load_examples
+    from raycl.miners.beam_search import BeamSearchMiner
+    from raycl.models.seq2seq import Seq2SeqScorer
+
+    meta = json.loads((run_dir / "nbest" / "meta.json").read_text())
+    finetune = load_examples([str(p) for p in sorted((run_dir / "data").glob("finetune*"))])
+    assert meta["complete"] and meta["examples"] == len(finetune) == 40
+    assert meta["beam_searched"] == 40  # once per sentence, for 3 contrastive trials (2 CL points and CL⁻)
+    method = {r["trial_id"]: r["method"] for r in csv.DictReader(open(run_dir / "results.csv"))}
+    trials = [d for d in (run_dir / "trials").iterdir() if (d / "negatives.parquet").exists()]
+    assert sorted(method[d.name] for d in trials) == ["CL", "CL", "CL⁻"]
+    assert not any((d / "mining.json").exists() for d in trials)  # no trial had a miner pool of its own
+    scorer = Seq2SeqScorer.from_pretrained(run_dir / "base_model")
+    for d in trials:
+        got = {r["id"]: r["negatives"] for r in pq.read_table(d / "negatives.parquet").to_pylist()}
+        cl = method[d.name] == "CL"
+        miner = BeamSearchMiner(scorer, k=cfg.mining.k, beam=cfg.mining.beam, source_negative=cl,
+                                max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.mining.task_size)
+        want = {m.id: list(m.negatives) for m in miner.mine(finetune)}
+        assert got == want, (d.name, method[d.name])

@@ -48,10 +48,12 @@ class MinedBatch:
     miner_id: int
     epoch: int
     task_id: int
+    seconds: float = 0.0  # the miner's time on this task
 
     @classmethod
     def of(
-        cls, task: MineTask, records: Sequence[MinedRecord], *, model_version: int, miner_id: int
+        cls, task: MineTask, records: Sequence[MinedRecord], *, model_version: int, miner_id: int,
+        seconds: float = 0.0,
     ) -> MinedBatch:
         assert [r.id for r in records] == list(task.ids), "a miner must return one record per item, in order"
         return cls(
@@ -59,6 +61,7 @@ class MinedBatch:
             negatives=tuple(tuple(r.negatives) for r in records),
             scores=tuple(tuple(float(s) for s in r.scores) for r in records),
             model_version=model_version, miner_id=miner_id, epoch=task.epoch, task_id=task.task_id,
+            seconds=seconds,
         )  # fmt: skip
 
     def items(self) -> list[StreamItem]:

@@ -65,7 +65,7 @@ def _build_echo(_path: str, options: dict[str, Any]) -> EchoMiner:
     return EchoMiner(**{k: v for k, v in options.items() if k not in ("device", "precision")})
 
 
-def _load_echo(miner: Any, state_dict: Mapping[str, torch.Tensor]) -> None:
+def _load_echo(miner: Any, state_dict: Mapping[str, torch.Tensor], *, version: int = 0) -> None:
     miner.load(state_dict)
 
 
@@ -99,8 +99,8 @@ class MinerFactory:
         opts.setdefault("device", miner_device(gpus))
         return self.spec().build(self.model_path, opts)
 
-    def load(self, miner: Any, state_dict: Mapping[str, torch.Tensor]) -> None:
-        self.spec().load(miner, state_dict)
+    def load(self, miner: Any, state_dict: Mapping[str, torch.Tensor], *, version: int) -> None:
+        self.spec().load(miner, state_dict, version=version)
 
 
 # ---------------------------------------------------------------------------------------------- the actor
@@ -151,8 +151,10 @@ class MinerActor:
     def mine(self, task: MineTask) -> MinedBatch:
         """Mine one task with weights ≥ ``task.min_version`` (pulling newer ones first)."""
         self._sync(task.min_version)
+        t0 = time.perf_counter()
         records = self.miner.mine(list(task.items))
-        batch = MinedBatch.of(task, records, model_version=self._version, miner_id=self.miner_id)
+        batch = MinedBatch.of(task, records, model_version=self._version, miner_id=self.miner_id,
+                              seconds=time.perf_counter() - t0)  # fmt: skip
         self._done += 1
         self.chaos.after_task(self._done, self.miner_id)
         return batch
@@ -188,7 +190,7 @@ class MinerActor:
         try:
             weights: WeightsRef | None = ray.get(self.store.pull_if_newer.remote(self._version))
             if weights is not None:
-                self.factory.load(self.miner, fetch_weights(weights))
+                self.factory.load(self.miner, fetch_weights(weights), version=weights.version)
                 self._version = weights.version
         except ray.exceptions.RayError as err:  # store or buffer gone: keep mining with the weights we have
             log.warning("miner %d: weight pull failed, keeps version %d (%s)", self.miner_id, self._version, err)

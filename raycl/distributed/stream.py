@@ -50,6 +50,8 @@ class NegativeStream:
         self._changed: asyncio.Condition | None = None
         self._closed = False
         self._max_fill = 0
+        self.searched = 0  # examples miners handed back (accepted, repeated or late alike)
+        self.mine_s = 0.0  # the miners' time on them
 
     @property
     def changed(self) -> asyncio.Condition:
@@ -109,6 +111,8 @@ class NegativeStream:
     async def put(self, batch: MinedBatch) -> int:
         """Hand back a mined task; returns how many ids were accepted (duplicates and late ones are dropped)."""
         accepted = set(self.ledger.complete(batch))
+        self.searched += len(batch.ids)
+        self.mine_s += batch.seconds
         for item in batch.items():
             if item.id in accepted:
                 self.cache[item.id] = item
@@ -163,7 +167,8 @@ class NegativeStream:
         return {
             "fill": led.fill, "capacity": self.capacity, "max_fill": self._max_fill, "epoch": led.epoch,
             "ready": sum(len(r) for r in led.ready), "in_flight": led.fill - len(led.fresh),
-            "cached": len(self.cache), "closed": self._closed,
+            "cached": len(self.cache), "closed": self._closed, "searched": self.searched,
+            "mine_s": round(self.mine_s, 3),
             **{k: led.counters[k] for k in ("mined", "consumed", "refused", "reassigned", "duplicates", "late")},
         }  # fmt: skip
 

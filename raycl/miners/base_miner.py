@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -25,8 +25,13 @@ ResultT = TypeVar("ResultT", bound=HasId)
 
 
 @contextmanager
-def inference(module: nn.Module) -> Iterator[None]:
-    """``torch.no_grad()`` and eval mode for the duration; the module's previous train/eval mode comes back."""
+def inference(module: Any) -> Iterator[None]:
+    """``torch.no_grad()`` and eval mode for the duration; the module's previous train/eval mode comes back.
+    A decoding engine that is not a torch module (CTranslate2) only gets ``no_grad``."""
+    if not isinstance(module, nn.Module):
+        with torch.no_grad():
+            yield
+        return
     was_training = module.training
     module.eval()
     try:
@@ -39,7 +44,7 @@ def inference(module: nn.Module) -> Iterator[None]:
 class BaseMiner(Generic[ExampleT, ResultT]):
     """Subclasses implement ``_mine(examples) -> results``; callers use ``miner(examples)`` or ``mine``."""
 
-    def __init__(self, module: nn.Module, *, precision: str = "fp32") -> None:
+    def __init__(self, module: Any, *, precision: str = "fp32") -> None:
         self.module = module
         self.precision = precision  # fp32 | bf16 | fp16: the forward passes' autocast (mining.precision)
 
@@ -56,7 +61,7 @@ class BaseMiner(Generic[ExampleT, ResultT]):
 
     def _autocast(self) -> AbstractContextManager[None]:
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
-        if dtype is None:
+        if dtype is None or not isinstance(self.module, nn.Module):  # an engine applies its own compute type
             return nullcontext()
         device = next(self.module.parameters()).device
         return torch.autocast(device_type=device.type, dtype=dtype)

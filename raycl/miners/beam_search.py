@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from raycl.errors import UserError, at
 from raycl.miners.base_miner import BaseMiner, inference
 from raycl.miners.registry import load_module, register_miner
@@ -59,6 +61,20 @@ def select_negatives(
     return chosen
 
 
+def select_from_nbest(nbest: MinedNegatives, source_score: float, example: GecExample, *, k: int,
+                      source_negative: bool, refill: bool = False) -> MinedNegatives:  # fmt: skip
+    """One example's negatives from its raw n-best (and S(s|s)): what ``BeamSearchMiner.select`` gives for it."""
+    chosen = select_negatives(nbest.negatives, example.target, example.source, k=k,
+                              source_negative=source_negative, refill=refill)  # fmt: skip
+    scores = {normalize(example.source): source_score, **dict(zip(nbest.negatives, nbest.scores, strict=True))}
+    return MinedNegatives(example.id, tuple(chosen), tuple(scores[n] for n in chosen))
+
+
+def split_nbest(record: MinedNegatives) -> tuple[MinedNegatives, float]:
+    """A shared n-best record (``nbest=True``: the source appended last) -> (the n-best, S(s|s))."""
+    return MinedNegatives(record.id, record.negatives[:-1], record.scores[:-1]), record.scores[-1]
+
+
 def length_chunks(texts: Sequence[str], size: int) -> Iterator[list[int]]:
     """Indices of ``texts`` in chunks of ``size``, shortest first, so each batch pads little."""
     order = sorted(range(len(texts)), key=lambda i: len(texts[i].split()))
@@ -75,6 +91,8 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
         beam: beam size = n-best size; defaults to k+1 and must be ≥ k+1, so k survive dropping t.
         source_negative: CL (True) adds the source as a negative; CL⁻ (False) never does.
         batch_size: sources per beam-search call, bucketed by length.
+        nbest: ``mine`` returns no selection but each example's raw n-best with the (normalised) source appended
+            last, scored S(s|s) — what a run-level n-best keeps, so that every trial selects its own k and CL/CL⁻.
 
     Returns (``mine``): one ``MinedNegatives`` per example, ≤ k beam outputs (distinct, ≠ t, score-descending)
     then the source; its score is S(s|s) under the same model.
@@ -93,8 +111,11 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
         precision: str = "fp32",
         rank_by: str = "beam",
         refill: bool = False,
+        nbest: bool = False,
     ) -> None:
         super().__init__(scorer, precision=precision)
+        self.nbest_mode = nbest  # mine() returns the raw n-best + the source (a run's shared n-best)
+        self.searched = 0  # sentences beam-searched by this miner
         if rank_by not in RANK_BY:
             raise ValueError(f"rank_by must be one of {RANK_BY}, got {rank_by!r}")
         self.rank_by, self.refill = rank_by, refill
@@ -141,7 +162,13 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
         ]
 
     def _mine(self, examples: Sequence[GecExample]) -> list[MinedNegatives]:
-        return self.select(self._nbest(examples, progress=False), examples)
+        nbests = self._nbest(examples, progress=False)
+        if not self.nbest_mode:
+            return self.select(nbests, examples)
+        sources = [normalize(ex.source) for ex in examples]
+        got = self.scorer.score_texts([ex.source for ex in examples], sources, batch_size=self.batch_size)
+        return [MinedNegatives(nb.id, (*nb.negatives, src), (*nb.scores, s))
+                for nb, src, s in zip(nbests, sources, got, strict=True)]  # fmt: skip
 
     def _nbest(self, examples: Sequence[GecExample], *, progress: bool) -> list[MinedNegatives]:
         from tqdm.auto import tqdm
@@ -156,6 +183,7 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
                 )  # fmt: skip
                 for i, h in zip(idx, hyps, strict=True):
                     out[i] = _distinct(examples[i].id, h)
+                self.searched += len(idx)
                 bar.update(len(idx))
         return [r for r in out if r is not None]
 
@@ -219,13 +247,35 @@ def read_negatives_parquet(path: str | Path) -> dict[str, MinedNegatives]:
     return out
 
 
+ENGINES = ("hf", "ctranslate2")
+
+
 def build_beam_miner(model_path: str, options: dict[str, Any]) -> BeamSearchMiner:
-    """A ``gec_beam`` miner in an actor: the scorer from ``model_path`` on ``options["device"]``."""
+    """A ``gec_beam`` miner in an actor: the decoding engine over ``model_path`` on ``options["device"]``.
+
+    ``options["engine"]``: ``hf`` (``Seq2SeqScorer``, ``precision`` = autocast) or ``ctranslate2`` (the folder
+    converted once per weight version, cached next to it; ``precision`` → the engine's compute type)."""
+    opts = dict(options)
+    device, engine = opts.pop("device", "cpu"), opts.pop("engine", "hf")
+    if engine == "ctranslate2":
+        from raycl.models.ct2_engine import CT2Seq2Seq
+
+        return BeamSearchMiner(CT2Seq2Seq.from_pretrained(model_path, device=device,
+                                                          precision=opts.get("precision", "fp32")), **opts)
+    if engine != "hf":
+        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     from raycl.models.seq2seq import Seq2SeqScorer
 
-    opts = dict(options)
-    device = opts.pop("device", "cpu")
     return BeamSearchMiner(Seq2SeqScorer.from_pretrained(model_path, device=device), **opts)
 
 
-GEC_BEAM = register_miner("gec_beam", build=build_beam_miner, load=load_module)
+def load_beam_weights(miner: BeamSearchMiner, state_dict: Any, *, version: int = 0) -> None:
+    """Published weights into a ``gec_beam`` miner: the torch module's, or a CTranslate2 model converted for
+    ``version`` (once per version; miners on one node share the converted folder)."""
+    if isinstance(miner.scorer, torch.nn.Module):
+        load_module(miner, state_dict, version=version)
+    else:
+        miner.scorer.load_state_dict(state_dict, version=version)
+
+
+GEC_BEAM = register_miner("gec_beam", build=build_beam_miner, load=load_beam_weights)

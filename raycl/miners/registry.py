@@ -24,14 +24,14 @@ class MinerKind:
 
     name: str
     build: Callable[[str, dict[str, Any]], Any]  # (model_path, options incl. device, precision) -> miner
-    load: Callable[[Any, Mapping[str, torch.Tensor]], None]  # (miner, state_dict) -> None
+    load: Callable[..., None]  # (miner, state_dict, *, version) -> None
 
 
 MINER_KINDS: dict[str, MinerKind] = {}
 
 
 def register_miner(name: str, *, build: Callable[[str, dict[str, Any]], Any],
-                   load: Callable[[Any, Mapping[str, torch.Tensor]], None]) -> MinerKind:  # fmt: skip
+                   load: Callable[..., None]) -> MinerKind:  # fmt: skip
     kind = MinerKind(name, build, load)
     MINER_KINDS[name] = kind
     return kind
@@ -50,7 +50,7 @@ def miner_device(gpu_ids: Sequence[Any]) -> str:
     return "cuda" if gpu_ids and torch.cuda.is_available() else "cpu"
 
 
-def load_module(miner: Any, state_dict: Mapping[str, torch.Tensor]) -> None:
+def load_module(miner: Any, state_dict: Mapping[str, torch.Tensor], *, version: int = 0) -> None:
     """Load into the module the miner wraps (``BaseMiner.module``, the scorer): its own state dict, the same
     from a DDP-wrapped copy (``module.`` prefix), or the inner HF model's (``scorer.model``)."""
     module = miner.module

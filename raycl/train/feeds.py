@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -122,6 +123,84 @@ class StreamFeed:
         newest = self.consumer.store_version()
         if newest > self.consumer.version:
             self.consumer.publish(model, after=newest)
+
+
+class NBestFeed:
+    """Negatives selected from the run's shared n-best (``raycl.distributed.nbest``): version 0, mined once per
+    run. While it is being mined, an epoch's batches are this rank's examples in the order their lists arrive
+    (the first trials train as the n-best is mined); once this rank has them all, a seeded shuffle, like
+    :class:`StaticFeed`. Every rank yields ⌈shard / batch_size⌉ batches either way."""
+
+    def __init__(self, stream: Any, shard: list[GecExample], *, batch_size: int, seed: int,
+                 select: Callable[[Any, float, GecExample], list[str]], poll_s: float = 1.0) -> None:  # fmt: skip
+        self.stream, self.shard, self.batch_size, self.seed = stream, shard, batch_size, seed
+        self.select, self.poll_s = select, poll_s
+        self.negatives: dict[str, list[str]] = {}  # by base id: this rank's selected negatives
+        self.mine_wait = self.first_wait = 0.0
+        self.delivered = 0  # negatives in this epoch's batches
+
+    def batches(self, epoch: int, model: torch.nn.Module) -> Iterator[Batch]:
+        self.mine_wait = self.first_wait = 0.0
+        self.delivered = 0
+        order = list(range(len(self.shard)))
+        random.Random(self.seed * 1000 + epoch).shuffle(order)
+        if all(_base_id(ex.id) in self.negatives for ex in self.shard):
+            size = self.batch_size
+            chunks: Iterator[list[int]] = (order[i : i + size] for i in range(0, len(order), size))
+        else:
+            chunks = self._as_mined(order)
+        for idx in chunks:
+            chunk = [self.shard[i] for i in idx]
+            negatives = [self.negatives[_base_id(ex.id)] for ex in chunk]
+            self.delivered += sum(map(len, negatives))
+            yield chunk, negatives
+
+    def _as_mined(self, order: list[int]) -> Iterator[list[int]]:
+        import ray
+
+        from raycl.miners.beam_search import MinedNegatives, split_nbest
+
+        waiting, ready, first = list(order), list[int](), True
+        while waiting or ready:
+            if len(ready) < self.batch_size and waiting:
+                t0 = time.perf_counter()
+                missing = sorted({_base_id(self.shard[i].id) for i in waiting} - set(self.negatives))
+                got = ray.get(self.stream.wait_ready.remote(missing, self.poll_s)) if missing else []
+                for it in got:
+                    nbest, source_score = split_nbest(MinedNegatives(it.id, tuple(it.negatives), tuple(it.scores)))
+                    self.negatives[it.id] = self.select(nbest, source_score, self._by_base[it.id])
+                now_ready = [i for i in waiting if _base_id(self.shard[i].id) in self.negatives]
+                ready += now_ready
+                waiting = [i for i in waiting if _base_id(self.shard[i].id) not in self.negatives]
+                waited = time.perf_counter() - t0
+                self.mine_wait += waited
+                if first:
+                    self.first_wait += waited
+                if len(ready) < self.batch_size and waiting:
+                    continue
+            batch, ready = ready[: self.batch_size], ready[self.batch_size :]
+            first = False
+            yield batch
+
+    @property
+    def _by_base(self) -> dict[str, GecExample]:
+        if not hasattr(self, "_base_map"):
+            self._base_map = {_base_id(ex.id): ex for ex in self.shard}
+        return self._base_map
+
+    def after_step(self, step: int, model: torch.nn.Module) -> None:
+        pass
+
+    def metrics(self) -> dict[str, float]:
+        return {"timing/mine_wait": self.mine_wait, "timing/mine_wait_first": self.first_wait,
+                "stream/negatives": float(self.delivered), "stream/version": 0.0, "stream/staleness_max": 0.0,
+                "stream/refused": 0.0}  # fmt: skip
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def resume(self, state: dict[str, Any], model: torch.nn.Module) -> None:
+        pass
 
 
 def _base_id(id_: str) -> str:

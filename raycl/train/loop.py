@@ -175,6 +175,7 @@ class Job:
     out_dir: str
     stream: Any = None  # the negative stream's actor handle, when negatives are mined while training
     store: Any = None  # the weight store's actor handle
+    nbest: Any = None  # the run's shared n-best (``raycl.distributed.nbest``), when negatives are version 0
     chaos: dict[str, Any] | None = None  # a trainer crash switch for tests and benchmarks (raycl.train.chaos)
 
 

@@ -17,6 +17,10 @@ DI (base model, no fine-tuning), NLL (λ = 0) and CL⁻ (no source negative) —
 from __future__ import annotations
 
 import dataclasses
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +30,15 @@ from raycl.data import gec_inputs
 from raycl.data.gec import load_examples
 from raycl.distributed.miner_pool import MinerFactory
 from raycl.distributed.mining_service import trial_resources
+from raycl.distributed.nbest import nbest_records, shared_nbest
 from raycl.distributed.sweep import TrialOutcome
 from raycl.driver import RecipeBase, Run, TrainPoint, fit_job, miners
 from raycl.errors import UserError
-from raycl.miners.beam_search import GEC_BEAM, write_negatives_parquet
+from raycl.miners.beam_search import GEC_BEAM, select_from_nbest, write_negatives_parquet
 from raycl.models.presets import build_model
 from raycl.recipes.gec import report
 from raycl.recipes.gec.worker import GecTask
+from raycl.records import atomic_write
 from raycl.report import copy_atomic, say
 from raycl.train.loop import Job
 from raycl.train.progress import follow
@@ -72,29 +78,64 @@ class GecRecipe(RecipeBase):
     def train_points(self, run: Run) -> list[TrainPoint]:
         return [TrainPoint("train", {}, "steps 2–3: mine ‖ fine-tune")]
 
+    @contextmanager
+    def shared(self, run: Run, space: Space) -> Iterator[None]:
+        """Step 2 once for the whole run (version-0 negatives, ``mining.share``): the base model's n-best of D_F,
+        mined by one miner pool while the first trials train; every trial selects its k and CL/CL⁻ from it."""
+        cfg = run.cfg
+        swept = {key for key in space.search if key in DECODING_KEYS}
+        if not (mines_while_training(cfg) and shares_nbest(cfg)) or swept:
+            if swept and mines_while_training(cfg):
+                say(f"per-trial mining: the sweep varies {', '.join(sorted(swept))}: trials' n-best lists differ")
+            yield
+            return
+        m = cfg.mining
+        options = decoding_options(cfg)
+        factory = MinerFactory(GEC_BEAM, str(run.base_model), {
+            "k": m.beam - 1, "beam": m.beam, "batch_size": m.batch_size, "max_new_tokens": cfg.eval.max_new_tokens,
+            "precision": m.precision, "rank_by": m.rank_by, "engine": m.engine, "nbest": True})  # fmt: skip
+        examples = load_examples(cfg.data.finetune, annotator=cfg.data.annotator)
+        t0 = time.perf_counter()
+        with shared_nbest(factory, m, examples, run.run_dir / "nbest", options=options, model_dir=run.base_model,
+                          say=say) as stream:  # fmt: skip
+            run.services["nbest"] = (stream, options)
+            try:
+                yield
+            finally:
+                run.services.pop("nbest", None)
+        run.timings["nbest_s"] = time.perf_counter() - t0
+
     def train_one(self, run: Run, cfg: GecConfig, out_dir: Path, *, name: str, in_tune: bool,
                   chaos: dict[str, Any] | None = None) -> Any:  # fmt: skip
         """Steps 2–3 for one point: miners mine D_F with the base model (version 0) while the trainers consume
-        it. ``chaos``: a trainer crash switch for tests and benchmarks (``raycl.train.chaos``)."""
+        it — the run's shared n-best when there is one, else this trial's own miner pool. ``chaos``: a trainer
+        crash switch for tests and benchmarks (``raycl.train.chaos``)."""
         job = Job(GecTask(cfg, "finetune"), str(run.base_model), str(out_dir), chaos=chaos)
         if not mines_while_training(cfg):
             return fit_job(run, cfg, job, name=name, in_tune=in_tune)
+        shared = run.services.get("nbest")
+        if shared is not None and shares_nbest(cfg) and shared[1] == decoding_options(cfg):
+            result = fit_job(run, cfg, dataclasses.replace(job, nbest=shared[0]), name=name, in_tune=in_tune)
+            _write_selected(out_dir / "negatives.parquet", cfg, nbest_records(shared[0]))
+            return result
         m = cfg.mining
         factory = MinerFactory(GEC_BEAM, str(run.base_model), {
             "k": m.k, "beam": m.beam, "source_negative": m.source_negative, "batch_size": m.batch_size,
             "max_new_tokens": cfg.eval.max_new_tokens, "precision": m.precision, "rank_by": m.rank_by,
-            "refill": m.refill})  # fmt: skip
+            "refill": m.refill, "engine": m.engine})  # fmt: skip
         with miners(factory, m, world_size=cfg.scaling.num_workers, seed=cfg.optim.seed) as service:
             job = dataclasses.replace(job, stream=service.stream, store=service.store)
             result = fit_job(run, cfg, job, name=name, in_tune=in_tune)
             _write_negatives(out_dir / "negatives.parquet", cfg, service.negatives())
+            atomic_write(out_dir / "mining.json", json.dumps(service.stats()))
         return result
 
     def max_t(self, run: Run) -> int:
         return int(run.cfg.optim.epochs)
 
     def trial_resources(self, run: Run) -> Any:
-        return trial_resources(run.cfg.tune.driver_cpus, run.cfg.mining if mines_while_training(run.cfg) else None)
+        own_miners = mines_while_training(run.cfg) and "nbest" not in run.services
+        return trial_resources(run.cfg.tune.driver_cpus, run.cfg.mining if own_miners else None)
 
     # ------------------------------------------------------------------------------------------ step 4
     def export(self, run: Run, best: dict[Any, TrialOutcome]) -> None:
@@ -123,6 +164,32 @@ def _initial_model(cfg: GecConfig, out: Path) -> Path:
 def mines_while_training(cfg: GecConfig) -> bool:
     """Step 2 runs in the miner pool, alongside fine-tuning, unless negatives are pre-mined or not needed."""
     return cfg.loss.trade_off > 0 and cfg.optim.epochs > 0 and not cfg.mining.negatives
+
+
+def shares_nbest(cfg: GecConfig) -> bool:
+    """Negatives from the base model only (the paper): one n-best per run serves every trial."""
+    m = cfg.mining
+    return m.share and m.sync_every == 0 and m.refresh_every == 0
+
+
+DECODING_KEYS = ("mining.beam", "mining.rank_by", "mining.engine", "mining.precision", "eval.max_new_tokens",
+                 "model.max_length")
+
+
+def decoding_options(cfg: GecConfig) -> dict[str, Any]:
+    """What makes an n-best list: a trial may use the run's n-best only when these are the run's."""
+    m = cfg.mining
+    return {"beam": m.beam, "rank_by": m.rank_by, "engine": m.engine, "precision": m.precision,
+            "max_new_tokens": cfg.eval.max_new_tokens, "max_length": cfg.model.max_length}
+
+
+def _write_selected(path: Path, cfg: GecConfig, records: dict[str, Any]) -> None:
+    """A trial's negatives, selected from the run's n-best with its k and CL/CL⁻, as ``raycl.mine`` writes them."""
+    m = cfg.mining
+    examples = [ex for ex in load_examples(cfg.data.finetune, annotator=cfg.data.annotator) if ex.id in records]
+    mined = [select_from_nbest(records[ex.id][0], records[ex.id][1], ex, k=m.k, source_negative=m.source_negative,
+                               refill=m.refill) for ex in examples]  # fmt: skip
+    write_negatives_parquet(path, examples, mined, model_version=0)
 
 
 def _write_negatives(path: Path, cfg: GecConfig, items: list[Any]) -> None:

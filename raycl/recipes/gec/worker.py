@@ -11,6 +11,7 @@ accumulated batches, take the same step as one batch N times as large. After eve
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Iterator
@@ -22,11 +23,12 @@ from raycl.configs.gec import GecConfig
 from raycl.data.gec import GecExample, load_examples
 from raycl.distributed.consumer import StreamConsumer
 from raycl.losses.gec_margin import GecContrastiveLoss
+from raycl.miners.beam_search import select_from_nbest
 from raycl.miners.shards import read_negatives
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.recipes.gec import evaluation
 from raycl.records import save_dir_atomic
-from raycl.train.feeds import Feed, StaticFeed, StreamFeed, shard, token_batches
+from raycl.train.feeds import Feed, NBestFeed, StaticFeed, StreamFeed, shard, token_batches
 from raycl.train.gec_step import collate, gec_loss
 from raycl.train.loop import Batch, Keep, LoopSettings, Report, StepContext, TaskBase, TrainState, Window, Worker
 from raycl.train.optim import build_optimizer, build_scheduler
@@ -69,6 +71,10 @@ class GecState(TrainState):
         return max(lengths[0], sum(lengths[1:]))
 
 
+def _selected(nbest: Any, source_score: float, example: GecExample, **rule: Any) -> list[str]:
+    return list(select_from_nbest(nbest, source_score, example, **rule).negatives)
+
+
 @dataclass(frozen=True)
 class GecTask(TaskBase):
     """One phase of Algorithm 1 on one worker."""
@@ -108,6 +114,11 @@ class GecTask(TaskBase):
         cfg, ph = self.cfg, self.ph
         shards = [shard(examples, r, w.world_size) for r in range(w.world_size)]
         needs_negatives = ph.name == "finetune" and ph.trade_off > 0 and ph.epochs > 0
+        if needs_negatives and w.job.nbest is not None:  # the run's shared n-best: select this trial's k, CL/CL⁻
+            m = cfg.mining
+            select = functools.partial(_selected, k=m.k, source_negative=m.source_negative, refill=m.refill)
+            return NBestFeed(w.job.nbest, shards[w.rank], batch_size=ph.batch_size, seed=cfg.optim.seed,
+                             select=select)  # fmt: skip
         if needs_negatives and w.job.stream is not None:
             consumer = StreamConsumer(w.job.stream, w.job.store, rank=w.rank, world_size=w.world_size,
                                       max_staleness=cfg.mining.max_staleness)  # fmt: skip

@@ -1,0 +1,224 @@
+"""Mine once per run: the base model's n-best of D_F, mined by one miner pool and read by every trial.
+
+In the paper's setting every negative comes from the base model, version 0 (``mining.sync_every`` =
+``refresh_every`` = 0), so the n-best lists of a sweep's trials are identical: the run mines them once
+(:func:`shared_nbest`, beam = ``mining.beam`` ≥ the largest k + 1 of the grid) while the first trials already
+train, and each trial *selects* its own k and CL/CL⁻ from them (``select_from_nbest``, the rule the per-trial
+miners apply), so results do not change. The pieces:
+
+* :class:`NBestStream` — the miners' target, a :class:`~raycl.distributed.stream.NegativeStream` with one rank
+  and one epoch (the same ledger: leases, re-assignment when a miner dies, exactly-once acceptance) whose accepted
+  records are written as they arrive to ``<run>/nbest/part-*.parquet`` (atomic shards) and kept for the trials,
+  which ask for their examples' lists with ``wait_ready`` (:class:`raycl.train.feeds.NBestFeed`).
+* ``<run>/nbest/meta.json`` — the content key: a hash of the base model's files, D_F (ids, sources, targets)
+  and the decoding options. A resumed run (``--out`` an existing folder) with the same key reuses the shards and
+  mines only what is missing; a changed base model, D_F or option is detected and re-mined, never reused.
+
+Online mining (weights published while training) keeps per-trial miners: there, each trial's weights differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from raycl.distributed.messages import MinedBatch, StreamItem
+from raycl.distributed.miner_pool import MinerFactory, MinerPool
+from raycl.distributed.stream import NegativeStream
+from raycl.miners.beam_search import MinedNegatives, split_nbest
+from raycl.records import atomic_write
+
+NBEST_COLUMNS = ("id", "negatives", "scores", "model_version")  # negatives: the n-best, then the source (last)
+
+
+def content_key(model_dir: str | Path, examples: Sequence[Any], options: dict[str, Any]) -> str:
+    """sha256 over the model folder's files (names and bytes), the examples' (id, source, target) and options."""
+    h = hashlib.sha256()
+    root = Path(model_dir)
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")):
+        h.update(str(path.relative_to(root)).encode() + b"\0")
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+    for ex in examples:
+        h.update(f"{ex.id}\t{ex.source}\t{ex.target}\n".encode())
+    h.update(json.dumps(options, sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def read_nbest_shards(out_dir: Path) -> dict[str, StreamItem]:
+    """The records of the complete shards of ``out_dir`` (temp files of an interrupted write are not shards)."""
+    import pyarrow.parquet as pq
+
+    out: dict[str, StreamItem] = {}
+    for path in sorted(out_dir.glob("part-*.parquet")):
+        table = pq.read_table(path, columns=list(NBEST_COLUMNS))
+        for id_, negs, scores, version in zip(*(table.column(c).to_pylist() for c in NBEST_COLUMNS), strict=True):
+            out[id_] = StreamItem(id_, tuple(negs), tuple(scores), int(version), -1)
+    return out
+
+
+class NBestStream(NegativeStream):
+    """One epoch of D_F for one consumer (the run), no back-pressure; accepted records go to shards and stay
+    readable (``wait_ready``) for every trial. Made an async actor by :func:`shared_nbest`."""
+
+    def __init__(self, *, examples: Sequence[Any], out_dir: str, task_size: int, lease_s: float,
+                 shard_size: int = 2000) -> None:  # fmt: skip
+        super().__init__(world_size=1, capacity=max(len(examples), task_size), task_size=task_size,
+                         lease_s=lease_s, ordered=False)  # fmt: skip
+        self.out_dir, self.shard_size, self.total = Path(out_dir), shard_size, len(examples)
+        self.cache.update(read_nbest_shards(self.out_dir))
+        self.resumed = len(self.cache)
+        self.next_index = len(list(self.out_dir.glob("part-*.parquet")))
+        self.ledger.start_epoch(0, [list(examples)], cached=dict(self.cache), shuffle=False)  # file order
+        self.error: str | None = None
+        self._rows: list[StreamItem] = []
+
+    async def put(self, batch: MinedBatch) -> int:
+        accepted = set(self.ledger.complete(batch))
+        self.searched += len(batch.ids)
+        self.mine_s += batch.seconds
+        for item in batch.items():
+            if item.id in accepted:
+                self.cache[item.id] = item
+                self._rows.append(item)
+        if len(self._rows) >= self.shard_size or len(self.cache) >= self.total:
+            self._flush()
+        await self._notify()
+        return len(accepted)
+
+    def _flush(self) -> None:
+        if not self._rows:
+            return
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        rows = self._rows
+        table = pa.table({"id": [r.id for r in rows], "negatives": [list(r.negatives) for r in rows],
+                          "scores": [list(r.scores) for r in rows],
+                          "model_version": [r.model_version for r in rows]},
+                         schema=pa.schema([("id", pa.string()), ("negatives", pa.list_(pa.string())),
+                                           ("scores", pa.list_(pa.float64())), ("model_version", pa.int64())]))
+        path = self.out_dir / f"part-{self.next_index:05d}.parquet"
+        tmp = self.out_dir / f".{path.name}.tmp"
+        pq.write_table(table, tmp)
+        tmp.replace(path)  # a shard is complete or absent: a resumed run trusts every part-*.parquet
+        self.next_index += 1
+        self._rows = []
+
+    async def wait_ready(self, ids: list[str], timeout: float) -> list[StreamItem]:
+        """The records of those of ``ids`` mined so far; waits up to ``timeout`` s while none is."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.error is not None:
+                raise RuntimeError(f"the run's n-best miners failed: {self.error}")
+            got = [self.cache[i] for i in ids if i in self.cache]
+            left = deadline - time.monotonic()
+            if got or self._closed or left <= 0:
+                return got
+            await self._wait(min(left, self._tick))
+
+    async def fail(self, error: str) -> None:
+        self.error = error
+        await self._notify()
+
+    async def progress(self) -> dict[str, Any]:
+        return {"mined": len(self.cache), "total": self.total, "resumed": self.resumed,
+                "beam_searched": self.searched, "mine_s": round(self.mine_s, 3),
+                "complete": len(self.cache) >= self.total}  # fmt: skip
+
+
+def start_nbest_stream(**kwargs: Any) -> Any:
+    """The stream as an async actor on this (the driver's) node, where the run folder is."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node = ray.get_runtime_context().get_node_id()
+    cls: Any = ray.remote(NBestStream)
+    return cls.options(num_cpus=0, max_concurrency=1000,
+                       scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(**kwargs)
+
+
+@contextmanager
+def shared_nbest(factory: MinerFactory, mining: Any, examples: Sequence[Any], out_dir: Path, *,
+                 options: dict[str, Any], model_dir: Path, say: Any = print) -> Iterator[Any]:  # fmt: skip
+    """The run's n-best of ``examples``: reused from ``out_dir`` when its key matches, else (re-)mined by a
+    miner pool of ``mining.num_miners`` that stops once every list is in. Yields the stream's handle."""
+    key = content_key(model_dir, examples, options)
+    meta_path = out_dir / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    if meta.get("key") not in (None, key):
+        say(f"{out_dir}: the base model, D_F or the decoding options changed since these n-best lists were "
+            "mined: mining them again")  # fmt: skip
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.glob(".part-*.tmp"):
+        stale.unlink()
+    _write_meta(out_dir, key=key, examples=len(examples), options=options, complete=False)
+    stream = start_nbest_stream(examples=list(examples), out_dir=str(out_dir), task_size=mining.task_size,
+                                lease_s=mining.lease_s)  # fmt: skip
+    first = ray.get(stream.progress.remote())
+    pool: MinerPool | None = None
+    watcher: threading.Thread | None = None
+    stop = threading.Event()
+    if first["complete"]:
+        say(f"n-best lists of D_F: reusing {out_dir} ({first['total']} sentences)")
+    else:
+        done = f", {first['resumed']} already there" if first["resumed"] else ""
+        say(f"n-best lists of D_F: mining {first['total'] - first['resumed']} sentences once for the whole run "
+            f"({mining.num_miners} miner(s){done}), in parallel with the first trials")  # fmt: skip
+        pool = MinerPool.from_config(factory, mining, resources=mining.resources or None)
+        pool.start(stream)
+        watcher = threading.Thread(target=_watch, args=(stream, pool, stop), daemon=True, name="nbest-watch")
+        watcher.start()
+    try:
+        yield stream
+    finally:
+        stop.set()
+        if watcher is not None:
+            watcher.join(timeout=60)
+        last = ray.get(stream.progress.remote())
+        if pool is not None:
+            _stop_pool(stream, pool)
+        _write_meta(out_dir, key=key, examples=len(examples), options=options, complete=last["complete"],
+                    resumed=last["resumed"], beam_searched=last["beam_searched"], mine_s=last["mine_s"])
+        ray.kill(stream)
+
+
+def _write_meta(out_dir: Path, **meta: Any) -> None:
+    atomic_write(out_dir / "meta.json", json.dumps(meta, indent=1, sort_keys=True))
+
+
+def _watch(stream: Any, pool: MinerPool, stop: threading.Event) -> None:
+    """Until the n-best is complete: report a broken miner loop to the readers; then free the miners."""
+    while not stop.wait(1.0):
+        if ray.get(stream.progress.remote())["complete"]:
+            _stop_pool(stream, pool)
+            return
+        errors = pool.errors()
+        if errors:
+            ray.get(stream.fail.remote(errors[0]))
+            return
+
+
+def _stop_pool(stream: Any, pool: MinerPool) -> None:
+    ray.get(stream.close.remote())  # the miners' loops end; readers still get every record mined
+    try:
+        pool.join(timeout=30)
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):
+        pass
+    pool.shutdown()
+
+
+def nbest_records(stream: Any) -> dict[str, tuple[MinedNegatives, float]]:
+    """Every record mined so far by id: (the n-best, S(s|s))."""
+    items = ray.get(stream.cached.remote())
+    return {it.id: split_nbest(MinedNegatives(it.id, tuple(it.negatives), tuple(it.scores))) for it in items}
