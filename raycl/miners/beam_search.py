@@ -260,8 +260,8 @@ def build_beam_miner(model_path: str, options: dict[str, Any]) -> BeamSearchMine
     if engine == "ctranslate2":
         from raycl.models.ct2_engine import CT2Seq2Seq
 
-        return BeamSearchMiner(CT2Seq2Seq.from_pretrained(model_path, device=device,
-                                                          precision=opts.get("precision", "fp32")), **opts)
+        engine_ = CT2Seq2Seq.from_pretrained(model_path, device=device, precision=opts.get("precision", "fp32"))
+        return BeamSearchMiner(engine_, **opts)  # type: ignore[arg-type]  # Seq2SeqScorer's decoding interface
     if engine != "hf":
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     from raycl.models.seq2seq import Seq2SeqScorer

@@ -1,0 +1,218 @@
+"""CTranslate2 as the beam-search engine of the GEC miner (``mining.engine: ctranslate2``).
+
+A miner only proposes candidates — the trainer rescores every negative under its current weights with gradients
+(``raycl.train.gec_step``) — so the fastest engine that finds the same n-best is the right one. CTranslate2 runs
+BART/mBART/Marian/T5 beam search in C++ with int8 weights on CPU and fp16/bf16 on GPU. :class:`CT2Seq2Seq` gives
+it the decoding interface of :class:`~raycl.models.seq2seq.Seq2SeqScorer` (``generate``, ``score_texts``): the
+same tokenizer (HF's, or the fairseq BPE of a converted checkpoint), the same forced ``<s>``, beam, length
+penalty 1, no n-gram blocking, and S(t|s) as the *sum* of the hypothesis's token log-probs (``<s>`` and ``</s>``
+included), recovered from the engine's length-normalised beam score — one decoding pass, no rescoring.
+
+Conversion runs once per weight version and compute type, cached in ``<model>/.ct2/v<version>-<type>/`` (or a
+temp folder when the model folder is read-only), written to a temp name and renamed: several miners on one node
+convert once and share it (a loser of the race uses the winner's folder).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from raycl.errors import UserError
+
+COMPUTE_TYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "int8"}
+
+
+def compute_type(precision: str, device: str) -> str:
+    """``mining.precision`` → CTranslate2 compute type on ``device`` (int8 on a GPU: int8 weights, fp16 math)."""
+    import ctranslate2
+
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    if precision not in COMPUTE_TYPES:
+        raise UserError(f"mining.precision: expected one of {', '.join(COMPUTE_TYPES)} with mining.engine="
+                        f"ctranslate2, got {precision!r}")  # fmt: skip
+    wanted = COMPUTE_TYPES[precision] if not (precision == "int8" and kind == "cuda") else "int8_float16"
+    supported = set(ctranslate2.get_supported_compute_types(kind))
+    if wanted not in supported:
+        raise UserError(f"mining.precision: {precision} ({wanted}) is not supported by CTranslate2 on {kind} "
+                        f"here, expected one of {', '.join(sorted(supported))}")  # fmt: skip
+    return wanted
+
+
+def convert(hf_dir: str | Path, out_dir: Path, *, quantization: str) -> Path:
+    """``hf_dir`` converted for CTranslate2 into ``out_dir`` unless it is there; atomic, race-safe."""
+    from ctranslate2.converters import TransformersConverter
+
+    class Converter(TransformersConverter):  # type: ignore[misc]
+        def load_model(self, model_class: Any, model_name_or_path: str, **kwargs: Any) -> Any:
+            model = super().load_model(model_class, model_name_or_path, **kwargs)
+            # CTranslate2's BART loader reads BartConfig.normalize_before, which transformers 5 dropped: BART is
+            # post-norm (mBART's loader sets its own True)
+            if not hasattr(model.config, "normalize_before"):
+                model.config.normalize_before = False
+            return model
+
+    if (out_dir / "model.bin").is_file():
+        return out_dir
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        Converter(str(hf_dir), load_as_float16=False).convert(str(tmp), quantization=quantization,
+                                                                         force=True)  # fmt: skip
+        try:
+            os.replace(tmp, out_dir)
+        except OSError:  # another miner converted it first: use theirs
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def _cache_root(hf_dir: Path) -> Path:
+    root = hf_dir / ".ct2"
+    try:
+        root.mkdir(exist_ok=True)
+        return root
+    except OSError:
+        return Path(tempfile.gettempdir()) / f"raycl-ct2-{abs(hash(str(hf_dir.resolve())))}"
+
+
+class CT2Seq2Seq:
+    """A CTranslate2 ``Translator`` over an HF seq2seq folder with ``Seq2SeqScorer``'s decoding interface.
+
+    Differences from HF ``generate`` (README, "Mining engines"): the returned score leaves out the forced ``<s>``'s
+    log-prob (≈ 0 for a trained BART); a hypothesis that reaches ``max_new_tokens`` ends there, where HF forces
+    ``</s>`` on the last step; float32 kernels differ, so near-ties in the beam may resolve the other way."""
+
+    training = False  # never trained: the miner's eval-mode switch has nothing to do
+
+    def __init__(self, hf_dir: Path, tokenizer: Any, *, device: str, compute: str, cache_dir: Path,
+                 version: int = 0) -> None:  # fmt: skip
+        self.hf_dir, self.tokenizer, self.compute, self.cache_dir = hf_dir, tokenizer, compute, cache_dir
+        self.device_name = device
+        self.version = -1
+        self.translator: Any = None
+        self._config = _read_config(hf_dir)
+        self._load(hf_dir, version)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, *, device: str = "cpu", precision: str = "fp32",
+                        cache_dir: str | Path | None = None, version: int = 0) -> CT2Seq2Seq:  # fmt: skip
+        from transformers import AutoTokenizer
+
+        from raycl.models.fairseq_tokenizer import FairseqBPETokenizer, is_fairseq_folder
+
+        hf_dir = Path(name_or_path)
+        tokenizer = (FairseqBPETokenizer.from_folder(hf_dir) if is_fairseq_folder(hf_dir)
+                     else AutoTokenizer.from_pretrained(str(hf_dir)))  # fmt: skip
+        compute = compute_type(precision, device)
+        return cls(hf_dir, tokenizer, device=device, compute=compute,
+                   cache_dir=Path(cache_dir) if cache_dir else _cache_root(hf_dir), version=version)  # fmt: skip
+
+    # ------------------------------------------------------------------------------------------ weights
+    def _load(self, hf_dir: Path, version: int) -> None:
+        folder = self.cache_dir / f"v{version}-{self.compute}"
+        self._load_folder(convert(hf_dir, folder, quantization=self.compute), version)
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], *, version: int) -> None:
+        """Published weights: the HF model with them saved and converted once for ``version``, then loaded."""
+        if version == self.version:
+            return
+        folder = self.cache_dir / f"v{version}-{self.compute}"
+        if not (folder / "model.bin").is_file():
+            from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+            model = AutoModelForSeq2SeqLM.from_config(AutoConfig.from_pretrained(str(self.hf_dir)))
+            model.load_state_dict(_hf_keys(model, state_dict))
+            with tempfile.TemporaryDirectory(dir=self.cache_dir) as tmp:
+                model.save_pretrained(tmp)
+                self.tokenizer.save_pretrained(tmp)
+                convert(tmp, folder, quantization=self.compute)
+        self._load_folder(folder, version)
+
+    def _load_folder(self, folder: Path, version: int) -> None:
+        import ctranslate2
+
+        device, _, index = self.device_name.partition(":")
+        self.translator = ctranslate2.Translator(
+            str(folder), device=device, device_index=int(index or 0), compute_type=self.compute,
+            intra_threads=torch.get_num_threads() if device == "cpu" else 0,
+        )
+        self.version = version
+
+    # ------------------------------------------------------------------------------------------ decoding
+    @property
+    def max_positions(self) -> int:
+        return int(self._config.get("max_position_embeddings") or 1024)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.device_name)
+
+    def _tokens(self, texts: list[str], max_length: int) -> list[list[str]]:
+        ids = self.tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+        return [self.tokenizer.convert_ids_to_tokens(row) for row in ids]
+
+    def _prefix(self) -> list[str] | None:
+        bos = self.tokenizer.bos_token_id
+        adds_bos = bos is not None and self.tokenizer("a")["input_ids"][0] == bos
+        return [self.tokenizer.bos_token] if adds_bos else None
+
+    def generate(
+        self, sources: list[str], *, num_beams: int, num_return_sequences: int = 1, max_new_tokens: int = 128,
+        batch_size: int = 32, max_length: int | None = None, rank_by: str = "sum_logprob",
+    ) -> list[list[tuple[str, float]]]:  # fmt: skip
+        """Per source, ``num_return_sequences`` ``(text, S(text|source))`` in the beam's order (``rank_by="beam"``)
+        or by S. S = the engine's score × the hypothesis length (tokens after the start token, ``<s>`` and
+        ``</s>`` included): CTranslate2 divides the summed log-prob by that length at length penalty 1."""
+        max_length = max_length or self.max_positions
+        prefix = self._prefix()
+        steps = min(max_new_tokens, self.max_positions - 1)
+        results = self.translator.translate_batch(
+            self._tokens(sources, max_length), [prefix] * len(sources) if prefix else None,
+            max_batch_size=batch_size, beam_size=num_beams, num_hypotheses=num_return_sequences,
+            length_penalty=1.0, no_repeat_ngram_size=0, max_decoding_length=steps, return_scores=True,
+            return_end_token=True,
+        )  # fmt: skip
+        out: list[list[tuple[str, float]]] = []
+        for res in results:
+            hyps = []
+            for tokens, score in zip(res.hypotheses, res.scores, strict=True):
+                ids = self.tokenizer.convert_tokens_to_ids(tokens)
+                text = " ".join(self.tokenizer.decode(ids, skip_special_tokens=True).split())
+                hyps.append((text, float(score) * len(tokens)))
+            out.append(hyps if rank_by == "beam" else sorted(hyps, key=lambda h: -h[1]))
+        return out
+
+    def score_texts(self, sources: list[str], targets: list[str], *, max_length: int | None = None,
+                    batch_size: int = 32) -> list[float]:  # fmt: skip
+        """S(target_i | source_i): summed log-probs of the target's tokens as the tokenizer writes it."""
+        max_length = max_length or self.max_positions
+        eos = self.tokenizer.eos_token
+        # score_batch appends the end token itself: the targets go without theirs
+        targets_tok = [t[:-1] if t and t[-1] == eos else t for t in self._tokens(targets, max_length)]
+        results = self.translator.score_batch(self._tokens(sources, max_length), targets_tok,
+                                              max_batch_size=batch_size)  # fmt: skip
+        return [float(sum(r.log_probs)) for r in results]
+
+
+def _read_config(hf_dir: Path) -> dict[str, Any]:
+    import json
+
+    return dict(json.loads((hf_dir / "config.json").read_text()))
+
+
+def _hf_keys(model: torch.nn.Module, state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The HF model's own keys from a published state dict: the model's, a ``Seq2SeqScorer``'s (``model.``) or a
+    DDP-wrapped one's (``module.``)."""
+    sd = {k.removeprefix("module."): v for k, v in state_dict.items()}
+    own = set(model.state_dict())
+    if not set(sd) <= own and all(k.startswith("model.") for k in sd):
+        sd = {k.removeprefix("model."): v for k, v in sd.items()}
+    return sd
