@@ -1,3 +1,14 @@
 """raycl: contrastive training with hard negatives mined in parallel on Ray."""
 
+from typing import Any
+
 __version__ = "0.1.0"
+__all__ = ["mine_negatives"]
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: ``import raycl`` stays light; the library call loads on first use
+    if name == "mine_negatives":
+        from raycl.miners.corpus import mine_negatives
+
+        return mine_negatives
+    raise AttributeError(f"module 'raycl' has no attribute {name!r}")

@@ -7,11 +7,12 @@ The file is what ``--set mining.negatives=PATH`` reads.
 
     python -m raycl.mine gec --model DIR --data train.m2 --k 3 --out neg.parquet
 
-At scale, OUT is a directory: the data is streamed (never held whole) in tasks of ``--task-size`` sentences
-to a pool of ``--num-miners`` Ray actors (an embedded local Ray, or the cluster with ``--address auto``) and
-written as one Parquet file per ``--shard-size`` sentences (``part-00000.parquet``, ...). Running it again
-with the same OUT resumes: sentences already in a shard are skipped. ``--num-miners 0`` streams and shards
-in this process, without Ray.
+At scale, OUT is a directory and the mining runs on Ray Data (``raycl.miners.corpus``): one scan of the files
+cuts them into ranges of ``--shard-size`` sentences (byte offsets only: the driver never holds sentences),
+an actor pool of ``--num-miners`` miners (``MIN-MAX`` autoscales; an embedded local Ray, or the cluster with
+``--address auto``) reads each range from the file, mines it and writes it as ``part-<range>.parquet``.
+Running it again with the same OUT resumes: ranges whose shard exists are skipped. ``--num-miners 0`` mines
+the ranges in this process, without Ray. The same as a library call: ``raycl.mine_negatives``.
 
     python -m raycl.mine gec --model DIR --data big.m2 --k 3 --out negs/ --num-miners 4 --address auto
 """
@@ -20,20 +21,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from itertools import islice
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raycl.errors import UserError, at, cli_entry
 
 if TYPE_CHECKING:
-    from raycl.data.gec import GecExample
-    from raycl.miners.beam_search import MinedNegatives
+    pass
 
 
 def _add_gec(sub: Any) -> None:
@@ -53,19 +51,23 @@ def _add_gec(sub: Any) -> None:
                    help="the n-best's order: the beam's length-normalised score (the paper; default) or S(t~|s)")
     p.add_argument("--refill", action="store_true",
                    help="k negatives ≠ target even when the target is in the top k (default: the paper's k−1)")
-    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32", help="autocast (default fp32)")
+    p.add_argument("--engine", choices=["hf", "ctranslate2"], default="hf",
+                   help="beam search by HF generate or CTranslate2 (converted once, cached by the model folder)")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16", "int8"], default="fp32",
+                   help="hf: autocast; ctranslate2: compute type, int8 on CPU (default fp32)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--out", required=True, type=Path,
                    help="a .parquet file (mined in this process), or a directory of Parquet shards")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     g = p.add_argument_group("streamed, sharded mining (any of these makes OUT a shard directory)")
     g.add_argument("--shards", action="store_true", help="write OUT as a shard directory even if named *.parquet")
-    g.add_argument("--num-miners", type=int, default=None, help="miner actors (default 1; 0 = in this process)")
+    g.add_argument("--num-miners", type=_miners, default=None, metavar="N|MIN-MAX",
+                   help="miner actors, MIN-MAX to autoscale (default 1; 0 = in this process)")
     g.add_argument("--address", default=None, help="Ray cluster: auto or HOST:PORT (default: an embedded Ray)")
     g.add_argument("--cpus-per-miner", type=float, default=1.0, help="CPUs per miner actor (default 1)")
     g.add_argument("--gpus-per-miner", type=float, default=0.0, help="GPUs per miner actor, fractions allowed")
-    g.add_argument("--task-size", type=int, default=32, help="sentences per miner task (default 32)")
-    g.add_argument("--shard-size", type=int, default=10_000, help="sentences per shard file (default 10000)")
+    g.add_argument("--shard-size", type=int, default=10_000,
+                   help="sentences per range = per shard file, the unit of resuming (default 10000)")
     p.set_defaults(run=_run_gec)
 
 
@@ -76,11 +78,8 @@ def _check_gec_args(args: argparse.Namespace) -> None:
         raise UserError(f"--beam: expected ≥ k+1 = {args.k + 1}, got {args.beam}")
     if args.batch_size < 1:
         raise UserError(f"--batch-size: expected an integer ≥ 1, got {args.batch_size}")
-    for flag, value in (("--task-size", args.task_size), ("--shard-size", args.shard_size)):
-        if value < 1:
-            raise UserError(f"{flag}: expected an integer ≥ 1, got {value}")
-    if args.num_miners is not None and args.num_miners < 0:
-        raise UserError(f"--num-miners: expected an integer ≥ 0, got {args.num_miners}")
+    if args.shard_size < 1:
+        raise UserError(f"--shard-size: expected an integer ≥ 1, got {args.shard_size}")
     if args.cpus_per_miner < 0 or args.gpus_per_miner < 0:
         raise UserError(f"--cpus-per-miner/--gpus-per-miner: expected ≥ 0, got {args.cpus_per_miner}, "
                         f"{args.gpus_per_miner}")  # fmt: skip
@@ -100,12 +99,10 @@ def _run_gec(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from raycl.data.gec import load_examples
-    from raycl.miners.beam_search import BeamSearchMiner, length_chunks, write_negatives_parquet
-    from raycl.models.seq2seq import Seq2SeqScorer
+    from raycl.miners.beam_search import build_beam_miner, length_chunks, write_negatives_parquet
 
     examples = load_examples(args.data, annotator=args.annotator)
-    scorer = Seq2SeqScorer.from_pretrained(args.model, device=args.device)
-    miner = BeamSearchMiner(scorer, **_miner_options(args))
+    miner = build_beam_miner(args.model, {**_miner_options(args), "device": args.device})
     mined: list[Any] = [None] * len(examples)
     n_neg, t0 = 0, time.perf_counter()
     with tqdm(total=len(examples), unit="sent", desc="mining", file=sys.stderr) as bar:
@@ -121,121 +118,45 @@ def _run_gec(args: argparse.Namespace) -> dict[str, Any]:
             "seconds": round(seconds, 3), "negatives_per_s": round(n_neg / max(seconds, 1e-9), 2)}  # fmt: skip
 
 
-Rows = list[tuple["GecExample", "MinedNegatives"]]
-# A mining backend: chunks of examples in, (rows, model version, ids dropped as duplicates) out.
-Backend = Callable[[Iterable[list["GecExample"]]], Generator[tuple[Rows, int, int], None, None]]
+def _miners(text: str) -> int | tuple[int, int]:
+    """``--num-miners``: N, or MIN-MAX for an autoscaling actor pool."""
+    lo, sep, hi = text.partition("-")
+    try:
+        got = (int(lo), int(hi)) if sep else int(text)
+    except ValueError:
+        raise UserError(f"--num-miners: expected an integer ≥ 0 or MIN-MAX, got {text!r}") from None
+    if isinstance(got, tuple) and not 1 <= got[0] <= got[1]:
+        raise UserError(f"--num-miners: expected 1 ≤ MIN ≤ MAX, got {text!r}")
+    if isinstance(got, int) and got < 0:
+        raise UserError(f"--num-miners: expected an integer ≥ 0, got {got}")
+    return got
 
 
 def _run_sharded(args: argparse.Namespace) -> dict[str, Any]:
-    """Stream the data in tasks to the miners, write shards as rows come back; skip ids already in OUT.
+    """The data in ranges to a Ray Data actor pool (or this process), one shard per range; resumes."""
+    from raycl.distributed.runtime import init_ray
+    from raycl.miners.corpus import local_cpus, mine_corpus
 
-    ``seconds`` (and negatives/s) count from the moment the miners are built; ``startup_s`` is building them.
-    """
-    from raycl.miners.shards import ShardWriter, shard_files, stream_examples
-
-    writer = ShardWriter(args.out, shard_size=args.shard_size)
-    todo = (ex for ex in stream_examples(args.data, annotator=args.annotator) if ex.id not in writer.done)
+    if args.out.exists() and not args.out.is_dir():
+        raise UserError(f"{at(args.out)}: exists and is not a directory, expected a shard directory")
     num_miners = 1 if args.num_miners is None else args.num_miners
-    t_start = time.perf_counter()
-    backend = _pool_backend(args, num_miners) if num_miners > 0 else _local_backend(args)
-    n_ex, n_neg, dropped, t0 = 0, 0, 0, time.perf_counter()
-    batches = backend(_chunks(todo, args.task_size))
-    try:
-        with _progress(initial=writer.resumed) as bar:
-            for rows, version, n_dup in batches:
-                dropped += n_dup
-                for ex, mined in rows:
-                    if writer.add(ex, mined, model_version=version):
-                        n_ex, n_neg = n_ex + 1, n_neg + len(mined.negatives)
-                bar.update(len(rows))
-                bar.set_postfix(neg_per_s=f"{n_neg / (time.perf_counter() - t0):.1f}")
-    finally:
-        batches.close()  # stops the miners now, also on an error or Ctrl-C
-        writer.close()  # rows mined before an interruption are kept: a re-run skips them
-    seconds = time.perf_counter() - t0
-    return {"out": str(args.out), "examples": n_ex, "negatives": n_neg, "seconds": round(seconds, 3),
-            "negatives_per_s": round(n_neg / max(seconds, 1e-9), 2), "num_miners": num_miners,
-            "startup_s": round(t0 - t_start, 3),
-            "shards": len(shard_files(args.out)), "shards_written": len(writer.written),
-            "resumed": writer.resumed, "duplicates": dropped + writer.duplicates}  # fmt: skip
-
-
-def _chunks(examples: Iterable[GecExample], size: int) -> Iterator[list[GecExample]]:
-    it = iter(examples)
-    while chunk := list(islice(it, size)):
-        yield chunk
-
-
-def _progress(*, initial: int) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(unit="sent", desc="mining", file=sys.stderr, initial=initial)
+    t0 = time.perf_counter()
+    if num_miners != 0:
+        most = num_miners[1] if isinstance(num_miners, tuple) else num_miners
+        on_cluster = bool(args.address or os.environ.get("RAY_ADDRESS"))
+        init_ray(args.address, num_cpus=None if on_cluster else local_cpus(most * args.cpus_per_miner))
+    options = {**_miner_options(args), **({"device": args.device} if num_miners == 0 else {})}
+    summary = mine_corpus(str(Path(args.model).resolve()), args.data, args.out, options=options,
+                          shard_size=args.shard_size, num_miners=num_miners, cpus_per_miner=args.cpus_per_miner,
+                          gpus_per_miner=args.gpus_per_miner, annotator=args.annotator)  # fmt: skip
+    return {**summary, "num_miners": num_miners if isinstance(num_miners, int) else list(num_miners),
+            "startup_s": round(time.perf_counter() - t0 - summary["seconds"] - summary["scan_s"], 3)}  # fmt: skip
 
 
 def _miner_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"k": args.k, "beam": args.beam, "source_negative": args.source_negative, "batch_size": args.batch_size,
             "max_new_tokens": args.max_new_tokens, "rank_by": args.rank_by, "refill": args.refill,
-            "precision": args.precision}  # fmt: skip
-
-
-def _local_backend(args: argparse.Namespace) -> Backend:
-    """``--num-miners 0``: one ``BeamSearchMiner`` in this process, the same streaming and shards."""
-    from raycl.miners.beam_search import BeamSearchMiner
-    from raycl.models.seq2seq import Seq2SeqScorer
-
-    miner = BeamSearchMiner(Seq2SeqScorer.from_pretrained(args.model, device=args.device), **_miner_options(args))
-
-    def mine(chunks: Iterable[list[GecExample]]) -> Generator[tuple[Rows, int, int], None, None]:
-        for chunk in chunks:
-            yield list(zip(chunk, miner.mine(chunk), strict=True)), 0, 0
-
-    return mine
-
-
-def _pool_backend(args: argparse.Namespace, num_miners: int) -> Backend:
-    """``MinerPool.map`` over ``MineTask``s: bounded in flight, so memory holds only the tasks being mined."""
-    from raycl.distributed.messages import MineTask
-    from raycl.distributed.miner_pool import MinerFactory, MinerPool
-    from raycl.distributed.runtime import init_ray
-    from raycl.miners.beam_search import GEC_BEAM, MinedNegatives
-
-    on_cluster = bool(args.address or os.environ.get("RAY_ADDRESS"))
-    init_ray(args.address, num_cpus=None if on_cluster else _local_cpus(num_miners * args.cpus_per_miner))
-    options = {**_miner_options(args), "device": "cuda" if args.gpus_per_miner > 0 else args.device}
-    factory = MinerFactory(GEC_BEAM, str(Path(args.model).resolve()), options)  # actors may have another cwd
-    pool = MinerPool(factory, num_miners=num_miners, cpus_per_miner=args.cpus_per_miner,
-                     gpus_per_miner=args.gpus_per_miner)  # fmt: skip
-    try:
-        pool.ready()  # models loaded: the clock of negatives/s starts after this
-    except BaseException:
-        pool.shutdown()
-        raise
-
-    def mine(chunks: Iterable[list[GecExample]]) -> Generator[tuple[Rows, int, int], None, None]:
-        pending: dict[str, GecExample] = {}  # examples of the tasks in flight, by id
-
-        def tasks() -> Iterator[MineTask]:
-            for task_id, chunk in enumerate(chunks):
-                pending.update((ex.id, ex) for ex in chunk)
-                yield MineTask(epoch=0, task_id=task_id, rank=0, items=tuple(chunk))
-
-        try:
-            for batch in pool.map(tasks()):
-                rows = [(pending.pop(i), MinedNegatives(i, tuple(n), tuple(s)))
-                        for i, n, s in zip(batch.ids, batch.negatives, batch.scores, strict=True) if i in pending]
-                yield rows, batch.model_version, len(batch.ids) - len(rows)  # the rest: a retried task's repeat
-        finally:
-            pool.shutdown()
-
-    return mine
-
-
-def _local_cpus(wanted: float) -> int:
-    """Logical CPUs for an embedded Ray: at least the miners' (oversubscribing a small machine, said on stderr)."""
-    cores = os.cpu_count() or 1
-    if wanted > cores:
-        print(f"raycl: {wanted:g} miner CPUs on {cores} cores: miners share cores", file=sys.stderr)
-    return max(cores, math.ceil(wanted))
+            "precision": args.precision, "engine": args.engine}  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -128,8 +128,7 @@ def test_sharded_in_process_equals_single_file_and_resumes(
     model_dir: Path, corpus: Path, single_file: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "negs"
-    summary = _mine(model_dir, corpus, out, "--num-miners", "0", "--shard-size", "4", "--task-size", "3",
-                    capsys=capsys)  # fmt: skip
+    summary = _mine(model_dir, corpus, out, "--num-miners", "0", "--shard-size", "4", capsys=capsys)
     assert summary["examples"] == N and summary["shards"] == 3 and summary["num_miners"] == 0
     assert summary["negatives"] == sum(len(r["negatives"]) for r in single_file.values())
     assert [len(pq.read_table(p)) for p in shard_files(out)] == [4, 4, 3]
@@ -173,13 +172,13 @@ def test_usage_errors_are_one_line(model_dir: Path, corpus: Path, tmp_path: Path
 
 
 def _miner_actors() -> dict[str, int]:
-    """Every MinerActor of this Ray session (dead ones too) → how often Ray restarted it."""
+    """Every Ray Data miner actor of this Ray session (dead ones too) → how often Ray restarted it."""
     import ray
     from ray.util.state import list_actors
 
     address = ray.get_runtime_context().gcs_address  # this session's Ray, not another one on the host
-    actors = list_actors(address=address, filters=[("class_name", "=", "MinerActor")], detail=True, limit=10_000)
-    return {a.actor_id: a.num_restarts for a in actors}
+    actors = list_actors(address=address, detail=True, limit=10_000)
+    return {a.actor_id: a.num_restarts for a in actors if "RangeMiner" in (a.class_name or "")}
 
 
 @pytest.mark.slow
@@ -190,12 +189,12 @@ def test_pool_output_equals_single_file_even_when_miners_crash(
     import raycl.mine
 
     plain = raycl.mine._miner_options
-    # Each miner's first life dies (os._exit) after mining its 2nd task, before handing it back: Ray restarts
-    # the actor and retries the call, and the shards still hold every id exactly once.
-    monkeypatch.setattr(raycl.mine, "_miner_options", lambda args: {**plain(args), "fail_after_tasks": 2})
+    # Each miner's first life dies (os._exit) after mining its first range, before writing it: Ray restarts the
+    # actor, Ray Data retries the range, and the shards still hold every id exactly once.
+    monkeypatch.setattr(raycl.mine, "_miner_options", lambda args: {**plain(args), "fail_after_tasks": 1})
     out, before = tmp_path / "negs", _miner_actors()
-    summary = _mine(model_dir, corpus, out, "--num-miners", "2", "--cpus-per-miner", "0.5", "--task-size", "2",
-                    "--shard-size", "4", capsys=capsys)  # fmt: skip
+    summary = _mine(model_dir, corpus, out, "--num-miners", "2", "--cpus-per-miner", "0.5", "--shard-size", "4",
+                    capsys=capsys)  # fmt: skip
     assert summary["num_miners"] == 2 and summary["examples"] == N and summary["shards"] == 3
     ours = {a: n for a, n in _miner_actors().items() if a not in before}
     assert len(ours) == 2 and all(n >= 1 for n in ours.values()), ours  # both crashed and were restarted

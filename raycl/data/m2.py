@@ -88,8 +88,10 @@ def write_m2(path: str | Path, sentences: Iterable[M2Sentence]) -> None:
 _A_FIELDS = "span|||type|||correction|||required|||comment|||annotator"
 
 
-def iter_lines(path: str | Path, *, chunk_bytes: int = 1 << 22) -> Iterator[tuple[int, str]]:
-    """``(line number, text)`` of a UTF-8 text file, line ends (LF or CRLF) stripped.
+def iter_lines(path: str | Path, *, chunk_bytes: int = 1 << 22, start: int = 0, first_line: int = 1
+               ) -> Iterator[tuple[int, str]]:  # fmt: skip
+    """``(line number, text)`` of a UTF-8 text file, line ends (LF or CRLF) stripped; from byte ``start`` (a line
+    start, numbered ``first_line``) when a reader takes one range of a large file (``raycl.miners.corpus``).
 
     Binary or undecodable content is a :class:`UserError` naming the line, so a wrong file given as data
     fails on the spot instead of as garbage tokens. Decodes whole chunks (per-line decoding is 5x slower on
@@ -99,15 +101,16 @@ def iter_lines(path: str | Path, *, chunk_bytes: int = 1 << 22) -> Iterator[tupl
         f = open(path, "rb")  # closed by the ``with`` below; an open error gets its own message
     except OSError as err:
         raise UserError(f"{at(path)}: cannot read ({err.strerror or err})") from None
-    lineno, tail = 0, b""
+    lineno, tail = first_line - 1, b""
     with f:
+        f.seek(start)
         while True:
             block = f.read(chunk_bytes)
             data = tail + block
             cut = len(data) if not block else data.rfind(b"\n") + 1
             data, tail = data[:cut], data[cut:]
             text = _decode(path, data, first_line=lineno + 1)
-            if lineno == 0:
+            if lineno == 0 and start == 0:
                 text = text.removeprefix("\ufeff")
             lines = text.split("\n")
             if lines[-1] == "":
@@ -156,7 +159,7 @@ def _parse_edit(path: str | Path, lineno: int, line: str, n_tokens: int) -> Edit
     return Edit(start, end, fields[1], fields[2], annotator)
 
 
-def iter_m2(path: str | Path) -> Iterator[M2Sentence]:
+def iter_m2(path: str | Path, lines: Iterable[tuple[int, str]] | None = None) -> Iterator[M2Sentence]:
     """Stream the sentences of an M2 file (strict: any malformed line is a ``file:line`` UserError).
 
     Blocks are separated by blank lines; each starts with one ``S`` line followed by zero or more ``A`` lines
@@ -166,7 +169,7 @@ def iter_m2(path: str | Path) -> Iterator[M2Sentence]:
     n_tokens = 0
     edits: list[Edit] = []
     seen = False
-    for lineno, line in iter_lines(path):
+    for lineno, line in iter_lines(path) if lines is None else lines:
         if not line.strip():
             if source is not None:
                 yield M2Sentence(source, tuple(edits))
