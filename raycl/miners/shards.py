@@ -13,6 +13,7 @@ The input side streams too: :func:`stream_examples` yields a data spec's example
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
@@ -132,22 +133,41 @@ class ShardWriter:
         self.flush()
 
 
-def read_negatives(path: str | Path) -> dict[str, MinedNegatives]:
-    """The records of a negatives Parquet file or shard directory by example id (``mining.negatives=PATH``)."""
+def read_negatives(path: str | Path, ids: Iterable[str] | None = None) -> dict[str, MinedNegatives]:
+    """The records of a negatives Parquet file or shard directory by example id (``mining.negatives=PATH``).
+
+    ``ids``: only those rows are read (a pushed-down filter on the id column, shard by shard), so a training
+    rank holds its own examples' negatives, not the whole set."""
     path = Path(path)
+    wanted = None if ids is None else list(ids)
     if not path.is_dir():
-        return read_negatives_parquet(path)
+        return read_negatives_parquet(path) if wanted is None else _read_ids(path, wanted)
     shards = shard_files(path)
     if not shards:
         raise UserError(f"{at(path)}: no {SHARD_GLOB} files, expected a negatives file or shard directory")
     out: dict[str, MinedNegatives] = {}
     for shard in shards:
-        part = read_negatives_parquet(shard)
+        part = read_negatives_parquet(shard) if wanted is None else _read_ids(shard, wanted)
         again = next((i for i in part if i in out), None)
         if again is not None:
             raise UserError(f"{at(shard)}: id {again!r} is also in an earlier shard, expected each id once")
         out.update(part)
     return out
+
+
+def _read_ids(path: Path, ids: list[str]) -> dict[str, MinedNegatives]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path, columns=["id", "negatives", "scores"],
+                              filters=pc.field("id").isin(pa.array(ids, pa.string())))  # fmt: skip
+    except (OSError, ValueError, pa.ArrowInvalid) as err:
+        raise UserError(f"{at(path)}: cannot read a negatives Parquet file ({err})") from None
+    cols = (table.column(c).to_pylist() for c in ("id", "negatives", "scores"))
+    return {i: MinedNegatives(i, tuple(n), tuple(math.nan if x is None else x for x in sc))
+            for i, n, sc in zip(*cols, strict=True)}
 
 
 def stream_examples(specs: Sequence[str], *, annotator: int = 0) -> Iterator[GecExample]:

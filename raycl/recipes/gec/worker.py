@@ -71,6 +71,10 @@ class GecState(TrainState):
         return max(lengths[0], sum(lengths[1:]))
 
 
+def _base(id_: str) -> str:
+    return id_.removesuffix("#pad")
+
+
 def _selected(nbest: Any, source_score: float, example: GecExample, **rule: Any) -> list[str]:
     return list(select_from_nbest(nbest, source_score, example, **rule).negatives)
 
@@ -128,8 +132,9 @@ class GecTask(TaskBase):
         if needs_negatives:
             if not cfg.mining.negatives:
                 raise RuntimeError("contrastive fine-tuning without a negative stream or mining.negatives")
-            mined = read_negatives(cfg.mining.negatives)
-            negatives = {ex.id: list(mined[ex.id].negatives) for ex in examples if ex.id in mined}
+            mine = {_base(ex.id) for ex in shards[w.rank]}  # this rank's rows only, read by id
+            mined = read_negatives(cfg.mining.negatives, ids=mine)
+            negatives = {i: list(m.negatives) for i, m in mined.items()}
         return StaticFeed(shards[w.rank], negatives, batch_size=ph.batch_size, seed=cfg.optim.seed)
 
     def start(self, st: GecState, w: Worker, *, resumed: bool) -> None:
