@@ -1,15 +1,16 @@
-"""Standalone mining throughput at M = 1, 2, 4 miner actors (issue 3): ``python bench/mine.py --json``.
+"""Corpus mining throughput (issue 11): ``python bench/mine.py --json``.
 
-Mines the built-in GEC corpus (``raycl.data.gec_corpus``, CWEB-like density) with ``python -m raycl.mine gec
---out DIR --num-miners M`` (the miner pool on an embedded local Ray, streamed input, Parquet shards) and prints
-one JSON object: ``negatives_per_s`` per M, ``scaling_efficiency`` (rate at M / (M × rate at 1)) and the
-machine. The model is the smoke preset *untrained* (0 steps): throughput depends on its shape, not its
-weights, except that an untrained model never stops early, so every hypothesis runs to ``--max-new-tokens``
-(24 by default, about twice the corpus's mean sentence length) — a pessimistic, fixed amount of work.
-Rates count from the moment the miners have loaded their model (``startup_s`` is reported apart).
-
-Ray gets ``num_cpus = max(4, M)`` logical CPUs, one per miner: on a machine with fewer physical cores than
-M, miners share cores and the efficiency measures that oversubscription, not Ray's overhead.
+One run prints one JSON object with
+- ``engines``: negatives/s of ``python -m raycl.mine`` (Ray Data actor pool, :mod:`raycl.miners.corpus`) for the
+  HF engine (one-pass scores) and CTranslate2 (float32 and int8 on CPU; float16/bfloat16 with ``--gpus-per-miner``)
+  at the same model, beam and k, for M = 1, 2 miners — on the smoke preset and on a model of BART-base's shape
+  (``d_model`` 768, 6+6 layers, 12 heads, ffn 3072, 50,265-word output layer) built from its config with random
+  weights. ``negatives_per_s`` is wall time from the pool's start (actors loading the model included);
+  ``negatives_per_miner_s`` divides by the miners' busy seconds. ``ct2_speedup`` = CTranslate2 / HF at M = 1.
+  ``scaling_efficiency`` = rate at M / (M × rate at 1).
+- ``driver_rss``: the driver's peak RSS mining a corpus of N and of 10 N sentences (a fresh process each).
+Random models never stop early: every hypothesis runs to ``--max-new-tokens`` (a fixed amount of work).
+Ray gets one logical CPU per miner: on a machine with fewer cores than M, miners share cores.
 """
 
 from __future__ import annotations
@@ -19,102 +20,167 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+BART_BASE = dict(d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12,
+                 decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072,
+                 max_position_embeddings=1024)  # fmt: skip
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/mine.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--sentences", type=int, default=20_000, help="corpus size (default 20000)")
-    p.add_argument("--miners", default="1,2,4", help="comma-separated miner counts (default 1,2,4)")
-    p.add_argument("--k", type=int, default=3, help="negatives per sentence (beam k+1)")
-    p.add_argument("--max-new-tokens", type=int, default=24, help="hypothesis length cap (default 24)")
-    p.add_argument("--batch-size", type=int, default=32, help="sentences per beam-search call (default 32)")
-    p.add_argument("--task-size", type=int, default=64, help="sentences per miner task (default 64)")
-    p.add_argument("--gpus-per-miner", type=float, default=0.0, help="on a GPU machine: GPUs per miner (0.25, 1)")
-    p.add_argument("--workdir", type=Path, default=None, help="keep corpus, model and shards here")
+    p.add_argument("--models", default="smoke,bart_base", help="of smoke,bart_base,bart_large")
+    p.add_argument("--sentences", default="smoke=1000,bart_base=96,bart_large=96",
+                   help="sentences mined per model (default smoke=1000,bart_base=96)")
+    p.add_argument("--miners", default="1,2", help="comma-separated miner counts (default 1,2)")
+    p.add_argument("--k", type=int, default=3, help="negatives per sentence; beam k+1 (default 3)")
+    p.add_argument("--max-new-tokens", type=int, default=24, help="hypothesis length (default 24)")
+    p.add_argument("--batch-size", type=int, default=16, help="sentences per beam-search call (default 16)")
+    p.add_argument("--gpus-per-miner", type=float, default=0.0, help="GPUs per miner (GPU engines fp16/bf16)")
+    p.add_argument("--rss-sentences", type=int, default=5000, help="N of the driver-RSS runs (N and 10 N)")
+    p.add_argument("--quick", action="store_true", help="smoke model only, M=1, small corpora")
+    p.add_argument("--workdir", type=Path, default=None, help="keep corpora, models and shards here")
     p.add_argument("--json", action="store_true", help="print only the JSON object on stdout")
     return p.parse_args(argv)
 
 
-def make_inputs(work: Path, n: int) -> tuple[Path, Path]:
-    """The built-in corpus as M2 and an untrained smoke-preset model (tokenizer trained on the corpus)."""
+def corpus(work: Path, n: int, name: str) -> Path:
     from raycl.data.gec_corpus import LOW_DENSITY, generate
     from raycl.data.m2 import write_m2
+
+    path = work / f"{name}.m2"
+    if not path.exists():
+        d = LOW_DENSITY
+        write_m2(path, generate(n, error_rate=d.error_rate, edits_per_error=d.edits_per_error, seed=0))
+    return path
+
+
+def model(work: Path, kind: str, texts_from: Path) -> Path:
+    """An HF folder: the smoke preset, or BART-base/large's shape (random weights, 50,265-word output layer)."""
+    from transformers import BartForConditionalGeneration
+
+    from raycl.data.m2 import read_m2
     from raycl.models.presets import build_model
 
-    sentences = generate(n, error_rate=LOW_DENSITY.error_rate, edits_per_error=LOW_DENSITY.edits_per_error, seed=0)
-    corpus = work / "corpus.m2"
-    write_m2(corpus, sentences)
-    texts = [t for s in sentences[:5000] for t in (s.source, s.target())]
-    model = build_model("smoke", out_dir=work / "model", texts=texts, seed=0)
-    return corpus, model
+    out = work / f"model-{kind}"
+    if (out / "config.json").exists():
+        return out
+    texts = [t for s in read_m2(texts_from)[:3000] for t in (s.source, s.target())]
+    if kind == "smoke":
+        return build_model("smoke", out_dir=out, texts=texts, seed=0)
+    shape = BART_BASE if kind == "bart_base" else dict(d_model=1024, encoder_layers=12, decoder_layers=12,
+                                                       encoder_attention_heads=16, decoder_attention_heads=16,
+                                                       encoder_ffn_dim=4096, decoder_ffn_dim=4096,
+                                                       max_position_embeddings=1024)  # fmt: skip
+    build_model("smoke", out_dir=out, texts=texts, seed=0, **shape)
+    m = BartForConditionalGeneration.from_pretrained(str(out))
+    m.resize_token_embeddings(50265)  # BART's vocabulary: the output layer's cost
+    m.save_pretrained(str(out))
+    return out
 
 
-def mine_once(corpus: Path, model: Path, out: Path, m: int, args: argparse.Namespace) -> dict[str, Any]:
-    """One ``python -m raycl.mine`` run, in this process (so it joins the Ray started here)."""
+def mine(data: Path, model_dir: Path, out: Path, *, m: int, engine: str, precision: str,
+         args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
     from raycl.mine import build_parser
 
-    argv = ["gec", "--model", str(model), "--data", str(corpus), "--out", str(out), "--num-miners", str(m),
+    shutil.rmtree(out, ignore_errors=True)
+    argv = ["gec", "--model", str(model_dir), "--data", str(data), "--out", str(out), "--num-miners", str(m),
             "--cpus-per-miner", "1", "--gpus-per-miner", str(args.gpus_per_miner), "--k", str(args.k),
             "--max-new-tokens", str(args.max_new_tokens), "--batch-size", str(args.batch_size),
-            "--task-size", str(args.task_size), "--shard-size", "5000"]
+            "--shard-size", str(max(8, args.batch_size)), "--engine", engine,
+            "--precision", precision]  # fmt: skip
     parsed = build_parser().parse_args(argv)
     return parsed.run(parsed)
 
 
-def machine(num_cpus: int) -> dict[str, Any]:
+RSS_SNIPPET = """
+import json, resource, sys
+from raycl.mine import main
+main(sys.argv[1:])
+print(json.dumps({"peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def driver_rss(work: Path, model_dir: Path, n: int) -> dict[str, Any]:
+    """The driver's peak RSS (a fresh process) mining ``n`` sentences with 2 miners and a 2-token cap."""
+    data = corpus(work, n, f"rss-{n}")
+    out = work / f"rss-{n}-out"
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", RSS_SNIPPET, "gec", "--model", str(model_dir), "--data",
+                           str(data), "--out", str(out), "--num-miners", "2", "--cpus-per-miner", "1", "--k", "1",
+                           "--max-new-tokens", "2", "--batch-size", "64", "--shard-size", "1000", "--json"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    return {"sentences": n, "peak_rss_mib": round(lines[-1]["peak_rss_mib"], 1),
+            "examples": lines[0]["examples"], "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def machine() -> dict[str, Any]:
     import psutil
     import ray
     import torch
 
-    physical = psutil.cpu_count(logical=False) or os.cpu_count()
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "python": platform.python_version(), "torch": torch.__version__, "ray": ray.__version__,
-            "logical_cores": os.cpu_count(), "physical_cores": physical, "ray_num_cpus": num_cpus,
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "load_avg_1m": round(os.getloadavg()[0], 2)}  # fmt: skip
+            "logical_cores": os.cpu_count(), "physical_cores": psutil.cpu_count(logical=False),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    counts = [int(x) for x in args.miners.split(",")]
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    kinds = ["smoke"] if args.quick else args.models.split(",")
+    counts = [1] if args.quick else [int(x) for x in args.miners.split(",")]
+    sizes = {k: int(v) for k, v in (x.split("=") for x in args.sentences.split(","))}
+    gpu = args.gpus_per_miner > 0
+    engines = [("hf", "fp32"), ("ctranslate2", "fp32"), ("ctranslate2", "int8")] if not gpu else \
+        [("hf", "fp16"), ("hf", "bf16"), ("ctranslate2", "fp16"), ("ctranslate2", "bf16")]
     from raycl.distributed.runtime import init_ray
 
+    report: dict[str, Any] = {"bench": "mine", "k": args.k, "beam": args.k + 1,
+                              "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
+                              "gpus_per_miner": args.gpus_per_miner, "engines": {}}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="raycl-bench-mine-") as tmp:
         work = args.workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        corpus, model = make_inputs(work, args.sentences)
-        num_cpus = max(4, *counts)
-        init_ray(num_cpus=num_cpus)  # logical CPUs: one per miner even where the cores are fewer
-        runs: dict[str, dict[str, Any]] = {}
-        for m in counts:
-            out = work / f"negatives-M{m}"
-            shutil.rmtree(out, ignore_errors=True)  # a kept workdir would otherwise resume: nothing to mine
-            summary = mine_once(corpus, model, out, m, args)
-            runs[str(m)] = {k: summary[k] for k in ("examples", "negatives", "seconds", "startup_s",
-                                                    "negatives_per_s", "shards")}  # fmt: skip
-            if not args.json:
-                print(f"M={m}: {summary['negatives_per_s']} negatives/s", file=sys.stderr)
-        info = machine(num_cpus)
-    base = runs[str(counts[0])]["negatives_per_s"] / counts[0]
-    physical = info["physical_cores"] or 1
-    report = {
-        "bench": "mine", "sentences": args.sentences, "k": args.k, "max_new_tokens": args.max_new_tokens,
-        "task_size": args.task_size, "batch_size": args.batch_size, "gpus_per_miner": args.gpus_per_miner,
-        "model": "smoke preset (d 128, 2+2 layers), untrained: 0 steps (throughput, not quality)",
-        "negatives_per_s": {m: r["negatives_per_s"] for m, r in runs.items()},
-        "scaling_efficiency": {m: round(r["negatives_per_s"] / (int(m) * base), 3) for m, r in runs.items()},
-        "runs": runs, "machine": info,
-        "note": (f"{physical} physical cores: M > {physical} oversubscribes (miners share cores), so efficiency "
-                 f"there measures core sharing, not pool overhead") if max(counts) > physical else "",
-        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }  # fmt: skip
+        texts = corpus(work, 3000, "texts")
+        init_ray(num_cpus=max(2, *counts))
+        for kind in kinds:
+            n = 200 if args.quick else sizes[kind]
+            data, model_dir = corpus(work, n, f"{kind}-{n}"), model(work, kind, texts)
+            rows: dict[str, Any] = {"sentences": n}
+            for engine, precision in engines:
+                name = f"{engine}-{precision}"
+                for m in counts:
+                    s = mine(data, model_dir, work / f"out-{kind}-{name}-{m}", m=m, engine=engine,
+                             precision=precision, args=args)  # fmt: skip
+                    keys = ("negatives", "seconds", "negatives_per_s", "miner_busy_s", "negatives_per_miner_s")
+                    rows.setdefault(name, {})[str(m)] = {k: s[k] for k in keys}
+                    if not args.json:
+                        print(f"{kind} {name} M={m}: {s['negatives_per_s']} negatives/s", file=sys.stderr)
+                one = rows[name]["1"]["negatives_per_s"]
+                rows[name]["scaling_efficiency"] = {
+                    str(m): round(rows[name][str(m)]["negatives_per_s"] / (m * one), 3) for m in counts}
+            hf = rows[f"hf-{engines[0][1]}"]["1"]
+            rows["ct2_speedup"] = {
+                name: round(rows[name]["1"]["negatives_per_miner_s"] / hf["negatives_per_miner_s"], 2)
+                for name in rows if name.startswith("ctranslate2")}  # fmt: skip
+            report["engines"][kind] = rows
+        if not args.quick:
+            small = model(work, "smoke", texts)
+            report["driver_rss"] = [driver_rss(work, small, args.rss_sentences),
+                                    driver_rss(work, small, 10 * args.rss_sentences)]
+            a, b = report["driver_rss"]
+            report["driver_rss_ratio_10x"] = round(b["peak_rss_mib"] / a["peak_rss_mib"], 3)
+    report["machine"] = machine()
+    report["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     print(json.dumps(report))
     return 0
 

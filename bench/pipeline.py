@@ -11,6 +11,9 @@ Prints one JSON object:
   ``speedup_vs_sequential`` (sequential mine-then-train time / pipelined time).
 
 Usage: ``.venv/bin/python bench/pipeline.py --json [--miners 1,2,4] [--finetune 600] [--epochs 2]``.
+``--sweep``: the GEC sweep (γ ∈ {0.25, 0.85} × k ∈ {2, 3}, then DI, NLL, CL⁻ at the best point) twice on the same
+base model — before (``mining.share=false``: a miner pool per trial) and after (the n-best mined once for the
+run) — with each run's wall time, sentences beam-searched, the miners' busy seconds and ``mine_wait_fraction``.
 ``--recipe coherence``: the coherence recipe (smoke preset) instead, each M at ``max_staleness`` 0 (the paper's
 schedule: every chunk ranked with the weights published at its start, so the trainer waits for it) and 1 (the
 next chunk is ranked while this one trains): ``mine_wait_fraction``, refused (re-ranked) items, versions.
@@ -24,6 +27,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -176,6 +180,59 @@ def coherence_main(args: argparse.Namespace) -> dict[str, Any]:
             "rank_every": run.cfg.mining.rank_every, "num_rank": run.cfg.mining.num_rank, "runs": runs}
 
 
+def _sweep_once(space: Any, run_dir: Path) -> dict[str, Any]:
+    """One GEC sweep + baselines; its beam searches, the miners' busy seconds and the trainers' mine_wait."""
+    from raycl import driver
+    from raycl.recipes import recipe_for
+    from raycl.records import read_history
+
+    t0 = time.perf_counter()
+    summary = driver.run_tune(recipe_for("gec"), space, run_dir)
+    wall = time.perf_counter() - t0
+    searched, mine_s = 0, 0.0
+    meta = run_dir / "nbest" / "meta.json"
+    if meta.exists():  # mined once for the run
+        m = json.loads(meta.read_text())
+        searched, mine_s = m["beam_searched"], m["mine_s"]
+    trials = sorted((run_dir / "trials").iterdir())
+    for d in trials:  # per-trial miner pools
+        if (d / "mining.json").exists():
+            m = json.loads((d / "mining.json").read_text())
+            searched, mine_s = searched + m["searched"], mine_s + m["mine_s"]
+    hist = [h for d in trials for h in read_history(d) if "timing/epoch" in h]
+    wait = sum(float(h.get("timing/mine_wait", 0.0)) for h in hist)
+    first = sum(float(h.get("timing/mine_wait_first", 0.0)) for h in hist)
+    loop = sum(float(h.get("timing/epoch", 0.0)) for h in hist)
+    return {"wall_s": round(wall, 1), "trials": len(trials), "failed_trials": summary["failed_trials"],
+            "beam_searched_sentences": searched, "mining_s": round(mine_s, 1),
+            "mine_wait_fraction": round(wait / max(loop, 1e-9), 4),
+            "mine_wait_fraction_steady": round((wait - first) / max(loop - first, 1e-9), 4),
+            "train_loop_s": round(loop, 1)}  # fmt: skip
+
+
+def sweep_main(args: argparse.Namespace) -> dict[str, Any]:
+    """The GEC sweep (2 margins × 2 k + DI, NLL, CL⁻) before (per-trial miners) and after (mined once per run)."""
+
+    out: dict[str, Any] = {"bench": "pipeline-sweep", "recipe": "gec_pd smoke", "finetune": args.finetune,
+                           "grid": {"loss.margin": [0.25, 0.85], "mining.k": [2, 3]}, "baselines": "DI, NLL, CL⁻"}
+    with tempfile.TemporaryDirectory(prefix="raycl-bench-sweep-") as tmp_name:
+        tmp = Path(tmp_name)
+        for name, share in (("before_per_trial_mining", "false"), ("after_mined_once", "true")):
+            space = _space(tmp, args, f"mining.share={share}", "tune.max_concurrent_trials=2",
+                           "mining.cpus_per_miner=1", "mining.beam=4")  # fmt: skip
+            space.search = {"loss.margin": {"grid": [0.25, 0.85]}, "mining.k": {"grid": [2, 3]}}
+            run_dir = tmp / name
+            if (tmp / "base_model").exists():  # the same base model: the comparison is the sweep's
+                shutil.copytree(tmp / "base_model", run_dir / "base_model")
+            out[name] = _sweep_once(space, run_dir)
+            if not (tmp / "base_model").exists():
+                shutil.copytree(run_dir / "base_model", tmp / "base_model")
+    b, a = out["before_per_trial_mining"], out["after_mined_once"]
+    out["beam_searches_ratio"] = round(b["beam_searched_sentences"] / max(a["beam_searched_sentences"], 1), 2)
+    out["mining_time_ratio"] = round(b["mining_s"] / max(a["mining_s"], 1e-9), 2)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true")
@@ -187,6 +244,7 @@ def main() -> None:
     p.add_argument("--pretrain-epochs", type=int, default=1)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--gpus-per-miner", type=float, default=0.0)
+    p.add_argument("--sweep", action="store_true", help="GEC: a sweep before/after mining once per run")
     args = p.parse_args()
     ms = [int(m) for m in args.miners.split(",")]
     import ray
@@ -196,7 +254,10 @@ def main() -> None:
     init_ray(num_cpus=2 + max(ms))
     machine = {"cpus": os.cpu_count(), "gpus": ray.cluster_resources().get("GPU", 0),
                "logical_cpus": ray.cluster_resources().get("CPU")}  # fmt: skip
-    result = coherence_main(args) if args.recipe == "coherence" else gec_main(args)
+    if args.sweep:
+        result = sweep_main(args)
+    else:
+        result = coherence_main(args) if args.recipe == "coherence" else gec_main(args)
     print(json.dumps({**result, "machine": machine}, indent=2 if args.json else None))
 
 

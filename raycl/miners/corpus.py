@@ -237,6 +237,7 @@ def mine_corpus(model: str, specs: Sequence[str], out_dir: Path, *, options: dic
             ranges.append(r)
     scan_s = time.perf_counter() - t_scan
     n_ex = n_neg = 0
+    busy = 0.0  # the miners' seconds on ranges (model loading and Ray's start-up not included)
     t0 = time.perf_counter()
     bar = _bar(sum(r.count for r in ranges), progress)
     try:
@@ -246,11 +247,13 @@ def mine_corpus(model: str, specs: Sequence[str], out_dir: Path, *, options: dic
                 assert miner is not None
                 got = miner({k: [v] for k, v in dataclasses.asdict(r).items()})
                 n_ex, n_neg = n_ex + got["examples"][0], n_neg + got["negatives"][0]
+                busy += got["seconds"][0]
                 bar.update(got["examples"][0])
         else:
             for row in _ray_data(model, ranges, out_dir, options=options, num_miners=num_miners,
                                  cpus=cpus_per_miner, gpus=gpus_per_miner, annotator=annotator):  # fmt: skip
                 n_ex, n_neg = n_ex + int(row["examples"]), n_neg + int(row["negatives"])
+                busy += float(row["seconds"])
                 bar.update(int(row["examples"]))
                 bar.set_postfix(neg_per_s=f"{n_neg / (time.perf_counter() - t0):.1f}")
     finally:
@@ -258,6 +261,7 @@ def mine_corpus(model: str, specs: Sequence[str], out_dir: Path, *, options: dic
     seconds = time.perf_counter() - t0
     return {"out": str(out_dir), "examples": n_ex, "negatives": n_neg, "seconds": round(seconds, 3),
             "negatives_per_s": round(n_neg / max(seconds, 1e-9), 2), "num_miners": num_miners,
+            "miner_busy_s": round(busy, 3), "negatives_per_miner_s": round(n_neg / max(busy, 1e-9), 2),
             "scan_s": round(scan_s, 3), "shards": len(shard_files(out_dir)), "shards_written": len(ranges),
             "resumed": resumed}  # fmt: skip
 
@@ -272,7 +276,7 @@ def _ray_data(model: str, ranges: list[Range], out_dir: Path, *, options: dict[s
     ctx.print_on_execution_start = False
     ds = ray.data.from_items([dataclasses.asdict(r) for r in ranges], override_num_blocks=len(ranges))
     mined = ds.map_batches(
-        RangeMiner, batch_size=1, concurrency=num_miners, num_cpus=cpus, num_gpus=gpus or None,
+        RangeMiner, batch_size=1, compute=_pool(num_miners), num_cpus=cpus, num_gpus=gpus or None,
         fn_constructor_kwargs={"model": model, "options": options, "out_dir": str(out_dir),
                                "annotator": annotator},
         max_restarts=-1, max_task_retries=-1,
@@ -281,6 +285,15 @@ def _ray_data(model: str, ranges: list[Range], out_dir: Path, *, options: dict[s
         yield from mined.iter_rows()
     except Exception as err:  # a UserError raised while reading a range reaches here wrapped by Ray
         raise _user_error(err) or err from None
+
+
+def _pool(num_miners: int | tuple[int, int]) -> Any:
+    """An actor pool of ``num_miners`` actors, or one that autoscales between ``(min, max)``."""
+    import ray
+
+    if isinstance(num_miners, tuple):
+        return ray.data.ActorPoolStrategy(min_size=num_miners[0], max_size=num_miners[1])
+    return ray.data.ActorPoolStrategy(size=num_miners)
 
 
 def _user_error(err: BaseException) -> UserError | None:
@@ -380,7 +393,7 @@ def mine_negatives(
         import ray
 
         ds = ray.data.from_items(rows).map_batches(
-            ExampleMiner, batch_size=batch_size, concurrency=num_miners, num_cpus=cpus_per_miner,
+            ExampleMiner, batch_size=batch_size, compute=_pool(num_miners), num_cpus=cpus_per_miner,
             num_gpus=gpus_per_miner or None, fn_constructor_kwargs={"model": model, "options": options},
             max_restarts=-1, max_task_retries=-1)  # fmt: skip
         table = pa.concat_tables([ray.get(ref) for ref in ds.to_arrow_refs()]).cast(schema())

@@ -50,13 +50,21 @@ def convert(hf_dir: str | Path, out_dir: Path, *, quantization: str) -> Path:
     from ctranslate2.converters import TransformersConverter
 
     class Converter(TransformersConverter):  # type: ignore[misc]
+        vocab_size = 0
+
         def load_model(self, model_class: Any, model_name_or_path: str, **kwargs: Any) -> Any:
             model = super().load_model(model_class, model_name_or_path, **kwargs)
             # CTranslate2's BART loader reads BartConfig.normalize_before, which transformers 5 dropped: BART is
             # post-norm (mBART's loader sets its own True)
             if not hasattr(model.config, "normalize_before"):
                 model.config.normalize_before = False
+            self.vocab_size = int(model.config.vocab_size)
             return model
+
+        def load_tokenizer(self, tokenizer_class: Any, model_name_or_path: str, **kwargs: Any) -> Any:
+            # raycl's own tokenizer choice (a converted fairseq folder has its BPE); an embedding matrix larger
+            # than the tokenizer (padded vocabularies) gets placeholder tokens that are never produced
+            return _PaddedVocab(_tokenizer(Path(model_name_or_path)), self.vocab_size)
 
     if (out_dir / "model.bin").is_file():
         return out_dir
@@ -104,13 +112,8 @@ class CT2Seq2Seq:
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, *, device: str = "cpu", precision: str = "fp32",
                         cache_dir: str | Path | None = None, version: int = 0) -> CT2Seq2Seq:  # fmt: skip
-        from transformers import AutoTokenizer
-
-        from raycl.models.fairseq_tokenizer import FairseqBPETokenizer, is_fairseq_folder
-
         hf_dir = Path(name_or_path)
-        tokenizer = (FairseqBPETokenizer.from_folder(hf_dir) if is_fairseq_folder(hf_dir)
-                     else AutoTokenizer.from_pretrained(str(hf_dir)))  # fmt: skip
+        tokenizer = _tokenizer(hf_dir)
         compute = compute_type(precision, device)
         return cls(hf_dir, tokenizer, device=device, compute=compute,
                    cache_dir=Path(cache_dir) if cache_dir else _cache_root(hf_dir), version=version)  # fmt: skip
@@ -200,6 +203,31 @@ class CT2Seq2Seq:
         results = self.translator.score_batch(self._tokens(sources, max_length), targets_tok,
                                               max_batch_size=batch_size)  # fmt: skip
         return [float(sum(r.log_probs)) for r in results]
+
+
+def _tokenizer(hf_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    from raycl.models.fairseq_tokenizer import FairseqBPETokenizer, is_fairseq_folder
+
+    return FairseqBPETokenizer.from_folder(hf_dir) if is_fairseq_folder(hf_dir) else AutoTokenizer.from_pretrained(
+        str(hf_dir))
+
+
+class _PaddedVocab:
+    """A tokenizer whose ``get_vocab`` is padded to ``size`` entries (for the converter only)."""
+
+    def __init__(self, tokenizer: Any, size: int) -> None:
+        self._tokenizer, self._size = tokenizer, size
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tokenizer, name)
+
+    def get_vocab(self) -> dict[str, int]:
+        vocab = dict(self._tokenizer.get_vocab())
+        for i in range(len(vocab), self._size):
+            vocab[f"<raycl_unused_{i}>"] = i
+        return vocab
 
 
 def _read_config(hf_dir: Path) -> dict[str, Any]:
