@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -87,12 +88,27 @@ def render_report(run: Run, space: Space, summary: dict[str, Any], trials: list[
     steps = [v for t in trials for r in t.history if (v := num(r.get("timing/step"))) is not None]
     if steps:
         lines.append(f"- mean fine-tuning step: {1000 * sum(steps) / len(steps):.1f} ms")
-    lines += _stream_lines(trials)
+    lines += _nbest_lines(run) + _stream_lines(trials)
     if plots:
         lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
     if summary["failed_trials"]:
         lines += ["", f"Failed trials: {', '.join(summary['failed_trials'])}"]
     return "\n".join(lines)
+
+
+def _nbest_lines(run: Run) -> list[str]:
+    """The run's shared n-best (version-0 negatives mined once for every trial), when there is one."""
+    meta_path = run.run_dir / "nbest" / "meta.json"
+    if not meta_path.exists():
+        return []
+    meta = json.loads(meta_path.read_text())
+    o = meta.get("options", {})
+    how = (f"reused from an earlier run ({meta.get('resumed', 0)} lists)" if not meta.get("beam_searched")
+           else f"{meta['beam_searched']} sentences beam-searched in {meta.get('mine_s', 0.0):.1f} s of miner time"
+           + (f", {meta['resumed']} reused" if meta.get("resumed") else ""))  # fmt: skip
+    return [f"- n-best lists of D_F mined once for the whole run (`nbest/`, beam {o.get('beam')}, engine "
+            f"{o.get('engine')}, {o.get('precision')}): {meta['examples']} sentences, {how}; every trial "
+            "selected its k and CL/CL⁻ from them"]
 
 
 def _stream_lines(trials: list[TrialOutcome]) -> list[str]:
