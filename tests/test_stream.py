@@ -102,6 +102,26 @@ def test_ranks_get_their_own_items_and_later_epochs_reuse_the_cache(ray_local) -
     pool.shutdown()
 
 
+def test_a_trainer_restarted_from_an_older_checkpoint_replays_that_epoch(ray_local) -> None:
+    """Ray Train restarts from the last checkpoint it registered, which can be older than the stream's position (a
+    worker that dies right after reporting loses that report): the earlier epoch is scheduled again, in full."""
+    ray = ray_local
+    stream = start_stream(world_size=1, capacity=16, task_size=4)
+    pool = echo_pool(1)
+    pool.start(stream)
+    items = [shard(0, 10)]
+    assert ray.get(stream.start_epoch.remote(0, items))
+    assert len(take_all(ray, stream, 0, epoch=0)) == 10
+    assert ray.get(stream.start_epoch.remote(1, items))
+    assert len(ray.get(stream.take.remote(0, 4, timeout=60, epoch=1))) == 4  # the trainer dies here
+    assert not ray.get(stream.start_epoch.remote(1, items))  # the running epoch: a no-op
+    assert ray.get(stream.start_epoch.remote(0, items, reuse_version=0))  # restarted at epoch 0: replayed
+    assert sorted(ids(take_all(ray, stream, 0, epoch=0))) == sorted(e.id for e in items[0])
+    ray.get(stream.close.remote())
+    pool.join(timeout=30)
+    pool.shutdown()
+
+
 def test_refused_items_are_remined_with_the_newer_weights(ray_local) -> None:
     ray = ray_local
     store = start_weight_store()

@@ -78,10 +78,13 @@ class NegativeStream:
         """Schedule ``epoch`` (each rank's items, shuffled by epoch, cut into tasks). Cached negatives mined
         at version ≥ ``reuse_version`` are delivered without mining (None: re-mine everything); ``min_versions``
         are per-id version floors for the miners (``Ledger.start_epoch``). Calling it
-        again for the epoch already running does nothing (every rank may call it); returns True if it started.
+        again for the epoch already running does nothing (every rank may call it); an earlier epoch is a replay
+        and starts again. Returns True if it started.
         """
-        if epoch <= self.ledger.epoch:
+        if epoch == self.ledger.epoch:
             return False
+        # epoch < the stream's: a trainer restarted from a checkpoint older than the stream's position (a worker
+        # that dies right after reporting can lose that report): the epoch is scheduled again from its start
         cached = {} if reuse_version is None else {
             item.id: self.cache[item.id] for items in items_per_rank for item in items
             if item.id in self.cache and self.cache[item.id].model_version >= reuse_version

@@ -272,10 +272,10 @@ def build_beam_miner(model_path: str, options: dict[str, Any]) -> BeamSearchMine
 def load_beam_weights(miner: BeamSearchMiner, state_dict: Any, *, version: int = 0) -> None:
     """Published weights into a ``gec_beam`` miner: the torch module's, or a CTranslate2 model converted for
     ``version`` (once per version; miners on one node share the converted folder)."""
-    if isinstance(miner.scorer, torch.nn.Module):
+    if isinstance(miner.module, torch.nn.Module):  # BaseMiner.module: the scorer
         load_module(miner, state_dict, version=version)
     else:
-        miner.scorer.load_state_dict(state_dict, version=version)
+        miner.module.load_state_dict(state_dict, version=version)
 
 
 GEC_BEAM = register_miner("gec_beam", build=build_beam_miner, load=load_beam_weights)

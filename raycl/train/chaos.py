@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+
+def _poll_s() -> float:
+    return float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2.0"))
 
 
 def crash_switch(chaos: Mapping[str, Any] | None, *, rank: int) -> Callable[[int], None]:
@@ -26,6 +31,10 @@ def crash_switch(chaos: Mapping[str, Any] | None, *, rank: int) -> Callable[[int
         if step == at and not marker.exists():
             marker.write_text(f"exited at step {step}\n")
             log.warning("chaos: trainer rank 0 exits at step %d", step)
+            # Ray Train's controller collects reports when it polls the workers (every 2 s by default): a worker
+            # killed sooner after a report may take that checkpoint with it, which makes the test's expected
+            # restart point a race; waiting out one poll keeps the crash at step N deterministic
+            time.sleep(float(chaos.get("settle_s", 2.5 * _poll_s())))
             os._exit(1)
 
     return on_step
