@@ -58,7 +58,7 @@ def test_fp32_finds_the_same_candidates_with_their_summed_scores(trained: Path) 
     kw = dict(num_beams=5, num_return_sequences=5, max_new_tokens=48, rank_by="beam")
     a, b = hf.generate(HELD_OUT, **kw), ct2.generate(HELD_OUT, **kw)  # type: ignore[arg-type]
     stats = _compare(a, b)
-    # measured: top-1 0.98, same 5-best set 0.88, |ΔS| ≤ 0.1 (CTranslate2's score leaves out the forced <s>)
+    # measured: top-1 0.99, same 5-best set 0.97, |ΔS| ≤ 0.07 (CTranslate2's score leaves out the forced <s>)
     assert stats["top1"] >= 0.9 and stats["same_set"] >= 0.7 and stats["max_score_diff"] < 0.5, stats
     # the one-pass score is the teacher-forced S(t|s) (up to the forced <s>'s log-prob, ≈ 0 when trained)
     # (measured 0.82 within 0.2: a hypothesis cut at max_new_tokens has no </s> here where HF forces one, and a
@@ -75,7 +75,7 @@ def test_int8_runs_and_keeps_many_top1(trained: Path) -> None:
     ct2 = CT2Seq2Seq.from_pretrained(trained, precision="int8")
     kw = dict(num_beams=5, num_return_sequences=5, max_new_tokens=48, rank_by="beam")
     stats = _compare(hf.generate(HELD_OUT[:40], **kw), ct2.generate(HELD_OUT[:40], **kw))  # type: ignore[arg-type]
-    assert stats["top1"] >= 0.2, stats  # a 64-wide model loses much to int8 weights (measured 0.35): README
+    assert stats["top1"] >= 0.2, stats  # a 64-wide model loses much to int8 weights (measured 0.44): README
 
 
 def test_converted_once_per_version_and_new_weights_change_outputs(trained: Path, tmp_path: Path) -> None:
