@@ -21,17 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from raycl.errors import UserError, at, cli_entry
-
-if TYPE_CHECKING:
-    pass
 
 
 def _add_gec(sub: Any) -> None:
@@ -66,8 +62,9 @@ def _add_gec(sub: Any) -> None:
     g.add_argument("--address", default=None, help="Ray cluster: auto or HOST:PORT (default: an embedded Ray)")
     g.add_argument("--cpus-per-miner", type=float, default=1.0, help="CPUs per miner actor (default 1)")
     g.add_argument("--gpus-per-miner", type=float, default=0.0, help="GPUs per miner actor, fractions allowed")
-    g.add_argument("--shard-size", type=int, default=10_000,
-                   help="sentences per range = per shard file, the unit of resuming (default 10000)")
+    g.add_argument("--shard-size", type=int, default=None,
+                   help="sentences per range = per shard file, the unit of resuming (default 10000; resuming "
+                        "an OUT keeps the size it was mined with)")  # fmt: skip
     p.set_defaults(run=_run_gec)
 
 
@@ -78,7 +75,7 @@ def _check_gec_args(args: argparse.Namespace) -> None:
         raise UserError(f"--beam: expected ≥ k+1 = {args.k + 1}, got {args.beam}")
     if args.batch_size < 1:
         raise UserError(f"--batch-size: expected an integer ≥ 1, got {args.batch_size}")
-    if args.shard_size < 1:
+    if args.shard_size is not None and args.shard_size < 1:
         raise UserError(f"--shard-size: expected an integer ≥ 1, got {args.shard_size}")
     if args.cpus_per_miner < 0 or args.gpus_per_miner < 0:
         raise UserError(f"--cpus-per-miner/--gpus-per-miner: expected ≥ 0, got {args.cpus_per_miner}, "
@@ -133,22 +130,20 @@ def _miners(text: str) -> int | tuple[int, int]:
 
 
 def _run_sharded(args: argparse.Namespace) -> dict[str, Any]:
-    """The data in ranges to a Ray Data actor pool (or this process), one shard per range; resumes."""
-    from raycl.distributed.runtime import init_ray
-    from raycl.miners.corpus import local_cpus, mine_corpus
+    """The data in ranges to a Ray Data actor pool (or this process), one shard per range; resumes. The same
+    machinery as :func:`raycl.mine_negatives` (``raycl.miners.corpus.mine_corpus``), with a summary instead of
+    a dataset."""
+    from raycl.miners.corpus import mine_corpus
 
     if args.out.exists() and not args.out.is_dir():
         raise UserError(f"{at(args.out)}: exists and is not a directory, expected a shard directory")
     num_miners = 1 if args.num_miners is None else args.num_miners
     t0 = time.perf_counter()
-    if num_miners != 0:
-        most = num_miners[1] if isinstance(num_miners, tuple) else num_miners
-        on_cluster = bool(args.address or os.environ.get("RAY_ADDRESS"))
-        init_ray(args.address, num_cpus=None if on_cluster else local_cpus(most * args.cpus_per_miner))
     options = {**_miner_options(args), **({"device": args.device} if num_miners == 0 else {})}
     summary = mine_corpus(str(Path(args.model).resolve()), args.data, args.out, options=options,
                           shard_size=args.shard_size, num_miners=num_miners, cpus_per_miner=args.cpus_per_miner,
-                          gpus_per_miner=args.gpus_per_miner, annotator=args.annotator)  # fmt: skip
+                          gpus_per_miner=args.gpus_per_miner, annotator=args.annotator,
+                          address=args.address)  # fmt: skip
     return {**summary, "num_miners": num_miners if isinstance(num_miners, int) else list(num_miners),
             "startup_s": round(time.perf_counter() - t0 - summary["seconds"] - summary["scan_s"], 3)}  # fmt: skip
 

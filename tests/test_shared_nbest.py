@@ -41,7 +41,7 @@ def _mine(model_dir: Path, out: Path, examples: list[GecExample]) -> tuple[dict,
     factory = MinerFactory(GEC_BEAM, str(model_dir), OPTIONS)
     said: list[str] = []
     with shared_nbest(factory, MINING, examples, out, options={"beam": 3}, model_dir=model_dir,
-                      say=said.append) as stream:  # fmt: skip
+                      say=said.append, shard_size=4) as stream:  # fmt: skip
         ray.get(stream.wait_ready.remote([ex.id for ex in examples], 0.0))
         while not ray.get(stream.progress.remote())["complete"]:
             ray.get(stream.wait_ready.remote(["never"], 0.2))
@@ -70,8 +70,9 @@ def test_mined_once_reused_resumed_and_remined_on_change(ray_local, model_dir: P
 
     # interrupted: one shard's rows lost (and a half-written temp file) -> only those are mined again
     shards = sorted(out.glob("part-*.parquet"))
-    lost = pq.read_table(shards[-1], columns=["id"]).column("id").to_pylist()
-    shards[-1].unlink()
+    lost = pq.read_table(shards[0], columns=["id"]).column("id").to_pylist()
+    assert len(shards) == 3
+    shards[0].unlink()  # the first: new rows must not overwrite a kept shard
     (out / ".part-00009.parquet.tmp").write_bytes(b"half")
     again, info = _mine(model_dir, out, EXAMPLES)
     assert info["meta"]["beam_searched"] == len(lost) and again == records

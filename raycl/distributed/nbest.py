@@ -78,19 +78,15 @@ class NBestStream(NegativeStream):
         self.out_dir, self.shard_size, self.total = Path(out_dir), shard_size, len(examples)
         self.cache.update(read_nbest_shards(self.out_dir))
         self.resumed = len(self.cache)
-        self.next_index = len(list(self.out_dir.glob("part-*.parquet")))
+        indices = [int(p.stem.split("-")[1]) for p in self.out_dir.glob("part-*.parquet")]
+        self.next_index = max(indices, default=-1) + 1  # never over a kept shard, whichever one was lost
         self.ledger.start_epoch(0, [list(examples)], cached=dict(self.cache), shuffle=False)  # file order
         self.error: str | None = None
         self._rows: list[StreamItem] = []
 
     async def put(self, batch: MinedBatch) -> int:
-        accepted = set(self.ledger.complete(batch))
-        self.searched += len(batch.ids)
-        self.mine_s += batch.seconds
-        for item in batch.items():
-            if item.id in accepted:
-                self.cache[item.id] = item
-                self._rows.append(item)
+        accepted = self._accept(batch)
+        self._rows += accepted
         if len(self._rows) >= self.shard_size or len(self.cache) >= self.total:
             self._flush()
         await self._notify()
@@ -149,7 +145,8 @@ def start_nbest_stream(**kwargs: Any) -> Any:
 
 @contextmanager
 def shared_nbest(factory: MinerFactory, mining: Any, examples: Sequence[Any], out_dir: Path, *,
-                 options: dict[str, Any], model_dir: Path, say: Any = print) -> Iterator[Any]:  # fmt: skip
+                 options: dict[str, Any], model_dir: Path, say: Any = print, shard_size: int = 2000
+                 ) -> Iterator[Any]:  # fmt: skip
     """The run's n-best of ``examples``: reused from ``out_dir`` when its key matches, else (re-)mined by a
     miner pool of ``mining.num_miners`` that stops once every list is in. Yields the stream's handle."""
     key = content_key(model_dir, examples, options)
@@ -164,7 +161,7 @@ def shared_nbest(factory: MinerFactory, mining: Any, examples: Sequence[Any], ou
         stale.unlink()
     _write_meta(out_dir, key=key, examples=len(examples), options=options, complete=False)
     stream = start_nbest_stream(examples=list(examples), out_dir=str(out_dir), task_size=mining.task_size,
-                                lease_s=mining.lease_s)  # fmt: skip
+                                lease_s=mining.lease_s, shard_size=shard_size)  # fmt: skip
     first = ray.get(stream.progress.remote())
     pool: MinerPool | None = None
     watcher: threading.Thread | None = None

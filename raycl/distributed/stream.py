@@ -113,14 +113,18 @@ class NegativeStream:
 
     async def put(self, batch: MinedBatch) -> int:
         """Hand back a mined task; returns how many ids were accepted (duplicates and late ones are dropped)."""
+        accepted = self._accept(batch)
+        await self._notify()
+        return len(accepted)
+
+    def _accept(self, batch: MinedBatch) -> list[StreamItem]:
+        """The ledger's verdict on a mined task: its accepted items, now cached; the miners' counters."""
         accepted = set(self.ledger.complete(batch))
         self.searched += len(batch.ids)
         self.mine_s += batch.seconds
-        for item in batch.items():
-            if item.id in accepted:
-                self.cache[item.id] = item
-        await self._notify()
-        return len(accepted)
+        items = [item for item in batch.items() if item.id in accepted]
+        self.cache.update((item.id, item) for item in items)
+        return items
 
     # ------------------------------------------------------------------------------------------ trainers
     async def take(

@@ -2,32 +2,55 @@
 
 The pipeline::
 
-    scan (driver)          one pass over the files, keeping a byte offset per range of ``shard_size`` records:
-                           O(#ranges) memory, never the sentences
-    ray.data.from_items    the ranges not mined yet (a range whose shard exists is done)
-    .map_batches(RangeMiner, concurrency=M or (min, max), num_cpus=…, num_gpus=…)
-                           an actor pool: each actor builds the beam-search miner once, reads its range from the
-                           file (seek to the offset; ``iter_m2`` / the TSV reader check every line), mines it in
+    scan (driver)          one pass over the files, keeping a byte offset per range of ``shard_size`` records
+                           (both files of a ``SRC|TGT`` pair): O(#ranges) memory, never the sentences. The scan
+                           also checks the M2 structure (S/A/blank lines), so a malformed line fails at once,
+                           before Ray starts, and no block can hide between two ranges
+    ray.data.from_items    the ranges not mined yet (a range whose shard exists is done), one block each
+    .map_batches(RangeMiner, compute=ActorPoolStrategy(size=M | min_size, max_size), num_cpus=…, num_gpus=…)
+                           an actor pool: each actor builds the beam-search miner once (on ``cuda`` when Ray gave
+                           it a GPU), reads its range from the file (seek to the offset; ``iter_m2`` / the TSV
+                           reader check every line and decode as the whole-file readers do), mines it in
                            ``batch_size`` chunks and writes ``part-<range>.parquet`` (temp name + rename)
-    driver                 sums the small per-range summaries as they stream back
+    driver                 sums the small per-range summaries as they stream back (a tqdm bar on stderr; Ray
+                           Data's own bars and logs are quieted while it runs)
 
-Resume: the shard of range i is ``part-{i:05d}.parquet``, written atomically by whoever mined it, so a re-run
-skips every range whose shard exists — O(#shards) driver memory. Ray Data's own checkpointing (``DataContext.
-checkpoint_config``) was not used: its batch backends load every checkpointed id into memory before the dataset
-runs, which is the growth this design avoids; and ``write_parquet`` names files by write task and block, so a
-re-run could not tell which input a file covers without reading every id back. Actors restart after a crash
-(``max_restarts=-1``) and Ray Data retries the range (``max_task_retries=-1``); a range is all-or-nothing.
+Resume: the shard of range i is ``part-{i:05d}.parquet``, written atomically by whoever mined it (a crash
+mid-write leaves a hidden temp file, never a shard), so a re-run skips every range whose shard exists: O(#shards)
+driver memory, no id is read back. What makes range i the same sentences in every run — the data specs (file
+names, slices, byte sizes), ``shard_size`` and the annotator — is kept in ``_mining.json`` next to the shards; a
+re-run with other data or another ``--shard-size`` is a one-line error instead of a silently mixed directory (a
+resumed run without ``shard_size`` takes the stored one).
+
+Why not Ray Data's own machinery: its id-column checkpointing (``DataContext.checkpoint_config``) only wraps
+``ray.data.read_*`` datasources (an M2 reader would have to be a custom ``Datasource``), still reads and parses
+every input row in order to filter it, and loads every checkpointed id into one array in the object store and
+in each filter actor (sized 1.5× the array): the O(#sentences) growth this design avoids. ``write_parquet``
+(``filename_provider``, ``min_rows_per_file``) names files by dataset, write task and block, so a re-run could
+not tell which input a file covers without reading every id back. Actors restart after a crash and Ray Data
+retries the range (its actor-pool defaults, ``max_restarts=-1``, ``max_task_retries=-1``); a range is
+all-or-nothing, so a retry never duplicates an id.
+
+On a multi-node cluster (``--address auto``) the data files and OUT must be on a filesystem every node sees
+(NFS, as Ray Train's ``storage_path``): miners read the ranges by path and write their shards there; a shard
+that does not appear in OUT on the driver is an error naming it.
+
+Examples already in memory (``GecExample``s, dicts) go to the same kind of actor pool as rows; with ``out=``
+they resume by id (the done ids are read back, O(#examples) like the examples the caller already holds).
 Ids are ``<file name>:<index in the file>``, as :func:`raycl.data.gec.load_examples` makes them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import math
 import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice, zip_longest
 from pathlib import Path
@@ -37,7 +60,11 @@ from raycl.data.gec import GecExample, _target
 from raycl.data.m2 import iter_lines, iter_m2
 from raycl.data.specs import Spec, parse_spec
 from raycl.errors import UserError, at
-from raycl.miners.shards import _check_disjoint, schema, shard_files, shard_name
+from raycl.miners.shards import SHARD_GLOB, _check_disjoint, done_ids, schema, shard_files, shard_name
+
+DEFAULT_SHARD_SIZE = 10_000
+MANIFEST = "_mining.json"  # pyarrow and datasets skip ``_``-prefixed files when they read the directory
+_CHAOS_KEYS = ("fail_after_tasks", "stall_s", "stall_after_tasks")  # test switches, see miner_pool.Chaos
 
 
 @dataclass(frozen=True)
@@ -64,20 +91,21 @@ def scan_ranges(specs: Sequence[str], *, range_size: int) -> Iterator[Range]:
     index = 0
     for spec in parsed:
         lo, hi = _bounds(spec)
-        run: list[tuple[int, int, int, int, int]] = []  # (index, offset, line, target offset, target line)
+        run: tuple[int, int, int, int, int] | None = None  # (index, offset, line, target offset, target line)
+        last = -1
         for i, start in enumerate(_record_starts(spec)):
             if hi is not None and i >= hi:
                 break
             if i < lo:
                 continue
             if (i - lo) % range_size == 0:
-                if run:
-                    yield _range(index, spec, run[0], i - run[0][0])
+                if run is not None:
+                    yield _range(index, spec, run, i - run[0])
                     index += 1
-                run = [(i, *start)]
+                run = (i, *start)
             last = i
-        if run:
-            yield _range(index, spec, run[0], last + 1 - run[0][0])
+        if run is not None:
+            yield _range(index, spec, run, last + 1 - run[0])
             index += 1
 
 
@@ -108,13 +136,42 @@ def _record_starts(spec: Spec) -> Iterator[tuple[int, int, int, int]]:
     if spec.format == "tsv":
         yield from ((a, la, 0, 0) for a, la in _line_starts(spec.path))
         return
-    offset, blank = 0, True
-    with _open(spec.path) as f:
+    yield from _m2_starts(spec.path)
+
+
+def _m2_starts(path: Path) -> Iterator[tuple[int, int, int, int]]:
+    """The M2 blocks' ``S`` lines, checking the structure as :func:`raycl.data.m2.iter_m2` does (the ``A``
+    lines' fields are parsed by the miners): a stray line between two blocks would otherwise fall between two
+    ranges, read by no one."""
+    offset, in_block, seen = 0, False, False
+    with _open(path) as f:
         for lineno, raw in enumerate(f, 1):
-            if blank and (raw.startswith(b"S ") or raw.rstrip(b"\r\n") == b"S"):
+            line = raw[3:] if lineno == 1 and raw.startswith(b"\xef\xbb\xbf") else raw  # a BOM, as iter_lines
+            if line.startswith(b"S ") or line.rstrip(b"\r\n") == b"S":
+                if in_block:
+                    raise UserError(f"{at(path, lineno)}: second 'S' line in a block, expected 'A ' lines or a "
+                                    "blank line between sentences")  # fmt: skip
+                in_block = seen = True
                 yield offset, lineno, 0, 0
-            blank = not raw.strip()
+            elif line.startswith(b"A "):
+                if not in_block:
+                    raise UserError(f"{at(path, lineno)}: 'A' line outside a block, expected an 'S ' line first")
+            elif not line.strip() or not _text(path, lineno, line).strip():  # blank (any Unicode space)
+                in_block = False
+            else:
+                text = _text(path, lineno, line).removesuffix("\n").removesuffix("\r")
+                raise UserError(f"{at(path, lineno)}: line starts with {text[:10]!r}, expected 'S ', 'A ' or a "
+                                "blank line")  # fmt: skip
             offset += len(raw)
+    if not seen:
+        raise UserError(f"{at(path)}: empty M2 file, expected 'S ' lines")
+
+
+def _text(path: Path, lineno: int, line: bytes) -> str:
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"{at(path, lineno)}: not UTF-8 text ({err.reason})") from None
 
 
 def _line_starts(path: Path) -> Iterator[tuple[int, int]]:
@@ -157,6 +214,72 @@ def read_range(r: Range, *, annotator: int = 0) -> list[GecExample]:
     return out
 
 
+# ---------------------------------------------------------------------------------------------- resuming
+def _spec_key(text: str) -> dict[str, Any]:
+    """What fixes a spec's ids and texts: file names (ids are ``name:index``), slice and byte sizes."""
+    spec = parse_spec(text)
+    files = [spec.path] if spec.target_path is None else [spec.path, spec.target_path]
+    try:
+        sizes = [p.stat().st_size for p in files]
+    except OSError as err:
+        raise UserError(f"{at(err.filename)}: cannot read ({err.strerror or err})") from None
+    return {"files": [p.name for p in files], "slice": [spec.start, spec.stop], "bytes": sizes}
+
+
+def _describe(key: dict[str, Any]) -> str:
+    lo, hi = key["slice"]
+    cut = "" if lo is None and hi is None else f"[{'' if lo is None else lo}:{'' if hi is None else hi}]"
+    return "|".join(key["files"]) + cut + f" ({'+'.join(map(str, key['bytes']))} bytes)"
+
+
+def resume_settings(out_dir: Path, *, mode: str, shard_size: int | None, **fixed: Any) -> int:
+    """The shard size for ``out_dir``: its manifest's when it has shards to resume (``fixed`` must equal what
+    the manifest stored), else ``shard_size`` (default 10,000), then recorded with ``fixed``. ``mode``: ``ranges``
+    (data specs: the shard of range i is always the same sentences) or ``ids`` (in-memory examples)."""
+    if shard_size is not None and shard_size < 1:
+        raise UserError(f"shard_size: expected an integer ≥ 1, got {shard_size}")
+    path = out_dir / MANIFEST
+    has_shards = bool(shard_files(out_dir))
+    if has_shards and path.is_file():  # no shards: nothing to resume, the manifest is rewritten
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+            old_mode, old_size = old["mode"], int(old["shard_size"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise UserError(f"{at(path)}: not a raycl mining manifest ({err}); delete {out_dir} to mine again"
+                            ) from None  # fmt: skip
+        if old_mode != mode:
+            what = {"ranges": "data files", "ids": "in-memory examples"}
+            raise UserError(f"{at(out_dir)}: shards mined from {what.get(old_mode, old_mode)}, this run mines "
+                            f"{what[mode]}; expected a new output directory")  # fmt: skip
+        if shard_size is not None and shard_size != old_size and mode == "ranges":
+            raise UserError(f"{at(out_dir)}: shards of {old_size} sentences each, this run asks for shard size "
+                            f"{shard_size}; leave it out to resume, or use a new output directory")  # fmt: skip
+        for key, value in fixed.items():
+            if old.get(key) != value:
+                was, now = old.get(key), value
+                if key == "data":
+                    was, now = ", ".join(map(_describe, was or [])), ", ".join(map(_describe, now))
+                raise UserError(f"{at(out_dir)}: its shards were mined with {key} {was}, this run has {now}; "
+                                "expected the same to resume, or a new output directory")  # fmt: skip
+        return old_size
+    if has_shards:
+        raise UserError(f"{at(out_dir)}: holds {SHARD_GLOB} files but no {MANIFEST}, expected an empty directory "
+                        "or one raycl mining wrote (delete the shards to mine again)")  # fmt: skip
+    size = shard_size or DEFAULT_SHARD_SIZE
+    tmp = out_dir / f".{MANIFEST}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps({"mode": mode, "shard_size": size, **fixed}, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return size
+
+
+def _prepare(out_dir: Path) -> None:
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"{at(out_dir)}: exists and is not a directory, expected a shard directory")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.glob(".part-*.tmp"):  # an interrupted write: never a shard
+        stale.unlink(missing_ok=True)
+
+
 # ---------------------------------------------------------------------------------------------- mining
 def _table(examples: Sequence[GecExample], mined: Sequence[Any], version: int = 0) -> Any:
     import pyarrow as pa
@@ -179,19 +302,24 @@ def write_shard(out_dir: Path, index: int, table: Any) -> Path:
     return path
 
 
+def _build_miner(model: str, options: dict[str, Any]) -> Any:
+    import ray
+
+    from raycl.miners.beam_search import build_beam_miner
+    from raycl.miners.registry import miner_device
+
+    opts = {k: v for k, v in options.items() if k not in _CHAOS_KEYS}
+    opts.setdefault("device", miner_device(ray.get_gpu_ids() if ray.is_initialized() else []))
+    return build_beam_miner(model, opts)
+
+
 class RangeMiner:
     """Ray Data's callable class: one beam-search miner per actor; a batch of ranges in, their summaries out."""
 
     def __init__(self, model: str, options: dict[str, Any], out_dir: str, annotator: int = 0) -> None:
-        import ray
-
         from raycl.distributed.miner_pool import Chaos, _first_life
-        from raycl.miners.beam_search import build_beam_miner
-        from raycl.miners.registry import miner_device
 
-        opts = {k: v for k, v in options.items() if k not in ("fail_after_tasks", "stall_s", "stall_after_tasks")}
-        opts.setdefault("device", miner_device(ray.get_gpu_ids() if ray.is_initialized() else []))
-        self.miner = build_beam_miner(model, opts)
+        self.miner = _build_miner(model, options)
         self.out_dir, self.annotator = Path(out_dir), annotator
         self.chaos = Chaos.of(options, 0) if _first_life() else Chaos()
         self.done = 0
@@ -220,17 +348,21 @@ def _rows(batch: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield {k: (v.item() if hasattr(v, "item") else v) for k in keys for v in [batch[k][i]]}
 
 
-def mine_corpus(model: str, specs: Sequence[str], out_dir: Path, *, options: dict[str, Any], shard_size: int,
-                num_miners: int | tuple[int, int], cpus_per_miner: float = 1.0, gpus_per_miner: float = 0.0,
-                annotator: int = 0, progress: bool = True) -> dict[str, Any]:  # fmt: skip
-    """Mine ``specs`` into ``out_dir``'s shards with an actor pool (``num_miners`` 0: in this process)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in out_dir.glob(".part-*.tmp"):
-        stale.unlink()
-    have = {p.name for p in shard_files(out_dir)}
+def mine_corpus(model: str, specs: Sequence[str], out_dir: Path, *, options: dict[str, Any],
+                shard_size: int | None = None, num_miners: int | tuple[int, int] = 1, cpus_per_miner: float = 1.0,
+                gpus_per_miner: float = 0.0, annotator: int = 0, address: str | None = None,
+                progress: bool = True) -> dict[str, Any]:  # fmt: skip
+    """Mine ``specs`` into ``out_dir``'s shards with an actor pool (``num_miners`` 0: in this process); resumes.
+
+    Ray starts (:func:`raycl.distributed.runtime.init_ray`: embedded, or the cluster at ``address``) only when
+    there is a range left to mine, after the scan: a malformed file fails in seconds. Returns a summary."""
     t_scan = time.perf_counter()
+    _prepare(out_dir)
+    size = resume_settings(out_dir, mode="ranges", shard_size=shard_size, data=[_spec_key(t) for t in specs],
+                           annotator=annotator)  # fmt: skip
+    have = {p.name for p in shard_files(out_dir)}
     ranges, resumed = [], 0
-    for r in scan_ranges(specs, range_size=shard_size):
+    for r in scan_ranges(specs, range_size=size):
         if shard_name(r.index) in have:
             resumed += r.count
         else:
@@ -239,6 +371,9 @@ def mine_corpus(model: str, specs: Sequence[str], out_dir: Path, *, options: dic
     n_ex = n_neg = 0
     busy = 0.0  # the miners' seconds on ranges (model loading and Ray's start-up not included)
     t0 = time.perf_counter()
+    if ranges and num_miners != 0:
+        start_ray(address, num_miners, cpus_per_miner)
+    t1 = time.perf_counter()
     bar = _bar(sum(r.count for r in ranges), progress)
     try:
         if num_miners == 0 or not ranges:
@@ -255,15 +390,28 @@ def mine_corpus(model: str, specs: Sequence[str], out_dir: Path, *, options: dic
                 n_ex, n_neg = n_ex + int(row["examples"]), n_neg + int(row["negatives"])
                 busy += float(row["seconds"])
                 bar.update(int(row["examples"]))
-                bar.set_postfix(neg_per_s=f"{n_neg / (time.perf_counter() - t0):.1f}")
+                bar.set_postfix(neg_per_s=f"{n_neg / (time.perf_counter() - t1):.1f}")
     finally:
         bar.close()
-    seconds = time.perf_counter() - t0
+    lost = [shard_name(r.index) for r in ranges if not (out_dir / shard_name(r.index)).is_file()]
+    if lost:
+        raise UserError(f"{at(out_dir / lost[0])}: mined but not in the output directory ({len(lost)} shards "
+                        "missing), expected OUT on a filesystem that every Ray node sees")  # fmt: skip
+    seconds = time.perf_counter() - t1  # the pool's start (actors loading the model) included, Ray's not
     return {"out": str(out_dir), "examples": n_ex, "negatives": n_neg, "seconds": round(seconds, 3),
             "negatives_per_s": round(n_neg / max(seconds, 1e-9), 2), "num_miners": num_miners,
             "miner_busy_s": round(busy, 3), "negatives_per_miner_s": round(n_neg / max(busy, 1e-9), 2),
-            "scan_s": round(scan_s, 3), "shards": len(shard_files(out_dir)), "shards_written": len(ranges),
-            "resumed": resumed}  # fmt: skip
+            "scan_s": round(scan_s, 3), "ray_start_s": round(t1 - t0, 3), "shard_size": size,
+            "shards": len(shard_files(out_dir)), "shards_written": len(ranges), "resumed": resumed}  # fmt: skip
+
+
+def start_ray(address: str | None, num_miners: int | tuple[int, int], cpus_per_miner: float) -> None:
+    """Join the cluster at ``address`` (or ``RAY_ADDRESS``), or start an embedded Ray with a CPU per miner."""
+    from raycl.distributed.runtime import init_ray
+
+    most = num_miners[1] if isinstance(num_miners, tuple) else num_miners
+    on_cluster = bool(address or os.environ.get("RAY_ADDRESS"))
+    init_ray(address, num_cpus=None if on_cluster else local_cpus(most * cpus_per_miner))
 
 
 def _ray_data(model: str, ranges: list[Range], out_dir: Path, *, options: dict[str, Any],
@@ -271,29 +419,49 @@ def _ray_data(model: str, ranges: list[Range], out_dir: Path, *, options: dict[s
               ) -> Iterator[dict[str, Any]]:  # fmt: skip
     import ray
 
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False  # raycl's own bar counts sentences
-    ctx.print_on_execution_start = False
-    ds = ray.data.from_items([dataclasses.asdict(r) for r in ranges], override_num_blocks=len(ranges))
-    mined = ds.map_batches(
-        RangeMiner, batch_size=1, compute=_pool(num_miners), num_cpus=cpus, num_gpus=gpus or None,
-        fn_constructor_kwargs={"model": model, "options": options, "out_dir": str(out_dir),
-                               "annotator": annotator},
-        max_restarts=-1, max_task_retries=-1,
-    )  # fmt: skip
-    try:
-        yield from mined.iter_rows()
-    except Exception as err:  # a UserError raised while reading a range reaches here wrapped by Ray
-        raise _user_error(err) or err from None
+    with quiet_ray_data():
+        ds = ray.data.from_items([dataclasses.asdict(r) for r in ranges], override_num_blocks=len(ranges))
+        mined = ds.map_batches(
+            RangeMiner, batch_size=1, compute=_pool(num_miners, len(ranges)), num_cpus=cpus,
+            num_gpus=gpus or None,
+            fn_constructor_kwargs={"model": model, "options": options, "out_dir": str(out_dir),
+                                   "annotator": annotator},
+        )  # fmt: skip
+        try:
+            yield from mined.iter_rows()
+        except Exception as err:  # a UserError raised while reading a range reaches here wrapped by Ray
+            raise _user_error(err) or err from None
 
 
-def _pool(num_miners: int | tuple[int, int]) -> Any:
-    """An actor pool of ``num_miners`` actors, or one that autoscales between ``(min, max)``."""
+@contextmanager
+def quiet_ray_data() -> Iterator[None]:
+    """Ray Data without its progress bars, execution banners and per-task error logs (raycl's bar counts
+    sentences; an error reaches the caller as the exception), restored afterwards."""
     import ray
 
+    ctx = ray.data.DataContext.get_current()
+    saved = ctx.enable_progress_bars, ctx.print_on_execution_start
+    logger = logging.getLogger("ray.data")
+    level = logger.level
+    ctx.enable_progress_bars = ctx.print_on_execution_start = False
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        ctx.enable_progress_bars, ctx.print_on_execution_start = saved
+        logger.setLevel(level)
+
+
+def _pool(num_miners: int | tuple[int, int], inputs: int) -> Any:
+    """An actor pool of ``num_miners`` actors, or one that autoscales between ``(min, max)``; never more actors
+    than inputs (a resumed run with one range left starts one miner)."""
+    import ray
+
+    inputs = max(inputs, 1)
     if isinstance(num_miners, tuple):
-        return ray.data.ActorPoolStrategy(min_size=num_miners[0], max_size=num_miners[1])
-    return ray.data.ActorPoolStrategy(size=num_miners)
+        lo, hi = min(num_miners[0], inputs), min(num_miners[1], inputs)
+        return ray.data.ActorPoolStrategy(min_size=lo, max_size=hi)
+    return ray.data.ActorPoolStrategy(size=min(num_miners, inputs))
 
 
 def _user_error(err: BaseException) -> UserError | None:
@@ -320,88 +488,142 @@ def _bar(total: int, progress: bool) -> Any:
     return tqdm(total=total, unit="sent", desc="mining", file=sys.stderr, disable=not progress)
 
 
-
 # ---------------------------------------------------------------------------------------------- the library call
 class ExampleMiner:
-    """Ray Data's callable class for examples already in memory: a batch of id/source/target rows in, rows out."""
+    """Ray Data's callable class for examples already in memory: a batch of pos/id/source/target rows in, the
+    schema's rows (and ``pos``, the input order) out."""
 
     def __init__(self, model: str, options: dict[str, Any]) -> None:
-        import ray
+        self.miner = _build_miner(model, options)
 
-        from raycl.miners.beam_search import build_beam_miner
-        from raycl.miners.registry import miner_device
+    def __call__(self, batch: dict[str, Any]) -> Any:
+        import pyarrow as pa
 
-        opts = {"device": miner_device(ray.get_gpu_ids() if ray.is_initialized() else []), **options}
-        self.miner = build_beam_miner(model, opts)
-
-    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         examples = [GecExample(str(i), str(s), str(t))
                     for i, s, t in zip(batch["id"], batch["source"], batch["target"], strict=True)]  # fmt: skip
-        return _table(examples, self.miner.mine(examples)).to_pydict()
+        table = _table(examples, self.miner.mine(examples))  # typed: an all-empty list column stays list<string>
+        return table.add_column(0, "pos", pa.array([int(p) for p in batch["pos"]], pa.int64()))
 
 
 def mine_negatives(
     model: str | Path, examples: str | Path | Sequence[Any], *, k: int = 3, beam: int | None = None,
     source_negative: bool = True, engine: str = "hf", precision: str = "fp32",
     num_miners: int | tuple[int, int] = 1, cpus_per_miner: float = 1.0, gpus_per_miner: float = 0.0,
-    batch_size: int = 32, max_new_tokens: int = 128,
-    rank_by: str = "beam", refill: bool = False, annotator: int = 0, out: str | Path | None = None,
-    shard_size: int = 10_000, address: str | None = None, progress: bool = True,
+    batch_size: int = 32, max_new_tokens: int = 128, rank_by: str = "beam", refill: bool = False,
+    annotator: int = 0, out: str | Path | None = None, shard_size: int | None = None, address: str | None = None,
+    device: str | None = None, progress: bool = True,
 ) -> Any:  # fmt: skip
     """Beam-search hard negatives for GEC, as ``sentence_transformers.util.mine_hard_negatives`` is for retrieval.
 
-    ``examples``: data specs (an M2 file, ``src.txt|tgt.txt``, a TSV, ``PATH[START:STOP]``; streamed, read by the
-    miners) or in-memory ``GecExample``s / dicts with ``id``, ``source``, ``target``. Per example: the top-``k``
-    distinct beam outputs ≠ target (beam ≥ k+1) plus the source for CL (``source_negative``), each with its
-    summed log-prob S(t~|s). ``num_miners`` actors (``(min, max)`` to autoscale; 0 = this process) on an embedded
-    local Ray or the cluster at ``address``. ``out``: a shard directory, written as ranges finish and resumed
-    when it exists. Returns a ``datasets.Dataset`` with the columns ``id, source, target, negatives, scores,
-    model_version`` (memory-mapped from ``out`` when given).
-    """
-    import datasets
+    ``model``: an HF seq2seq folder (model + tokenizer). ``examples``: data specs (an M2 file, ``src.txt|tgt.txt``,
+    a TSV, ``PATH[START:STOP]``; streamed: the miners read their ranges from the files) or in-memory
+    ``GecExample``s / dicts with ``id``, ``source``, ``target`` (ids unique). Per example: the top-``k`` distinct
+    beam outputs ≠ target (``beam`` ≥ k+1, default k+1) plus the source for CL (``source_negative``), each with
+    its summed log-prob S(t~|s). ``engine``: ``hf`` or ``ctranslate2`` (``precision`` ``int8`` on CPU).
+    ``num_miners`` actors (``(min, max)`` to autoscale; 0 = this process, on ``device``) with
+    ``cpus_per_miner`` / ``gpus_per_miner`` each, on an embedded local Ray or the cluster at ``address``.
 
+    Returns a ``datasets.Dataset`` with the columns ``id, source, target, negatives, scores, model_version``, in
+    the order of the input. ``out``: a shard directory (``part-*.parquet``, :mod:`raycl.miners.shards`) written
+    as ranges finish and resumed when it exists (``shard_size`` sentences a shard, default 10,000; a resumed
+    directory keeps its own); the dataset is then loaded from the shards (``datasets``' Arrow cache,
+    memory-mapped) instead of being gathered in memory.
+    """
     options = {"k": k, "beam": beam, "source_negative": source_negative, "batch_size": batch_size,
                "max_new_tokens": max_new_tokens, "rank_by": rank_by, "refill": refill, "precision": precision,
                "engine": engine}  # fmt: skip
+    if num_miners == 0 and device is not None:
+        options["device"] = device
     model = str(Path(model).resolve())
+    if not (Path(model) / "config.json").is_file():
+        raise UserError(f"{at(model)}: expected an HF model folder with config.json")
     if isinstance(examples, (str, Path)):
         examples = [str(examples)]
-    if num_miners != 0:
-        from raycl.distributed.runtime import init_ray
-
-        most = num_miners[1] if isinstance(num_miners, tuple) else num_miners
-        on_cluster = bool(address or os.environ.get("RAY_ADDRESS"))
-        init_ray(address, num_cpus=None if on_cluster else local_cpus(most * cpus_per_miner))
-    if all(isinstance(e, str) for e in examples):
+    if all(isinstance(e, (str, Path)) for e in examples):
         target = Path(out) if out is not None else Path(_tempdir())
-        mine_corpus(model, [str(e) for e in examples], target, options=options, shard_size=shard_size,
-                    num_miners=num_miners, cpus_per_miner=cpus_per_miner, gpus_per_miner=gpus_per_miner,
-                    annotator=annotator, progress=progress)  # fmt: skip
-        if out is None:
-            import pyarrow.parquet as pq
+        try:
+            mine_corpus(model, [str(e) for e in examples], target, options=options, shard_size=shard_size,
+                        num_miners=num_miners, cpus_per_miner=cpus_per_miner, gpus_per_miner=gpus_per_miner,
+                        annotator=annotator, address=address, progress=progress)  # fmt: skip
+            if out is None:
+                return _dataset(_read_shards(target))
+        finally:
+            if out is None:
+                _rmtree(target)
+        return _load_shards(target)
+    return _mine_in_memory(model, [_example(e) for e in examples], options, out=out, shard_size=shard_size,
+                           num_miners=num_miners, cpus=cpus_per_miner, gpus=gpus_per_miner, address=address)
 
-            table = pq.read_table(target, schema=schema())
-            _rmtree(target)
-            return datasets.Dataset(table)
-        return datasets.load_dataset("parquet", data_files=[str(p) for p in shard_files(target)], split="train")
-    rows = [_example(e) for e in examples]
-    if num_miners == 0:
-        miner = ExampleMiner(model, {**options, "device": "cpu"})
-        table = _table([GecExample(**r) for r in rows], miner.miner.mine([GecExample(**r) for r in rows]))
+
+def _mine_in_memory(model: str, rows: list[dict[str, Any]], options: dict[str, Any], *, out: str | Path | None,
+                    shard_size: int | None, num_miners: int | tuple[int, int], cpus: float, gpus: float,
+                    address: str | None) -> Any:  # fmt: skip
+    import pyarrow as pa
+
+    seen: set[str] = set()  # resuming by id needs unique ids
+    for r in rows:
+        if r["id"] in seen:
+            raise UserError(f"mine_negatives: id {r['id']!r} appears twice, expected unique example ids")
+        seen.add(r["id"])
+    size = 0
+    if out is not None:
+        _prepare(Path(out))
+        size = resume_settings(Path(out), mode="ids", shard_size=shard_size)
+        done = done_ids(out)
+        rows = [r for r in rows if r["id"] not in done]
+    todo = [{"pos": i, **r} for i, r in enumerate(rows)]
+    if not todo:
+        table = schema().empty_table()
+    elif num_miners == 0:
+        miner = ExampleMiner(model, {"device": "cpu", **options})
+        table = miner({k: [r[k] for r in todo] for k in todo[0]})
     else:
-        import pyarrow as pa
         import ray
 
-        ds = ray.data.from_items(rows).map_batches(
-            ExampleMiner, batch_size=batch_size, compute=_pool(num_miners), num_cpus=cpus_per_miner,
-            num_gpus=gpus_per_miner or None, fn_constructor_kwargs={"model": model, "options": options},
-            max_restarts=-1, max_task_retries=-1)  # fmt: skip
-        table = pa.concat_tables([ray.get(ref) for ref in ds.to_arrow_refs()]).cast(schema())
-    if out is not None:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        for i in range(0, len(table), shard_size):
-            write_shard(Path(out), i // shard_size, table.slice(i, shard_size))
+        start_ray(address, num_miners, cpus)
+        batch = int(options["batch_size"])
+        with quiet_ray_data():
+            ds = ray.data.from_items(todo).map_batches(
+                ExampleMiner, batch_size=batch, compute=_pool(num_miners, math.ceil(len(todo) / batch)),
+                num_cpus=cpus, num_gpus=gpus or None, fn_constructor_kwargs={"model": model, "options": options})
+            try:
+                parts = [ray.get(ref) for ref in ds.to_arrow_refs()]
+            except Exception as err:
+                raise _user_error(err) or err from None
+        table = pa.concat_tables(parts)
+    if "pos" in table.column_names:  # an actor pool hands batches back in any order
+        table = table.sort_by("pos").drop_columns(["pos"])
+    table = table.select(schema().names).cast(schema())
+    if out is None:
+        return _dataset(table)
+    existing = shard_files(out)
+    first = int(existing[-1].name[5:-8]) + 1 if existing else 0
+    for i in range(0, len(table), size):
+        write_shard(Path(out), first + i // size, table.slice(i, size))
+    return _load_shards(Path(out))
+
+
+def _read_shards(out_dir: Path) -> Any:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parts = [pq.read_table(p, schema=schema()) for p in shard_files(out_dir)]  # in range order
+    return pa.concat_tables(parts) if parts else schema().empty_table()
+
+
+def _dataset(table: Any) -> Any:
+    import datasets
+
     return datasets.Dataset(table)
+
+
+def _load_shards(out_dir: Path) -> Any:
+    import datasets
+
+    files = [str(p) for p in shard_files(out_dir)]
+    if not files:
+        return _dataset(schema().empty_table())
+    return datasets.load_dataset("parquet", data_files=files, split="train")
 
 
 def _example(e: Any) -> dict[str, str]:
