@@ -1,12 +1,13 @@
 """Corpus mining throughput (issue 11): ``python bench/mine.py --json``.
 
 One run prints one JSON object with
-- ``engines``: negatives/s of ``python -m raycl.mine`` (Ray Data actor pool, :mod:`raycl.miners.corpus`) for the
-  HF engine (one-pass scores) and CTranslate2 (float32 and int8 on CPU; float16/bfloat16 with ``--gpus-per-miner``)
-  at the same model, beam and k, for M = 1, 2 miners — on the smoke preset and on a model of BART-base's shape
-  (``d_model`` 768, 6+6 layers, 12 heads, ffn 3072, 50,265-word output layer) built from its config with random
-  weights. ``negatives_per_s`` is wall time from the pool's start (actors loading the model included);
-  ``negatives_per_miner_s`` divides by the miners' busy seconds. ``ct2_speedup`` = CTranslate2 / HF at M = 1.
+- ``engines``: negatives/s of ``python -m raycl.mine`` (a Ray Data actor pool,
+  :mod:`raycl.distributed.corpus_mining`) for the HF engine (one-pass scores) and CTranslate2 (float32 and int8 on
+  CPU; float16/bfloat16 with ``--gpus-per-miner``) at the same model, beam and k, for M = 1, 2 miners — on the
+  smoke preset and on a model of BART-base's shape (``d_model`` 768, 6+6 layers, 12 heads, ffn 3072, 50,265-word
+  output layer) built from its config with random weights. ``negatives_per_s`` is wall time from the pool's start
+  (actors loading the model included); ``negatives_per_miner_s`` divides by the miners' busy seconds.
+  ``ct2_speedup`` = CTranslate2 / HF at M = 1.
   ``scaling_efficiency`` = rate at M / (M × rate at 1).
 - ``driver_rss``: the driver's peak RSS mining a corpus of N and of 10 N sentences (a fresh process each).
 Random models never stop early: every hypothesis runs to ``--max-new-tokens`` (a fixed amount of work).

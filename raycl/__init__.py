@@ -8,7 +8,7 @@ __all__ = ["mine_negatives"]
 
 def __getattr__(name: str) -> Any:  # PEP 562: ``import raycl`` stays light; the library call loads on first use
     if name == "mine_negatives":
-        from raycl.miners.corpus import mine_negatives
+        from raycl.distributed.corpus_mining import mine_negatives
 
         return mine_negatives
     raise AttributeError(f"module 'raycl' has no attribute {name!r}")

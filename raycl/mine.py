@@ -7,12 +7,12 @@ The file is what ``--set mining.negatives=PATH`` reads.
 
     python -m raycl.mine gec --model DIR --data train.m2 --k 3 --out neg.parquet
 
-At scale, OUT is a directory and the mining runs on Ray Data (``raycl.miners.corpus``): one scan of the files
-cuts them into ranges of ``--shard-size`` sentences (byte offsets only: the driver never holds sentences),
-an actor pool of ``--num-miners`` miners (``MIN-MAX`` autoscales; an embedded local Ray, or the cluster with
-``--address auto``) reads each range from the file, mines it and writes it as ``part-<range>.parquet``.
-Running it again with the same OUT resumes: ranges whose shard exists are skipped. ``--num-miners 0`` mines
-the ranges in this process, without Ray. The same as a library call: ``raycl.mine_negatives``.
+At scale, OUT is a directory and the mining runs on Ray Data (``raycl.distributed.corpus_mining``): one scan of the
+files cuts them into ranges of ``--shard-size`` sentences (byte offsets only: the driver never holds sentences), an
+actor pool of ``--num-miners`` miners (``MIN-MAX`` autoscales; an embedded local Ray, or the cluster with
+``--address auto``) reads each range from the file, mines it and writes it as ``part-<range>.parquet``. Running it
+again with the same OUT resumes: ranges whose shard exists are skipped. ``--num-miners 0`` mines the ranges in this
+process, without Ray. The same as a library call: ``raycl.mine_negatives``.
 
     python -m raycl.mine gec --model DIR --data big.m2 --k 3 --out negs/ --num-miners 4 --address auto
 """
@@ -131,9 +131,9 @@ def _miners(text: str) -> int | tuple[int, int]:
 
 def _run_sharded(args: argparse.Namespace) -> dict[str, Any]:
     """The data in ranges to a Ray Data actor pool (or this process), one shard per range; resumes. The same
-    machinery as :func:`raycl.mine_negatives` (``raycl.miners.corpus.mine_corpus``), with a summary instead of
-    a dataset."""
-    from raycl.miners.corpus import mine_corpus
+    machinery as :func:`raycl.mine_negatives` (``raycl.distributed.corpus_mining.mine_corpus``), with a summary
+    instead of a dataset."""
+    from raycl.distributed.corpus_mining import mine_corpus
 
     if args.out.exists() and not args.out.is_dir():
         raise UserError(f"{at(args.out)}: exists and is not a directory, expected a shard directory")

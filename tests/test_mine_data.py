@@ -1,6 +1,6 @@
-"""Corpus mining on Ray Data (``raycl.miners.corpus``) and the library call ``raycl.mine_negatives``, on the
-session's local Ray: ranges read from byte offsets, an actor pool of 2, resume by range, one-line errors, and
-reading back only the ids a training rank needs."""
+"""Corpus mining on Ray Data (``raycl.distributed.corpus_mining``) and the library call ``raycl.mine_negatives``,
+on the session's local Ray: ranges read from byte offsets, an actor pool of 2, resume by range, one-line errors,
+and reading back only the ids a training rank needs."""
 
 from __future__ import annotations
 

@@ -9,11 +9,11 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from raycl.data.gec import GecExample, load_examples
+from raycl.data.gec import load_examples
 from raycl.data.m2 import Edit, M2Sentence, write_m2
 from raycl.errors import UserError
-from raycl.miners.beam_search import MinedNegatives
-from raycl.miners.shards import ShardWriter, done_ids, read_negatives, shard_files, stream_examples
+from raycl.miners.corpus import read_range, scan_ranges
+from raycl.miners.shards import done_ids, read_negatives, shard_files
 from raycl.models.presets import build_model
 
 SENTENCES = [
@@ -81,39 +81,58 @@ def _rows(out: Path) -> dict[str, Any]:
     return {r["id"]: r for r in rows}
 
 
-def test_stream_examples_matches_load_examples_and_is_lazy(corpus: Path, tmp_path: Path) -> None:
-    for spec in (str(corpus), f"{corpus}[2:7]", f"{corpus}[-3:]", f"{corpus}[:4]"):
-        assert list(stream_examples([spec])) == load_examples([spec])
-    tsv = tmp_path / "p.tsv"
-    tsv.write_text("a b\ta c\nd e\td e\n")
-    assert list(stream_examples([str(tsv)])) == load_examples([str(tsv)])
-    stream = stream_examples([str(corpus), str(tsv)])
-    assert next(stream).id == "tiny.m2:0"  # a generator: nothing beyond the first sentence is needed
+def test_overlapping_specs_are_refused_and_adjacent_ones_are_read_in_order(corpus: Path) -> None:
     with pytest.raises(UserError, match="overlap"):
-        list(stream_examples([f"{corpus}[:5]", f"{corpus}[4:]"]))
-    assert len(list(stream_examples([f"{corpus}[:5]", f"{corpus}[5:]"]))) == N
+        list(scan_ranges([f"{corpus}[:5]", f"{corpus}[4:]"], range_size=3))
+    ranges = list(scan_ranges([f"{corpus}[:5]", f"{corpus}[5:]"], range_size=3))
+    assert [r.count for r in ranges] == [3, 2, 3, 3] and [r.index for r in ranges] == [0, 1, 2, 3]
+    assert [ex for r in ranges for ex in read_range(r)] == load_examples([str(corpus)])
 
 
-def test_shard_writer_writes_atomic_shards_drops_duplicates_and_resumes(tmp_path: Path) -> None:
-    exs = [GecExample(f"f:{i}", f"s {i}", f"t {i}") for i in range(7)]
-    mined = [MinedNegatives(ex.id, (f"n {ex.id}",), (-1.0 * i,)) for i, ex in enumerate(exs)]
-    writer = ShardWriter(tmp_path / "d", shard_size=3)
-    for ex, m in zip(exs[:5], mined[:5], strict=True):
-        assert writer.add(ex, m, model_version=2)
-    assert not writer.add(exs[1], mined[1], model_version=2)  # a retried task's repeat
-    writer.close()
-    assert [p.name for p in shard_files(tmp_path / "d")] == ["part-00000.parquet", "part-00001.parquet"]
-    assert not list((tmp_path / "d").glob(".*")) and writer.duplicates == 1
-    (tmp_path / "d" / ".part-00002.parquet.tmp").write_bytes(b"half a shard")  # an interrupted write
-    again = ShardWriter(tmp_path / "d", shard_size=3)
-    assert again.done == {f"f:{i}" for i in range(5)} and again.next_index == 2
-    for ex, m in zip(exs, mined, strict=True):
-        again.add(ex, m, model_version=3)
-    again.close()
-    got = read_negatives(tmp_path / "d")
-    assert got == {m.id: m for m in mined}
-    assert [r["model_version"] for r in pq.read_table(tmp_path / "d").to_pylist()] == [2] * 5 + [3] * 2
-    assert not (tmp_path / "d" / ".part-00002.parquet.tmp").exists()
+@pytest.mark.parametrize(("text", "line", "expected"), [
+    ("S a b .\nA 0 1|||R:DET|||the|||REQUIRED|||-NONE-|||0\n\nA 0 1|||R:DET|||x|||REQUIRED|||-NONE-|||0\n", 4,
+     "'A' line outside a block"),
+    ("S a b .\nS c d .\n", 2, "second 'S' line"),
+    ("S a b .\n\nX stray\n\nS c d .\n", 3, "expected 'S ', 'A ' or a blank line"),
+    ("", None, "empty M2 file"),
+])  # fmt: skip
+def test_the_scan_checks_the_m2_structure_before_any_mining(tmp_path: Path, text: str, line: int | None,
+                                                             expected: str) -> None:  # fmt: skip
+    bad = tmp_path / "bad.m2"
+    bad.write_text(text, encoding="utf-8")
+    with pytest.raises(UserError) as err:
+        list(scan_ranges([str(bad)], range_size=2))
+    where = f"bad.m2:{line}:" if line else "bad.m2"
+    assert where in str(err.value) and expected in str(err.value) and "\n" not in str(err.value), err.value
+
+
+def test_a_resumed_directory_keeps_its_shard_size_and_refuses_other_data(
+    model_dir: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # fmt: skip
+    from raycl.mine import main
+
+    out = tmp_path / "negs"
+    first = _mine(model_dir, corpus, out, "--num-miners", "0", "--shard-size", "4", capsys=capsys)
+    assert first["shard_size"] == 4 and json.loads((out / "_mining.json").read_text())["shard_size"] == 4
+    shard_files(out)[1].unlink()
+    again = _mine(model_dir, corpus, out, "--num-miners", "0", capsys=capsys)  # no --shard-size: the stored 4
+    assert again["shard_size"] == 4 and again["examples"] == 4 and again["resumed"] == N - 4
+
+    def refused(*argv: str) -> str:
+        with pytest.raises(SystemExit) as exc:
+            main(["gec", "--model", str(model_dir), "--out", str(out), *FAST, "--num-miners", "0", *argv])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+        return err
+
+    assert "shard size 5" in refused("--data", str(corpus), "--shard-size", "5")
+    assert "tiny.m2[:6]" in refused("--data", f"{corpus}[:6]")  # other data: range i is other sentences
+    assert "annotator" in refused("--data", str(corpus), "--annotator", "1")
+    (out / "_mining.json").write_text("{not json")
+    assert "_mining.json" in refused("--data", str(corpus))
+    (out / "_mining.json").unlink()
+    assert "no _mining.json" in refused("--data", str(corpus))
+    assert read_negatives(out).keys() == {f"tiny.m2:{i}" for i in range(N)}  # nothing lost by the refusals
 
 
 def test_read_negatives_accepts_a_file_or_a_directory_and_names_bad_shards(tmp_path: Path) -> None:

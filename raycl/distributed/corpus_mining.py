@@ -1,0 +1,404 @@
+"""Corpus mining on Ray Data: ``raycl.mine_negatives`` and ``python -m raycl.mine`` at scale.
+
+The pipeline (the Ray-free parts are :mod:`raycl.miners.corpus`)::
+
+    scan (driver)          ``scan_ranges``: byte offsets per range of ``shard_size`` records, O(#ranges) memory;
+                           ranges whose shard exists are done (resume)
+    ray.data.from_items    the ranges not mined yet, one block each
+    .map_batches(RangeMiner, compute=ActorPoolStrategy(size=M | min_size, max_size), num_cpus=…, num_gpus=…)
+                           an actor pool: each actor builds the beam-search miner once (on ``cuda`` when Ray gave
+                           it a GPU), reads its range from the file (``read_range``), mines it in ``batch_size``
+                           chunks and writes ``part-<range>.parquet`` (temp name + rename)
+    driver                 sums the small per-range summaries as they stream back (a tqdm bar on stderr; Ray
+                           Data's own bars and logs are quieted while it runs)
+
+Why not Ray Data's own machinery: its id-column checkpointing (``DataContext.checkpoint_config``) only wraps
+``ray.data.read_*`` datasources (an M2 reader would have to be a custom ``Datasource``), still reads and parses
+every input row in order to filter it, and loads every checkpointed id into one array in the object store and
+in each filter actor (sized 1.5× the array): the O(#sentences) growth this design avoids. ``write_parquet``
+(``filename_provider``, ``min_rows_per_file``) names files by dataset, write task and block, so a re-run could
+not tell which input a file covers without reading every id back. Actors restart after a crash and Ray Data
+retries the range (its actor-pool defaults, ``max_restarts=-1``, ``max_task_retries=-1``); a range is
+all-or-nothing, so a retry never duplicates an id.
+
+On a multi-node cluster (``--address auto``) the data files and OUT must be on a filesystem every node sees
+(NFS, as Ray Train's ``storage_path``): miners read the ranges by path and write their shards there; a shard
+that does not appear in OUT on the driver is an error naming it.
+
+Examples already in memory (``GecExample``s, dicts) go to the same kind of actor pool as rows; with ``out=``
+they resume by id (the done ids are read back, O(#examples) like the examples the caller already holds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from raycl.data.gec import GecExample
+from raycl.errors import UserError, at
+from raycl.miners.corpus import (
+    Range,
+    negatives_table,
+    prepare_out_dir,
+    read_range,
+    resume_settings,
+    scan_ranges,
+    spec_key,
+    write_shard,
+)
+from raycl.miners.shards import done_ids, schema, shard_files, shard_name
+
+_CHAOS_KEYS = ("fail_after_tasks", "stall_s", "stall_after_tasks")  # test switches, see miner_pool.Chaos
+
+
+def _build_miner(model: str, options: dict[str, Any]) -> Any:
+    from raycl.miners.beam_search import build_beam_miner
+    from raycl.miners.registry import miner_device
+
+    opts = {k: v for k, v in options.items() if k not in _CHAOS_KEYS}
+    opts.setdefault("device", miner_device(ray.get_gpu_ids() if ray.is_initialized() else []))
+    return build_beam_miner(model, opts)
+
+
+class RangeMiner:
+    """Ray Data's callable class: one beam-search miner per actor; a batch of ranges in, their summaries out."""
+
+    def __init__(self, model: str, options: dict[str, Any], out_dir: str, annotator: int = 0) -> None:
+        from raycl.distributed.miner_pool import Chaos, _first_life
+
+        self.miner = _build_miner(model, options)
+        self.out_dir, self.annotator = Path(out_dir), annotator
+        self.chaos = Chaos.of(options, 0) if _first_life() else Chaos()
+        self.done = 0
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {"index": [], "examples": [], "negatives": [], "seconds": []}
+        for row in _rows(batch):
+            t0 = time.perf_counter()
+            r = Range(**row)
+            examples = read_range(r, annotator=self.annotator)
+            mined = self.miner.mine(examples) if examples else []
+            self.done += 1
+            self.chaos.after_task(self.done, 0)
+            write_shard(self.out_dir, r.index, negatives_table(examples, mined))
+            out["index"].append(r.index)
+            out["examples"].append(len(examples))
+            out["negatives"].append(sum(len(m.negatives) for m in mined))
+            out["seconds"].append(time.perf_counter() - t0)
+        return out
+
+
+def _rows(batch: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    keys = [f.name for f in dataclasses.fields(Range)]
+    n = len(batch["index"])
+    for i in range(n):
+        yield {k: (v.item() if hasattr(v, "item") else v) for k in keys for v in [batch[k][i]]}
+
+
+def mine_corpus(model: str, specs: Sequence[str], out_dir: Path, *, options: dict[str, Any],
+                shard_size: int | None = None, num_miners: int | tuple[int, int] = 1, cpus_per_miner: float = 1.0,
+                gpus_per_miner: float = 0.0, annotator: int = 0, address: str | None = None,
+                progress: bool = True) -> dict[str, Any]:  # fmt: skip
+    """Mine ``specs`` into ``out_dir``'s shards with an actor pool (``num_miners`` 0: in this process); resumes.
+
+    Ray starts (:func:`raycl.distributed.runtime.init_ray`: embedded, or the cluster at ``address``) only when
+    there is a range left to mine, after the scan: a malformed file fails in seconds. Returns a summary."""
+    t_scan = time.perf_counter()
+    prepare_out_dir(out_dir)
+    size = resume_settings(out_dir, mode="ranges", shard_size=shard_size, data=[spec_key(t) for t in specs],
+                           annotator=annotator)  # fmt: skip
+    have = {p.name for p in shard_files(out_dir)}
+    ranges, resumed = [], 0
+    for r in scan_ranges(specs, range_size=size):
+        if shard_name(r.index) in have:
+            resumed += r.count
+        else:
+            ranges.append(r)
+    scan_s = time.perf_counter() - t_scan
+    n_ex = n_neg = 0
+    busy = 0.0  # the miners' seconds on ranges (model loading and Ray's start-up not included)
+    t0 = time.perf_counter()
+    if ranges and num_miners != 0:
+        start_ray(address, num_miners, cpus_per_miner)
+    t1 = time.perf_counter()
+    bar = _bar(sum(r.count for r in ranges), progress)
+    try:
+        if num_miners == 0 or not ranges:
+            miner = RangeMiner(model, options, str(out_dir), annotator) if ranges else None
+            for r in ranges:
+                assert miner is not None
+                got = miner({k: [v] for k, v in dataclasses.asdict(r).items()})
+                n_ex, n_neg = n_ex + got["examples"][0], n_neg + got["negatives"][0]
+                busy += got["seconds"][0]
+                bar.update(got["examples"][0])
+        else:
+            for row in _ray_data(model, ranges, out_dir, options=options, num_miners=num_miners,
+                                 cpus=cpus_per_miner, gpus=gpus_per_miner, annotator=annotator):  # fmt: skip
+                n_ex, n_neg = n_ex + int(row["examples"]), n_neg + int(row["negatives"])
+                busy += float(row["seconds"])
+                bar.update(int(row["examples"]))
+                bar.set_postfix(neg_per_s=f"{n_neg / (time.perf_counter() - t1):.1f}")
+    finally:
+        bar.close()
+    lost = [shard_name(r.index) for r in ranges if not (out_dir / shard_name(r.index)).is_file()]
+    if lost:
+        raise UserError(f"{at(out_dir / lost[0])}: mined but not in the output directory ({len(lost)} shards "
+                        "missing), expected OUT on a filesystem that every Ray node sees")  # fmt: skip
+    seconds = time.perf_counter() - t1  # the pool's start (actors loading the model) included, Ray's not
+    return {"out": str(out_dir), "examples": n_ex, "negatives": n_neg, "seconds": round(seconds, 3),
+            "negatives_per_s": round(n_neg / max(seconds, 1e-9), 2), "num_miners": num_miners,
+            "miner_busy_s": round(busy, 3), "negatives_per_miner_s": round(n_neg / max(busy, 1e-9), 2),
+            "scan_s": round(scan_s, 3), "ray_start_s": round(t1 - t0, 3), "shard_size": size,
+            "shards": len(shard_files(out_dir)), "shards_written": len(ranges), "resumed": resumed}  # fmt: skip
+
+
+def start_ray(address: str | None, num_miners: int | tuple[int, int], cpus_per_miner: float) -> None:
+    """Join the cluster at ``address`` (or ``RAY_ADDRESS``), or start an embedded Ray with a CPU per miner."""
+    from raycl.distributed.runtime import init_ray
+
+    most = num_miners[1] if isinstance(num_miners, tuple) else num_miners
+    on_cluster = bool(address or os.environ.get("RAY_ADDRESS"))
+    init_ray(address, num_cpus=None if on_cluster else local_cpus(most * cpus_per_miner))
+
+
+def _ray_data(model: str, ranges: list[Range], out_dir: Path, *, options: dict[str, Any],
+              num_miners: int | tuple[int, int], cpus: float, gpus: float, annotator: int
+              ) -> Iterator[dict[str, Any]]:  # fmt: skip
+    with quiet_ray_data():
+        ds = ray.data.from_items([dataclasses.asdict(r) for r in ranges], override_num_blocks=len(ranges))
+        mined = ds.map_batches(
+            RangeMiner, batch_size=1, compute=_pool(num_miners, len(ranges)), num_cpus=cpus,
+            num_gpus=gpus or None,
+            fn_constructor_kwargs={"model": model, "options": options, "out_dir": str(out_dir),
+                                   "annotator": annotator},
+        )  # fmt: skip
+        try:
+            yield from mined.iter_rows()
+        except Exception as err:  # a UserError raised while reading a range reaches here wrapped by Ray
+            raise _user_error(err) or err from None
+
+
+@contextmanager
+def quiet_ray_data() -> Iterator[None]:
+    """Ray Data without its progress bars, execution banners and per-task error logs (raycl's bar counts
+    sentences; an error reaches the caller as the exception), restored afterwards."""
+    ctx = ray.data.DataContext.get_current()
+    saved = ctx.enable_progress_bars, ctx.print_on_execution_start
+    logger = logging.getLogger("ray.data")
+    level = logger.level
+    ctx.enable_progress_bars = ctx.print_on_execution_start = False
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        ctx.enable_progress_bars, ctx.print_on_execution_start = saved
+        logger.setLevel(level)
+
+
+def _pool(num_miners: int | tuple[int, int], inputs: int) -> Any:
+    """An actor pool of ``num_miners`` actors, or one that autoscales between ``(min, max)``; never more actors
+    than inputs (a resumed run with one range left starts one miner)."""
+    inputs = max(inputs, 1)
+    if isinstance(num_miners, tuple):
+        lo, hi = min(num_miners[0], inputs), min(num_miners[1], inputs)
+        return ray.data.ActorPoolStrategy(min_size=lo, max_size=hi)
+    return ray.data.ActorPoolStrategy(size=min(num_miners, inputs))
+
+
+def _user_error(err: BaseException) -> UserError | None:
+    seen: set[int] = set()
+    todo: list[Any] = [err]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, UserError):
+            return e
+        todo += [getattr(e, "cause", None), e.__cause__, e.__context__]
+    text = str(err)
+    marker = "UserError: "
+    if marker in text:
+        return UserError(text.split(marker, 1)[1].strip().splitlines()[0])
+    return None
+
+
+def _bar(total: int, progress: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="sent", desc="mining", file=sys.stderr, disable=not progress)
+
+
+# ---------------------------------------------------------------------------------------------- the library call
+class ExampleMiner:
+    """Ray Data's callable class for examples already in memory: a batch of pos/id/source/target rows in, the
+    schema's rows (and ``pos``, the input order) out."""
+
+    def __init__(self, model: str, options: dict[str, Any]) -> None:
+        self.miner = _build_miner(model, options)
+
+    def __call__(self, batch: dict[str, Any]) -> Any:
+        import pyarrow as pa
+
+        examples = [GecExample(str(i), str(s), str(t))
+                    for i, s, t in zip(batch["id"], batch["source"], batch["target"], strict=True)]  # fmt: skip
+        # typed: an all-empty list column stays list<string>
+        table = negatives_table(examples, self.miner.mine(examples))
+        return table.add_column(0, "pos", pa.array([int(p) for p in batch["pos"]], pa.int64()))
+
+
+def mine_negatives(
+    model: str | Path, examples: str | Path | Sequence[Any], *, k: int = 3, beam: int | None = None,
+    source_negative: bool = True, engine: str = "hf", precision: str = "fp32",
+    num_miners: int | tuple[int, int] = 1, cpus_per_miner: float = 1.0, gpus_per_miner: float = 0.0,
+    batch_size: int = 32, max_new_tokens: int = 128, rank_by: str = "beam", refill: bool = False,
+    annotator: int = 0, out: str | Path | None = None, shard_size: int | None = None, address: str | None = None,
+    device: str | None = None, progress: bool = True,
+) -> Any:  # fmt: skip
+    """Beam-search hard negatives for GEC, as ``sentence_transformers.util.mine_hard_negatives`` is for retrieval.
+
+    ``model``: an HF seq2seq folder (model + tokenizer). ``examples``: data specs (an M2 file, ``src.txt|tgt.txt``,
+    a TSV, ``PATH[START:STOP]``; streamed: the miners read their ranges from the files) or in-memory
+    ``GecExample``s / dicts with ``id``, ``source``, ``target`` (ids unique). Per example: the top-``k`` distinct
+    beam outputs ≠ target (``beam`` ≥ k+1, default k+1) plus the source for CL (``source_negative``), each with
+    its summed log-prob S(t~|s). ``engine``: ``hf`` or ``ctranslate2`` (``precision`` ``int8`` on CPU).
+    ``num_miners`` actors (``(min, max)`` to autoscale; 0 = this process, on ``device``) with
+    ``cpus_per_miner`` / ``gpus_per_miner`` each, on an embedded local Ray or the cluster at ``address``.
+
+    Returns a ``datasets.Dataset`` with the columns ``id, source, target, negatives, scores, model_version``, in
+    the order of the input. ``out``: a shard directory (``part-*.parquet``, :mod:`raycl.miners.shards`) written
+    as ranges finish and resumed when it exists (``shard_size`` sentences a shard, default 10,000; a resumed
+    directory keeps its own); the dataset is then loaded from the shards (``datasets``' Arrow cache,
+    memory-mapped) instead of being gathered in memory.
+    """
+    options = {"k": k, "beam": beam, "source_negative": source_negative, "batch_size": batch_size,
+               "max_new_tokens": max_new_tokens, "rank_by": rank_by, "refill": refill, "precision": precision,
+               "engine": engine}  # fmt: skip
+    if num_miners == 0 and device is not None:
+        options["device"] = device
+    model = str(Path(model).resolve())
+    if not (Path(model) / "config.json").is_file():
+        raise UserError(f"{at(model)}: expected an HF model folder with config.json")
+    if isinstance(examples, (str, Path)):
+        examples = [str(examples)]
+    if all(isinstance(e, (str, Path)) for e in examples):
+        target = Path(out) if out is not None else Path(_tempdir())
+        try:
+            mine_corpus(model, [str(e) for e in examples], target, options=options, shard_size=shard_size,
+                        num_miners=num_miners, cpus_per_miner=cpus_per_miner, gpus_per_miner=gpus_per_miner,
+                        annotator=annotator, address=address, progress=progress)  # fmt: skip
+            if out is None:
+                return _dataset(_read_shards(target))
+        finally:
+            if out is None:
+                _rmtree(target)
+        return _load_shards(target)
+    return _mine_in_memory(model, [_example(e) for e in examples], options, out=out, shard_size=shard_size,
+                           num_miners=num_miners, cpus=cpus_per_miner, gpus=gpus_per_miner, address=address)
+
+
+def _mine_in_memory(model: str, rows: list[dict[str, Any]], options: dict[str, Any], *, out: str | Path | None,
+                    shard_size: int | None, num_miners: int | tuple[int, int], cpus: float, gpus: float,
+                    address: str | None) -> Any:  # fmt: skip
+    import pyarrow as pa
+
+    seen: set[str] = set()  # resuming by id needs unique ids
+    for r in rows:
+        if r["id"] in seen:
+            raise UserError(f"mine_negatives: id {r['id']!r} appears twice, expected unique example ids")
+        seen.add(r["id"])
+    size = 0
+    if out is not None:
+        prepare_out_dir(Path(out))
+        size = resume_settings(Path(out), mode="ids", shard_size=shard_size)
+        done = done_ids(out)
+        rows = [r for r in rows if r["id"] not in done]
+    todo = [{"pos": i, **r} for i, r in enumerate(rows)]
+    if not todo:
+        table = schema().empty_table()
+    elif num_miners == 0:
+        miner = ExampleMiner(model, {"device": "cpu", **options})
+        table = miner({k: [r[k] for r in todo] for k in todo[0]})
+    else:
+        start_ray(address, num_miners, cpus)
+        batch = int(options["batch_size"])
+        with quiet_ray_data():
+            ds = ray.data.from_items(todo).map_batches(
+                ExampleMiner, batch_size=batch, compute=_pool(num_miners, math.ceil(len(todo) / batch)),
+                num_cpus=cpus, num_gpus=gpus or None, fn_constructor_kwargs={"model": model, "options": options})
+            try:
+                parts = [ray.get(ref) for ref in ds.to_arrow_refs()]
+            except Exception as err:
+                raise _user_error(err) or err from None
+        table = pa.concat_tables(parts)
+    if "pos" in table.column_names:  # an actor pool hands batches back in any order
+        table = table.sort_by("pos").drop_columns(["pos"])
+    table = table.select(schema().names).cast(schema())
+    if out is None:
+        return _dataset(table)
+    existing = shard_files(out)
+    first = int(existing[-1].name[5:-8]) + 1 if existing else 0
+    for i in range(0, len(table), size):
+        write_shard(Path(out), first + i // size, table.slice(i, size))
+    return _load_shards(Path(out))
+
+
+def _read_shards(out_dir: Path) -> Any:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    parts = [pq.read_table(p, schema=schema()) for p in shard_files(out_dir)]  # in range order
+    return pa.concat_tables(parts) if parts else schema().empty_table()
+
+
+def _dataset(table: Any) -> Any:
+    import datasets
+
+    return datasets.Dataset(table)
+
+
+def _load_shards(out_dir: Path) -> Any:
+    import datasets
+
+    files = [str(p) for p in shard_files(out_dir)]
+    if not files:
+        return _dataset(schema().empty_table())
+    return datasets.load_dataset("parquet", data_files=files, split="train")
+
+
+def _example(e: Any) -> dict[str, str]:
+    if isinstance(e, GecExample):
+        return {"id": e.id, "source": e.source, "target": e.target}
+    if isinstance(e, dict) and {"id", "source", "target"} <= set(e):
+        return {"id": str(e["id"]), "source": str(e["source"]), "target": str(e["target"])}
+    raise UserError(f"mine_negatives: expected data specs, GecExamples or dicts with id/source/target, got {e!r}")
+
+
+def local_cpus(wanted: float) -> int:
+    """Logical CPUs for an embedded Ray: at least the miners' (oversubscribing a small machine, said on stderr)."""
+    cores = os.cpu_count() or 1
+    if wanted > cores:
+        print(f"raycl: {wanted:g} miner CPUs on {cores} cores: miners share cores", file=sys.stderr)
+    return max(cores, math.ceil(wanted))
+
+
+def _tempdir() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="raycl-mine-")
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
