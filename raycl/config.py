@@ -46,7 +46,7 @@ class TuneSection:
 
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-ENGINES = ("hf", "ctranslate2")  # beam-search decoding: HF generate, or CTranslate2 (raycl.models.ct2_engine)
+ENGINES = ("auto", "hf", "ctranslate2")  # beam search: raycl.models.ct2_engine.resolve_engine
 
 
 @dataclass
@@ -460,9 +460,9 @@ def _validate_mining(m: MiningSection, where: str) -> None:
     require(m.lease_s > 0, where, "mining.lease_s", "> 0 seconds", m.lease_s)
     engine = getattr(m, "engine", "hf")  # beam-search miners choose a decoding engine (GecMiningSection)
     require(engine in ENGINES, where, "mining.engine", " | ".join(ENGINES), engine)
-    allowed = PRECISIONS + ("int8",) if engine == "ctranslate2" else PRECISIONS
+    allowed = PRECISIONS + ("int8",) if engine != "hf" else PRECISIONS
     require(m.precision in allowed, where, "mining.precision", " | ".join(allowed) + (
-        "" if engine == "ctranslate2" else " (int8 with mining.engine=ctranslate2)"), m.precision)
+        "" if engine != "hf" else " (int8 with mining.engine=ctranslate2 or auto)"), m.precision)
 
 
 def from_dict(cls: type, data: dict[str, Any]) -> Any:

@@ -47,8 +47,9 @@ def _add_gec(sub: Any) -> None:
                    help="the n-best's order: the beam's length-normalised score (the paper; default) or S(t~|s)")
     p.add_argument("--refill", action="store_true",
                    help="k negatives ≠ target even when the target is in the top k (default: the paper's k−1)")
-    p.add_argument("--engine", choices=["hf", "ctranslate2"], default="hf",
-                   help="beam search by HF generate or CTranslate2 (converted once, cached by the model folder)")
+    p.add_argument("--engine", choices=["auto", "hf", "ctranslate2"], default="auto",
+                   help="beam search: CTranslate2 (converted once, cached by the model folder) or HF generate; "
+                        "auto (default) = CTranslate2 where it converts the model and runs --precision, else HF")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16", "int8"], default="fp32",
                    help="hf: autocast; ctranslate2: compute type, int8 on CPU (default fp32)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")

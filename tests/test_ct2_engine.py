@@ -12,7 +12,7 @@ from raycl.data.gec import GecExample, _target
 from raycl.data.gec_corpus import generate_pairs
 from raycl.errors import UserError
 from raycl.miners.beam_search import GEC_BEAM, build_beam_miner
-from raycl.models.ct2_engine import CT2Seq2Seq
+from raycl.models.ct2_engine import CT2Seq2Seq, resolve_engine
 from raycl.models.presets import build_model
 from raycl.models.seq2seq import Seq2SeqScorer
 
@@ -81,20 +81,58 @@ def test_int8_runs_and_keeps_many_top1(trained: Path) -> None:
 def test_converted_once_per_version_and_new_weights_change_outputs(trained: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     ct2 = CT2Seq2Seq.from_pretrained(trained, cache_dir=cache)
-    first = cache / "v0-float32"
+    (first,) = cache.iterdir()
+    assert first.name.startswith("v0-") and first.name.endswith("-float32")
     stamp = first.stat().st_mtime_ns
     CT2Seq2Seq.from_pretrained(trained, cache_dir=cache)  # version 0 again: no conversion
-    assert first.stat().st_mtime_ns == stamp and sorted(p.name for p in cache.iterdir()) == ["v0-float32"]
+    assert first.stat().st_mtime_ns == stamp and list(cache.iterdir()) == [first]
     before = ct2.score_texts(HELD_OUT[:4], HELD_OUT[:4])
     hf = Seq2SeqScorer.from_pretrained(trained)
     # a deterministic change, so that tied copies (embeddings, lm_head) stay equal
     state = {k: v * 1.1 + 0.01 if v.is_floating_point() else v for k, v in hf.state_dict().items()}
     ct2.load_state_dict(state, version=3)  # a Seq2SeqScorer's state dict, as trainers publish it
-    assert (cache / "v3-float32" / "model.bin").is_file() and ct2.version == 3
+    assert len(list(cache.glob("v3-*-float32/model.bin"))) == 1 and ct2.version == 3
     after = ct2.score_texts(HELD_OUT[:4], HELD_OUT[:4])
     hf.load_state_dict(state)
     assert after != pytest.approx(before, abs=1e-3)
     assert after == pytest.approx(hf.eval().score_texts(HELD_OUT[:4], HELD_OUT[:4]), abs=1e-3)
+
+
+def test_two_trials_publishing_their_own_version_1_never_share_a_conversion(trained: Path, tmp_path: Path) -> None:
+    """Concurrent Tune trials mine from one base model folder and each publishes a "version 1" of its own: a
+    cache keyed by the version alone would hand the second trial the first one's weights."""
+    cache = tmp_path / "cache"
+    base = Seq2SeqScorer.from_pretrained(trained).state_dict()
+    trial_a = {k: v * 1.1 if v.is_floating_point() else v for k, v in base.items()}
+    trial_b = {k: v * 0.9 if v.is_floating_point() else v for k, v in base.items()}
+    a = CT2Seq2Seq.from_pretrained(trained, cache_dir=cache)
+    b = CT2Seq2Seq.from_pretrained(trained, cache_dir=cache)
+    a.load_state_dict(trial_a, version=1)
+    b.load_state_dict(trial_b, version=1)
+    assert len(list(cache.glob("v1-*-float32"))) == 2
+    hf = Seq2SeqScorer.from_pretrained(trained).eval()
+    for engine, state in ((a, trial_a), (b, trial_b)):
+        hf.load_state_dict(state)
+        want = hf.score_texts(HELD_OUT[:4], HELD_OUT[:4])
+        assert engine.score_texts(HELD_OUT[:4], HELD_OUT[:4]) == pytest.approx(want, abs=1e-3)
+
+
+def test_auto_picks_ctranslate2_where_it_converts_the_model_and_runs_the_precision(trained: Path,
+                                                                                   tmp_path: Path) -> None:
+    assert resolve_engine("auto", trained, device="cpu", precision="fp32")[0] == "ctranslate2"
+    assert resolve_engine("auto", trained, device="cpu", precision="int8")[0] == "ctranslate2"
+    engine, why = resolve_engine("auto", trained, device="cpu", precision="fp16")  # no float16 on CPUs
+    assert engine == "hf" and "float16" in why
+    assert resolve_engine("hf", trained, device="cpu", precision="fp32") == ("hf", "as configured")
+    fsmt = tmp_path / "fsmt"  # GEC-PD's converted fairseq checkpoint is an FSMT folder: no CTranslate2 converter
+    fsmt.mkdir()
+    (fsmt / "config.json").write_text('{"model_type": "fsmt"}')
+    engine, why = resolve_engine("auto", fsmt, device="cpu", precision="fp32")
+    assert engine == "hf" and "FSMTConfig" in why
+    for wanted, model in (("auto", fsmt), ("hf", trained)):
+        with pytest.raises(UserError) as err:
+            resolve_engine(wanted, model, device="cpu", precision="int8")
+        assert str(err.value).startswith("mining.precision: int8") and "\n" not in str(err.value)
 
 
 def test_the_miner_builds_either_engine_and_they_agree(trained: Path) -> None:

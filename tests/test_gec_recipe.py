@@ -91,8 +91,7 @@ def _check_mined_once(run_dir: Path, cfg) -> None:  # type: ignore[no-untyped-de
     """Version-0 negatives: the run beam-searched every D_F sentence once, no trial ran miners of its own, and each
     trial's negatives are those today's per-trial miner (``BeamSearchMiner.mine``) gives for its k and CL/CL⁻."""
     from raycl.data.gec import load_examples
-    from raycl.miners.beam_search import BeamSearchMiner
-    from raycl.models.seq2seq import Seq2SeqScorer
+    from raycl.miners.beam_search import build_beam_miner
 
     meta = json.loads((run_dir / "nbest" / "meta.json").read_text())
     finetune = load_examples([str(p) for p in sorted((run_dir / "data").glob("finetune*"))])
@@ -103,11 +102,14 @@ def _check_mined_once(run_dir: Path, cfg) -> None:  # type: ignore[no-untyped-de
     trials = [d for d in (run_dir / "trials").iterdir() if (d / "negatives.parquet").exists()]
     assert sorted(method[d.name] for d in trials) == ["CL", "CL", "CL⁻"]
     assert not any((d / "mining.json").exists() for d in trials)  # no trial had a miner pool of its own
-    scorer = Seq2SeqScorer.from_pretrained(run_dir / "base_model")
+    # mining.engine=auto mined with CTranslate2 (a BART it converts): the base model's one conversion is cached
+    assert [p.name.split("-")[0] for p in (run_dir / "base_model" / ".ct2").iterdir()] == ["v0"]
+    m = cfg.mining
     for d in trials:
         got = {r["id"]: r["negatives"] for r in pq.read_table(d / "negatives.parquet").to_pylist()}
         cl = method[d.name] == "CL"
-        miner = BeamSearchMiner(scorer, k=cfg.mining.k, beam=cfg.mining.beam, source_negative=cl,
-                                max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.mining.task_size)
-        want = {m.id: list(m.negatives) for m in miner.mine(finetune)}
+        miner = build_beam_miner(str(run_dir / "base_model"), {  # a per-trial miner, as before: same engine
+            "k": m.k, "beam": m.beam, "source_negative": cl, "max_new_tokens": cfg.eval.max_new_tokens,
+            "batch_size": m.task_size, "engine": m.engine, "precision": m.precision})  # fmt: skip
+        want = {r.id: list(r.negatives) for r in miner.mine(finetune)}
         assert got == want, (d.name, method[d.name])

@@ -13,11 +13,10 @@ import raycl
 from raycl.data.gec import GecExample, load_examples
 from raycl.data.m2 import Edit, M2Sentence, write_m2
 from raycl.errors import UserError
-from raycl.miners.beam_search import BeamSearchMiner
+from raycl.miners.beam_search import build_beam_miner
 from raycl.miners.corpus import read_range, scan_ranges
 from raycl.miners.shards import read_negatives, shard_files
 from raycl.models.presets import build_model
-from raycl.models.seq2seq import Seq2SeqScorer
 
 WORDS = "the a cat dog sat ran on under mat house is are was were big small".split()
 SENTS = [M2Sentence(" ".join(WORDS[(i * 5 + j) % len(WORDS)] for j in range(3 + i % 5)) + " .",
@@ -47,8 +46,8 @@ def test_ranges_read_back_exactly_the_whole_file_readers_examples(files: dict[st
 def test_actor_pool_equals_in_process_mining_and_resumes_by_range(ray_local, files: dict[str, Path],
                                                                    tmp_path: Path) -> None:  # fmt: skip
     examples = load_examples([str(files["m2"])])
-    want = {m.id: m.negatives for m in BeamSearchMiner(Seq2SeqScorer.from_pretrained(files["model"]), beam=3,
-                                                       **OPTS).mine(examples)}  # fmt: skip
+    reference = build_beam_miner(str(files["model"]), {"beam": 3, **OPTS})  # the pool's engine (auto), in process
+    want = {m.id: m.negatives for m in reference.mine(examples)}
     out = tmp_path / "negs"
     ds = raycl.mine_negatives(files["model"], [str(files["m2"])], num_miners=2, cpus_per_miner=0.5, out=out,
                               shard_size=5, progress=False, **OPTS)  # fmt: skip

@@ -16,9 +16,8 @@ from raycl.data.gec import GecExample
 from raycl.distributed.messages import MinedBatch, MineTask
 from raycl.distributed.miner_pool import MinerFactory
 from raycl.distributed.nbest import nbest_records, shared_nbest, start_nbest_stream
-from raycl.miners.beam_search import GEC_BEAM, BeamSearchMiner, select_from_nbest
+from raycl.miners.beam_search import GEC_BEAM, build_beam_miner, select_from_nbest
 from raycl.models.presets import build_model
-from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.train.feeds import NBestFeed, shard
 
 WORDS = "the a cat dog sat ran on under mat house is are was were big small".split()
@@ -55,7 +54,7 @@ def test_mined_once_reused_resumed_and_remined_on_change(ray_local, model_dir: P
     assert info["meta"]["beam_searched"] == 12 and info["meta"]["complete"]
     assert set(records) == {e.id for e in EXAMPLES}
     # the records are what the miner's own n-best + selection give: a trial selects exactly per-trial negatives
-    miner = BeamSearchMiner(Seq2SeqScorer.from_pretrained(model_dir), k=2, beam=3, max_new_tokens=8, batch_size=4)
+    miner = build_beam_miner(str(model_dir), {**OPTIONS, "nbest": False})  # the pool's engine (auto), in process
     for cl in (True, False):
         miner.source_negative = cl
         want = miner.mine(EXAMPLES)

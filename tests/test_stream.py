@@ -18,7 +18,7 @@ from raycl.distributed.messages import MineTask, StreamItem
 from raycl.distributed.miner_pool import MinerFactory, MinerPool, miner_options
 from raycl.distributed.stream import start_stream
 from raycl.distributed.weights import publish_weights, start_weight_store
-from raycl.miners.beam_search import GEC_BEAM, BeamSearchMiner
+from raycl.miners.beam_search import GEC_BEAM, build_beam_miner
 from raycl.models.presets import build_model
 from raycl.models.seq2seq import Seq2SeqScorer
 
@@ -255,7 +255,9 @@ def test_the_pool_mines_what_the_in_process_miner_mines_with_the_same_weights(ra
     with torch.no_grad():  # version 1: weights the miners only get from the store
         for p in scorer.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    want = {m.id: m for m in BeamSearchMiner(scorer, **opts).mine(EXAMPLES)}
+    reference = build_beam_miner(str(model_dir), opts)  # the pool's engine (auto), in process, at version 1
+    GEC_BEAM.load(reference, scorer.state_dict(), version=1)
+    want = {m.id: m for m in reference.mine(EXAMPLES)}
     store = start_weight_store()
     assert publish_weights(store, 1, scorer.state_dict())
     stream = start_stream(world_size=2, capacity=8, task_size=4)

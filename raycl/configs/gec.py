@@ -54,7 +54,7 @@ class GecMiningSection(MiningSection):
     source_negative: bool = True  # CL (True) or CL⁻ (False)
     rank_by: str = "beam"  # the n-best's order: beam (length-normalised beam score, the paper) | sum_logprob
     refill: bool = False  # False: top k of the n-best less the target (the paper: k−1 if it is there); True: k ≠ t
-    engine: str = "hf"  # beam search by HF generate | ctranslate2 (converted once per weight version; int8 on CPU)
+    engine: str = "auto"  # auto: ctranslate2 where it converts the model, else hf | hf (generate) | ctranslate2
     share: bool = True  # version-0 negatives (no sync_every/refresh_every): one n-best per run, read by all trials
 
 

@@ -61,6 +61,16 @@ from raycl.miners.shards import done_ids, schema, shard_files, shard_name
 _CHAOS_KEYS = ("fail_after_tasks", "stall_s", "stall_after_tasks")  # test switches, see miner_pool.Chaos
 
 
+def check_engine(model: str, options: dict[str, Any], *, gpus_per_miner: float) -> None:
+    """The engine and precision checked on the driver before Ray starts, where the miners' device is this
+    machine's kind (CPU miners); GPU miners resolve ``auto`` on their own device."""
+    from raycl.models.ct2_engine import resolve_engine
+
+    if gpus_per_miner == 0:
+        resolve_engine(options.get("engine", "auto"), model, device=str(options.get("device", "cpu")),
+                       precision=str(options.get("precision", "fp32")))  # fmt: skip
+
+
 def _build_miner(model: str, options: dict[str, Any]) -> Any:
     from raycl.miners.beam_search import build_beam_miner
     from raycl.miners.registry import miner_device
@@ -114,6 +124,7 @@ def mine_corpus(model: str, specs: Sequence[str], out_dir: Path, *, options: dic
     Ray starts (:func:`raycl.distributed.runtime.init_ray`: embedded, or the cluster at ``address``) only when
     there is a range left to mine, after the scan: a malformed file fails in seconds. Returns a summary."""
     t_scan = time.perf_counter()
+    check_engine(model, options, gpus_per_miner=0.0 if num_miners == 0 else gpus_per_miner)
     prepare_out_dir(out_dir)
     size = resume_settings(out_dir, mode="ranges", shard_size=shard_size, data=[spec_key(t) for t in specs],
                            annotator=annotator)  # fmt: skip
@@ -259,7 +270,7 @@ class ExampleMiner:
 
 def mine_negatives(
     model: str | Path, examples: str | Path | Sequence[Any], *, k: int = 3, beam: int | None = None,
-    source_negative: bool = True, engine: str = "hf", precision: str = "fp32",
+    source_negative: bool = True, engine: str = "auto", precision: str = "fp32",
     num_miners: int | tuple[int, int] = 1, cpus_per_miner: float = 1.0, gpus_per_miner: float = 0.0,
     batch_size: int = 32, max_new_tokens: int = 128, rank_by: str = "beam", refill: bool = False,
     annotator: int = 0, out: str | Path | None = None, shard_size: int | None = None, address: str | None = None,
@@ -271,7 +282,8 @@ def mine_negatives(
     a TSV, ``PATH[START:STOP]``; streamed: the miners read their ranges from the files) or in-memory
     ``GecExample``s / dicts with ``id``, ``source``, ``target`` (ids unique). Per example: the top-``k`` distinct
     beam outputs ≠ target (``beam`` ≥ k+1, default k+1) plus the source for CL (``source_negative``), each with
-    its summed log-prob S(t~|s). ``engine``: ``hf`` or ``ctranslate2`` (``precision`` ``int8`` on CPU).
+    its summed log-prob S(t~|s). ``engine``: ``auto`` (CTranslate2 where it converts the model, else HF), ``hf`` or
+    ``ctranslate2`` (``precision`` ``int8`` on CPU, ``fp16``/``bf16`` on GPUs).
     ``num_miners`` actors (``(min, max)`` to autoscale; 0 = this process, on ``device``) with
     ``cpus_per_miner`` / ``gpus_per_miner`` each, on an embedded local Ray or the cluster at ``address``.
 
@@ -289,6 +301,7 @@ def mine_negatives(
     model = str(Path(model).resolve())
     if not (Path(model) / "config.json").is_file():
         raise UserError(f"{at(model)}: expected an HF model folder with config.json")
+    check_engine(model, options, gpus_per_miner=0.0 if num_miners == 0 else gpus_per_miner)
     if isinstance(examples, (str, Path)):
         examples = [str(examples)]
     if all(isinstance(e, (str, Path)) for e in examples):

@@ -44,7 +44,9 @@ def content_key(model_dir: str | Path, examples: Sequence[Any], options: dict[st
     """sha256 over the model folder's files (names and bytes), the examples' (id, source, target) and options."""
     h = hashlib.sha256()
     root = Path(model_dir)
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")):
+    # hidden paths are caches, not the model: <model>/.ct2/ (conversions) appears after the first mining
+    files = (p for p in root.rglob("*") if p.is_file())
+    for path in sorted(p for p in files if not any(part.startswith(".") for part in p.relative_to(root).parts)):
         h.update(str(path.relative_to(root)).encode() + b"\0")
         with path.open("rb") as f:
             while chunk := f.read(1 << 22):

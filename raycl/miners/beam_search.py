@@ -247,23 +247,27 @@ def read_negatives_parquet(path: str | Path) -> dict[str, MinedNegatives]:
     return out
 
 
-ENGINES = ("hf", "ctranslate2")
-
-
 def build_beam_miner(model_path: str, options: dict[str, Any]) -> BeamSearchMiner:
     """A ``gec_beam`` miner in an actor: the decoding engine over ``model_path`` on ``options["device"]``.
 
-    ``options["engine"]``: ``hf`` (``Seq2SeqScorer``, ``precision`` = autocast) or ``ctranslate2`` (the folder
-    converted once per weight version, cached next to it; ``precision`` → the engine's compute type)."""
+    ``options["engine"]``: ``auto`` (default: CTranslate2 where it converts the model and runs the precision on
+    this device, else HF — :func:`raycl.models.ct2_engine.resolve_engine`), ``hf`` (``Seq2SeqScorer``,
+    ``precision`` = autocast) or ``ctranslate2`` (the folder converted once per weight version, cached next to
+    it; ``precision`` → the engine's compute type). The choice is said once on stderr."""
+    import sys
+
+    from raycl.models.ct2_engine import resolve_engine
+
     opts = dict(options)
-    device, engine = opts.pop("device", "cpu"), opts.pop("engine", "hf")
+    device, wanted = opts.pop("device", "cpu"), opts.pop("engine", "auto")
+    engine, why = resolve_engine(wanted, model_path, device=device, precision=opts.get("precision", "fp32"))
+    if wanted == "auto":
+        print(f"raycl miner: mining.engine={engine} ({why})", file=sys.stderr)
     if engine == "ctranslate2":
         from raycl.models.ct2_engine import CT2Seq2Seq
 
         engine_ = CT2Seq2Seq.from_pretrained(model_path, device=device, precision=opts.get("precision", "fp32"))
         return BeamSearchMiner(engine_, **opts)  # type: ignore[arg-type]  # Seq2SeqScorer's decoding interface
-    if engine != "hf":
-        raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     from raycl.models.seq2seq import Seq2SeqScorer
 
     return BeamSearchMiner(Seq2SeqScorer.from_pretrained(model_path, device=device), **opts)

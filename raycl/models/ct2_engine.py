@@ -8,13 +8,16 @@ same tokenizer (HF's, or the fairseq BPE of a converted checkpoint), the same fo
 penalty 1, no n-gram blocking, and S(t|s) as the *sum* of the hypothesis's token log-probs (``<s>`` and ``</s>``
 included), recovered from the engine's length-normalised beam score — one decoding pass, no rescoring.
 
-Conversion runs once per weight version and compute type, cached in ``<model>/.ct2/v<version>-<type>/`` (or a
-temp folder when the model folder is read-only), written to a temp name and renamed: several miners on one node
-convert once and share it (a loser of the race uses the winner's folder).
+Conversion runs once per weight version and compute type, cached in ``<model>/.ct2/v<version>-<digest>-<type>/``
+(or a temp folder when the model folder is read-only), written to a temp name and renamed: several miners on one
+node convert once and share it (a loser of the race uses the winner's folder). The digest is of the weights
+themselves (the folder's files for version 0, the published state dict's bytes after): Tune trials that publish
+their own "version 1" of the same base model never read each other's conversion.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -27,6 +30,41 @@ import torch
 from raycl.errors import UserError
 
 COMPUTE_TYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "int8"}
+ENGINES = ("auto", "hf", "ctranslate2")
+
+
+def ct2_unsupported(model_dir: str | Path, *, device: str, precision: str) -> str | None:
+    """Why CTranslate2 cannot decode the HF folder ``model_dir`` at ``precision`` on ``device``; None if it can."""
+    from ctranslate2.converters import transformers as converters
+    from transformers import CONFIG_MAPPING
+
+    model_type = _read_config(Path(model_dir)).get("model_type", "")
+    name = CONFIG_MAPPING[model_type].__name__ if model_type in CONFIG_MAPPING else repr(model_type)
+    if name not in getattr(converters, "_MODEL_LOADERS", {name: None}):
+        return f"CTranslate2 has no converter for {name}"
+    try:
+        compute_type(precision, device)
+    except (UserError, RuntimeError, ValueError) as err:  # RuntimeError: no CUDA driver here
+        return str(err).removeprefix("mining.precision: ")
+    return None
+
+
+def resolve_engine(engine: str, model_dir: str | Path, *, device: str, precision: str) -> tuple[str, str]:
+    """``mining.engine`` → (``hf`` | ``ctranslate2``, why). ``auto``: CTranslate2 where it converts the model and
+    runs ``precision`` on ``device`` (its candidates are HF's for the large majority of sentences, faster), else
+    HF; ``int8`` exists only in CTranslate2, so ``auto`` at int8 is CTranslate2 or an error."""
+    if engine not in ENGINES:
+        raise UserError(f"mining.engine: expected one of {' | '.join(ENGINES)}, got {engine!r}")
+    if engine == "hf" and precision == "int8":
+        raise UserError("mining.precision: int8 exists only with mining.engine=ctranslate2 or auto, got hf")
+    if engine != "auto":
+        return engine, "as configured"
+    why = ct2_unsupported(model_dir, device=device, precision=precision)
+    if why is None:
+        return "ctranslate2", f"auto: CTranslate2 decodes this model at {COMPUTE_TYPES[precision]} on {device}"
+    if precision == "int8":
+        raise UserError(f"mining.precision: int8 needs CTranslate2, which cannot run here ({why})")
+    return "hf", f"auto: {why}"
 
 
 def compute_type(precision: str, device: str) -> str:
@@ -82,13 +120,34 @@ def convert(hf_dir: str | Path, out_dir: Path, *, quantization: str) -> Path:
     return out_dir
 
 
+def state_digest(state_dict: Mapping[str, torch.Tensor]) -> str:
+    """A short hash of a state dict's names, shapes, dtypes and bytes (about 1 s a GB)."""
+    h = hashlib.blake2b(digest_size=8)
+    for name in sorted(state_dict):
+        v = state_dict[name].detach().cpu().contiguous()
+        h.update(f"{name}:{tuple(v.shape)}:{v.dtype}".encode())
+        h.update(v.reshape(-1).view(torch.uint8).numpy())  # the bytes, without a copy
+    return h.hexdigest()
+
+
+def folder_digest(hf_dir: Path) -> str:
+    """A short hash of an HF folder's files as they are now (names, sizes, modification times): a folder rewritten
+    in place with other weights is converted again."""
+    h = hashlib.blake2b(digest_size=8)
+    for path in sorted(p for p in hf_dir.iterdir() if p.is_file() and not p.name.startswith(".")):
+        st = path.stat()
+        h.update(f"{path.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
 def _cache_root(hf_dir: Path) -> Path:
     root = hf_dir / ".ct2"
     try:
         root.mkdir(exist_ok=True)
         return root
-    except OSError:
-        return Path(tempfile.gettempdir()) / f"raycl-ct2-{abs(hash(str(hf_dir.resolve())))}"
+    except OSError:  # a read-only model folder: a per-folder temp cache every process on the node finds
+        digest = hashlib.sha256(str(hf_dir.resolve()).encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"raycl-ct2-{digest}"
 
 
 class CT2Seq2Seq:
@@ -120,14 +179,15 @@ class CT2Seq2Seq:
 
     # ------------------------------------------------------------------------------------------ weights
     def _load(self, hf_dir: Path, version: int) -> None:
-        folder = self.cache_dir / f"v{version}-{self.compute}"
+        folder = self.cache_dir / f"v{version}-{folder_digest(hf_dir)}-{self.compute}"
         self._load_folder(convert(hf_dir, folder, quantization=self.compute), version)
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], *, version: int) -> None:
         """Published weights: the HF model with them saved and converted once for ``version``, then loaded."""
         if version == self.version:
             return
-        folder = self.cache_dir / f"v{version}-{self.compute}"
+        # keyed by content, not the version alone: concurrent trials publish their own "version 1" of one base
+        folder = self.cache_dir / f"v{version}-{state_digest(state_dict)}-{self.compute}"
         if not (folder / "model.bin").is_file():
             from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
