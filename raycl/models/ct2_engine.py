@@ -126,7 +126,7 @@ def state_digest(state_dict: Mapping[str, torch.Tensor]) -> str:
     for name in sorted(state_dict):
         v = state_dict[name].detach().cpu().contiguous()
         h.update(f"{name}:{tuple(v.shape)}:{v.dtype}".encode())
-        h.update(memoryview(v.reshape(-1).view(torch.uint8).numpy()))  # the bytes, without a copy
+        h.update(v.reshape(-1).view(torch.uint8).numpy().data)  # the bytes, without a copy
     return h.hexdigest()
 
 
