@@ -97,7 +97,8 @@ def _check_mined_once(run_dir: Path, cfg) -> None:  # type: ignore[no-untyped-de
     finetune = load_examples([str(p) for p in sorted((run_dir / "data").glob("finetune*"))])
     assert meta["complete"] and meta["examples"] == len(finetune) == 40
     assert meta["beam_searched"] == 40  # once per sentence, for 3 contrastive trials (2 CL points and CL⁻)
-    assert "mined once for the whole run" in (run_dir / "report.md").read_text()
+    report = (run_dir / "report.md").read_text()
+    assert "mined once for the whole run" in report and "engine ctranslate2 (auto)" in report
     method = {r["trial_id"]: r["method"] for r in csv.DictReader(open(run_dir / "results.csv"))}
     trials = [d for d in (run_dir / "trials").iterdir() if (d / "negatives.parquet").exists()]
     assert sorted(method[d.name] for d in trials) == ["CL", "CL", "CL⁻"]

@@ -147,10 +147,11 @@ def start_nbest_stream(**kwargs: Any) -> Any:
 
 @contextmanager
 def shared_nbest(factory: MinerFactory, mining: Any, examples: Sequence[Any], out_dir: Path, *,
-                 options: dict[str, Any], model_dir: Path, say: Any = print, shard_size: int = 2000
-                 ) -> Iterator[Any]:  # fmt: skip
+                 options: dict[str, Any], model_dir: Path, say: Any = print, shard_size: int = 2000,
+                 engine: str = "") -> Iterator[Any]:  # fmt: skip
     """The run's n-best of ``examples``: reused from ``out_dir`` when its key matches, else (re-)mined by a
-    miner pool of ``mining.num_miners`` that stops once every list is in. Yields the stream's handle."""
+    miner pool of ``mining.num_miners`` that stops once every list is in. Yields the stream's handle.
+    ``engine``: the decoding engine the miners use, as resolved for the report (``meta.json``)."""
     key = content_key(model_dir, examples, options)
     meta_path = out_dir / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
@@ -161,7 +162,7 @@ def shared_nbest(factory: MinerFactory, mining: Any, examples: Sequence[Any], ou
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in out_dir.glob(".part-*.tmp"):
         stale.unlink()
-    _write_meta(out_dir, key=key, examples=len(examples), options=options, complete=False)
+    _write_meta(out_dir, key=key, examples=len(examples), options=options, complete=False, engine=engine)
     stream = start_nbest_stream(examples=list(examples), out_dir=str(out_dir), task_size=mining.task_size,
                                 lease_s=mining.lease_s, shard_size=shard_size)  # fmt: skip
     first = ray.get(stream.progress.remote())
@@ -188,7 +189,8 @@ def shared_nbest(factory: MinerFactory, mining: Any, examples: Sequence[Any], ou
         if pool is not None:
             _stop_pool(stream, pool)
         _write_meta(out_dir, key=key, examples=len(examples), options=options, complete=last["complete"],
-                    resumed=last["resumed"], beam_searched=last["beam_searched"], mine_s=last["mine_s"])
+                    resumed=last["resumed"], beam_searched=last["beam_searched"], mine_s=last["mine_s"],
+                    engine=engine)  # fmt: skip
         ray.kill(stream)
 
 

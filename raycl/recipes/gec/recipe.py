@@ -35,6 +35,7 @@ from raycl.distributed.sweep import TrialOutcome
 from raycl.driver import RecipeBase, Run, TrainPoint, fit_job, miners
 from raycl.errors import UserError
 from raycl.miners.beam_search import GEC_BEAM, select_from_nbest, write_negatives_parquet
+from raycl.models.ct2_engine import resolve_engine
 from raycl.models.presets import build_model
 from raycl.recipes.gec import report
 from raycl.recipes.gec.worker import GecTask
@@ -97,7 +98,7 @@ class GecRecipe(RecipeBase):
         examples = load_examples(cfg.data.finetune, annotator=cfg.data.annotator)
         t0 = time.perf_counter()
         with shared_nbest(factory, m, examples, run.run_dir / "nbest", options=options, model_dir=run.base_model,
-                          say=say) as stream:  # fmt: skip
+                          say=say, engine=miners_engine(cfg, run.base_model)) as stream:  # fmt: skip
             run.services["nbest"] = (stream, options)
             try:
                 yield
@@ -170,6 +171,21 @@ def shares_nbest(cfg: GecConfig) -> bool:
     """Negatives from the base model only (the paper): one n-best per run serves every trial."""
     m = cfg.mining
     return m.share and m.sync_every == 0 and m.refresh_every == 0
+
+
+def miners_engine(cfg: GecConfig, model_dir: Path) -> str:
+    """What ``mining.engine`` is for the run's miners, said once: resolved here for CPU miners, as each of them
+    resolves it (an impossible choice, such as int8 without CTranslate2, fails before any trial starts); GPU
+    miners resolve ``auto`` on their own device."""
+    m = cfg.mining
+    if m.gpus_per_miner > 0 and m.engine == "auto":
+        say("mining.engine=auto: each GPU miner decodes with CTranslate2 if it converts the model and runs "
+            f"{m.precision} there, else with HF")  # fmt: skip
+        return "auto"
+    engine, why = resolve_engine(m.engine, model_dir, device="cpu", precision=m.precision)
+    if m.engine == "auto":
+        say(f"mining.engine=auto → {engine} ({why.removeprefix('auto: ')})")
+    return engine if m.engine != "auto" else f"{engine} (auto)"
 
 
 DECODING_KEYS = ("mining.beam", "mining.rank_by", "mining.engine", "mining.precision", "eval.max_new_tokens",
