@@ -9,6 +9,8 @@ One run prints one JSON object with
   (actors loading the model included); ``negatives_per_miner_s`` divides by the miners' busy seconds.
   ``ct2_speedup`` = CTranslate2 / HF at M = 1.
   ``scaling_efficiency`` = rate at M / (M × rate at 1).
+- ``decoding_passes``: HF beam search on BART-base's shape, scored in the same pass (now) vs rescored by a second
+  teacher-forced pass (before), in this process on one thread.
 - ``driver_rss``: the driver's peak RSS mining a corpus of N and of 10 N sentences (a fresh process each).
 Random models never stop early: every hypothesis runs to ``--max-new-tokens`` (a fixed amount of work).
 Ray gets one logical CPU per miner: on a machine with fewer cores than M, miners share cores.
@@ -46,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16, help="sentences per beam-search call (default 16)")
     p.add_argument("--gpus-per-miner", type=float, default=0.0, help="GPUs per miner (GPU engines fp16/bf16)")
     p.add_argument("--rss-sentences", type=int, default=5000, help="N of the driver-RSS runs (N and 10 N)")
+    p.add_argument("--passes-sentences", type=int, default=32,
+                   help="sentences of the one-pass vs two-pass HF decoding comparison (BART-base shape)")
     p.add_argument("--quick", action="store_true", help="smoke model only, M=1, small corpora")
     p.add_argument("--workdir", type=Path, default=None, help="keep corpora, models and shards here")
     p.add_argument("--json", action="store_true", help="print only the JSON object on stdout")
@@ -101,6 +105,37 @@ def mine(data: Path, model_dir: Path, out: Path, *, m: int, engine: str, precisi
     return parsed.run(parsed)
 
 
+def decoding_passes(model_dir: Path, data: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Item 2, in this process on one thread: HF beam search scoring its n-best in the same pass (raycl now) vs the
+    same search followed by a teacher-forced pass over every hypothesis (raycl before: ``score_texts`` over the
+    decoded texts, ``batch_size × beam`` rows at once, full-vocabulary fp32 log-probs)."""
+    import torch
+
+    from raycl.data.gec import load_examples
+    from raycl.models.seq2seq import Seq2SeqScorer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        scorer = Seq2SeqScorer.from_pretrained(model_dir).eval()
+        sources = [ex.source for ex in load_examples([str(data)])][: args.passes_sentences]
+        beam = args.k + 1
+        t0 = time.perf_counter()
+        hyps = scorer.generate(sources, num_beams=beam, num_return_sequences=beam,
+                               max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)  # fmt: skip
+        one = time.perf_counter() - t0
+        texts = [text for h in hyps for text, _ in h]
+        repeated = [s for s, h in zip(sources, hyps, strict=True) for _ in h]
+        t0 = time.perf_counter()
+        scorer.score_texts(repeated, texts, batch_size=args.batch_size * beam)
+        second = time.perf_counter() - t0
+    finally:
+        torch.set_num_threads(threads)
+    return {"sentences": len(sources), "hypotheses": len(texts), "one_pass_s": round(one, 2),
+            "second_pass_s": round(second, 2), "two_pass_s": round(one + second, 2),
+            "one_pass_speedup": round((one + second) / one, 2)}  # fmt: skip
+
+
 RSS_SNIPPET = """
 import json, resource, sys
 from raycl.mine import main
@@ -124,6 +159,17 @@ def driver_rss(work: Path, model_dir: Path, n: int) -> dict[str, Any]:
             "examples": lines[0]["examples"], "wall_s": round(time.perf_counter() - t0, 1)}
 
 
+def cpu_flags() -> list[str]:
+    """The CPU features int8 and bf16 kernels depend on (CTranslate2 int8 is fastest with VNNI)."""
+    wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return [f for f in wanted if f in flags]
+
+
 def machine() -> dict[str, Any]:
     import psutil
     import ray
@@ -132,6 +178,7 @@ def machine() -> dict[str, Any]:
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "python": platform.python_version(), "torch": torch.__version__, "ray": ray.__version__,
             "logical_cores": os.cpu_count(), "physical_cores": psutil.cpu_count(logical=False),
+            "cpu_flags": cpu_flags(),
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}  # fmt: skip
 
 
@@ -174,6 +221,10 @@ def main(argv: list[str] | None = None) -> int:
                 name: round(rows[name]["1"]["negatives_per_miner_s"] / hf["negatives_per_miner_s"], 2)
                 for name in rows if name.startswith("ctranslate2")}  # fmt: skip
             report["engines"][kind] = rows
+        if not args.quick and "bart_base" in kinds:
+            n = sizes["bart_base"]
+            report["decoding_passes"] = decoding_passes(model(work, "bart_base", texts),
+                                                        corpus(work, n, f"bart_base-{n}"), args)  # fmt: skip
         if not args.quick:
             small = model(work, "smoke", texts)
             report["driver_rss"] = [driver_rss(work, small, args.rss_sentences),

@@ -11,9 +11,11 @@ Prints one JSON object:
   ``speedup_vs_sequential`` (sequential mine-then-train time / pipelined time).
 
 Usage: ``.venv/bin/python bench/pipeline.py --json [--miners 1,2,4] [--finetune 600] [--epochs 2]``.
-``--sweep``: the GEC sweep (γ ∈ {0.25, 0.85} × k ∈ {2, 3}, then DI, NLL, CL⁻ at the best point) twice on the same
-base model — before (``mining.share=false``: a miner pool per trial) and after (the n-best mined once for the
-run) — with each run's wall time, sentences beam-searched, the miners' busy seconds and ``mine_wait_fraction``.
+``sweep`` (in the GEC run; ``--sweep`` for it alone, ``--no-sweep`` to leave it out): the GEC sweep
+(γ ∈ {0.25, 0.85} × k ∈ {2, 3}, then DI, NLL, CL⁻ at the best point) three times on the same base model — before
+(``mining.share=false``: a miner pool per trial, HF) and after (the n-best mined once for the run, with HF and
+with ``mining.engine=auto``) — with each run's wall time, sentences beam-searched, the miners' busy seconds and
+``mine_wait_fraction``.
 ``--recipe coherence``: the coherence recipe (smoke preset) instead, each M at ``max_staleness`` 0 (the paper's
 schedule: every chunk ranked with the weights published at its start, so the trainer waits for it) and 1 (the
 next chunk is ranked while this one trains): ``mine_wait_fraction``, refused (re-ranked) items, versions.
@@ -57,8 +59,7 @@ def _sequential(run: Any, out: Path) -> dict[str, Any]:
     import torch
 
     from raycl.data.gec import load_examples
-    from raycl.miners.beam_search import BeamSearchMiner, write_negatives_parquet
-    from raycl.models.seq2seq import Seq2SeqScorer
+    from raycl.miners.beam_search import build_beam_miner, write_negatives_parquet
     from raycl.recipes import recipe_for
     from raycl.records import read_history
 
@@ -66,9 +67,10 @@ def _sequential(run: Any, out: Path) -> dict[str, Any]:
 
     cfg = run.cfg
     examples = load_examples(cfg.data.finetune)
-    miner = BeamSearchMiner(Seq2SeqScorer.from_pretrained(run.base_model), k=cfg.mining.k, beam=cfg.mining.beam,
-                            batch_size=cfg.mining.batch_size, max_new_tokens=cfg.eval.max_new_tokens,
-                            rank_by=cfg.mining.rank_by, refill=cfg.mining.refill)  # fmt: skip
+    m = cfg.mining  # the pooled miners' engine and options, in this process
+    miner = build_beam_miner(str(run.base_model), {
+        "k": m.k, "beam": m.beam, "batch_size": m.batch_size, "max_new_tokens": cfg.eval.max_new_tokens,
+        "rank_by": m.rank_by, "refill": m.refill, "engine": m.engine, "precision": m.precision})  # fmt: skip
     t0 = time.perf_counter()
     mined = miner.mine(examples)
     mine_s = time.perf_counter() - t0
@@ -210,16 +212,24 @@ def _sweep_once(space: Any, run_dir: Path) -> dict[str, Any]:
             "train_loop_s": round(loop, 1)}  # fmt: skip
 
 
+SWEEP_RUNS = (  # (name, overrides): before this change, the n-best shared with the HF engine, then with auto
+    ("before_per_trial_mining", ("mining.share=false", "mining.engine=hf")),
+    ("after_mined_once_hf", ("mining.share=true", "mining.engine=hf")),
+    ("after_mined_once", ("mining.share=true", "mining.engine=auto")),
+)
+
+
 def sweep_main(args: argparse.Namespace) -> dict[str, Any]:
-    """The GEC sweep (2 margins × 2 k + DI, NLL, CL⁻) before (per-trial miners) and after (mined once per run)."""
+    """The GEC sweep (2 margins × 2 k + DI, NLL, CL⁻): before (a miner pool per trial, HF), after (the n-best mined
+    once per run) with HF and with ``mining.engine=auto`` (CTranslate2 here), on one base model."""
 
     out: dict[str, Any] = {"bench": "pipeline-sweep", "recipe": "gec_pd smoke", "finetune": args.finetune,
                            "grid": {"loss.margin": [0.25, 0.85], "mining.k": [2, 3]}, "baselines": "DI, NLL, CL⁻"}
     with tempfile.TemporaryDirectory(prefix="raycl-bench-sweep-") as tmp_name:
         tmp = Path(tmp_name)
-        for name, share in (("before_per_trial_mining", "false"), ("after_mined_once", "true")):
-            space = _space(tmp, args, f"mining.share={share}", "tune.max_concurrent_trials=2",
-                           "mining.cpus_per_miner=1", "mining.beam=4")  # fmt: skip
+        for name, overrides in SWEEP_RUNS:
+            space = _space(tmp, args, *overrides, "tune.max_concurrent_trials=2", "mining.cpus_per_miner=1",
+                           "mining.beam=4")  # fmt: skip
             space.search = {"loss.margin": {"grid": [0.25, 0.85]}, "mining.k": {"grid": [2, 3]}}
             run_dir = tmp / name
             if (tmp / "base_model").exists():  # the same base model: the comparison is the sweep's
@@ -227,9 +237,13 @@ def sweep_main(args: argparse.Namespace) -> dict[str, Any]:
             out[name] = _sweep_once(space, run_dir)
             if not (tmp / "base_model").exists():
                 shutil.copytree(run_dir / "base_model", tmp / "base_model")
-    b, a = out["before_per_trial_mining"], out["after_mined_once"]
-    out["beam_searches_ratio"] = round(b["beam_searched_sentences"] / max(a["beam_searched_sentences"], 1), 2)
-    out["mining_time_ratio"] = round(b["mining_s"] / max(a["mining_s"], 1e-9), 2)
+    b = out["before_per_trial_mining"]
+    for name in ("after_mined_once_hf", "after_mined_once"):
+        a = out[name]
+        out[f"{name}_vs_before"] = {
+            "beam_searches_ratio": round(b["beam_searched_sentences"] / max(a["beam_searched_sentences"], 1), 2),
+            "mining_time_ratio": round(b["mining_s"] / max(a["mining_s"], 1e-9), 2),
+            "wall_time_ratio": round(b["wall_s"] / max(a["wall_s"], 1e-9), 3)}  # fmt: skip
     return out
 
 
@@ -244,7 +258,8 @@ def main() -> None:
     p.add_argument("--pretrain-epochs", type=int, default=1)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--gpus-per-miner", type=float, default=0.0)
-    p.add_argument("--sweep", action="store_true", help="GEC: a sweep before/after mining once per run")
+    p.add_argument("--sweep", action="store_true", help="GEC: only the sweep before/after mining once per run")
+    p.add_argument("--no-sweep", action="store_true", help="GEC: leave the sweep out")
     args = p.parse_args()
     ms = [int(m) for m in args.miners.split(",")]
     import ray
@@ -254,10 +269,14 @@ def main() -> None:
     init_ray(num_cpus=2 + max(ms))
     machine = {"cpus": os.cpu_count(), "gpus": ray.cluster_resources().get("GPU", 0),
                "logical_cpus": ray.cluster_resources().get("CPU")}  # fmt: skip
-    if args.sweep:
+    if args.recipe == "coherence":
+        result = coherence_main(args)
+    elif args.sweep:
         result = sweep_main(args)
     else:
-        result = coherence_main(args) if args.recipe == "coherence" else gec_main(args)
+        result = gec_main(args)
+        if not args.no_sweep:
+            result["sweep"] = sweep_main(args)
     print(json.dumps({**result, "machine": machine}, indent=2 if args.json else None))
 
 
