@@ -79,6 +79,25 @@ def test_tsv_and_in_memory_examples(ray_local, files: dict[str, Path]) -> None:
     assert "a dog ." not in local[1]["negatives"]  # s = t: no source negative
 
 
+def test_in_memory_examples_write_shards_as_they_come_and_resume_by_id(ray_local, files: dict[str, Path],
+                                                                        tmp_path: Path) -> None:  # fmt: skip
+    rows = [{"id": f"m{i}", "source": s.source, "target": s.target()} for i, s in enumerate(SENTS[:9])][::-1]
+    opts = {**OPTS, "batch_size": 2}  # five batches come back from a pool of 2, in any order
+    out = tmp_path / "negs"
+    ds = raycl.mine_negatives(files["model"], rows, num_miners=2, cpus_per_miner=0.5, out=out, shard_size=2,
+                              progress=False, **opts)  # fmt: skip
+    assert ds["id"] == [r["id"] for r in rows]  # the caller's order, not the shards'
+    assert sorted(len(pq.read_table(p)) for p in shard_files(out)) == [1, 2, 2, 2, 2]
+    want = dict(zip(ds["id"], ds["negatives"], strict=True))
+    lost = set(pq.read_table(shard_files(out)[1]).column("id").to_pylist())
+    shard_files(out)[1].unlink()
+    again = raycl.mine_negatives(files["model"], rows, num_miners=0, out=out, progress=False, **opts)
+    assert again["id"] == [r["id"] for r in rows]
+    assert dict(zip(again["id"], again["negatives"], strict=True)) == want
+    newest = max(shard_files(out), key=lambda p: int(p.name[5:-8]))
+    assert set(pq.read_table(newest).column("id").to_pylist()) == lost  # only the lost rows were mined again
+
+
 def test_a_malformed_line_in_a_range_is_one_line_naming_file_and_line(ray_local, files: dict[str, Path],
                                                                        tmp_path: Path) -> None:  # fmt: skip
     bad = tmp_path / "bad.m2"

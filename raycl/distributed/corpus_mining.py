@@ -128,39 +128,17 @@ def mine_corpus(model: str, specs: Sequence[str], out_dir: Path, *, options: dic
     prepare_out_dir(out_dir)
     size = resume_settings(out_dir, mode="ranges", shard_size=shard_size, data=[spec_key(t) for t in specs],
                            annotator=annotator)  # fmt: skip
-    have = {p.name for p in shard_files(out_dir)}
-    ranges, resumed = [], 0
-    for r in scan_ranges(specs, range_size=size):
-        if shard_name(r.index) in have:
-            resumed += r.count
-        else:
-            ranges.append(r)
-    scan_s = time.perf_counter() - t_scan
-    n_ex = n_neg = 0
-    busy = 0.0  # the miners' seconds on ranges (model loading and Ray's start-up not included)
-    t0 = time.perf_counter()
+    ranges, resumed = _ranges_left(specs, out_dir, size)
+    scan_s, t0 = time.perf_counter() - t_scan, time.perf_counter()
     if ranges and num_miners != 0:
         start_ray(address, num_miners, cpus_per_miner)
     t1 = time.perf_counter()
-    bar = _bar(sum(r.count for r in ranges), progress)
-    try:
-        if num_miners == 0 or not ranges:
-            miner = RangeMiner(model, options, str(out_dir), annotator) if ranges else None
-            for r in ranges:
-                assert miner is not None
-                got = miner({k: [v] for k, v in dataclasses.asdict(r).items()})
-                n_ex, n_neg = n_ex + got["examples"][0], n_neg + got["negatives"][0]
-                busy += got["seconds"][0]
-                bar.update(got["examples"][0])
-        else:
-            for row in _ray_data(model, ranges, out_dir, options=options, num_miners=num_miners,
-                                 cpus=cpus_per_miner, gpus=gpus_per_miner, annotator=annotator):  # fmt: skip
-                n_ex, n_neg = n_ex + int(row["examples"]), n_neg + int(row["negatives"])
-                busy += float(row["seconds"])
-                bar.update(int(row["examples"]))
-                bar.set_postfix(neg_per_s=f"{n_neg / (time.perf_counter() - t1):.1f}")
-    finally:
-        bar.close()
+    if num_miners == 0 or not ranges:
+        rows = _in_process(model, ranges, out_dir, options=options, annotator=annotator)
+    else:
+        rows = _ray_data(model, ranges, out_dir, options=options, num_miners=num_miners, cpus=cpus_per_miner,
+                         gpus=gpus_per_miner, annotator=annotator)  # fmt: skip
+    n_ex, n_neg, busy = _tally(rows, total=sum(r.count for r in ranges), progress=progress)
     lost = [shard_name(r.index) for r in ranges if not (out_dir / shard_name(r.index)).is_file()]
     if lost:
         raise UserError(f"{at(out_dir / lost[0])}: mined but not in the output directory ({len(lost)} shards "
@@ -171,6 +149,45 @@ def mine_corpus(model: str, specs: Sequence[str], out_dir: Path, *, options: dic
             "miner_busy_s": round(busy, 3), "negatives_per_miner_s": round(n_neg / max(busy, 1e-9), 2),
             "scan_s": round(scan_s, 3), "ray_start_s": round(t1 - t0, 3), "shard_size": size,
             "shards": len(shard_files(out_dir)), "shards_written": len(ranges), "resumed": resumed}  # fmt: skip
+
+
+def _ranges_left(specs: Sequence[str], out_dir: Path, size: int) -> tuple[list[Range], int]:
+    """The ranges whose shard is not in ``out_dir`` yet, and how many sentences the others hold."""
+    have = {p.name for p in shard_files(out_dir)}
+    ranges, resumed = [], 0
+    for r in scan_ranges(specs, range_size=size):
+        if shard_name(r.index) in have:
+            resumed += r.count
+        else:
+            ranges.append(r)
+    return ranges, resumed
+
+
+def _in_process(model: str, ranges: list[Range], out_dir: Path, *, options: dict[str, Any], annotator: int
+                ) -> Iterator[dict[str, Any]]:  # fmt: skip
+    """The ranges mined one after the other by one miner in this process: the pool's per-range summaries."""
+    miner = RangeMiner(model, options, str(out_dir), annotator) if ranges else None
+    for r in ranges:
+        assert miner is not None
+        got = miner({k: [v] for k, v in dataclasses.asdict(r).items()})
+        yield {k: v[0] for k, v in got.items()}
+
+
+def _tally(rows: Iterator[dict[str, Any]], *, total: int, progress: bool) -> tuple[int, int, float]:
+    """Sentences, negatives and the miners' busy seconds (model loading and Ray's start-up not included) of the
+    per-range summaries as they stream back, with a progress bar in sentences."""
+    n_ex = n_neg = 0
+    busy, t0 = 0.0, time.perf_counter()
+    bar = _bar(total, progress)
+    try:
+        for row in rows:
+            n_ex, n_neg = n_ex + int(row["examples"]), n_neg + int(row["negatives"])
+            busy += float(row["seconds"])
+            bar.update(int(row["examples"]))
+            bar.set_postfix(neg_per_s=f"{n_neg / max(time.perf_counter() - t0, 1e-9):.1f}")
+    finally:
+        bar.close()
+    return n_ex, n_neg, busy
 
 
 def start_ray(address: str | None, num_miners: int | tuple[int, int], cpus_per_miner: float) -> None:
@@ -323,47 +340,96 @@ def mine_negatives(
 def _mine_in_memory(model: str, rows: list[dict[str, Any]], options: dict[str, Any], *, out: str | Path | None,
                     shard_size: int | None, num_miners: int | tuple[int, int], cpus: float, gpus: float,
                     address: str | None) -> Any:  # fmt: skip
+    """In-memory examples on the pool (or in this process). With ``out``: rows go to shards as batches come
+    back (a killed run resumes by id, losing at most one shard's rows), the dataset is read back from them."""
     import pyarrow as pa
 
+    _check_unique_ids(rows)
+    order = [r["id"] for r in rows]
+    out_dir = Path(out) if out is not None else None
+    shards = None
+    if out_dir is not None:
+        prepare_out_dir(out_dir)
+        shards = _IdShards(out_dir, resume_settings(out_dir, mode="ids", shard_size=shard_size))
+        done = done_ids(out_dir)
+        rows = [r for r in rows if r["id"] not in done]
+    parts = []
+    for table in _mined_tables(model, [{"pos": i, **r} for i, r in enumerate(rows)], options,
+                               num_miners=num_miners, cpus=cpus, gpus=gpus, address=address):  # fmt: skip
+        if shards is not None:
+            shards.add(table.drop_columns(["pos"]).select(schema().names).cast(schema()))
+        else:
+            parts.append(table)
+    if shards is not None and out_dir is not None:
+        shards.flush()
+        return _in_order(_load_shards(out_dir), order)
+    if not parts:
+        return _dataset(schema().empty_table())
+    table = pa.concat_tables(parts).sort_by("pos")  # an actor pool hands batches back in any order
+    return _dataset(table.drop_columns(["pos"]).select(schema().names).cast(schema()))
+
+
+def _check_unique_ids(rows: list[dict[str, Any]]) -> None:
     seen: set[str] = set()  # resuming by id needs unique ids
     for r in rows:
         if r["id"] in seen:
             raise UserError(f"mine_negatives: id {r['id']!r} appears twice, expected unique example ids")
         seen.add(r["id"])
-    size = 0
-    if out is not None:
-        prepare_out_dir(Path(out))
-        size = resume_settings(Path(out), mode="ids", shard_size=shard_size)
-        done = done_ids(out)
-        rows = [r for r in rows if r["id"] not in done]
-    todo = [{"pos": i, **r} for i, r in enumerate(rows)]
+
+
+def _mined_tables(model: str, todo: list[dict[str, Any]], options: dict[str, Any], *,
+                  num_miners: int | tuple[int, int], cpus: float, gpus: float, address: str | None
+                  ) -> Iterator[Any]:  # fmt: skip
+    """Arrow tables of mined rows (with ``pos``, the input position) as the miners hand them back."""
     if not todo:
-        table = schema().empty_table()
-    elif num_miners == 0:
-        miner = ExampleMiner(model, {"device": "cpu", **options})
-        table = miner({k: [r[k] for r in todo] for k in todo[0]})
-    else:
-        start_ray(address, num_miners, cpus)
-        batch = int(options["batch_size"])
-        with quiet_ray_data():
-            ds = ray.data.from_items(todo).map_batches(
-                ExampleMiner, batch_size=batch, compute=_pool(num_miners, math.ceil(len(todo) / batch)),
-                num_cpus=cpus, num_gpus=gpus or None, fn_constructor_kwargs={"model": model, "options": options})
-            try:
-                parts = [ray.get(ref) for ref in ds.to_arrow_refs()]
-            except Exception as err:
-                raise _user_error(err) or err from None
-        table = pa.concat_tables(parts)
-    if "pos" in table.column_names:  # an actor pool hands batches back in any order
-        table = table.sort_by("pos").drop_columns(["pos"])
-    table = table.select(schema().names).cast(schema())
-    if out is None:
-        return _dataset(table)
-    existing = shard_files(out)
-    first = int(existing[-1].name[5:-8]) + 1 if existing else 0
-    for i in range(0, len(table), size):
-        write_shard(Path(out), first + i // size, table.slice(i, size))
-    return _load_shards(Path(out))
+        return
+    if num_miners == 0:
+        yield ExampleMiner(model, {"device": "cpu", **options})({k: [r[k] for r in todo] for k in todo[0]})
+        return
+    start_ray(address, num_miners, cpus)
+    batch = int(options["batch_size"])
+    with quiet_ray_data():
+        ds = ray.data.from_items(todo).map_batches(
+            ExampleMiner, batch_size=batch, compute=_pool(num_miners, math.ceil(len(todo) / batch)),
+            num_cpus=cpus, num_gpus=gpus or None, fn_constructor_kwargs={"model": model, "options": options})
+        try:
+            yield from ds.iter_batches(batch_size=None, batch_format="pyarrow")  # each block as it is done
+        except Exception as err:
+            raise _user_error(err) or err from None
+
+
+class _IdShards:
+    """Rows of in-memory examples written as the next ``part-*.parquet`` every ``size`` rows (resume is by id)."""
+
+    def __init__(self, out_dir: Path, size: int) -> None:
+        existing = shard_files(out_dir)
+        self.out_dir, self.size = out_dir, size
+        self.next = int(existing[-1].name[5:-8]) + 1 if existing else 0
+        self.buffer: list[Any] = []
+        self.rows = 0
+
+    def add(self, table: Any) -> None:
+        self.buffer.append(table)
+        self.rows += len(table)
+        if self.rows >= self.size:
+            self.flush()
+
+    def flush(self) -> None:
+        import pyarrow as pa
+
+        if not self.rows:
+            return
+        table = pa.concat_tables(self.buffer)
+        for i in range(0, len(table), self.size):
+            write_shard(self.out_dir, self.next, table.slice(i, self.size))
+            self.next += 1
+        self.buffer, self.rows = [], 0
+
+
+def _in_order(ds: Any, order: list[str]) -> Any:
+    """``ds`` (read back from shards, in shard order) in the caller's order of ids."""
+    where = {id_: i for i, id_ in enumerate(ds["id"])}
+    return ds.select([where[id_] for id_ in order if id_ in where])
 
 
 def _read_shards(out_dir: Path) -> Any:
