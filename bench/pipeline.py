@@ -247,7 +247,17 @@ def sweep_main(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def json_stdout() -> Any:
+    """A stream to the real stdout for the JSON alone; whatever else this process writes to fd 1 from now on
+    (Tune's experiment tables, Ray's forwarded worker logs) goes to stderr."""
+    sys.stdout.flush()
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    return out
+
+
 def main() -> None:
+    out = json_stdout()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true")
     p.add_argument("--recipe", choices=("gec", "coherence"), default="gec")
@@ -277,7 +287,7 @@ def main() -> None:
         result = gec_main(args)
         if not args.no_sweep:
             result["sweep"] = sweep_main(args)
-    print(json.dumps({**result, "machine": machine}, indent=2 if args.json else None))
+    print(json.dumps({**result, "machine": machine}, indent=2 if args.json else None), file=out, flush=True)
 
 
 def gec_main(args: argparse.Namespace) -> dict[str, Any]:

@@ -43,13 +43,7 @@ def scorer(model_dir: Path) -> Seq2SeqScorer:
 
 
 def _naive_score(scorer: Seq2SeqScorer, source: str, target: str) -> float:
-    src = scorer.tokenizer(source)["input_ids"]
-    tgt = scorer.tokenizer(target)["input_ids"]
-    dec = [scorer.model.config.decoder_start_token_id] + tgt[:-1]
-    with torch.no_grad():
-        logits = scorer.model(input_ids=torch.tensor([src]), decoder_input_ids=torch.tensor([dec])).logits[0]
-    lp = torch.log_softmax(logits, dim=-1)
-    return sum(lp[t, y].item() for t, y in enumerate(tgt))
+    return _naive_ids_score(scorer, source, scorer.tokenizer(target)["input_ids"])
 
 
 def test_tokenizer_round_trips_m2_text_and_has_bart_specials(tmp_path: Path) -> None:
