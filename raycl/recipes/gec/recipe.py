@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -96,15 +95,13 @@ class GecRecipe(RecipeBase):
             "k": m.beam - 1, "beam": m.beam, "batch_size": m.batch_size, "max_new_tokens": cfg.eval.max_new_tokens,
             "precision": m.precision, "rank_by": m.rank_by, "engine": m.engine, "nbest": True})  # fmt: skip
         examples = load_examples(cfg.data.finetune, annotator=cfg.data.annotator)
-        t0 = time.perf_counter()
         with shared_nbest(factory, m, examples, run.run_dir / "nbest", options=options, model_dir=run.base_model,
                           say=say, engine=miners_engine(cfg, run.base_model)) as stream:  # fmt: skip
             run.services["nbest"] = (stream, options)
             try:
                 yield
             finally:
-                run.services.pop("nbest", None)
-        run.timings["nbest_s"] = time.perf_counter() - t0
+                run.services.pop("nbest", None)  # the miners' own time is in nbest/meta.json and the report
 
     def train_one(self, run: Run, cfg: GecConfig, out_dir: Path, *, name: str, in_tune: bool,
                   chaos: dict[str, Any] | None = None) -> Any:  # fmt: skip
