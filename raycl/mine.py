@@ -76,6 +76,8 @@ def _check_gec_args(args: argparse.Namespace) -> None:
         raise UserError(f"--beam: expected ≥ k+1 = {args.k + 1}, got {args.beam}")
     if args.batch_size < 1:
         raise UserError(f"--batch-size: expected an integer ≥ 1, got {args.batch_size}")
+    if args.engine == "hf" and args.precision == "int8":
+        raise UserError("--precision int8: expected --engine ctranslate2 or auto (no int8 in HF), got --engine hf")
     if args.shard_size is not None and args.shard_size < 1:
         raise UserError(f"--shard-size: expected an integer ≥ 1, got {args.shard_size}")
     if args.cpus_per_miner < 0 or args.gpus_per_miner < 0:

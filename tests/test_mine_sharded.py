@@ -182,6 +182,7 @@ def test_usage_errors_are_one_line(model_dir: Path, corpus: Path, tmp_path: Path
 
     (tmp_path / "file.parquet").write_bytes(b"")
     for extra, where in ((["--shard-size", "0"], "--shard-size"), (["--num-miners", "-1"], "--num-miners"),
+                         (["--engine", "hf", "--precision", "int8"], "--precision int8"),
                          (["--out", str(tmp_path / "file.parquet"), "--shards"], "file.parquet")):  # fmt: skip
         with pytest.raises(SystemExit) as exc:
             main(["gec", "--model", str(model_dir), "--data", str(corpus), "--out", str(tmp_path / "o"),
