@@ -46,17 +46,16 @@ import ray
 
 from raycl.data.gec import GecExample
 from raycl.errors import UserError, at
-from raycl.miners.corpus import (
-    Range,
-    negatives_table,
+from raycl.miners.corpus import Range, negatives_table, read_range, resume_settings, scan_ranges, spec_key
+from raycl.miners.shards import (
+    done_ids,
+    next_shard_index,
     prepare_out_dir,
-    read_range,
-    resume_settings,
-    scan_ranges,
-    spec_key,
+    schema,
+    shard_files,
+    shard_name,
     write_shard,
 )
-from raycl.miners.shards import done_ids, schema, shard_files, shard_name
 
 _CHAOS_KEYS = ("fail_after_tasks", "stall_s", "stall_after_tasks")  # test switches, see miner_pool.Chaos
 
@@ -402,9 +401,8 @@ class _IdShards:
     """Rows of in-memory examples written as the next ``part-*.parquet`` every ``size`` rows (resume is by id)."""
 
     def __init__(self, out_dir: Path, size: int) -> None:
-        existing = shard_files(out_dir)
         self.out_dir, self.size = out_dir, size
-        self.next = int(existing[-1].name[5:-8]) + 1 if existing else 0
+        self.next = next_shard_index(out_dir)
         self.buffer: list[Any] = []
         self.rows = 0
 

@@ -35,6 +35,7 @@ from raycl.distributed.messages import MinedBatch, StreamItem
 from raycl.distributed.miner_pool import MinerFactory, MinerPool
 from raycl.distributed.stream import NegativeStream
 from raycl.miners.beam_search import MinedNegatives, split_nbest
+from raycl.miners.shards import next_shard_index, prepare_out_dir, shard_files, write_shard
 from raycl.records import atomic_write
 
 NBEST_COLUMNS = ("id", "negatives", "scores", "model_version")  # negatives: the n-best, then the source (last)
@@ -62,7 +63,7 @@ def read_nbest_shards(out_dir: Path) -> dict[str, StreamItem]:
     import pyarrow.parquet as pq
 
     out: dict[str, StreamItem] = {}
-    for path in sorted(out_dir.glob("part-*.parquet")):
+    for path in shard_files(out_dir):
         table = pq.read_table(path, columns=list(NBEST_COLUMNS))
         for id_, negs, scores, version in zip(*(table.column(c).to_pylist() for c in NBEST_COLUMNS), strict=True):
             out[id_] = StreamItem(id_, tuple(negs), tuple(scores), int(version), -1)
@@ -80,8 +81,7 @@ class NBestStream(NegativeStream):
         self.out_dir, self.shard_size, self.total = Path(out_dir), shard_size, len(examples)
         self.cache.update(read_nbest_shards(self.out_dir))
         self.resumed = len(self.cache)
-        indices = [int(p.stem.split("-")[1]) for p in self.out_dir.glob("part-*.parquet")]
-        self.next_index = max(indices, default=-1) + 1  # never over a kept shard, whichever one was lost
+        self.next_index = next_shard_index(self.out_dir)
         self.ledger.start_epoch(0, [list(examples)], cached=dict(self.cache), shuffle=False)  # file order
         self.error: str | None = None
         self._rows: list[StreamItem] = []
@@ -98,7 +98,6 @@ class NBestStream(NegativeStream):
         if not self._rows:
             return
         import pyarrow as pa
-        import pyarrow.parquet as pq
 
         rows = self._rows
         table = pa.table({"id": [r.id for r in rows], "negatives": [list(r.negatives) for r in rows],
@@ -106,10 +105,7 @@ class NBestStream(NegativeStream):
                           "model_version": [r.model_version for r in rows]},
                          schema=pa.schema([("id", pa.string()), ("negatives", pa.list_(pa.string())),
                                            ("scores", pa.list_(pa.float64())), ("model_version", pa.int64())]))
-        path = self.out_dir / f"part-{self.next_index:05d}.parquet"
-        tmp = self.out_dir / f".{path.name}.tmp"
-        pq.write_table(table, tmp)
-        tmp.replace(path)  # a shard is complete or absent: a resumed run trusts every part-*.parquet
+        write_shard(self.out_dir, self.next_index, table)  # complete or absent: a resume trusts every shard
         self.next_index += 1
         self._rows = []
 
@@ -159,9 +155,7 @@ def shared_nbest(factory: MinerFactory, mining: Any, examples: Sequence[Any], ou
         say(f"{out_dir}: the base model, D_F or the decoding options changed since these n-best lists were "
             "mined: mining them again")  # fmt: skip
         shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in out_dir.glob(".part-*.tmp"):
-        stale.unlink()
+    prepare_out_dir(out_dir)
     _write_meta(out_dir, key=key, examples=len(examples), options=options, complete=False, engine=engine)
     stream = start_nbest_stream(examples=list(examples), out_dir=str(out_dir), task_size=mining.task_size,
                                 lease_s=mining.lease_s, shard_size=shard_size)  # fmt: skip

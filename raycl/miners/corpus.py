@@ -24,7 +24,6 @@ Ids are ``<file name>:<index in the file>``, as :func:`raycl.data.gec.load_examp
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice, zip_longest
@@ -35,7 +34,8 @@ from raycl.data.gec import GecExample, _target
 from raycl.data.m2 import iter_lines, iter_m2
 from raycl.data.specs import Spec, parse_spec
 from raycl.errors import UserError, at
-from raycl.miners.shards import SHARD_GLOB, schema, shard_files, shard_name
+from raycl.miners.shards import SHARD_GLOB, schema, shard_files
+from raycl.records import atomic_write
 
 DEFAULT_SHARD_SIZE = 10_000
 MANIFEST = "_mining.json"  # pyarrow and datasets skip ``_``-prefixed files when they read the directory
@@ -261,18 +261,8 @@ def resume_settings(out_dir: Path, *, mode: str, shard_size: int | None, **fixed
         raise UserError(f"{at(out_dir)}: holds {SHARD_GLOB} files but no {MANIFEST}, expected an empty directory "
                         "or one raycl mining wrote (delete the shards to mine again)")  # fmt: skip
     size = shard_size or DEFAULT_SHARD_SIZE
-    tmp = out_dir / f".{MANIFEST}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"mode": mode, "shard_size": size, **fixed}, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    atomic_write(path, json.dumps({"mode": mode, "shard_size": size, **fixed}, indent=1))
     return size
-
-
-def prepare_out_dir(out_dir: Path) -> None:
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"{at(out_dir)}: exists and is not a directory, expected a shard directory")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in out_dir.glob(".part-*.tmp"):  # an interrupted write: never a shard
-        stale.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------------------------- mining
@@ -285,13 +275,3 @@ def negatives_table(examples: Sequence[GecExample], mined: Sequence[Any], versio
         "negatives": [list(m.negatives) for m in mined], "scores": [list(m.scores) for m in mined],
         "model_version": [version] * len(examples),
     }, schema=schema())  # fmt: skip
-
-
-def write_shard(out_dir: Path, index: int, table: Any) -> Path:
-    import pyarrow.parquet as pq
-
-    path = out_dir / shard_name(index)
-    tmp = out_dir / f".{path.name}.{os.getpid()}.tmp"
-    pq.write_table(table, tmp)
-    tmp.replace(path)  # complete or absent: a re-run trusts every part-*.parquet
-    return path

@@ -13,6 +13,7 @@ it or only the ids a training rank needs).
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -39,6 +40,32 @@ def shard_files(out_dir: str | Path) -> list[Path]:
         return []
     found = [(int(m[1]), p) for p in out.iterdir() if (m := _SHARD.match(p.name)) and p.is_file()]
     return [p for _, p in sorted(found)]
+
+
+def next_shard_index(out_dir: str | Path) -> int:
+    """The index after the highest shard in ``out_dir`` (never over a kept shard, whichever one was lost)."""
+    existing = shard_files(out_dir)
+    return int(_SHARD.match(existing[-1].name)[1]) + 1 if existing else 0  # type: ignore[index]
+
+
+def prepare_out_dir(out_dir: Path) -> None:
+    """``out_dir`` as a shard directory: created, and an interrupted write's temp files (never shards) removed."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"{at(out_dir)}: exists and is not a directory, expected a shard directory")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.glob(".part-*.tmp"):
+        stale.unlink(missing_ok=True)
+
+
+def write_shard(out_dir: Path, index: int, table: pa.Table) -> Path:
+    """``table`` as shard ``index`` of ``out_dir``, written to a temp name and renamed: complete or absent."""
+    import pyarrow.parquet as pq
+
+    path = out_dir / shard_name(index)
+    tmp = out_dir / f".{path.name}.{os.getpid()}.tmp"
+    pq.write_table(table, tmp)
+    tmp.replace(path)
+    return path
 
 
 def schema() -> pa.Schema:
