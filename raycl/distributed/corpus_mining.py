@@ -32,10 +32,12 @@ they resume by id (the done ids are read back, O(#examples) like the examples th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -317,21 +319,21 @@ def mine_negatives(
     model = str(Path(model).resolve())
     if not (Path(model) / "config.json").is_file():
         raise UserError(f"{at(model)}: expected an HF model folder with config.json")
-    check_engine(model, options, gpus_per_miner=0.0 if num_miners == 0 else gpus_per_miner)
     if isinstance(examples, (str, Path)):
         examples = [str(examples)]
     if all(isinstance(e, (str, Path)) for e in examples):
-        target = Path(out) if out is not None else Path(_tempdir())
-        try:
-            mine_corpus(model, [str(e) for e in examples], target, options=options, shard_size=shard_size,
-                        num_miners=num_miners, cpus_per_miner=cpus_per_miner, gpus_per_miner=gpus_per_miner,
-                        annotator=annotator, address=address, progress=progress)  # fmt: skip
-            if out is None:
-                return _dataset(_read_shards(target))
-        finally:
-            if out is None:
-                _rmtree(target)
-        return _load_shards(target)
+        mine = functools.partial(mine_corpus, model, [str(e) for e in examples], options=options,
+                                 shard_size=shard_size, num_miners=num_miners, cpus_per_miner=cpus_per_miner,
+                                 gpus_per_miner=gpus_per_miner, annotator=annotator, address=address,
+                                 progress=progress)  # fmt: skip
+        if out is not None:
+            mine(Path(out))
+            return _load_shards(Path(out))
+        with tempfile.TemporaryDirectory(prefix="raycl-mine-") as tmp:
+            mine(Path(tmp))
+            return _dataset(_read_shards(Path(tmp)))
+    # before Ray starts, as mine_corpus does for data specs
+    check_engine(model, options, gpus_per_miner=0.0 if num_miners == 0 else gpus_per_miner)
     return _mine_in_memory(model, [_example(e) for e in examples], options, out=out, shard_size=shard_size,
                            num_miners=num_miners, cpus=cpus_per_miner, gpus=gpus_per_miner, address=address)
 
@@ -467,15 +469,3 @@ def local_cpus(wanted: float) -> int:
     if wanted > cores:
         print(f"raycl: {wanted:g} miner CPUs on {cores} cores: miners share cores", file=sys.stderr)
     return max(cores, math.ceil(wanted))
-
-
-def _tempdir() -> str:
-    import tempfile
-
-    return tempfile.mkdtemp(prefix="raycl-mine-")
-
-
-def _rmtree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)

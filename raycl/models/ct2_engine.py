@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
+from raycl.config import ENGINES
 from raycl.errors import UserError
 
 COMPUTE_TYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "int8"}
-ENGINES = ("auto", "hf", "ctranslate2")
 
 
 def ct2_unsupported(model_dir: str | Path, *, device: str, precision: str) -> str | None:
