@@ -63,13 +63,11 @@ _CHAOS_KEYS = ("fail_after_tasks", "stall_s", "stall_after_tasks")  # test switc
 
 
 def check_engine(model: str, options: dict[str, Any], *, gpus_per_miner: float) -> None:
-    """The engine and precision checked on the driver before Ray starts, where the miners' device is this
-    machine's kind (CPU miners); GPU miners resolve ``auto`` on their own device."""
-    from raycl.models.ct2_engine import resolve_engine
+    """The engine and precision checked on the driver before Ray starts (``resolve_on_driver``)."""
+    from raycl.models.ct2_engine import resolve_on_driver
 
-    if gpus_per_miner == 0:
-        resolve_engine(options.get("engine", "auto"), model, device=str(options.get("device", "cpu")),
-                       precision=str(options.get("precision", "fp32")))  # fmt: skip
+    resolve_on_driver(options.get("engine", "auto"), model, precision=str(options.get("precision", "fp32")),
+                      gpus_per_miner=gpus_per_miner, device=str(options.get("device", "cpu")))  # fmt: skip
 
 
 def _build_miner(model: str, options: dict[str, Any]) -> Any:

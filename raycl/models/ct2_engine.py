@@ -67,6 +67,16 @@ def resolve_engine(engine: str, model_dir: str | Path, *, device: str, precision
     return "hf", f"auto: {why}"
 
 
+def resolve_on_driver(engine: str, model_dir: str | Path, *, precision: str, gpus_per_miner: float,
+                      device: str = "cpu") -> tuple[str, str] | None:  # fmt: skip
+    """What miners will resolve ``mining.engine`` to, known on the driver when they decode on ``device`` (CPU
+    miners, or this process); None when GPU miners resolve ``auto`` on their own device. An impossible choice
+    (int8 without CTranslate2) raises here, before Ray or any trial starts."""
+    if gpus_per_miner > 0 and engine == "auto":
+        return None
+    return resolve_engine(engine, model_dir, device=device, precision=precision)
+
+
 def compute_type(precision: str, device: str) -> str:
     """``mining.precision`` → CTranslate2 compute type on ``device`` (int8 on a GPU: int8 weights, fp16 math)."""
     import ctranslate2

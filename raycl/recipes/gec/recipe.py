@@ -34,7 +34,7 @@ from raycl.distributed.sweep import TrialOutcome
 from raycl.driver import RecipeBase, Run, TrainPoint, fit_job, miners
 from raycl.errors import UserError
 from raycl.miners.beam_search import GEC_BEAM, select_from_nbest, write_negatives_parquet
-from raycl.models.ct2_engine import resolve_engine
+from raycl.models.ct2_engine import resolve_on_driver
 from raycl.models.presets import build_model
 from raycl.recipes.gec import report
 from raycl.recipes.gec.worker import GecTask
@@ -175,11 +175,12 @@ def miners_engine(cfg: GecConfig, model_dir: Path) -> str:
     resolves it (an impossible choice, such as int8 without CTranslate2, fails before any trial starts); GPU
     miners resolve ``auto`` on their own device."""
     m = cfg.mining
-    if m.gpus_per_miner > 0 and m.engine == "auto":
+    got = resolve_on_driver(m.engine, model_dir, precision=m.precision, gpus_per_miner=m.gpus_per_miner)
+    if got is None:
         say("mining.engine=auto: each GPU miner decodes with CTranslate2 if it converts the model and runs "
             f"{m.precision} there, else with HF")  # fmt: skip
         return "auto"
-    engine, why = resolve_engine(m.engine, model_dir, device="cpu", precision=m.precision)
+    engine, why = got
     if m.engine == "auto":
         say(f"mining.engine=auto → {engine} ({why.removeprefix('auto: ')})")
     return engine if m.engine != "auto" else f"{engine} (auto)"
