@@ -32,6 +32,7 @@ class ScalingSection:
     cpus_per_worker: float = 1.0
     resources: dict[str, float] = field(default_factory=dict)  # custom resources per worker, e.g. {trainer: 1}
     max_failures: int = 2  # worker-group restarts from the last checkpoint (Ray Train FailureConfig); -1 = forever
+    collective_timeout_s: int = 1800  # a collective that waits longer ends the run with an error (TorchConfig)
 
 
 @dataclass
@@ -416,6 +417,8 @@ def validate(config: Any, *, where: str) -> None:
 
 def _validate_common(c: Any, where: str) -> None:
     require(c.scaling.num_workers >= 0, where, "scaling.num_workers", "an integer ≥ 0", c.scaling.num_workers)
+    require(c.scaling.collective_timeout_s > 0, where, "scaling.collective_timeout_s", "a number of seconds > 0",
+            c.scaling.collective_timeout_s)
     require(c.scaling.cpus_per_worker > 0, where, "scaling.cpus_per_worker", "> 0", c.scaling.cpus_per_worker)
     require(c.scaling.max_failures >= -1, where, "scaling.max_failures", "an integer ≥ -1 (-1: retry forever)",
              c.scaling.max_failures)

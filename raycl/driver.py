@@ -106,6 +106,7 @@ class RecipeBase:
 # ---------------------------------------------------------------------------------------------- one training
 def fit_job(run: Run, cfg: Any, job: loop.Job, *, name: str, in_tune: bool) -> Any:
     """One training (a ``TorchTrainer`` over the one loop; ``scaling.num_workers=0``: in-process); Ray's Result."""
+    job = dataclasses.replace(job, use_gpu=cfg.scaling.use_gpu)  # local mode would take a GPU it sees otherwise
     return fit(functools.partial(loop.run, job), scaling=cfg.scaling, name=name, storage_path=run.run_dir / "ray",
                in_tune=in_tune)  # fmt: skip
 

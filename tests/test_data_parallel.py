@@ -90,31 +90,39 @@ def test_shards_have_equal_length_and_cover_every_example() -> None:
 
 
 def _uneven_worker(rank: int, port: int, out: str) -> None:
-    """Rank 0 makes 3 updates, rank 1 one (token budgets cut their epochs differently), then joins the rest."""
-    from raycl.train.data_parallel import join_update
-
+    """Rank 0 makes 3 updates, rank 1 one (token budgets cut their epochs differently), then joins the rest; a
+    parameter only rank 0 uses, and one no rank uses."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    params = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))]
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (3, 2, 1)]
     got = []
     for i in range(3 if rank == 0 else 1):
-        params[0].grad, params[1].grad = torch.full((3,), float(rank + 1 + i)), torch.ones(2)
-        weight = average_gradients(params, 2.0)
-        got.append((weight, params[0].grad.tolist()))
+        params[0].grad = torch.full((3,), float(rank + 1 + i))
+        params[1].grad = torch.ones(2) if rank == 0 else None
+        weight, active = average_gradients(params, 2.0)
+        got.append((weight, active, params[0].grad.tolist(), params[1].grad.tolist(), params[2].grad))
     rounds = 0
-    while join_update(params):
+    while True:  # the loop's join: no batch left, take part with zero weight and no gradients
+        for p in params:
+            p.grad = None
+        _, active = average_gradients(params, 0.0, active=False)
+        if active == 0:
+            break
+        got.append((None, active, params[0].grad.tolist(), params[1].grad.tolist(), params[2].grad))
         rounds += 1
-    if rank == 0:
-        torch.save({"got": got, "rounds": rounds}, out)
+    torch.save({"got": got, "rounds": rounds}, f"{out}.{rank}")
     dist.destroy_process_group()
 
 
 def test_a_rank_out_of_batches_joins_the_others_updates(tmp_path: Path) -> None:
     port = 29700 + os.getpid() % 1000
     mp.spawn(_uneven_worker, args=(port, str(tmp_path / "u.pt")), nprocs=2, join=True)
-    res = torch.load(tmp_path / "u.pt")
-    assert res["rounds"] == 0  # rank 0 was the last: nobody left to join
-    (w1, g1), (w2, g2), (w3, g3) = res["got"]
-    assert w1 == 4.0 and g1 == [(1 + 2) / 4] * 3  # both ranks: summed grads ÷ the global weight
-    assert w2 == 2.0 and g2 == [2 / 2] * 3  # rank 1 joined with zero gradients and no weight
-    assert w3 == 2.0 and g3 == [3 / 2] * 3
+    r0, r1 = (torch.load(tmp_path / f"u.pt.{r}") for r in range(2))
+    assert r0["rounds"] == 0 and r1["rounds"] == 2  # rank 1 joined rank 0's last two updates
+    (w1, a1, g1, h1, n1), (w2, a2, g2, h2, _), (w3, a3, g3, _, _) = r0["got"]
+    assert (w1, a1) == (4.0, 2.0) and g1 == [(1 + 2) / 4] * 3  # both ranks: summed grads ÷ the global weight
+    assert h1 == [1 / 4] * 2  # used on rank 0 only: rank 1 adds zeros
+    assert n1 is None  # used on no rank: no gradient, as with one worker (AdamW neither decays nor counts it)
+    assert (w2, a2) == (2.0, 1.0) and g2 == [2 / 2] * 3  # rank 1 joined with zero gradients and no weight
+    assert (w3, a3) == (2.0, 1.0) and g3 == [3 / 2] * 3
+    assert [g[2] for g in r1["got"][1:]] == [g2, g3]  # the joined rank holds the same gradient as the active one

@@ -287,7 +287,44 @@ def test_unknown_settings_are_refused_with_the_key() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- on a GPU
+def test_no_gpu_asked_stays_on_the_cpu_where_ray_would_hand_one_out(tmp_path: Path, monkeypatch) -> None:
+    """``scaling.num_workers=0`` (Ray's local mode) with ``use_gpu=false`` on a machine with a GPU: Ray's device
+    is the GPU, the run must stay on the CPU (a "meta" device stands in for the GPU here)."""
+    from raycl import driver
+
+    fake = FakeSession(tmp_path)
+    fake.install(monkeypatch)
+    monkeypatch.setattr(session, "device", lambda: torch.device("meta"))
+    loop.run(Job(ToyTask(epochs=1), init_model=str(tmp_path / "none"), out_dir=str(tmp_path / "a"), use_gpu=False))
+    assert fake.reports and fake.reports[-1]["loss"] == fake.reports[-1]["loss"]  # trained: a number, not NaN
+    jobs: list[Job] = []
+    monkeypatch.setattr(driver, "fit", lambda fn, **kw: jobs.append(fn.args[0]))
+    cfg = dataclasses.replace(GecConfig(), scaling=dataclasses.replace(GecConfig().scaling, use_gpu=False))
+    run = driver.Run(cfg, tmp_path, tmp_path / "base", [], {})
+    driver.fit_job(run, cfg, Job(None, "", ""), name="n", in_tune=False)
+    assert jobs[0].use_gpu is False  # the driver passes the config's choice into the job
+
+
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_checkpoint_holds_this_workers_own_cuda_rng(tmp_path: Path, monkeypatch) -> None:
+    """A checkpoint holds the RNG state of the worker's own device (not every device rank 0 sees: a worker that
+    sees fewer devices could not restore that list), and a restart continues that device's random stream."""
+    fake = FakeSession(tmp_path)
+    fake.install(monkeypatch)
+    monkeypatch.setattr(session, "device", lambda: torch.device("cuda", 0))
+    _run(ToyTask(epochs=1), tmp_path / "a", fake)
+    assert fake.ckpt is not None
+    state = torch.load(fake.ckpt / "state.pt", weights_only=False)
+    assert isinstance(state["rng"]["cuda"], torch.Tensor)  # one device's state, not a list of every device's
+    torch.cuda.set_rng_state(state["rng"]["cuda"], 0)
+    expected = torch.rand(3, device="cuda:0")  # what the run would have drawn next
+    _run(ToyTask(epochs=2), tmp_path / "a", fake)  # restores that state on this worker's device, trains one epoch
+    torch.cuda.set_rng_state(state["rng"]["cuda"], 0)
+    assert torch.equal(torch.rand(3, device="cuda:0"), expected)
 
 
 @pytest.mark.gpu

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import ray.train
-from ray.train.torch import TorchTrainer
+from ray.train.torch import TorchConfig, TorchTrainer
 
 from raycl.config import ScalingSection
 
@@ -37,6 +37,8 @@ def fit(
         callbacks.append(TuneReportCallback())
     trainer = TorchTrainer(
         train_fn,
+        # a collective that never completes (ranks that disagree on what comes next) fails the run after this long
+        torch_config=TorchConfig(timeout_s=scaling.collective_timeout_s),
         scaling_config=ray.train.ScalingConfig(
             num_workers=scaling.num_workers,
             use_gpu=scaling.use_gpu,

@@ -9,14 +9,15 @@ Collective tensors live on the device of the process group's backend: NCCL (Ray 
 workers have GPUs) accepts only CUDA tensors, gloo CPU ones.
 
 Recipes whose model runs several forward passes per step through methods other than ``forward`` (GEC: one pass
-per negative slot through the scorer; STS: SimCSE views, MoCo keys, cross-attended pairs) sum gradients here,
-after the backward, bucketed (a few large all-reduces instead of one per tensor or one flat copy of the whole
-model); the other recipes use DDP, whose bucketed all-reduce overlaps the backward. Why not DDP for GEC too:
-token-budget batches (``optim.max_tokens``) give ranks different numbers of batches per epoch, and a rank that
-has run out joins the others' sums with zeros (:func:`join_update`), which DDP could do only inside its ``Join``
-context with every forward through the wrapped module; the scorer's passes go through ``log_probs`` /
-``sequence_scores``, not ``forward``. What the overlap would save is one all-reduce of the gradients per update
-(BART-large: 1.6 GB in fp32), against a step of 1 + k teacher-forced passes — to be measured on a GPU cluster.
+per negative slot through the scorer; STS: SimCSE views, MoCo keys, cross-attended pairs), and coherence, whose
+ranks may hold different numbers of batches, sum gradients here, after the backward, bucketed (a few large
+all-reduces instead of one per tensor or one flat copy of the whole model); idiom uses DDP, whose bucketed
+all-reduce overlaps the backward. Why not DDP for GEC too: token-budget batches (``optim.max_tokens``) give ranks
+different numbers of batches per epoch, and a rank that has run out joins the others' updates with zero gradients
+(the loop's ``join``), which DDP could do only inside its ``Join`` context with every forward through the wrapped
+module; the scorer's passes go through ``log_probs`` / ``sequence_scores``, not ``forward``. What the overlap would
+save is one all-reduce of the gradients per update (BART-large: 1.6 GB in fp32), against a step of 1 + k
+teacher-forced passes — to be measured on a GPU cluster.
 """
 
 from __future__ import annotations
@@ -64,13 +65,19 @@ def _buckets(grads: list[torch.Tensor], limit: int) -> Iterable[list[torch.Tenso
 
 
 def sum_gradients(params: Iterable[torch.nn.Parameter], *, bucket_bytes: int = BUCKET_BYTES) -> None:
-    """Sum ``.grad`` over workers in place (bucketed all-reduces); a no-op with one worker."""
+    """Sum ``.grad`` over workers in place (bucketed all-reduces); a no-op with one worker.
+
+    A parameter that has a gradient on some rank is summed with zeros from the ranks where it has none; one that
+    has a gradient on no rank keeps ``grad = None``, as with one worker (AdamW then neither decays nor moves it:
+    with zeros it would apply its weight decay and count a step for a parameter no objective touched)."""
     if not distributed():
         return
     device = collective_device(str(dist.get_backend()))
     params = list(params)
-    for p in params:  # every rank reduces the same tensors: a parameter this rank did not use counts as zero
-        if p.grad is None:
+    used = torch.tensor([float(p.grad is not None) for p in params], dtype=torch.float32, device=device)
+    dist.all_reduce(used)  # (P,) how many ranks have a gradient of each parameter
+    for p, n in zip(params, used.tolist(), strict=True):
+        if n > 0 and p.grad is None:
             p.grad = torch.zeros_like(p)
     grads = [p.grad for p in params if p.grad is not None]
     for bucket in _buckets(grads, bucket_bytes):
@@ -91,19 +98,22 @@ def scale_gradients(params: Iterable[torch.nn.Parameter], factor: float) -> None
 
 
 def average_gradients(params: list[torch.nn.Parameter], weight: float, *, averaged_by_ddp: bool = False,
-                      active: bool = True) -> float:  # fmt: skip
+                      active: bool = True) -> tuple[float, float]:  # fmt: skip
     """The update's gradient from the summed-loss gradients of this worker's micro-batches: summed over workers
-    (unless DDP's all-reduce already averaged them) and divided by the global weight; returns that weight.
-    ``active``: this rank counts itself in the update (ranks that finished their epoch join with
-    ``join_update``)."""
+    (unless DDP's all-reduce already averaged them) and divided by the global weight. Returns the global weight and
+    the number of ranks that took part with batches of their own (``active``); a rank whose epoch is over joins
+    the others' update with ``weight`` 0, ``active=False`` and no gradients. When no rank is active the gradients
+    are left alone (there is no update to make)."""
     if averaged_by_ddp:
         global_weight = all_reduce_sum(weight)
         scale_gradients(params, dist.get_world_size() / max(global_weight, 1e-12))
-        return global_weight
-    global_weight, _ = _weight_and_active(weight, active)
+        return global_weight, float(dist.get_world_size())
+    global_weight, ranks = _weight_and_active(weight, active)
+    if ranks == 0:
+        return global_weight, ranks
     sum_gradients(params)
     scale_gradients(params, 1.0 / max(global_weight, 1e-12))
-    return global_weight
+    return global_weight, ranks
 
 
 def _weight_and_active(weight: float, active: bool) -> tuple[float, float]:
@@ -115,15 +125,12 @@ def _weight_and_active(weight: float, active: bool) -> tuple[float, float]:
     return float(t[0].item()), float(t[1].item())
 
 
-def join_update(params: list[torch.nn.Parameter]) -> bool:
-    """A rank with no batch left takes part in one update of the others with zero gradients; returns whether any
-    rank was still updating (False: every rank has joined, the epoch is over everywhere)."""
-    _, active = _weight_and_active(0.0, False)
-    if active == 0:
-        return False
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    sum_gradients(params)
-    for p in params:
-        p.grad = None
-    return True
+def all_gather_floats(values: list[float]) -> list[list[float]]:
+    """Every rank's ``values`` (one small all-gather on the backend's device); ``[values]`` with one worker."""
+    if not distributed():
+        return [list(values)]
+    device = collective_device(str(dist.get_backend()))
+    mine = torch.tensor(values, dtype=torch.float64, device=device)
+    out = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, mine)
+    return [t.tolist() for t in out]

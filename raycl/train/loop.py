@@ -43,7 +43,7 @@ from raycl.distributed import session
 from raycl.records import append_history, save_dir_atomic
 from raycl.train.chaos import crash_switch
 from raycl.train.checkpoint import MODEL_DIR, STATE_FILE, seed_everything
-from raycl.train.data_parallel import average_gradients, join_update
+from raycl.train.data_parallel import all_gather_floats, average_gradients
 from raycl.train.precision import Precision, enable_tf32, inference
 from raycl.train.progress import ProgressWriter
 
@@ -60,6 +60,8 @@ class LoopSettings:
     seed: int = 1
     ddp: bool = False  # forward through DDP (several workers) instead of summing gradients after the backward
     find_unused_parameters: bool = False  # DDP: only for models with parameters a step may not use
+    eval_every: int = 0  # updates between the loop's own reports (0: only where the feed yields a Report)
+    fp16_init_scale: float = 2.0**16  # fp16's first loss scale (lower for losses summed over tokens)
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,12 @@ class Batch:
 
     data: Any
     optimizer: int = 0
+
+
+@dataclass(frozen=True)
+class EpochEnd:
+    """The end of this rank's part of an epoch: flush a partial update, then join the updates the other ranks
+    still make (their shards may hold more batches), so that no update mixes two epochs' batches."""
 
 
 @dataclass(frozen=True)
@@ -177,6 +185,8 @@ class Job:
     store: Any = None  # the weight store's actor handle
     nbest: Any = None  # the run's shared n-best (``raycl.distributed.nbest``), when negatives are version 0
     chaos: dict[str, Any] | None = None  # a trainer crash switch for tests and benchmarks (raycl.train.chaos)
+    use_gpu: bool = True  # False: the CPU even where Ray's local mode (0 workers) would hand out a GPU
+    probe: str | None = None  # a folder where every rank writes its final training state (rank<r>.pt; tests)
 
 
 # ---------------------------------------------------------------------------------------------- a step's view
@@ -189,8 +199,11 @@ class StepContext:
 
     def backward(self, loss: torch.Tensor, *, weight: float = 1.0) -> None:
         """Backward of ``loss × weight`` (the micro-batch's summed loss); the update divides by the global
-        weight."""
+        weight. A rank's empty share of a global batch passes a constant loss and weight 0: nothing to
+        backpropagate, but it takes part in the update."""
         self.weight += weight
+        if not loss.requires_grad:
+            return
         scaled = loss * weight
         (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
 
@@ -208,6 +221,7 @@ class Window:
     def reset(self) -> None:
         self.sums: dict[str, float] = {}
         self.t0, self.batches, self.updates, self.step_s = time.perf_counter(), 0, 0, 0.0
+        self.skipped = 0  # fp16 updates the scaler skipped (their gradients overflowed)
 
     def add(self, out: dict[str, float], seconds: float) -> None:
         self.batches += 1
@@ -232,7 +246,7 @@ def run(job: Job) -> None:
     task = job.task
     s: LoopSettings = task.settings
     rank, world_size = session.world()
-    device = session.device()
+    device = session.device() if job.use_gpu else torch.device("cpu")
     enable_tf32(device, on=s.tf32)
     seed_everything(s.seed)
     w = Worker(rank, world_size, device, Precision(s.precision, device), Path(job.out_dir), job)
@@ -248,12 +262,15 @@ def run(job: Job) -> None:
     task.start(st, w, resumed=saved is not None)
     loop.train()
     loop.final()
+    if job.probe:
+        Path(job.probe).mkdir(parents=True, exist_ok=True)
+        torch.save(loop.state(), Path(job.probe) / f"rank{rank}.pt")
 
 
 class _Loop:
     def __init__(self, task: Any, st: TrainState, w: Worker) -> None:
         self.task, self.st, self.w, self.s = task, st, w, task.settings
-        self.scaler = w.precision.scaler()
+        self.scaler = w.precision.scaler(self.s.fp16_init_scale)
         self.window = Window()
         self.pending: list[int] = []  # optimizer index of each micro-batch since the last update
         self.ctx: StepContext | None = None
@@ -261,6 +278,7 @@ class _Loop:
         self.module_of: tuple[nn.Module, nn.Module] | None = None
         self.on_step = crash_switch(w.job.chaos, rank=w.rank)
         self.bar: ProgressWriter | None = None
+        self.reported = -1  # the step of the last report
         st.progress.setdefault("step", 0)
         st.progress.setdefault("report", 0)
         st.progress.setdefault("best", {})
@@ -284,21 +302,30 @@ class _Loop:
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])
         torch.set_rng_state(rng["torch"])
-        if rng.get("cuda") and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
+        if self.w.device.type == "cuda" and isinstance(rng.get("cuda"), torch.Tensor):
+            torch.cuda.set_rng_state(rng["cuda"], self.w.device)  # this worker's own device
+
+    def state(self) -> dict[str, Any]:
+        """What ``state.pt`` holds: optimizers, schedules, scaler, extras, progress and the RNG states (the CUDA
+        one of this worker's own device: another worker may see fewer devices)."""
+        st, cuda = self.st, self.w.device.type == "cuda"
+        return {"optimizers": [o.state_dict() for o in st.optimizers],
+                "schedulers": [s.state_dict() if s is not None else None for s in st.schedulers],
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                "extras": {k: v.state_dict() for k, v in st.extras.items()}, "progress": st.progress,
+                "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
+                        "torch": torch.get_rng_state(),
+                        "cuda": torch.cuda.get_rng_state(self.w.device) if cuda else None},
+                **({"model": {k: v.detach().cpu() for k, v in st.model.state_dict().items()}}
+                   if self.w.job.probe else {}),
+                }  # fmt: skip
 
     def save(self, folder: Path) -> None:
         """``model/`` (``save_pretrained``) and ``state.pt``, each written to a temporary name and renamed."""
         st = self.st
         save_dir_atomic(lambda tmp: self.task.save_model(st, tmp, kept=False), folder / MODEL_DIR)
-        state = {"optimizers": [o.state_dict() for o in st.optimizers],
-                 "schedulers": [s.state_dict() if s is not None else None for s in st.schedulers],
-                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                 "extras": {k: v.state_dict() for k, v in st.extras.items()}, "progress": st.progress,
-                 "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                         "torch": torch.get_rng_state(),
-                         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-                 }  # fmt: skip
+        state = self.state()
+        state.pop("model", None)
         tmp = folder / f".{STATE_FILE}.tmp"
         torch.save(state, tmp)
         tmp.replace(folder / STATE_FILE)
@@ -321,9 +348,13 @@ class _Loop:
         for item in self.task.stream(self.st, self.w):
             if isinstance(item, Report):
                 self.report(item)
+            elif isinstance(item, EpochEnd):
+                self.flush()
+                self.join()
             else:
                 self.micro_batch(item)
         self.flush()
+        self.join()
 
     def micro_batch(self, batch: Batch) -> None:
         if self.pending and self.pending[-1] != batch.optimizer:
@@ -340,20 +371,23 @@ class _Loop:
                 out = self.task.step(self.st, batch.data, self.ctx)
         self.synced = ddp and not quiet
         self.pending.append(batch.optimizer)
+        self.window.add(out, time.perf_counter() - t0)  # before the update: it may end a report interval
         if last:
+            t1 = time.perf_counter()
             self.update()
-        self.window.add(out, time.perf_counter() - t0)
-        if last and self.bar is not None:
-            self.bar.update(self.st.progress["step"], loss=out.get("loss", float("nan")))
+            self.window.step_s += time.perf_counter() - t1
+            if self.bar is not None:
+                self.bar.update(self.st.progress["step"], loss=out.get("loss", float("nan")))
 
     def join(self) -> None:
-        """Uneven inputs (token-budget batches: ranks may cut an epoch into different numbers of batches): a rank
-        that reached the report joins every update the others still make with zero gradients, until all are
-        here (DDP's ``Join``, for the gradient sums made after the backward)."""
+        """Uneven inputs (token-budget batches, shards one item longer): a rank whose part of the epoch is over
+        takes part in every update the others still make — with zero gradients and no weight, but the same
+        update (optimizer, schedule, scaler, step counter, the task's hooks, reports at evaluation points) — until
+        every rank is here (DDP's ``Join``, for the gradient sums made after the backward). DDP tasks give every
+        rank the same number of batches instead."""
         if self.s.ddp or self.w.world_size <= 1:
             return
-        params = [p for g in self.st.optimizers[0].param_groups for p in g["params"]]
-        while join_update(params):
+        while self.update(joined=True):
             pass
 
     def flush(self) -> None:
@@ -361,21 +395,31 @@ class _Loop:
         if self.pending:
             self.update()
 
-    def update(self) -> None:
-        """Sum over workers, divide by the global weight, unscale, clip, step, schedule; then the task's hooks."""
-        assert self.ctx is not None
-        k, st = self.pending[0], self.st
+    def update(self, *, joined: bool = False) -> bool:
+        """Sum over workers, divide by the global weight, unscale, clip, step, schedule; then the task's hooks,
+        and a report where the loop's ``eval_every`` falls. ``joined``: this rank has no batch left and takes the
+        others' update; returns False (and changes nothing) when no rank had one."""
+        st = self.st
+        k = self.pending[0] if self.pending else 0
         opt = st.optimizers[k]
         params = [p for g in opt.param_groups for p in g["params"]]
-        average_gradients(params, self.ctx.weight, averaged_by_ddp=self.synced, active=not self.synced)
+        if joined:
+            for p in params:
+                p.grad = None
+        weight = 0.0 if joined or self.ctx is None else self.ctx.weight
+        _, ranks = average_gradients(params, weight, averaged_by_ddp=self.synced, active=not joined)
+        if ranks == 0:
+            return False
         if self.scaler is not None:  # after the all-reduce: every rank sees the same inf/NaN and skips alike
             self.scaler.unscale_(opt)
         self.task.before_update(st)
         if self.s.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(params, self.s.clip_norm)
         if self.scaler is not None:
+            scale = self.scaler.get_scale()
             self.scaler.step(opt)
             self.scaler.update()
+            self.window.skipped += self.scaler.get_scale() < scale  # an overflow: the step was skipped
         else:
             opt.step()
         if st.schedulers[k] is not None:
@@ -388,15 +432,28 @@ class _Loop:
         self.task.after_update(st)
         if k == 0:
             self.on_step(st.progress["step"])
+        every = self.s.eval_every
+        if k == 0 and every > 0 and st.progress["step"] % every == 0:  # every rank, active or joined, is here
+            self.report(Report(), join=False)
+        return True
 
     # ------------------------------------------------------------------------------------------ reports
-    def report(self, rep: Report) -> None:
+    def report(self, rep: Report, *, join: bool = True) -> None:
+        """``join``: a report of the feed (an epoch's end: wait for every rank); the loop's own reports come
+        right after an update that every rank made."""
         self.flush()
-        self.join()
+        if join:
+            self.join()
         st, w = self.st, self.w
+        if self.s.eval_every and self.reported == st.progress["step"]:
+            return  # the loop's own report at this step (its eval_every) came first: the same weights
+        self.reported = st.progress["step"]
+        self.check_ranks_agree()
         st.progress["report"] += 1
         metrics = {**self.task.metrics(st, self.window, rep, w), "report": st.progress["report"],
                    "step": st.progress["step"]}  # fmt: skip
+        if self.scaler is not None:
+            metrics.update({"fp16/skipped": self.window.skipped, "fp16/scale": self.scaler.get_scale()})
         if w.rank == 0:
             metrics.update(self.evaluate(rep, metrics))
             metrics = nan_for_none(metrics)
@@ -408,6 +465,26 @@ class _Loop:
         else:
             session.report(metrics)
         self.window.reset()
+
+    def check_ranks_agree(self) -> None:
+        """Every rank must hold the same weights, step and learning rate at a report: a digest of each is compared
+        (one small all-gather). Ranks that drifted apart would make every reported number wrong, silently."""
+        if self.w.world_size <= 1:
+            return
+        st = self.st
+        with torch.no_grad():
+            total, absolute = 0.0, 0.0
+            for p in st.model.parameters():
+                total += float(p.double().sum())
+                absolute += float(p.double().abs().sum())
+        lrs = [float(g["lr"]) for o in st.optimizers for g in o.param_groups]
+        mine = [float(st.progress["step"]), total, absolute, *lrs]
+        ranks = all_gather_floats(mine)
+        for r, theirs in enumerate(ranks):
+            if any(not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+                   for a, b in zip(mine, theirs, strict=True)):  # fmt: skip
+                raise RuntimeError(f"data-parallel ranks disagree at step {st.progress['step']}: rank "
+                                   f"{self.w.rank} has (step, Σw, Σ|w|, lr…) = {mine}, rank {r} {theirs}")
 
     def evaluate(self, rep: Report, metrics: dict[str, Any]) -> dict[str, Any]:
         """Rank 0: the task's evaluation in eval mode; the best model of the report's scope is kept."""

@@ -36,11 +36,13 @@ class Precision:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
-    def scaler(self) -> torch.amp.GradScaler | None:
-        """fp16's dynamic loss scaler (None for fp32/bf16, whose range needs none)."""
+    def scaler(self, init_scale: float = 2.0**16) -> torch.amp.GradScaler | None:
+        """fp16's dynamic loss scaler (None for fp32/bf16, whose range needs none). ``init_scale``: 2¹⁶ (PyTorch's)
+        for losses that are means; a loss summed over a batch's tokens starts lower (fairseq: 2⁷), or its first
+        updates overflow and are skipped while the schedule moves on."""
         if self.name != "fp16":
             return None
-        return torch.amp.GradScaler(self.device.type)
+        return torch.amp.GradScaler(self.device.type, init_scale=init_scale)
 
 
 def enable_tf32(device: torch.device, *, on: bool = True) -> bool:
