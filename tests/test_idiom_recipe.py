@@ -104,10 +104,13 @@ def test_one_shot_trains_on_both_files_and_epoch_batches_shard_equally(tmp_path:
     assert one[-len(zero) :] == zero and len(one) > len(zero)  # train_one_shot, then train_zero_shot
     assert {e.setting for e in one[: len(one) - len(zero)]} == {"one_shot"}
     shards = [epoch_batches(23, batch_size=4, seed=3, rank=r, world_size=2) for r in range(2)]
-    assert [[len(b) for b in s] for s in shards] == [[4, 4, 3], [4, 4, 3]]  # 11 rows per rank, one left out
+    assert [[len(b) for b in s] for s in shards] == [[4, 4, 4], [4, 4, 3]]  # the same steps; every row used
     flat = [set(i for b in s for i in b) for s in shards]
-    assert not flat[0] & flat[1] and len(flat[0] | flat[1]) == 22
+    assert not flat[0] & flat[1] and len(flat[0] | flat[1]) == 23
+    one = epoch_batches(23, batch_size=8, seed=3, rank=0, world_size=1)  # one worker, batches twice as large
+    assert [set(a) | set(b) for a, b in zip(*shards, strict=True)] == [set(b) for b in one]
     assert epoch_batches(23, batch_size=4, seed=3, rank=0, world_size=2) == shards[0]  # the same on every call
+    assert epoch_batches(9, batch_size=4, seed=3, rank=1, world_size=2)[-1] == []  # 1 row left: rank 1 sits out
 
 
 def test_tune_sweep_runs_the_strategy_ladder(ray_local, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from raycl.distributed.miner_pool import MinerFactory
 from raycl.distributed.nbest import nbest_records, shared_nbest, start_nbest_stream
 from raycl.miners.beam_search import GEC_BEAM, build_beam_miner, select_from_nbest
 from raycl.models.presets import build_model
-from raycl.train.feeds import NBestFeed, shard
+from raycl.train.feeds import NBestFeed, global_batches
 
 WORDS = "the a cat dog sat ran on under mat house is are was were big small".split()
 EXAMPLES = [GecExample(f"d:{i}", " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(3 + i % 4)) + " .",
@@ -85,12 +85,15 @@ def test_feed_trains_on_lists_as_they_are_mined(ray_local, tmp_path: Path) -> No
     """No miners here: the test hands records in by hand, in an order of its choosing, and watches the batches."""
     stream = start_nbest_stream(examples=EXAMPLES, out_dir=str(tmp_path), task_size=4, lease_s=60.0)
     try:
-        shards = [shard(EXAMPLES, r, 2) for r in range(2)]
+        def share(epoch: int, rank: int) -> list[str]:  # this rank's part of the epoch's global batches
+            batches = global_batches(len(EXAMPLES), batch_size=2, seed=epoch, rank=rank, world_size=2)
+            return sorted(EXAMPLES[i].id for b in batches for i in b)
 
         def select(nbest, source_score, ex):  # type: ignore[no-untyped-def]
             return [f"{ex.id}/{n}" for n in nbest.negatives]
 
-        feeds = [NBestFeed(stream, shards[r], batch_size=2, seed=0, select=select, poll_s=0.05) for r in range(2)]
+        feeds = [NBestFeed(stream, EXAMPLES, batch_size=2, seed=0, select=select, poll_s=0.05, rank=r,
+                           world_size=2) for r in range(2)]  # fmt: skip
         first_task = ray.get(stream.next_task.remote(0))
         ray.get(stream.put.remote(_records(first_task)))
         it = feeds[0].batches(0, None)  # type: ignore[arg-type]
@@ -103,11 +106,12 @@ def test_feed_trains_on_lists_as_they_are_mined(ray_local, tmp_path: Path) -> No
                 break
         rest = list(it)
         seen = [ex.id for ex in examples] + [ex.id for b, _ in rest for ex in b]
-        assert sorted(seen) == sorted(ex.id for ex in shards[0]) and len(rest) + 1 == 3  # ⌈6 / 2⌉ batches
+        assert sorted(seen) == share(0, 0) and len(rest) + 1 == 3  # ⌈6 / 2⌉ batches
         for r, feed in enumerate(feeds):  # once all is there: a seeded shuffle, the same batches every time
             e1 = [[ex.id for ex in b] for b, _ in feed.batches(1, None)]  # type: ignore[arg-type]
             e1_again = [[ex.id for ex in b] for b, _ in feed.batches(1, None)]  # type: ignore[arg-type]
-            assert e1 == e1_again and len(e1) == 3 and sorted(sum(e1, [])) == sorted(ex.id for ex in shards[r])
+            assert e1 == e1_again and len(e1) == 3 and sorted(sum(e1, [])) == share(1, r)
+        assert sorted(share(1, 0) + share(1, 1)) == sorted(ex.id for ex in EXAMPLES)  # every example, once
         assert feeds[0].metrics()["stream/negatives"] == 6.0
     finally:
         ray.kill(stream)

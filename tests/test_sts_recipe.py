@@ -95,7 +95,11 @@ def test_epoch_batches_give_every_rank_the_same_steps_and_end_with_the_shorter_l
     assert [len(s) for s in shards] == [1, 1]  # 4 sentences per rank: one contrastive batch, so one step
     assert not {p for b, _ in shards[0] for p in b} & {p for b, _ in shards[1] for p in b}  # disjoint shards
     mse_only = epoch_batches(pairs, [], batch_size=4, seed=1, rank=0, world_size=2)
-    assert [len(b) for b, s in mse_only] == [4, 4, 3] and all(s == [] for _, s in mse_only)  # 11 pairs per rank
+    assert [len(b) for b, s in mse_only] == [4, 4, 4] and all(s == [] for _, s in mse_only)  # 12 of 23 pairs
+    other = epoch_batches(pairs, [], batch_size=4, seed=1, rank=1, world_size=2)
+    one = epoch_batches(pairs, [], batch_size=8, seed=1, rank=0, world_size=1)  # one worker, twice the batch
+    assert [a + b for (a, _), (b, _) in zip(mse_only, other, strict=True)] != []
+    assert [set(a) | set(b) for (a, _), (b, _) in zip(mse_only, other, strict=True)] == [set(b) for b, _ in one]
 
 
 def test_tune_sweep_runs_table_5s_ladder(ray_local, tmp_path: Path) -> None:

@@ -31,24 +31,42 @@ def shard(examples: Sequence[GecExample], rank: int, world_size: int) -> list[Ge
     return [*examples, *pad][rank::world_size]
 
 
+def global_batches(n: int, *, batch_size: int, seed: int, rank: int, world_size: int) -> list[list[int]]:
+    """This rank's batches (indices into the whole data) of an epoch: one seeded shuffle shared by every rank, cut
+    into global batches of ``world_size × batch_size``, of which each rank takes a strided share — so N workers'
+    i-th update is one worker's i-th batch of N·B, and nothing is padded. A rank's share of the last, short global
+    batch may be empty: it is left out, and the rank joins the others' last update (the loop's ``join``)."""
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    size = batch_size * world_size
+    shares = (order[i : i + size][rank::world_size] for i in range(0, n, size))
+    return [s for s in shares if s]
+
+
 def token_batches(batch: Batch, *, max_tokens: int, size: Callable[[GecExample, list[str]], int],
                   rng: random.Random) -> list[Batch]:  # fmt: skip
     """fairseq's ``--max-tokens`` within one pool of examples: sorted by size, cut so that every batch's sentences
     × its longest ``size`` stay ≤ ``max_tokens`` (a longer sentence is a batch of its own), in shuffled order.
     ``size``: fairseq's ``num_tokens`` of a GEC-CL example, max(source, the whole target line with negatives)."""
     examples, negatives = batch
-    sizes = [size(ex, negs) for ex, negs in zip(examples, negatives, strict=True)]
+    groups = token_groups([size(ex, negs) for ex, negs in zip(examples, negatives, strict=True)], max_tokens)
+    rng.shuffle(groups)
+    return [([examples[i] for i in g], [negatives[i] for i in g]) for g in groups]
+
+
+def token_groups(sizes: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indices into ``sizes``, sorted by size and cut so that each group's count × its largest size stays within
+    ``max_tokens`` (a larger one alone): the batches of :func:`token_batches`, before their shuffle."""
     groups: list[list[int]] = []
     longest = 0
-    for i in sorted(range(len(examples)), key=lambda j: sizes[j]):
+    for i in sorted(range(len(sizes)), key=lambda j: sizes[j]):
         if groups and (len(groups[-1]) + 1) * max(longest, sizes[i]) <= max_tokens:
             groups[-1].append(i)
             longest = max(longest, sizes[i])
         else:
             groups.append([i])
             longest = sizes[i]
-    rng.shuffle(groups)
-    return [([examples[i] for i in g], [negatives[i] for i in g]) for g in groups]
+    return groups
 
 
 class Feed(Protocol):
@@ -61,16 +79,17 @@ class Feed(Protocol):
 
 @dataclass
 class StaticFeed:
-    examples: list[GecExample]  # this rank's shard
+    examples: list[GecExample]  # every rank's: each epoch's global batches are shared out (:func:`global_batches`)
     negatives: dict[str, list[str]]
     batch_size: int
     seed: int
+    rank: int = 0
+    world_size: int = 1
 
     def batches(self, epoch: int, model: torch.nn.Module) -> Iterator[Batch]:
-        order = list(range(len(self.examples)))
-        random.Random(self.seed * 1000 + epoch).shuffle(order)
-        for start in range(0, len(order), self.batch_size):
-            chunk = [self.examples[i] for i in order[start : start + self.batch_size]]
+        for idx in global_batches(len(self.examples), batch_size=self.batch_size, seed=self.seed * 1000 + epoch,
+                                  rank=self.rank, world_size=self.world_size):  # fmt: skip
+            chunk = [self.examples[i] for i in idx]
             yield chunk, [self.negatives.get(_base_id(ex.id), []) for ex in chunk]
 
     def after_step(self, step: int, model: torch.nn.Module) -> None:
@@ -127,14 +146,15 @@ class StreamFeed:
 
 class NBestFeed:
     """Negatives selected from the run's shared n-best (``raycl.distributed.nbest``): version 0, mined once per
-    run. While it is being mined, an epoch's batches are this rank's examples in the order their lists arrive
-    (the first trials train as the n-best is mined); once this rank has them all, a seeded shuffle, like
-    :class:`StaticFeed`. Every rank yields ⌈shard / batch_size⌉ batches either way."""
+    run. While it is being mined, an epoch's batches are this rank's share of the epoch in the order their lists
+    arrive (the first trials train as the n-best is mined); once this rank has them all, the global batches of
+    :class:`StaticFeed`."""
 
-    def __init__(self, stream: Any, shard: list[GecExample], *, batch_size: int, seed: int,
-                 select: Callable[[Any, float, GecExample], list[str]], poll_s: float = 1.0) -> None:  # fmt: skip
-        self.stream, self.shard, self.batch_size, self.seed = stream, shard, batch_size, seed
-        self.select, self.poll_s = select, poll_s
+    def __init__(self, stream: Any, examples: list[GecExample], *, batch_size: int, seed: int,
+                 select: Callable[[Any, float, GecExample], list[str]], poll_s: float = 1.0, rank: int = 0,
+                 world_size: int = 1) -> None:  # fmt: skip
+        self.stream, self.shard, self.batch_size, self.seed = stream, examples, batch_size, seed
+        self.select, self.poll_s, self.rank, self.world_size = select, poll_s, rank, world_size
         self.negatives: dict[str, list[str]] = {}  # by base id: this rank's selected negatives
         self.mine_wait = self.first_wait = 0.0
         self.delivered = 0  # negatives in this epoch's batches
@@ -142,13 +162,11 @@ class NBestFeed:
     def batches(self, epoch: int, model: torch.nn.Module) -> Iterator[Batch]:
         self.mine_wait = self.first_wait = 0.0
         self.delivered = 0
-        order = list(range(len(self.shard)))
-        random.Random(self.seed * 1000 + epoch).shuffle(order)
-        if all(_base_id(ex.id) in self.negatives for ex in self.shard):
-            size = self.batch_size
-            chunks: Iterator[list[int]] = (order[i : i + size] for i in range(0, len(order), size))
-        else:
-            chunks = self._as_mined(order)
+        shares = global_batches(len(self.shard), batch_size=self.batch_size, seed=self.seed * 1000 + epoch,
+                                rank=self.rank, world_size=self.world_size)  # fmt: skip
+        chunks: Iterator[list[int]] = iter(shares)
+        if not all(_base_id(self.shard[i].id) in self.negatives for idx in shares for i in idx):
+            chunks = self._as_mined([i for idx in shares for i in idx])
         for idx in chunks:
             chunk = [self.shard[i] for i in idx]
             negatives = [self.negatives[_base_id(ex.id)] for ex in chunk]

@@ -35,7 +35,18 @@ from raycl.miners.permutation import decode_doc
 from raycl.models.coherence import CoherenceScorer, MomentumEncoder
 from raycl.recipes.coherence.evaluation import Evaluator
 from raycl.train.coherence_step import coherence_loss
-from raycl.train.loop import Batch, Keep, LoopSettings, Report, StepContext, TaskBase, TrainState, Window, Worker
+from raycl.train.loop import (
+    Batch,
+    EpochEnd,
+    Keep,
+    LoopSettings,
+    Report,
+    StepContext,
+    TaskBase,
+    TrainState,
+    Window,
+    Worker,
+)
 
 Negs = list[tuple[str, ...]]
 
@@ -140,9 +151,11 @@ class CoherenceTask(TaskBase):
     @property
     def settings(self) -> LoopSettings:
         o = self.cfg.optim
-        # the scorer reads the encoder's hidden states only: XLNet's mask_emb and BERT's pooler get no gradient
+        # gradients summed after the backward, not DDP: an odd number of documents, or items skipped for want of
+        # negatives, give the ranks different numbers of batches, which only the loop's join can even out (DDP
+        # would wait forever for the rank that ran out); evaluation points are counted by the loop, in updates
         return LoopSettings(precision=o.precision, update_freq=o.update_freq, clip_norm=o.clip_norm, tf32=o.tf32,
-                            seed=o.seed, ddp=True, find_unused_parameters=True)  # fmt: skip
+                            seed=o.seed, eval_every=o.eval_every)  # fmt: skip
 
     def load_model(self, path: Path) -> CoherenceScorer:
         return CoherenceScorer.from_pretrained(path)
@@ -178,22 +191,20 @@ class CoherenceTask(TaskBase):
                 consumer.publish(st.model, after=newest)
             st.wait0 = consumer.stats.mine_wait
 
-    def stream(self, st: CoherenceState, w: Worker) -> Iterator[Batch | Report]:
-        p, feed, every = st.progress, st.feed, self.cfg.optim.eval_every
-        reported = p.get("step", 0)
+    def stream(self, st: CoherenceState, w: Worker) -> Iterator[Batch | EpochEnd | Report]:
+        """This rank's batches; the loop reports every ``optim.eval_every`` updates. The position moves before a
+        batch is yielded: a report comes right after the update that holds it."""
+        p, feed = st.progress, st.feed
         for epoch in range(p["epoch"], self.cfg.optim.epochs):
             feed.start_epoch(epoch, p.get("ledger") if epoch == p["epoch"] else None)
             done = p["done"] if epoch == p["epoch"] else 0
             for items, negs, consumed in _batches(self.cfg, feed.items(epoch, done, st.model), feed.need):
-                yield Batch((items, negs))
                 done += consumed
                 p.update(done=done, epoch=epoch)
-                if p["step"] % every == 0 and p["step"] != reported:  # after an update, once per step
-                    reported = p["step"]
-                    yield Report({"epoch": epoch})
+                yield Batch((items, negs))
+            yield EpochEnd()  # every rank's epoch ends together (a shard may be one item longer)
             p.update(epoch=epoch + 1, done=0, ledger=None)
-        if p["step"] % every or p["step"] == 0:  # the end of training is always evaluated
-            yield Report({"epoch": p["epoch"], "final": True})
+        yield Report({"final": True})  # the end of training is always evaluated (dropped if it was just now)
 
     def step(self, st: CoherenceState, data: Any, ctx: StepContext) -> dict[str, float]:
         items, negs = data
@@ -201,7 +212,7 @@ class CoherenceTask(TaskBase):
         out = coherence_loss(ctx.module, st.model, [it.pos for it in items], negs, kind=c.loss.kind,
                              margin=c.loss.margin, lam=c.loss.lam, momentum=st.momentum, queue=st.extras["queue"],
                              rng=st.rng)  # fmt: skip
-        ctx.backward(out.loss)
+        ctx.backward(out.loss, weight=float(len(items)))  # the items' summed loss: workers average over all items
         return {"loss": float(out.loss.detach()), "l_c": out.l_c, "l_m": out.l_m, "items": float(len(items))}
 
     def before_update(self, st: CoherenceState) -> None:
@@ -216,7 +227,7 @@ class CoherenceTask(TaskBase):
         wall = window.wall()
         wait = max(c.stats.mine_wait - st.wait0, 0.0) if c is not None else 0.0  # stats restart each epoch
         out = {**{k: v for k, v in window.means().items() if k != "items"}, "timing/step": window.step_time(),
-               "timing/interval": wall, "items": window.sums.get("items", 0.0), "epoch": rep.info["epoch"],
+               "timing/interval": wall, "items": window.sums.get("items", 0.0), "epoch": p["epoch"],
                "lr": st.extras["swalr"].get_last_lr()[0]}  # fmt: skip
         if c is not None:
             out.update({**c.stats.metrics(), "stream/version": float(c.version)})
@@ -226,7 +237,7 @@ class CoherenceTask(TaskBase):
         done = _all_ranks(p["done"])
         p["version"] = c.version if c is not None else 0
         mid_epoch = not rep.info.get("final") and p["done"]
-        p["ledger"] = st.feed.ledger_state(rep.info["epoch"], done) if mid_epoch else None
+        p["ledger"] = st.feed.ledger_state(p["epoch"], done) if mid_epoch else None
         return out
 
     def evaluate(self, st: CoherenceState, rep: Report, w: Worker) -> dict[str, Any]:

@@ -28,7 +28,16 @@ from raycl.miners.shards import read_negatives
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.recipes.gec import evaluation
 from raycl.records import save_dir_atomic
-from raycl.train.feeds import Feed, NBestFeed, StaticFeed, StreamFeed, shard, token_batches
+from raycl.train.feeds import (
+    Feed,
+    NBestFeed,
+    StaticFeed,
+    StreamFeed,
+    global_batches,
+    shard,
+    token_batches,
+    token_groups,
+)
 from raycl.train.gec_step import collate, gec_loss
 from raycl.train.loop import Batch, Keep, LoopSettings, Report, StepContext, TaskBase, TrainState, Window, Worker
 from raycl.train.optim import build_optimizer, build_scheduler
@@ -89,8 +98,9 @@ class GecTask(TaskBase):
     @property
     def settings(self) -> LoopSettings:
         o = self.cfg.optim
+        # the backward is of the loss summed over target tokens: fairseq's first fp16 loss scale, 2⁷
         return LoopSettings(precision=o.precision, update_freq=o.update_freq, clip_norm=o.clip_norm, tf32=o.tf32,
-                            seed=o.seed)  # fmt: skip
+                            seed=o.seed, fp16_init_scale=2.0**7)  # fmt: skip
 
     @property
     def ph(self) -> Phase:
@@ -103,26 +113,56 @@ class GecTask(TaskBase):
         cfg, ph = self.cfg, self.ph
         examples = load_examples(ph.specs, annotator=cfg.data.annotator)
         steps = math.ceil(math.ceil(len(examples) / w.world_size) / ph.batch_size)  # the same on every rank
-        updates = math.ceil(steps / cfg.optim.update_freq) * max(ph.epochs, 1)
+        feed = self._feed(examples, w)
+        updates = cfg.optim.total_updates or self._updates(model, examples, feed, w)
         optimizer = build_optimizer(model, ph.lr, betas=cfg.optim.betas, eps=cfg.optim.eps,
                                     weight_decay=cfg.optim.weight_decay)  # fmt: skip
         scheduler = build_scheduler(optimizer, cfg.optim.scheduler if ph.name == "finetune" else "fixed",
-                                    warmup=ph.warmup, total=cfg.optim.total_updates or updates)  # fmt: skip
+                                    warmup=ph.warmup, total=updates)  # fmt: skip
         loss_fn = GecContrastiveLoss(trade_off=ph.trade_off, margin=cfg.loss.margin,
                                      label_smoothing=ph.label_smoothing)  # fmt: skip
         return GecState(model, [optimizer], [scheduler], dict(progress or {"epoch": 0}),
-                        feed=self._feed(examples, w), loss_fn=loss_fn, steps_per_epoch=steps)  # fmt: skip
+                        feed=feed, loss_fn=loss_fn, steps_per_epoch=steps)  # fmt: skip
+
+    def _updates(self, model: Any, examples: list[GecExample], feed: Feed, w: Worker) -> int:
+        """The phase's optimizer updates, for its schedule: per epoch ⌈the most batches a rank has ÷
+        update_freq⌉ (a rank with fewer joins the others' updates; an epoch's end flushes an accumulation). With a
+        token budget the batches are counted as the stream cuts them: fairseq's ``num_tokens`` of every example
+        with its negatives where they are known before training (step 1, pre-mined ones); mined ones are counted
+        as 1 + k + 1 (CL's source) copies of the target line."""
+        cfg, ph, n = self.cfg, self.ph, len(examples)
+        uf, epochs = cfg.optim.update_freq, max(ph.epochs, 1)
+        budget = cfg.optim.max_tokens if ph.name == "finetune" else cfg.pretrain.max_tokens
+        if not budget:
+            return math.ceil(math.ceil(math.ceil(n / w.world_size) / ph.batch_size) / uf) * epochs
+        tok = model.tokenizer
+        ids = tok([t for ex in examples for t in (ex.source, ex.target)])["input_ids"]
+        src, tgt = [len(x) for x in ids[0::2]], [len(x) for x in ids[1::2]]
+        if isinstance(feed, StaticFeed):
+            negs = [feed.negatives.get(_base(ex.id), []) for ex in examples]
+            extra = [sum(len(x) for x in tok(ns)["input_ids"]) if ns else 0 for ns in negs]
+            sizes = [max(src[i], tgt[i] + extra[i]) for i in range(n)]
+        else:
+            sizes = [max(src[i], (1 + cfg.mining.k + 1) * tgt[i]) for i in range(n)]
+        total = 0
+        for epoch in range(epochs):
+            seed = cfg.optim.seed * 1000 + epoch
+            pools = [global_batches(n, batch_size=ph.batch_size, seed=seed, rank=r, world_size=w.world_size)
+                     for r in range(w.world_size)]  # fmt: skip
+            per_rank = [sum(len(token_groups([sizes[i] for i in pool], budget)) for pool in p) for p in pools]
+            total += math.ceil(max(per_rank) / uf)
+        return max(total, 1)
 
     def _feed(self, examples: list[GecExample], w: Worker) -> Feed:
         """Negatives mined while training (the stream), pre-mined ones (``mining.negatives``), or none."""
         cfg, ph = self.cfg, self.ph
-        shards = [shard(examples, r, w.world_size) for r in range(w.world_size)]
         needs_negatives = ph.name == "finetune" and ph.trade_off > 0 and ph.epochs > 0
         if needs_negatives and w.job.nbest is not None:  # the run's shared n-best: select this trial's k, CL/CL⁻
             m = cfg.mining
             select = functools.partial(_selected, k=m.k, source_negative=m.source_negative, refill=m.refill)
-            return NBestFeed(w.job.nbest, shards[w.rank], batch_size=ph.batch_size, seed=cfg.optim.seed,
-                             select=select)  # fmt: skip
+            return NBestFeed(w.job.nbest, examples, batch_size=ph.batch_size, seed=cfg.optim.seed, select=select,
+                             rank=w.rank, world_size=w.world_size)  # fmt: skip
+        shards = [shard(examples, r, w.world_size) for r in range(w.world_size)]
         if needs_negatives and w.job.stream is not None:
             consumer = StreamConsumer(w.job.stream, w.job.store, rank=w.rank, world_size=w.world_size,
                                       max_staleness=cfg.mining.max_staleness)  # fmt: skip
@@ -132,10 +172,11 @@ class GecTask(TaskBase):
         if needs_negatives:
             if not cfg.mining.negatives:
                 raise RuntimeError("contrastive fine-tuning without a negative stream or mining.negatives")
-            mine = {_base(ex.id) for ex in shards[w.rank]}  # this rank's rows only, read by id
-            mined = read_negatives(cfg.mining.negatives, ids=mine)
+            # every rank's epoch draws its share of the global batches from all of D_F: every row, read by id
+            mined = read_negatives(cfg.mining.negatives, ids={ex.id for ex in examples})
             negatives = {i: list(m.negatives) for i, m in mined.items()}
-        return StaticFeed(shards[w.rank], negatives, batch_size=ph.batch_size, seed=cfg.optim.seed)
+        return StaticFeed(examples, negatives, batch_size=ph.batch_size, seed=cfg.optim.seed, rank=w.rank,
+                          world_size=w.world_size)  # fmt: skip
 
     def start(self, st: GecState, w: Worker, *, resumed: bool) -> None:
         if resumed:  # the weight version of the checkpoint, republished if the dead run went past it

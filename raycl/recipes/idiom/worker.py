@@ -48,11 +48,13 @@ def train_examples(cfg: IdiomConfig, setting: str) -> list[IdiomExample]:
 
 
 def epoch_batches(n: int, *, batch_size: int, seed: int, rank: int, world_size: int) -> list[list[int]]:
-    """This rank's batches (row indices) of an epoch: one shuffle shared by all ranks, equal strided shards (the
-    last ``n mod world_size`` rows of the shuffle sit the epoch out, so every rank takes the same steps)."""
+    """This rank's batches (row indices) of an epoch: one shuffle shared by all ranks, cut into global batches of
+    ``world_size × batch_size`` rows, of which each rank takes a strided share — so N workers' i-th update is one
+    worker's i-th batch of N·B rows, every row is used, and every rank takes the same number of steps (a share of
+    the last, short global batch may be empty: the step then runs with weight 0)."""
     order = random.Random(seed).sample(range(n), n)
-    mine = order[rank : n // world_size * world_size : world_size]
-    return [mine[i : i + batch_size] for i in range(0, len(mine), batch_size)]
+    size = batch_size * world_size
+    return [order[i : i + size][rank::world_size] for i in range(0, n, size)]
 
 
 @dataclass
@@ -88,7 +90,8 @@ class IdiomTask(TaskBase):
     def build(self, model: Any, w: Worker, progress: dict[str, Any] | None) -> IdiomState:
         cfg, o, a = self.cfg, self.cfg.optim, self.cfg.adversarial
         examples = train_examples(cfg, self.setting)
-        total = max(self._steps(len(examples), w) * o.epochs // o.update_freq, 1)
+        # every epoch ends with a report, which flushes a partial accumulation: ⌈batches / update_freq⌉ updates
+        total = max(math.ceil(self._steps(len(examples), w) / o.update_freq) * o.epochs, 1)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr, eps=o.eps,
                                       weight_decay=o.weight_decay)  # fmt: skip
         scheduler = build_scheduler(optimizer, "polynomial", warmup=math.ceil(o.warmup_ratio * total), total=total)
@@ -116,7 +119,11 @@ class IdiomTask(TaskBase):
             yield Report()
 
     def step(self, st: IdiomState, batch: list[IdiomExample], ctx: StepContext) -> dict[str, float]:
-        """The clean backward, then the adversarial terms (the loop steps the optimizer, then the EMA)."""
+        """The clean backward, then the adversarial terms (the loop steps the optimizer, then the EMA). The
+        backward is of the batch's summed loss (weight = its rows): ranks' unequal shares average to the global
+        batch's mean. An empty share runs one row with weight 0: DDP needs every rank's backward passes."""
+        weight = float(len(batch))
+        batch = batch or (st.examples or [])[:1]
         texts: Any = [model_input(e, self.setting) for e in batch]  # all texts or all pairs: one setting
         enc = encode_batch(st.tokenizer, texts, max_len=self.cfg.model.max_len)
         inputs = {k: v.to(ctx.device) for k, v in enc.items()}  # (B, T) each
@@ -127,9 +134,9 @@ class IdiomTask(TaskBase):
             return out.loss, out.logits  # (), (B, 2)
 
         loss, logits = forward()
-        ctx.backward(loss)
+        ctx.backward(loss, weight=weight)
         extra = st.adversary.attack_and_backward(forward, clean_logits=logits.detach(),
-                                                 loss_scale=ctx.loss_scale())  # fmt: skip
+                                                 loss_scale=ctx.loss_scale(weight))  # fmt: skip
         return {"loss": float(loss.detach()), **extra}  # extra: adv/loss (and SMART's adv/kl)
 
     def after_update(self, st: IdiomState) -> None:

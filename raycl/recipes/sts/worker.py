@@ -62,15 +62,18 @@ def fits(cfg: StsConfig) -> list[Fit]:
 
 def epoch_batches(pairs: list[Pair], sentences: list[str], *, batch_size: int, seed: int, rank: int,
                   world_size: int) -> list[tuple[list[Pair], list[str]]]:  # fmt: skip
-    """This rank's steps of an epoch: equal shards on every rank; no sentences: MSE only (λ = 0)."""
+    """This rank's steps of an epoch; no sentences: MSE only (λ = 0). One shuffle, cut into global batches of
+    ``world_size × batch_size``, of which each rank takes a strided share: N workers' i-th step is one worker's
+    i-th batch of N·B (every pair used, the same number of steps on every rank; a share of the last, short batch
+    may be empty and then counts with weight 0)."""
     rng = random.Random(seed)
     pairs, sentences = rng.sample(pairs, len(pairs)), rng.sample(sentences, len(sentences))
-    p = pairs[rank : len(pairs) // world_size * world_size : world_size]
-    s = sentences[rank : len(sentences) // world_size * world_size : world_size]
-    pb = [p[i : i + batch_size] for i in range(0, len(p), batch_size)]
+    size = batch_size * world_size
+    pb = [pairs[i : i + size][rank::world_size] for i in range(0, len(pairs), size)]
     if not sentences:
         return [(b, []) for b in pb]
-    sb = [c for c in (s[i : i + batch_size] for i in range(0, len(s), batch_size)) if len(c) >= 2]
+    chunks = (sentences[i : i + size] for i in range(0, len(sentences), size))
+    sb = [c[rank::world_size] for c in chunks if len(c) >= 2 * world_size]  # in-batch negatives on every rank
     return list(zip(pb, sb, strict=False))  # the shorter loader ends the epoch, as sentence-transformers' fit
 
 
@@ -168,13 +171,17 @@ class StsTask(TaskBase):
         if fit.setting == "pre_train":
             st.pairs = pretrain_pairs(cfg, "train")
         else:
-            labeller = SentenceEncoder.from_pretrained(_kept(w, "pre_train")).to(w.device)
+            labeller = SentenceEncoder.from_pretrained(self._kept(w, "pre_train")).to(w.device)
             st.pairs = finetune_pairs(cfg, labeller.eval())
         st.sentences = pair_sentences(st.pairs) if cfg.loss.lam > 0 else []
-        steps = len(epoch_batches(st.pairs, st.sentences, batch_size=o.batch_size, seed=0, rank=0,
-                                  world_size=w.world_size)) * fit.epochs  # fmt: skip
-        pb, sb = (math.ceil(len(x) // w.world_size / o.batch_size) for x in (st.pairs, st.sentences))  # loaders
-        warmup = warmup_steps(cfg, fit, steps=max(steps, 1), pair_batches=pb, sentence_batches=sb)
+        batches = len(epoch_batches(st.pairs, st.sentences, batch_size=o.batch_size, seed=0, rank=0,
+                                    world_size=w.world_size))  # fmt: skip
+        # updates: an epoch's end flushes a partial accumulation, so ⌈batches / update_freq⌉ per epoch; the
+        # released warm-up is in sentence-transformers' steps (batches of the global batch), so ÷ update_freq too
+        steps = math.ceil(batches / o.update_freq) * fit.epochs
+        pb, sb = (math.ceil(len(x) / (w.world_size * o.batch_size)) for x in (st.pairs, st.sentences))  # loaders
+        warmup = warmup_steps(cfg, fit, steps=max(batches * fit.epochs, 1), pair_batches=pb, sentence_batches=sb)
+        warmup = math.ceil(warmup / o.update_freq)
         n = 2 if self._alternate() else 1
         st.optimizers = [adamw(st.model, lr=o.lr, weight_decay=o.weight_decay) for _ in range(n)]
         st.schedulers = [build_scheduler(opt, "polynomial", warmup=warmup, total=max(steps, 1))
@@ -193,7 +200,7 @@ class StsTask(TaskBase):
             if not p["started"]:
                 seed_everything(fit.seed)
                 if fit.setting == "fine_tune" and (k == 0 or plan[k - 1].setting == "pre_train"):
-                    st.model = SentenceEncoder.from_pretrained(_kept(w, "pre_train")).to(w.device)
+                    st.model = SentenceEncoder.from_pretrained(self._kept(w, "pre_train")).to(w.device)
                     self._key_encoder(st, w)  # fine-tuning starts from the kept pre-trained model
                 self._start_fit(st, fit, w)
                 p.update(fit=k, epoch=0, batch=0, started=True)
@@ -208,7 +215,9 @@ class StsTask(TaskBase):
                     else:
                         yield Batch(("joint", pairs, sentences))
                     p["batch"] = i + 1
-                    if p["step"] % fit.eval_every == 0 or i + 1 == len(batches):
+                    # sentence-transformers' rule: every eval_every steps of the epoch, and at its end; a step is
+                    # an update (update_freq batches), so a report never splits an accumulation
+                    if (i + 1) % (fit.eval_every * self.cfg.optim.update_freq) == 0 or i + 1 == len(batches):
                         yield Report({"setting": fit.setting})
                 p.update(epoch=epoch + 1, batch=0)
             p.update(fit=k + 1, epoch=0, batch=0, started=False)
@@ -267,7 +276,7 @@ class StsTask(TaskBase):
         metrics: dict[str, Any] = {"setting": self.cfg.final_setting}
         if st.evals is None:
             return metrics
-        models = {s: _kept(w, s) for s in ("pre_train", "fine_tune")}
+        models = {s: self._kept(w, s) for s in ("pre_train", "fine_tune")}
         if not self.cfg.finetune.epochs:
             models.pop("fine_tune")
         return {**metrics, **st.evals.final(models, w.out_dir, device=w.device)}
@@ -276,7 +285,14 @@ class StsTask(TaskBase):
         return 1
 
 
-def _kept(w: Worker, setting: str) -> Path:
-    """The model kept for ``setting`` (the initial model when that phase did not run)."""
-    path = w.out_dir / f"{setting}_model"
-    return path if (path / "config.json").exists() else Path(w.job.init_model)
+    def _kept(self, w: Worker, setting: str) -> Path:
+        """The model kept for ``setting`` (the initial model when that phase did not run). Rank 0 keeps it in the
+        run folder: a rank that cannot see it there must not go on from the initial model."""
+        path = w.out_dir / f"{setting}_model"
+        if (path / "config.json").exists():
+            return path
+        ran = (self.cfg.pretrain.epochs if setting == "pre_train" else self.cfg.finetune.epochs) > 0
+        if ran:
+            raise RuntimeError(f"{path}: the model that {setting} kept is not there on rank {w.rank} (the run "
+                               "folder must be on a file system every worker shares; see scaling in the README)")
+        return Path(w.job.init_model)
