@@ -39,7 +39,8 @@ def wrap_ddp(model: torch.nn.Module, *, find_unused_parameters: bool = False) ->
 
 
 def report(metrics: dict[str, Any], *, checkpoint_dir: Path | None = None) -> None:
-    """Report metrics (all ranks must call); rank 0 may attach a checkpoint folder it just wrote."""
+    """Report metrics (all ranks must call) and, optionally, a checkpoint folder each rank just wrote: the ranks'
+    folders are uploaded into one checkpoint (rank 0's state, every rank's RNG)."""
     ckpt = ray.train.Checkpoint.from_directory(str(checkpoint_dir)) if checkpoint_dir is not None else None
     ray.train.report(metrics, checkpoint=ckpt)
 

@@ -106,6 +106,7 @@ class TrainState:
     schedulers: list[Any]  # one per optimizer (None: not stepped per update)
     progress: dict[str, Any] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
+    per_rank: tuple[str, ...] = ()  # extras that differ between ranks (a queue of its own keys), saved per rank
 
     def modules(self) -> list[nn.Module]:
         return [self.model, *(m for m in self.extras.values() if isinstance(m, nn.Module))]
@@ -253,6 +254,9 @@ def run(job: Job) -> None:
     w.out_dir.mkdir(parents=True, exist_ok=True)
     with session.resume_dir() as ckpt:  # a restarted worker group continues from the last checkpoint
         saved = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False) if ckpt else None
+        if ckpt is not None and saved is not None and (ckpt / rank_file(rank)).exists():  # this rank's own part
+            own = torch.load(ckpt / rank_file(rank), map_location="cpu", weights_only=False)
+            saved["rng"], saved["extras"] = own["rng"], {**saved["extras"], **own["extras"]}
         model = task.load_model(ckpt / MODEL_DIR if ckpt else Path(job.init_model))
         model.to(device)  # before any optimizer is built on its parameters or loads state onto them
         st = task.build(model, w, saved["progress"] if saved else None)
@@ -305,17 +309,21 @@ class _Loop:
         if self.w.device.type == "cuda" and isinstance(rng.get("cuda"), torch.Tensor):
             torch.cuda.set_rng_state(rng["cuda"], self.w.device)  # this worker's own device
 
+    def rng(self) -> dict[str, Any]:
+        """This worker's RNG states (the CUDA one of its own device: another worker may see fewer devices)."""
+        cuda = self.w.device.type == "cuda"
+        return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state(self.w.device) if cuda else None}  # fmt: skip
+
     def state(self) -> dict[str, Any]:
         """What ``state.pt`` holds: optimizers, schedules, scaler, extras, progress and the RNG states (the CUDA
         one of this worker's own device: another worker may see fewer devices)."""
-        st, cuda = self.st, self.w.device.type == "cuda"
+        st = self.st
         return {"optimizers": [o.state_dict() for o in st.optimizers],
                 "schedulers": [s.state_dict() if s is not None else None for s in st.schedulers],
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
                 "extras": {k: v.state_dict() for k, v in st.extras.items()}, "progress": st.progress,
-                "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                        "torch": torch.get_rng_state(),
-                        "cuda": torch.cuda.get_rng_state(self.w.device) if cuda else None},
+                "rng": self.rng(),
                 **({"model": {k: v.detach().cpu() for k, v in st.model.state_dict().items()}}
                    if self.w.job.probe else {}),
                 }  # fmt: skip
@@ -458,9 +466,12 @@ class _Loop:
             metrics.update(self.evaluate(rep, metrics))
             metrics = nan_for_none(metrics)
             append_history(w.out_dir, metrics, key="report")
-        if rep.checkpoint and w.rank == 0:
+        if rep.checkpoint:  # rank 0 writes the state; every rank adds its own RNG (its dropout masks) and queues
             with session.scratch_dir() as tmp:
-                self.save(tmp)
+                if w.rank == 0:
+                    self.save(tmp)
+                mine = {k: st.extras[k].state_dict() for k in st.per_rank if k in st.extras}
+                torch.save({"rng": self.rng(), "extras": mine}, tmp / rank_file(w.rank))
                 session.report(metrics, checkpoint_dir=tmp)
         else:
             session.report(metrics)
@@ -520,6 +531,11 @@ class _Loop:
         if w.rank == 0:
             append_history(w.out_dir, metrics, key="report")
         session.report(metrics)
+
+
+def rank_file(rank: int) -> str:
+    """The file of a checkpoint that holds rank ``rank``'s own part: its RNG states and per-rank extras."""
+    return f"rank{rank}.pt"
 
 
 def _num(v: Any) -> float | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -131,16 +131,30 @@ def _all_ranks(value: int) -> list[int]:
     return [int(v) for v in out]
 
 
+class PrefixRandom(random.Random):
+    """The generator of the momentum positive's prefix slices, one per rank, checkpointed with the rank's state: a
+    resumed run draws the slices the uninterrupted one would have drawn."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"state": self.getstate()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.setstate(state["state"])
+
+
 @dataclass
 class CoherenceState(TrainState):
     feed: Any = None  # CoherenceFeed
-    rng: random.Random = field(default_factory=random.Random)  # prefix slices of the momentum positive
     evals: Evaluator | None = None  # rank 0
     wait0: float = 0.0  # the stream's waiting time at the start of the report interval
 
     @property
     def momentum(self) -> MomentumEncoder | None:
         return self.extras.get("momentum")
+
+    @property
+    def rng(self) -> PrefixRandom:
+        return self.extras["prefix_rng"]  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -169,7 +183,8 @@ class CoherenceTask(TaskBase):
         if c.loss.kind == "momentum":
             extras["momentum"] = MomentumEncoder(model)
         p = dict(progress or {"epoch": 0, "done": 0, "version": 0, "ledger": None})
-        st = CoherenceState(model, [optimizer], [None], p, extras)
+        extras["prefix_rng"] = PrefixRandom(o.seed + 1000 * w.rank)
+        st = CoherenceState(model, [optimizer], [None], p, extras, per_rank=("queue", "prefix_rng"))
         st.extras["swalr"] = SWALR(optimizer, swa_lr=o.swa_lr, anneal_epochs=o.anneal_epochs,
                                    anneal_strategy="linear")  # one step per report, as the released code
         consumer = None
@@ -181,7 +196,6 @@ class CoherenceTask(TaskBase):
         return st
 
     def start(self, st: CoherenceState, w: Worker, *, resumed: bool) -> None:
-        st.rng = random.Random(self.cfg.optim.seed + 1000 * w.rank + st.progress.get("step", 0))
         st.evals = Evaluator(self.cfg) if w.rank == 0 else None
         consumer = st.feed.consumer
         if consumer is not None:

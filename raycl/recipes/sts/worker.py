@@ -150,7 +150,8 @@ class StsTask(TaskBase):
     def build(self, model: SentenceEncoder, w: Worker, progress: dict[str, Any] | None) -> StsState:
         """A fresh run's state, or the checkpoint's fit: its data, optimisers and key encoder (the loop then
         restores their states)."""
-        st = StsState(model, [], [], dict(progress or {"fit": 0, "epoch": 0, "batch": 0, "started": False}))
+        st = StsState(model, [], [], dict(progress or {"fit": 0, "epoch": 0, "batch": 0, "started": False}),
+                      per_rank=("moco",))  # its ring holds this rank's keys
         self._key_encoder(st, w)
         if progress is not None and progress["started"]:
             self._start_fit(st, fits(self.cfg)[progress["fit"]], w)
