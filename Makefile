@@ -7,7 +7,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install test test-gpu lint demo bench clean
+.PHONY: install test test-gpu test-equivalence mutate lint demo bench clean
 
 install: $(STAMP)
 
@@ -29,6 +29,14 @@ test: lint
 # the tests marked gpu (skipped without CUDA); on a GPU machine without the venv: python3 -m pytest -m gpu tests
 test-gpu: install
 	$(VENV)/bin/pytest -q -m gpu tests
+
+# 2 Ray Train workers (gloo) against 1 worker, for every recipe (also part of `make test`)
+test-equivalence: install
+	$(VENV)/bin/pytest -q -m equivalence tests
+
+# plants each bug of bench/mutate.py's list in a copy of the tree and runs the tests that concern it (not in `make test`)
+mutate: install
+	$(PY) bench/mutate.py
 
 demo: install
 	$(PY) -m raycl.tune $(SPACE) --preset smoke

@@ -5,6 +5,7 @@ that ends in one line before anything runs."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
 import subprocess
 import sys
@@ -160,3 +161,26 @@ def test_released_warmup_and_the_contrastive_pool() -> None:
                             sentence_batches=200) == want  # fmt: skip
     raycl_rule = set_dotted(cfg, {"optim.warmup": "steps"}, where="test")
     assert warmup_steps(raycl_rule, pre, steps=3000, pair_batches=100, sentence_batches=200) == 300
+
+
+def test_a_rank_that_cannot_see_the_pre_trained_model_stops_naming_the_path(tmp_path: Path) -> None:
+    """Fine-tuning starts from the model pre-training kept in the run folder; a rank on a node that does not share
+    that folder used to start silently from the initial model. It stops, naming the path (issue 18 f)."""
+    from raycl.configs.sts import StsConfig
+    from raycl.recipes.sts.worker import StsTask
+    from raycl.train.loop import Job, Worker
+    from raycl.train.precision import Precision
+
+    cpu = torch.device("cpu")
+    w = Worker(1, 2, cpu, Precision("fp32", cpu), tmp_path / "run", Job(None, str(tmp_path / "init"), ""))
+    task = StsTask(StsConfig())
+    assert task.cfg.pretrain.epochs > 0
+    with pytest.raises(RuntimeError, match=r"pre_train_model: the model that pre_train kept is not there on rank"):
+        task._kept(w, "pre_train")
+    (tmp_path / "run" / "pre_train_model").mkdir(parents=True)
+    (tmp_path / "run" / "pre_train_model" / "config.json").write_text("{}")
+    assert task._kept(w, "pre_train") == tmp_path / "run" / "pre_train_model"
+    no_pretraining = StsTask(dataclasses.replace(StsConfig(), pretrain=dataclasses.replace(StsConfig().pretrain,
+                                                                                           epochs=0)))  # fmt: skip
+    assert no_pretraining._kept(Worker(1, 2, cpu, Precision("fp32", cpu), tmp_path / "other", w.job),
+                                "pre_train") == tmp_path / "init"  # no pre-training: the initial model

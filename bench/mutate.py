@@ -1,0 +1,256 @@
+"""Mutation testing: plant realistic bugs one at a time in a temporary copy of the tree and run only the tests that
+concern each. Prints one JSON line per mutant (``killed``, by which test, seconds) and the score. ``make mutate``.
+
+Why not mutmut or cosmic-ray: they mutate operators and constants everywhere and run a whole suite per mutant; the
+bugs that matter here are *semantic* — a key enqueued before instead of after a loss, a momentum update moved to
+the other side of an optimizer step, a state not restored on resume — which are statements moved or dropped, and
+the suite's distributed tests take minutes, so each mutant must run just its own tests. Mutants are planted by AST
+patterns (a statement inside a named function whose source contains a given text), never line numbers, so the
+list survives edits; a pattern that no longer matches is an error, not a silently surviving mutant.
+
+Usage::
+
+    .venv/bin/python bench/mutate.py             # every mutant
+    .venv/bin/python bench/mutate.py -k queue    # the mutants whose name contains "queue"
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------------------------------- planting by AST
+def _function(tree: ast.AST, name: str) -> ast.FunctionDef:
+    """The function ``name``, or the method ``Class.name``."""
+    cls, _, fn = name.rpartition(".")
+    scopes = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == cls] if cls else [tree]
+    for scope in scopes:
+        for n in scope.body if cls else ast.walk(scope):  # type: ignore[attr-defined]
+            if isinstance(n, ast.FunctionDef) and n.name == fn:
+                return n
+    raise LookupError(f"no function {name}")
+
+
+def _stmt(src: str, func: str, contains: str) -> ast.stmt:
+    """The innermost statement of ``func`` whose source contains ``contains``."""
+    fn = _function(ast.parse(src), func)
+    found = [n for n in ast.walk(fn) if isinstance(n, ast.stmt) and n is not fn
+             and contains in (ast.get_source_segment(src, n) or "")]  # fmt: skip
+    if not found:
+        raise LookupError(f"no statement containing {contains!r} in {func}")
+    return min(found, key=lambda n: (n.end_lineno or n.lineno) - n.lineno)
+
+
+def _span(src: str, node: ast.stmt) -> tuple[list[str], int, int, str]:
+    lines = src.splitlines(keepends=True)
+    start, end = node.lineno - 1, node.end_lineno or node.lineno
+    indent = re.match(r"\s*", lines[start]).group(0)  # type: ignore[union-attr]
+    return lines, start, end, indent
+
+
+def delete(func: str, contains: str) -> Callable[[str], str]:
+    def plant(src: str) -> str:
+        lines, start, end, indent = _span(src, _stmt(src, func, contains))
+        return "".join([*lines[:start], f"{indent}pass  # MUTANT\n", *lines[end:]])
+
+    return plant
+
+
+def replace(func: str, contains: str, old: str, new: str) -> Callable[[str], str]:
+    def plant(src: str) -> str:
+        lines, start, end, _ = _span(src, _stmt(src, func, contains))
+        text = "".join(lines[start:end])
+        if old not in text:
+            raise LookupError(f"{old!r} not in the statement of {func} containing {contains!r}")
+        return "".join([*lines[:start], text.replace(old, new, 1), *lines[end:]])
+
+    return plant
+
+
+def insert_after(func: str, contains: str, code: str) -> Callable[[str], str]:
+    def plant(src: str) -> str:
+        lines, _, end, indent = _span(src, _stmt(src, func, contains))
+        return "".join([*lines[:end], textwrap.indent(textwrap.dedent(code), indent), *lines[end:]])
+
+    return plant
+
+
+def move_after(func: str, what: str, after: str, *, to: str | None = None) -> Callable[[str], str]:
+    """Cut the statement containing ``what``; put it after the one containing ``after`` (in ``to``, if given)."""
+
+    def plant(src: str) -> str:
+        lines, start, end, _ = _span(src, _stmt(src, func, what))
+        moved = textwrap.dedent("".join(lines[start:end]))
+        cut = delete(func, what)(src)
+        return insert_after(to or func, after, moved)(cut)
+
+    return plant
+
+
+def rename(func: str, new: str) -> Callable[[str], str]:
+    """``def func`` becomes ``def new``: the same code, run by another hook."""
+
+    def plant(src: str) -> str:
+        node = _function(ast.parse(src), func)
+        lines = src.splitlines(keepends=True)
+        old = func.rpartition(".")[2]
+        lines[node.lineno - 1] = lines[node.lineno - 1].replace(f"def {old}(", f"def {new}(", 1)
+        return "".join(lines)
+
+    return plant
+
+
+def chain(*plants: Callable[[str], str]) -> Callable[[str], str]:
+    def plant(src: str) -> str:
+        for p in plants:
+            src = p(src)
+        return src
+
+    return plant
+
+
+# ---------------------------------------------------------------------------------------------- the mutants
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    file: str
+    plant: Callable[[str], str]
+    tests: tuple[str, ...]
+
+
+Q = "tests/test_queues.py::"
+EQ = "tests/test_equivalence.py::"
+MUTANTS = [
+    Mutant("sts_moco_keys_enqueued_before_the_loss", "raycl/recipes/sts/worker.py", chain(
+        delete("StsTask.step", "st.moco.enqueue(keys)"),
+        insert_after("StsTask._contrastive", "keys, queue = moco.keys(",
+                     "moco.enqueue(keys)\nqueue = moco.queued()\n"),
+    ), (Q + "test_sts_moco_step_against_a_naive_ring",)),
+    Mutant("coherence_negatives_enqueued_after_the_momentum_loss", "raycl/train/coherence_step.py",
+           move_after("coherence_loss", "queue.enqueue(k_neg)", "momentum_contrastive_loss("),
+           (Q + "test_coherence_momentum_step_against_a_naive_fifo",)),
+    Mutant("resume_without_the_schedulers_state", "raycl/train/loop.py",
+           delete("_Loop.restore", "for sched, state in zip"),
+           (EQ + "test_idiom_killed_mid_epoch_resumes_with_its_schedule_and_dropout",)),
+    Mutant("resume_without_the_rng_states", "raycl/train/loop.py", chain(
+        delete("_Loop.restore", "random.setstate("), delete("_Loop.restore", "np.random.set_state("),
+        delete("_Loop.restore", "torch.set_rng_state("),
+    ), (EQ + "test_idiom_killed_mid_epoch_resumes_with_its_schedule_and_dropout",)),
+    Mutant("contrastive_margin_sign", "raycl/losses/contrastive_margin.py",
+           replace("contrastive_margin_loss", "logits = torch.cat", "f_neg - margin", "f_neg + margin"),
+           ("tests/test_coherence_losses.py",)),
+    Mutant("gec_margin_sign", "raycl/losses/gec_margin.py",
+           replace("margin_loss", "hinge = torch.relu", "margin - s_pos.unsqueeze(1) + s_neg",
+                   "margin + s_pos.unsqueeze(1) - s_neg"), ("tests/test_gec_loss.py",)),
+    Mutant("coherence_queue_evicts_the_newest", "raycl/memory/negative_queue.py",
+           delete("NegativeQueue.enqueue", "self.keys[: n - self.num_negs] = self.keys[self.num_negs : n]"),
+           (Q + "test_coherence_momentum_step_against_a_naive_fifo", "tests/test_coherence_losses.py")),
+    Mutant("ema_decay_swapped", "raycl/memory/ema.py",
+           replace("EMA.update", "self.shadow[name] = (1.0 - self.decay)", "(1.0 - self.decay) * p.detach() + "
+                   "self.decay * self.shadow[name]", "self.decay * p.detach() + (1.0 - self.decay) * "
+                   "self.shadow[name]"), ("tests/test_ema.py",)),  # fmt: skip
+    Mutant("adversarial_embedding_not_restored", "raycl/adversarial/base.py",
+           delete("AdversarialMethod.restoring", "self.weight.copy_(origin)"), ("tests/test_adversarial.py",)),
+    Mutant("staleness_bound_off_by_one", "raycl/distributed/consumer.py",
+           replace("StreamConsumer.take", "floor = self.version - self.max_staleness", "self.max_staleness",
+                   "self.max_staleness - 1"), ("tests/test_consumer.py", "tests/test_stream.py")),
+    Mutant("hard_negatives_ranked_easiest_first", "raycl/miners/permutation.py",
+           replace("PermutationMiner._mine", "order = sorted(", "-item_scores[j]", "item_scores[j]"),
+           ("tests/test_permutation_miner.py",)),
+    Mutant("accumulation_divides_by_the_last_micro_batch", "raycl/train/loop.py",
+           replace("StepContext.backward", "self.weight += weight", "+=", "="),
+           ("tests/test_loop.py::test_accumulating_two_batches_is_one_batch_twice_the_size",)),
+    Mutant("a_kept_shard_skipped_and_its_range_lost_on_resume", "raycl/distributed/corpus_mining.py",
+           replace("_ranges_left", "if shard_name(r.index) in have", "if shard_name(r.index) in have:",
+                   "if shard_name(r.index) in have or r.index == len(have):"),
+           ("tests/test_mine_sharded.py",)),
+    Mutant("momentum_encoder_moved_after_the_optimizer_step", "raycl/recipes/coherence/worker.py",
+           rename("CoherenceTask.before_update", "after_update"),  # the loop runs it after the step
+           (Q + "test_coherence_momentum_step_against_a_naive_fifo",)),
+    Mutant("joined_rank_never_steps", "raycl/train/loop.py",
+           insert_after("_Loop.update", "if ranks == 0", "if joined:\n    return True\n"),
+           (EQ + "test_gec_token_budget_ranks_take_the_same_updates",)),
+    Mutant("workers_never_sum_their_gradients", "raycl/train/data_parallel.py",
+           replace("sum_gradients", "dist.all_reduce(flat)", "dist.all_reduce(flat)",
+                   "flat.mul_(dist.get_world_size())"),
+           (EQ + "test_gec_two_workers_train_as_one",)),
+]  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- running them
+def _copy_tree(dest: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
+                           capture_output=True, text=True).stdout.split()  # fmt: skip
+    for rel in files:
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_bytes(src.read_bytes())
+
+
+def run_mutant(m: Mutant, tree: Path, *, timeout: float) -> dict[str, object]:
+    path = tree / m.file
+    original = path.read_text(encoding="utf-8")
+    t0 = time.perf_counter()
+    try:
+        mutated = m.plant(original)
+        if mutated == original:
+            raise LookupError("the mutant changed nothing")
+        compile(mutated, str(path), "exec")
+        path.write_text(mutated, encoding="utf-8")
+        env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+        try:
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *m.tests],
+                                  cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)  # fmt: skip
+            out, code = proc.stdout + proc.stderr, proc.returncode
+        except subprocess.TimeoutExpired:
+            out, code = "", -1
+        failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", out, flags=re.M)
+        killed = code != 0
+        by = failed[0] if failed else ("timeout" if code == -1 else None)
+        return {"mutant": m.name, "file": m.file, "killed": killed, "by": by,
+                "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+    except (LookupError, SyntaxError) as e:
+        return {"mutant": m.name, "file": m.file, "killed": False, "by": None, "error": str(e),
+                "seconds": round(time.perf_counter() - t0, 1)}  # fmt: skip
+    finally:
+        path.write_text(original, encoding="utf-8")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-k", default="", help="only the mutants whose name contains this")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant (a hang counts as killed)")
+    args = p.parse_args()
+    chosen = [m for m in MUTANTS if args.k in m.name]
+    results = []
+    with tempfile.TemporaryDirectory(prefix="raycl-mutate-") as tmp:
+        tree = Path(tmp)
+        _copy_tree(tree)
+        for m in chosen:
+            print(f"[mutate] {m.name}: {' '.join(m.tests)}", file=sys.stderr, flush=True)
+            row = run_mutant(m, tree, timeout=args.timeout)
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    killed = sum(bool(r["killed"]) for r in results)
+    print(json.dumps({"score": killed / max(len(results), 1), "killed": killed, "mutants": len(results),
+                      "seconds": round(sum(float(r["seconds"]) for r in results), 1)}))  # type: ignore[arg-type]
+    sys.exit(0 if killed == len(results) else 1)
+
+
+if __name__ == "__main__":
+    main()
