@@ -8,6 +8,13 @@ Tokens are counted as fairseq's ``num_tokens`` counts a GEC-CL example: the sour
 
     .venv/bin/python bench/train.py --json                      # auto: bart-large on a GPU, small on a CPU
     python3 bench/train.py --json --shape bart-large --batch 16 # on a GPU machine without the venv
+    .venv/bin/python bench/train.py --json --workers 2          # data parallel: 2 gloo workers against 1
+
+``--workers N`` runs the same GEC-CL step in N processes (gloo on a CPU, NCCL on GPUs), batch B per worker, one
+thread each, three ways: ``none`` (no gradient exchange: the compute alone), ``sum`` (the loop's path: backward,
+then the bucketed all-reduce of :func:`raycl.train.data_parallel.sum_gradients`) and ``ddp`` (the step's forward
+through DDP, whose bucketed all-reduce overlaps the backward). It prints tokens/s of N workers against 1 and each
+exchange's overhead per step over ``none``.
 """
 
 from __future__ import annotations
@@ -15,9 +22,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import resource
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -134,6 +143,86 @@ def largest_batch(scorer: Any, precision: str, args: argparse.Namespace, device:
     return ok
 
 
+def _worker_step(rank: int, world: int, port: int, mode: str, args: argparse.Namespace, out: str) -> None:
+    """One process of the data-parallel benchmark: ``args.steps`` timed steps (after ``args.warmup``)."""
+    import os
+
+    import torch.distributed as dist
+
+    from raycl.losses.gec_margin import GecContrastiveLoss
+    from raycl.train.data_parallel import average_gradients
+    from raycl.train.gec_step import gec_loss
+
+    torch.set_num_threads(args.threads_per_worker)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+    scorer = _model(args.shape, device)
+    loss_fn = GecContrastiveLoss(margin=0.25, trade_off=0.5)
+
+    class Step(torch.nn.Module):  # the step as a module, so that DDP can run it through forward
+        def __init__(self) -> None:
+            super().__init__()
+            self.scorer = scorer
+
+        def forward(self, batch: Any) -> Any:
+            out = gec_loss(self.scorer, batch, loss_fn)
+            return out.loss * float(out.ntokens), float(out.ntokens)
+
+    step = Step()
+    module = torch.nn.parallel.DistributedDataParallel(step) if mode == "ddp" and world > 1 else step
+    opt = torch.optim.AdamW(scorer.parameters(), lr=1e-5)
+    params = list(scorer.parameters())
+    batch = _batch(args.batch, args, scorer.model.config.vocab_size, device)
+    times = []
+    for i in range(args.warmup + args.steps):
+        dist.barrier()
+        _sync(device)
+        t0 = time.perf_counter()
+        loss, weight = module(batch)
+        loss.backward()
+        if mode == "sum":
+            average_gradients(params, weight)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        _sync(device)
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    if rank == 0:
+        tokens = args.batch * (args.src_len + args.tgt_len * (1 + args.negatives)) * world
+        step_s = sorted(times)[len(times) // 2]
+        Path(out).write_text(json.dumps({"step_s": step_s, "tokens_per_s": tokens / step_s}))
+    dist.destroy_process_group()
+
+
+def workers_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """Tokens/s of ``args.workers`` workers against 1, and the gradient exchange's overhead, by mode."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    out: dict[str, Any] = {"bench": "train_workers", "shape": args.shape, "batch_per_worker": args.batch,
+                           "threads_per_worker": args.threads_per_worker, "backend": "nccl"
+                           if torch.cuda.is_available() else "gloo"}  # fmt: skip
+    port = 29500 + (os.getpid() % 500) * 2
+    with tempfile.TemporaryDirectory() as tmp:
+        for world in (1, args.workers):
+            for mode in ("none", "sum", "ddp") if world > 1 else ("none",):
+                port += 1
+                print(f"[bench] {world} worker(s), {mode}", file=sys.stderr, flush=True)
+                res = f"{tmp}/{world}-{mode}.json"
+                mp.spawn(_worker_step, args=(world, port, mode, args, res), nprocs=world, join=True)
+                out[f"{world}w_{mode}"] = json.loads(Path(res).read_text())
+    n, one = out[f"{args.workers}w_sum"], out["1w_none"]
+    base = out[f"{args.workers}w_none"]["step_s"]
+    out["tokens_per_s_ratio"] = n["tokens_per_s"] / one["tokens_per_s"]  # ideal: the number of workers
+    out["scaling_efficiency"] = out["tokens_per_s_ratio"] / args.workers
+    out["sum_overhead_s"] = n["step_s"] - base  # the loop's bucketed all-reduce after the backward
+    out["ddp_overhead_s"] = out[f"{args.workers}w_ddp"]["step_s"] - base  # DDP's, overlapped with the backward
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true")
@@ -146,7 +235,15 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--precisions", default="fp32,bf16")
     p.add_argument("--max-batch", type=int, default=1024, help="largest batch tried on a GPU")
+    p.add_argument("--workers", type=int, default=0, help="data-parallel processes against 1 (0: off)")
+    p.add_argument("--threads-per-worker", type=int, default=1)
     args = p.parse_args()
+    if args.workers:
+        gpu = torch.cuda.is_available()
+        args.shape = args.shape if args.shape != "auto" else ("bart-large" if gpu else "small")
+        args.batch = args.batch or 4
+        print(json.dumps(workers_bench(args), indent=2 if args.json else None))
+        return
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shape = args.shape if args.shape != "auto" else ("bart-large" if device.type == "cuda" else "small")
     args.batch = args.batch or (16 if device.type == "cuda" else 4)
