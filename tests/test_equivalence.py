@@ -39,7 +39,7 @@ from raycl.miners.beam_search import MinedNegatives, write_negatives_parquet
 from raycl.recipes import recipe_for
 from raycl.recipes.coherence.worker import CoherenceTask
 from raycl.recipes.gec.worker import GecTask
-from raycl.recipes.idiom.worker import IdiomTask, epoch_batches, train_examples
+from raycl.recipes.idiom.worker import IdiomTask, train_examples
 from raycl.recipes.sts.worker import StsTask
 from raycl.train import loop
 
@@ -166,24 +166,6 @@ def test_idiom_two_workers_train_as_one_with_fgm_and_an_uneven_last_batch(ray_lo
     acc = _train(run, make([f"optim.batch_size={b}", "adversarial.method=none", "optim.update_freq=2"]),
                  tmp_path / "acc", workers=0)  # fmt: skip
     assert_same_training(plain[0], acc[0], what="batch 2B vs update_freq 2")
-
-
-def test_idiom_killed_mid_epoch_resumes_with_its_schedule_and_dropout(ray_local, tmp_path: Path) -> None:
-    """One Ray Train worker, dropout on, the linear warm-up/decay schedule, EMA and 3 shuffled epochs: the worker
-    dies in the middle of epoch 2 and resumes from the checkpoint of epoch 1 — weights, optimizer, schedule, EMA
-    and the RNG (the dropout masks) — ending where an uninterrupted run ends."""
-    run = _prepare("idiom", ["optim.epochs=3", "data.setting=zero_shot", "adversarial.method=none"], tmp_path,
-                   dropout=True)  # fmt: skip
-    task = IdiomTask(_cfg(run, ["optim.batch_size=8"]))
-    per_epoch = len(epoch_batches(len(train_examples(run.cfg, "zero_shot")), batch_size=8, seed=0, rank=0,
-                                  world_size=1))  # fmt: skip
-    whole = _train(run, task, tmp_path / "whole", workers=1)[0]
-    kill = {"exit_at_step": per_epoch + per_epoch // 2}  # in the middle of epoch 2
-    killed = _train(run, task, tmp_path / "killed", workers=1, kill=kill)[0]
-    assert (tmp_path / "killed" / "killed").exists()  # it did die
-    assert_same_training(whole, killed, what="killed mid-epoch 2 and resumed vs uninterrupted")
-    ema_a, ema_b = whole["extras"]["ema"]["shadow"], killed["extras"]["ema"]["shadow"]
-    assert ema_a.keys() == ema_b.keys() and all(torch.allclose(ema_a[k], ema_b[k], atol=TOL) for k in ema_a)
 
 
 COHERENCE = [
