@@ -132,6 +132,7 @@ class Mutant:
     tests: tuple[str, ...]
 
 
+OLD_GEC_TOTAL = "math.ceil(steps / cfg.optim.update_freq) * max(ph.epochs, 1)"  # sentence pools, not token batches
 Q = "tests/test_queues.py::"
 EQ = "tests/test_equivalence.py::"
 MUTANTS = [
@@ -188,6 +189,28 @@ MUTANTS = [
            replace("sum_gradients", "dist.all_reduce(flat)", "dist.all_reduce(flat)",
                    "flat.mul_(dist.get_world_size())"),
            (EQ + "test_gec_two_workers_train_as_one",)),
+    # issue 18's defects, each planted back as it was before its fix
+    Mutant("fp16_gec_starts_at_pytorchs_loss_scale", "raycl/recipes/gec/worker.py",
+           replace("GecTask.settings", "fp16_init_scale", "fp16_init_scale=2.0**7", "fp16_init_scale=2.0**16"),
+           ("tests/test_gec_updates.py::test_fp16_gec_skips_no_update_after_the_first",)),
+    Mutant("gec_schedule_counts_pools_not_token_batches", "raycl/recipes/gec/worker.py",
+           replace("GecTask.build", "updates = cfg.optim.total_updates or",
+                   "self._updates(model, examples, feed, w)", OLD_GEC_TOTAL),
+           ("tests/test_gec_updates.py::test_a_token_budget_schedule_decays_over_the_updates_the_run_makes",)),
+    Mutant("idiom_schedule_total_rounds_down", "raycl/recipes/idiom/worker.py",
+           replace("IdiomTask.build", "total = max(", "math.ceil(self._steps(len(examples), w) / o.update_freq) "
+                   "* o.epochs", "self._steps(len(examples), w) * o.epochs // o.update_freq"),
+           (EQ + "test_idiom_two_workers_train_as_one_with_fgm_and_an_uneven_last_batch",)),
+    Mutant("sts_reports_by_the_global_step", "raycl/recipes/sts/worker.py",
+           replace("StsTask.stream", "(i + 1) % (fit.eval_every", "(i + 1) % (fit.eval_every * "
+                   "self.cfg.optim.update_freq) == 0", "p[\"step\"] % fit.eval_every == 0"),
+           (EQ + "test_sts_two_workers_train_as_one",)),
+    Mutant("unused_parameters_summed_as_zeros", "raycl/train/data_parallel.py",
+           replace("sum_gradients", "if n > 0 and p.grad is None", "n > 0 and ", ""),
+           ("tests/test_data_parallel.py::test_a_rank_out_of_batches_joins_the_others_updates",)),
+    Mutant("local_mode_takes_the_gpu_ray_hands_out", "raycl/train/loop.py",
+           replace("run", "device = session.device() if job.use_gpu", " if job.use_gpu else torch.device(\"cpu\")",
+                   ""), ("tests/test_loop.py::test_no_gpu_asked_stays_on_the_cpu_where_ray_would_hand_one_out",)),
 ]  # fmt: skip
 
 

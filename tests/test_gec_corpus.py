@@ -105,10 +105,10 @@ def test_write_builtin_corpus_round_trips(tmp_path: Path) -> None:
 
 
 def test_generation_is_fast() -> None:
-    start = time.process_time()  # CPU time: other jobs on the machine do not count
+    start = time.thread_time()  # this thread's CPU time: other jobs and Ray's threads here do not count
     sents = _gen(20000, gc.HIGH_DENSITY, annotators=2)
     assert len(sents) == 20000
-    assert time.process_time() - start < 2.0
+    assert time.thread_time() - start < 2.0
 
 
 def test_errant_agrees_with_injected_types() -> None:
