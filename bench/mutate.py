@@ -211,6 +211,13 @@ MUTANTS = [
     Mutant("local_mode_takes_the_gpu_ray_hands_out", "raycl/train/loop.py",
            replace("run", "device = session.device() if job.use_gpu", " if job.use_gpu else torch.device(\"cpu\")",
                    ""), ("tests/test_loop.py::test_no_gpu_asked_stays_on_the_cpu_where_ray_would_hand_one_out",)),
+    Mutant("checkpoint_holds_every_devices_cuda_rng", "raycl/train/loop.py",
+           replace("rng_state", "torch.cuda.get_rng_state(device)", "torch.cuda.get_rng_state(device)",
+                   "torch.cuda.get_rng_state_all()"),
+           ("tests/test_loop.py::test_a_worker_restores_its_own_devices_rng_where_it_sees_fewer_devices",)),
+    Mutant("a_collective_handed_a_tensor_off_the_backends_device", "raycl/train/data_parallel.py",
+           replace("all_reduce_sum", "t = torch.tensor(", ", device=collective_device(str(dist.get_backend()))",
+                   ""), ("tests/test_loop.py::test_collectives_use_the_backends_device",)),
 ]  # fmt: skip
 
 
@@ -260,6 +267,8 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per mutant (a hang counts as killed)")
     args = p.parse_args()
     chosen = [m for m in MUTANTS if args.k in m.name]
+    if not chosen:
+        sys.exit(f"mutate: no mutant's name contains {args.k!r}")
     results = []
     with tempfile.TemporaryDirectory(prefix="raycl-mutate-") as tmp:
         tree = Path(tmp)

@@ -6,8 +6,10 @@ tensors on the backend's device, miners on a GPU only when Ray reserved one."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ import torch
 from test_data_parallel import EXAMPLES, NEGATIVES
 from torch import nn
 
+import raycl
 from raycl.configs.gec import GecConfig
 from raycl.distributed import session
 from raycl.losses.gec_margin import GecContrastiveLoss
@@ -257,10 +260,88 @@ def test_the_toy_run_trains_at_low_precision(tmp_path: Path, monkeypatch, precis
 
 
 # ---------------------------------------------------------------------------------------------- the GPU bugs
+COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "broadcast",
+               "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "gather",
+               "gather_object", "all_to_all", "send", "recv", "barrier"}
+
+
+def _collective_calls(tree: ast.AST) -> list[ast.Call]:
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+    return [c for c in calls if isinstance(c.func, ast.Attribute) and c.func.attr in COLLECTIVES
+            and ast.unparse(c.func.value) in ("dist", "torch.distributed")]  # fmt: skip
+
+
+def _on_backend_device(name: str, assigned: dict[str, str], seen: frozenset[str] = frozenset()) -> bool:
+    """``name`` is built with ``device=`` (or ``.to(``) a name bound to ``collective_device(...)``, or as
+    ``empty_like`` of such a tensor."""
+    devices = [n for n, src in assigned.items() if src.startswith("collective_device(")]
+    src = assigned.get(name, "")
+    if "device=collective_device(" in src or any(f"device={d}" in src or f".to({d})" in src for d in devices):
+        return True
+    like = re.findall(r"empty_like\((\w+)\)", src)
+    return bool(like) and all(n not in seen and _on_backend_device(n, assigned, seen | {name}) for n in like)
+
+
 def test_collectives_use_the_backends_device() -> None:
-    """NCCL accepts CUDA tensors only: a token count all-reduced under NCCL must be built on the GPU."""
+    """NCCL accepts CUDA tensors only: a token count all-reduced under NCCL must be built on the GPU. On a CPU
+    machine every tensor is on the CPU, so what runs cannot show a collective handed a CPU tensor under NCCL; what
+    can be checked is the code: every collective raycl makes is in ``data_parallel``, and each tensor it hands one
+    is built on ``collective_device(backend)`` (``device=device`` or ``.to(device)``), or is ``empty_like`` such a
+    tensor. A collective anywhere else, or one handed a tensor built without that device, fails here."""
     assert collective_device("nccl").type == "cuda"
     assert collective_device("gloo") == torch.device("cpu")
+    root = Path(raycl.__file__).parent
+    home = root / "train" / "data_parallel.py"
+    outside = [f"{path.relative_to(root)}:{c.lineno} {ast.unparse(c.func)}" for path in sorted(root.rglob("*.py"))
+               if path != home for c in _collective_calls(ast.parse(path.read_text(encoding="utf-8")))]
+    assert outside == [], f"collectives outside raycl/train/data_parallel.py: {outside}"
+    checked = 0
+    for fn in (n for n in ast.walk(ast.parse(home.read_text(encoding="utf-8"))) if isinstance(n, ast.FunctionDef)):
+        assigned = {t.id: ast.unparse(n.value) for n in ast.walk(fn) if isinstance(n, ast.Assign)
+                    for t in n.targets if isinstance(t, ast.Name)}  # fmt: skip
+        for call in _collective_calls(fn):
+            for arg in call.args:
+                assert isinstance(arg, ast.Name), f"{fn.name}: {ast.unparse(call)}"
+                assert _on_backend_device(arg.id, assigned), f"{fn.name}: {arg.id} = {assigned.get(arg.id)}"
+                checked += 1
+    assert checked >= 5  # sum_gradients (2), all_reduce_sum, _weight_and_active, broadcast_int, all_gather_floats
+
+
+class _Devices:
+    """The CUDA RNG API of a process that sees ``count`` devices, each with its own generator state (the CPU half
+    of issue 18 b: the real thing is ``test_gpu_checkpoint_holds_this_workers_own_cuda_rng``)."""
+
+    def __init__(self, count: int, seed: int) -> None:
+        self.states = [torch.tensor([seed + i], dtype=torch.uint8) for i in range(count)]
+
+    def _index(self, device: Any = "cuda") -> int:
+        index = torch.device(device).index or 0 if not isinstance(device, int) else device
+        if index >= len(self.states):
+            raise RuntimeError(f"CUDA error: invalid device ordinal {index}")
+        return index
+
+    def install(self, monkeypatch) -> None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: len(self.states))
+        monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": self.states[self._index(device)])
+        monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: list(self.states))
+        monkeypatch.setattr(torch.cuda, "set_rng_state",
+                            lambda state, device="cuda": self.states.__setitem__(self._index(device), state))
+        monkeypatch.setattr(torch.cuda, "set_rng_state_all",
+                            lambda states: [torch.cuda.set_rng_state(t, i) for i, t in enumerate(states)])
+
+
+def test_a_worker_restores_its_own_devices_rng_where_it_sees_fewer_devices(monkeypatch) -> None:
+    """Rank 0 saw two devices and trained on cuda:1; after the restart its worker sees one device (cuda:0, Ray's
+    CUDA_VISIBLE_DEVICES). The checkpoint must hold that device's state alone, and restore it on the new one."""
+    before = _Devices(2, seed=10)
+    before.install(monkeypatch)
+    saved = loop.rng_state(torch.device("cuda", 1))
+    assert torch.equal(saved["cuda"], torch.tensor([11], dtype=torch.uint8))  # cuda:1's, not a list of both
+    after = _Devices(1, seed=50)
+    after.install(monkeypatch)
+    loop.restore_rng(saved, torch.device("cuda", 0))
+    assert torch.equal(after.states[0], torch.tensor([11], dtype=torch.uint8))
 
 
 def test_a_miner_without_a_gpu_share_stays_on_the_cpu(monkeypatch) -> None:

@@ -15,9 +15,9 @@ from typing import Any
 
 import ray
 import torch
-import torch.distributed as dist
 
 from raycl.distributed.weights import publish_weights
+from raycl.train.data_parallel import broadcast_int
 
 
 @dataclass
@@ -102,10 +102,7 @@ class StreamConsumer:
     def store_version(self) -> int:
         """The newest version the store holds (a dead run may have published past our checkpoint). Rank 0 asks
         and tells the others, so every rank counts from the same number even if rank 0 publishes meanwhile."""
-        value = [int(ray.get(self.store.version.remote())) if self.rank == 0 else 0]
-        if self.world_size > 1 and dist.is_available() and dist.is_initialized():
-            dist.broadcast_object_list(value, src=0)
-        return value[0]
+        return broadcast_int(int(ray.get(self.store.version.remote())) if self.rank == 0 else 0)
 
     def buffer(self) -> dict[str, float]:
         s = ray.get(self.stream.stats.remote())

@@ -6,7 +6,8 @@ workers and divided by the global weight (all ranks, all micro-batches), which i
 single-process loss over the union of the shards (fairseq: "sum both terms, then divide by ntokens").
 
 Collective tensors live on the device of the process group's backend: NCCL (Ray Train's backend as soon as the
-workers have GPUs) accepts only CUDA tensors, gloo CPU ones.
+workers have GPUs) accepts only CUDA tensors, gloo CPU ones. Every collective raycl makes is in this module
+(``tests/test_loop.py`` checks it), so that rule is kept in one place.
 
 Recipes whose model runs several forward passes per step through methods other than ``forward`` (GEC: one pass
 per negative slot through the scorer; STS: SimCSE views, MoCo keys, cross-attended pairs), and coherence, whose
@@ -123,6 +124,15 @@ def _weight_and_active(weight: float, active: bool) -> tuple[float, float]:
     t = torch.tensor([weight, float(active)], dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return float(t[0].item()), float(t[1].item())
+
+
+def broadcast_int(value: int, src: int = 0) -> int:
+    """Rank ``src``'s ``value`` on every rank (identity with one worker)."""
+    if not distributed():
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=collective_device(str(dist.get_backend())))
+    dist.broadcast(t, src=src)
+    return int(t.item())
 
 
 def all_gather_floats(values: list[float]) -> list[list[float]]:

@@ -271,6 +271,21 @@ def run(job: Job) -> None:
         torch.save(loop.state(), Path(job.probe) / f"rank{rank}.pt")
 
 
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """This worker's RNG states: Python's, NumPy's, the CPU generator and the CUDA one of its *own* device only
+    (not every device the process sees: a restarted worker may see fewer, and could not restore that list)."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}  # fmt: skip
+
+
+def restore_rng(rng: dict[str, Any], device: torch.device) -> None:
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    torch.set_rng_state(rng["torch"])
+    if device.type == "cuda" and isinstance(rng.get("cuda"), torch.Tensor):
+        torch.cuda.set_rng_state(rng["cuda"], device)  # this worker's own device
+
+
 class _Loop:
     def __init__(self, task: Any, st: TrainState, w: Worker) -> None:
         self.task, self.st, self.w, self.s = task, st, w, task.settings
@@ -302,18 +317,10 @@ class _Loop:
             if saved["extras"].get(name) is not None:
                 obj.load_state_dict(saved["extras"][name])
         st.progress = dict(saved["progress"])
-        rng = saved["rng"]
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"])
-        if self.w.device.type == "cuda" and isinstance(rng.get("cuda"), torch.Tensor):
-            torch.cuda.set_rng_state(rng["cuda"], self.w.device)  # this worker's own device
+        restore_rng(saved["rng"], self.w.device)
 
     def rng(self) -> dict[str, Any]:
-        """This worker's RNG states (the CUDA one of its own device: another worker may see fewer devices)."""
-        cuda = self.w.device.type == "cuda"
-        return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state(self.w.device) if cuda else None}  # fmt: skip
+        return rng_state(self.w.device)
 
     def state(self) -> dict[str, Any]:
         """What ``state.pt`` holds: optimizers, schedules, scaler, extras, progress and the RNG states (the CUDA

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.optim.swa_utils import SWALR
 
 from raycl.configs.coherence import CoherenceConfig
@@ -35,6 +34,7 @@ from raycl.miners.permutation import decode_doc
 from raycl.models.coherence import CoherenceScorer, MomentumEncoder
 from raycl.recipes.coherence.evaluation import Evaluator
 from raycl.train.coherence_step import coherence_loss
+from raycl.train.data_parallel import all_gather_floats
 from raycl.train.loop import (
     Batch,
     EpochEnd,
@@ -124,11 +124,7 @@ def _batches(cfg: CoherenceConfig, pairs: Iterator[tuple[CoherenceItem, Negs]], 
         yield [b[0] for b in batch], [b[1] for b in batch], consumed
 
 def _all_ranks(value: int) -> list[int]:
-    if not (dist.is_available() and dist.is_initialized()):
-        return [value]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return [int(v) for v in out]
+    return [int(v[0]) for v in all_gather_floats([float(value)])]
 
 
 class PrefixRandom(random.Random):
