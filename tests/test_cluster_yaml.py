@@ -1,4 +1,6 @@
-"""`cluster.yaml` (issue 3 item 6): Ray's own validator accepts it, and the README's job fits on its nodes."""
+"""`cluster.yaml` (issue 3 item 6): Ray's own validator accepts it, and the README's job fits on its nodes; every
+`ray start` requires Ray's auth token and keeps the dashboard on localhost, the shared folder is the cluster
+user's (issue 22 item 1)."""
 
 from __future__ import annotations
 
@@ -95,14 +97,16 @@ def test_image_matches_the_ray_pin_and_raycl_is_installed_from_the_repo(cluster:
         assert cluster["docker"].get(key, IMAGE) == IMAGE
     ray_pin = re.search(r'"ray\[[^\]]*\]==([^"]+)"', (ROOT / "pyproject.toml").read_text())
     assert ray_pin is not None and ray_pin[1] == ray.__version__ and f":{ray.__version__}-py311-" in IMAGE
-    assert cluster["file_mounts"] == {"~/raycl": "."}
+    assert cluster["file_mounts"]["~/raycl"] == "."
     assert any("pip install" in c and "-e ~/raycl" in c for c in cluster["setup_commands"])
     assert any("/mnt/raycl" in opt for opt in cluster["docker"]["run_options"])  # the shared run folder
 
 
-def test_every_resource_the_readme_job_asks_for_exists_on_some_node_type(cluster: dict[str, Any]) -> None:
-    args = cli.space_parser("python -m raycl.tune", "").parse_args(_readme_job())
-    assert args.address == "auto" and str(args.out).startswith("/mnt/raycl/")  # on the shared file system
+def check_job_fits(args: Any, cluster: dict[str, Any]) -> None:
+    """Every resource the job (parsed ``raycl.tune`` arguments) asks for exists on some node type of ``cluster``
+    (an autoscaler config: ``ray up``'s, or the one Ray derives from a KubeRay spec), and its concurrent trials
+    fit on the cluster scaled out."""
+    assert args.address == "auto"
     cfg = load_space(args.space, preset=args.preset, overrides=args.overrides).config
     validate(cfg, where="README")
     types = cluster["available_node_types"]
@@ -119,7 +123,129 @@ def test_every_resource_the_readme_job_asks_for_exists_on_some_node_type(cluster
     assert _fits({k: trials * v for k, v in per_trial.items()}, _capacity(cluster)), (trials, per_trial)
 
 
+def test_every_resource_the_readme_job_asks_for_exists_on_some_node_type(cluster: dict[str, Any]) -> None:
+    args = cli.space_parser("python -m raycl.tune", "").parse_args(_readme_job())
+    assert str(args.out).startswith("/mnt/raycl/")  # on the shared file system
+    check_job_fits(args, cluster)
+
+
 def test_the_fit_check_can_fail(cluster: dict[str, Any]) -> None:
     types = cluster["available_node_types"].values()
     assert not any(_fits({"GPU": 2.0, "miner": 1.0}, t["resources"]) for t in types)
     assert not any(_fits({"CPU": 1.0, "raycl_driver": 1.0}, t["resources"]) for t in types)
+
+
+TOKEN_PATH = "~/.ray/auth_token"  # Ray's default token file; `ray get-auth-token --generate` writes it
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+def _simple_commands(command: str) -> list[tuple[dict[str, str], list[str]]]:
+    """The simple commands of one shell command line (split at ``;``, ``&&``, ``||``), each with the environment
+    it runs with: what ``export`` set earlier on the line and its own ``VAR=value`` prefixes; ``sudo`` dropped."""
+    env: dict[str, str] = {}
+    found = []
+    for part in re.split(r"\s*(?:;|&&|\|\|)\s*", command):
+        words = shlex.split(part.strip().lstrip("(").rstrip(")"))
+        if words[:1] == ["export"]:
+            env.update(w.split("=", 1) for w in words[1:] if "=" in w)  # type: ignore[misc]
+            continue
+        prefix = {}
+        while words and re.match(r"[A-Za-z_]\w*=", words[0]):
+            key, value = words.pop(0).split("=", 1)
+            prefix[key] = value
+        found.append(({**env, **prefix}, words[1:] if words[:1] == ["sudo"] else words))
+    return found
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _auth_problems(cluster: dict[str, Any]) -> list[str]:
+    """Every ``ray start`` must run with ``RAY_AUTH_MODE=token`` and a token that ``file_mounts`` brings to the
+    node (never one written into the file), and must not bind the dashboard beyond localhost."""
+    problems = []
+    commands = cluster["head_start_ray_commands"] + cluster["worker_start_ray_commands"]
+    starts = [(env, w[2:]) for c in commands for env, w in _simple_commands(c) if w[:2] == ["ray", "start"]]
+    if len(starts) < 2:
+        problems.append("a head and a worker `ray start` expected")
+    for env, args in starts:
+        where = "ray start " + " ".join(args)
+        if env.get("RAY_AUTH_MODE") != "token":
+            problems.append(f"{where}: runs without RAY_AUTH_MODE=token")
+        if "RAY_AUTH_TOKEN" in env:
+            problems.append(f"{where}: a token written into cluster.yaml")
+        token = env.get("RAY_AUTH_TOKEN_PATH", TOKEN_PATH)
+        if token not in cluster["file_mounts"]:
+            problems.append(f"{where}: its token {token} is not in file_mounts")
+        host = _flag(args, "--dashboard-host")
+        if host is not None and host not in LOOPBACK:
+            problems.append(f"{where}: binds the dashboard to {host}")
+    return problems
+
+
+def _world_writable(mode: str) -> bool:
+    if re.fullmatch(r"[0-7]{3,4}", mode):
+        return bool(int(mode, 8) & 0o002)
+    clauses = [re.fullmatch(r"([ugoa]*)[+=]([rwxXst]*)", c) for c in mode.split(",")]
+    return any(m is not None and "w" in m[2] and (not m[1] or set(m[1]) & {"o", "a"}) for m in clauses)
+
+
+def _shared_folder_problems(cluster: dict[str, Any]) -> list[str]:
+    """The shared run folder must belong to the cluster's user, and nobody else may write it."""
+    commands = [words for command in cluster["initialization_commands"] for _, words in _simple_commands(command)]
+    problems = [" ".join(w) for w in commands if w[:1] == ["chmod"] and any(_world_writable(a) for a in w[1:])]
+    if not any(w[:1] == ["chown"] and "/mnt/raycl" in w for w in commands):
+        problems.append("/mnt/raycl is not given to the cluster's user")
+    return problems
+
+
+def test_every_ray_start_requires_the_token_and_keeps_the_dashboard_local(cluster: dict[str, Any]) -> None:
+    assert _auth_problems(cluster) == []
+    assert any("RAY_AUTH_MODE=token" in c and ".bashrc" in c for c in cluster["setup_commands"])  # head shell
+    assert _shared_folder_problems(cluster) == []
+
+
+def _edit_starts(cluster: dict[str, Any], key: str, edit: Any) -> None:
+    cluster[key] = [edit(c) if "ray start" in c else c for c in cluster[key]]
+
+
+NO_MODE = "export RAY_AUTH_MODE=token;"
+HEAD, WORKER = "head_start_ray_commands", "worker_start_ray_commands"
+OPEN = {  # a planted hole, and the problem it must raise
+    "a worker without RAY_AUTH_MODE": (WORKER, lambda s: s.replace(NO_MODE, ""),
+                                       "runs without RAY_AUTH_MODE=token"),
+    "auth mode set after ray start": (HEAD, lambda s: s.replace(NO_MODE, "") + "; " + NO_MODE,
+                                      "runs without RAY_AUTH_MODE=token"),
+    "dashboard on every interface": (HEAD, lambda s: s + " --dashboard-host=0.0.0.0",
+                                     "binds the dashboard to 0.0.0.0"),
+    "dashboard on every interface, as two words": (HEAD, lambda s: s + " --dashboard-host ::",
+                                                   "binds the dashboard to ::"),
+    "a token in the file": (HEAD, lambda s: s.replace("ray start", "RAY_AUTH_TOKEN=x ray start"),
+                            "a token written into cluster.yaml"),
+    "no token on the nodes": ("file_mounts", None, "is not in file_mounts"),
+}
+
+
+@pytest.mark.parametrize("hole", list(OPEN))
+def test_a_ray_start_without_the_token_or_with_a_public_dashboard_fails(hole: str) -> None:
+    key, edit, expected = OPEN[hole]
+    broken = copy.deepcopy(_raw())
+    if edit is None:
+        broken[key].pop(TOKEN_PATH)
+    else:
+        _edit_starts(broken, key, edit)
+    assert any(expected in p for p in _auth_problems(broken)), _auth_problems(broken)
+
+
+@pytest.mark.parametrize("mode", ["1777", "777", "a+w", "o+rwx", "+w", "u+w,o+w"])
+def test_a_world_writable_shared_folder_fails(mode: str) -> None:
+    broken = copy.deepcopy(_raw())
+    broken["initialization_commands"][0] += f" && sudo chmod {mode} /mnt/raycl"
+    assert _shared_folder_problems(broken) == [f"chmod {mode} /mnt/raycl"]
+    assert not _world_writable("0750") and not _world_writable("g+w")
