@@ -23,8 +23,8 @@ def space_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--address", default=None, help="Ray address (auto, HOST:PORT); default: RAY_ADDRESS or "
                    "an embedded local Ray")
     p.add_argument("--out", default=None, type=Path,
-                   help="run folder (default runs/SPACE/TIMESTAMP; inside a Ray job an absolute path is required); "
-                   "an existing one is resumed")
+                   help="run folder (default runs/SPACE/TIMESTAMP; inside a Ray job an absolute one is "
+                   "required); an existing one is resumed")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
     return p
 
