@@ -7,7 +7,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install test test-gpu test-equivalence mutate lint demo bench clean
+.PHONY: install test test-cluster test-gpu test-equivalence mutate lint demo bench clean
 
 install: $(STAMP)
 
@@ -24,7 +24,12 @@ lint: install
 	$(VENV)/bin/mypy
 
 test: lint
-	$(VENV)/bin/pytest -q tests
+	$(VENV)/bin/pytest -q -m "not cluster" tests
+
+# a 2-node Ray cluster of `ray start` processes on localhost (token auth on) and raycl jobs through its job server
+# (about 2 minutes on 2 cores; .ci/run runs it after `make test`)
+test-cluster: install
+	$(VENV)/bin/pytest -q -m cluster tests
 
 # the tests marked gpu (skipped without CUDA); on a GPU machine without the venv: python3 -m pytest -m gpu tests
 test-gpu: install

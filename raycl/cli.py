@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from raycl.config import Space, load_space
+from raycl.errors import UserError
 
 
 def space_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -22,15 +23,38 @@ def space_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--address", default=None, help="Ray address (auto, HOST:PORT); default: RAY_ADDRESS or "
                    "an embedded local Ray")
     p.add_argument("--out", default=None, type=Path,
-                   help="run folder (default runs/SPACE/TIMESTAMP); an existing one is resumed")
+                   help="run folder (default runs/SPACE/TIMESTAMP; inside a Ray job an absolute one is "
+                   "required); an existing one is resumed")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
     return p
 
 
 def load(args: argparse.Namespace) -> tuple[Space, Path]:
+    address = args.address or os.environ.get("RAY_ADDRESS")
+    if address:  # a cluster that refuses us ends in one line now, not after the inputs were read
+        from raycl.distributed.runtime import check_cluster
+
+        check_cluster(address)
     space = load_space(args.space, preset=args.preset, overrides=args.overrides)
-    run_dir = args.out or Path("runs") / space.name / time.strftime("%Y%m%d-%H%M%S")
-    return space, run_dir.resolve()
+    return space, run_folder(args.out, space.name)
+
+
+def run_folder(out: Path | None, space_name: str) -> Path:
+    """The absolute run folder of ``--out`` (default ``runs/SPACE/TIMESTAMP``); ``resumed run: …`` on stderr when
+    it holds an earlier run. Inside a Ray job a relative one is refused: it would land in the job's working_dir,
+    unpacked in Ray's package cache on the head, which the client cannot reach, a second job of the same code
+    resumes, and Ray may delete."""
+    from raycl.distributed.runtime import in_ray_job
+
+    if in_ray_job() and (out is None or not out.is_absolute()):
+        given = f"--out {out}" if out is not None else f"the default --out runs/{space_name}/TIMESTAMP"
+        raise UserError(f"{given} is relative: inside a Ray job it would land in the job's working_dir "
+                        f"({Path.cwd()}), in Ray's package cache; give an absolute --out on storage that every "
+                        "node shares and you can reach (e.g. --out /mnt/raycl/runs/NAME)")  # fmt: skip
+    run_dir = (out or Path("runs") / space_name / time.strftime("%Y%m%d-%H%M%S")).resolve()
+    if (run_dir / "config.yaml").exists():  # written by the driver's prepare step of every run
+        print(f"resumed run: {run_dir}", file=sys.stderr, flush=True)
+    return run_dir
 
 
 def recipe(space: Space) -> Any:

@@ -1,13 +1,26 @@
-"""Connecting to Ray: an embedded local Ray on a laptop, the cluster with ``--address auto``."""
+"""Connecting to Ray: an embedded local Ray on a laptop, the cluster with ``--address auto``, a Ray job's entry."""
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import os
+import socket
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
-import ray
+from raycl.errors import UserError
 
 log = logging.getLogger(__name__)
+
+# Ray's job supervisor gives a job's entry point its JobConfig (the job's runtime env) in this variable; ray.init
+# merges that runtime env with its own argument's and refuses any key both set (ray/_private/worker.py).
+JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+TOKEN_HELP = ("give this shell the cluster's token: RAY_AUTH_MODE=token with RAY_AUTH_TOKEN=TOKEN or "
+              "RAY_AUTH_TOKEN_PATH=FILE (README: Cluster authentication)")  # fmt: skip
 
 
 def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
@@ -16,11 +29,15 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
     With no address and no ``RAY_ADDRESS`` this starts an embedded local Ray (``address="local"``: never another
     process's Ray on the same machine; ``--address auto`` joins a cluster), which ``ray[default]`` gives a
     dashboard: Train V2 needs its State API to release the placement groups of trials that Tune stops early
-    (RAY_NOTES 2.2). Never calls ``ray stop``.
+    (RAY_NOTES 2.2). A cluster that refuses us ends in one line (:func:`check_cluster`). Never calls ``ray stop``.
     """
+    import ray
+
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is not None:
+        check_cluster(address)
     kwargs: dict[str, object] = {"ignore_reinit_error": True, "log_to_driver": _log_to_driver()}
     if address is None and num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
@@ -30,13 +47,96 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
     log.info("ray: %s", ray.cluster_resources())
 
 
+def in_ray_job() -> bool:
+    """Whether this process is a Ray job's entry point (``ray job submit``, KubeRay's RayJob)."""
+    return JOB_CONFIG_ENV in os.environ
+
+
+def job_env_vars() -> dict[str, str]:
+    """The ``env_vars`` of the runtime env of the Ray job this process runs in ({} outside a job)."""
+    if not in_ray_job():
+        return {}
+    runtime_env = json.loads(os.environ[JOB_CONFIG_ENV]).get("runtime_env") or {}
+    return dict(runtime_env.get("env_vars") or {})
+
+
 def _log_to_driver() -> bool:
     return os.environ.get("RAYCL_WORKER_LOGS", "0") == "1"
 
 
 def _propagated_env() -> dict[str, str]:
+    """What workers get from the driver's environment. Inside a Ray job, only what the job's runtime env lacks:
+    its workers inherit the job's env_vars, and ray.init refuses a key set twice (even to the same value), so
+    RAY_OVERRIDE_JOB_RUNTIME_ENV is not needed."""
     keep = ("PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "RAYCL_WORKER_LOGS")
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "0"))
-    return env
+    job = job_env_vars()
+    return {k: v for k, v in env.items() if k not in job}
+
+
+@functools.cache  # once a process: the CLI checks before it reads the inputs, init_ray again for library calls
+def check_cluster(address: str) -> None:
+    """Reach the cluster at ``address`` and pass its token check, or end in one line (exit 2) within seconds.
+
+    Without this, ``ray.init`` against a cluster that refuses our token prints Ray's ``InvalidAuthToken`` warning
+    every second for 20 s and ends in a ``ConnectionError`` traceback, and an unreachable address waits ~40 s.
+    The probe is one GCS client (what ``ray.init`` opens first), its C++ warnings kept off the terminal.
+    """
+    if address == "local" or "://" in address:  # an embedded Ray; Ray Client and HTTP addresses check themselves
+        return
+    from ray._private.authentication.authentication_token_setup import (
+        ensure_token_if_auth_enabled,
+        maybe_enable_token_auth_if_token_available,
+    )
+    from ray._private.services import canonicalize_bootstrap_address_or_die
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
+    from ray.exceptions import AuthenticationError
+
+    if address == "auto":  # as ray.init does: a local token file turns token auth on for a cluster found here
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    try:
+        gcs = canonicalize_bootstrap_address_or_die(address)
+    except (ConnectionError, ValueError) as err:
+        raise UserError(f"--address {address}: {err}") from None
+    host, port = gcs.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as err:
+        raise UserError(f"--address {address}: no Ray cluster answers at {gcs} ({err.strerror or err}): is the "
+                        "address right and the head reachable from here?") from None  # fmt: skip
+    try:
+        with _quiet_stderr():
+            ensure_token_if_auth_enabled(None, create_token_if_missing=False)
+            GcsClient(address=gcs)  # type: ignore[attr-defined]
+    except AuthenticationError:
+        raise UserError(f"--address {address}: the Ray cluster at {gcs} refused the connection: the "
+                        f"authentication token is missing or wrong ({_token_source()}), or the address names "
+                        f"another cluster; {TOKEN_HELP}") from None  # fmt: skip
+
+
+def _token_source() -> str:
+    """Where this process's token came from, as the message to a refused client says it."""
+    if os.environ.get("RAY_AUTH_MODE", "disabled").lower() != "token":
+        return "RAY_AUTH_MODE is not 'token' here, so no token was sent"
+    for var in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        if os.environ.get(var):
+            return f"the token of {var} was sent"
+    if (Path.home() / ".ray" / "auth_token").exists():
+        return "the token of ~/.ray/auth_token was sent"
+    return "RAY_AUTH_MODE is 'token' but no token was found"
+
+
+@contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 to /dev/null: Ray's C++ client logs straight to it, past Python's ``sys.stderr``."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
