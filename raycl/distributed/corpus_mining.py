@@ -266,10 +266,12 @@ def _plan(out_dir: Path, specs: Sequence[str], *, shard_size: int | None, annota
 def _check_done(out_dir: Path, ranges: list[Range], failed: list[dict[str, Any]], *, stopped: bool) -> None:
     """``_failures.json`` written (or removed); failed ranges, or mined ones missing from OUT, are errors."""
     by_index = {r.index: r for r in ranges}
-    failures = [{"range": f["index"], "shard": shard_name(f["index"]), "file": by_index[f["index"]].path,
-                 "first_line": by_index[f["index"]].first_line, "sentences": by_index[f["index"]].count,
-                 "error": f["error"]} for f in failed]  # fmt: skip
+    failures: list[dict[str, Any]] = [
+        {"range": r.index, "shard": shard_name(r.index), "file": r.path, "first_line": r.first_line,
+         "sentences": r.count, "error": str(f["error"])} for f in failed for r in [by_index[int(f["index"])]]
+    ]  # fmt: skip
     record_failures(out_dir, failures)
+    reset_attempts(out_dir)
     if failures:
         listed = ", ".join(f"{f['shard']} ({Path(f['file']).name}:{f['first_line']}: {f['error']})"
                            for f in failures[:3]) + (", ..." if len(failures) > 3 else "")  # fmt: skip
