@@ -2,7 +2,9 @@
 
 The pipeline (the Ray-free parts are :mod:`raycl.miners.corpus`)::
 
-    scan (driver)          ``scan_ranges``: byte offsets per range of ``shard_size`` records, O(#ranges) memory;
+    scan (driver)          ``scan_specs``: every record checked, a content digest and byte offsets per range of
+                           ``shard_size`` records, O(#ranges) memory (or the manifest's cached scan of unchanged
+                           files); checked against ``_mining.json`` (one mining per directory, held by a lock);
                            ranges whose shard exists are done (resume)
     ray.data.from_items    the ranges not mined yet, one block each
     .map_batches(RangeMiner, compute=ActorPoolStrategy(size=M | min_size, max_size), num_cpus=…, num_gpus=…)
@@ -19,11 +21,12 @@ in each filter actor (sized 1.5× the array): the O(#sentences) growth this desi
 (``filename_provider``, ``min_rows_per_file``) names files by dataset, write task and block, so a re-run could
 not tell which input a file covers without reading every id back. Actors restart after a crash and Ray Data
 retries the range (its actor-pool defaults, ``max_restarts=-1``, ``max_task_retries=-1``); a range is
-all-or-nothing, so a retry never duplicates an id.
+all-or-nothing, so a retry never duplicates an id, and its attempts are counted in OUT, so a range that kills
+every miner it meets ends as a failure in ``_failures.json`` instead of being retried forever.
 
 On a multi-node cluster (``--address auto``) the data files and OUT must be on a filesystem every node sees
-(NFS, as Ray Train's ``storage_path``): miners read the ranges by path and write their shards there; a shard
-that does not appear in OUT on the driver is an error naming it.
+(NFS, as Ray Train's ``storage_path``): miners read the ranges by path — made absolute on the driver — and write
+their shards there; a shard that does not appear in OUT on the driver is an error naming it.
 
 Examples already in memory (``GecExample``s, dicts) go to the same kind of actor pool as rows; with ``out=``
 they resume by id (the done ids are read back, O(#examples) like the examples the caller already holds).
