@@ -135,6 +135,7 @@ class Mutant:
 OLD_GEC_TOTAL = "math.ceil(steps / cfg.optim.update_freq) * max(ph.epochs, 1)"  # sentence pools, not token batches
 Q = "tests/test_queues.py::"
 EQ = "tests/test_equivalence.py::"
+MS = "tests/test_mine_sharded.py::"
 MUTANTS = [
     Mutant("sts_moco_keys_enqueued_before_the_loss", "raycl/recipes/sts/worker.py", chain(
         delete("StsTask.step", "st.moco.enqueue(keys)"),
@@ -176,8 +177,8 @@ MUTANTS = [
            replace("StepContext.backward", "self.weight += weight", "+=", "="),
            ("tests/test_loop.py::test_gec_update_freq_two_equals_one_batch_of_twice_the_size",)),
     Mutant("a_kept_shard_skipped_and_its_range_lost_on_resume", "raycl/distributed/corpus_mining.py",
-           replace("_ranges_left", "if shard_name(r.index) in have", "if shard_name(r.index) in have:",
-                   "if shard_name(r.index) in have or r.index == len(have):"),
+           replace("_plan", "left = [r for r in every", "if shard_name(r.index) not in have]",
+                   "if shard_name(r.index) not in have and r.index != len(have)]"),
            ("tests/test_mine_sharded.py",)),
     Mutant("momentum_encoder_moved_after_the_optimizer_step", "raycl/recipes/coherence/worker.py",
            rename("CoherenceTask.before_update", "after_update"),  # the loop runs it after the step
@@ -218,6 +219,19 @@ MUTANTS = [
     Mutant("a_collective_handed_a_tensor_off_the_backends_device", "raycl/train/data_parallel.py",
            replace("all_reduce_sum", "t = torch.tensor(", ", device=collective_device(str(dist.get_backend()))",
                    ""), ("tests/test_loop.py::test_collectives_use_the_backends_device",)),
+    # issue 19's defects: a directory resumed with other settings, a second run on it, a range that stops the job
+    Mutant("a_resume_with_other_settings_mixes_the_directory", "raycl/distributed/corpus_mining.py",
+           replace("mine_corpus", "settings=mining_settings(", "mining_settings(model, options, engine)", "{}"),
+           (MS + "test_a_resumed_directory_refuses_other_mining_settings_and_overwrite_starts_afresh",)),
+    Mutant("data_known_by_name_and_size", "raycl/miners/corpus.py",
+           replace("_scan", "key = {", '"blake2b": [h.hexdigest() for h in hashes]', '"blake2b": []'),
+           (MS + "test_data_is_known_by_its_content_and_a_resume_does_not_read_it_again",)),
+    Mutant("a_second_run_deletes_the_first_runs_temp_files", "raycl/miners/shards.py",
+           replace("locked_out_dir", "fcntl.flock(f,", "fcntl.LOCK_EX | fcntl.LOCK_NB", "fcntl.LOCK_SH"),
+           (MS + "test_a_second_run_on_one_out_is_refused_and_leaves_the_first_runs_files",)),
+    Mutant("max_failed_ranges_never_stops_the_mining", "raycl/distributed/corpus_mining.py",
+           replace("_tally", "if len(failed) > max_failed", "len(failed) > max_failed", "False"),
+           (MS + "test_a_failing_range_is_recorded_and_the_rerun_mines_only_it",)),
 ]  # fmt: skip
 
 

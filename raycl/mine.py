@@ -11,8 +11,11 @@ At scale, OUT is a directory and the mining runs on Ray Data (``raycl.distribute
 files cuts them into ranges of ``--shard-size`` sentences (byte offsets only: the driver never holds sentences), an
 actor pool of ``--num-miners`` miners (``MIN-MAX`` autoscales; an embedded local Ray, or the cluster with
 ``--address auto``) reads each range from the file, mines it and writes it as ``part-<range>.parquet``. Running it
-again with the same OUT resumes: ranges whose shard exists are skipped. ``--num-miners 0`` mines the ranges in this
-process, without Ray. The same as a library call: ``raycl.mine_negatives``.
+again with the same OUT and settings resumes: ranges whose shard exists are skipped (other settings: exit 2 naming
+them; ``--overwrite`` mines afresh). A range that fails ``--range-retries`` + 1 times is listed in
+OUT/_failures.json; the run stops after more than ``--max-failed-ranges`` of them and exits 1 listing them.
+``--num-miners 0`` mines the ranges in this process, without Ray. The same as a library call:
+``raycl.mine_negatives``.
 
     python -m raycl.mine gec --model DIR --data big.m2 --k 3 --out negs/ --num-miners 4 --address auto
 """
@@ -66,6 +69,13 @@ def _add_gec(sub: Any) -> None:
     g.add_argument("--shard-size", type=int, default=None,
                    help="sentences per range = per shard file, the unit of resuming (default 10000; resuming "
                         "an OUT keeps the size it was mined with)")  # fmt: skip
+    g.add_argument("--overwrite", action="store_true",
+                   help="mine OUT afresh: its shards, manifest and failures are removed first (default: resume, "
+                        "which the same settings only may do)")  # fmt: skip
+    g.add_argument("--max-failed-ranges", type=int, default=0, metavar="N",
+                   help="ranges that may fail (listed in OUT/_failures.json) before the mining stops (default 0)")
+    g.add_argument("--range-retries", type=int, default=2, metavar="N",
+                   help="retries of a range whose mining raises or whose miner dies (default 2)")
     p.set_defaults(run=_run_gec)
 
 
@@ -80,6 +90,9 @@ def _check_gec_args(args: argparse.Namespace) -> None:
         raise UserError("--precision int8: expected --engine ctranslate2 or auto (no int8 in HF), got --engine hf")
     if args.shard_size is not None and args.shard_size < 1:
         raise UserError(f"--shard-size: expected an integer ≥ 1, got {args.shard_size}")
+    if args.max_failed_ranges < 0 or args.range_retries < 0:
+        raise UserError("--max-failed-ranges/--range-retries: expected integers ≥ 0, got "
+                        f"{args.max_failed_ranges}, {args.range_retries}")  # fmt: skip
     if args.cpus_per_miner < 0 or args.gpus_per_miner < 0:
         raise UserError(f"--cpus-per-miner/--gpus-per-miner: expected ≥ 0, got {args.cpus_per_miner}, "
                         f"{args.gpus_per_miner}")  # fmt: skip
@@ -88,7 +101,7 @@ def _check_gec_args(args: argparse.Namespace) -> None:
 
 
 def _is_sharded(args: argparse.Namespace) -> bool:
-    given = args.shards or args.num_miners is not None or args.address is not None
+    given = args.shards or args.num_miners is not None or args.address is not None or args.overwrite
     return given or args.out.is_dir() or args.out.suffix.lower() != ".parquet"
 
 
@@ -145,8 +158,9 @@ def _run_sharded(args: argparse.Namespace) -> dict[str, Any]:
     options = {**_miner_options(args), **({"device": args.device} if num_miners == 0 else {})}
     summary = mine_corpus(str(Path(args.model).resolve()), args.data, args.out, options=options,
                           shard_size=args.shard_size, num_miners=num_miners, cpus_per_miner=args.cpus_per_miner,
-                          gpus_per_miner=args.gpus_per_miner, annotator=args.annotator,
-                          address=args.address)  # fmt: skip
+                          gpus_per_miner=args.gpus_per_miner, annotator=args.annotator, address=args.address,
+                          overwrite=args.overwrite, max_failed_ranges=args.max_failed_ranges,
+                          range_retries=args.range_retries)  # fmt: skip
     return {**summary, "num_miners": num_miners if isinstance(num_miners, int) else list(num_miners),
             "startup_s": round(time.perf_counter() - t0 - summary["seconds"] - summary["scan_s"], 3)}  # fmt: skip
 

@@ -1,10 +1,12 @@
 """A run's records on disk: ``history.jsonl`` (one line per report) and atomic writes of texts, tables, plots and
-model folders — a run killed mid-write never leaves half a file behind."""
+model folders — a run killed mid-write never leaves half a file behind; texts and shards are ``fsync``ed before
+the rename (and the folder after it), so a power cut cannot leave a renamed but empty file either."""
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -28,8 +30,38 @@ def read_history(out_dir: Path) -> list[dict[str, Any]]:
 
 def atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text + "\n", encoding="utf-8")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+        sync(f)
+    replace_synced(tmp, path)
+
+
+def sync(f: Any) -> None:
+    """An open file's bytes on the disk (a rename may reach the disk before the data it names)."""
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def replace_synced(tmp: Path, path: Path) -> None:
+    """``tmp`` (already synced) renamed to ``path``, and the rename itself synced with the folder."""
     tmp.replace(path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def hash_folder(h: Any, root: Path) -> Any:
+    """``h`` (a hashlib object) updated with the names and bytes of the files under ``root``, in name order; hidden
+    paths are caches, not the content (``<model>/.ct2/`` conversions appear after the first mining)."""
+    files = (p for p in root.rglob("*") if p.is_file())
+    for path in sorted(p for p in files if not any(part.startswith(".") for part in p.relative_to(root).parts)):
+        h.update(str(path.relative_to(root)).encode() + b"\0")
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+    return h
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -43,14 +43,19 @@ def test_ranges_read_back_exactly_the_whole_file_readers_examples(files: dict[st
         assert [r.index for r in ranges] == list(range(len(ranges))) and all(r.count <= 4 for r in ranges)
 
 
-def test_actor_pool_equals_in_process_mining_and_resumes_by_range(ray_local, files: dict[str, Path],
-                                                                   tmp_path: Path) -> None:  # fmt: skip
+def test_actor_pool_equals_in_process_mining_and_resumes_by_range(
+    ray_local, files: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    import datasets
+
     examples = load_examples([str(files["m2"])])
     reference = build_beam_miner(str(files["model"]), {"beam": 3, **OPTS})  # the pool's engine (auto), in process
     want = {m.id: m.negatives for m in reference.mine(examples)}
-    out = tmp_path / "negs"
+    out, cache = tmp_path / "negs", tmp_path / "hf-cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
     ds = raycl.mine_negatives(files["model"], [str(files["m2"])], num_miners=2, cpus_per_miner=0.5, out=out,
                               shard_size=5, progress=False, **OPTS)  # fmt: skip
+    assert not list(cache.rglob("*.arrow"))  # the shards are the dataset: not copied into an Arrow cache
     assert ds.column_names == ["id", "source", "target", "negatives", "scores", "model_version"]
     assert {r["id"]: tuple(r["negatives"]) for r in ds} == want
     assert [len(pq.read_table(p)) for p in shard_files(out)] == [5, 5, 5, 5, 3]
@@ -108,3 +113,19 @@ def test_a_malformed_line_in_a_range_is_one_line_naming_file_and_line(ray_local,
         raycl.mine_negatives(files["model"], str(bad), num_miners=2, cpus_per_miner=0.5, out=tmp_path / "o",
                              shard_size=4, progress=False, **OPTS)  # fmt: skip
     assert "bad.m2:21" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_relative_paths_reach_remote_miners_absolute(ray_local, files: dict[str, Path], tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The miners run in Ray's worker processes, whose working directory is not the driver's (on a cluster: not
+    even its machine): a relative data spec or OUT given to them as written names another file."""
+    import shutil
+
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copy(files["m2"], work / "rel.m2")
+    monkeypatch.chdir(work)
+    ds = raycl.mine_negatives(files["model"], "rel.m2[:6]", num_miners=1, cpus_per_miner=0.5, out="negs",
+                              shard_size=3, progress=False, **OPTS)  # fmt: skip
+    assert sorted(r["id"] for r in ds) == [f"rel.m2:{i}" for i in range(6)]
+    assert [p.name for p in shard_files(work / "negs")] == ["part-00000.parquet", "part-00001.parquet"]

@@ -95,11 +95,17 @@ def test_overlapping_specs_are_refused_and_adjacent_ones_are_read_in_order(corpu
     ("S a b .\nS c d .\n", 2, "second 'S' line"),
     ("S a b .\n\nX stray\n\nS c d .\n", 3, "expected 'S ', 'A ' or a blank line"),
     ("", None, "empty M2 file"),
+    # the records themselves (issue 19): fields, spans, bytes — also deep inside a large range
+    ("S a b .\n\nS c d .\nA 0 1|||R:DET|||the|||REQUIRED|||-NONE-\n", 4, "expected 6"),
+    ("S a b .\n\nS c d .\nA 1 4|||R:DET|||the|||REQUIRED|||-NONE-|||0\n", 4, "out of range"),
+    ("S a b .\n\nS c d .\nA x 1|||R:DET|||the|||REQUIRED|||-NONE-|||0\n", 4, "two integers"),
+    (b"S a b .\n\nS c \xff d .\n", 3, "not UTF-8"),
+    (b"S a b .\n\nS c \x00 d .\n", 3, "NUL byte"),
 ])  # fmt: skip
-def test_the_scan_checks_the_m2_structure_before_any_mining(tmp_path: Path, text: str, line: int | None,
+def test_the_scan_checks_the_m2_structure_before_any_mining(tmp_path: Path, text: str | bytes, line: int | None,
                                                              expected: str) -> None:  # fmt: skip
     bad = tmp_path / "bad.m2"
-    bad.write_text(text, encoding="utf-8")
+    bad.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
     with pytest.raises(UserError) as err:
         list(scan_ranges([str(bad)], range_size=2))
     where = f"bad.m2:{line}:" if line else "bad.m2"
@@ -220,3 +226,166 @@ def test_pool_output_equals_single_file_even_when_miners_crash(
     assert len(ours) == 2 and all(n >= 1 for n in ours.values()), ours  # both crashed and were restarted
     _same_rows(_rows(out), single_file)
     assert {r["id"] for r in pq.read_table(shard_files(out)[0]).to_pylist()} <= set(single_file)
+
+
+# ---------------------------------------------------------------------------------------------- issue 19
+def _refused(argv: list[str], capsys: pytest.CaptureFixture[str], *, status: int = 2) -> str:
+    from raycl.mine import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["gec", *argv])
+    err = capsys.readouterr().err
+    last = err.rstrip("\n").rsplit("\n", 1)[-1]  # the line after the progress bar, if one ran
+    assert exc.value.code == status and last.startswith("raycl: error: ") and "Traceback" not in err, err
+    return last
+
+
+def test_a_resumed_directory_refuses_other_mining_settings_and_overwrite_starts_afresh(
+    model_dir: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # fmt: skip
+    import shutil
+
+    out = tmp_path / "negs"
+    _mine(model_dir, corpus, out, "--num-miners", "0", "--shard-size", "4", capsys=capsys)
+    manifest = json.loads((out / "_mining.json").read_text())["mining"]
+    assert manifest["model"].startswith("sha256:") and manifest["engine"] in ("hf", "ctranslate2")
+    assert "transformers" in manifest["versions"] and manifest["beam"] == 3 and manifest["k"] == 2
+    shard_files(out)[1].unlink()  # an interrupted run: a resume would mine range 1 with this run's settings
+    other_model = tmp_path / "model2"
+    shutil.copytree(model_dir, other_model, ignore=shutil.ignore_patterns(".*"))
+    config = json.loads((other_model / "config.json").read_text())
+    (other_model / "config.json").write_text(json.dumps({**config, "dropout": 0.123}))  # same shapes, other file
+    base = ["--data", str(corpus), "--out", str(out), *FAST, "--num-miners", "0"]
+    for extra, named in ((["--k", "3"], "mining.k 2 → 3"), (["--beam", "4"], "mining.beam 3 → 4"),
+                         (["--no-source-negative"], "mining.source_negative true → false"),
+                         (["--rank-by", "sum_logprob"], "mining.rank_by"), (["--refill"], "mining.refill"),
+                         (["--max-new-tokens", "7"], "mining.max_new_tokens 6 → 7"),
+                         (["--engine", "hf" if manifest["engine"] == "ctranslate2" else "ctranslate2"],
+                          "mining.engine"),
+                         (["--model", str(other_model)], "mining.model")):  # fmt: skip
+        argv = ["--model", str(model_dir), *base, *extra] if "--model" not in extra else [*extra, *base]
+        err = _refused(argv, capsys)
+        assert named in err and "--overwrite" in err, err
+    assert len(shard_files(out)) == 2  # nothing mined by the refused runs
+    again = _mine(other_model, corpus, out, "--num-miners", "0", "--k", "3", "--overwrite", capsys=capsys)
+    assert again["examples"] == N and again["resumed"] == 0 and again["shard_size"] == 10_000  # afresh
+    assert json.loads((out / "_mining.json").read_text())["mining"]["k"] == 3
+
+
+def test_data_is_known_by_its_content_and_a_resume_does_not_read_it_again(
+    model_dir: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    import os
+
+    import raycl.miners.corpus
+
+    data, out = tmp_path / "tiny.m2", tmp_path / "negs"
+    data.write_bytes(corpus.read_bytes())
+    _mine(model_dir, data, out, "--num-miners", "0", "--shard-size", "4", capsys=capsys)
+    shard_files(out)[2].unlink()
+    with monkeypatch.context() as m:  # the offsets come from the manifest: opening the corpus to scan it fails
+        m.setattr(raycl.miners.corpus, "_open", lambda path: pytest.fail(f"the scan read {path} again"))
+        again = _mine(model_dir, data, out, "--num-miners", "0", capsys=capsys)
+    assert again["examples"] == 3 and again["resumed"] == N - 3
+    os.utime(data, ns=(1, 1))  # touched, same bytes: scanned again, the same content, still resumable
+    shard_files(out)[2].unlink()
+    assert _mine(model_dir, data, out, "--num-miners", "0", capsys=capsys)["examples"] == 3
+    text = data.read_bytes()
+    data.write_bytes(text.replace(b"He do n't", b"He di n't"))  # same name, same size, other sentences
+    assert data.stat().st_size == len(text)
+    err = _refused(["--model", str(model_dir), "--data", str(data), "--out", str(out), *FAST, "--num-miners", "0"],
+                   capsys)  # fmt: skip
+    assert "data tiny.m2 (blake2b" in err, err
+
+
+def test_a_second_run_on_one_out_is_refused_and_leaves_the_first_runs_files(
+    model_dir: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # fmt: skip
+    from raycl.miners.shards import locked_out_dir
+
+    out = tmp_path / "negs"
+    with locked_out_dir(out):  # the first run, mid-way: a shard being written
+        writing = out / ".part-00003.parquet.4242.tmp"
+        writing.write_bytes(b"half a shard")
+        err = _refused(["--model", str(model_dir), "--data", str(corpus), "--out", str(out), *FAST,
+                        "--num-miners", "0"], capsys)  # fmt: skip
+        assert "another raycl run is mining into it (pid" in err and writing.exists(), err
+        assert not shard_files(out)
+    assert _mine(model_dir, corpus, out, "--num-miners", "0", capsys=capsys)["examples"] == N  # free again
+
+
+def test_shards_and_manifest_are_synced_before_their_rename(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    import os
+
+    from raycl.miners.corpus import negatives_table
+    from raycl.miners.shards import write_shard
+    from raycl.records import atomic_write
+
+    events: list[str] = []
+    fsync, replace = os.fsync, Path.replace
+
+    def spy_fsync(fd: int) -> None:
+        events.append("sync " + os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1])
+        fsync(fd)
+
+    def spy_replace(self: Path, target: Any) -> Any:
+        events.append(f"rename {self.name}")
+        return replace(self, target)
+
+    monkeypatch.setattr(os, "fsync", spy_fsync)
+    monkeypatch.setattr(Path, "replace", spy_replace)
+    write_shard(tmp_path, 7, negatives_table([], []))
+    tmp = f".part-00007.parquet.{os.getpid()}.tmp"
+    assert events == [f"sync {tmp}", f"rename {tmp}", f"sync {tmp_path.name}"]  # data, rename, folder entry
+    events.clear()
+    atomic_write(tmp_path / "_mining.json", "{}")
+    assert events == ["sync ._mining.json.tmp", "rename ._mining.json.tmp", f"sync {tmp_path.name}"]
+
+
+def test_a_failing_range_is_recorded_and_the_rerun_mines_only_it(
+    model_dir: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    import raycl.mine
+
+    plain = raycl.mine._miner_options
+    out = tmp_path / "negs"
+    argv = ["--model", str(model_dir), "--data", str(corpus), "--out", str(out), *FAST, "--num-miners", "0",
+            "--shard-size", "4", "--range-retries", "1"]  # fmt: skip
+    with monkeypatch.context() as m:  # range 1 raises every time it is mined
+        m.setattr(raycl.mine, "_miner_options", lambda args: {**plain(args), "raise_in_ranges": [1]})
+        err = _refused(argv, capsys, status=1)  # default --max-failed-ranges 0: stops at the first
+        assert "part-00001.parquet (tiny.m2:14: RuntimeError: chaos: mining range 1 raised)" in err, err
+        assert "stopped early" in err
+        assert [p.name for p in shard_files(out)] == ["part-00000.parquet"]  # range 2 was never started
+        err = _refused([*argv, "--max-failed-ranges", "1"], capsys, status=1)  # goes on with the others
+        assert "1 range(s) failed" in err and "the other ranges are mined" in err, err
+    assert [p.name for p in shard_files(out)] == ["part-00000.parquet", "part-00002.parquet"]
+    failures = json.loads((out / "_failures.json").read_text())
+    got = [(f["range"], f["file"], f["first_line"], f["sentences"]) for f in failures]
+    assert got == [(1, str(corpus), 14, 4)]
+    again = _mine(model_dir, corpus, out, "--num-miners", "0", capsys=capsys)  # the cause is gone: only range 1
+    assert again["examples"] == 4 and again["resumed"] == N - 4 and not (out / "_failures.json").exists()
+
+
+@pytest.mark.slow
+def test_a_range_whose_miner_dies_every_time_fails_alone_on_ray(
+    ray_local: Any, model_dir: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    import raycl.mine
+
+    plain = raycl.mine._miner_options
+    # range 1 kills its miner (os._exit, as an OOM kill would) in every life: Ray restarts the actor and Ray Data
+    # gives it the range again, until the attempts counted in OUT run out
+    monkeypatch.setattr(raycl.mine, "_miner_options", lambda args: {**plain(args), "die_in_ranges": [1]})
+    out, before = tmp_path / "negs", _miner_actors()
+    err = _refused(["--model", str(model_dir), "--data", str(corpus), "--out", str(out), *FAST, "--num-miners",
+                    "1", "--cpus-per-miner", "0.5", "--shard-size", "4", "--range-retries", "1",
+                    "--max-failed-ranges", "1"], capsys, status=1)  # fmt: skip
+    assert "part-00001.parquet (tiny.m2:14: its miner died in each of 2 attempts" in err, err
+    assert [p.name for p in shard_files(out)] == ["part-00000.parquet", "part-00002.parquet"]
+    assert [f["range"] for f in json.loads((out / "_failures.json").read_text())] == [1]
+    assert sum(n for a, n in _miner_actors().items() if a not in before) >= 2  # died twice, restarted twice

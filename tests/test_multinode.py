@@ -1,7 +1,8 @@
 """Several logical Ray nodes on one machine (``ray.cluster_utils.Cluster``, fast health checks, RAY_NOTES §3):
 miners pinned to a worker node keep an epoch exactly-once while one of them is killed and then the whole node
-is removed. The cluster runs in a child process (this file run as a script), since the test session already
-has its own local Ray."""
+is removed; on the two nodes left, ``raycl.mine_negatives`` refuses data specs without ``out`` (its temp folder
+is the driver's, which miners on the other node cannot write). The cluster runs in a child process (this file
+run as a script), since the test session already has its own local Ray."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ def test_an_epoch_survives_a_miner_kill_and_a_node_removal(tmp_path: Path) -> No
     assert result["consumed_at_removal"] <= PER_RANK  # most of the epoch was mined after the node was gone
     assert result["stats"]["reassigned"] >= 1  # the tasks held by the killed miner and the lost node came back
     assert result["runs_ended"]
+    refused = result["mine_without_out"]  # one line, before any miner starts
+    assert "a Ray cluster of 2 nodes" in refused and "out=DIR" in refused and "\n" not in refused, refused
 
 
 def _trainer(ray: Any, stream: Any, rank: int, got: list[str], go: threading.Event) -> None:
@@ -96,10 +99,29 @@ def main(out: Path) -> None:
     result = dict(delivered=len(delivered), lost=len(expected - set(delivered)),
                   duplicated=len(delivered) - len(set(delivered)), stats=stats, runs_ended=len(runs) == 3,
                   miners_on_removed_node_before=before, miners_on_removed_node_after=after,
-                  consumed_at_removal=at_removal, miners_moved_after_s=round(moved_s, 1))  # fmt: skip
+                  consumed_at_removal=at_removal, miners_moved_after_s=round(moved_s, 1),
+                  mine_without_out=_mine_without_out(out.parent))  # fmt: skip
     out.write_text(json.dumps(result))
     ray.shutdown()
     cluster.shutdown()
+
+
+def _mine_without_out(tmp: Path) -> str:
+    import raycl
+    from raycl.data.m2 import M2Sentence, write_m2
+    from raycl.errors import UserError
+    from raycl.models.presets import build_model
+
+    write_m2(tmp / "c.m2", [M2Sentence("the cat sat ."), M2Sentence("a dog ran .")])
+    tiny = dict(d_model=16, encoder_ffn_dim=32, decoder_ffn_dim=32, encoder_layers=1, decoder_layers=1)
+    model = build_model("smoke", out_dir=tmp / "model", texts=["the cat sat .", "a dog ran ."] * 20,
+                        vocab_size=120, **tiny)  # fmt: skip
+    try:
+        raycl.mine_negatives(model, str(tmp / "c.m2"), k=1, max_new_tokens=4, num_miners=1, cpus_per_miner=0.25,
+                             progress=False)  # fmt: skip
+    except UserError as err:
+        return str(err)
+    return ""
 
 
 if __name__ == "__main__":

@@ -52,6 +52,9 @@ def test_mined_once_reused_resumed_and_remined_on_change(ray_local, model_dir: P
     out = tmp_path / "nbest"
     records, info = _mine(model_dir, out, EXAMPLES)
     assert info["meta"]["beam_searched"] == 12 and info["meta"]["complete"]
+    # what ran, not the configured "auto": resolved before the miners start, with the versions that decoded
+    assert info["meta"]["engine"] in ("hf", "ctranslate2") and info["meta"]["engine_requested"] == "auto"
+    assert "transformers" in info["meta"]["engine_versions"]
     assert set(records) == {e.id for e in EXAMPLES}
     # the records are what the miner's own n-best + selection give: a trial selects exactly per-trial negatives
     miner = build_beam_miner(str(model_dir), {**OPTIONS, "nbest": False})  # the pool's engine (auto), in process

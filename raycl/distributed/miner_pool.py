@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from raycl.config import MiningSection
 
 log = logging.getLogger(__name__)
-CHAOS_KEYS = ("fail_after_tasks", "stall_s", "stall_after_tasks")
+CHAOS_KEYS = ("fail_after_tasks", "stall_s", "stall_after_tasks", "raise_in_ranges", "die_in_ranges")
 ACTOR_KEYS = (*CHAOS_KEYS, "chaos_miners", "version_wait_s")  # options the actor keeps; the rest go to the miner
 
 
@@ -121,12 +121,24 @@ class Chaos:
     fail_after_tasks: int = 0  # os._exit(1) once this many tasks are mined (the last is never handed back)
     stall_s: float = 0.0  # sleep this long after the stall_after_tasks-th task (its lease may run out)
     stall_after_tasks: int = 1
+    # corpus mining (RangeMiner), in every life: a range that always raises, or always kills its miner (an OOM)
+    raise_in_ranges: tuple[int, ...] = ()
+    die_in_ranges: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, options: Mapping[str, Any], miner_id: int) -> Chaos:
+    def of(cls, options: Mapping[str, Any], miner_id: int, *, first_life: bool = True) -> Chaos:
         if miner_id not in options.get("chaos_miners", [miner_id]):
             return cls()
-        return cls(**{k: options[k] for k in CHAOS_KEYS if k in options})
+        given: dict[str, Any] = {k: options[k] for k in CHAOS_KEYS if k in options}
+        got: Chaos = cls(**{k: tuple(v) if k.endswith("_ranges") else v for k, v in given.items()})  # type: ignore[arg-type]
+        return got if first_life else cls(raise_in_ranges=got.raise_in_ranges, die_in_ranges=got.die_in_ranges)
+
+    def before_range(self, index: int) -> None:
+        if index in self.die_in_ranges:
+            log.warning("chaos crash in range %d", index)
+            os._exit(1)
+        if index in self.raise_in_ranges:
+            raise RuntimeError(f"chaos: mining range {index} raised")
 
     def after_task(self, done: int, miner_id: int) -> None:
         if self.fail_after_tasks and done >= self.fail_after_tasks:

@@ -10,15 +10,17 @@ miners apply), so results do not change. The pieces:
   and one epoch (the same ledger: leases, re-assignment when a miner dies, exactly-once acceptance) whose accepted
   records are written as they arrive to ``<run>/nbest/part-*.parquet`` (atomic shards) and kept for the trials,
   which ask for their examples' lists with ``wait_ready`` (:class:`raycl.train.feeds.NBestFeed`).
-* ``<run>/nbest/meta.json`` — the content key: a hash of the base model's files, D_F (ids, sources, targets)
-  and the decoding options. A resumed run (``--out`` an existing folder) with the same key reuses the shards and
-  mines only what is missing; a changed base model, D_F or option is detected and re-mined, never reused.
+* ``<run>/nbest/meta.json`` — the content key: a hash of the base model's files, D_F (ids, sources, targets),
+  the decoding options and the engine that ran (resolved from ``auto``, with its libraries' versions). A resumed
+  run (``--out`` an existing folder) with the same key reuses the shards and mines only what is missing; a
+  changed base model, D_F, option or engine is detected and re-mined, never reused.
 
 Online mining (weights published while training) keeps per-trial miners: there, each trial's weights differ.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -36,22 +38,14 @@ from raycl.distributed.miner_pool import MinerFactory, MinerPool
 from raycl.distributed.stream import NegativeStream
 from raycl.miners.beam_search import MinedNegatives, split_nbest
 from raycl.miners.shards import next_shard_index, prepare_out_dir, shard_files, write_shard
-from raycl.records import atomic_write
+from raycl.records import atomic_write, hash_folder
 
 NBEST_COLUMNS = ("id", "negatives", "scores", "model_version")  # negatives: the n-best, then the source (last)
 
 
 def content_key(model_dir: str | Path, examples: Sequence[Any], options: dict[str, Any]) -> str:
     """sha256 over the model folder's files (names and bytes), the examples' (id, source, target) and options."""
-    h = hashlib.sha256()
-    root = Path(model_dir)
-    # hidden paths are caches, not the model: <model>/.ct2/ (conversions) appears after the first mining
-    files = (p for p in root.rglob("*") if p.is_file())
-    for path in sorted(p for p in files if not any(part.startswith(".") for part in p.relative_to(root).parts)):
-        h.update(str(path.relative_to(root)).encode() + b"\0")
-        with path.open("rb") as f:
-            while chunk := f.read(1 << 22):
-                h.update(chunk)
+    h = hash_folder(hashlib.sha256(), Path(model_dir))
     for ex in examples:
         h.update(f"{ex.id}\t{ex.source}\t{ex.target}\n".encode())
     h.update(json.dumps(options, sort_keys=True).encode())
@@ -143,12 +137,19 @@ def start_nbest_stream(**kwargs: Any) -> Any:
 
 @contextmanager
 def shared_nbest(factory: MinerFactory, mining: Any, examples: Sequence[Any], out_dir: Path, *,
-                 options: dict[str, Any], model_dir: Path, say: Any = print, shard_size: int = 2000,
-                 engine: str = "") -> Iterator[Any]:  # fmt: skip
+                 options: dict[str, Any], model_dir: Path, say: Any = print, shard_size: int = 2000
+                 ) -> Iterator[Any]:  # fmt: skip
     """The run's n-best of ``examples``: reused from ``out_dir`` when its key matches, else (re-)mined by a
     miner pool of ``mining.num_miners`` that stops once every list is in. Yields the stream's handle.
-    ``engine``: the decoding engine the miners use, as resolved for the report (``meta.json``)."""
-    key = content_key(model_dir, examples, options)
+    The engine (``factory.options["engine"]``, ``auto`` by default) is resolved before the miners start — for
+    GPU miners on a GPU — and given to every miner; ``meta.json`` and the key hold what ran and its versions."""
+    from raycl.distributed.corpus_mining import resolve_miners_engine
+
+    ran = resolve_miners_engine(str(model_dir), factory.options, gpus_per_miner=float(mining.gpus_per_miner))
+    asked = str(factory.options.get("engine", "auto"))
+    factory = dataclasses.replace(factory, options={**factory.options, "engine": ran["engine"]})
+    engine = {"engine": ran["engine"], "engine_versions": ran["versions"], "engine_requested": asked}
+    key = content_key(model_dir, examples, {**options, **engine})
     meta_path = out_dir / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     if meta.get("key") not in (None, key):
@@ -156,7 +157,7 @@ def shared_nbest(factory: MinerFactory, mining: Any, examples: Sequence[Any], ou
             "mined: mining them again")  # fmt: skip
         shutil.rmtree(out_dir)
     prepare_out_dir(out_dir)
-    _write_meta(out_dir, key=key, examples=len(examples), options=options, complete=False, engine=engine)
+    _write_meta(out_dir, key=key, examples=len(examples), options=options, complete=False, **engine)
     stream = start_nbest_stream(examples=list(examples), out_dir=str(out_dir), task_size=mining.task_size,
                                 lease_s=mining.lease_s, shard_size=shard_size)  # fmt: skip
     first = ray.get(stream.progress.remote())
@@ -184,7 +185,7 @@ def shared_nbest(factory: MinerFactory, mining: Any, examples: Sequence[Any], ou
             _stop_pool(stream, pool)
         _write_meta(out_dir, key=key, examples=len(examples), options=options, complete=last["complete"],
                     resumed=last["resumed"], beam_searched=last["beam_searched"], mine_s=last["mine_s"],
-                    engine=engine)  # fmt: skip
+                    **engine)  # fmt: skip
         ray.kill(stream)
 
 

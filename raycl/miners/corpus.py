@@ -3,26 +3,30 @@
 The parts of corpus mining that need no Ray (:mod:`raycl.distributed.corpus_mining` runs them on a Ray Data actor
 pool, or in one process):
 
-    scan_ranges            one pass over the files, keeping a byte offset per range of ``shard_size`` records
+    scan_specs             one pass over the files, keeping a byte offset per range of ``shard_size`` records
                            (both files of a ``SRC|TGT`` pair): O(#ranges) memory, never the sentences. The scan
-                           also checks the M2 structure (S/A/blank lines), so a malformed line fails at once,
-                           before Ray starts, and no block can hide between two ranges
-    read_range             one range's examples: seek to the offset, then ``iter_m2`` / the TSV reader check every
-                           line and decode as the whole-file readers do
-    write_shard            ``part-<range>.parquet``, written to a temp name and renamed
+                           checks every record as the readers do (UTF-8, the M2 structure, the ``A`` lines' fields
+                           and spans), so a malformed file fails at once, before Ray starts, and digests the bytes
+                           it reads (blake2b), which identify the data
+    read_range             one range's examples: seek to the offset, then ``iter_m2`` / the TSV reader decode
+                           as the whole-file readers do
+    write_shard            ``part-<range>.parquet``, written to a temp name, synced and renamed
 
 Resume: the shard of range i is ``part-{i:05d}.parquet``, written atomically by whoever mined it (a crash
 mid-write leaves a hidden temp file, never a shard), so a re-run skips every range whose shard exists: O(#shards)
-memory, no id is read back. What makes range i the same sentences in every run — the data specs (file names,
-slices, byte sizes), ``shard_size`` and the annotator — is kept in ``_mining.json`` next to the shards
-(:func:`resume_settings`); a re-run with other data or another shard size is a one-line error instead of a
-silently mixed directory (a resumed run without a shard size takes the stored one).
+memory, no id is read back. ``_mining.json`` next to the shards records everything that makes the shards what
+they are — the data (file names, slices, content digests), ``shard_size``, the annotator and the mining settings
+(model digest, resolved engine and library versions, k, beam, precision, decoding bounds, ...) — and the scan's
+offsets: a re-run with any of them changed is a one-line error naming what differs (never a silently mixed
+directory), and a re-run over unchanged files (same sizes and modification times) does not read the corpus
+again. ``_failures.json`` lists the ranges a run could not mine (:func:`record_failures`).
 
 Ids are ``<file name>:<index in the file>``, as :func:`raycl.data.gec.load_examples` makes them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -31,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from raycl.data.gec import GecExample, _target
-from raycl.data.m2 import iter_lines, iter_m2
+from raycl.data.m2 import _decode, _parse_edit, iter_lines, iter_m2
 from raycl.data.specs import Spec, parse_spec
 from raycl.errors import UserError, at
 from raycl.miners.shards import SHARD_GLOB, schema, shard_files
@@ -39,6 +43,7 @@ from raycl.records import atomic_write
 
 DEFAULT_SHARD_SIZE = 10_000
 MANIFEST = "_mining.json"  # pyarrow and datasets skip ``_``-prefixed files when they read the directory
+FAILURES = "_failures.json"
 
 
 @dataclass(frozen=True)
@@ -58,29 +63,83 @@ class Range:
 
 
 # ---------------------------------------------------------------------------------------------- the scan
+@dataclass(frozen=True)
+class SpecScan:
+    """One data spec as the scan found it: what identifies its content (compared when a directory is resumed), the
+    files' sizes and modification times (while they hold, a resume trusts this scan instead of reading the files
+    again) and its ranges (numbered from ``ranges[0].index``)."""
+
+    text: str
+    key: dict[str, Any]  # files (names: ids are name:index), slice, blake2b of the bytes the scan read
+    stat: list[list[int]]  # [size, mtime_ns] per file
+    ranges: list[Range]
+
+
 def scan_ranges(specs: Sequence[str], *, range_size: int) -> Iterator[Range]:
     """The ranges of ``specs`` in order, ``range_size`` records each (the last of a spec may be shorter)."""
+    for scan in scan_specs(specs, range_size=range_size):
+        yield from scan.ranges
+
+
+def scan_specs(specs: Sequence[str], *, range_size: int, cached: Sequence[dict[str, Any]] = ()) -> list[SpecScan]:
+    """Each spec scanned (records checked, content digested, offsets kept), or taken from ``cached`` (a manifest's
+    ``scan``) when that holds the same spec with the same file sizes and modification times."""
     parsed = [parse_spec(text) for text in specs]
     check_disjoint(parsed, specs)
-    index = 0
-    for spec in parsed:
-        lo, hi = _bounds(spec)
-        run: tuple[int, int, int, int, int] | None = None  # (index, offset, line, target offset, target line)
-        last = -1
-        for i, start in enumerate(_record_starts(spec)):
-            if hi is not None and i >= hi:
-                break
-            if i < lo:
-                continue
-            if (i - lo) % range_size == 0:
-                if run is not None:
-                    yield _range(index, spec, run, i - run[0])
-                    index += 1
-                run = (i, *start)
-            last = i
-        if run is not None:
-            yield _range(index, spec, run, last + 1 - run[0])
-            index += 1
+    out: list[SpecScan] = []
+    for spec, text in zip(parsed, specs, strict=True):
+        first = out[-1].ranges[-1].index + 1 if out and out[-1].ranges else 0
+        stat = _stat(spec)
+        hit = next((c for c in cached if c.get("spec") == text and c.get("stat") == stat), None)
+        out.append(_from_cache(spec, text, hit, first) if hit else _scan(spec, text, stat, range_size, first))
+    return out
+
+
+def scan_cache(scans: Sequence[SpecScan]) -> list[dict[str, Any]]:
+    """The scans as the manifest keeps them: O(#ranges) numbers, so a resume never reads the corpus again."""
+    return [{"spec": s.text, "stat": s.stat, "key": s.key,
+             "ranges": [[r.start, r.first_line, r.target_start, r.target_first_line, r.first_index, r.count]
+                        for r in s.ranges]} for s in scans]  # fmt: skip
+
+
+def _from_cache(spec: Spec, text: str, hit: dict[str, Any], first: int) -> SpecScan:
+    ranges = [Range(first + j, str(spec.path), str(spec.target_path or ""), spec.format, *map(int, row))
+              for j, row in enumerate(hit["ranges"])]  # fmt: skip
+    return SpecScan(text, hit["key"], hit["stat"], ranges)
+
+
+def _scan(spec: Spec, text: str, stat: list[list[int]], range_size: int, first: int) -> SpecScan:
+    hashes = [hashlib.blake2b(digest_size=16) for _ in _files(spec)]
+    lo, hi = _bounds(spec)
+    ranges: list[Range] = []
+    run: tuple[int, int, int, int, int] | None = None  # (index, offset, line, target offset, target line)
+    last = -1
+    for i, start in enumerate(_record_starts(spec, hashes)):
+        if hi is not None and i >= hi:
+            break
+        if i < lo:
+            continue
+        if (i - lo) % range_size == 0:
+            if run is not None:
+                ranges.append(_range(first + len(ranges), spec, run, i - run[0]))
+            run = (i, *start)
+        last = i
+    if run is not None:
+        ranges.append(_range(first + len(ranges), spec, run, last + 1 - run[0]))
+    key = {"files": [p.name for p in _files(spec)], "slice": [spec.start, spec.stop],
+           "blake2b": [h.hexdigest() for h in hashes]}  # fmt: skip
+    return SpecScan(text, key, stat, ranges)
+
+
+def _files(spec: Spec) -> list[Path]:
+    return [spec.path] if spec.target_path is None else [spec.path, spec.target_path]
+
+
+def _stat(spec: Spec) -> list[list[int]]:
+    try:
+        return [[st.st_size, st.st_mtime_ns] for st in (p.stat() for p in _files(spec))]
+    except OSError as err:
+        raise UserError(f"{at(err.filename)}: cannot read ({err.strerror or err})") from None
 
 
 def check_disjoint(parsed: Sequence[Spec], texts: Sequence[str]) -> None:
@@ -113,67 +172,69 @@ def _range(index: int, spec: Spec, first: tuple[int, int, int, int, int], count:
 def _bounds(spec: Spec) -> tuple[int, int | None]:
     lo, hi = spec.start, spec.stop
     if (lo is not None and lo < 0) or (hi is not None and hi < 0):  # needs the file's length: one more pass
-        n = sum(1 for _ in _record_starts(spec))
+        n = sum(1 for _ in _record_starts(spec, [None, None]))
         lo, hi = slice(lo, hi).indices(n)[:2]
     return max(lo or 0, 0), hi
 
 
-def _record_starts(spec: Spec) -> Iterator[tuple[int, int, int, int]]:
-    """(byte offset, line number) of each record's first line, and of its target line for a pair."""
+def _record_starts(spec: Spec, hashes: Sequence[Any]) -> Iterator[tuple[int, int, int, int]]:
+    """(byte offset, line number) of each record's first line, and of its target line for a pair; every line is
+    checked as the readers check it and fed to its file's hash."""
     if spec.format == "pair":
         assert spec.target_path is not None
-        for src, tgt in zip_longest(_line_starts(spec.path), _line_starts(spec.target_path)):
+        pairs = zip_longest(_text_lines(spec.path, hashes[0]), _text_lines(spec.target_path, hashes[1]))
+        for src, tgt in pairs:
             if src is None or tgt is None:
                 raise UserError(f"data spec '{spec}': {spec.path} and {spec.target_path} differ in line count, "
                                 "expected one target line per source line")  # fmt: skip
-            yield (*src, *tgt)
+            yield src[0], src[1], tgt[0], tgt[1]
         return
     if spec.format == "tsv":
-        yield from ((a, la, 0, 0) for a, la in _line_starts(spec.path))
+        for offset, lineno, text in _text_lines(spec.path, hashes[0]):
+            tsv_fields(spec.path, lineno, text)
+            yield offset, lineno, 0, 0
         return
-    yield from _m2_starts(spec.path)
+    yield from _m2_starts(spec.path, hashes[0])
 
 
-def _m2_starts(path: Path) -> Iterator[tuple[int, int, int, int]]:
-    """The M2 blocks' ``S`` lines, checking the structure as :func:`raycl.data.m2.iter_m2` does (the ``A``
-    lines' fields are parsed by the miners): a stray line between two blocks would otherwise fall between two
-    ranges, read by no one."""
-    offset, in_block, seen = 0, False, False
-    with _open(path) as f:
-        for lineno, raw in enumerate(f, 1):
-            line = raw[3:] if lineno == 1 and raw.startswith(b"\xef\xbb\xbf") else raw  # a BOM, as iter_lines
-            if line.startswith(b"S ") or line.rstrip(b"\r\n") == b"S":
-                if in_block:
-                    raise UserError(f"{at(path, lineno)}: second 'S' line in a block, expected 'A ' lines or a "
-                                    "blank line between sentences")  # fmt: skip
-                in_block = seen = True
-                yield offset, lineno, 0, 0
-            elif line.startswith(b"A "):
-                if not in_block:
-                    raise UserError(f"{at(path, lineno)}: 'A' line outside a block, expected an 'S ' line first")
-            elif not line.strip() or not _text(path, lineno, line).strip():  # blank (any Unicode space)
-                in_block = False
-            else:
-                text = _text(path, lineno, line).removesuffix("\n").removesuffix("\r")
-                raise UserError(f"{at(path, lineno)}: line starts with {text[:10]!r}, expected 'S ', 'A ' or a "
-                                "blank line")  # fmt: skip
-            offset += len(raw)
+def _m2_starts(path: Path, h: Any) -> Iterator[tuple[int, int, int, int]]:
+    """The M2 blocks' ``S`` lines, checking every line as :func:`raycl.data.m2.iter_m2` does (UTF-8, the block
+    structure, the ``A`` lines' six fields and spans inside their sentence): a malformed record fails here, before
+    any miner starts, and a stray line cannot fall between two ranges, read by no one."""
+    in_block, seen, n_tokens = False, False, 0
+    for offset, lineno, line in _text_lines(path, h):
+        if line.startswith("S ") or line == "S":
+            if in_block:
+                raise UserError(f"{at(path, lineno)}: second 'S' line in a block, expected 'A ' lines or a "
+                                "blank line between sentences")  # fmt: skip
+            in_block = seen = True
+            n_tokens = len(line[2:].split())
+            yield offset, lineno, 0, 0
+        elif line.startswith("A "):
+            if not in_block:
+                raise UserError(f"{at(path, lineno)}: 'A' line outside a block, expected an 'S ' line first")
+            _parse_edit(path, lineno, line, n_tokens)
+        elif not line.strip():
+            in_block = False
+        else:
+            raise UserError(f"{at(path, lineno)}: line starts with {line[:10]!r}, expected 'S ', 'A ' or a "
+                            "blank line")  # fmt: skip
     if not seen:
         raise UserError(f"{at(path)}: empty M2 file, expected 'S ' lines")
 
 
-def _text(path: Path, lineno: int, line: bytes) -> str:
-    try:
-        return line.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise UserError(f"{at(path, lineno)}: not UTF-8 text ({err.reason})") from None
-
-
-def _line_starts(path: Path) -> Iterator[tuple[int, int]]:
+def _text_lines(path: Path, h: Any) -> Iterator[tuple[int, int, str]]:
+    """(byte offset, line number, text without its line end) of each line, decoded as UTF-8 as
+    :func:`raycl.data.m2.iter_lines` decodes it; ``h`` (a hash, or None) is fed every byte."""
     offset = 0
     with _open(path) as f:
         for lineno, raw in enumerate(f, 1):
-            yield offset, lineno
+            if h is not None:
+                h.update(raw)
+            text = _decode(path, raw, first_line=lineno)
+            if lineno == 1:
+                text = text.removeprefix("\ufeff")
+            yield offset, lineno, text.removesuffix("\n").removesuffix("\r")
             offset += len(raw)
 
 
@@ -198,71 +259,138 @@ def read_range(r: Range, *, annotator: int = 0) -> list[GecExample]:
         tgt = islice(iter_lines(r.target_path, start=r.target_start, first_line=r.target_first_line), r.count)
         pairs = enumerate(zip(src, tgt, strict=True))
         return [GecExample(f"{name}:{r.first_index + j}", s, t) for j, ((_, s), (_, t)) in pairs]
-    out = []
     lines = islice(iter_lines(r.path, start=r.start, first_line=r.first_line), r.count)
-    for j, (lineno, line) in enumerate(lines):
-        fields = line.split("\t")
-        if len(fields) != 2:
-            raise UserError(f"{at(r.path, lineno)}: {len(fields)} tab-separated fields, "
-                            "expected 'source<TAB>target'")  # fmt: skip
-        out.append(GecExample(f"{name}:{r.first_index + j}", fields[0], fields[1]))
-    return out
+    return [GecExample(f"{name}:{r.first_index + j}", *tsv_fields(r.path, lineno, line))
+            for j, (lineno, line) in enumerate(lines)]  # fmt: skip
+
+
+def tsv_fields(path: str | Path, lineno: int, line: str) -> tuple[str, str]:
+    fields = line.split("\t")
+    if len(fields) != 2:
+        raise UserError(f"{at(path, lineno)}: {len(fields)} tab-separated fields, expected 'source<TAB>target'")
+    return fields[0], fields[1]
 
 
 # ---------------------------------------------------------------------------------------------- resuming
-def spec_key(text: str) -> dict[str, Any]:
-    """What fixes a spec's ids and texts: file names (ids are ``name:index``), slice and byte sizes."""
-    spec = parse_spec(text)
-    files = [spec.path] if spec.target_path is None else [spec.path, spec.target_path]
+def load_manifest(out_dir: Path) -> dict[str, Any] | None:
+    """``out_dir``'s manifest, or None without one. Shards depend on it: with shards it must be there and parse;
+    without, an unreadable one is only a stale scan cache, dropped."""
+    path, has_shards = out_dir / MANIFEST, bool(shard_files(out_dir))
+    if not path.is_file():
+        if has_shards:
+            raise UserError(f"{at(out_dir)}: holds {SHARD_GLOB} files but no {MANIFEST}, expected an empty "
+                            "directory or one raycl mining wrote (--overwrite to mine afresh)")  # fmt: skip
+        return None
     try:
-        sizes = [p.stat().st_size for p in files]
-    except OSError as err:
-        raise UserError(f"{at(err.filename)}: cannot read ({err.strerror or err})") from None
-    return {"files": [p.name for p in files], "slice": [spec.start, spec.stop], "bytes": sizes}
+        old = json.loads(path.read_text(encoding="utf-8"))
+        str(old["mode"]), int(old["shard_size"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        if has_shards:
+            raise UserError(f"{at(path)}: not a raycl mining manifest ({err}), expected the one raycl wrote "
+                            "(--overwrite to mine afresh)") from None  # fmt: skip
+        return None
+    return dict(old)
+
+
+def resume_shard_size(out_dir: Path, old: dict[str, Any] | None, *, mode: str, shard_size: int | None) -> int:
+    """The manifest's shard size when ``out_dir`` has shards to resume, else ``shard_size`` (default 10,000).
+    ``mode``: ``ranges`` (data specs: the shard of range i is always the same sentences) or ``ids`` (in-memory
+    examples)."""
+    if shard_size is not None and shard_size < 1:
+        raise UserError(f"shard_size: expected an integer ≥ 1, got {shard_size}")
+    if old is None or not shard_files(out_dir):  # nothing to resume: the manifest is rewritten
+        return shard_size or DEFAULT_SHARD_SIZE
+    if old["mode"] != mode:
+        what = {"ranges": "data files", "ids": "in-memory examples"}
+        raise UserError(f"{at(out_dir)}: shards mined from {what.get(old['mode'], old['mode'])}, this run mines "
+                        f"{what[mode]}; expected a new output directory")  # fmt: skip
+    size = int(old["shard_size"])
+    if shard_size is not None and shard_size != size and mode == "ranges":
+        raise UserError(f"{at(out_dir)}: shards of {size} sentences each, this run asks for shard size "
+                        f"{shard_size}; leave it out to resume, or use a new output directory")  # fmt: skip
+    return size
+
+
+def check_resume(out_dir: Path, old: dict[str, Any] | None, new: dict[str, Any]) -> None:
+    """A directory holds one mining: with shards to resume, every setting of ``new`` must be the manifest's, else
+    one line naming each that differs."""
+    if old is None or not shard_files(out_dir):
+        return
+    diffs = []
+    for key, now in new.items():
+        was = old.get(key)
+        if key == "scan" or was == now:
+            continue
+        if key == "data":
+            diffs.append(f"data {', '.join(map(_describe, was or []))} → {', '.join(map(_describe, now))}")
+        elif isinstance(now, dict) and isinstance(was, dict):
+            diffs += [f"{key}.{k} {_short(was.get(k))} → {_short(now.get(k))}"
+                      for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]  # fmt: skip
+        else:
+            diffs.append(f"{key} {_short(was)} → {_short(now)}")
+    if diffs:
+        raise UserError(f"{at(out_dir)}: its shards were mined with other settings ({'; '.join(diffs)}), "
+                        "expected the same to resume (--overwrite mines it afresh, or use a new output directory)"
+                        )  # fmt: skip
 
 
 def _describe(key: dict[str, Any]) -> str:
     lo, hi = key["slice"]
     cut = "" if lo is None and hi is None else f"[{'' if lo is None else lo}:{'' if hi is None else hi}]"
-    return "|".join(key["files"]) + cut + f" ({'+'.join(map(str, key['bytes']))} bytes)"
+    return "|".join(key["files"]) + cut + f" (blake2b {'+'.join(d[:12] for d in key.get('blake2b', []))})"
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def save_manifest(out_dir: Path, manifest: dict[str, Any]) -> None:
+    atomic_write(out_dir / MANIFEST, json.dumps(manifest, indent=1))
 
 
 def resume_settings(out_dir: Path, *, mode: str, shard_size: int | None, **fixed: Any) -> int:
-    """The shard size for ``out_dir``: its manifest's when it has shards to resume (``fixed`` must equal what
-    the manifest stored), else ``shard_size`` (default 10,000), then recorded with ``fixed``. ``mode``: ``ranges``
-    (data specs: the shard of range i is always the same sentences) or ``ids`` (in-memory examples)."""
-    if shard_size is not None and shard_size < 1:
-        raise UserError(f"shard_size: expected an integer ≥ 1, got {shard_size}")
-    path = out_dir / MANIFEST
-    has_shards = bool(shard_files(out_dir))
-    if has_shards and path.is_file():  # no shards: nothing to resume, the manifest is rewritten
-        try:
-            old = json.loads(path.read_text(encoding="utf-8"))
-            old_mode, old_size = old["mode"], int(old["shard_size"])
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise UserError(f"{at(path)}: not a raycl mining manifest ({err}); delete {out_dir} to mine again"
-                            ) from None  # fmt: skip
-        if old_mode != mode:
-            what = {"ranges": "data files", "ids": "in-memory examples"}
-            raise UserError(f"{at(out_dir)}: shards mined from {what.get(old_mode, old_mode)}, this run mines "
-                            f"{what[mode]}; expected a new output directory")  # fmt: skip
-        if shard_size is not None and shard_size != old_size and mode == "ranges":
-            raise UserError(f"{at(out_dir)}: shards of {old_size} sentences each, this run asks for shard size "
-                            f"{shard_size}; leave it out to resume, or use a new output directory")  # fmt: skip
-        for key, value in fixed.items():
-            if old.get(key) != value:
-                was, now = old.get(key), value
-                if key == "data":
-                    was, now = ", ".join(map(_describe, was or [])), ", ".join(map(_describe, now))
-                raise UserError(f"{at(out_dir)}: its shards were mined with {key} {was}, this run has {now}; "
-                                "expected the same to resume, or a new output directory")  # fmt: skip
-        return old_size
-    if has_shards:
-        raise UserError(f"{at(out_dir)}: holds {SHARD_GLOB} files but no {MANIFEST}, expected an empty directory "
-                        "or one raycl mining wrote (delete the shards to mine again)")  # fmt: skip
-    size = shard_size or DEFAULT_SHARD_SIZE
-    atomic_write(path, json.dumps({"mode": mode, "shard_size": size, **fixed}, indent=1))
+    """The shard size for ``out_dir`` (:func:`resume_shard_size`); ``fixed`` checked against the manifest
+    (:func:`check_resume`), then recorded."""
+    old = load_manifest(out_dir)
+    size = resume_shard_size(out_dir, old, mode=mode, shard_size=shard_size)
+    new = {"mode": mode, "shard_size": size, **fixed}
+    check_resume(out_dir, old, new)
+    save_manifest(out_dir, new)
     return size
+
+
+def clear_mining(out_dir: Path) -> None:
+    """``--overwrite``: what a mining wrote into ``out_dir`` removed (shards, manifest, failures, attempts), and
+    nothing else."""
+    for path in [*shard_files(out_dir), out_dir / MANIFEST, out_dir / FAILURES, *out_dir.glob(".part-*.attempts")]:
+        path.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------------------------- failed ranges
+def next_attempt(out_dir: Path, index: int) -> int:
+    """Count one more attempt at range ``index`` (1 for the first), kept in ``out_dir`` so that it survives the
+    miner: an actor that dies on a range (out of memory, a segfault) is restarted by Ray and given it again."""
+    path = out_dir / f".part-{index:05d}.attempts"
+    try:
+        done = int(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        done = 0
+    atomic_write(path, str(done + 1))
+    return done + 1
+
+
+def reset_attempts(out_dir: Path) -> None:
+    for path in out_dir.glob(".part-*.attempts"):
+        path.unlink(missing_ok=True)
+
+
+def record_failures(out_dir: Path, failures: Sequence[dict[str, Any]]) -> None:
+    """``_failures.json``: the ranges this run could not mine (range, file, first line, error), or none."""
+    if failures:
+        atomic_write(out_dir / FAILURES, json.dumps(sorted(failures, key=lambda f: f["range"]), indent=1))
+    else:
+        (out_dir / FAILURES).unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------------------------- mining

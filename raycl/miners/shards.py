@@ -3,8 +3,8 @@
 A shard directory holds ``part-00000.parquet``, ``part-00001.parquet``, … with the columns of
 :func:`raycl.miners.beam_search.write_negatives_parquet` (``id, source, target, negatives, scores,
 model_version``; here ``model_version`` is per row, since pooled miners may hold different versions). Each
-shard is written to a hidden temp name and renamed, so a shard file is either complete or absent; shard i holds
-range i of the corpus (:mod:`raycl.miners.corpus`), so a re-run skips the shards present. The directory loads
+shard is written to a hidden temp name, synced and renamed, so a shard file is either complete or absent; shard i
+holds range i of the corpus (:mod:`raycl.miners.corpus`), so a re-run skips the shards present. The directory loads
 with ``pyarrow.parquet.read_table(dir)`` (hidden temp files are skipped), ``datasets.load_dataset("parquet",
 data_files=f"{dir}/part-*.parquet")`` and :func:`read_negatives` (what ``mining.negatives=PATH`` reads, all of
 it or only the ids a training rank needs).
@@ -15,17 +15,21 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Iterable
+import socket
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from raycl.errors import UserError, at
 from raycl.miners.beam_search import MinedNegatives, read_negatives_parquet
+from raycl.records import replace_synced, sync
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 SHARD_GLOB = "part-*.parquet"
+LOCK = "_mining.lock"
 _SHARD = re.compile(r"^part-(\d{5,})\.parquet$")
 
 
@@ -57,14 +61,42 @@ def prepare_out_dir(out_dir: Path) -> None:
         stale.unlink(missing_ok=True)
 
 
+@contextmanager
+def locked_out_dir(out_dir: Path) -> Iterator[None]:
+    """``out_dir`` prepared (:func:`prepare_out_dir`) and held by this run alone: an exclusive ``flock`` on
+    ``out_dir/_mining.lock`` while the run lasts, so a second run on the same directory is refused instead of
+    deleting the first's temp files or writing its shards twice. The kernel drops the lock when the process dies
+    (a killed run never leaves the directory locked); the file stays, holding the last holder's pid and host."""
+    import fcntl
+
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"{at(out_dir)}: exists and is not a directory, expected a shard directory")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / LOCK, "a+", encoding="utf-8") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            raise UserError(f"{at(out_dir)}: another raycl run is mining into it ({holder}), expected one run per "
+                            "output directory (wait for it, or use another --out)") from None  # fmt: skip
+        f.truncate(0)
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        f.flush()
+        prepare_out_dir(out_dir)  # its temp files are stale only now that no other run can be writing them
+        yield
+
+
 def write_shard(out_dir: Path, index: int, table: pa.Table) -> Path:
     """``table`` as shard ``index`` of ``out_dir``, written to a temp name and renamed: complete or absent."""
     import pyarrow.parquet as pq
 
     path = out_dir / shard_name(index)
     tmp = out_dir / f".{path.name}.{os.getpid()}.tmp"
-    pq.write_table(table, tmp)
-    tmp.replace(path)
+    with open(tmp, "wb") as f:
+        pq.write_table(table, f)
+        sync(f)
+    replace_synced(tmp, path)
     return path
 
 

@@ -95,8 +95,9 @@ class GecRecipe(RecipeBase):
             "k": m.beam - 1, "beam": m.beam, "batch_size": m.batch_size, "max_new_tokens": cfg.eval.max_new_tokens,
             "precision": m.precision, "rank_by": m.rank_by, "engine": m.engine, "nbest": True})  # fmt: skip
         examples = load_examples(cfg.data.finetune, annotator=cfg.data.annotator)
+        miners_engine(cfg, run.base_model)  # said once; shared_nbest resolves it for its miners and meta.json
         with shared_nbest(factory, m, examples, run.run_dir / "nbest", options=options, model_dir=run.base_model,
-                          say=say, engine=miners_engine(cfg, run.base_model)) as stream:  # fmt: skip
+                          say=say) as stream:  # fmt: skip
             run.services["nbest"] = (stream, options)
             try:
                 yield

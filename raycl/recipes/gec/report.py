@@ -106,7 +106,7 @@ def _nbest_lines(run: Run) -> list[str]:
     how = (f"reused from an earlier run ({meta.get('resumed', 0)} lists)" if not meta.get("beam_searched")
            else f"{meta['beam_searched']} sentences beam-searched in {meta.get('mine_s', 0.0):.1f} s of miner time"
            + (f", {meta['resumed']} reused" if meta.get("resumed") else ""))  # fmt: skip
-    engine = meta.get("engine") or o.get("engine")
+    engine = str(meta.get("engine") or o.get("engine")) + (" (auto)" * (meta.get("engine_requested") == "auto"))
     return [f"- n-best lists of D_F mined once for the whole run (`nbest/`, beam {o.get('beam')}, engine "
             f"{engine}, {o.get('precision')}): {meta['examples']} sentences, {how}; every trial selected its k "
             "and CL/CL⁻ from them"]
