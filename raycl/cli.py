@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from raycl.config import Space, load_space
+from raycl.storage import is_uri, push, remote_of, stage
 
 
 def space_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -21,15 +22,18 @@ def space_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--preset", default=None, help="a preset of the space: smoke | small | paper")
     p.add_argument("--address", default=None, help="Ray address (auto, HOST:PORT); default: RAY_ADDRESS or "
                    "an embedded local Ray")
-    p.add_argument("--out", default=None, type=Path,
-                   help="run folder (default runs/SPACE/TIMESTAMP); an existing one is resumed")
+    p.add_argument("--out", default=None,
+                   help="run folder (default runs/SPACE/TIMESTAMP), or an object store URI (s3://bucket/prefix, "
+                        "gs://…); an existing one is resumed")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
     return p
 
 
 def load(args: argparse.Namespace) -> tuple[Space, Path]:
     space = load_space(args.space, preset=args.preset, overrides=args.overrides)
-    run_dir = args.out or Path("runs") / space.name / time.strftime("%Y%m%d-%H%M%S")
+    if args.out and is_uri(args.out):
+        return space, stage(args.out)  # a local folder standing for the URI, with what the run already wrote
+    run_dir = Path(args.out) if args.out else Path("runs") / space.name / time.strftime("%Y%m%d-%H%M%S")
     return space, run_dir.resolve()
 
 
@@ -51,7 +55,12 @@ def check_inputs(space: Space, run_dir: Path) -> None:
 def run(space: Space, run_dir: Path, *, sweep: bool) -> dict[str, Any]:
     from raycl import driver
 
-    return (driver.run_tune if sweep else driver.run_train)(recipe(space), space, run_dir)
+    try:
+        summary = (driver.run_tune if sweep else driver.run_train)(recipe(space), space, run_dir)
+    finally:  # a staged run: what it wrote, then its index — also when it failed, so that a re-run resumes
+        push(run_dir)
+    uri = remote_of(run_dir)
+    return {**summary, "store": uri} if uri else summary
 
 
 def finish(summary: dict[str, Any], *, as_json: bool) -> None:
@@ -59,7 +68,8 @@ def finish(summary: dict[str, Any], *, as_json: bool) -> None:
         json.dump(summary, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
         return
-    print(f"report: {Path(summary['run_dir']) / 'report.md'}")
+    where = summary.get("store") or summary["run_dir"]
+    print(f"report: {where.rstrip('/')}/report.md")
 
 
 def quiet_ray() -> None:

@@ -25,6 +25,7 @@ from raycl.distributed.sweep import TrialOutcome, grid, run_sweep, to_param_spac
 from raycl.distributed.trainer import fit
 from raycl.records import read_history
 from raycl.report import best_trial, say
+from raycl.storage import push
 from raycl.train import loop
 from raycl.train.progress import follow
 
@@ -140,6 +141,7 @@ def prepare(recipe: Recipe, space: Space, run_dir: Path) -> Run:
     run = Run(cfg, run_dir, run_dir / "base_model", builtin, counts)
     t0 = time.perf_counter()
     recipe.base_model(run)
+    push(run_dir)  # a staged run: the data, config and base model in the store before any worker reads them
     run.timings["prepare_s"] = time.perf_counter() - t0
     return run
 

@@ -1,5 +1,6 @@
 """A run's records on disk: ``history.jsonl`` (one line per report) and atomic writes of texts, tables, plots and
-model folders — a run killed mid-write never leaves half a file behind."""
+model folders — a run killed mid-write never leaves half a file behind. In a run staged for an object store
+(``--out s3://…``, :mod:`raycl.storage`) each write is uploaded as soon as it is renamed into place."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from raycl.storage import mirror
 
 HISTORY = "history.jsonl"
 
@@ -30,6 +33,7 @@ def atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text + "\n", encoding="utf-8")
     tmp.replace(path)
+    mirror(path)
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -43,12 +47,14 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         writer.writeheader()
         writer.writerows(rows)
     tmp.replace(path)
+    mirror(path)
 
 
 def save_png(fig: Any, path: Path) -> Path:
     tmp = path.with_name(f".{path.stem}.tmp.png")
     fig.savefig(tmp, dpi=120)
     tmp.replace(path)
+    mirror(path)
     return path
 
 
@@ -59,9 +65,11 @@ def save_dir_atomic(save: Callable[[Path], Any], out: Path) -> None:
     save(tmp)
     shutil.rmtree(out, ignore_errors=True)
     tmp.replace(out)
+    mirror(out)
 
 
 def copy_atomic(src: Path, dst: Path) -> None:
     tmp = dst.with_name(f".{dst.name}.tmp")
     shutil.copyfile(src, tmp)
     tmp.replace(dst)
+    mirror(dst)

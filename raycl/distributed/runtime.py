@@ -35,7 +35,8 @@ def _log_to_driver() -> bool:
 
 
 def _propagated_env() -> dict[str, str]:
-    keep = ("PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "RAYCL_WORKER_LOGS")
+    keep = ("PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "RAYCL_WORKER_LOGS",
+            "RAYCL_CACHE_DIR")  # a staged run (raycl.storage) is at the same path in every process
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "0"))

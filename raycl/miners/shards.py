@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from raycl.errors import UserError, at
 from raycl.miners.beam_search import MinedNegatives, read_negatives_parquet
+from raycl.storage import mirror
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -65,6 +66,7 @@ def write_shard(out_dir: Path, index: int, table: pa.Table) -> Path:
     tmp = out_dir / f".{path.name}.{os.getpid()}.tmp"
     pq.write_table(table, tmp)
     tmp.replace(path)
+    mirror(path)  # a staged run's shard goes to the store at once, under its write-once name
     return path
 
 

@@ -1,0 +1,154 @@
+"""Runs on an object store (issue 20 §2): ``--out s3://bucket/prefix`` for ``mine``, ``train`` and ``tune``,
+against a real S3 API server on localhost (moto's server mode, started here on a free port; endpoint and
+credentials from the standard environment, as on a cluster)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raycl import storage
+from raycl.data.m2 import Edit, M2Sentence, write_m2
+from raycl.models.presets import build_model
+
+BUCKET = "raycl-test"
+SENTENCES = [
+    M2Sentence("He do n't like it .", (Edit(1, 2, "R:VERB:SVA", "does"),)),
+    M2Sentence("This are a sentence .", (Edit(1, 2, "R:VERB:SVA", "is"),)),
+    M2Sentence("Fine as it is ."),
+    M2Sentence("She go home every day .", (Edit(1, 2, "R:VERB:SVA", "goes"),)),
+    M2Sentence("They has two car .", (Edit(1, 2, "R:VERB:SVA", "have"), Edit(3, 4, "R:NOUN:NUM", "cars"))),
+]
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """moto's S3 server on a free port, one bucket, and the environment every raycl process reads it from."""
+    boto3 = pytest.importorskip("boto3")
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "RAYCL_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}  # fmt: skip
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    boto3.client("s3").create_bucket(Bucket=BUCKET)
+    try:
+        yield env
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        storage._filesystem.cache_clear()
+        server.stop()
+
+
+def _forget_local(uri: str) -> None:
+    """Drop this machine's staged copy: what a run finds next comes from the store."""
+    import shutil
+
+    shutil.rmtree(storage.stage_dir(uri), ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------- the store
+def test_a_folder_is_pulled_only_once_its_manifest_is_complete(s3: dict[str, str], tmp_path: Path) -> None:
+    uri = f"s3://{BUCKET}/unit"
+    run = storage.stage(uri)
+    assert storage.remote_of(run / "base_model" / "config.json") == f"{uri}/base_model/config.json"
+    (run / "base_model").mkdir()
+    (run / "base_model" / "config.json").write_text("{}")
+    (run / "base_model" / "weights.bin").write_bytes(b"w" * 1000)
+    storage.mirror(run / "base_model")
+    manifest = json.loads(storage.read_text(f"{uri}/base_model/_manifest.json"))
+    assert manifest["complete"] and manifest["files"]["weights.bin"]["size"] == 1000
+
+    fs, where = storage.filesystem(f"{uri}/best_model")  # an upload that died after its first file
+    with fs.open_output_stream(f"{where}/_manifest.json") as f:
+        f.write(b'{"complete": false}')
+    with fs.open_output_stream(f"{where}/config.json") as f:
+        f.write(b"{}")
+    _forget_local(uri)
+    got = storage.stage(uri)
+    assert (got / "base_model" / "weights.bin").read_bytes() == b"w" * 1000
+    assert not (got / "best_model").exists()  # half a model is never taken for one
+    assert storage.local(storage.stage_dir(uri) / "base_model") == got / "base_model"
+
+
+def test_the_atomic_writers_upload_a_staged_file_as_soon_as_it_is_in_place(s3: dict[str, str]) -> None:
+    """What a worker writes reaches the store at once, from its own node: a crash later loses nothing of it."""
+    import pyarrow as pa
+
+    from raycl.miners.shards import write_shard
+    from raycl.records import append_history
+
+    uri = f"s3://{BUCKET}/writes"
+    run = storage.stage(uri)
+    (run / "nbest").mkdir()
+    write_shard(run / "nbest", 0, pa.table({"id": ["a"]}))
+    append_history(run, {"report": 1, "loss": 0.5})
+    assert set(storage.listing(uri)) == {"nbest/part-00000.parquet", "history.jsonl"}
+    assert json.loads(storage.read_text(f"{uri}/history.jsonl")) == {"report": 1, "loss": 0.5}
+
+
+def test_a_bucket_that_does_not_exist_is_one_line(s3: dict[str, str], model_dir: Path, corpus: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    from raycl.mine import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["gec", "--model", str(model_dir), "--data", str(corpus), "--out", "s3://no-such-bucket/negs"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "no-such-bucket" in err, err
+
+
+# ---------------------------------------------------------------------------------------------- mine
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "tiny.m2"
+    write_m2(path, SENTENCES)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    texts = [t for s in SENTENCES for t in (s.source, s.target())] * 4
+    tiny = dict(d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_layers=1, decoder_layers=1)
+    return build_model("smoke", out_dir=tmp_path_factory.mktemp("model"), texts=texts, vocab_size=300, **tiny)
+
+
+def _mine(model_dir: Path, corpus: Path, uri: str, capsys: pytest.CaptureFixture[str]) -> dict:
+    from raycl.mine import main
+
+    assert main(["gec", "--model", str(model_dir), "--data", str(corpus), "--out", uri, "--k", "2",
+                 "--max-new-tokens", "6", "--num-miners", "0", "--shard-size", "2", "--json"]) == 0  # fmt: skip
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_mine_writes_shards_and_manifest_to_the_store_and_resumes_from_it(
+        s3: dict[str, str], model_dir: Path, corpus: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # fmt: skip
+    import pyarrow.parquet as pq
+
+    uri = f"s3://{BUCKET}/negs"
+    first = _mine(model_dir, corpus, uri, capsys)
+    assert first["out"] == uri and first["shards_written"] == 3
+    objects = storage.listing(uri)
+    assert sorted(objects) == ["_manifest.json", "_mining.json", "part-00000.parquet", "part-00001.parquet",
+                               "part-00002.parquet"]  # fmt: skip
+    index = json.loads(storage.read_text(f"{uri}/_manifest.json"))
+    assert {k: v["size"] for k, v in index["files"].items()} == {k: v for k, v in objects.items()
+                                                                 if k != "_manifest.json"}  # fmt: skip
+    fs, where = storage.filesystem(uri)
+    rows = pq.read_table(f"{where}/part-00001.parquet", filesystem=fs).to_pylist()
+    assert [r["id"] for r in rows] == ["tiny.m2:2", "tiny.m2:3"]
+
+    fs.delete_file(f"{where}/part-00001.parquet")  # a shard the first run never finished
+    _forget_local(uri)  # another machine: all it knows is in the store
+    again = _mine(model_dir, corpus, uri, capsys)
+    assert (again["shards_written"], again["resumed"], again["shards"]) == (1, 3, 3)
+    assert pq.read_table(f"{where}/part-00001.parquet", filesystem=fs).to_pylist() == rows
