@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -152,3 +154,57 @@ def test_mine_writes_shards_and_manifest_to_the_store_and_resumes_from_it(
     again = _mine(model_dir, corpus, uri, capsys)
     assert (again["shards_written"], again["resumed"], again["shards"]) == (1, 3, 3)
     assert pq.read_table(f"{where}/part-00001.parquet", filesystem=fs).to_pylist() == rows
+
+
+# ---------------------------------------------------------------------------------------------- train and tune
+IDIOM_SMALLEST = ["--preset", "smoke", "--set", "data.setting=zero_shot", "--set", "optim.epochs=1",
+                  "--set", "adversarial.method=none", "--set", "ema.enabled=false"]  # fmt: skip
+
+
+def _cli(verb: str, space: str, uri: str, env: dict[str, str], *extra: str) -> dict:
+    """``python -m raycl.VERB`` as a user runs it: its own embedded Ray, the store from the environment."""
+    done = subprocess.run([sys.executable, "-m", f"raycl.{verb}", space, *IDIOM_SMALLEST, *extra, "--out", uri,
+                           "--json"], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, **env, "PYTHONPATH": str(Path(__file__).parents[1])})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def _objects_of_a_run(uri: str) -> dict[str, int]:
+    objects = storage.listing(uri)
+    index = json.loads(storage.read_text(f"{uri}/_manifest.json"))  # written last: the run's upload is whole
+    assert {k: v["size"] for k, v in index["files"].items()} == {
+        k: v for k, v in objects.items() if k != "_manifest.json" and not k.startswith("ray/")}
+    assert json.loads(storage.read_text(f"{uri}/base_model/_manifest.json"))["complete"]
+    return objects
+
+
+def test_a_smoke_train_writes_its_run_and_ray_storage_to_the_store(s3: dict[str, str]) -> None:
+    uri = f"s3://{BUCKET}/train"
+    summary = _cli("train", "idiom", uri, s3)
+    assert summary["store"] == uri
+    objects = _objects_of_a_run(uri)
+    for key in ("config.yaml", "report.md", "results.csv", "best.json", "trials/zero_shot/history.jsonl",
+                "base_model/config.json"):  # fmt: skip
+        assert key in objects, sorted(objects)
+    assert any(k.startswith("ray/train-zero_shot/checkpoint_") for k in objects), sorted(objects)  # Ray Train's own
+    history = storage.read_text(f"{uri}/trials/zero_shot/history.jsonl").splitlines()
+    assert json.loads(history[-1])["final"] == 1
+
+
+def test_a_tune_sweeps_report_is_read_back_from_the_store(s3: dict[str, str], tmp_path: Path) -> None:
+    import yaml
+
+    space = yaml.safe_load((Path(__file__).parents[1] / "tune_spaces" / "idiom.yaml").read_text())
+    space["presets"]["smoke"].update(search={"adversarial.method": {"grid": ["none"]}},
+                                     ladder={"baselines": ["baseline"], "settings": ["zero_shot"]})
+    path = tmp_path / "idiom_one.yaml"
+    path.write_text(yaml.safe_dump(space))
+    uri = f"s3://{BUCKET}/tune"
+    summary = _cli("tune", str(path), uri, s3)
+    objects = _objects_of_a_run(uri)
+    report = storage.read_text(f"{uri}/report.md")
+    assert report.strip() == (storage.stage_dir(uri) / "report.md").read_text().strip()
+    assert summary["table"] and "baseline" in report
+    assert any(k.startswith("ray/sweep/") for k in objects) and any(k.startswith("ray/baselines/") for k in objects)
+    print("\n".join(f"{v:>10}  {uri}/{k}" for k, v in sorted(objects.items())))  # the report's object listing
