@@ -130,9 +130,26 @@ def mirror(path: Path) -> None:
         return
     fs, where = filesystem(uri)
     if path.is_dir():
-        _put_folder(fs, path, where, skip=set())
+        _put_folder(fs, path, where)
     else:
         _put(fs, path, where)
+
+
+def publish(folder: Path) -> None:
+    """A staged folder that workers on other nodes will read (a training's initial model): uploaded unless the
+    store already holds it whole, as :func:`local` wants it."""
+    uri = remote_of(folder)
+    if uri is None or not folder.is_dir():
+        return
+    fs, where = filesystem(uri)
+    try:
+        with fs.open_input_stream(f"{where}/{MANIFEST}") as f:
+            manifest = json.loads(bytes(f.read()))
+    except (OSError, ValueError):
+        manifest = {}
+    sizes = {rel: p.stat().st_size for rel, p in _files(folder).items()}
+    if not manifest.get("complete") or {k: v["size"] for k, v in manifest["files"].items()} != sizes:
+        _put_folder(fs, folder, where)
 
 
 def push(run_dir: Path) -> None:
@@ -158,8 +175,8 @@ def _put(fs: pafs.FileSystem, src: Path, dst: str) -> None:
             out.write(chunk)
 
 
-def _put_folder(fs: pafs.FileSystem, folder: Path, where: str, *, skip: set[str]) -> None:
-    files = {rel: p for rel, p in _files(folder).items() if rel not in skip}
+def _put_folder(fs: pafs.FileSystem, folder: Path, where: str) -> None:
+    files = _files(folder)
     _write_json(fs, f"{where}/{MANIFEST}", {"complete": False})
     for rel, p in files.items():
         _put(fs, p, f"{where}/{rel}")

@@ -69,6 +69,10 @@ def test_a_folder_is_pulled_only_once_its_manifest_is_complete(s3: dict[str, str
     storage.mirror(run / "base_model")
     manifest = json.loads(storage.read_text(f"{uri}/base_model/_manifest.json"))
     assert manifest["complete"] and manifest["files"]["weights.bin"]["size"] == 1000
+    (run / "init").mkdir()
+    (run / "init" / "config.json").write_text("{}")
+    storage.publish(run / "init")  # what fit_job does with a training's initial model
+    assert json.loads(storage.read_text(f"{uri}/init/_manifest.json"))["complete"]
 
     fs, where = storage.filesystem(f"{uri}/best_model")  # an upload that died after its first file
     with fs.open_output_stream(f"{where}/_manifest.json") as f:
@@ -174,7 +178,7 @@ def _objects_of_a_run(uri: str) -> dict[str, int]:
     objects = storage.listing(uri)
     index = json.loads(storage.read_text(f"{uri}/_manifest.json"))  # written last: the run's upload is whole
     assert {k: v["size"] for k, v in index["files"].items()} == {
-        k: v for k, v in objects.items() if k != "_manifest.json" and not k.startswith("ray/")}
+        k: v for k, v in objects.items() if not k.endswith("_manifest.json") and not k.startswith("ray/")}
     assert json.loads(storage.read_text(f"{uri}/base_model/_manifest.json"))["complete"]
     return objects
 
@@ -187,9 +191,12 @@ def test_a_smoke_train_writes_its_run_and_ray_storage_to_the_store(s3: dict[str,
     for key in ("config.yaml", "report.md", "results.csv", "best.json", "trials/zero_shot/history.jsonl",
                 "base_model/config.json"):  # fmt: skip
         assert key in objects, sorted(objects)
-    assert any(k.startswith("ray/train-zero_shot/checkpoint_") for k in objects), sorted(objects)  # Ray Train's own
+    ray_train = [k for k in objects if k.startswith("ray/train-zero_shot/checkpoint_")]  # Ray Train's own storage
+    assert ray_train, sorted(objects)
     history = storage.read_text(f"{uri}/trials/zero_shot/history.jsonl").splitlines()
     assert json.loads(history[-1])["final"] == 1
+    assert json.loads(storage.read_text(f"{uri}/trials/zero_shot/best_model/_manifest.json"))["complete"]
+    print("\n".join(f"{v:>10}  {uri}/{k}" for k, v in sorted(objects.items())))  # the report's object listing
 
 
 def test_a_tune_sweeps_report_is_read_back_from_the_store(s3: dict[str, str], tmp_path: Path) -> None:
@@ -206,5 +213,6 @@ def test_a_tune_sweeps_report_is_read_back_from_the_store(s3: dict[str, str], tm
     report = storage.read_text(f"{uri}/report.md")
     assert report.strip() == (storage.stage_dir(uri) / "report.md").read_text().strip()
     assert summary["table"] and "baseline" in report
-    assert any(k.startswith("ray/sweep/") for k in objects) and any(k.startswith("ray/baselines/") for k in objects)
+    for experiment in ("sweep", "baselines"):  # Tune's experiments, each trial's Ray Train run inside
+        assert any(k.startswith(f"ray/{experiment}/") for k in objects), sorted(objects)
     print("\n".join(f"{v:>10}  {uri}/{k}" for k, v in sorted(objects.items())))  # the report's object listing
