@@ -203,8 +203,9 @@ def test_a_tune_sweeps_report_is_read_back_from_the_store(s3: dict[str, str], tm
     import yaml
 
     space = yaml.safe_load((Path(__file__).parents[1] / "tune_spaces" / "idiom.yaml").read_text())
+    space["baselines"] = {}  # one trial: the sweep's single point, no ladder after it
     space["presets"]["smoke"].update(search={"adversarial.method": {"grid": ["none"]}},
-                                     ladder={"baselines": ["baseline"], "settings": ["zero_shot"]})
+                                     ladder={"baselines": [], "settings": ["zero_shot"]})
     path = tmp_path / "idiom_one.yaml"
     path.write_text(yaml.safe_dump(space))
     uri = f"s3://{BUCKET}/tune"
@@ -212,7 +213,9 @@ def test_a_tune_sweeps_report_is_read_back_from_the_store(s3: dict[str, str], tm
     objects = _objects_of_a_run(uri)
     report = storage.read_text(f"{uri}/report.md")
     assert report.strip() == (storage.stage_dir(uri) / "report.md").read_text().strip()
-    assert summary["table"] and "baseline" in report
-    for experiment in ("sweep", "baselines"):  # Tune's experiments, each trial's Ray Train run inside
-        assert any(k.startswith(f"ray/{experiment}/") for k in objects), sorted(objects)
+    assert summary["table"] and "zero_shot" in report
+    (trial,) = {k.split("/")[1] for k in objects if k.startswith("trials/")}
+    assert f"trials/{trial}/best_model/model.safetensors" in objects  # the trial's best model, from its worker
+    assert any(k.startswith("ray/sweep/experiment_state") for k in objects), sorted(objects)  # Tune's own state
+    assert any(k.startswith(f"ray/train-trial_id={trial}/checkpoint_") for k in objects), sorted(objects)
     print("\n".join(f"{v:>10}  {uri}/{k}" for k, v in sorted(objects.items())))  # the report's object listing
