@@ -36,6 +36,7 @@ MANIFEST = "_manifest.json"
 RAY_DIR = "ray"  # Ray Train/Tune's own storage under a run: written to the store by Ray, never staged
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _CHUNK = 8 << 20
+_BUCKETS = ("S3FileSystem", "GcsFileSystem")  # pyarrow's object stores: a path is bucket/key
 
 
 def is_uri(text: str | Path) -> bool:
@@ -62,11 +63,19 @@ def _filesystem(root: str) -> pafs.FileSystem:
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     """``uri`` → (a pyarrow file system, the path on it); one file system per scheme and bucket."""
+    import pyarrow.fs as pafs
+
     scheme, rest = uri.split("://", 1)
+    if scheme == "file":
+        return pafs.LocalFileSystem(), "/" + rest.strip("/")
     fs = _filesystem(f"{scheme}://{rest.split('/', 1)[0]}")
-    if scheme == "file" or type(fs).__name__ == "LocalFileSystem":
-        return fs, "/" + rest.lstrip("/")
-    path = fs.normalize_path(rest) if type(fs).__name__ == "PyFileSystem" else rest
+    kind = type(fs).__name__
+    if kind in _BUCKETS:  # paths are bucket/key
+        path = rest
+    elif kind == "PyFileSystem":  # fsspec: its own reading of the URI
+        path = fs.handler.fs._strip_protocol(uri)
+    else:  # HDFS and the like: the path after the host
+        path = pafs.FileSystem.from_uri(uri)[1]
     return fs, path.rstrip("/")
 
 
@@ -109,7 +118,7 @@ def _check_bucket(uri: str) -> None:
 
     fs, where = filesystem(uri)
     bucket = where.split("/", 1)[0]
-    if type(fs).__name__ != "LocalFileSystem" and fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+    if type(fs).__name__ in _BUCKETS and fs.get_file_info(bucket).type == pafs.FileType.NotFound:
         raise UserError(f"{uri}: no bucket {bucket!r} in this object store (create it first)")
 
 
@@ -170,9 +179,18 @@ def push(run_dir: Path) -> None:
 
 
 def _put(fs: pafs.FileSystem, src: Path, dst: str) -> None:
-    with open(src, "rb") as f, fs.open_output_stream(dst) as out:  # one object: complete when closed, or absent
+    with open(src, "rb") as f, _output(fs, dst) as out:  # one object: complete when closed, or absent
         while chunk := f.read(_CHUNK):
             out.write(chunk)
+
+
+def _output(fs: pafs.FileSystem, dst: str) -> Any:
+    """A stream to ``dst``; file systems with real folders (``file://``, HDFS) get the parent folder made."""
+    try:
+        return fs.open_output_stream(dst)
+    except FileNotFoundError:
+        fs.create_dir(dst.rsplit("/", 1)[0], recursive=True)
+        return fs.open_output_stream(dst)
 
 
 def _put_folder(fs: pafs.FileSystem, folder: Path, where: str) -> None:
@@ -184,7 +202,7 @@ def _put_folder(fs: pafs.FileSystem, folder: Path, where: str) -> None:
 
 
 def _write_json(fs: pafs.FileSystem, dst: str, obj: dict[str, Any]) -> None:
-    with fs.open_output_stream(dst) as out:
+    with _output(fs, dst) as out:
         out.write(json.dumps(obj, indent=1, sort_keys=True).encode("utf-8"))
 
 

@@ -102,6 +102,24 @@ def test_the_atomic_writers_upload_a_staged_file_as_soon_as_it_is_in_place(s3: d
     assert json.loads(storage.read_text(f"{uri}/history.jsonl")) == {"report": 1, "loss": 0.5}
 
 
+@pytest.mark.parametrize("scheme", ["file", "memory"])
+def test_a_pyarrow_or_fsspec_uri_round_trips_like_s3(scheme: str, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """``file://`` (pyarrow, real folders) and ``memory://`` (fsspec only) stage, upload and pull back."""
+    monkeypatch.setenv("RAYCL_CACHE_DIR", str(tmp_path / "cache"))
+    uri = f"file://{tmp_path}/store/run" if scheme == "file" else f"memory://raycl-{tmp_path.name}/run"
+    run = storage.stage(uri)
+    (run / "model").mkdir()
+    (run / "model" / "config.json").write_text("{}")
+    storage.mirror(run / "model")
+    (run / "report.md").write_text("# report")
+    storage.push(run)
+    _forget_local(uri)
+    again = storage.stage(uri)
+    assert sorted(p.relative_to(again).as_posix() for p in again.rglob("*")) == ["model", "model/config.json",
+                                                                                "report.md"]  # fmt: skip
+
+
 def test_a_bucket_that_does_not_exist_is_one_line(s3: dict[str, str], model_dir: Path, corpus: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     from raycl.mine import main
