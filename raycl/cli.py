@@ -12,6 +12,7 @@ from typing import Any
 
 from raycl.config import Space, load_space
 from raycl.errors import UserError
+from raycl.storage import is_uri, push, remote_of, stage
 
 
 def space_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -22,9 +23,9 @@ def space_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--preset", default=None, help="a preset of the space: smoke | small | paper")
     p.add_argument("--address", default=None, help="Ray address (auto, HOST:PORT); default: RAY_ADDRESS or "
                    "an embedded local Ray")
-    p.add_argument("--out", default=None, type=Path,
-                   help="run folder (default runs/SPACE/TIMESTAMP; inside a Ray job an absolute one is "
-                   "required); an existing one is resumed")
+    p.add_argument("--out", default=None,
+                   help="run folder (default runs/SPACE/TIMESTAMP; inside a Ray job an absolute one is required), "
+                        "or an object store URI (s3://bucket/prefix, gs://…); an existing one is resumed")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
     return p
 
@@ -39,13 +40,19 @@ def load(args: argparse.Namespace) -> tuple[Space, Path]:
     return space, run_folder(args.out, space.name)
 
 
-def run_folder(out: Path | None, space_name: str) -> Path:
+def run_folder(out: str | Path | None, space_name: str) -> Path:
     """The absolute run folder of ``--out`` (default ``runs/SPACE/TIMESTAMP``); ``resumed run: …`` on stderr when
     it holds an earlier run. Inside a Ray job a relative one is refused: it would land in the job's working_dir,
     unpacked in Ray's package cache on the head, which the client cannot reach, a second job of the same code
     resumes, and Ray may delete."""
     from raycl.distributed.runtime import in_ray_job
 
+    if out is not None and is_uri(str(out)):  # a local folder for the URI, holding what the run already wrote
+        staged = stage(str(out))
+        if (staged / "config.yaml").exists():
+            print(f"resumed run: {out}", file=sys.stderr, flush=True)
+        return staged
+    out = Path(out) if out is not None else None
     if in_ray_job() and (out is None or not out.is_absolute()):
         given = f"--out {out}" if out is not None else f"the default --out runs/{space_name}/TIMESTAMP"
         raise UserError(f"{given} is relative: inside a Ray job it would land in the job's working_dir "
@@ -75,7 +82,12 @@ def check_inputs(space: Space, run_dir: Path) -> None:
 def run(space: Space, run_dir: Path, *, sweep: bool) -> dict[str, Any]:
     from raycl import driver
 
-    return (driver.run_tune if sweep else driver.run_train)(recipe(space), space, run_dir)
+    try:
+        summary = (driver.run_tune if sweep else driver.run_train)(recipe(space), space, run_dir)
+    finally:  # a staged run: what it wrote, then its index — also when it failed, so that a re-run resumes
+        push(run_dir)
+    uri = remote_of(run_dir)
+    return {**summary, "store": uri} if uri else summary
 
 
 def finish(summary: dict[str, Any], *, as_json: bool) -> None:
@@ -83,7 +95,8 @@ def finish(summary: dict[str, Any], *, as_json: bool) -> None:
         json.dump(summary, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
         return
-    print(f"report: {Path(summary['run_dir']) / 'report.md'}")
+    where = summary.get("store") or summary["run_dir"]
+    print(f"report: {where.rstrip('/')}/report.md")
 
 
 def quiet_ray() -> None:

@@ -25,6 +25,7 @@ from raycl.distributed.sweep import TrialOutcome, grid, run_sweep, to_param_spac
 from raycl.distributed.trainer import fit
 from raycl.records import read_history
 from raycl.report import best_trial, say
+from raycl.storage import publish, push
 from raycl.train import loop
 from raycl.train.progress import follow
 
@@ -107,6 +108,7 @@ class RecipeBase:
 def fit_job(run: Run, cfg: Any, job: loop.Job, *, name: str, in_tune: bool) -> Any:
     """One training (a ``TorchTrainer`` over the one loop; ``scaling.num_workers=0``: in-process); Ray's Result."""
     job = dataclasses.replace(job, use_gpu=cfg.scaling.use_gpu)  # local mode would take a GPU it sees otherwise
+    publish(Path(job.init_model))  # a staged run: in the store before a worker on another node reads it
     return fit(functools.partial(loop.run, job), scaling=cfg.scaling, name=name, storage_path=run.run_dir / "ray",
                in_tune=in_tune)  # fmt: skip
 
@@ -140,6 +142,7 @@ def prepare(recipe: Recipe, space: Space, run_dir: Path) -> Run:
     run = Run(cfg, run_dir, run_dir / "base_model", builtin, counts)
     t0 = time.perf_counter()
     recipe.base_model(run)
+    push(run_dir)  # a staged run: the data, config and base model in the store before any worker reads them
     run.timings["prepare_s"] = time.perf_counter() - t0
     return run
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from raycl.errors import UserError, at, cli_entry
+from raycl.storage import is_uri, push, stage
 
 
 def _add_gec(sub: Any) -> None:
@@ -56,8 +57,9 @@ def _add_gec(sub: Any) -> None:
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16", "int8"], default="fp32",
                    help="hf: autocast; ctranslate2: compute type, int8 on CPU (default fp32)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    p.add_argument("--out", required=True, type=Path,
-                   help="a .parquet file (mined in this process), or a directory of Parquet shards")  # fmt: skip
+    p.add_argument("--out", required=True,
+                   help="a .parquet file (mined in this process), or a directory of Parquet shards; an object "
+                        "store URI (s3://bucket/prefix, gs://…) is always a shard directory")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     g = p.add_argument_group("streamed, sharded mining (any of these makes OUT a shard directory)")
     g.add_argument("--shards", action="store_true", help="write OUT as a shard directory even if named *.parquet")
@@ -171,6 +173,17 @@ def _miner_options(args: argparse.Namespace) -> dict[str, Any]:
             "precision": args.precision, "engine": args.engine}  # fmt: skip
 
 
+def _run_staged(args: argparse.Namespace) -> dict[str, Any]:
+    """``--out URI``: shards mined into the URI's staging folder (what the store holds pulled first, so a re-run
+    resumes), each uploaded as it is written (``raycl.storage``); the run's index last."""
+    uri, args.out, args.shards = args.out, stage(args.out), True
+    try:
+        summary = args.run(args)
+    finally:
+        push(args.out)
+    return {**summary, "out": uri}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m raycl.mine", description="Mine hard negatives to Parquet.")
     sub = parser.add_subparsers(dest="task", required=True, metavar="TASK")
@@ -181,7 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
 @cli_entry
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    summary = args.run(args)
+    if is_uri(args.out):
+        summary = _run_staged(args)
+    else:
+        args.out = Path(args.out)
+        summary = args.run(args)
     if args.json:
         print(json.dumps(summary))
     else:

@@ -1,6 +1,8 @@
 """A run's records on disk: ``history.jsonl`` (one line per report) and atomic writes of texts, tables, plots and
 model folders — a run killed mid-write never leaves half a file behind; texts and shards are ``fsync``ed before
-the rename (and the folder after it), so a power cut cannot leave a renamed but empty file either."""
+the rename (and the folder after it), so a power cut cannot leave a renamed but empty file either. In a run
+staged for an object store (``--out s3://…``, :mod:`raycl.storage`) each write is uploaded as soon as it is
+renamed into place."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from raycl.storage import mirror
 
 HISTORY = "history.jsonl"
 
@@ -50,6 +54,7 @@ def replace_synced(tmp: Path, path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+    mirror(path)
 
 
 def hash_folder(h: Any, root: Path) -> Any:
@@ -75,12 +80,14 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         writer.writeheader()
         writer.writerows(rows)
     tmp.replace(path)
+    mirror(path)
 
 
 def save_png(fig: Any, path: Path) -> Path:
     tmp = path.with_name(f".{path.stem}.tmp.png")
     fig.savefig(tmp, dpi=120)
     tmp.replace(path)
+    mirror(path)
     return path
 
 
@@ -91,9 +98,11 @@ def save_dir_atomic(save: Callable[[Path], Any], out: Path) -> None:
     save(tmp)
     shutil.rmtree(out, ignore_errors=True)
     tmp.replace(out)
+    mirror(out)
 
 
 def copy_atomic(src: Path, dst: Path) -> None:
     tmp = dst.with_name(f".{dst.name}.tmp")
     shutil.copyfile(src, tmp)
     tmp.replace(dst)
+    mirror(dst)

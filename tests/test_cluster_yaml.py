@@ -23,8 +23,8 @@ IMAGE = "rayproject/ray:2.60.0-py311-gpu"
 NATIVE = {"CPU", "GPU", "memory", "object_store_memory"}
 
 
-def _raw() -> dict[str, Any]:
-    return yaml.safe_load((ROOT / "cluster.yaml").read_text())
+def _raw(name: str = "cluster.yaml") -> dict[str, Any]:
+    return yaml.safe_load((ROOT / name).read_text())
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +34,12 @@ def cluster() -> dict[str, Any]:
     return cfg
 
 
-def _readme_job() -> list[str]:
-    """The argv of ``python -m raycl.tune ...`` in the README's ``ray job submit`` example."""
+def _readme_job(cluster_file: str = "cluster.yaml") -> list[str]:
+    """The argv of ``python -m raycl.tune ...`` in the README's ``ray job submit`` example on ``cluster_file``."""
     text = (ROOT / "README.md").read_text()
     section = text.split("\n## Cluster\n", 1)[1].split("\n## ", 1)[0]
-    block = next(b for b in re.findall(r"```bash\n(.*?)```", section, re.S) if "ray job submit" in b)
+    block = next(b for b in re.findall(r"```bash\n(.*?)```", section, re.S)
+                 if "ray job submit" in b and f"ray up {cluster_file}" in b)
     lines = [line.split("  #")[0] for line in block.replace("\\\n", " ").splitlines()]
     argv = shlex.split(next(line for line in lines if "ray job submit" in line))
     assert argv[argv.index("--") + 1 : argv.index("--") + 4] == ["python", "-m", "raycl.tune"]
@@ -249,3 +250,24 @@ def test_a_world_writable_shared_folder_fails(mode: str) -> None:
     broken["initialization_commands"][0] += f" && sudo chmod {mode} /mnt/raycl"
     assert _shared_folder_problems(broken) == [f"chmod {mode} /mnt/raycl"]
     assert not _world_writable("0750") and not _world_writable("g+w")
+
+
+def test_the_s3_cluster_has_the_same_shapes_and_its_runs_in_the_bucket() -> None:
+    """``cluster-s3.yaml``: Ray's validator accepts it; cluster.yaml's node types, token and image; no EFS; every
+    node reaches the bucket through an instance profile; the README's S3 job fits and writes to ``s3://``."""
+    raw = _raw("cluster-s3.yaml")
+    cfg = prepare_config(copy.deepcopy(raw))
+    validate_config(cfg)
+    efs = prepare_config(_raw())
+    assert {k: t["resources"] for k, t in cfg["available_node_types"].items()} == {
+        k: t["resources"] for k, t in efs["available_node_types"].items()}
+    assert cfg["docker"]["image"] == IMAGE and _auth_problems(cfg) == []
+    assert "/mnt/raycl" not in yaml.safe_dump(raw)  # nothing mounted: runs live in the bucket
+    assert all("IamInstanceProfile" in t["node_config"] for t in raw["available_node_types"].values())
+    args = cli.space_parser("python -m raycl.tune", "").parse_args(_readme_job("cluster-s3.yaml"))
+    assert args.out.startswith("s3://YOUR_BUCKET/")
+    check_job_fits(args, cfg)
+    copied = re.search(r"copy_files\('(s3://[^']+)', '([^']+)'\)", " ".join(raw["setup_commands"]))
+    assert copied is not None and copied[1].startswith("s3://YOUR_BUCKET/")
+    inputs = [o.split("=", 1)[1] for o in args.overrides if "/" in o]
+    assert inputs and all(copied[2] in v for v in inputs), inputs  # the job reads what setup copied

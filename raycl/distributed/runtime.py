@@ -68,7 +68,8 @@ def _propagated_env() -> dict[str, str]:
     """What workers get from the driver's environment. Inside a Ray job, only what the job's runtime env lacks:
     its workers inherit the job's env_vars, and ray.init refuses a key set twice (even to the same value), so
     RAY_OVERRIDE_JOB_RUNTIME_ENV is not needed."""
-    keep = ("PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "RAYCL_WORKER_LOGS")
+    keep = ("PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "RAYCL_WORKER_LOGS",
+            "RAYCL_CACHE_DIR")  # a staged run (raycl.storage) is at the same path in every process
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "0"))

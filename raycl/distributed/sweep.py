@@ -17,6 +17,7 @@ import ray.tune as tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from raycl.config import TuneSection, expand_values
+from raycl.storage import ray_storage
 
 
 @dataclass
@@ -121,6 +122,7 @@ def run_sweep(
         if tune_cfg.scheduler == "asha"
         else FIFOScheduler()
     )
+    where, filesystem = ray_storage(storage_path)  # a staged run's Ray storage is the object store itself
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(trial_fn, **trial_kwargs),
                             resources or {"cpu": tune_cfg.driver_cpus}),
@@ -133,7 +135,7 @@ def run_sweep(
             max_concurrent_trials=tune_cfg.max_concurrent_trials,
         ),
         run_config=tune.RunConfig(
-            name=name, storage_path=str(Path(storage_path).resolve()), verbose=0,
+            name=name, storage_path=where, storage_filesystem=filesystem, verbose=0,
             callbacks=[_TrialProgress(_count(param_space, tune_cfg.num_samples), tune_cfg.metric, tune_cfg.mode,
                                       name)],
         ),

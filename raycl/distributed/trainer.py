@@ -10,6 +10,7 @@ import ray.train
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from raycl.config import ScalingSection
+from raycl.storage import ray_storage
 
 
 def fit(
@@ -30,6 +31,7 @@ def fit(
     (RAY_NOTES 2.2): a stable run name per trial (re-using it resumes that trial's run) and a
     ``TuneReportCallback`` forwarding rank 0's metrics.
     """
+    where, filesystem = ray_storage(storage_path)  # a staged run's Ray storage is the object store itself
     callbacks: list[Any] = []
     if in_tune:
         from ray.tune.integration.ray_train import TuneReportCallback
@@ -47,7 +49,8 @@ def fit(
         ),
         run_config=ray.train.RunConfig(
             name=name,
-            storage_path=str(Path(storage_path).resolve()),
+            storage_path=where,
+            storage_filesystem=filesystem,
             failure_config=ray.train.FailureConfig(max_failures=scaling.max_failures),
             checkpoint_config=ray.train.CheckpointConfig(
                 num_to_keep=1,

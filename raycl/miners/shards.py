@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING
 from raycl.errors import UserError, at
 from raycl.miners.beam_search import MinedNegatives, read_negatives_parquet
 from raycl.records import replace_synced, sync
+from raycl.storage import LOCK
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
 SHARD_GLOB = "part-*.parquet"
-LOCK = "_mining.lock"
 _SHARD = re.compile(r"^part-(\d{5,})\.parquet$")
 
 

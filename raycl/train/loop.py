@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from raycl import storage
 from raycl.distributed import session
 from raycl.records import append_history, save_dir_atomic
 from raycl.train.chaos import crash_switch
@@ -257,7 +258,7 @@ def run(job: Job) -> None:
         if ckpt is not None and saved is not None and (ckpt / rank_file(rank)).exists():  # this rank's own part
             own = torch.load(ckpt / rank_file(rank), map_location="cpu", weights_only=False)
             saved["rng"], saved["extras"] = own["rng"], {**saved["extras"], **own["extras"]}
-        model = task.load_model(ckpt / MODEL_DIR if ckpt else Path(job.init_model))
+        model = task.load_model(ckpt / MODEL_DIR if ckpt else storage.local(job.init_model))
         model.to(device)  # before any optimizer is built on its parameters or loads state onto them
         st = task.build(model, w, saved["progress"] if saved else None)
     loop = _Loop(task, st, w)

@@ -1,0 +1,319 @@
+"""Run folders on an object store: ``--out s3://bucket/prefix`` (``gs://…``, any pyarrow or fsspec URI).
+
+A remote run is *staged*: it lives in a local folder whose name is its URI, quoted
+(``$RAYCL_CACHE_DIR/stage/<quoted URI>``, default ``~/.cache/raycl``), so that any process on any node maps a
+staged path back to its object (:func:`remote_of`) and caches what it reads at the same path. The project's
+atomic writers (``raycl.records``, ``raycl.miners.shards``) call :func:`mirror` after their rename, so a file is
+uploaded at once by whichever node wrote it; :func:`push` uploads what else the run holds and writes the run's
+index last; :func:`stage` pulls a run's objects back before it resumes. Ray Train and Tune write their own
+storage (``<out>/ray``) straight to the store (:func:`ray_storage`).
+
+An object store has no rename, but one PUT is complete or absent, so a single file is written in one. A folder
+(a model) is several objects: its ``_manifest.json`` is written first as pending and last with every file's size
+and sha256, and readers take a folder only when its manifest is complete and matches. Shards keep write-once
+names (``part-<range>.parquet``). Endpoint and credentials come from the standard environment
+(``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``GOOGLE_APPLICATION_CREDENTIALS``, …),
+read by pyarrow or fsspec; raycl never writes them anywhere.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote
+
+from raycl.errors import UserError
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
+
+MANIFEST = "_manifest.json"
+RAY_DIR = "ray"  # Ray Train/Tune's own storage under a run: written to the store by Ray, never staged
+LOCK = "_mining.lock"  # a run's own lock on its folder (raycl.miners.shards): of this machine, never uploaded
+
+
+def _local_only(rel: str) -> bool:
+    """Temp and bookkeeping files (``.name``: temp files, a range's attempt count), the lock: never uploaded."""
+    parts = rel.split("/")
+    return any(s.startswith(".") for s in parts) or parts[-1] == LOCK
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_CHUNK = 8 << 20
+_BUCKETS = ("S3FileSystem", "GcsFileSystem")  # pyarrow's object stores: a path is bucket/key
+
+
+def is_uri(text: str | Path) -> bool:
+    """``s3://…``, ``gs://…``, ``file://…``: anything with a scheme (a local path has none)."""
+    return isinstance(text, str) and bool(_URI.match(text))
+
+
+@functools.lru_cache(maxsize=8)
+def _filesystem(root: str) -> pafs.FileSystem:
+    import pyarrow.fs as pafs
+
+    try:
+        return pafs.FileSystem.from_uri(root)[0]
+    except (ValueError, OSError) as arrow_err:  # pyarrow knows s3, gs, hdfs, file; fsspec knows the rest
+        try:
+            import fsspec
+
+            fs = fsspec.core.url_to_fs(root)[0]
+        except (ImportError, ValueError, OSError) as err:
+            raise UserError(f"{root}: no pyarrow or fsspec file system for this URI ({arrow_err}; {err})"
+                            ) from None  # fmt: skip
+        return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+
+
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """``uri`` → (a pyarrow file system, the path on it); one file system per scheme and bucket."""
+    import pyarrow.fs as pafs
+
+    scheme, rest = uri.split("://", 1)
+    if scheme == "file":
+        return pafs.LocalFileSystem(), "/" + rest.strip("/")
+    fs = _filesystem(f"{scheme}://{rest.split('/', 1)[0]}")
+    kind = type(fs).__name__
+    if kind in _BUCKETS:  # paths are bucket/key
+        path = rest
+    elif kind == "PyFileSystem":  # fsspec: its own reading of the URI
+        path = fs.handler.fs._strip_protocol(uri)
+    else:  # HDFS and the like: the path after the host
+        path = pafs.FileSystem.from_uri(uri)[1]
+    return fs, path.rstrip("/")
+
+
+# ---------------------------------------------------------------------------------------------- staging
+def cache_root() -> Path:
+    return Path(os.environ.get("RAYCL_CACHE_DIR") or Path.home() / ".cache" / "raycl").resolve()
+
+
+def stage_dir(uri: str) -> Path:
+    """The local folder that stands for ``uri`` on every node."""
+    return cache_root() / "stage" / quote(uri.rstrip("/"), safe="")
+
+
+def remote_of(path: str | Path) -> str | None:
+    """The URI of a staged path (a file or folder in a :func:`stage_dir`), or None for any other path."""
+    try:
+        rel = Path(path).resolve().relative_to(cache_root() / "stage")
+    except ValueError:
+        return None
+    if not rel.parts:
+        return None
+    return "/".join([unquote(rel.parts[0]), *rel.parts[1:]])
+
+
+def stage(uri: str) -> Path:
+    """``--out URI``: its staging folder, with the run's objects pulled (a resumed run finds what it wrote)."""
+    local = stage_dir(uri)
+    local.mkdir(parents=True, exist_ok=True)
+    try:
+        _check_bucket(uri)
+        pull(uri, local)
+    except OSError as err:  # no credentials, no endpoint: the user's to fix
+        raise UserError(f"{uri}: cannot read the object store ({err})") from None
+    return local
+
+
+def _check_bucket(uri: str) -> None:
+    """A bucket that does not exist lists as empty: say so before a run writes into nothing."""
+    import pyarrow.fs as pafs
+
+    fs, where = filesystem(uri)
+    bucket = where.split("/", 1)[0]
+    if type(fs).__name__ in _BUCKETS and fs.get_file_info(bucket).type == pafs.FileType.NotFound:
+        raise UserError(f"{uri}: no bucket {bucket!r} in this object store (create it first)")
+
+
+def ray_storage(path: Path) -> tuple[str, pafs.FileSystem | None]:
+    """Ray Train/Tune's ``storage_path`` (+ ``storage_filesystem``) for ``path``: the store itself when staged."""
+    uri = remote_of(path)
+    if uri is None:
+        return str(Path(path).resolve()), None
+    fs, where = filesystem(uri)
+    return where, fs
+
+
+# ---------------------------------------------------------------------------------------------- writing
+def mirror(path: Path) -> None:
+    """Upload a staged file (one PUT) or folder (pending manifest, files, complete manifest); others: nothing."""
+    uri = remote_of(path)
+    if uri is None or _local_only(path.name):
+        return
+    fs, where = filesystem(uri)
+    if path.is_dir():
+        _put_folder(fs, path, where)
+    else:
+        _put(fs, path, where)
+
+
+def publish(folder: Path) -> None:
+    """A staged folder that workers on other nodes will read (a training's initial model): uploaded unless the
+    store already holds it whole, as :func:`local` wants it."""
+    uri = remote_of(folder)
+    if uri is None or not folder.is_dir():
+        return
+    fs, where = filesystem(uri)
+    try:
+        with fs.open_input_stream(f"{where}/{MANIFEST}") as f:
+            manifest = json.loads(bytes(f.read()))
+    except (OSError, ValueError):
+        manifest = {}
+    sizes = {rel: p.stat().st_size for rel, p in _files(folder).items()}
+    if not manifest.get("complete") or {k: v["size"] for k, v in manifest["files"].items()} != sizes:
+        _put_folder(fs, folder, where)
+
+
+def push(run_dir: Path) -> None:
+    """Everything of a staged run not in the store yet (or of another size), then its index ``_manifest.json``
+    (every file with size and sha256): written last, it says the run's upload is whole."""
+    uri = remote_of(run_dir)
+    if uri is None:
+        return
+    files = _files(run_dir)
+    if not files:  # nothing written (a run refused before it began): nothing to say in the store
+        return
+    fs, where = filesystem(uri)
+    have = {rel: info.size for rel, info in _listing(fs, where).items()}
+    for rel, p in files.items():
+        if have.get(rel) != p.stat().st_size:
+            _put(fs, p, f"{where}/{rel}")
+    _write_json(fs, f"{where}/{MANIFEST}", {"index": True, "files": _describe(files)})
+
+
+def _put(fs: pafs.FileSystem, src: Path, dst: str) -> None:
+    with open(src, "rb") as f, _output(fs, dst) as out:  # one object: complete when closed, or absent
+        while chunk := f.read(_CHUNK):
+            out.write(chunk)
+
+
+def _output(fs: pafs.FileSystem, dst: str) -> Any:
+    """A stream to ``dst``; file systems with real folders (``file://``, HDFS) get the parent folder made."""
+    try:
+        return fs.open_output_stream(dst)
+    except FileNotFoundError:
+        fs.create_dir(dst.rsplit("/", 1)[0], recursive=True)
+        return fs.open_output_stream(dst)
+
+
+def _put_folder(fs: pafs.FileSystem, folder: Path, where: str) -> None:
+    files = _files(folder)
+    _write_json(fs, f"{where}/{MANIFEST}", {"complete": False})
+    for rel, p in files.items():
+        _put(fs, p, f"{where}/{rel}")
+    _write_json(fs, f"{where}/{MANIFEST}", {"complete": True, "files": _describe(files)})
+
+
+def _write_json(fs: pafs.FileSystem, dst: str, obj: dict[str, Any]) -> None:
+    with _output(fs, dst) as out:
+        out.write(json.dumps(obj, indent=1, sort_keys=True).encode("utf-8"))
+
+
+def _files(folder: Path) -> dict[str, Path]:
+    """A staged folder's files by relative path: not Ray's storage, temp files (``.name``) or manifests."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder).as_posix()
+        if p.is_file() and rel.split("/")[0] != RAY_DIR and not _local_only(rel) and p.name != MANIFEST:
+            out[rel] = p
+    return out
+
+
+def _describe(files: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    return {rel: {"size": p.stat().st_size, "sha256": _sha256(p)} for rel, p in files.items()}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------- reading
+def _listing(fs: pafs.FileSystem, where: str) -> dict[str, Any]:
+    """The objects under ``where`` by relative path (Ray's storage left out)."""
+    import pyarrow.fs as pafs
+
+    infos = fs.get_file_info(pafs.FileSelector(where, allow_not_found=True, recursive=True))
+    out = {}
+    for info in infos:
+        if info.type == pafs.FileType.File:
+            rel = info.path[len(where):].lstrip("/")
+            if rel.split("/")[0] != RAY_DIR:
+                out[rel] = info
+    return out
+
+
+def listing(uri: str) -> dict[str, int]:
+    """Every object under ``uri`` (Ray's storage too) with its size: what a run left in the store."""
+    import pyarrow.fs as pafs
+
+    fs, where = filesystem(uri)
+    infos = fs.get_file_info(pafs.FileSelector(where, allow_not_found=True, recursive=True))
+    return {i.path[len(where):].lstrip("/"): i.size for i in infos if i.type == pafs.FileType.File}
+
+
+def read_text(uri: str) -> str:
+    fs, where = filesystem(uri)
+    with fs.open_input_stream(where) as f:
+        return bytes(f.read()).decode("utf-8")
+
+
+def pull(uri: str, local: Path) -> int:
+    """Download the objects under ``uri`` that ``local`` lacks or holds at another size; a folder only when its
+    manifest is complete (an interrupted upload is left out). Returns the number of files downloaded."""
+    fs, where = filesystem(uri)
+    objects = _listing(fs, where)
+    left_out = _incomplete_folders(fs, where, objects)
+    if "" in left_out:
+        return 0
+    n = 0
+    for rel, info in objects.items():
+        if rel.rsplit("/", 1)[-1] == MANIFEST or any(rel.startswith(f + "/") for f in left_out):
+            continue
+        dst = local / rel
+        if dst.is_file() and dst.stat().st_size == info.size:
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f".{dst.name}.{os.getpid()}.pull")
+        with fs.open_input_stream(info.path) as f, open(tmp, "wb") as out:
+            while chunk := f.read(_CHUNK):
+                out.write(chunk)
+        tmp.replace(dst)
+        n += 1
+    return n
+
+
+def _incomplete_folders(fs: pafs.FileSystem, where: str, objects: dict[str, Any]) -> list[str]:
+    """Folders whose manifest is pending or does not match their objects' sizes."""
+    bad = []
+    for rel, info in objects.items():
+        folder, _, name = rel.rpartition("/")
+        if name != MANIFEST:
+            continue
+        with fs.open_input_stream(info.path) as f:
+            manifest = json.loads(bytes(f.read()))
+        if manifest.get("index"):  # a run's index, not a folder upload
+            continue
+        files, prefix = manifest.get("files", {}), f"{folder}/" if folder else ""
+        if not manifest.get("complete") or any(
+                getattr(objects.get(prefix + k), "size", None) != v["size"] for k, v in files.items()):
+            bad.append(folder)
+    return bad
+
+
+def local(path: str | Path) -> Path:
+    """A staged folder on this node: pulled from the store when this node has not got it (a worker on another
+    node reading the run's base model) and kept there, the node's cache. Any other path as it is."""
+    path = Path(path)
+    uri = remote_of(path)
+    if uri is None or path.exists():
+        return path
+    pull(uri, path)
+    return path

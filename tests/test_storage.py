@@ -1,0 +1,239 @@
+"""Runs on an object store (issue 20 §2): ``--out s3://bucket/prefix`` for ``mine``, ``train`` and ``tune``,
+against a real S3 API server on localhost (moto's server mode, started here on a free port; endpoint and
+credentials from the standard environment, as on a cluster)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raycl import storage
+from raycl.data.m2 import Edit, M2Sentence, write_m2
+from raycl.models.presets import build_model
+
+BUCKET = "raycl-test"
+SENTENCES = [
+    M2Sentence("He do n't like it .", (Edit(1, 2, "R:VERB:SVA", "does"),)),
+    M2Sentence("This are a sentence .", (Edit(1, 2, "R:VERB:SVA", "is"),)),
+    M2Sentence("Fine as it is ."),
+    M2Sentence("She go home every day .", (Edit(1, 2, "R:VERB:SVA", "goes"),)),
+    M2Sentence("They has two car .", (Edit(1, 2, "R:VERB:SVA", "have"), Edit(3, 4, "R:NOUN:NUM", "cars"))),
+]
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """moto's S3 server on a free port, one bucket, and the environment every raycl process reads it from."""
+    boto3 = pytest.importorskip("boto3")
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "RAYCL_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}  # fmt: skip
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    boto3.client("s3").create_bucket(Bucket=BUCKET)
+    try:
+        yield env
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        storage._filesystem.cache_clear()
+        server.stop()
+
+
+def _forget_local(uri: str) -> None:
+    """Drop this machine's staged copy: what a run finds next comes from the store."""
+    import shutil
+
+    shutil.rmtree(storage.stage_dir(uri), ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------- the store
+def test_a_folder_is_pulled_only_once_its_manifest_is_complete(s3: dict[str, str], tmp_path: Path) -> None:
+    uri = f"s3://{BUCKET}/unit"
+    run = storage.stage(uri)
+    assert storage.remote_of(run / "base_model" / "config.json") == f"{uri}/base_model/config.json"
+    (run / "base_model").mkdir()
+    (run / "base_model" / "config.json").write_text("{}")
+    (run / "base_model" / "weights.bin").write_bytes(b"w" * 1000)
+    storage.mirror(run / "base_model")
+    manifest = json.loads(storage.read_text(f"{uri}/base_model/_manifest.json"))
+    assert manifest["complete"] and manifest["files"]["weights.bin"]["size"] == 1000
+    (run / "init").mkdir()
+    (run / "init" / "config.json").write_text("{}")
+    storage.publish(run / "init")  # what fit_job does with a training's initial model
+    assert json.loads(storage.read_text(f"{uri}/init/_manifest.json"))["complete"]
+
+    fs, where = storage.filesystem(f"{uri}/best_model")  # an upload that died after its first file
+    with fs.open_output_stream(f"{where}/_manifest.json") as f:
+        f.write(b'{"complete": false}')
+    with fs.open_output_stream(f"{where}/config.json") as f:
+        f.write(b"{}")
+    _forget_local(uri)
+    got = storage.stage(uri)
+    assert (got / "base_model" / "weights.bin").read_bytes() == b"w" * 1000
+    assert not (got / "best_model").exists()  # half a model is never taken for one
+    assert storage.local(storage.stage_dir(uri) / "base_model") == got / "base_model"
+
+
+def test_the_atomic_writers_upload_a_staged_file_as_soon_as_it_is_in_place(s3: dict[str, str]) -> None:
+    """What a worker writes reaches the store at once, from its own node: a crash later loses nothing of it."""
+    import pyarrow as pa
+
+    from raycl.miners.shards import write_shard
+    from raycl.records import append_history
+
+    uri = f"s3://{BUCKET}/writes"
+    run = storage.stage(uri)
+    (run / "nbest").mkdir()
+    write_shard(run / "nbest", 0, pa.table({"id": ["a"]}))
+    append_history(run, {"report": 1, "loss": 0.5})
+    assert set(storage.listing(uri)) == {"nbest/part-00000.parquet", "history.jsonl"}
+    assert json.loads(storage.read_text(f"{uri}/history.jsonl")) == {"report": 1, "loss": 0.5}
+
+
+@pytest.mark.parametrize("scheme", ["file", "memory"])
+def test_a_pyarrow_or_fsspec_uri_round_trips_like_s3(scheme: str, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """``file://`` (pyarrow, real folders) and ``memory://`` (fsspec only) stage, upload and pull back."""
+    monkeypatch.setenv("RAYCL_CACHE_DIR", str(tmp_path / "cache"))
+    uri = f"file://{tmp_path}/store/run" if scheme == "file" else f"memory://raycl-{tmp_path.name}/run"
+    run = storage.stage(uri)
+    (run / "model").mkdir()
+    (run / "model" / "config.json").write_text("{}")
+    storage.mirror(run / "model")
+    (run / "report.md").write_text("# report")
+    storage.push(run)
+    _forget_local(uri)
+    again = storage.stage(uri)
+    assert sorted(p.relative_to(again).as_posix() for p in again.rglob("*")) == ["model", "model/config.json",
+                                                                                "report.md"]  # fmt: skip
+
+
+def test_a_bucket_that_does_not_exist_is_one_line(s3: dict[str, str], model_dir: Path, corpus: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    from raycl.mine import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["gec", "--model", str(model_dir), "--data", str(corpus), "--out", "s3://no-such-bucket/negs"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "no-such-bucket" in err, err
+
+
+# ---------------------------------------------------------------------------------------------- mine
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "tiny.m2"
+    write_m2(path, SENTENCES)
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    texts = [t for s in SENTENCES for t in (s.source, s.target())] * 4
+    tiny = dict(d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_layers=1, decoder_layers=1)
+    return build_model("smoke", out_dir=tmp_path_factory.mktemp("model"), texts=texts, vocab_size=300, **tiny)
+
+
+def _mine(model_dir: Path, corpus: Path, uri: str, capsys: pytest.CaptureFixture[str]) -> dict:
+    from raycl.mine import main
+
+    assert main(["gec", "--model", str(model_dir), "--data", str(corpus), "--out", uri, "--k", "2",
+                 "--max-new-tokens", "6", "--num-miners", "0", "--shard-size", "2", "--json"]) == 0  # fmt: skip
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_mine_writes_shards_and_manifest_to_the_store_and_resumes_from_it(
+        s3: dict[str, str], model_dir: Path, corpus: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # fmt: skip
+    import pyarrow.parquet as pq
+
+    uri = f"s3://{BUCKET}/negs"
+    first = _mine(model_dir, corpus, uri, capsys)
+    assert first["out"] == uri and first["shards_written"] == 3
+    objects = storage.listing(uri)
+    assert sorted(objects) == ["_manifest.json", "_mining.json", "part-00000.parquet", "part-00001.parquet",
+                               "part-00002.parquet"]  # fmt: skip
+    index = json.loads(storage.read_text(f"{uri}/_manifest.json"))
+    assert {k: v["size"] for k, v in index["files"].items()} == {k: v for k, v in objects.items()
+                                                                 if k != "_manifest.json"}  # fmt: skip
+    fs, where = storage.filesystem(uri)
+    rows = pq.read_table(f"{where}/part-00001.parquet", filesystem=fs).to_pylist()
+    assert [r["id"] for r in rows] == ["tiny.m2:2", "tiny.m2:3"]
+
+    fs.delete_file(f"{where}/part-00001.parquet")  # a shard the first run never finished
+    _forget_local(uri)  # another machine: all it knows is in the store
+    again = _mine(model_dir, corpus, uri, capsys)
+    assert (again["shards_written"], again["resumed"], again["shards"]) == (1, 3, 3)
+    assert pq.read_table(f"{where}/part-00001.parquet", filesystem=fs).to_pylist() == rows
+
+
+# ---------------------------------------------------------------------------------------------- train and tune
+IDIOM_SMALLEST = ["--preset", "smoke", "--set", "data.setting=zero_shot", "--set", "optim.epochs=1",
+                  "--set", "adversarial.method=none", "--set", "ema.enabled=false"]  # fmt: skip
+
+
+def _cli(verb: str, space: str, uri: str, env: dict[str, str], *extra: str) -> dict:
+    """``python -m raycl.VERB`` as a user runs it: its own embedded Ray, the store from the environment."""
+    done = subprocess.run([sys.executable, "-m", f"raycl.{verb}", space, *IDIOM_SMALLEST, *extra, "--out", uri,
+                           "--json"], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, **env, "PYTHONPATH": str(Path(__file__).parents[1])})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
+def _objects_of_a_run(uri: str) -> dict[str, int]:
+    objects = storage.listing(uri)
+    index = json.loads(storage.read_text(f"{uri}/_manifest.json"))  # written last: the run's upload is whole
+    assert {k: v["size"] for k, v in index["files"].items()} == {
+        k: v for k, v in objects.items() if not k.endswith("_manifest.json") and not k.startswith("ray/")}
+    assert json.loads(storage.read_text(f"{uri}/base_model/_manifest.json"))["complete"]
+    return objects
+
+
+def test_a_smoke_train_writes_its_run_and_ray_storage_to_the_store(s3: dict[str, str]) -> None:
+    uri = f"s3://{BUCKET}/train"
+    summary = _cli("train", "idiom", uri, s3)
+    assert summary["store"] == uri
+    objects = _objects_of_a_run(uri)
+    for key in ("config.yaml", "report.md", "results.csv", "best.json", "trials/zero_shot/history.jsonl",
+                "base_model/config.json"):  # fmt: skip
+        assert key in objects, sorted(objects)
+    ray_train = [k for k in objects if k.startswith("ray/train-zero_shot/checkpoint_")]  # Ray Train's own storage
+    assert ray_train, sorted(objects)
+    history = storage.read_text(f"{uri}/trials/zero_shot/history.jsonl").splitlines()
+    assert json.loads(history[-1])["final"] == 1
+    assert json.loads(storage.read_text(f"{uri}/trials/zero_shot/best_model/_manifest.json"))["complete"]
+    print("\n".join(f"{v:>10}  {uri}/{k}" for k, v in sorted(objects.items())))  # the report's object listing
+
+
+def test_a_tune_sweeps_report_is_read_back_from_the_store(s3: dict[str, str], tmp_path: Path) -> None:
+    import yaml
+
+    space = yaml.safe_load((Path(__file__).parents[1] / "tune_spaces" / "idiom.yaml").read_text())
+    space["baselines"] = {}  # one trial: the sweep's single point, no ladder after it
+    space["presets"]["smoke"].update(search={"adversarial.method": {"grid": ["none"]}},
+                                     ladder={"baselines": [], "settings": ["zero_shot"]})
+    path = tmp_path / "idiom_one.yaml"
+    path.write_text(yaml.safe_dump(space))
+    uri = f"s3://{BUCKET}/tune"
+    summary = _cli("tune", str(path), uri, s3)
+    objects = _objects_of_a_run(uri)
+    report = storage.read_text(f"{uri}/report.md")
+    assert report.strip() == (storage.stage_dir(uri) / "report.md").read_text().strip()
+    assert summary["table"] and "zero_shot" in report
+    (trial,) = {k.split("/")[1] for k in objects if k.startswith("trials/")}
+    assert f"trials/{trial}/best_model/model.safetensors" in objects  # the trial's best model, from its worker
+    assert any(k.startswith("ray/sweep/experiment_state") for k in objects), sorted(objects)  # Tune's own state
+    assert any(k.startswith(f"ray/train-trial_id={trial}/checkpoint_") for k in objects), sorted(objects)
+    print("\n".join(f"{v:>10}  {uri}/{k}" for k, v in sorted(objects.items())))  # the report's object listing
