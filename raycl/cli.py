@@ -24,10 +24,17 @@ def space_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, type=Path,
                    help="run folder (default runs/SPACE/TIMESTAMP); an existing one is resumed")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
+    p.add_argument("--track", choices=["mlflow"], default=None,
+                   help="log every trial's params and reports, and the run's report, to MLflow "
+                   "(MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME)")
     return p
 
 
 def load(args: argparse.Namespace) -> tuple[Space, Path]:
+    if getattr(args, "track", None):
+        from raycl.distributed.tracking import check
+
+        check(args.track)
     space = load_space(args.space, preset=args.preset, overrides=args.overrides)
     run_dir = args.out or Path("runs") / space.name / time.strftime("%Y%m%d-%H%M%S")
     return space, run_dir.resolve()
@@ -48,10 +55,13 @@ def check_inputs(space: Space, run_dir: Path) -> None:
     check(recipe(space), space, run_dir)
 
 
-def run(space: Space, run_dir: Path, *, sweep: bool) -> dict[str, Any]:
+def run(space: Space, run_dir: Path, *, sweep: bool, track: str | None = None) -> dict[str, Any]:
+    """The verb's driver; with ``track``, inside a tracked run (``raycl.distributed.tracking``)."""
     from raycl import driver
+    from raycl.distributed.tracking import tracked
 
-    return (driver.run_tune if sweep else driver.run_train)(recipe(space), space, run_dir)
+    with tracked(track, run_dir=run_dir, space=space.name):
+        return (driver.run_tune if sweep else driver.run_train)(recipe(space), space, run_dir)
 
 
 def finish(summary: dict[str, Any], *, as_json: bool) -> None:
