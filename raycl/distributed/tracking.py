@@ -4,8 +4,8 @@ The trials' runs come from Ray's own ``MLflowLoggerCallback`` on the Tune driver
 params are the trial's resolved dotted config, its metrics every report the trial made (dev/test scores, loss,
 ``timing/mine_wait``, staleness, refusals, tokens/s …) at Tune's ``training_iteration`` as the step. The parent
 run (:func:`tracked`, around the whole verb) gets the run's dotted config, ``best.json``'s scores, and the run's
-``report.md``, ``best.json``, ``results.csv``, ``config.yaml`` and plots as artifacts. ``python -m raycl.train``
-(no Tune) logs each training's ``history.jsonl`` as a child run the same way once it has trained.
+``report.md``, ``best.json``, ``results.csv``, ``config.yaml`` and plots as artifacts; ``python -m raycl.train``
+(no Tune, so no callback) gets that parent run only (its reports stay in ``trials/*/history.jsonl``).
 
 MLflow's own environment decides where runs go: ``MLFLOW_TRACKING_URI`` (else MLflow's default) and
 ``MLFLOW_EXPERIMENT_NAME`` (else ``raycl-SPACE``). Credentials are never logged (:func:`safe_params`).
@@ -28,7 +28,6 @@ import yaml
 from ray.air.integrations.mlflow import MLflowLoggerCallback
 
 from raycl.errors import UserError
-from raycl.records import read_history
 
 TRACKERS = ("mlflow",)
 ARTIFACTS = ("report.md", "best.json", "results.csv", "config.yaml")
@@ -43,7 +42,6 @@ class _Active:
     experiment: str
     parent_id: str
     run_dir: Path
-    swept: bool = False  # a Tune sweep ran (its callback logged the trainings)
 
 
 _active: _Active | None = None
@@ -142,10 +140,7 @@ class TrialRuns(MLflowLoggerCallback):
 
 def sweep_callbacks(sweep: str) -> list[Any]:
     """The Tune callbacks of a sweep (``raycl.distributed.sweep.run_sweep``): none unless a run is tracked."""
-    if _active is None:
-        return []
-    _active.swept = True
-    return [TrialRuns(_active, sweep)]
+    return [] if _active is None else [TrialRuns(_active, sweep)]
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -173,11 +168,11 @@ def tracked(backend: str | None, *, run_dir: Path, space: str) -> Iterator[None]
         raise
     finally:
         _active = None
-    _log_run(client, active, exp_id)
+    _log_run(client, active)
     client.set_terminated(parent.info.run_id, "FINISHED")
 
 
-def _log_run(client: Any, active: _Active, exp_id: str) -> None:
+def _log_run(client: Any, active: _Active) -> None:
     from mlflow.entities import Metric, Param
 
     run_id, run_dir = active.parent_id, active.run_dir
@@ -191,21 +186,3 @@ def _log_run(client: Any, active: _Active, exp_id: str) -> None:
     for path in [*(run_dir / n for n in ARTIFACTS), *sorted(run_dir.glob("*.png"))]:
         if path.exists():
             client.log_artifact(run_id, str(path))
-    if not active.swept:  # raycl.train: no Tune callback logged its trainings
-        for folder in sorted(p for p in (run_dir / "trials").glob("*") if p.is_dir()):
-            _log_history(client, exp_id, run_id, folder)
-
-
-def _log_history(client: Any, exp_id: str, parent_id: str, folder: Path) -> None:
-    """A ``raycl.train`` training as a child run: its config and its reports, at their report number."""
-    from mlflow.entities import Metric, Param
-
-    run = client.create_run(exp_id, run_name=folder.name, tags={"mlflow.parentRunId": parent_id})
-    stamp = int(time.time() * 1000)
-    metrics = [Metric(k, v, stamp, int(row.get("report", i))) for i, row in enumerate(read_history(folder), 1)
-               for k, v in _metrics(row).items()]  # fmt: skip
-    config = folder / "config.yaml" if (folder / "config.yaml").exists() else folder.parent.parent / "config.yaml"
-    params = [Param(k, v) for k, v in config_params(config).items()]
-    for i in range(0, max(len(params), len(metrics)), 100):
-        client.log_batch(run.info.run_id, params=params[i : i + 100], metrics=metrics[i : i + 100])
-    client.set_terminated(run.info.run_id, "FINISHED")
