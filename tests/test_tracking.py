@@ -33,14 +33,18 @@ def test_track_is_parsed_and_checked() -> None:
 
 
 def _tracked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
-    """A local MLflow store (sqlite) named by MLflow's own environment; a secret in the environment."""
+    """A local MLflow store (sqlite) named by MLflow's own environment, its artifacts in ``tmp_path``; a secret in
+    the environment."""
     from mlflow import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "raycl-test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    return MlflowClient(uri)
+    client = MlflowClient(uri)
+    # a sqlite store's artifacts would go to ./mlruns; the tracker uses the experiment as it finds it
+    client.create_experiment("raycl-test", artifact_location=(tmp_path / "artifacts").as_uri())
+    return client
 
 
 def _read_back(client: Any) -> tuple[Any, list[Any]]:
@@ -51,6 +55,8 @@ def _read_back(client: Any) -> tuple[Any, list[Any]]:
     assert len(children) == len(runs) - 1
     artifacts = {f.path for f in client.list_artifacts(parent.info.run_id)}
     assert {"report.md", "best.json", "results.csv", "config.yaml", "dev_curves.png"} <= artifacts
+    assert (Path(client.get_experiment_by_name("raycl-test").artifact_location.removeprefix("file://"))
+            / parent.info.run_id / "artifacts" / "report.md").exists()
     assert parent.info.status == "FINISHED" and "loss.margin" in parent.data.params
     assert "dev_acc" in parent.data.metrics  # best.json's scores
     for run in children:
