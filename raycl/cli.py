@@ -27,6 +27,9 @@ def space_parser(prog: str, description: str) -> argparse.ArgumentParser:
                    help="run folder (default runs/SPACE/TIMESTAMP; inside a Ray job an absolute one is required), "
                         "or an object store URI (s3://bucket/prefix, gs://…); an existing one is resumed")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
+    p.add_argument("--track", choices=["mlflow"], default=None,
+                   help="log every trial's params and reports, and the run's report, to MLflow "
+                   "(MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME)")
     return p
 
 
@@ -36,6 +39,10 @@ def load(args: argparse.Namespace) -> tuple[Space, Path]:
         from raycl.distributed.runtime import check_cluster
 
         check_cluster(address)
+    if getattr(args, "track", None):
+        from raycl.distributed.tracking import check
+
+        check(args.track)
     space = load_space(args.space, preset=args.preset, overrides=args.overrides)
     return space, run_folder(args.out, space.name)
 
@@ -79,11 +86,14 @@ def check_inputs(space: Space, run_dir: Path) -> None:
     check(recipe(space), space, run_dir)
 
 
-def run(space: Space, run_dir: Path, *, sweep: bool) -> dict[str, Any]:
+def run(space: Space, run_dir: Path, *, sweep: bool, track: str | None = None) -> dict[str, Any]:
+    """The verb's driver; with ``track``, inside a tracked run (``raycl.distributed.tracking``)."""
     from raycl import driver
+    from raycl.distributed.tracking import tracked
 
     try:
-        summary = (driver.run_tune if sweep else driver.run_train)(recipe(space), space, run_dir)
+        with tracked(track, run_dir=run_dir, space=space.name):
+            summary = (driver.run_tune if sweep else driver.run_train)(recipe(space), space, run_dir)
     finally:  # a staged run: what it wrote, then its index — also when it failed, so that a re-run resumes
         push(run_dir)
     uri = remote_of(run_dir)

@@ -157,7 +157,10 @@ def trial(params: dict[str, Any], *, recipe: Recipe, run: Run, baselines: dict[s
         over = {**points.get(group, {}), **over, **baselines[name]}
     cfg = set_dotted(run.cfg, over, where="trial")
     run_name = trial_run_name()
-    recipe.train_one(run, cfg, run.run_dir / "trials" / run_name.split("=", 1)[-1], name=run_name, in_tune=True)
+    out_dir = run.run_dir / "trials" / run_name.split("=", 1)[-1]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dump_yaml(cfg, out_dir / "config.yaml")  # the trial's resolved config (its params in --track)
+    recipe.train_one(run, cfg, out_dir, name=run_name, in_tune=True)
 
 
 def sweep(recipe: Recipe, run: Run, space: Space, param_space: dict[str, Any], *, name: str,

@@ -15,7 +15,7 @@ def main(argv: list[str] | None = None) -> None:
     from raycl.distributed.runtime import init_ray
 
     init_ray(args.address)
-    summary = cli.run(space, run_dir, sweep=True)
+    summary = cli.run(space, run_dir, sweep=True, track=args.track)
     cli.finish(summary, as_json=args.json)
 
 

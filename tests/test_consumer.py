@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,8 +17,10 @@ from raycl.distributed.stream import start_stream
 from raycl.distributed.weights import start_weight_store
 
 
-def _epoch_with_a_publication(ray: Any, max_staleness: int) -> tuple[StreamConsumer, list[Any], dict[str, Any]]:
-    """Take 4 items at version 0, publish twice while the buffer is full of version-0 items, take the rest."""
+def _epoch_with_a_publication(ray: Any, max_staleness: int, *, before_close: Callable[[], None] = lambda: None
+                              ) -> tuple[StreamConsumer, list[Any], dict[str, Any]]:  # fmt: skip
+    """Take 4 items at version 0, publish twice while the buffer is full of version-0 items, take the rest;
+    ``before_close`` runs while the actors are still alive."""
     store, stream = start_weight_store(), start_stream(world_size=1, capacity=8, task_size=2)
     pool = MinerPool(MinerFactory("echo", options={"k": 1}), num_miners=1, cpus_per_miner=0, weight_store=store)
     pool.start(stream)
@@ -35,6 +38,7 @@ def _epoch_with_a_publication(ray: Any, max_staleness: int) -> tuple[StreamConsu
     while batch := consumer.take(4, epoch=0):
         got += batch
     stats = ray.get(stream.stats.remote())
+    before_close()
     ray.get(stream.close.remote())
     pool.join(timeout=30)
     pool.shutdown()

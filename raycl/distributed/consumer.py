@@ -16,6 +16,7 @@ from typing import Any
 import ray
 import torch
 
+from raycl.distributed import metrics
 from raycl.distributed.weights import publish_weights
 from raycl.train.data_parallel import broadcast_int
 
@@ -87,7 +88,9 @@ class StreamConsumer:
                 self.stats.refused += len(stale)
                 ray.get(self.stream.refuse.remote(self.rank, stale, min_version=floor))
             fresh = [it for it in items if it.model_version >= floor]
-            self.stats.staleness += [self.version - it.model_version for it in fresh]
+            staleness = [self.version - it.model_version for it in fresh]
+            metrics.took(self.rank, waited=waited, staleness=staleness, refused=len(stale))
+            self.stats.staleness += staleness
             self.stats.negatives += sum(len(it.negatives) for it in fresh)
             out += fresh
         return out
@@ -96,6 +99,7 @@ class StreamConsumer:
         """The next version (or ``after + 1``): every rank counts it, rank 0 puts the weights in the object
         store once."""
         self.version = max(self.version, after if after is not None else self.version) + 1
+        metrics.weight_version(f"rank{self.rank}", self.version)
         if self.rank == 0:
             publish_weights(self.store, self.version, model.state_dict())
 

@@ -25,6 +25,7 @@ import ray
 import torch
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
+from raycl.distributed import metrics
 from raycl.distributed.messages import MinedBatch, MineTask, WeightsRef
 from raycl.distributed.weights import fetch_weights
 from raycl.miners.registry import MinerKind, miner_device, miner_kind, register_miner
@@ -168,6 +169,7 @@ class MinerActor:
         batch = MinedBatch.of(task, records, model_version=self._version, miner_id=self.miner_id,
                               seconds=time.perf_counter() - t0)  # fmt: skip
         self._done += 1
+        metrics.mined(self.miner_id, negatives=sum(map(len, batch.negatives)), seconds=batch.seconds)
         self.chaos.after_task(self._done, self.miner_id)
         return batch
 
@@ -204,6 +206,7 @@ class MinerActor:
             if weights is not None:
                 self.factory.load(self.miner, fetch_weights(weights), version=weights.version)
                 self._version = weights.version
+                metrics.weight_version(f"miner{self.miner_id}", self._version)
         except ray.exceptions.RayError as err:  # store or buffer gone: keep mining with the weights we have
             log.warning("miner %d: weight pull failed, keeps version %d (%s)", self.miner_id, self._version, err)
 

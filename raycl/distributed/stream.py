@@ -17,6 +17,7 @@ from typing import Any
 
 import ray
 
+from raycl.distributed import metrics
 from raycl.distributed.ledger import Ledger
 from raycl.distributed.messages import MinedBatch, MineTask, StreamItem
 
@@ -60,6 +61,7 @@ class NegativeStream:
         return self._changed
 
     async def _notify(self) -> None:
+        self._observe()
         async with self.changed:
             self.changed.notify_all()
 
@@ -69,6 +71,10 @@ class NegativeStream:
                 await asyncio.wait_for(self.changed.wait(), timeout=max(timeout, 0.0))
             except asyncio.TimeoutError:
                 pass
+
+    def _observe(self) -> None:
+        """The buffer's depth as a Ray metric (``raycl.distributed.metrics``), after every change."""
+        metrics.stream_depth(fill=self.ledger.fill, ready=sum(len(r) for r in self.ledger.ready))
 
     # ------------------------------------------------------------------------------------------ driver
     async def start_epoch(
@@ -107,6 +113,7 @@ class NegativeStream:
             task = self.ledger.assign(miner_id, now=time.monotonic(), capacity=self.capacity)
             if task is not None:
                 self._max_fill = max(self._max_fill, self.ledger.fill)
+                self._observe()
                 return task
             await self._wait(self._tick)
         return None

@@ -17,6 +17,7 @@ import ray.tune as tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from raycl.config import TuneSection, expand_values
+from raycl.distributed import tracking
 from raycl.storage import ray_storage
 
 
@@ -137,7 +138,7 @@ def run_sweep(
         run_config=tune.RunConfig(
             name=name, storage_path=where, storage_filesystem=filesystem, verbose=0,
             callbacks=[_TrialProgress(_count(param_space, tune_cfg.num_samples), tune_cfg.metric, tune_cfg.mode,
-                                      name)],
+                                      name), *tracking.sweep_callbacks(name)],
         ),
     )
     grid = tuner.fit()

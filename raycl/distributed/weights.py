@@ -17,6 +17,7 @@ import numpy as np
 import ray
 import torch
 
+from raycl.distributed import metrics
 from raycl.distributed.messages import TensorSpec, WeightsRef
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ class WeightStore:
             log.warning("weight store: refused version %d (current %d)", version, self.version())
             return False
         self._latest = WeightsRef(version, list(refs), tuple(manifest))
+        metrics.weight_version("store", version)
         return True
 
     def version(self) -> int:

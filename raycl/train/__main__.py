@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> None:
         from raycl.distributed.runtime import init_ray
 
         init_ray(args.address)
-    summary = cli.run(space, run_dir, sweep=False)
+    summary = cli.run(space, run_dir, sweep=False, track=args.track)
     cli.finish(summary, as_json=args.json)
 
 
