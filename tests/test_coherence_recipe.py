@@ -155,3 +155,36 @@ def test_pairwise_and_contrastive_baselines_read_items_in_file_order(tmp_path: P
     for name in ("pairwise", "contrastive", "contrastive_hn"):
         assert order(space.baselines[name]) == in_order, name
     assert order(space.baselines["full_no_hn"]) == order({})
+
+
+class _Started(Exception):
+    pass
+
+
+@pytest.mark.parametrize("entry", ["raycl.train.__main__", "raycl.tune"])
+def test_the_embedded_ray_has_the_cpus_two_workers_and_a_miner_reserve(tmp_path: Path, monkeypatch, entry: str
+                                                                        ) -> None:  # fmt: skip
+    """``raycl.train coherence --preset smoke --set scaling.num_workers=2`` on a 2-core laptop: 2 workers of 1 CPU
+    and a miner of 0.5 wait for ever on an embedded Ray of 2 CPUs (Train V2 retries the worker group's start,
+    silently). The embedded Ray gets at least what one run reserves."""
+    import importlib
+
+    from raycl.distributed import runtime
+
+    started: dict[str, object] = {}
+
+    def init_ray(address: str | None = None, **kwargs: object) -> None:
+        started.update(address=address, **kwargs)
+        raise _Started
+
+    monkeypatch.setattr(runtime, "init_ray", init_ray)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    spec = load_space("coherence", preset="smoke", overrides=["scaling.num_workers=2"])
+    cfg = spec.config
+    reserved = 2 * cfg.scaling.cpus_per_worker + cfg.mining.num_miners * cfg.mining.cpus_per_miner
+    assert reserved > 2
+    with pytest.raises(_Started):
+        importlib.import_module(entry).main(["coherence", "--preset", "smoke", "--set", "scaling.num_workers=2",
+                                             "--out", str(tmp_path / "run")])  # fmt: skip
+    assert started["address"] is None and float(started["num_cpus"]) >= reserved  # type: ignore[arg-type]

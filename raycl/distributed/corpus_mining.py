@@ -327,7 +327,7 @@ def _tally(rows: Iterator[dict[str, Any]], *, total: int, progress: bool, max_fa
 
 def start_ray(address: str | None, num_miners: int | tuple[int, int], cpus_per_miner: float) -> None:
     """Join the cluster at ``address`` (or ``RAY_ADDRESS``), or start an embedded Ray with a CPU per miner."""
-    from raycl.distributed.runtime import init_ray
+    from raycl.distributed.runtime import init_ray, local_cpus
 
     most = num_miners[1] if isinstance(num_miners, tuple) else num_miners
     on_cluster = bool(address or os.environ.get("RAY_ADDRESS"))
@@ -617,11 +617,3 @@ def _example(e: Any) -> dict[str, str]:
     if isinstance(e, dict) and {"id", "source", "target"} <= set(e):
         return {"id": str(e["id"]), "source": str(e["source"]), "target": str(e["target"])}
     raise UserError(f"mine_negatives: expected data specs, GecExamples or dicts with id/source/target, got {e!r}")
-
-
-def local_cpus(wanted: float) -> int:
-    """Logical CPUs for an embedded Ray: at least the miners' (oversubscribing a small machine, said on stderr)."""
-    cores = os.cpu_count() or 1
-    if wanted > cores:
-        print(f"raycl: {wanted:g} miner CPUs on {cores} cores: miners share cores", file=sys.stderr)
-    return max(cores, math.ceil(wanted))

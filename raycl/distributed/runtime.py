@@ -5,12 +5,14 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 import socket
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from raycl.errors import UserError
 
@@ -45,6 +47,22 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
     kwargs["runtime_env"] = {"env_vars": _propagated_env()}
     ray.init(address=address or "local", **kwargs)  # type: ignore[arg-type]
     log.info("ray: %s", ray.cluster_resources())
+
+
+def local_cpus(wanted: float) -> int:
+    """Logical CPUs for an embedded Ray: at least what one run asks for, else its actors and workers would wait
+    for CPUs that never come (2 coherence workers and a miner on 2 cores); oversubscribing is said on stderr."""
+    cores = os.cpu_count() or 1
+    if wanted > cores:
+        print(f"raycl: {wanted:g} CPUs asked on {cores} cores: the embedded Ray shares the cores", file=sys.stderr)
+    return max(cores, math.ceil(wanted))
+
+
+def cpus_of_a_run(cfg: Any) -> float:
+    """The CPUs one training (one trial) reserves: its Ray Train workers and its miners."""
+    need = max(cfg.scaling.num_workers, 1) * cfg.scaling.cpus_per_worker
+    miners = getattr(getattr(cfg, "mining", None), "num_miners", 0)
+    return need + (miners * cfg.mining.cpus_per_miner if miners else 0.0)
 
 
 def in_ray_job() -> bool:

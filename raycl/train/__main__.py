@@ -13,9 +13,9 @@ def main(argv: list[str] | None = None) -> None:
     cli.check_inputs(space, run_dir)
     cli.quiet_ray()
     if space.config.scaling.num_workers > 0:
-        from raycl.distributed.runtime import init_ray
+        from raycl.distributed.runtime import cpus_of_a_run, init_ray, local_cpus
 
-        init_ray(args.address)
+        init_ray(args.address, num_cpus=local_cpus(cpus_of_a_run(space.config)))
     summary = cli.run(space, run_dir, sweep=False, track=args.track)
     cli.finish(summary, as_json=args.json)
 
