@@ -261,9 +261,9 @@ def _user_error(err: BaseException) -> UserError | None:
 
 
 def _bar(total: int, progress: bool) -> Any:
-    from tqdm.auto import tqdm
+    from raycl.train.progress import bar
 
-    return tqdm(total=total, unit="sent", desc="mining", file=sys.stderr, disable=not progress)
+    return bar(total, desc="mining", unit="sent", enabled=progress)
 
 
 # ---------------------------------------------------------------------------------------------- the library call

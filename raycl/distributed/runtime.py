@@ -31,11 +31,14 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
 
 
 def _log_to_driver() -> bool:
-    return os.environ.get("RAYCL_WORKER_LOGS", "0") == "1"
+    """Workers' output (a Tune trial's progress lines, warnings, errors) reaches the driver's stderr — and so
+    ``ray job logs`` — unless ``RAYCL_WORKER_LOGS=0``."""
+    return os.environ.get("RAYCL_WORKER_LOGS", "1") != "0"
 
 
 def _propagated_env() -> dict[str, str]:
-    keep = ("PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "RAYCL_WORKER_LOGS")
+    keep = ("PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "RAYCL_WORKER_LOGS",
+            "RAYCL_PROGRESS", "RAYCL_PROGRESS_MIN_S", "RAYCL_PROGRESS_MAX_S")
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "0"))

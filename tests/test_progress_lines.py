@@ -1,0 +1,47 @@
+"""Progress that a log can show (``ray job logs``, nohup, CI): a command whose stderr is a pipe prints a progress
+line when training moves, no more often than ``RAYCL_PROGRESS_MIN_S`` and at least every ``RAYCL_PROGRESS_MAX_S``
+seconds (10 and 30 by default; shortened here), with the step, the loss, the rate and the ETA."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from raycl.train.progress import LineBar
+
+MIN_S, MAX_S = 1.5, 3.0
+
+
+def test_a_training_through_a_pipe_prints_lines_within_the_asked_gaps(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RAYCL_PROGRESS"}
+    env.update(RAY_ADDRESS="", RAYCL_PROGRESS_MIN_S=str(MIN_S), RAYCL_PROGRESS_MAX_S=str(MAX_S))
+    sets = ["scaling.num_workers=0", "data.setting=zero_shot", "optim.epochs=12"]
+    cmd = [sys.executable, "-m", "raycl.train", "idiom", "--preset", "smoke", "--out", str(tmp_path / "run"),
+           *(a for s in sets for a in ("--set", s))]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stderr is not None
+    lines = [(time.monotonic(), line.rstrip("\n")) for line in proc.stderr]
+    assert proc.wait(timeout=300) == 0, "\n".join(line for _, line in lines[-30:])
+    shown = [(t, line) for t, line in lines if line.startswith("[raycl] zero_shot: step ")]
+    assert len(shown) >= 3, "\n".join(line for _, line in lines)
+    gaps = [b[0] - a[0] for a, b in zip(shown, shown[1:], strict=False)]
+    assert max(gaps) <= MAX_S + 1.5 and min(gaps) >= MIN_S - 0.5, (gaps, shown)
+    moving = [line for _, line in shown if "step/s" in line]
+    assert moving and all(k in moving[-1] for k in ("/108 (", "loss ", "ETA ", "phase ")), moving
+
+
+def test_a_line_bar_beats_while_nothing_moves_and_says_nothing_new_more_often(monkeypatch, capsys) -> None:
+    """An evaluation or a stalled mining: nothing moves, yet a line comes every MAX_S; updates between two lines
+    within MIN_S make no line of their own."""
+    monkeypatch.setenv("RAYCL_PROGRESS_MIN_S", "0.6")
+    monkeypatch.setenv("RAYCL_PROGRESS_MAX_S", "1.2")
+    bar = LineBar(total=10, desc="mining", unit="sent")
+    for _ in range(5):
+        bar.update(1)  # within MIN_S of the bar's start: no line
+    time.sleep(3.0)  # two heartbeats (at 1.2 s and 2.4 s, each within a 0.3 s poll)
+    bar._stop.set()
+    out = capsys.readouterr().err.splitlines()
+    assert len(out) == 2 and all(line.startswith("[raycl] mining: sent 5/10 (50%)") for line in out), out
