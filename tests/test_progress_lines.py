@@ -5,6 +5,7 @@ seconds (10 and 30 by default; shortened here), with the step, the loss, the rat
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -45,3 +46,30 @@ def test_a_line_bar_beats_while_nothing_moves_and_says_nothing_new_more_often(mo
     bar._stop.set()
     out = capsys.readouterr().err.splitlines()
     assert len(out) == 2 and all(line.startswith("[raycl] mining: sent 5/10 (50%)") for line in out), out
+
+
+def test_worker_output_reaches_the_driver_unless_turned_off(monkeypatch) -> None:
+    """A job's logs show what Ray's workers print (a Tune trial's progress lines) without any setting."""
+    from raycl.distributed import runtime
+
+    monkeypatch.delenv("RAYCL_WORKER_LOGS", raising=False)
+    assert runtime._log_to_driver()
+    monkeypatch.setenv("RAYCL_WORKER_LOGS", "0")
+    assert not runtime._log_to_driver()
+    monkeypatch.setenv("RAYCL_PROGRESS", "lines")
+    assert runtime._propagated_env()["RAYCL_PROGRESS"] == "lines"  # the driver's choice, for its workers
+
+
+def test_every_environment_variable_raycl_reads_is_in_the_readme_table() -> None:
+    root = Path(__file__).resolve().parents[1]
+    code = "\n".join(p.read_text(encoding="utf-8") for p in (root / "raycl").rglob("*.py"))
+    read = set(re.findall(r"""(?:environ\.get|getenv)\(\s*["']([A-Z_][A-Z0-9_]*)["']""", code))
+    read |= set(re.findall(r"""environ\[["']([A-Z_][A-Z0-9_]*)["']\]""", code))
+    keep = re.search(r"keep = \(([^)]*)\)", (root / "raycl/distributed/runtime.py").read_text(encoding="utf-8"))
+    assert keep is not None
+    read |= set(re.findall(r'"([A-Z_][A-Z0-9_]*)"', keep.group(1)))  # passed on to the workers
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    table = readme.split("### Environment variables", 1)[1].split("\n#", 1)[0]
+    named = set(re.findall(r"`([A-Z_][A-Z0-9_]*)`", "\n".join(r.split("|")[1] for r in table.splitlines()
+                                                                if r.startswith("| `"))))  # fmt: skip
+    assert read - {"RAY_AIR_NEW_OUTPUT", "RAY_TRAIN_V2_ENABLED"} <= named, sorted(read - named)
