@@ -110,7 +110,11 @@ def finish(summary: dict[str, Any], *, as_json: bool) -> None:
 
 
 def quiet_ray() -> None:
-    """Keep the terminal readable: Ray's own progress tables off unless RAYCL_VERBOSE=1."""
+    """Keep the terminal readable: Ray's own progress tables off unless RAYCL_VERBOSE=1; raycl's progress as a bar
+    on a terminal, else as lines — decided here, from this process's stderr, for Ray's workers too."""
+    from raycl.train.progress import mode
+
+    os.environ["RAYCL_PROGRESS"] = mode()
     if os.environ.get("RAYCL_VERBOSE") != "1":
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
         os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")

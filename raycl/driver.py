@@ -21,9 +21,9 @@ from typing import Any, Protocol
 from raycl.config import MiningSection, Space, dump_yaml, set_dotted
 from raycl.distributed.miner_pool import MinerFactory
 from raycl.distributed.mining_service import MiningService
-from raycl.distributed.sweep import TrialOutcome, grid, run_sweep, to_param_space, trial_run_name
-from raycl.distributed.trainer import fit
-from raycl.records import read_history
+from raycl.distributed.sweep import TrialOutcome, grid, report_again, run_sweep, to_param_space, trial_run_name
+from raycl.distributed.trainer import fit, has_checkpoint
+from raycl.records import is_done, mark_done, read_history
 from raycl.report import best_trial, say
 from raycl.storage import publish, push
 from raycl.train import loop
@@ -158,9 +158,15 @@ def trial(params: dict[str, Any], *, recipe: Recipe, run: Run, baselines: dict[s
     cfg = set_dotted(run.cfg, over, where="trial")
     run_name = trial_run_name()
     out_dir = run.run_dir / "trials" / run_name.split("=", 1)[-1]
+    if is_done(out_dir):  # it ended after the sweep's last snapshot, before its driver died: not trained again
+        report_again(read_history(out_dir))
+        return
     out_dir.mkdir(parents=True, exist_ok=True)
     dump_yaml(cfg, out_dir / "config.yaml")  # the trial's resolved config (its params in --track)
-    recipe.train_one(run, cfg, out_dir, name=run_name, in_tune=True)
+    with follow(out_dir, desc=f"trial {out_dir.name}", lines_only=True):  # a log's lines (a trial has no terminal)
+        result = recipe.train_one(run, cfg, out_dir, name=run_name, in_tune=True)
+    if result.error is None:
+        mark_done(out_dir)
 
 
 def sweep(recipe: Recipe, run: Run, space: Space, param_space: dict[str, Any], *, name: str,
@@ -169,7 +175,7 @@ def sweep(recipe: Recipe, run: Run, space: Space, param_space: dict[str, Any], *
     return run_sweep(trial, param_space, trial_kwargs={"recipe": recipe, "run": run, "baselines": space.baselines,
                                                       "points": points or {}},
                      tune_cfg=tune_cfg, name=name, storage_path=run.run_dir / "ray", max_t=recipe.max_t(run),
-                     resources=recipe.trial_resources(run))  # fmt: skip
+                     resources=recipe.trial_resources(run), trials_dir=run.run_dir / "trials")  # fmt: skip
 
 
 def baselines(recipe: Recipe, run: Run, space: Space, best: dict[Any, TrialOutcome], names: list[str]
@@ -215,25 +221,46 @@ def ladder_groups(recipe: Recipe, run: Run, best: dict[Any, TrialOutcome]) -> di
 
 
 def run_train(recipe: Recipe, space: Space, run_dir: Path) -> dict[str, Any]:
-    """``python -m raycl.train``: prepare, then each of the recipe's trainings at the default point, report."""
+    """``python -m raycl.train``: prepare, then each of the recipe's trainings at the default point, report. An
+    existing run folder is resumed: trainings that ended are kept, an interrupted one continues from its last
+    checkpoint."""
+    existed = (run_dir / "config.yaml").exists()
     run = prepare(recipe, space, run_dir)
     t0 = time.perf_counter()
+    points = recipe.train_points(run)
+    if existed:
+        say(_resumed_line(run, points))
     with recipe.shared(run, space):
-        trials = _train_points(recipe, run)
+        trials = _train_points(recipe, run, points)
     run.timings["train_s"] = time.perf_counter() - t0
     recipe.export(run, recipe.best(trials, run.cfg) if recipe.group_key else {None: trials[0]})
     return recipe.write_report(run, space, trials, [])
 
 
-def _train_points(recipe: Recipe, run: Run) -> list[TrialOutcome]:
+def _run_name(point: TrainPoint) -> str:
+    return f"train-{point.trial_id}".removesuffix("-train")
+
+
+def _resumed_line(run: Run, points: list[TrainPoint]) -> str:
+    """``resumed run: …``: the trainings of an existing run folder that ended, those a checkpoint continues, the
+    rest (local mode, ``scaling.num_workers=0``, keeps no checkpoint: its interrupted training starts over)."""
+    ended = [p for p in points if is_done(run.run_dir / "trials" / p.trial_id)]
+    started = [p for p in points if p not in ended and has_checkpoint(run.run_dir / "ray", _run_name(p))]
+    return (f"resumed run: {run.run_dir}: {len(ended)} finished trainings kept, {len(started)} interrupted "
+            f"trainings continued from their last checkpoint, {len(points) - len(ended) - len(started)} trainings "
+            "still to run")
+
+
+def _train_points(recipe: Recipe, run: Run, points: list[TrainPoint]) -> list[TrialOutcome]:
     trials: list[TrialOutcome] = []
-    for point in recipe.train_points(run):
-        cfg = set_dotted(run.cfg, point.overrides, where="train") if point.overrides else run.cfg
+    for point in points:
         out_dir = run.run_dir / "trials" / point.trial_id
-        with follow(out_dir, desc=point.desc):
-            result = recipe.train_one(run, cfg, out_dir, name=f"train-{point.trial_id}".removesuffix("-train"),
-                                      in_tune=False)  # fmt: skip
-        if result.error is not None:
-            raise result.error
+        if not is_done(out_dir):
+            cfg = set_dotted(run.cfg, point.overrides, where="train") if point.overrides else run.cfg
+            with follow(out_dir, desc=point.desc):
+                result = recipe.train_one(run, cfg, out_dir, name=_run_name(point), in_tune=False)
+            if result.error is not None:
+                raise result.error
+            mark_done(out_dir)
         trials.append(TrialOutcome(point.trial_id, dict(point.overrides), read_history(out_dir)))
     return trials

@@ -111,8 +111,6 @@ def _run_gec(args: argparse.Namespace) -> dict[str, Any]:
     _check_gec_args(args)  # before the slow imports, so a typo fails at once
     if _is_sharded(args):
         return _run_sharded(args)
-    from tqdm.auto import tqdm
-
     from raycl.data.gec import load_examples
     from raycl.miners.beam_search import build_beam_miner, length_chunks, write_negatives_parquet
 
@@ -120,7 +118,9 @@ def _run_gec(args: argparse.Namespace) -> dict[str, Any]:
     miner = build_beam_miner(args.model, {**_miner_options(args), "device": args.device})
     mined: list[Any] = [None] * len(examples)
     n_neg, t0 = 0, time.perf_counter()
-    with tqdm(total=len(examples), unit="sent", desc="mining", file=sys.stderr) as bar:
+    from raycl.train.progress import bar as progress_bar
+
+    with progress_bar(len(examples), desc="mining", unit="sent") as bar:
         for idx in length_chunks([ex.source for ex in examples], args.batch_size):
             for i, record in zip(idx, miner.mine([examples[i] for i in idx]), strict=True):
                 mined[i] = record

@@ -17,6 +17,8 @@ from typing import Any
 from raycl.storage import mirror
 
 HISTORY = "history.jsonl"
+DONE = "done.json"  # a training that ended: a resumed run keeps it as it is
+STARTS = "starts.jsonl"  # one line each time a training started: from scratch, or from a checkpoint at a step
 
 
 def append_history(out_dir: Path, metrics: dict[str, Any], *, key: str = "report") -> list[dict[str, Any]]:
@@ -30,6 +32,22 @@ def append_history(out_dir: Path, metrics: dict[str, Any], *, key: str = "report
 def read_history(out_dir: Path) -> list[dict[str, Any]]:
     path = out_dir / HISTORY
     return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
+
+
+def mark_done(out_dir: Path, **info: Any) -> None:
+    """Record that the training in ``out_dir`` ended (its history and kept model are final)."""
+    atomic_write(out_dir / DONE, json.dumps(info))
+
+
+def is_done(out_dir: Path) -> bool:
+    return (out_dir / DONE).is_file()
+
+
+def append_start(out_dir: Path, **info: Any) -> None:
+    """``starts.jsonl``: one line each time the training in ``out_dir`` starts (rewritten atomically)."""
+    path = out_dir / STARTS
+    old = path.read_text(encoding="utf-8").rstrip("\n") + "\n" if path.exists() else ""
+    atomic_write(path, old + json.dumps(info))
 
 
 def atomic_write(path: Path, text: str) -> None:

@@ -21,7 +21,7 @@ from raycl.evaluation.semeval_metrics import evaluate_idiom
 from raycl.models.classifier import load_classifier
 from raycl.recipes import recipe_for
 from raycl.recipes.idiom.worker import epoch_batches, train_examples
-from raycl.report import num, read_history
+from raycl.report import read_history
 
 idiom = recipe_for("idiom")
 
@@ -111,22 +111,6 @@ def test_one_shot_trains_on_both_files_and_epoch_batches_shard_equally(tmp_path:
     assert [set(a) | set(b) for a, b in zip(*shards, strict=True)] == [set(b) for b in one]
     assert epoch_batches(23, batch_size=4, seed=3, rank=0, world_size=2) == shards[0]  # the same on every call
     assert epoch_batches(9, batch_size=4, seed=3, rank=1, world_size=2)[-1] == []  # 1 row left: rank 1 sits out
-
-
-def test_tune_sweep_runs_the_strategy_ladder(ray_local, tmp_path: Path) -> None:
-    over = ["optim.epochs=1", "scaling.cpus_per_worker=0.5", "tune.driver_cpus=0.1", "data.setting=zero_shot",
-            "ladder.baselines=[baseline, smart]", "tune.max_concurrent_trials=2"]  # fmt: skip
-    space = load_space("idiom", preset="smoke", overrides=over)
-    space.search = {"adversarial.method": {"grid": ["none"]}}
-    summary = driver.run_tune(idiom, space, tmp_path)
-    assert not summary["failed_trials"]
-    assert [r["method"] for r in summary["table"]] == ["baseline", "+ EMA + SMART", "sweep best"]
-    assert all(num(r["zero_shot/dev_f1"]) is not None and num(r["zero_shot/test_f1"]) is not None
-               for r in summary["table"])  # fmt: skip
-    assert summary["best"]["zero_shot"]["strategy"] == "+ EMA" and set(summary["best"]) == {"zero_shot"}
-    report = (tmp_path / "report.md").read_text()
-    assert "| baseline |" in report and "| + EMA + SMART |" in report and "| sweep best |" in report
-    assert (tmp_path / "dev.submission.csv").exists() and (tmp_path / "dev_f1.png").exists()
 
 
 def test_unknown_ladder_rows_and_a_setting_of_both_in_the_search_are_refused(tmp_path: Path) -> None:

@@ -40,7 +40,6 @@ import hashlib
 import logging
 import math
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -397,9 +396,9 @@ def _user_error(err: BaseException) -> UserError | None:
 
 
 def _bar(total: int, progress: bool) -> Any:
-    from tqdm.auto import tqdm
+    from raycl.train.progress import bar
 
-    return tqdm(total=total, unit="sent", desc="mining", file=sys.stderr, disable=not progress)
+    return bar(total, desc="mining", unit="sent", enabled=progress)
 
 
 # ---------------------------------------------------------------------------------------------- the library call

@@ -79,15 +79,18 @@ def job_env_vars() -> dict[str, str]:
 
 
 def _log_to_driver() -> bool:
-    return os.environ.get("RAYCL_WORKER_LOGS", "0") == "1"
+    """Workers' output (a Tune trial's progress lines, warnings, errors) reaches the driver's stderr — and so
+    ``ray job logs`` — unless ``RAYCL_WORKER_LOGS=0``."""
+    return os.environ.get("RAYCL_WORKER_LOGS", "1") != "0"
 
 
 def _propagated_env() -> dict[str, str]:
     """What workers get from the driver's environment. Inside a Ray job, only what the job's runtime env lacks:
     its workers inherit the job's env_vars, and ray.init refuses a key set twice (even to the same value), so
-    RAY_OVERRIDE_JOB_RUNTIME_ENV is not needed."""
+    RAY_OVERRIDE_JOB_RUNTIME_ENV is not needed. ``RAYCL_CACHE_DIR``: a staged run (raycl.storage) is at the same
+    path in every process."""
     keep = ("PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "RAYCL_WORKER_LOGS",
-            "RAYCL_CACHE_DIR")  # a staged run (raycl.storage) is at the same path in every process
+            "RAYCL_CACHE_DIR", "RAYCL_PROGRESS", "RAYCL_PROGRESS_MIN_S", "RAYCL_PROGRESS_MAX_S")
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "0"))

@@ -7,7 +7,6 @@ domains through a whitelist, never ``eval``.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,11 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from raycl.config import TuneSection, expand_values
 from raycl.distributed import tracking
+from raycl.distributed.trainer import has_checkpoint
+from raycl.records import is_done, read_history
+from raycl.report import say
 from raycl.storage import ray_storage
+from raycl.train.progress import bar
 
 
 @dataclass
@@ -46,9 +49,7 @@ class _TrialProgress(tune.Callback):
     @property
     def bar(self) -> Any:
         if self._bar is None:
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(total=self.total, desc=self.desc, unit="trial", file=sys.stderr, dynamic_ncols=True)
+            self._bar = bar(self.total, desc=self.desc, unit="trial")
         return self._bar
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
@@ -75,6 +76,22 @@ def _count(param_space: dict[str, Any], num_samples: int) -> int:
     return n
 
 
+def resumed_line(path: Path, total: int, trials_dir: Path | None) -> str:
+    """``resumed sweep: …``: what a restored experiment holds — trials that ended (in Tune's last snapshot, or
+    marked done in ``trials_dir`` after it), interrupted ones (they continue from their last checkpoint), the
+    rest."""
+    from ray.tune import ExperimentAnalysis
+
+    trials = ExperimentAnalysis(str(path)).trials
+    ended = [t for t in trials if t.status == "TERMINATED" or (trials_dir and is_done(trials_dir / t.trial_id))]
+    # a trial with a checkpoint is interrupted whatever its status: Tune's snapshot may predate its start
+    started = [t for t in trials if t not in ended and (
+        t.status in ("RUNNING", "PAUSED", "ERROR") or has_checkpoint(path.parent, trial_run_name(t.trial_id)))]
+    todo = max(total - len(ended) - len(started), 0)
+    return (f"resumed sweep: {len(ended)} finished trials kept, {len(started)} interrupted trials continued from "
+            f"their last checkpoint, {todo} trials still to run ({path})")
+
+
 def to_param_space(search: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
     """``{"loss.margin": {"qrange": [0.1, 1.0, 0.05]}}`` → Tune domains over the same dotted keys."""
     space: dict[str, Any] = {}
@@ -96,9 +113,17 @@ def grid(values: list[Any]) -> Any:
     return tune.grid_search(list(values))
 
 
-def trial_run_name() -> str:
-    """The stable Train run name of the current trial (RAY_NOTES 2.2: no timestamps, one per trial)."""
-    return f"train-trial_id={tune.get_context().get_trial_id()}"
+def trial_run_name(trial_id: str | None = None) -> str:
+    """The stable Train run name of a trial, by default the current one (RAY_NOTES 2.2: no timestamps, one per
+    trial)."""
+    return f"train-trial_id={trial_id or tune.get_context().get_trial_id()}"
+
+
+def report_again(history: list[dict[str, Any]]) -> None:
+    """A trial that had ended when its driver died, after Tune's last snapshot of the sweep: its reports go to Tune
+    again instead of training it again."""
+    for row in history:
+        tune.report(row)
 
 
 def run_sweep(
@@ -111,36 +136,51 @@ def run_sweep(
     storage_path: Path,
     max_t: int,
     resources: Any = None,
+    trials_dir: Path | None = None,
 ) -> list[TrialOutcome]:
     """Run ``trial_fn(params, **trial_kwargs)`` for every point of ``param_space``; outcomes in trial order.
 
     ``trial_kwargs`` travel through the object store once (``tune.with_parameters``), not once per trial.
     ``resources``: each trial's reservation (a ``PlacementGroupFactory`` with the trial's miners); default:
-    the driver's CPUs only.
+    the driver's CPUs only. ``trials_dir``: where each trial writes ``<trial_id>/history.jsonl`` and, once it
+    ended, ``done.json``.
+
+    An experiment of the same ``name`` already in ``storage_path`` (its driver died) is restored with Tune's own
+    restore: trials that ended are kept, interrupted and errored ones run again — their ``TorchTrainer``, under the
+    same run name, continues from its last checkpoint —, and those not started yet run.
     """
     scheduler = (
         ASHAScheduler(time_attr="training_iteration", max_t=max(max_t, 1), grace_period=tune_cfg.grace_period)
         if tune_cfg.scheduler == "asha"
         else FIFOScheduler()
     )
+    trainable = tune.with_resources(tune.with_parameters(trial_fn, **trial_kwargs),
+                                    resources or {"cpu": tune_cfg.driver_cpus})  # fmt: skip
     where, filesystem = ray_storage(storage_path)  # a staged run's Ray storage is the object store itself
-    tuner = tune.Tuner(
-        tune.with_resources(tune.with_parameters(trial_fn, **trial_kwargs),
-                            resources or {"cpu": tune_cfg.driver_cpus}),
-        param_space=param_space,
-        tune_config=tune.TuneConfig(
-            metric=tune_cfg.metric,
-            mode=tune_cfg.mode,
-            scheduler=scheduler,
-            num_samples=tune_cfg.num_samples,
-            max_concurrent_trials=tune_cfg.max_concurrent_trials,
-        ),
-        run_config=tune.RunConfig(
-            name=name, storage_path=where, storage_filesystem=filesystem, verbose=0,
-            callbacks=[_TrialProgress(_count(param_space, tune_cfg.num_samples), tune_cfg.metric, tune_cfg.mode,
-                                      name), *tracking.sweep_callbacks(name)],
-        ),
-    )
+    path = f"{where.rstrip('/')}/{name}"
+    total = _count(param_space, tune_cfg.num_samples)
+    if tune.Tuner.can_restore(path, storage_filesystem=filesystem):  # a driver died mid-sweep: Tune's restore
+        say(resumed_line(Path(path), total, trials_dir) if filesystem is None
+            else f"resumed sweep: continuing the experiment stored at {path}")  # fmt: skip
+        tuner = tune.Tuner.restore(path, trainable, resume_unfinished=True, resume_errored=True,
+                                   param_space=param_space, storage_filesystem=filesystem)  # fmt: skip
+    else:
+        tuner = tune.Tuner(
+            trainable,
+            param_space=param_space,
+            tune_config=tune.TuneConfig(
+                metric=tune_cfg.metric,
+                mode=tune_cfg.mode,
+                scheduler=scheduler,
+                num_samples=tune_cfg.num_samples,
+                max_concurrent_trials=tune_cfg.max_concurrent_trials,
+            ),
+            run_config=tune.RunConfig(
+                name=name, storage_path=where, storage_filesystem=filesystem, verbose=0,
+                callbacks=[_TrialProgress(total, tune_cfg.metric, tune_cfg.mode, name),
+                           *tracking.sweep_callbacks(name)],
+            ),
+        )
     grid = tuner.fit()
     outcomes = []
     for i in range(len(grid)):
@@ -149,5 +189,7 @@ def run_sweep(
         history = frame.to_dict("records") if frame is not None else []
         params = {k: v for k, v in (result.config or {}).items()}
         trial_id = str((result.metrics or {}).get("trial_id", Path(result.path).name))
+        if trials_dir is not None and read_history(trials_dir / trial_id):
+            history = read_history(trials_dir / trial_id)  # one row per report, also across a resumed driver
         outcomes.append(TrialOutcome(trial_id, params, history, repr(result.error) if result.error else None))
     return outcomes

@@ -13,6 +13,14 @@ from raycl.config import ScalingSection
 from raycl.storage import ray_storage
 
 
+def has_checkpoint(storage_path: Path, name: str) -> bool:
+    """Whether the run ``name`` under ``storage_path`` reported a checkpoint: :func:`fit` with that name continues
+    from it (Ray Train's run snapshot)."""
+    from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
+
+    return (Path(storage_path) / name / CHECKPOINT_MANAGER_SNAPSHOT_FILENAME).is_file()
+
+
 def fit(
     train_fn: Callable[[], Any],
     *,

@@ -41,7 +41,7 @@ from torch import nn
 
 from raycl import storage
 from raycl.distributed import session
-from raycl.records import append_history, save_dir_atomic
+from raycl.records import append_history, append_start, save_dir_atomic
 from raycl.train.chaos import crash_switch
 from raycl.train.checkpoint import MODEL_DIR, STATE_FILE, seed_everything
 from raycl.train.data_parallel import all_gather_floats, average_gradients
@@ -265,6 +265,9 @@ def run(job: Job) -> None:
     if saved is not None:
         loop.restore(saved)
     task.start(st, w, resumed=saved is not None)
+    if rank == 0:  # where this training started: a resumed run shows what it did not do again
+        append_start(w.out_dir, step=st.progress["step"], report=st.progress["report"], resumed=saved is not None,
+                     time=time.time())  # fmt: skip
     loop.train()
     loop.final()
     if job.probe:
@@ -393,7 +396,7 @@ class _Loop:
             self.update()
             self.window.step_s += time.perf_counter() - t1
             if self.bar is not None:
-                self.bar.update(self.st.progress["step"], loss=out.get("loss", float("nan")))
+                self.bar.update(self.st.progress["step"], loss=out.get("loss", float("nan")), phase="train")
 
     def join(self) -> None:
         """Uneven inputs (token-budget batches, shards one item longer): a rank whose part of the epoch is over
@@ -471,9 +474,11 @@ class _Loop:
         if self.scaler is not None:
             metrics.update({"fp16/skipped": self.window.skipped, "fp16/scale": self.scaler.get_scale()})
         if w.rank == 0:
+            self.show(phase="eval")
             metrics.update(self.evaluate(rep, metrics))
             metrics = nan_for_none(metrics)
             append_history(w.out_dir, metrics, key="report")
+            self.show(phase="train", **{k: v for k, v in metrics.items() if k in _SHOWN})
         if rep.checkpoint:  # rank 0 writes the state; every rank adds its own RNG (its dropout masks) and queues
             with session.scratch_dir() as tmp:
                 if w.rank == 0:
@@ -484,6 +489,11 @@ class _Loop:
         else:
             session.report(metrics)
         self.window.reset()
+
+    def show(self, **info: Any) -> None:
+        """Rank 0's ``progress.json`` (what the bar or the log lines show), written now."""
+        if self.bar is not None:
+            self.bar.update(self.st.progress["step"], force=True, **info)
 
     def check_ranks_agree(self) -> None:
         """Every rank must hold the same weights, step and learning rate at a report: a digest of each is compared
@@ -539,6 +549,10 @@ class _Loop:
         if w.rank == 0:
             append_history(w.out_dir, metrics, key="report")
         session.report(metrics)
+
+
+# what a progress line shows of a report: each recipe's dev metric, and how long the trainers waited for negatives
+_SHOWN = ("dev_f05", "dev_acc", "dev_f1", "dev_spearman", "timing/mine_wait_fraction")
 
 
 def rank_file(rank: int) -> str:

@@ -1,13 +1,19 @@
-"""Progress that crosses process boundaries through a small file: the worker writes, the driver shows a bar.
+"""Progress a person can follow: a bar on a terminal, plain lines in a log (``ray job logs``, nohup, CI).
 
-Rank 0 of a training run rewrites ``progress.json`` (atomically, at most every ``interval`` seconds); the
-driver, which is blocked in ``TorchTrainer.fit()``, follows it from a thread with a tqdm bar. Nothing here
-depends on Ray, so the same bar works in local mode and on a cluster with shared storage.
+Rank 0 of a training run rewrites ``progress.json`` (atomically, at most every ``interval`` seconds): step, total,
+loss, the phase (``train`` or ``eval``), the last dev metric and ``mine_wait``. Whoever waits for the run follows
+that file from a thread (:func:`follow`) — the driver of ``python -m raycl.train``, a Tune trial — and shows it as
+:func:`bar` does everything else (mining, a sweep's trials): a tqdm bar when stderr is a terminal, else one line
+``[raycl] WHAT: step N/TOTAL (P%), loss …, R step/s, ETA …`` when the count moves, at most every
+``RAYCL_PROGRESS_MIN_S`` seconds (10), and at least every ``RAYCL_PROGRESS_MAX_S`` seconds (30) while it runs,
+moving or not (a long evaluation). ``RAYCL_PROGRESS`` (``bar``, ``lines``, ``off``) overrides the choice; the
+command-line entry points set it from their own stderr, and Ray's workers inherit it. Nothing here imports Ray.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -19,44 +25,148 @@ from typing import Any
 PROGRESS = "progress.json"
 
 
+def mode() -> str:
+    """``bar`` | ``lines`` | ``off``: ``RAYCL_PROGRESS``, else a bar on a terminal and lines elsewhere."""
+    chosen = os.environ.get("RAYCL_PROGRESS", "")
+    return chosen if chosen in ("bar", "lines", "off") else ("bar" if sys.stderr.isatty() else "lines")
+
+
+def intervals() -> tuple[float, float]:
+    """The fewest and the most seconds between two progress lines (``RAYCL_PROGRESS_MIN_S``, ``…_MAX_S``)."""
+    low = float(os.environ.get("RAYCL_PROGRESS_MIN_S", "10"))
+    return low, max(float(os.environ.get("RAYCL_PROGRESS_MAX_S", "30")), low)
+
+
 class ProgressWriter:
-    """Rate-limited atomic writes of ``{"step", "total", ...}`` to ``out_dir/progress.json``."""
+    """Rate-limited atomic writes of ``{"step", "total", ...}`` to ``out_dir/progress.json``; what ``update`` is
+    given stays until it is given again (the phase, the last dev metric)."""
 
     def __init__(self, out_dir: Path, *, total: int, interval: float = 1.0) -> None:
         self.path, self.total, self.interval, self._last = out_dir / PROGRESS, total, interval, 0.0
+        self.info: dict[str, Any] = {}
 
     def update(self, step: int, *, force: bool = False, **info: Any) -> None:
+        self.info.update(info)
         now = time.monotonic()
         if not force and now - self._last < self.interval:
             return
         self._last = now
         tmp = self.path.with_name(f".{PROGRESS}.tmp")
-        tmp.write_text(json.dumps({"step": step, "total": self.total, **info}))
+        tmp.write_text(json.dumps({"step": step, "total": self.total, **self.info}))
         tmp.replace(self.path)
 
 
-@contextmanager
-def follow(out_dir: Path, *, desc: str, unit: str = "step", poll: float = 0.5) -> Iterator[None]:
-    """Show a progress bar fed by ``out_dir/progress.json`` while the body runs (a no-op when not a TTY)."""
-    if not sys.stderr.isatty():
-        yield
-        return
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def _duration(s: float) -> str:
+    s = int(s)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+class LineBar:
+    """The part of tqdm's interface raycl uses (``update``, ``n``, ``total``, ``set_postfix``, ``refresh``,
+    ``close``), written as lines on stderr: on a change at most every ``min_s``, and from a thread at least every
+    ``max_s`` while open."""
+
+    def __init__(self, total: int | None = None, desc: str = "", unit: str = "it", **_: Any) -> None:
+        self.total, self.desc, self.unit, self.n = total, desc, unit, 0
+        self.postfix: dict[str, Any] = {}
+        self.min_s, self.max_s = intervals()
+        self.last = self.t0 = time.monotonic()
+        self.n0: int | None = None  # the count when first seen (a resumed run starts past 0), and when
+        self.t_n0 = self.t0
+        self.shown: tuple[int, dict[str, Any]] | None = None  # what the last line showed
+        self._lock, self._stop = threading.Lock(), threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(min(0.5, self.max_s / 4)):
+            if time.monotonic() - self.last >= self.max_s:
+                self.emit()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        self.refresh()
+
+    def set_postfix(self, ordered_dict: dict[str, Any] | None = None, refresh: bool = True, **kwargs: Any) -> None:
+        self.postfix = {**(ordered_dict or {}), **kwargs}
+        if refresh:
+            self.refresh()
+
+    def refresh(self) -> None:
+        if self.n0 is None and self.n:
+            self.n0, self.t_n0 = self.n, time.monotonic()
+        if self.shown != (self.n, self.postfix) and time.monotonic() - self.last >= self.min_s:
+            self.emit()  # news: at most every min_s (the heartbeat says the rest)
+
+    def line(self) -> str:
+        now = time.monotonic()
+        count = f"/{self.total} ({100 * self.n / self.total:.0f}%)" if self.total else ""
+        parts = [f"{self.unit} {self.n}{count}"]
+        parts += [f"{k} {_fmt(v)}" for k, v in self.postfix.items()]
+        done = self.n - (self.n0 or 0)
+        rate = done / max(now - self.t_n0, 1e-9) if self.n0 is not None and done > 0 else None
+        if rate is not None:
+            parts.append(f"{rate:.3g} {self.unit}/s")
+            if self.total:
+                parts.append(f"ETA {_duration(max(self.total - self.n, 0) / rate)}")
+        parts.append(f"elapsed {_duration(now - self.t0)}")
+        return f"[raycl] {self.desc}: " + ", ".join(parts)
+
+    def emit(self) -> None:
+        with self._lock:
+            self.last, self.shown = time.monotonic(), (self.n, dict(self.postfix))
+            print(self.line(), file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.refresh()  # the last state, unless a line went out less than min_s ago
+
+    def __enter__(self) -> LineBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def bar(total: int | None = None, *, desc: str, unit: str = "it", enabled: bool = True) -> Any:
+    """A progress bar on a terminal, a :class:`LineBar` in a log, nothing with ``RAYCL_PROGRESS=off`` or not
+    ``enabled``."""
+    chosen = mode() if enabled else "off"
+    if chosen == "lines":
+        return LineBar(total=total, desc=desc, unit=unit)
     from tqdm.auto import tqdm
 
-    stop = threading.Event()
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True, disable=chosen == "off")
+
+
+@contextmanager
+def follow(out_dir: Path, *, desc: str, unit: str = "step", poll: float = 0.5, lines_only: bool = False
+           ) -> Iterator[None]:  # fmt: skip
+    """Show ``out_dir/progress.json`` while the body runs, as :func:`bar` (``lines_only``: nothing on a terminal —
+    a Tune trial's process has none)."""
+    if mode() == "off" or (lines_only and mode() != "lines"):
+        yield
+        return
+    stop, since = threading.Event(), time.time()
 
     def run() -> None:
-        with tqdm(desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True) as bar:
+        with bar(desc=desc, unit=unit) as shown:
             while not stop.wait(poll):
                 try:
+                    if (out_dir / PROGRESS).stat().st_mtime < since:
+                        continue  # an earlier driver's (a resumed run): not this training's yet
                     state = json.loads((out_dir / PROGRESS).read_text())
                 except (OSError, ValueError):
                     continue
-                bar.total = state.get("total") or bar.total
-                bar.n = state.get("step", bar.n)
-                bar.set_postfix({k: (f"{v:.3f}" if isinstance(v, float) else v) for k, v in state.items()
-                                 if k not in ("step", "total")}, refresh=False)  # fmt: skip
-                bar.refresh()
+                shown.total = state.get("total") or shown.total
+                shown.n = state.get("step", shown.n)
+                shown.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in state.items()
+                                   if k not in ("step", "total")}, refresh=False)  # fmt: skip
+                shown.refresh()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()

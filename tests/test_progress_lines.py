@@ -1,0 +1,75 @@
+"""Progress that a log can show (``ray job logs``, nohup, CI): a command whose stderr is a pipe prints a progress
+line when training moves, no more often than ``RAYCL_PROGRESS_MIN_S`` and at least every ``RAYCL_PROGRESS_MAX_S``
+seconds (10 and 30 by default; shortened here), with the step, the loss, the rate and the ETA."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from raycl.train.progress import LineBar
+
+MIN_S, MAX_S = 1.0, 2.0
+
+
+def test_a_training_through_a_pipe_prints_lines_within_the_asked_gaps(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RAYCL_PROGRESS"}
+    env.update(RAY_ADDRESS="", RAYCL_PROGRESS_MIN_S=str(MIN_S), RAYCL_PROGRESS_MAX_S=str(MAX_S))
+    sets = ["scaling.num_workers=0", "data.setting=zero_shot", "optim.epochs=6"]
+    cmd = [sys.executable, "-m", "raycl.train", "idiom", "--preset", "smoke", "--out", str(tmp_path / "run"),
+           *(a for s in sets for a in ("--set", s))]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stderr is not None
+    lines = [(time.monotonic(), line.rstrip("\n")) for line in proc.stderr]
+    assert proc.wait(timeout=300) == 0, "\n".join(line for _, line in lines[-30:])
+    shown = [(t, line) for t, line in lines if line.startswith("[raycl] zero_shot: step ")]
+    assert len(shown) >= 3, "\n".join(line for _, line in lines)
+    gaps = [b[0] - a[0] for a, b in zip(shown, shown[1:], strict=False)]
+    assert max(gaps) <= MAX_S + 1.5 and min(gaps) >= MIN_S - 0.5, (gaps, shown)
+    moving = [line for _, line in shown if "step/s" in line]
+    assert moving and all(k in moving[-1] for k in ("/54 (", "loss ", "ETA ", "phase ")), moving
+
+
+def test_a_line_bar_beats_while_nothing_moves_and_says_nothing_new_more_often(monkeypatch, capsys) -> None:
+    """An evaluation or a stalled mining: nothing moves, yet a line comes every MAX_S; updates between two lines
+    within MIN_S make no line of their own."""
+    monkeypatch.setenv("RAYCL_PROGRESS_MIN_S", "0.6")
+    monkeypatch.setenv("RAYCL_PROGRESS_MAX_S", "1.2")
+    bar = LineBar(total=10, desc="mining", unit="sent")
+    for _ in range(5):
+        bar.update(1)  # within MIN_S of the bar's start: no line
+    time.sleep(3.0)  # two heartbeats (at 1.2 s and 2.4 s, each within a 0.3 s poll)
+    bar._stop.set()
+    out = capsys.readouterr().err.splitlines()
+    assert len(out) == 2 and all(line.startswith("[raycl] mining: sent 5/10 (50%)") for line in out), out
+
+
+def test_worker_output_reaches_the_driver_unless_turned_off(monkeypatch) -> None:
+    """A job's logs show what Ray's workers print (a Tune trial's progress lines) without any setting."""
+    from raycl.distributed import runtime
+
+    monkeypatch.delenv("RAYCL_WORKER_LOGS", raising=False)
+    assert runtime._log_to_driver()
+    monkeypatch.setenv("RAYCL_WORKER_LOGS", "0")
+    assert not runtime._log_to_driver()
+    monkeypatch.setenv("RAYCL_PROGRESS", "lines")
+    assert runtime._propagated_env()["RAYCL_PROGRESS"] == "lines"  # the driver's choice, for its workers
+
+
+def test_every_environment_variable_raycl_reads_is_in_the_readme_table() -> None:
+    root = Path(__file__).resolve().parents[1]
+    code = "\n".join(p.read_text(encoding="utf-8") for p in (root / "raycl").rglob("*.py"))
+    read = set(re.findall(r"""(?:environ\.get|getenv)\(\s*["']([A-Z_][A-Z0-9_]*)["']""", code))
+    read |= set(re.findall(r"""environ\[["']([A-Z_][A-Z0-9_]*)["']\]""", code))
+    keep = re.search(r"keep = \(([^)]*)\)", (root / "raycl/distributed/runtime.py").read_text(encoding="utf-8"))
+    assert keep is not None
+    read |= set(re.findall(r'"([A-Z_][A-Z0-9_]*)"', keep.group(1)))  # passed on to the workers
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    table = readme.split("### Environment variables", 1)[1].split("\n#", 1)[0]
+    named = set(re.findall(r"`([A-Z_][A-Z0-9_]*)`", "\n".join(r.split("|")[1] for r in table.splitlines()
+                                                                if r.startswith("| `"))))  # fmt: skip
+    assert read - {"RAY_AIR_NEW_OUTPUT", "RAY_TRAIN_V2_ENABLED"} <= named, sorted(read - named)

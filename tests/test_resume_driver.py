@@ -1,0 +1,170 @@
+"""A driver killed mid-run (SIGKILL, as a lost head node or a closed terminal) and the same command run again.
+
+``raycl.tune``: Tune's own restore continues the sweep — the trial that ended is not trained again, the
+interrupted one continues from its last Ray Train checkpoint, the baselines and the report follow — and every
+trial's history and the report's tables equal those of an uninterrupted run of the same sweep (which also checks
+the idiom ladder's rows). ``raycl.train`` (idiom, both settings): the setting that ended is kept, the interrupted
+one continues from its checkpoint. Both re-runs go through a pipe, as ``ray job logs`` would read them: a Tune
+trial's progress lines reach the driver's stderr without any setting (worker output is on by default).
+
+The killed drivers join the test session's local Ray (``--address``), as a driver on a cluster's head node does:
+the cluster outlives them, and Ray ends a dead driver's actors (Tune trials, Train controllers and workers)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from raycl import driver
+from raycl.config import load_space
+from raycl.distributed.trainer import has_checkpoint
+from raycl.recipes import recipe_for
+from raycl.records import STARTS, is_done, read_history
+from raycl.report import num
+
+ROOT = Path(__file__).resolve().parents[1]
+# one setting; two sweep points run side by side (1 epoch, and 6: killed after its first) and two baselines at the
+# best point
+SETS = ["data.setting=zero_shot", "ladder.baselines=[baseline, smart]", "tune.max_concurrent_trials=2",
+        "tune.driver_cpus=0.1", "scaling.cpus_per_worker=0.5"]  # fmt: skip
+FAST_LINES = {"RAYCL_PROGRESS_MIN_S": "1", "RAYCL_PROGRESS_MAX_S": "2"}
+
+
+def _space_file(tmp_path: Path) -> Path:
+    space = yaml.safe_load((ROOT / "tune_spaces" / "idiom.yaml").read_text(encoding="utf-8"))
+    space["presets"]["smoke"]["search"] = {"optim.epochs": {"grid": [1, 6]}}
+    path = tmp_path / "idiom_resume.yaml"
+    path.write_text(yaml.safe_dump(space, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def _cli(verb: str, space: str, out: Path, address: str, sets: list[str]) -> list[str]:
+    return [sys.executable, "-m", f"raycl.{verb}", space, "--preset", "smoke", "--out", str(out), "--address",
+            address, *(a for s in sets for a in ("--set", s))]  # fmt: skip
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "RAYCL_WORKER_LOGS"}  # its default: worker output shown
+    return {**env, "RAY_ADDRESS": "", **extra}
+
+
+def _kill_when(cmd: list[str], ready: Callable[[], bool], *, timeout: float = 300) -> None:
+    """Start ``cmd`` and SIGKILL it once ``ready()`` holds."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env())
+    deadline = time.monotonic() + timeout
+    try:
+        while not ready():
+            assert proc.poll() is None, f"ended before the kill: {proc.communicate()[1][-3000:]}"
+            assert time.monotonic() < deadline, "the kill point never came"
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+
+
+def _rerun(cmd: list[str]) -> str:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env(**FAST_LINES))
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stderr
+
+
+def _ended_and_checkpointed(out: Path, run_name: Callable[[str], str]) -> Callable[[], bool]:
+    """Whether one training of the run folder ``out`` ended and another has reported a checkpoint."""
+
+    def ready() -> bool:
+        trials = [p for p in (out / "trials").glob("*") if p.is_dir()]
+        return any(is_done(t) for t in trials) and any(
+            not is_done(t) and has_checkpoint(out / "ray", run_name(t.name)) for t in trials)
+
+    return ready
+
+
+def _starts(trial: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (trial / STARTS).read_text().splitlines()]
+
+
+def _line(stderr: str, start: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.startswith(start)]
+    assert len(lines) == 1, stderr[-4000:]
+    return lines[0]
+
+
+def _histories(run: Path) -> list[list[dict[str, Any]]]:
+    """Every trial's reports without their timings, in a stable order (trial ids differ between runs)."""
+    rows = [[{k: v for k, v in r.items() if not k.startswith("timing/")} for r in read_history(t)]
+            for t in (run / "trials").iterdir()]  # fmt: skip
+    return sorted(rows, key=json.dumps)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-6) or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def _tables(report: Path) -> list[str]:
+    return [line for line in report.read_text(encoding="utf-8").splitlines() if line.startswith("|")]
+
+
+def test_a_sweep_whose_driver_was_killed_continues_where_it_was(ray_local, tmp_path: Path) -> None:
+    address = ray_local.get_runtime_context().gcs_address
+    space_file, out = _space_file(tmp_path), tmp_path / "run"
+    cmd = _cli("tune", str(space_file), out, address, SETS)
+    _kill_when(cmd, _ended_and_checkpointed(out, lambda trial_id: f"train-trial_id={trial_id}"))
+    ended = [t.name for t in (out / "trials").iterdir() if is_done(t)]
+    stderr = _rerun(cmd)
+    assert _line(stderr, "[raycl] resumed sweep:").startswith(
+        "[raycl] resumed sweep: 1 finished trials kept, 1 interrupted trials continued from their last "
+        "checkpoint, 0 trials still to run")  # fmt: skip
+    assert "resumed sweep:" not in stderr.split("[raycl] baselines at")[1]  # the baselines had not started
+    trial_lines = [line for line in stderr.splitlines() if "[raycl] trial " in line and "step " in line]
+    assert trial_lines, stderr[-3000:]  # a Tune trial's progress, from its actor, without any setting
+    starts = {t.name: _starts(t) for t in (out / "trials").iterdir()}
+    assert len(starts) == 4  # two sweep points and two baselines
+    assert all(len(starts[t]) == 1 for t in ended)  # 0 finished trainings ran again
+    again = [s for s in starts.values() if len(s) > 1]
+    assert len(again) == 1 and len(again[0]) == 2 and again[0][1]["resumed"] and again[0][1]["step"] > 0
+
+    whole = tmp_path / "whole"  # the same sweep, uninterrupted
+    summary = driver.run_tune(recipe_for("idiom"), load_space(str(space_file), preset="smoke", overrides=SETS),
+                              whole)  # fmt: skip
+    assert not summary["failed_trials"]
+    assert [r["method"] for r in summary["table"]] == ["baseline", "+ EMA + SMART", "sweep best"]
+    assert all(num(r["zero_shot/dev_f1"]) is not None and num(r["zero_shot/test_f1"]) is not None
+               for r in summary["table"])  # fmt: skip
+    assert summary["best"]["zero_shot"]["strategy"] == "+ EMA + FGM" and set(summary["best"]) == {"zero_shot"}
+    assert (whole / "dev.submission.csv").exists() and (whole / "dev_f1.png").exists()
+    assert _same(_histories(out), _histories(whole))
+    assert _tables(out / "report.md") == _tables(whole / "report.md")
+
+
+def test_a_train_run_whose_driver_was_killed_continues_where_it_was(ray_local, tmp_path: Path) -> None:
+    """Idiom's two settings, one after the other: killed once zero-shot ended and one-shot reported a
+    checkpoint."""
+    address = ray_local.get_runtime_context().gcs_address
+    out = tmp_path / "run"
+    cmd = _cli("train", "idiom", out, address, ["optim.epochs=6", "scaling.cpus_per_worker=1"])
+    _kill_when(cmd, _ended_and_checkpointed(out, lambda setting: f"train-{setting}"))
+    stderr = _rerun(cmd)
+    assert _line(stderr, "[raycl] resumed run:") == (
+        f"[raycl] resumed run: {out}: 1 finished trainings kept, 1 interrupted trainings continued from their "
+        "last checkpoint, 0 trainings still to run")  # fmt: skip
+    assert len(_starts(out / "trials" / "zero_shot")) == 1
+    first, second = _starts(out / "trials" / "one_shot")
+    assert not first["resumed"] and second["resumed"] and second["step"] > 0
+    assert [h["epoch"] for h in read_history(out / "trials" / "one_shot")][:6] == [1, 2, 3, 4, 5, 6]
+    assert (out / "report.md").exists() and (out / "eval.submission.csv").exists()
