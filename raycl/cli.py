@@ -22,7 +22,8 @@ def space_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--address", default=None, help="Ray address (auto, HOST:PORT); default: RAY_ADDRESS or "
                    "an embedded local Ray")
     p.add_argument("--out", default=None, type=Path,
-                   help="run folder (default runs/SPACE/TIMESTAMP); an existing one is resumed")
+                   help="run folder (default runs/SPACE/TIMESTAMP); an earlier run's is resumed, any other "
+                   "existing non-empty folder refused")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
     return p
 
@@ -44,7 +45,9 @@ def check_inputs(space: Space, run_dir: Path) -> None:
     """Read every input file before Ray starts: a malformed file ends in one line and exit status 2 with nothing
     started."""
     from raycl.driver import check_inputs as check
+    from raycl.run_folder import open_run_folder
 
+    open_run_folder(run_dir, space=space.name)  # not a folder of the user's; an earlier run's checkpoints are data
     check(recipe(space), space, run_dir)
 
 

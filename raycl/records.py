@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from raycl.errors import UserError, at
+
 HISTORY = "history.jsonl"
 
 
@@ -59,6 +61,13 @@ def save_dir_atomic(save: Callable[[Path], Any], out: Path) -> None:
     save(tmp)
     shutil.rmtree(out, ignore_errors=True)
     tmp.replace(out)
+
+
+def refuse_foreign_dir(out: Path, *, marker: str, what: str, hint: str) -> None:
+    """An existing ``out`` that is not empty and does not hold ``marker`` (so raycl did not write it) is refused in
+    one line: raycl writes into, and replaces, only what it wrote itself."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not (out / marker).is_file():
+        raise UserError(f"{at(out)}: exists and is not {what} (no {marker}); {hint}")
 
 
 def copy_atomic(src: Path, dst: Path) -> None:
