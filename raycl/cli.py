@@ -25,7 +25,8 @@ def space_parser(prog: str, description: str) -> argparse.ArgumentParser:
                    "an embedded local Ray")
     p.add_argument("--out", default=None,
                    help="run folder (default runs/SPACE/TIMESTAMP; inside a Ray job an absolute one is required), "
-                        "or an object store URI (s3://bucket/prefix, gs://…); an existing one is resumed")
+                        "or an object store URI (s3://bucket/prefix, gs://…); an earlier run's is resumed, any "
+                        "other existing non-empty folder refused")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
     p.add_argument("--track", choices=["mlflow"], default=None,
                    help="log every trial's params and reports, and the run's report, to MLflow "
@@ -82,7 +83,9 @@ def check_inputs(space: Space, run_dir: Path) -> None:
     """Read every input file before Ray starts: a malformed file ends in one line and exit status 2 with nothing
     started."""
     from raycl.driver import check_inputs as check
+    from raycl.run_folder import open_run_folder
 
+    open_run_folder(run_dir, space=space.name)  # not a folder of the user's; an earlier run's checkpoints are data
     check(recipe(space), space, run_dir)
 
 

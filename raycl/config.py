@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from raycl.errors import UserError
+from raycl.errors import UserError, redact, shown
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "tune_spaces"
 SEARCH_KINDS = ("grid", "choice", "uniform", "loguniform", "qrange")
@@ -123,7 +123,7 @@ def _describe(tp: Any) -> str:
 
 def _coerce(value: Any, tp: Any, key: str, where: str) -> Any:
     """Check ``value`` against the annotation ``tp`` (ints are accepted for floats; a lone str for list[str])."""
-    bad = UserError(f"{where}: config key '{key}': expected {_describe(tp)}, got {value!r}")
+    bad = UserError(f"{where}: config key '{key}': expected {_describe(tp)}, got {shown(value)}")
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -219,7 +219,7 @@ def parse_set(items: list[str]) -> dict[str, str]:
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
-            raise UserError(f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. loss.margin=0.3")
+            raise UserError(f"--set {shown(item)}: expected KEY=VALUE with a dotted key, e.g. loss.margin=0.3")
         out[key.strip()] = raw.strip()
     return out
 
@@ -251,7 +251,7 @@ def _parse_raw(raw: str, tp: Any) -> Any:
     if typing.get_origin(bare[0]) is list and typing.get_args(bare[0])[0] is str:
         return _split_top(raw)
     try:
-        return yaml.safe_load(raw) if raw else None
+        return safe_yaml(raw) if raw else None
     except yaml.YAMLError:
         return raw
 
@@ -280,13 +280,61 @@ def get_dotted(config: Any, key: str) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------- loading
+MAX_YAML_DEPTH = 64  # nesting levels (a tune space has 4); Python's recursion would end much deeper in a traceback
+MAX_YAML_NODES = 10_000  # nodes once aliases are expanded (a tune space has a few hundred): no "billion laughs"
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses nesting deeper than :data:`MAX_YAML_DEPTH` and a document whose aliases
+    expand beyond :data:`MAX_YAML_NODES` nodes, with the line, in bounded time and memory."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels",
+                                                  self.peek_event().start_mark)  # fmt: skip
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_document(self, node: Any) -> Any:
+        sizes: dict[int, int] = {}
+
+        def size(n: Any) -> int:  # nodes of the tree the aliases make (a node reached twice counts twice)
+            if id(n) not in sizes:
+                kids = [c for pair in n.value for c in pair] if isinstance(n, yaml.MappingNode) else (
+                    n.value if isinstance(n, yaml.SequenceNode) else [])  # fmt: skip
+                sizes[id(n)] = 1 + sum(size(c) for c in kids)
+                if sizes[id(n)] > MAX_YAML_NODES:
+                    raise yaml.composer.ComposerError(None, None, f"aliases expand to more than {MAX_YAML_NODES} "
+                                                      "nodes", n.start_mark)  # fmt: skip
+            return sizes[id(n)]
+
+        size(node)
+        return super().construct_document(node)
+
+
+def safe_yaml(text: str) -> Any:
+    """``yaml.safe_load`` bounded in depth and alias expansion (:class:`_BoundedLoader`)."""
+    loader = _BoundedLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise UserError(f"{path}: cannot read tune space ({err.__class__.__name__})") from None
     try:
-        data = yaml.safe_load(text) or {}
+        data = safe_yaml(text) or {}
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
@@ -329,7 +377,8 @@ def load_space(space: str, *, preset: str | None = None, overrides: list[str] | 
     task = raw.get("task", "gec")
     cls = task_config(task) if isinstance(task, str) else None
     if cls is None:
-        raise UserError(f"{where}: config key 'task': expected one of {', '.join(TASK_CONFIGS)}, got {task!r}")
+        raise UserError(f"{where}: config key 'task': expected one of {', '.join(TASK_CONFIGS)}, "
+                        f"got {shown(task)}")
     config = _build(cls, raw, "", where)
     validate(config, where=where)
     if overrides:
@@ -352,7 +401,8 @@ def _check_search(config: Any, search: Any, where: str) -> dict[str, dict[str, l
         tp = _field_type(type(config), key, f"{where}: search")
         if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in SEARCH_KINDS:
             raise UserError(
-                f"{where}: search key '{key}': expected one of {{{', '.join(SEARCH_KINDS)}: [...]}}, got {spec!r}"
+                f"{where}: search key '{key}': expected one of {{{', '.join(SEARCH_KINDS)}: [...]}}, "
+                f"got {shown(spec)}"
             )
         kind, values = next(iter(spec.items()))
         values = _check_search_values(kind, values, key, where)
@@ -365,14 +415,15 @@ def _check_search(config: Any, search: Any, where: str) -> dict[str, dict[str, l
 
 def _check_search_values(kind: str, values: Any, key: str, where: str) -> list[Any]:
     if not isinstance(values, list) or not values:
-        raise UserError(f"{where}: search key '{key}': '{kind}' expects a non-empty list, got {values!r}")
+        raise UserError(f"{where}: search key '{key}': '{kind}' expects a non-empty list, got {shown(values)}")
     if kind in ("uniform", "loguniform") and (len(values) != 2 or not all(_is_num(v) for v in values)):
-        raise UserError(f"{where}: search key '{key}': '{kind}' expects [low, high], got {values!r}")
+        raise UserError(f"{where}: search key '{key}': '{kind}' expects [low, high], got {shown(values)}")
     if kind == "loguniform" and min(values) <= 0:
-        raise UserError(f"{where}: search key '{key}': 'loguniform' bounds must be > 0, got {values!r}")
+        raise UserError(f"{where}: search key '{key}': 'loguniform' bounds must be > 0, got {shown(values)}")
     if kind == "qrange":
         if len(values) != 3 or not all(_is_num(v) for v in values) or values[2] <= 0 or values[1] < values[0]:
-            raise UserError(f"{where}: search key '{key}': 'qrange' expects [start, stop, step>0], got {values!r}")
+            raise UserError(f"{where}: search key '{key}': 'qrange' expects [start, stop, step>0], "
+                            f"got {shown(values)}")
     return values
 
 
@@ -404,7 +455,7 @@ def _check_baselines(config: Any, baselines: Any, where: str) -> dict[str, dict[
 # ---------------------------------------------------------------------------------------------- validation
 def require(ok: bool, where: str, key: str, expected: str, value: Any) -> None:
     if not ok:
-        raise UserError(f"{where}: config key '{key}': expected {expected}, got {value!r}")
+        raise UserError(f"{where}: config key '{key}': expected {expected}, got {shown(value)}")
 
 
 def validate(config: Any, *, where: str) -> None:
@@ -478,7 +529,7 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 
 def dump_yaml(config: Any, path: Path) -> None:
-    """Write the resolved config atomically."""
+    """Write the resolved config atomically, credentials hidden (a URI's password, a secret's value)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(yaml.safe_dump(to_dict(config), sort_keys=False), encoding="utf-8")
+    tmp.write_text(redact(yaml.safe_dump(to_dict(config), sort_keys=False)), encoding="utf-8")
     tmp.replace(path)

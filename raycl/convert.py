@@ -6,6 +6,8 @@ that reproduces its preprocessing (whitespace-tokenised text, the BPE codes, the
 folder is what ``--set model.checkpoint=HF_DIR`` (skip step 1 of Algorithm 1), ``raycl.mine --model`` and
 evaluation load with ``from_pretrained``. The checkpoint is unpickled with only ``argparse.Namespace`` allowed
 unless ``--trust-checkpoint`` is given (a checkpoint is code: trust only files from a source you trust).
+``--out`` is replaced whole, so an existing, non-empty folder that is not an earlier conversion is refused unless
+``--force``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--out", required=True, type=Path, help="the Hugging Face model folder to write")
     f.add_argument("--trust-checkpoint", action="store_true",
                    help="unpickle every object the checkpoint holds (default: tensors and argparse.Namespace)")
+    f.add_argument("--force", action="store_true",
+                   help="replace --out even if it is not an earlier conversion (its raycl_conversion.json)")
     f.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     return p
 
@@ -38,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     from raycl.models.fairseq_convert import convert_fairseq_transformer
 
     summary = convert_fairseq_transformer(args.checkpoint, dict_dir=args.dict_dir, bpe_codes=args.bpe_codes,
-                                          out=args.out, trust=args.trust_checkpoint)  # fmt: skip
+                                          out=args.out, trust=args.trust_checkpoint, force=args.force)  # fmt: skip
     print(json.dumps(summary, indent=2) if args.json else f"wrote {summary['out']} "
           f"({summary['parameters'] / 1e6:.1f} M parameters, vocabulary {summary['vocab']})")
 

@@ -242,11 +242,12 @@ def _run_name(point: TrainPoint) -> str:
 
 
 def _resumed_line(run: Run, points: list[TrainPoint]) -> str:
-    """``resumed run: …``: the trainings of an existing run folder that ended, those a checkpoint continues, the
-    rest (local mode, ``scaling.num_workers=0``, keeps no checkpoint: its interrupted training starts over)."""
+    """``resumed trainings: …`` (after the CLI's ``resumed run: DIR``): the trainings of an existing run folder
+    that ended, those a checkpoint continues, the rest (local mode, ``scaling.num_workers=0``, keeps no
+    checkpoint: its interrupted training starts over)."""
     ended = [p for p in points if is_done(run.run_dir / "trials" / p.trial_id)]
     started = [p for p in points if p not in ended and has_checkpoint(run.run_dir / "ray", _run_name(p))]
-    return (f"resumed run: {run.run_dir}: {len(ended)} finished trainings kept, {len(started)} interrupted "
+    return (f"resumed trainings: {len(ended)} finished trainings kept, {len(started)} interrupted "
             f"trainings continued from their last checkpoint, {len(points) - len(ended) - len(started)} trainings "
             "still to run")
 

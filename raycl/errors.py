@@ -8,6 +8,9 @@ Internal bugs raise anything else.
 from __future__ import annotations
 
 import functools
+import os
+import re
+import reprlib
 import sys
 from collections.abc import Callable
 from typing import TypeVar
@@ -31,8 +34,38 @@ class RangesFailed(UserError):
 
 
 def at(path: object, line: int | None = None) -> str:
-    """``path:line`` (or just ``path``) — the location prefix every file error starts with."""
-    return f"{path}:{line}" if line is not None else str(path)
+    """``path:line`` (or just ``path``) — the location prefix every file error starts with (a URI's password
+    hidden)."""
+    return redact(f"{path}:{line}" if line is not None else str(path))
+
+
+_SHOWN = reprlib.Repr()  # keyword arguments only from Python 3.12
+_SHOWN.maxstring = _SHOWN.maxother = 60
+_SHOWN.maxlist = _SHOWN.maxdict = _SHOWN.maxtuple = _SHOWN.maxset = 4
+_SHOWN.maxlevel = 3
+
+
+def shown(value: object) -> str:
+    """A user's value in a message: its ``repr`` cut to a few hundred characters (``reprlib``: a value built by
+    YAML aliases may be gigabytes long), credentials hidden (:func:`redact`)."""
+    return redact(_SHOWN.repr(value))
+
+
+_URI_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):([^/\s@]+)@")
+# environment variables that hold credentials (their values are hidden wherever raycl writes text)
+SECRET_ENV = re.compile(r"^AWS_(SECRET_ACCESS_KEY|SESSION_TOKEN|ACCESS_KEY_ID)$|TOKEN|SECRET|PASSWORD|PASSWD"
+                        r"|API_KEY|CREDENTIAL|PRIVATE_KEY", re.IGNORECASE)  # fmt: skip
+
+
+def redact(text: str) -> str:
+    """``text`` with a URI's password (``scheme://user:password@host`` → ``scheme://user:***@host``) and the value
+    of every credential variable of the environment (:data:`SECRET_ENV`, 6 characters or more) replaced by
+    ``***``."""
+    text = _URI_PASSWORD.sub(r"\1:***@", text)
+    for name, value in os.environ.items():
+        if len(value) >= 6 and SECRET_ENV.search(name) and value in text:
+            text = text.replace(value, "***")
+    return text
 
 
 def cli_entry(func: F) -> F:

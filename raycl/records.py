@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from raycl.errors import UserError, at
 from raycl.storage import mirror
 
 HISTORY = "history.jsonl"
@@ -117,6 +118,13 @@ def save_dir_atomic(save: Callable[[Path], Any], out: Path) -> None:
     shutil.rmtree(out, ignore_errors=True)
     tmp.replace(out)
     mirror(out)
+
+
+def refuse_foreign_dir(out: Path, *, marker: str, what: str, hint: str) -> None:
+    """An existing ``out`` that is not empty and does not hold ``marker`` (so raycl did not write it) is refused in
+    one line: raycl writes into, and replaces, only what it wrote itself."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not (out / marker).is_file():
+        raise UserError(f"{at(out)}: exists and is not {what} (no {marker}); {hint}")
 
 
 def copy_atomic(src: Path, dst: Path) -> None:

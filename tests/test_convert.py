@@ -191,3 +191,22 @@ def test_bad_inputs_end_in_one_line_with_exit_2(tmp_path: Path) -> None:
     (dicts / "dict.en.txt").write_text("the 10\nbroken\n")
     res = _cli(str(ckpt), "--dict-dir", str(dicts), "--bpe-codes", str(codes), "--out", str(tmp_path / "o"))
     assert res.returncode == 2 and "dict.en.txt:2" in res.stderr and "symbol count" in res.stderr
+
+
+def test_out_that_is_not_an_earlier_conversion_is_kept(tmp_path: Path) -> None:
+    """``--out`` is replaced whole: a folder of the user's (no raycl_conversion.json) is refused in one line and
+    left as it was; an earlier conversion is replaced; ``--force`` replaces anything."""
+    from raycl.errors import UserError
+
+    ckpt, dicts, codes = _write(tmp_path)
+    mine = tmp_path / "thesis"
+    mine.mkdir()
+    (mine / "chapter1.tex").write_text("years of work")
+    with pytest.raises(UserError, match=r"thesis: exists and is not an earlier conversion \(no raycl_conversion"):
+        convert_fairseq_transformer(ckpt, dict_dir=dicts, bpe_codes=codes, out=mine)
+    assert (mine / "chapter1.tex").read_text() == "years of work"
+    out = tmp_path / "hf"
+    convert_fairseq_transformer(ckpt, dict_dir=dicts, bpe_codes=codes, out=out)
+    convert_fairseq_transformer(ckpt, dict_dir=dicts, bpe_codes=codes, out=out)  # its own earlier output
+    convert_fairseq_transformer(ckpt, dict_dir=dicts, bpe_codes=codes, out=mine, force=True)
+    assert not (mine / "chapter1.tex").exists() and (mine / "raycl_conversion.json").is_file()

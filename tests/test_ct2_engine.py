@@ -151,3 +151,22 @@ def test_unsupported_precision_is_one_line_naming_the_key(trained: Path) -> None
     with pytest.raises(UserError) as err:
         CT2Seq2Seq.from_pretrained(trained, precision="fp16")  # float16 needs a GPU
     assert "mining.precision" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_conversion_cache_is_this_users_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No shared or predictable folder (``/tmp/raycl-ct2-<digest>``, ``<model>/.ct2``) where another user could
+    plant a model: a per-user cache of mode 0700, and a folder another user owns is refused."""
+    import os
+
+    from raycl.models.ct2_engine import _cache_root
+
+    model = tmp_path / "model"
+    model.mkdir()
+    model.chmod(0o555)  # a read-only model folder: before, the predictable /tmp fallback
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = _cache_root(model)
+    assert root.is_relative_to(tmp_path / "cache" / "raycl" / "ct2") and not (model / ".ct2").exists()
+    assert all((p.stat().st_mode & 0o777) == 0o700 for p in (root, root.parent, root.parent.parent))
+    monkeypatch.setattr(os, "getuid", lambda: 4242)  # another user finds the folder: not theirs
+    with pytest.raises(UserError, match=r"owned by uid \d+, not by this user \(uid 4242\)"):
+        _cache_root(model)

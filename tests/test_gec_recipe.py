@@ -104,7 +104,9 @@ def _check_mined_once(run_dir: Path, cfg) -> None:  # type: ignore[no-untyped-de
     assert sorted(method[d.name] for d in trials) == ["CL", "CL", "CL⁻"]
     assert not any((d / "mining.json").exists() for d in trials)  # no trial had a miner pool of its own
     # mining.engine=auto mined with CTranslate2 (a BART it converts): the base model's one conversion is cached
-    assert [p.name.split("-")[0] for p in (run_dir / "base_model" / ".ct2").iterdir()] == ["v0"]
+    from raycl.models.ct2_engine import _cache_root
+
+    assert [p.name.split("-")[0] for p in _cache_root(run_dir / "base_model").iterdir()] == ["v0"]
     m = cfg.mining
     for d in trials:
         got = {r["id"]: r["negatives"] for r in pq.read_table(d / "negatives.parquet").to_pylist()}

@@ -160,8 +160,9 @@ def test_a_train_run_whose_driver_was_killed_continues_where_it_was(ray_local, t
     cmd = _cli("train", "idiom", out, address, ["optim.epochs=6", "scaling.cpus_per_worker=1"])
     _kill_when(cmd, _ended_and_checkpointed(out, lambda setting: f"train-{setting}"))
     stderr = _rerun(cmd)
-    assert _line(stderr, "[raycl] resumed run:") == (
-        f"[raycl] resumed run: {out}: 1 finished trainings kept, 1 interrupted trainings continued from their "
+    assert f"resumed run: {out}\n" in stderr
+    assert _line(stderr, "[raycl] resumed trainings:") == (
+        "[raycl] resumed trainings: 1 finished trainings kept, 1 interrupted trainings continued from their "
         "last checkpoint, 0 trainings still to run")  # fmt: skip
     assert len(_starts(out / "trials" / "zero_shot")) == 1
     first, second = _starts(out / "trials" / "one_shot")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import pickle
 import random
 from collections.abc import Iterable, Sequence
@@ -25,6 +26,7 @@ from raycl.data.m2 import iter_lines
 from raycl.errors import UserError, at
 
 PICKLE_SUFFIXES = (".pkl", ".pickle")
+MAX_DOCUMENT = 1 << 24  # characters of a JSONL line: one document, or one item with its negatives (WSJ: ~20 k)
 _ENUMERATE_UP_TO = 5040  # 7!: listing every ordering is cheaper than rejection sampling near the cap
 
 
@@ -98,7 +100,7 @@ def read_documents(path: str | Path) -> list[Document]:
         docs = _read_text_documents(path)
     else:
         docs, seen = [], set()
-        for lineno, line in iter_lines(path):
+        for lineno, line in iter_lines(path, max_line=MAX_DOCUMENT):
             if line.strip():
                 doc = _document_from_json(path, lineno, line)
                 if doc.id in seen:
@@ -219,16 +221,35 @@ class _NoGlobalsUnpickler(pickle.Unpickler):
 
 
 def load_builtins_pickle(path: str | Path) -> Any:
-    """Unpickle ``path`` refusing every global lookup (``os.system``, ``builtins.eval``, classes, ...)."""
+    """Unpickle ``path`` refusing every global lookup (``os.system``, ``builtins.eval``, classes, ...), and a
+    pickle whose objects, read as a tree, hold more references than it has bytes (:func:`_bounded`)."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
-            return _NoGlobalsUnpickler(f, path=path).load()
+            return _bounded(path, _NoGlobalsUnpickler(f, path=path).load(), os.fstat(f.fileno()).st_size)
     except OSError as err:
         raise UserError(f"{at(path)}: cannot read ({err.strerror or err})") from None
     except (pickle.UnpicklingError, EOFError, ValueError, KeyError, IndexError, TypeError, OverflowError,
             MemoryError) as err:
         raise UserError(f"{at(path)}: not a valid pickle ({type(err).__name__}: {err})") from None
+
+
+def _bounded(path: Path, data: Any, size: int) -> Any:
+    """``data`` if its tree of references (every container element, a shared one each time it is reached) is no
+    larger than the file's ``size`` in bytes — each reference costs a pickle at least one byte, unless the memo
+    shares a container: a 73 kB file whose items all hold one list would cost items × its length downstream."""
+    count, stack = 0, [data]
+    while stack:
+        x = stack.pop()
+        count += 1
+        if count > size + 16:
+            raise UserError(f"{at(path)}: its containers are shared through the pickle memo ({size} bytes hold "
+                            "more references than bytes), expected every item to hold its own lists")  # fmt: skip
+        if isinstance(x, dict):
+            stack += [*x.keys(), *x.values()]
+        elif isinstance(x, list | tuple):
+            stack += x
+    return data
 
 
 def _is_pickle(path: Path) -> bool:
@@ -278,7 +299,7 @@ def read_pairs(path: str | Path) -> list[CoherenceItem]:
         items = [_item(f"{at(path)}: item {i}", raw, f"{path.stem}:{i}") for i, raw in enumerate(data)]
     elif path.suffix == ".jsonl":
         items = []
-        for lineno, line in iter_lines(path):
+        for lineno, line in iter_lines(path, max_line=MAX_DOCUMENT):
             if line.strip():
                 try:
                     raw = json.loads(line)

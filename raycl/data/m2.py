@@ -88,27 +88,37 @@ def write_m2(path: str | Path, sentences: Iterable[M2Sentence]) -> None:
 _A_FIELDS = "span|||type|||correction|||required|||comment|||annotator"
 
 
-def iter_lines(path: str | Path, *, chunk_bytes: int = 1 << 22, start: int = 0, first_line: int = 1
-               ) -> Iterator[tuple[int, str]]:  # fmt: skip
+MAX_LINE = 1 << 20  # characters: an M2 'S' line or a parallel-text sentence (a long GEC sentence is ~2,000)
+
+
+def iter_lines(path: str | Path, *, chunk_bytes: int = 1 << 22, start: int = 0, first_line: int = 1,
+               max_line: int = MAX_LINE) -> Iterator[tuple[int, str]]:  # fmt: skip
     """``(line number, text)`` of a UTF-8 text file, line ends (LF or CRLF) stripped; from byte ``start`` (a line
     start, numbered ``first_line``) when a reader takes one range of a large file (``raycl.miners.corpus``).
 
     Binary or undecodable content is a :class:`UserError` naming the line, so a wrong file given as data
-    fails on the spot instead of as garbage tokens. Decodes whole chunks (per-line decoding is 5x slower on
-    BEA-sized files). Also used by the parallel-text readers.
+    fails on the spot instead of as garbage tokens; so is a line longer than ``max_line`` characters (the
+    format's limit: :data:`MAX_LINE` for a sentence), found in time and memory bounded by that limit. Decodes
+    whole chunks (per-line decoding is 5x slower on BEA-sized files); a line across chunks is held as its pieces,
+    and only each new chunk is searched for its end. Also used by the parallel-text readers.
     """
     try:
         f = open(path, "rb")  # closed by the ``with`` below; an open error gets its own message
     except OSError as err:
         raise UserError(f"{at(path)}: cannot read ({err.strerror or err})") from None
-    lineno, tail = first_line - 1, b""
+    lineno, pieces, held = first_line - 1, [], 0  # the unfinished line's pieces and their bytes
     with f:
         f.seek(start)
         while True:
             block = f.read(chunk_bytes)
-            data = tail + block
-            cut = len(data) if not block else data.rfind(b"\n") + 1
-            data, tail = data[:cut], data[cut:]
+            cut = len(block) if not block else block.rfind(b"\n") + 1
+            if block and cut == 0:  # no line ends in this block: hold it
+                pieces.append(block)
+                held += len(block)
+                if held > 4 * max_line:  # more bytes than a UTF-8 line of max_line characters can have
+                    raise UserError(_too_long(path, lineno + 1, max_line))
+                continue
+            data, pieces, held = b"".join([*pieces, block[:cut]]), [block[cut:]], len(block) - cut
             text = _decode(path, data, first_line=lineno + 1)
             if lineno == 0 and start == 0:
                 text = text.removeprefix("\ufeff")
@@ -117,9 +127,15 @@ def iter_lines(path: str | Path, *, chunk_bytes: int = 1 << 22, start: int = 0, 
                 lines.pop()  # the file or chunk ends with a newline
             for line in lines:
                 lineno += 1
+                if len(line) > max_line:
+                    raise UserError(_too_long(path, lineno, max_line))
                 yield lineno, line.removesuffix("\r")
             if not block:
                 return
+
+
+def _too_long(path: str | Path, lineno: int, max_line: int) -> str:
+    return f"{at(path, lineno)}: line longer than {max_line} characters, expected one sentence or document a line"
 
 
 def _decode(path: str | Path, data: bytes, *, first_line: int) -> str:

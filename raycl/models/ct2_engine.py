@@ -8,9 +8,11 @@ same tokenizer (HF's, or the fairseq BPE of a converted checkpoint), the same fo
 penalty 1, no n-gram blocking, and S(t|s) as the *sum* of the hypothesis's token log-probs (``<s>`` and ``</s>``
 included), recovered from the engine's length-normalised beam score — one decoding pass, no rescoring.
 
-Conversion runs once per weight version and compute type, cached in ``<model>/.ct2/v<version>-<digest>-<type>/``
-(or a temp folder when the model folder is read-only), written to a temp name and renamed: several miners on one
-node convert once and share it (a loser of the race uses the winner's folder). The digest is of the weights
+Conversion runs once per weight version and compute type, cached in the user's own cache
+(``$XDG_CACHE_HOME/raycl/ct2/<model path digest>/v<version>-<digest>-<type>/``, ``~/.cache`` without
+``XDG_CACHE_HOME``; mode 0700, and a folder is reused only if this user owns it — never a shared or predictable
+place another user could plant a model in), written to a temp name and renamed: several miners of one user on
+one node convert once and share it (a loser of the race uses the winner's folder). The digest is of the weights
 themselves (the folder's files for version 0, the published state dict's bytes after): Tune trials that publish
 their own "version 1" of the same base model never read each other's conversion.
 """
@@ -28,7 +30,7 @@ from typing import Any
 import torch
 
 from raycl.config import ENGINES
-from raycl.errors import UserError
+from raycl.errors import UserError, at
 
 COMPUTE_TYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "int8"}
 
@@ -115,6 +117,7 @@ def convert(hf_dir: str | Path, out_dir: Path, *, quantization: str) -> Path:
             return _PaddedVocab(_tokenizer(Path(model_name_or_path)), self.vocab_size)
 
     if (out_dir / "model.bin").is_file():
+        _check_owned(out_dir)
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
@@ -151,13 +154,30 @@ def folder_digest(hf_dir: Path) -> str:
 
 
 def _cache_root(hf_dir: Path) -> Path:
-    root = hf_dir / ".ct2"
+    """This user's conversion cache of ``hf_dir`` (mode 0700, owned by this user, or refused); where the home
+    folder cannot be written, a fresh private temp folder (conversion per process, never a predictable path)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "raycl"
+    digest = hashlib.sha256(str(hf_dir.resolve()).encode()).hexdigest()[:16]
     try:
-        root.mkdir(exist_ok=True)
-        return root
-    except OSError:  # a read-only model folder: a per-folder temp cache every process on the node finds
-        digest = hashlib.sha256(str(hf_dir.resolve()).encode()).hexdigest()[:16]
-        return Path(tempfile.gettempdir()) / f"raycl-ct2-{digest}"
+        for d in (base, base / "ct2"):
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _check_owned(d)
+            d.chmod(0o700)
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix="raycl-ct2-"))
+    root = base / "ct2" / digest
+    root.mkdir(mode=0o700, exist_ok=True)
+    _check_owned(root)
+    return root
+
+
+def _check_owned(path: Path) -> None:
+    """A cache folder is used only if this user owns it."""
+    owner = path.stat().st_uid
+    if owner != os.getuid():
+        raise UserError(f"{at(path)}: a CTranslate2 cache folder owned by uid {owner}, not by this user "
+                        f"(uid {os.getuid()}): refused, expected this user's own cache (remove it, or set "
+                        "XDG_CACHE_HOME)")  # fmt: skip
 
 
 class CT2Seq2Seq:

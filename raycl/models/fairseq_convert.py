@@ -27,6 +27,7 @@ import torch
 from raycl.errors import UserError, at
 
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # fairseq's Dictionary: bos 0, pad 1, eos 2, unk 3
+MARKER = "raycl_conversion.json"  # in every folder the converter writes: the only folders it replaces
 
 
 # ---------------------------------------------------------------------------------------------- reading
@@ -169,15 +170,19 @@ def dictionaries(dict_dir: Path, args: dict[str, Any]) -> tuple[Path, Path]:
                     f"{', '.join(p.name for p in found) or 'none'}")  # fmt: skip
 
 
-def convert_fairseq_transformer(ckpt: Path, *, dict_dir: Path, bpe_codes: Path, out: Path, trust: bool = False
-                                ) -> dict[str, Any]:  # fmt: skip
+def convert_fairseq_transformer(ckpt: Path, *, dict_dir: Path, bpe_codes: Path, out: Path, trust: bool = False,
+                                force: bool = False) -> dict[str, Any]:  # fmt: skip
     """Write ``out`` (``config.json``, weights, the dictionary and BPE codes of its tokenizer): loadable by
-    ``Seq2SeqScorer.from_pretrained`` and so by ``model.checkpoint``, mining and evaluation."""
+    ``Seq2SeqScorer.from_pretrained`` and so by ``model.checkpoint``, mining and evaluation. ``out`` is replaced
+    whole: an existing, non-empty one must be an earlier conversion (its :data:`MARKER`), unless ``force``."""
     from transformers import FSMTForConditionalGeneration
 
     from raycl.models.fairseq_tokenizer import FairseqBPETokenizer
-    from raycl.records import save_dir_atomic
+    from raycl.records import refuse_foreign_dir, save_dir_atomic
 
+    if not force:
+        refuse_foreign_dir(out, marker=MARKER, what="an earlier conversion", hint="expected a new or empty "
+                           "folder, or an earlier conversion's (--force replaces it)")  # fmt: skip
     args, state = load_checkpoint(ckpt, trust=trust)
     for key in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "encoder.layers.0.fc1.weight",
                 "decoder.layers.0.fc1.weight"):  # fmt: skip
@@ -202,7 +207,7 @@ def convert_fairseq_transformer(ckpt: Path, *, dict_dir: Path, bpe_codes: Path, 
         tokenizer = FairseqBPETokenizer(str(src_path), str(bpe_codes),
                                         model_max_length=config.max_position_embeddings)  # fmt: skip
         tokenizer.save_pretrained(tmp)
-        (tmp / "raycl_conversion.json").write_text(json.dumps({
+        (tmp / MARKER).write_text(json.dumps({
             "from": str(ckpt), "arch": args.get("arch"), "dictionary": str(src_path), "bpe_codes": str(bpe_codes)},
             indent=2) + "\n")  # fmt: skip
 

@@ -43,7 +43,7 @@ from raycl import storage
 from raycl.distributed import session
 from raycl.records import append_history, append_start, save_dir_atomic
 from raycl.train.chaos import crash_switch
-from raycl.train.checkpoint import MODEL_DIR, STATE_FILE, seed_everything
+from raycl.train.checkpoint import MODEL_DIR, STATE_FILE, load_state, save_state, seed_everything
 from raycl.train.data_parallel import all_gather_floats, average_gradients
 from raycl.train.precision import Precision, enable_tf32, inference
 from raycl.train.progress import ProgressWriter
@@ -254,9 +254,9 @@ def run(job: Job) -> None:
     w = Worker(rank, world_size, device, Precision(s.precision, device), Path(job.out_dir), job)
     w.out_dir.mkdir(parents=True, exist_ok=True)
     with session.resume_dir() as ckpt:  # a restarted worker group continues from the last checkpoint
-        saved = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False) if ckpt else None
+        saved = load_state(ckpt / STATE_FILE) if ckpt else None
         if ckpt is not None and saved is not None and (ckpt / rank_file(rank)).exists():  # this rank's own part
-            own = torch.load(ckpt / rank_file(rank), map_location="cpu", weights_only=False)
+            own = load_state(ckpt / rank_file(rank))
             saved["rng"], saved["extras"] = own["rng"], {**saved["extras"], **own["extras"]}
         model = task.load_model(ckpt / MODEL_DIR if ckpt else storage.local(job.init_model))
         model.to(device)  # before any optimizer is built on its parameters or loads state onto them
@@ -345,9 +345,7 @@ class _Loop:
         save_dir_atomic(lambda tmp: self.task.save_model(st, tmp, kept=False), folder / MODEL_DIR)
         state = self.state()
         state.pop("model", None)
-        tmp = folder / f".{STATE_FILE}.tmp"
-        torch.save(state, tmp)
-        tmp.replace(folder / STATE_FILE)
+        save_state(state, folder / STATE_FILE)
 
     # ------------------------------------------------------------------------------------------ training
     def module(self) -> nn.Module:
@@ -484,7 +482,7 @@ class _Loop:
                 if w.rank == 0:
                     self.save(tmp)
                 mine = {k: st.extras[k].state_dict() for k in st.per_rank if k in st.extras}
-                torch.save({"rng": self.rng(), "extras": mine}, tmp / rank_file(w.rank))
+                save_state({"rng": self.rng(), "extras": mine}, tmp / rank_file(w.rank))
                 session.report(metrics, checkpoint_dir=tmp)
         else:
             session.report(metrics)
