@@ -177,3 +177,22 @@ def test_a_transformers_without_beam_indices_is_refused(scorer: Seq2SeqScorer, m
     monkeypatch.setattr(scorer.model, "generate", old_generate)
     with pytest.raises(RuntimeError, match="beam_indices"):
         scorer.generate(SENTENCES[:2], num_beams=3, num_return_sequences=2, max_new_tokens=6)
+
+
+def test_the_models_generation_config_changes_nothing(scorer: Seq2SeqScorer, monkeypatch) -> None:  # noqa: ANN001
+    """Every search setting is raycl's (raycl.models.decoding): a checkpoint's generation_config (BART-large ships
+    n-gram blocking, forced tokens, a beam of 4; others a repetition penalty, a minimum length, banned tokens) does
+    not reach the search, so HF finds what CTranslate2 finds."""
+    from transformers import GenerationConfig
+
+    sources = SENTENCES[:4]
+    clean = scorer.generate(sources, num_beams=3, num_return_sequences=3, max_new_tokens=10)
+    eos = scorer.tokenizer.eos_token_id
+    busy = GenerationConfig(**{**scorer.model.generation_config.to_dict(), "repetition_penalty": 3.0,
+                               "no_repeat_ngram_size": 1, "min_length": 8, "min_new_tokens": 8, "num_beams": 4,
+                               "bad_words_ids": [[5], [6]], "suppress_tokens": [7, 8],
+                               "begin_suppress_tokens": [9], "forced_bos_token_id": 10, "forced_eos_token_id": eos,
+                               "length_penalty": 2.0, "encoder_repetition_penalty": 2.0})  # fmt: skip
+    monkeypatch.setattr(scorer.model, "generation_config", busy)
+    assert scorer.generate(sources, num_beams=3, num_return_sequences=3, max_new_tokens=10) == clean
+    assert scorer.model.generation_config is busy  # put back

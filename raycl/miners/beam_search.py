@@ -254,6 +254,19 @@ def read_negatives_parquet(path: str | Path) -> dict[str, MinedNegatives]:
     return out
 
 
+class NullEngine:
+    """A decoding engine that decodes nothing (no hypotheses, S = 0): what is left of mining is the pipeline's own
+    work — reading ranges, selecting, writing shards (``bench/mine.py``'s null-model runs)."""
+
+    training = False
+
+    def generate(self, sources: list[str], **_: Any) -> list[list[tuple[str, float]]]:
+        return [[] for _ in sources]
+
+    def score_texts(self, sources: list[str], targets: list[str], **_: Any) -> list[float]:
+        return [0.0] * len(sources)
+
+
 def build_beam_miner(model_path: str, options: dict[str, Any]) -> BeamSearchMiner:
     """A ``gec_beam`` miner in an actor: the decoding engine over ``model_path`` on ``options["device"]``.
 
@@ -267,6 +280,8 @@ def build_beam_miner(model_path: str, options: dict[str, Any]) -> BeamSearchMine
 
     opts = dict(options)
     device, wanted = opts.pop("device", "cpu"), opts.pop("engine", "auto")
+    if opts.pop("null_decoding", False):  # bench/mine.py: the pipeline's own ceiling, no model
+        return BeamSearchMiner(NullEngine(), **opts)  # type: ignore[arg-type]
     engine, why = resolve_engine(wanted, model_path, device=device, precision=opts.get("precision", "fp32"))
     if wanted == "auto":
         print(f"raycl miner: mining.engine={engine} ({why})", file=sys.stderr)
