@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from transformers import AutoTokenizer
 
 from raycl.errors import UserError
@@ -140,8 +139,17 @@ def test_generate_scores_are_summed_log_probs_in_input_order(scorer: Seq2SeqScor
         raise AssertionError("generate must not score its hypotheses with a second forward")
 
     bias = scorer.model.final_logits_bias  # (1, V): an untrained model that ends its hypotheses before the bound,
-    monkeypatch.setattr(scorer.model, "final_logits_bias", bias + 4.0 * F.one_hot(  # so that texts re-tokenise
-        torch.tensor([scorer.tokenizer.eos_token_id]), bias.shape[-1]).to(bias.dtype))  # fmt: skip
+    saved = bias.clone()  # so that texts re-tokenise to their tokens
+    with torch.no_grad():
+        bias[0, scorer.tokenizer.eos_token_id] += 4.0
+    try:
+        _check_generate_scores(scorer, sources, second_pass, monkeypatch)
+    finally:
+        with torch.no_grad():
+            bias.copy_(saved)
+
+
+def _check_generate_scores(scorer: Seq2SeqScorer, sources: list[str], second_pass: object, monkeypatch) -> None:  # noqa: ANN001
     scorer.train()
     with monkeypatch.context() as m:
         m.setattr(scorer, "log_probs", second_pass)
