@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                           scheduling_strategy=head)  # fmt: skip
     store = start_weight_store(scheduling_strategy=head)
     factory = MinerFactory(GEC_BEAM, str(model), options={"k": 2, "beam": 3, "batch_size": 8,
-                                                             "max_new_tokens": args.max_new_tokens})
+                                                             "max_len_b": args.max_new_tokens})
     pool = MinerPool(factory, num_miners=args.miners, cpus_per_miner=0.5, weight_store=store,
                      node_ids=[doomed.node_id, survivor.node_id])  # fmt: skip
     pool.ready(timeout=300)

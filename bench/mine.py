@@ -12,7 +12,15 @@ One run prints one JSON object with
 - ``decoding_passes``: HF beam search on BART-base's shape, scored in the same pass (now) vs rescored by a second
   teacher-forced pass (before), in this process on one thread.
 - ``driver_rss``: the driver's peak RSS mining a corpus of N and of 10 N sentences (a fresh process each).
-Random models never stop early: every hypothesis runs to ``--max-new-tokens`` (a fixed amount of work).
+- ``scan``: the driver's scan (``scan_ranges``: every byte read, records found) of a synthetic M2 of ``--scan-mb``
+  MB, in MB/s.
+- ``null_model``: the Ray Data pipeline's own ceiling — ranges read, selected, written as shards, with decoding
+  skipped (``NullEngine``) — in sentences/s for M = 1, 2 at each of ``--null-sentences``, with the driver's peak
+  RSS (a fresh process each).
+- ``conversions_per_node``: CTranslate2 conversions (``conversions.log`` of each model's cache) per host and
+  folder: 1 each when miners share them.
+Random models never stop early: every hypothesis runs to ``--max-new-tokens`` (``--max-len-b`` of the miners: a
+fixed amount of work) and, cut there, is no negative: ``negatives`` then counts the sources only.
 Ray gets one logical CPU per miner: on a machine with fewer cores than M, miners share cores.
 """
 
@@ -50,6 +58,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rss-sentences", type=int, default=5000, help="N of the driver-RSS runs (N and 10 N)")
     p.add_argument("--passes-sentences", type=int, default=32,
                    help="sentences of the one-pass vs two-pass HF decoding comparison (BART-base shape)")
+    p.add_argument("--scan-mb", type=int, default=64,
+                   help="size of the scanned synthetic M2 (default 64; 1024 = 1 GB)")
+    p.add_argument("--null-sentences", default="100000",
+                   help="comma-separated corpus sizes of the null-model runs (default 100000; 0 = none)")
+    p.add_argument("--parts", default="engines,passes,rss,scan,null",
+                   help="what to measure, of engines,passes,rss,scan,null (default all)")
     p.add_argument("--quick", action="store_true", help="smoke model only, M=1, small corpora")
     p.add_argument("--workdir", type=Path, default=None, help="keep corpora, models and shards here")
     p.add_argument("--json", action="store_true", help="print only the JSON object on stdout")
@@ -98,7 +112,7 @@ def mine(data: Path, model_dir: Path, out: Path, *, m: int, engine: str, precisi
     shutil.rmtree(out, ignore_errors=True)
     argv = ["gec", "--model", str(model_dir), "--data", str(data), "--out", str(out), "--num-miners", str(m),
             "--cpus-per-miner", "1", "--gpus-per-miner", str(args.gpus_per_miner), "--k", str(args.k),
-            "--max-new-tokens", str(args.max_new_tokens), "--batch-size", str(args.batch_size),
+            "--max-len-b", str(args.max_new_tokens), "--batch-size", str(args.batch_size),
             "--shard-size", str(max(8, args.batch_size)), "--engine", engine,
             "--precision", precision]  # fmt: skip
     parsed = build_parser().parse_args(argv)
@@ -158,11 +172,85 @@ def driver_rss(work: Path, model_dir: Path, n: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", RSS_SNIPPET, "gec", "--model", str(model_dir), "--data",
                            str(data), "--out", str(out), "--num-miners", "2", "--cpus-per-miner", "1", "--k", "1",
-                           "--max-new-tokens", "2", "--batch-size", "64", "--shard-size", "1000", "--json"],
+                           "--max-len-b", "2", "--batch-size", "64", "--shard-size", "1000", "--json"],
                           capture_output=True, text=True, check=True)  # fmt: skip
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     return {"sentences": n, "peak_rss_mib": round(lines[-1]["peak_rss_mib"], 1),
             "examples": lines[0]["examples"], "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def big_corpus(work: Path, n: int) -> Path:
+    """A synthetic M2 of ``n`` sentences, a 10,000-sentence corpus repeated (generating each is slow)."""
+    path = work / f"big-{n}.m2"
+    if path.exists():
+        return path
+    block = corpus(work, 10_000, "block-10000").read_bytes().rstrip(b"\n") + b"\n\n"
+    per = block.count(b"\nS ") + 1
+    with open(path, "wb") as f:
+        for _ in range(n // per):
+            f.write(block)
+        if n % per:
+            records = block.split(b"\n\n")[: n % per]
+            f.write(b"\n\n".join(records) + b"\n\n")
+    return path
+
+
+def scan(work: Path, mb: int) -> dict[str, Any]:
+    """The driver's scan of a synthetic M2 of about ``mb`` MB (the file cache warm: written just before)."""
+    from raycl.miners.corpus import scan_ranges
+
+    block_bytes = corpus(work, 10_000, "block-10000").stat().st_size
+    path = big_corpus(work, max(1, mb * 2**20 * 10_000 // block_bytes))
+    t0 = time.perf_counter()
+    ranges = list(scan_ranges([str(path)], range_size=10_000))
+    seconds = time.perf_counter() - t0
+    size = path.stat().st_size / 2**20
+    return {"mb": round(size, 1), "sentences": sum(r.count for r in ranges), "seconds": round(seconds, 2),
+            "mb_per_s": round(size / seconds, 1)}  # fmt: skip
+
+
+NULL_SNIPPET = """
+import json, sys
+from pathlib import Path
+from raycl.distributed.corpus_mining import mine_corpus
+data, out, model, m = sys.argv[1:5]
+s = mine_corpus(model, [data], Path(out), options={"k": 3, "engine": "hf", "null_decoding": True},
+                shard_size=10000, num_miners=int(m), cpus_per_miner=1.0, progress=False)
+hwm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:")) / 1024
+print(json.dumps({**s, "peak_rss_mib": hwm}))
+"""
+
+
+def null_model(work: Path, model_dir: Path, n: int, m: int) -> dict[str, Any]:
+    """Mining ``n`` sentences with M = ``m`` null miners in a fresh driver process: sentences/s and peak RSS."""
+    data, out = big_corpus(work, n), work / f"null-{n}-{m}"
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", NULL_SNIPPET, str(data), str(out), str(model_dir), str(m)],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    s = json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1])
+    shutil.rmtree(out, ignore_errors=True)
+    return {"sentences": s["examples"], "miners": m, "scan_s": s["scan_s"], "seconds": s["seconds"],
+            "sentences_per_s": round(s["examples"] / max(s["seconds"], 1e-9), 1),
+            "peak_rss_mib": round(s["peak_rss_mib"], 1), "wall_s": round(time.perf_counter() - t0, 1)}  # fmt: skip
+
+
+def conversions(work: Path) -> dict[str, dict[str, int]]:
+    """Conversions per host and converted folder, from each model cache's ``conversions.log``."""
+    from collections import Counter
+
+    from raycl.models.ct2_engine import CONVERSIONS_LOG, _cache_root
+
+    got: Counter[tuple[str, str]] = Counter()
+    for model in work.glob("model-*"):
+        log = _cache_root(model) / CONVERSIONS_LOG  # this user's cache of the model (README, "Mining engines")
+        for line in log.read_text().splitlines() if log.is_file() else []:
+            row = json.loads(line)
+            got[row["host"], f"{model.name}/{row['folder']}"] += 1
+    out: dict[str, dict[str, int]] = {}
+    for (host, folder), count in got.items():
+        out.setdefault(host, {})[folder] = count
+    return out
 
 
 def cpu_flags() -> list[str]:
@@ -193,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds = ["smoke"] if args.quick else args.models.split(",")
     counts = [1] if args.quick else [int(x) for x in args.miners.split(",")]
     sizes = {k: int(v) for k, v in (x.split("=") for x in args.sentences.split(","))}
+    parts = set(args.parts.split(","))
     gpu = args.gpus_per_miner > 0
     engines = [("hf", "fp32"), ("ctranslate2", "fp32"), ("ctranslate2", "int8")] if not gpu else \
         [("hf", "fp16"), ("hf", "bf16"), ("ctranslate2", "fp16"), ("ctranslate2", "bf16")]
@@ -206,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True, exist_ok=True)
         texts = corpus(work, 3000, "texts")
         init_ray(num_cpus=max(2, *counts))
-        for kind in kinds:
+        for kind in kinds if "engines" in parts else []:
             n = 200 if args.quick else sizes[kind]
             data, model_dir = corpus(work, n, f"{kind}-{n}"), model(work, kind, texts)
             rows: dict[str, Any] = {"sentences": n}
@@ -227,11 +316,19 @@ def main(argv: list[str] | None = None) -> int:
                 name: round(rows[name]["1"]["negatives_per_miner_s"] / hf["negatives_per_miner_s"], 2)
                 for name in rows if name.startswith("ctranslate2")}  # fmt: skip
             report["engines"][kind] = rows
-        if not args.quick and "bart_base" in kinds:
+        if not args.quick and "bart_base" in kinds and "passes" in parts:
             n = sizes["bart_base"]
             report["decoding_passes"] = decoding_passes(model(work, "bart_base", texts),
                                                         corpus(work, n, f"bart_base-{n}"), args)  # fmt: skip
-        if not args.quick:
+        if "engines" in parts:
+            report["conversions_per_node"] = conversions(work)
+        if "scan" in parts:
+            report["scan"] = scan(work, args.scan_mb)
+        sizes_null = [int(x) for x in args.null_sentences.split(",") if int(x) > 0]
+        if "null" in parts and sizes_null:
+            small = model(work, "smoke", texts)
+            report["null_model"] = [null_model(work, small, n, m) for n in sizes_null for m in counts]
+        if not args.quick and "rss" in parts:
             small = model(work, "smoke", texts)
             report["driver_rss"] = [driver_rss(work, small, args.rss_sentences),
                                     driver_rss(work, small, 10 * args.rss_sentences)]

@@ -69,7 +69,7 @@ def _sequential(run: Any, out: Path) -> dict[str, Any]:
     examples = load_examples(cfg.data.finetune)
     m = cfg.mining  # the pooled miners' engine and options, in this process
     miner = build_beam_miner(str(run.base_model), {
-        "k": m.k, "beam": m.beam, "batch_size": m.batch_size, "max_new_tokens": cfg.eval.max_new_tokens,
+        "k": m.k, "beam": m.beam, "batch_size": m.batch_size, "max_len_a": m.max_len_a, "max_len_b": m.max_len_b,
         "rank_by": m.rank_by, "refill": m.refill, "engine": m.engine, "precision": m.precision})  # fmt: skip
     t0 = time.perf_counter()
     mined = miner.mine(examples)

@@ -46,7 +46,10 @@ def _add_gec(sub: Any) -> None:
     p.add_argument("--no-source-negative", dest="source_negative", action="store_false",
                    help="CL⁻: never add the source sentence as a negative")  # fmt: skip
     p.add_argument("--batch-size", type=int, default=32, help="sentences per beam-search batch (default 32)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="longest hypothesis in tokens (default 128)")
+    p.add_argument("--max-len-a", type=float, default=0.0,
+                   help="hypotheses ≤ a · source tokens + b tokens, fairseq's bound (default a 0, b 200); "
+                        "one that does not end within it is never a negative")  # fmt: skip
+    p.add_argument("--max-len-b", type=int, default=200, help="see --max-len-a (default 200)")
     p.add_argument("--rank-by", choices=["beam", "sum_logprob"], default="beam",
                    help="the n-best's order: the beam's length-normalised score (the paper; default) or S(t~|s)")
     p.add_argument("--refill", action="store_true",
@@ -86,6 +89,9 @@ def _check_gec_args(args: argparse.Namespace) -> None:
         raise UserError(f"--k: expected an integer ≥ 0, got {args.k}")
     if args.beam is not None and args.beam < args.k + 1:
         raise UserError(f"--beam: expected ≥ k+1 = {args.k + 1}, got {args.beam}")
+    if args.max_len_a < 0 or args.max_len_b < 1:
+        raise UserError(f"--max-len-a/--max-len-b: expected a ≥ 0 and b ≥ 1, got {args.max_len_a}, "
+                        f"{args.max_len_b}")  # fmt: skip
     if args.batch_size < 1:
         raise UserError(f"--batch-size: expected an integer ≥ 1, got {args.batch_size}")
     if args.engine == "hf" and args.precision == "int8":
@@ -169,8 +175,8 @@ def _run_sharded(args: argparse.Namespace) -> dict[str, Any]:
 
 def _miner_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"k": args.k, "beam": args.beam, "source_negative": args.source_negative, "batch_size": args.batch_size,
-            "max_new_tokens": args.max_new_tokens, "rank_by": args.rank_by, "refill": args.refill,
-            "precision": args.precision, "engine": args.engine}  # fmt: skip
+            "max_len_a": args.max_len_a, "max_len_b": args.max_len_b, "rank_by": args.rank_by,
+            "refill": args.refill, "precision": args.precision, "engine": args.engine}  # fmt: skip
 
 
 def _run_staged(args: argparse.Namespace) -> dict[str, Any]:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
+import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -37,5 +39,18 @@ GEC_TINY = [
     "model.overrides={d_model: 32, encoder_layers: 1, decoder_layers: 1, encoder_ffn_dim: 64, "
     "decoder_ffn_dim: 64}",
     "model.vocab_size=300", "pretrain.epochs=1", "optim.epochs=1", "optim.batch_size=16", "eval.max_new_tokens=24",
+    "mining.max_len_b=24",
     "mining.beam=4", "mining.k=2", "mining.cpus_per_miner=0.25", "mining.task_size=8", "mining.queue_size=32",
 ]  # fmt: skip
+
+
+def ending(model_dir: Path, *, bias: float = 4.0) -> Path:
+    """An untrained model folder made to end its hypotheses within a few tokens (a bias on ``</s>``): a miner keeps
+    no hypothesis cut at the length bound, and a random model's never end."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(str(model_dir))
+    with torch.no_grad():
+        model.final_logits_bias[0, model.config.eos_token_id] += bias
+    model.save_pretrained(str(model_dir))
+    return model_dir

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from conftest import ending
 from torch import nn
 
 from raycl.data.gec import GecExample
@@ -24,6 +25,7 @@ from raycl.miners.beam_search import (
     select_negatives,
     write_negatives_parquet,
 )
+from raycl.models.decoding import Decoding
 from raycl.models.presets import build_model
 from raycl.models.seq2seq import Seq2SeqScorer
 
@@ -40,7 +42,8 @@ EXAMPLES = [
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     texts = [t for e in EXAMPLES for t in (e.source, e.target)] * 4
     tiny = dict(d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_layers=1, decoder_layers=1)
-    return build_model("smoke", out_dir=tmp_path_factory.mktemp("model"), texts=texts, vocab_size=300, **tiny)
+    out = tmp_path_factory.mktemp("model")
+    return ending(build_model("smoke", out_dir=out, texts=texts, vocab_size=300, **tiny))
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +100,7 @@ def _check_invariants(ex: GecExample, m: MinedNegatives, *, k: int, with_source:
 def test_mined_negatives_obey_the_rule_and_carry_model_scores(scorer: Seq2SeqScorer) -> None:
     scorer.train()
     for source_negative, rank_by in ((True, "beam"), (False, "beam"), (True, "sum_logprob")):
-        miner = BeamSearchMiner(scorer, k=2, beam=4, source_negative=source_negative, max_new_tokens=10,
+        miner = BeamSearchMiner(scorer, k=2, beam=4, source_negative=source_negative, max_len_b=10,
                                 rank_by=rank_by)  # fmt: skip
         mined = miner(EXAMPLES)
         assert scorer.training and all(p.grad is None for p in scorer.parameters())
@@ -108,7 +111,7 @@ def test_mined_negatives_obey_the_rule_and_carry_model_scores(scorer: Seq2SeqSco
     # beam outputs carry the one-pass score of their decoded tokens (test_seq2seq checks it is S of those tokens);
     # the appended source is scored by teacher forcing
     for ex, m in zip(EXAMPLES, mined, strict=True):
-        texts, scores, _ = scorer._beam([ex.source], 4, 4, 10, 64)
+        texts, scores, _, _ = scorer._beam([ex.source], Decoding(4, 4, max_len_b=10, drop_cut=True), 64)
         beam = dict(reversed(list(zip(texts, scores, strict=True))))  # the best-ranked copy of each text
         for neg, score in zip(m.negatives, m.scores, strict=True):
             if neg in beam:
@@ -118,31 +121,31 @@ def test_mined_negatives_obey_the_rule_and_carry_model_scores(scorer: Seq2SeqSco
 
 
 def test_a_beam_output_equal_to_the_target_is_dropped(scorer: Seq2SeqScorer) -> None:
-    miner = BeamSearchMiner(scorer, k=2, beam=4, max_new_tokens=10)
+    miner = BeamSearchMiner(scorer, k=2, beam=6, max_len_b=10)
     top = miner.nbest(EXAMPLES[:1])[0].negatives[0]
     ex = GecExample("y:0", EXAMPLES[0].source, top)  # the model's best output is now the gold target
     (m,) = miner.mine([ex])
     assert top not in m.negatives and len([n for n in m.negatives if n != ex.source]) == 1  # the paper: k−1
-    (m,) = BeamSearchMiner(scorer, k=2, beam=4, max_new_tokens=10, refill=True).mine([ex])
+    (m,) = BeamSearchMiner(scorer, k=2, beam=6, max_len_b=10, refill=True).mine([ex])
     assert top not in m.negatives and len([n for n in m.negatives if n != ex.source]) == 2  # refilled to k
 
 
 def test_the_nbest_keeps_the_beams_order_by_default(scorer: Seq2SeqScorer) -> None:
     """The paper takes the top k of the beam (its length-normalised order), not a re-ranking by summed log-prob."""
     beam = scorer.generate([ex.source for ex in EXAMPLES], num_beams=4, num_return_sequences=4,
-                           max_new_tokens=10, rank_by="beam")  # fmt: skip
-    nbest = BeamSearchMiner(scorer, k=2, beam=4, max_new_tokens=10).nbest(EXAMPLES)
-    by_score = BeamSearchMiner(scorer, k=2, beam=4, max_new_tokens=10, rank_by="sum_logprob").nbest(EXAMPLES)
+                           max_new_tokens=10, drop_cut=True, rank_by="beam")  # fmt: skip
+    nbest = BeamSearchMiner(scorer, k=2, beam=4, max_len_b=10).nbest(EXAMPLES)
+    by_score = BeamSearchMiner(scorer, k=2, beam=4, max_len_b=10, rank_by="sum_logprob").nbest(EXAMPLES)
     for hyps, nb, ns in zip(beam, nbest, by_score, strict=True):
-        assert list(nb.negatives) == list(dict.fromkeys(t for t, _ in hyps))
+        assert list(nb.negatives) == list(dict.fromkeys(t for t, _ in hyps if t))
         assert sorted(nb.negatives) == sorted(ns.negatives) and list(ns.scores) == sorted(ns.scores, reverse=True)
 
 
 def test_reselecting_one_nbest_equals_mining_with_that_k(scorer: Seq2SeqScorer) -> None:
-    nbest = BeamSearchMiner(scorer, k=3, beam=4, max_new_tokens=10).nbest(EXAMPLES)
-    big = BeamSearchMiner(scorer, k=3, beam=4, max_new_tokens=10)
+    nbest = BeamSearchMiner(scorer, k=3, beam=4, max_len_b=10).nbest(EXAMPLES)
+    big = BeamSearchMiner(scorer, k=3, beam=4, max_len_b=10)
     for k in (1, 2, 3):
-        direct = BeamSearchMiner(scorer, k=k, beam=4, source_negative=False, max_new_tokens=10).mine(EXAMPLES)
+        direct = BeamSearchMiner(scorer, k=k, beam=4, source_negative=False, max_len_b=10).mine(EXAMPLES)
         assert big.select(nbest, EXAMPLES, k=k, source_negative=False) == direct
 
 
@@ -186,7 +189,7 @@ def test_cli_mines_an_m2_file_to_parquet(model_dir: Path, tmp_path: Path) -> Non
                   M2Sentence("Fine as it is .")])  # fmt: skip
     out = tmp_path / "neg.parquet"
     done = _cli("gec", "--model", str(model_dir), "--data", str(m2), "--k", "2", "--out", str(out),
-                "--max-new-tokens", "8")  # fmt: skip
+                "--max-len-b", "8")  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "negatives/s" in done.stdout
     table = pq.read_table(out)

@@ -165,7 +165,7 @@ def test_a_converted_model_decodes_and_mines(tmp_path: Path) -> None:
     ckpt, dicts, codes = _write(tmp_path)
     convert_fairseq_transformer(ckpt, dict_dir=dicts, bpe_codes=codes, out=tmp_path / "hf")
     scorer = Seq2SeqScorer.from_pretrained(tmp_path / "hf")
-    (mined,) = BeamSearchMiner(scorer, k=2, beam=3, max_new_tokens=6).mine([GecExample("a", "the cat sat .",
+    (mined,) = BeamSearchMiner(scorer, k=2, beam=3, max_len_b=6).mine([GecExample("a", "the cat sat .",
                                                                                       "the cats sat .")])
     assert mined.id == "a" and len(mined.negatives) == len(mined.scores) >= 1
 

@@ -3,6 +3,7 @@ large majority of sentences, scores that are S(t|s), conversion once per weight 
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,18 +12,20 @@ import torch
 from raycl.data.gec import GecExample, _target
 from raycl.data.gec_corpus import generate_pairs
 from raycl.errors import UserError
-from raycl.miners.beam_search import GEC_BEAM, build_beam_miner
+from raycl.miners.beam_search import GEC_BEAM, build_beam_miner, normalize
 from raycl.models.ct2_engine import CT2Seq2Seq, resolve_engine
 from raycl.models.presets import build_model
 from raycl.models.seq2seq import Seq2SeqScorer
 
-PAIRS = [(m.source, _target(m, 0)) for _, m in generate_pairs(640, error_rate=0.9, edits_per_error=1.6, seed=0)]
-TRAIN, HELD_OUT = PAIRS[:560], [s for s, _ in PAIRS[560:]]
+TOP1, SAME_SET = 0.99, 0.99  # measured 1.0 and 1.0 on the 300 (README "Mining engines")
+PAIRS = [(m.source, _target(m, 0)) for _, m in generate_pairs(860, error_rate=0.9, edits_per_error=1.6, seed=0)]
+TRAIN, HELD_OUT = PAIRS[:560], [s for s, _ in PAIRS[560:]]  # 300 held-out sentences
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny BART taught GEC on the built-in corpus until its beam outputs are sentences (token loss < 1.5)."""
+    """A tiny BART taught GEC on the built-in corpus until it corrects text (token loss < 1.5); trained once a
+    session."""
     out = tmp_path_factory.mktemp("trained")
     build_model("smoke", out_dir=out, texts=[t for p in TRAIN for t in p], vocab_size=500, d_model=64,
                 encoder_ffn_dim=128, decoder_ffn_dim=128, encoder_layers=2, decoder_layers=2)  # fmt: skip
@@ -46,46 +49,81 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _compare(a: list[list[tuple[str, float]]], b: list[list[tuple[str, float]]]) -> dict[str, float]:
-    both = [(dict(x)[t], s) for x, y in zip(a, b, strict=True) for t, s in y if t in dict(x)]
-    return {"top1": sum(x[0][0] == y[0][0] for x, y in zip(a, b, strict=True)) / len(a),
+    # scores of the lists both engines return alike, rank by rank (two hypotheses may decode to one text)
+    both = [(p, q) for x, y in zip(a, b, strict=True) if [t for t, _ in x] == [t for t, _ in y]
+            for (_, p), (_, q) in zip(x, y, strict=True)]
+    pairs = list(zip(a, b, strict=True))
+    return {"top1": sum([t for t, _ in x[:1]] == [t for t, _ in y[:1]] for x, y in pairs) / len(a),
             "same_set": sum({t for t, _ in x} == {t for t, _ in y} for x, y in zip(a, b, strict=True)) / len(a),
-            "max_score_diff": max(abs(p - q) for p, q in both)}  # fmt: skip
+            "max_score_diff": max((abs(p - q) for p, q in both), default=0.0)}  # fmt: skip
 
 
-def test_fp32_finds_the_same_candidates_with_their_summed_scores(trained: Path) -> None:
+KW = dict(num_beams=5, num_return_sequences=5, max_new_tokens=200, drop_cut=True, rank_by="beam")  # mining's
+
+
+def test_fp32_finds_the_same_candidates_with_the_same_summed_scores(trained: Path) -> None:
+    """Parity on 300 held-out sentences (make test; measured: see README "Mining engines"): the same search in
+    both engines (raycl.models.decoding) and S counted the same way, the forced <s>'s log-prob included."""
     hf = Seq2SeqScorer.from_pretrained(trained).eval()
     ct2 = CT2Seq2Seq.from_pretrained(trained, precision="fp32")
-    kw = dict(num_beams=5, num_return_sequences=5, max_new_tokens=48, rank_by="beam")
-    a, b = hf.generate(HELD_OUT, **kw), ct2.generate(HELD_OUT, **kw)  # type: ignore[arg-type]
+    a, b = hf.generate(HELD_OUT, **KW), ct2.generate(HELD_OUT, **KW)  # type: ignore[arg-type]
     stats = _compare(a, b)
-    # measured: top-1 0.99, same 5-best set 0.97, |ΔS| ≤ 0.07 (CTranslate2's score leaves out the forced <s>)
-    assert stats["top1"] >= 0.9 and stats["same_set"] >= 0.7 and stats["max_score_diff"] < 0.5, stats
-    # the one-pass score is the teacher-forced S(t|s) (up to the forced <s>'s log-prob, ≈ 0 when trained)
-    # (measured 0.82 within 0.2: a hypothesis cut at max_new_tokens has no </s> here where HF forces one, and a
-    # decoded token sequence need not be the one its text re-tokenises to)
+    assert len(HELD_OUT) >= 200 and stats["top1"] >= TOP1 and stats["same_set"] >= SAME_SET, stats
+    assert stats["max_score_diff"] < 1e-3, stats
+    # the one-pass score is the teacher-forced S(t|s) of the hypothesis (a hypothesis's text usually re-tokenises
+    # to its decoded tokens)
     top = [h[0] for h in b[:40]]
     forced = ct2.score_texts(HELD_OUT[:40], [t for t, _ in top])
-    close = sum(abs(s - f) < 0.2 for (_, s), f in zip(top, forced, strict=True)) / len(top)
-    assert close >= 0.7, close
+    close = sum(abs(s - f) < 1e-3 for (_, s), f in zip(top, forced, strict=True)) / len(top)
+    assert close >= 0.75, close  # measured 0.825
     assert forced == pytest.approx(hf.score_texts(HELD_OUT[:40], [t for t, _ in top]), abs=1e-3)
+
+
+def test_the_first_free_step_may_not_end_in_either_engine(trained: Path, tmp_path: Path) -> None:
+    """A model that would rather end at once: no engine returns the empty hypothesis <s></s>."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    shutil.copytree(trained, tmp_path / "m")
+    model = AutoModelForSeq2SeqLM.from_pretrained(str(trained))
+    with torch.no_grad():
+        model.final_logits_bias[0, model.config.eos_token_id] += 12.0
+    model.save_pretrained(str(tmp_path / "m"))
+    kw = {**KW, "drop_cut": False}
+    a = Seq2SeqScorer.from_pretrained(tmp_path / "m").eval().generate(HELD_OUT[:8], **kw)  # type: ignore[arg-type]
+    b = CT2Seq2Seq.from_pretrained(tmp_path / "m").generate(HELD_OUT[:8], **kw)  # type: ignore[arg-type]
+    assert all(text for hyps in a + b for text, _ in hyps)
+
+
+@pytest.mark.parametrize("engine", ["hf", "ctranslate2"])
+def test_a_hypothesis_cut_at_the_bound_is_never_a_negative(trained: Path, engine: str) -> None:
+    """mining.max_len_b = 4 tokens (<s>, two words, </s>): every beam negative is a hypothesis that ended there."""
+    examples = [GecExample(f"c:{i}", s, t) for i, (s, t) in enumerate(PAIRS[560:580])]
+    miner = build_beam_miner(str(trained), {"k": 4, "beam": 5, "max_len_b": 4, "engine": engine})
+    tok = miner.scorer.tokenizer
+    for ex, m in zip(examples, miner.mine(examples), strict=True):
+        beam_part = [n for n in m.negatives if n != normalize(ex.source)]
+        assert all(len(tok(n)["input_ids"]) <= 4 for n in beam_part), (ex.source, m.negatives)
 
 
 def test_int8_runs_and_keeps_many_top1(trained: Path) -> None:
     hf = Seq2SeqScorer.from_pretrained(trained).eval()
     ct2 = CT2Seq2Seq.from_pretrained(trained, precision="int8")
-    kw = dict(num_beams=5, num_return_sequences=5, max_new_tokens=48, rank_by="beam")
-    stats = _compare(hf.generate(HELD_OUT[:40], **kw), ct2.generate(HELD_OUT[:40], **kw))  # type: ignore[arg-type]
+    stats = _compare(hf.generate(HELD_OUT[:40], **KW), ct2.generate(HELD_OUT[:40], **KW))  # type: ignore[arg-type]
     assert stats["top1"] >= 0.2, stats  # a 64-wide model loses much to int8 weights (measured 0.44): README
+
+
+def _folders(cache: Path) -> list[Path]:
+    return [p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".")]
 
 
 def test_converted_once_per_version_and_new_weights_change_outputs(trained: Path, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     ct2 = CT2Seq2Seq.from_pretrained(trained, cache_dir=cache)
-    (first,) = cache.iterdir()
+    (first,) = _folders(cache)
     assert first.name.startswith("v0-") and first.name.endswith("-float32")
     stamp = first.stat().st_mtime_ns
     CT2Seq2Seq.from_pretrained(trained, cache_dir=cache)  # version 0 again: no conversion
-    assert first.stat().st_mtime_ns == stamp and list(cache.iterdir()) == [first]
+    assert first.stat().st_mtime_ns == stamp and _folders(cache) == [first]
     before = ct2.score_texts(HELD_OUT[:4], HELD_OUT[:4])
     hf = Seq2SeqScorer.from_pretrained(trained)
     # a deterministic change, so that tied copies (embeddings, lm_head) stay equal
@@ -137,12 +175,12 @@ def test_auto_picks_ctranslate2_where_it_converts_the_model_and_runs_the_precisi
 
 def test_the_miner_builds_either_engine_and_they_agree(trained: Path) -> None:
     examples = [GecExample(f"h:{i}", s, t) for i, (s, t) in enumerate(PAIRS[560:580])]
-    options = {"k": 2, "beam": 4, "max_new_tokens": 48}
+    options = {"k": 2, "beam": 4}
     hf = build_beam_miner(str(trained), {**options, "engine": "hf"}).mine(examples)
     ct2_miner = build_beam_miner(str(trained), {**options, "engine": "ctranslate2"})
     ct2 = ct2_miner.mine(examples)
     same = sum(a.negatives == b.negatives for a, b in zip(hf, ct2, strict=True)) / len(examples)
-    assert same >= 0.6, same
+    assert same >= SAME_SET, same
     GEC_BEAM.load(ct2_miner, Seq2SeqScorer.from_pretrained(trained).state_dict(), version=1)
     assert ct2_miner.scorer.version == 1
 

@@ -106,13 +106,14 @@ def _check_mined_once(run_dir: Path, cfg) -> None:  # type: ignore[no-untyped-de
     # mining.engine=auto mined with CTranslate2 (a BART it converts): the base model's one conversion is cached
     from raycl.models.ct2_engine import _cache_root
 
-    assert [p.name.split("-")[0] for p in _cache_root(run_dir / "base_model").iterdir()] == ["v0"]
+    ct2 = _cache_root(run_dir / "base_model")
+    assert [p.name.split("-")[0] for p in ct2.iterdir() if p.is_dir() and not p.name.startswith(".")] == ["v0"]
     m = cfg.mining
     for d in trials:
         got = {r["id"]: r["negatives"] for r in pq.read_table(d / "negatives.parquet").to_pylist()}
         cl = method[d.name] == "CL"
         miner = build_beam_miner(str(run_dir / "base_model"), {  # a per-trial miner, as before: same engine
-            "k": m.k, "beam": m.beam, "source_negative": cl, "max_new_tokens": cfg.eval.max_new_tokens,
+            "k": m.k, "beam": m.beam, "source_negative": cl, "max_len_b": m.max_len_b,
             "batch_size": m.task_size, "engine": m.engine, "precision": m.precision})  # fmt: skip
         want = {r.id: list(r.negatives) for r in miner.mine(finetune)}
         assert got == want, (d.name, method[d.name])

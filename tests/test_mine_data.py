@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import ending
 
 import raycl
 from raycl.data.gec import GecExample, load_examples
@@ -21,7 +22,7 @@ from raycl.models.presets import build_model
 WORDS = "the a cat dog sat ran on under mat house is are was were big small".split()
 SENTS = [M2Sentence(" ".join(WORDS[(i * 5 + j) % len(WORDS)] for j in range(3 + i % 5)) + " .",
                     (Edit(0, 1, "R:DET", "A"),) if i % 3 else ()) for i in range(23)]  # fmt: skip
-OPTS = dict(k=2, max_new_tokens=6, batch_size=8)
+OPTS = dict(k=2, max_len_b=6, batch_size=8)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (d / "c.tsv").write_text("".join(f"{s.source}\t{s.target()}\n" for s in SENTS), encoding="utf-8")
     texts = [t for s in SENTS for t in (s.source, s.target())] * 3
     tiny = dict(d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_layers=1, decoder_layers=1)
-    model = build_model("smoke", out_dir=d / "model", texts=texts, vocab_size=200, **tiny)
+    model = ending(build_model("smoke", out_dir=d / "model", texts=texts, vocab_size=200, **tiny))
     return {"m2": d / "c.m2", "tsv": d / "c.tsv", "model": model}
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import ending
 
 from raycl.data.gec import load_examples
 from raycl.data.m2 import Edit, M2Sentence, write_m2
@@ -30,7 +31,7 @@ SENTENCES = [
     M2Sentence("You is right ."),
 ]
 N = len(SENTENCES)
-FAST = ["--k", "2", "--max-new-tokens", "6", "--batch-size", "4"]
+FAST = ["--k", "2", "--max-len-b", "6", "--batch-size", "4"]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,8 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def model_dir(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
     texts = [t for s in SENTENCES for t in (s.source, s.target())] * 4
     tiny = dict(d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_layers=1, decoder_layers=1)
-    return build_model("smoke", out_dir=tmp_path_factory.mktemp("model"), texts=texts, vocab_size=300, **tiny)
+    out = tmp_path_factory.mktemp("model")
+    return ending(build_model("smoke", out_dir=out, texts=texts, vocab_size=300, **tiny))
 
 
 def _mine(model_dir: Path, corpus: Path, out: Path, *extra: str, capsys: pytest.CaptureFixture[str]) -> dict:

@@ -10,6 +10,7 @@ import torch
 from transformers import AutoTokenizer
 
 from raycl.errors import UserError
+from raycl.models.decoding import Decoding
 from raycl.models.presets import PRESETS, build_model, preset_config
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.models.tokenizer import train_bpe_tokenizer
@@ -119,14 +120,14 @@ def _naive_ids_score(scorer: Seq2SeqScorer, source: str, target_ids: list[int]) 
 
 @pytest.mark.parametrize("beam", [4, 1])
 def test_one_pass_scores_are_teacher_forced_scores_of_the_decoded_tokens(scorer: Seq2SeqScorer, beam: int) -> None:
-    # hypotheses long enough to hit the length limit: the forced </s> there is scored by its raw log-prob too
+    # hypotheses long enough to hit the length limit: cut there, without a forced </s>, and scored as they are
     sources = [SENTENCES[5], SENTENCES[0], SENTENCES[9]]
     for max_new in (6, 30):
-        texts, scores, ids = scorer._beam(sources, beam, beam, max_new, 64)
+        texts, scores, ids, _ = scorer._beam(sources, Decoding(beam, beam, max_len_b=max_new), 64)
         assert len(texts) == len(scores) == len(ids) == 3 * beam
         bos, eos = scorer.tokenizer.bos_token_id, scorer.tokenizer.eos_token_id
         for n, (score, tokens) in enumerate(zip(scores, ids, strict=True)):
-            assert tokens[0] == bos and tokens[-1] == eos and len(tokens) <= max_new
+            assert tokens[0] == bos and (tokens[-1] == eos or len(tokens) == max_new) and len(tokens) <= max_new
             # HF's search keeps log-probs in fp32 (the naive reference runs this fp64 model in fp64)
             assert score == pytest.approx(_naive_ids_score(scorer, sources[n // beam], tokens), rel=1e-6)
 
@@ -137,6 +138,18 @@ def test_generate_scores_are_summed_log_probs_in_input_order(scorer: Seq2SeqScor
     def second_pass(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise AssertionError("generate must not score its hypotheses with a second forward")
 
+    bias = scorer.model.final_logits_bias  # (1, V): an untrained model that ends its hypotheses before the bound,
+    saved = bias.clone()  # so that texts re-tokenise to their tokens
+    with torch.no_grad():
+        bias[0, scorer.tokenizer.eos_token_id] += 4.0
+    try:
+        _check_generate_scores(scorer, sources, second_pass, monkeypatch)
+    finally:
+        with torch.no_grad():
+            bias.copy_(saved)
+
+
+def _check_generate_scores(scorer: Seq2SeqScorer, sources: list[str], second_pass: object, monkeypatch) -> None:  # noqa: ANN001
     scorer.train()
     with monkeypatch.context() as m:
         m.setattr(scorer, "log_probs", second_pass)
@@ -148,7 +161,7 @@ def test_generate_scores_are_summed_log_probs_in_input_order(scorer: Seq2SeqScor
     for src, hyps in zip(sources, out, strict=True):
         scores = [s for _, s in hyps]
         assert scores == sorted(scores, reverse=True)
-        texts, beam_scores, ids = scorer._beam([src], 4, 3, 12, 64)
+        texts, beam_scores, ids, _ = scorer._beam([src], Decoding(4, 3, max_len_b=12), 64)
         assert sorted(beam_scores, reverse=True) == pytest.approx(scores, rel=1e-9)
         for text, score, tokens in zip(texts, beam_scores, ids, strict=True):
             if scorer.tokenizer(text)["input_ids"] == tokens:  # the text re-tokenises to the decoded tokens
@@ -157,3 +170,37 @@ def test_generate_scores_are_summed_log_probs_in_input_order(scorer: Seq2SeqScor
     assert checked >= 4
     one_by_one = [scorer.generate([s], num_beams=4, num_return_sequences=3, max_new_tokens=12)[0] for s in sources]
     assert [[t for t, _ in o] for o in out] == [[t for t, _ in o] for o in one_by_one]
+
+
+def test_a_transformers_without_beam_indices_is_refused(scorer: Seq2SeqScorer, monkeypatch) -> None:  # noqa: ANN001
+    """Before its vectorised beam search (4.50), HF returned ``beam_indices`` only with ``output_scores``: the
+    one-pass scores would be summed along the wrong rows, silently."""
+    generate = scorer.model.generate
+
+    def old_generate(*args, **kwargs):  # type: ignore[no-untyped-def]
+        out = generate(*args, **kwargs)
+        out.beam_indices = None
+        return out
+
+    monkeypatch.setattr(scorer.model, "generate", old_generate)
+    with pytest.raises(RuntimeError, match="beam_indices"):
+        scorer.generate(SENTENCES[:2], num_beams=3, num_return_sequences=2, max_new_tokens=6)
+
+
+def test_the_models_generation_config_changes_nothing(scorer: Seq2SeqScorer, monkeypatch) -> None:  # noqa: ANN001
+    """Every search setting is raycl's (raycl.models.decoding): a checkpoint's generation_config (BART-large ships
+    n-gram blocking, forced tokens, a beam of 4; others a repetition penalty, a minimum length, banned tokens) does
+    not reach the search, so HF finds what CTranslate2 finds."""
+    from transformers import GenerationConfig
+
+    sources = SENTENCES[:4]
+    clean = scorer.generate(sources, num_beams=3, num_return_sequences=3, max_new_tokens=10)
+    eos = scorer.tokenizer.eos_token_id
+    busy = GenerationConfig(**{**scorer.model.generation_config.to_dict(), "repetition_penalty": 3.0,
+                               "no_repeat_ngram_size": 1, "min_length": 8, "min_new_tokens": 8, "num_beams": 4,
+                               "bad_words_ids": [[5], [6]], "suppress_tokens": [7, 8],
+                               "begin_suppress_tokens": [9], "forced_bos_token_id": 10, "forced_eos_token_id": eos,
+                               "length_penalty": 2.0, "encoder_repetition_penalty": 2.0})  # fmt: skip
+    monkeypatch.setattr(scorer.model, "generation_config", busy)
+    assert scorer.generate(sources, num_beams=3, num_return_sequences=3, max_new_tokens=10) == clean
+    assert scorer.model.generation_config is busy  # put back

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pyarrow.parquet as pq
 import pytest
 import ray
+from conftest import ending
 
 from raycl.data.gec import GecExample
 from raycl.distributed.messages import MinedBatch, MineTask
@@ -24,7 +25,7 @@ WORDS = "the a cat dog sat ran on under mat house is are was were big small".spl
 EXAMPLES = [GecExample(f"d:{i}", " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(3 + i % 4)) + " .",
                        " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(3 + i % 4)) + " !")
             for i in range(12)]  # fmt: skip
-OPTIONS = {"k": 2, "beam": 3, "batch_size": 4, "max_new_tokens": 8, "nbest": True}
+OPTIONS = {"k": 2, "beam": 3, "batch_size": 4, "max_len_b": 8, "nbest": True}
 MINING = SimpleNamespace(num_miners=1, cpus_per_miner=0.25, gpus_per_miner=0.0, resources={}, task_size=4,
                          lease_s=60.0)  # fmt: skip
 
@@ -33,7 +34,8 @@ MINING = SimpleNamespace(num_miners=1, cpus_per_miner=0.25, gpus_per_miner=0.0, 
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     texts = [t for e in EXAMPLES for t in (e.source, e.target)] * 3
     tiny = dict(d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_layers=1, decoder_layers=1)
-    return build_model("smoke", out_dir=tmp_path_factory.mktemp("model"), texts=texts, vocab_size=200, **tiny)
+    out = tmp_path_factory.mktemp("model")
+    return ending(build_model("smoke", out_dir=out, texts=texts, vocab_size=200, **tiny))
 
 
 def _mine(model_dir: Path, out: Path, examples: list[GecExample]) -> tuple[dict, dict]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import ending
 
 from raycl.data.gec import GecExample
 from raycl.distributed.ledger import Ledger
@@ -244,12 +245,13 @@ EXAMPLES = [
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     texts = [t for e in EXAMPLES for t in (e.source, e.target)] * 4
     tiny = dict(d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_layers=1, decoder_layers=1)
-    return build_model("smoke", out_dir=tmp_path_factory.mktemp("model"), texts=texts, vocab_size=300, **tiny)
+    out = tmp_path_factory.mktemp("model")
+    return ending(build_model("smoke", out_dir=out, texts=texts, vocab_size=300, **tiny))
 
 
 def test_the_pool_mines_what_the_in_process_miner_mines_with_the_same_weights(ray_local, model_dir: Path) -> None:
     ray = ray_local
-    opts = {"k": 2, "beam": 4, "max_new_tokens": 10, "batch_size": 4}
+    opts = {"k": 2, "beam": 4, "max_len_b": 10, "batch_size": 4}
     scorer = Seq2SeqScorer.from_pretrained(model_dir)
     torch.manual_seed(0)
     with torch.no_grad():  # version 1: weights the miners only get from the store

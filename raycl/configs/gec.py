@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raycl.config import MiningSection, OptimSection, ScalingSection, TuneSection, require
+from raycl.models.decoding import MAX_LEN_A, MAX_LEN_B
 
 
 @dataclass
@@ -55,6 +56,8 @@ class GecMiningSection(MiningSection):
     rank_by: str = "beam"  # the n-best's order: beam (length-normalised beam score, the paper) | sum_logprob
     refill: bool = False  # False: top k of the n-best less the target (the paper: k−1 if it is there); True: k ≠ t
     engine: str = "auto"  # auto: ctranslate2 where it converts the model, else hf | hf (generate) | ctranslate2
+    max_len_a: float = MAX_LEN_A  # hypotheses ≤ max_len_a · source tokens + max_len_b tokens (fairseq's bound);
+    max_len_b: int = MAX_LEN_B  # one cut there is never a negative (eval.max_new_tokens is the test decoding's)
     share: bool = True  # version-0 negatives (no sync_every/refresh_every): one n-best per run, read by all trials
 
 
@@ -105,6 +108,8 @@ class GecConfig:
                  c.mining.beam)
         require(c.mining.rank_by in ("beam", "sum_logprob"), where, "mining.rank_by", "beam | sum_logprob",
                 c.mining.rank_by)
+        require(c.mining.max_len_a >= 0, where, "mining.max_len_a", "a number ≥ 0", c.mining.max_len_a)
+        require(c.mining.max_len_b >= 1, where, "mining.max_len_b", "an integer ≥ 1", c.mining.max_len_b)
         require(c.eval.beam >= 1, where, "eval.beam", "an integer ≥ 1", c.eval.beam)
         require(c.data.annotator >= 0, where, "data.annotator", "an integer ≥ 0", c.data.annotator)
         b = c.data.builtin

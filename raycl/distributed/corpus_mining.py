@@ -423,7 +423,8 @@ def mine_negatives(
     model: str | Path, examples: str | Path | Sequence[Any], *, k: int = 3, beam: int | None = None,
     source_negative: bool = True, engine: str = "auto", precision: str = "fp32",
     num_miners: int | tuple[int, int] = 1, cpus_per_miner: float = 1.0, gpus_per_miner: float = 0.0,
-    batch_size: int = 32, max_new_tokens: int = 128, rank_by: str = "beam", refill: bool = False,
+    batch_size: int = 32, max_len_a: float = 0.0, max_len_b: int = 200, rank_by: str = "beam",
+    refill: bool = False,
     annotator: int = 0, out: str | Path | None = None, shard_size: int | None = None, address: str | None = None,
     device: str | None = None, progress: bool = True, overwrite: bool = False, max_failed_ranges: int = 0,
     range_retries: int = 2,
@@ -434,8 +435,9 @@ def mine_negatives(
     a TSV, ``PATH[START:STOP]``; streamed: the miners read their ranges from the files) or in-memory
     ``GecExample``s / dicts with ``id``, ``source``, ``target`` (ids unique). Per example: the top-``k`` distinct
     beam outputs ≠ target (``beam`` ≥ k+1, default k+1) plus the source for CL (``source_negative``), each with
-    its summed log-prob S(t~|s). ``engine``: ``auto`` (CTranslate2 where it converts the model, else HF), ``hf`` or
-    ``ctranslate2`` (``precision`` ``int8`` on CPU, ``fp16``/``bf16`` on GPUs).
+    its summed log-prob S(t~|s), hypotheses bounded as fairseq's (``max_len_a · source tokens + max_len_b``;
+    one cut there is never a negative). ``engine``: ``auto`` (CTranslate2 where it converts the model, else HF),
+    ``hf`` or ``ctranslate2`` (``precision`` ``int8`` on CPU, ``fp16``/``bf16`` on GPUs).
     ``num_miners`` actors (``(min, max)`` to autoscale; 0 = this process, on ``device``) with
     ``cpus_per_miner`` / ``gpus_per_miner`` each, on an embedded local Ray or the cluster at ``address``.
 
@@ -450,8 +452,8 @@ def mine_negatives(
     them stop the mining; any raises :class:`raycl.errors.RangesFailed` at the end.
     """
     options = {"k": k, "beam": beam, "source_negative": source_negative, "batch_size": batch_size,
-               "max_new_tokens": max_new_tokens, "rank_by": rank_by, "refill": refill, "precision": precision,
-               "engine": engine}  # fmt: skip
+               "max_len_a": max_len_a, "max_len_b": max_len_b, "rank_by": rank_by, "refill": refill,
+               "precision": precision, "engine": engine}  # fmt: skip
     if num_miners == 0 and device is not None:
         options["device"] = device
     model = str(Path(model).resolve())

@@ -24,6 +24,7 @@ import torch
 from raycl.errors import UserError, at
 from raycl.miners.base_miner import BaseMiner, inference
 from raycl.miners.registry import load_module, register_miner
+from raycl.models.decoding import MAX_LEN_A, MAX_LEN_B
 
 if TYPE_CHECKING:
     from raycl.data.gec import GecExample
@@ -91,6 +92,8 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
         beam: beam size = n-best size; defaults to k+1 and must be ≥ k+1, so k survive dropping t.
         source_negative: CL (True) adds the source as a negative; CL⁻ (False) never does.
         batch_size: sources per beam-search call, bucketed by length.
+        max_len_a, max_len_b: fairseq's length bound, ``max_len_a · source tokens + max_len_b`` tokens a
+            hypothesis; one cut there is never a negative (:mod:`raycl.models.decoding`).
         nbest: ``mine`` returns no selection but each example's raw n-best with the (normalised) source appended
             last, scored S(s|s) — what a run-level n-best keeps, so that every trial selects its own k and CL/CL⁻.
 
@@ -107,7 +110,8 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
         beam: int | None = None,
         source_negative: bool = True,
         batch_size: int = 32,
-        max_new_tokens: int = 128,
+        max_len_a: float = MAX_LEN_A,
+        max_len_b: int = MAX_LEN_B,
         precision: str = "fp32",
         rank_by: str = "beam",
         refill: bool = False,
@@ -122,7 +126,7 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
         self.scorer = scorer
         self.beam = k + 1 if beam is None else beam
         self.k, self.source_negative = self._check_k(k), source_negative
-        self.batch_size, self.max_new_tokens = batch_size, max_new_tokens
+        self.batch_size, self.max_len_a, self.max_len_b = batch_size, max_len_a, max_len_b
 
     def _check_k(self, k: int) -> int:
         if k < 0:
@@ -179,7 +183,8 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
             for idx in length_chunks(sources, self.batch_size):
                 hyps = self.scorer.generate(
                     [sources[i] for i in idx], num_beams=self.beam, num_return_sequences=self.beam,
-                    max_new_tokens=self.max_new_tokens, batch_size=self.batch_size, rank_by=self.rank_by,
+                    max_new_tokens=self.max_len_b, max_len_a=self.max_len_a, drop_cut=True,
+                    batch_size=self.batch_size, rank_by=self.rank_by,
                 )  # fmt: skip
                 for i, h in zip(idx, hyps, strict=True):
                     out[i] = _distinct(examples[i].id, h)
@@ -189,10 +194,12 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
 
 
 def _distinct(id_: str, hyps: Sequence[tuple[str, float]]) -> MinedNegatives:
-    """Distinct texts in the order given (the beam's, or by score), each at its first, best-ranked place."""
+    """Distinct non-empty texts in the order given (the beam's, or by score), each at its first, best-ranked place
+    (an empty output is never a negative)."""
     first: dict[str, float] = {}
     for text, score in hyps:
-        first.setdefault(text, score)
+        if text:
+            first.setdefault(text, score)
     return MinedNegatives(id_, tuple(first), tuple(first.values()))
 
 
@@ -247,6 +254,19 @@ def read_negatives_parquet(path: str | Path) -> dict[str, MinedNegatives]:
     return out
 
 
+class NullEngine:
+    """A decoding engine that decodes nothing (no hypotheses, S = 0): what is left of mining is the pipeline's own
+    work — reading ranges, selecting, writing shards (``bench/mine.py``'s null-model runs)."""
+
+    training = False
+
+    def generate(self, sources: list[str], **_: Any) -> list[list[tuple[str, float]]]:
+        return [[] for _ in sources]
+
+    def score_texts(self, sources: list[str], targets: list[str], **_: Any) -> list[float]:
+        return [0.0] * len(sources)
+
+
 def build_beam_miner(model_path: str, options: dict[str, Any]) -> BeamSearchMiner:
     """A ``gec_beam`` miner in an actor: the decoding engine over ``model_path`` on ``options["device"]``.
 
@@ -260,6 +280,8 @@ def build_beam_miner(model_path: str, options: dict[str, Any]) -> BeamSearchMine
 
     opts = dict(options)
     device, wanted = opts.pop("device", "cpu"), opts.pop("engine", "auto")
+    if opts.pop("null_decoding", False):  # bench/mine.py: the pipeline's own ceiling, no model
+        return BeamSearchMiner(NullEngine(), **opts)  # type: ignore[arg-type]
     engine, why = resolve_engine(wanted, model_path, device=device, precision=opts.get("precision", "fp32"))
     if wanted == "auto":
         print(f"raycl miner: mining.engine={engine} ({why})", file=sys.stderr)

@@ -4,34 +4,46 @@ A miner only proposes candidates — the trainer rescores every negative under i
 (``raycl.train.gec_step``) — so the fastest engine that finds the same n-best is the right one. CTranslate2 runs
 BART/mBART/Marian/T5 beam search in C++ with int8 weights on CPU and fp16/bf16 on GPU. :class:`CT2Seq2Seq` gives
 it the decoding interface of :class:`~raycl.models.seq2seq.Seq2SeqScorer` (``generate``, ``score_texts``): the
-same tokenizer (HF's, or the fairseq BPE of a converted checkpoint), the same forced ``<s>``, beam, length
-penalty 1, no n-gram blocking, and S(t|s) as the *sum* of the hypothesis's token log-probs (``<s>`` and ``</s>``
-included), recovered from the engine's length-normalised beam score — one decoding pass, no rescoring.
+same tokenizer (HF's, or the fairseq BPE of a converted checkpoint), the same search (:mod:`raycl.models.decoding`:
+forced ``<s>``, beam, length penalty 1, fairseq's length bound, no n-gram blocking) and S(t|s) as the *sum* of the
+hypothesis's token log-probs (``<s>`` and ``</s>`` included), recovered from the engine's length-normalised beam
+score — one decoding pass, no rescoring.
 
-Conversion runs once per weight version and compute type, cached in the user's own cache
-(``$XDG_CACHE_HOME/raycl/ct2/<model path digest>/v<version>-<digest>-<type>/``, ``~/.cache`` without
-``XDG_CACHE_HOME``; mode 0700, and a folder is reused only if this user owns it — never a shared or predictable
-place another user could plant a model in), written to a temp name and renamed: several miners of one user on
-one node convert once and share it (a loser of the race uses the winner's folder). The digest is of the weights
-themselves (the folder's files for version 0, the published state dict's bytes after): Tune trials that publish
-their own "version 1" of the same base model never read each other's conversion.
+Conversion runs once per node, weight version and compute type (:func:`converted`: a file lock), cached in the
+user's own cache (``$XDG_CACHE_HOME/raycl/ct2/<model path digest>/v<version>-<digest>-<type>/``, ``~/.cache``
+without ``XDG_CACHE_HOME``; mode 0700, and a folder is reused only if this user owns it — never a shared or
+predictable place another user could plant a model in), written to a temp name and renamed; a killed
+converter's temporary folders are removed by the next, and versions older than the newest two are pruned
+(version 0, the base, stays). The digest is of the weights themselves (the folder's bytes for version 0, the
+published state dict's after): Tune trials that publish their own "version 1" of the same base model never read
+each other's conversion. ``conversions.log`` in the cache folder has a line per conversion.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import json
 import os
+import re
 import shutil
+import socket
 import tempfile
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from raycl.config import ENGINES
 from raycl.errors import UserError, at
+from raycl.models.decoding import Decoding, ct2_options, keep
 
+T = TypeVar("T")
+CONVERSIONS_LOG = "conversions.log"  # one JSON line per conversion in a cache folder (host, pid, seconds)
+_VERSION_DIR = re.compile(r"v(\d+)-[0-9a-f]+-\w+")  # v<version>-<digest>-<compute type>
 COMPUTE_TYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "int8"}
 
 
@@ -96,7 +108,35 @@ def compute_type(precision: str, device: str) -> str:
 
 
 def convert(hf_dir: str | Path, out_dir: Path, *, quantization: str) -> Path:
-    """``hf_dir`` converted for CTranslate2 into ``out_dir`` unless it is there; atomic, race-safe."""
+    """``hf_dir`` converted for CTranslate2 into ``out_dir`` unless it is there (:func:`converted`)."""
+    return converted(out_dir, lambda _: Path(hf_dir), quantization=quantization, load=lambda folder: folder)
+
+
+def converted(out_dir: Path, make_hf: Callable[[Path], Path], *, quantization: str, load: Callable[[Path], T]
+              ) -> T:  # fmt: skip
+    """``load(out_dir)`` once ``out_dir`` holds the conversion of the HF folder ``make_hf(scratch)`` gives.
+
+    One conversion per node and folder: every miner of a node takes ``out_dir``'s lock file (``fcntl.flock``, let
+    go by the kernel when a miner dies), the first converts and the others wait, then find it done. Under the
+    lock, temporary folders of ``out_dir`` left by a killed converter are removed (none can be in use: the lock
+    is held); the conversion is written to a temporary name and renamed; ``load`` runs under the lock too, so that
+    no pruner deletes the folder while it is read. Afterwards old versions are pruned (:func:`prune`)."""
+    root = out_dir.parent
+    root.mkdir(parents=True, exist_ok=True)
+    with _flock(root / f".{out_dir.name}.lock"):
+        if (out_dir / "model.bin").is_file():
+            _check_owned(out_dir)
+        else:
+            for stale in root.glob(f".{out_dir.name}.tmp-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            _convert_now(make_hf, out_dir, quantization=quantization)
+        got = load(out_dir)
+    prune(root, keep=out_dir.name)
+    return got
+
+
+def _convert_now(make_hf: Callable[[Path], Path], out_dir: Path, *, quantization: str) -> None:
+    """The conversion itself, into a temporary sibling renamed to ``out_dir``; one line in ``conversions.log``."""
     from ctranslate2.converters import TransformersConverter
 
     class Converter(TransformersConverter):  # type: ignore[misc]
@@ -116,21 +156,57 @@ def convert(hf_dir: str | Path, out_dir: Path, *, quantization: str) -> Path:
             # than the tokenizer (padded vocabularies) gets placeholder tokens that are never produced
             return _PaddedVocab(_tokenizer(Path(model_name_or_path)), self.vocab_size)
 
-    if (out_dir / "model.bin").is_file():
-        _check_owned(out_dir)
-        return out_dir
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    t0 = time.perf_counter()
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-hf-", dir=out_dir.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        Converter(str(hf_dir), load_as_float16=False).convert(str(tmp), quantization=quantization,
-                                                                         force=True)  # fmt: skip
-        try:
-            os.replace(tmp, out_dir)
-        except OSError:  # another miner converted it first: use theirs
-            pass
+        Converter(str(make_hf(scratch)), load_as_float16=False).convert(str(tmp), quantization=quantization,
+                                                                        force=True)  # fmt: skip
+        os.replace(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
+        shutil.rmtree(scratch, ignore_errors=True)
+    line = {"folder": out_dir.name, "host": socket.gethostname(), "pid": os.getpid(),
+            "seconds": round(time.perf_counter() - t0, 3), "at": time.time()}  # fmt: skip
+    with open(out_dir.parent / CONVERSIONS_LOG, "a") as log:
+        log.write(json.dumps(line) + "\n")
+
+
+def prune(root: Path, *, keep: str = "", versions: int = 2) -> list[str]:
+    """Remove the conversions in ``root`` older than its newest ``versions`` weight versions (version 0, the base
+    every miner starts from, stays), and temporary folders no converter holds the lock of (a killed miner's).
+    A folder whose lock another process holds (converting or loading it) is left for a later prune."""
+    folders = {p.name: int(m.group(1)) for p in root.iterdir() if (m := _VERSION_DIR.fullmatch(p.name))}
+    newest = sorted(set(folders.values()), reverse=True)[:versions]
+    old = [name for name, v in folders.items() if v != 0 and v not in newest and name != keep]
+    temps = {p.name.split(".tmp-")[0][1:] for p in root.glob(".*.tmp-*")} - {keep}
+    removed = []
+    for name in [*old, *temps]:
+        with _flock(root / f".{name}.lock", blocking=False) as mine:
+            if not mine:
+                continue
+            for stale in root.glob(f".{name}.tmp-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            if name in old:
+                shutil.rmtree(root / name, ignore_errors=True)
+                removed.append(name)
+    return removed
+
+
+@contextmanager
+def _flock(path: Path, *, blocking: bool = True) -> Iterator[bool]:
+    """An exclusive ``flock`` on ``path`` (created if missing) for the duration: True when held; with
+    ``blocking=False``, False at once when another process holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # closing the descriptor lets go of the lock
 
 
 def state_digest(state_dict: Mapping[str, torch.Tensor]) -> str:
@@ -144,12 +220,14 @@ def state_digest(state_dict: Mapping[str, torch.Tensor]) -> str:
 
 
 def folder_digest(hf_dir: Path) -> str:
-    """A short hash of an HF folder's files as they are now (names, sizes, modification times): a folder rewritten
-    in place with other weights is converted again."""
+    """A short hash of an HF folder's files by content (names and bytes, about 1 s a GB): a folder rewritten in
+    place with other weights is converted again; one copied, or touched, with the same weights is not."""
     h = hashlib.blake2b(digest_size=8)
     for path in sorted(p for p in hf_dir.iterdir() if p.is_file() and not p.name.startswith(".")):
-        st = path.stat()
-        h.update(f"{path.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+        h.update(f"{path.name}:{path.stat().st_size}\n".encode())
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 24):
+                h.update(chunk)
     return h.hexdigest()
 
 
@@ -183,9 +261,8 @@ def _check_owned(path: Path) -> None:
 class CT2Seq2Seq:
     """A CTranslate2 ``Translator`` over an HF seq2seq folder with ``Seq2SeqScorer``'s decoding interface.
 
-    Differences from HF ``generate`` (README, "Mining engines"): the returned score leaves out the forced ``<s>``'s
-    log-prob (≈ 0 for a trained BART); a hypothesis that reaches ``max_new_tokens`` ends there, where HF forces
-    ``</s>`` on the last step; float32 kernels differ, so near-ties in the beam may resolve the other way."""
+    The search and the scores are HF ``generate``'s (:mod:`raycl.models.decoding`); float32 kernels differ, so
+    near-ties in the beam may resolve the other way (README, "Mining engines")."""
 
     training = False  # never trained: the miner's eval-mode switch has nothing to do
 
@@ -210,7 +287,8 @@ class CT2Seq2Seq:
     # ------------------------------------------------------------------------------------------ weights
     def _load(self, hf_dir: Path, version: int) -> None:
         folder = self.cache_dir / f"v{version}-{folder_digest(hf_dir)}-{self.compute}"
-        self._load_folder(convert(hf_dir, folder, quantization=self.compute), version)
+        self.translator = converted(folder, lambda _: hf_dir, quantization=self.compute, load=self._translator)
+        self.version = version
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], *, version: int) -> None:
         """Published weights: the HF model with them saved and converted once for ``version``, then loaded."""
@@ -218,26 +296,27 @@ class CT2Seq2Seq:
             return
         # keyed by content, not the version alone: concurrent trials publish their own "version 1" of one base
         folder = self.cache_dir / f"v{version}-{state_digest(state_dict)}-{self.compute}"
-        if not (folder / "model.bin").is_file():
+
+        def save_hf(scratch: Path) -> Path:  # only when this miner converts: the others find it done
             from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
             model = AutoModelForSeq2SeqLM.from_config(AutoConfig.from_pretrained(str(self.hf_dir)))
             model.load_state_dict(_hf_keys(model, state_dict))
-            with tempfile.TemporaryDirectory(dir=self.cache_dir) as tmp:
-                model.save_pretrained(tmp)
-                self.tokenizer.save_pretrained(tmp)
-                convert(tmp, folder, quantization=self.compute)
-        self._load_folder(folder, version)
+            model.save_pretrained(scratch)
+            self.tokenizer.save_pretrained(scratch)
+            return scratch
 
-    def _load_folder(self, folder: Path, version: int) -> None:
+        self.translator = converted(folder, save_hf, quantization=self.compute, load=self._translator)
+        self.version = version
+
+    def _translator(self, folder: Path) -> Any:
         import ctranslate2
 
         device, _, index = self.device_name.partition(":")
-        self.translator = ctranslate2.Translator(
+        return ctranslate2.Translator(
             str(folder), device=device, device_index=int(index or 0), compute_type=self.compute,
             intra_threads=torch.get_num_threads() if device == "cpu" else 0,
         )
-        self.version = version
 
     # ------------------------------------------------------------------------------------------ decoding
     @property
@@ -259,29 +338,42 @@ class CT2Seq2Seq:
 
     def generate(
         self, sources: list[str], *, num_beams: int, num_return_sequences: int = 1, max_new_tokens: int = 128,
-        batch_size: int = 32, max_length: int | None = None, rank_by: str = "sum_logprob",
+        max_len_a: float = 0.0, drop_cut: bool = False, batch_size: int = 32, max_length: int | None = None,
+        rank_by: str = "sum_logprob",
     ) -> list[list[tuple[str, float]]]:  # fmt: skip
-        """Per source, ``num_return_sequences`` ``(text, S(text|source))`` in the beam's order (``rank_by="beam"``)
-        or by S. S = the engine's score × the hypothesis length (tokens after the start token, ``<s>`` and
-        ``</s>`` included): CTranslate2 divides the summed log-prob by that length at length penalty 1."""
+        """Per source, up to ``num_return_sequences`` ``(text, S(text|source))`` in the beam's order (``rank_by=
+        "beam"``) or by S; the search is :mod:`raycl.models.decoding`'s, as ``Seq2SeqScorer.generate``'s. S = the
+        engine's score × the hypothesis length (``<s>`` and ``</s>`` included: at length penalty 1 CTranslate2
+        divides the summed log-prob of the decoded tokens by it) + the forced ``<s>``'s log-prob, which the engine
+        leaves out of its sum (one step of the decoder, ``score_batch``)."""
         max_length = max_length or self.max_positions
+        d = Decoding(num_beams, num_return_sequences, max_len_a, max_new_tokens, drop_cut)
         prefix = self._prefix()
-        steps = min(max_new_tokens, self.max_positions - 1)
+        tokens = self._tokens(sources, max_length)
+        limits = [d.limit(len(t), self.max_positions) for t in tokens]
         results = self.translator.translate_batch(
-            self._tokens(sources, max_length), [prefix] * len(sources) if prefix else None,
-            max_batch_size=batch_size, beam_size=num_beams, num_hypotheses=num_return_sequences,
-            length_penalty=1.0, no_repeat_ngram_size=0, max_decoding_length=steps, return_scores=True,
-            return_end_token=True,
+            tokens, [prefix] * len(sources) if prefix else None,
+            **ct2_options(d, steps=max(limits, default=1), prefix_tokens=len(prefix or []), batch_size=batch_size),
         )  # fmt: skip
+        first = self._prefix_log_probs(tokens, prefix)
+        eos = self.tokenizer.eos_token
         out: list[list[tuple[str, float]]] = []
-        for res in results:
+        for res, limit, lp0 in zip(results, limits, first, strict=True):
             hyps = []
-            for tokens, score in zip(res.hypotheses, res.scores, strict=True):
-                ids = self.tokenizer.convert_tokens_to_ids(tokens)
-                text = " ".join(self.tokenizer.decode(ids, skip_special_tokens=True).split())
-                hyps.append((text, float(score) * len(tokens)))
+            for toks, score in zip(res.hypotheses, res.scores, strict=True):
+                if keep(toks, eos=eos, limit=limit, drop_cut=drop_cut):
+                    ids = self.tokenizer.convert_tokens_to_ids(toks)
+                    text = " ".join(self.tokenizer.decode(ids, skip_special_tokens=True).split())
+                    hyps.append((text, float(score) * len(toks) + lp0))
             out.append(hyps if rank_by == "beam" else sorted(hyps, key=lambda h: -h[1]))
         return out
+
+    def _prefix_log_probs(self, tokens: list[list[str]], prefix: list[str] | None) -> list[float]:
+        """Each source's log-prob of the forced prefix (``<s>``), 0 without one."""
+        if not prefix:
+            return [0.0] * len(tokens)
+        got = self.translator.score_batch(tokens, [prefix] * len(tokens))  # the prefix, then the appended </s>
+        return [float(sum(r.log_probs[: len(prefix)])) for r in got]
 
     def score_texts(self, sources: list[str], targets: list[str], *, max_length: int | None = None,
                     batch_size: int = 32) -> list[float]:  # fmt: skip

@@ -14,8 +14,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import transformers
 from torch import Tensor, nn
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from raycl.models.decoding import Decoding, hf_generation_config, keep, only_config
 
 
 @dataclass(frozen=True)
@@ -145,20 +148,25 @@ class Seq2SeqScorer(nn.Module):
         num_beams: int,
         num_return_sequences: int = 1,
         max_new_tokens: int = 128,
+        max_len_a: float = 0.0,
+        drop_cut: bool = False,
         batch_size: int = 32,
         max_length: int | None = None,
         rank_by: str = "sum_logprob",
     ) -> list[list[tuple[str, float]]]:
-        """Beam search: per source, ``num_return_sequences`` ``(text, S(text|source))``, best first.
+        """Beam search: per source, up to ``num_return_sequences`` ``(text, S(text|source))``, best first.
 
-        One decoding pass: each hypothesis's score is summed from the log-probs the beam search itself computed
-        (:class:`_StepLogProbs`), the raw model log-probs of its tokens, EOS included, the forced ``<s>``
-        included — the S(t|s) of teacher forcing (``score_texts``) up to float rounding, with no second forward.
-        HF ranks beams by a length-normalised score (``rank_by="beam"`` keeps that order); ``rank_by=
+        The search is :mod:`raycl.models.decoding`'s (the model's ``generation_config`` is not used): hypotheses
+        of at most ``max_len_a · source tokens + max_new_tokens`` tokens; ``drop_cut`` leaves out those that did
+        not end within it. One decoding pass: each hypothesis's score is summed from the log-probs the beam search
+        itself computed (:class:`_StepLogProbs`), the raw model log-probs of its tokens, EOS included, the forced
+        ``<s>`` included — the S(t|s) of teacher forcing (``score_texts``) up to float rounding, with no second
+        forward. HF ranks beams by a length-normalised score (``rank_by="beam"`` keeps that order); ``rank_by=
         "sum_logprob"`` orders by S. Runs in eval mode (restoring the previous mode) and batches sources of
         similar length together; memory per batch: the beam's own, plus ``(steps, rows, 3·beam)`` floats.
         """
         max_length = max_length or self.max_positions
+        d = Decoding(num_beams, num_return_sequences, max_len_a, max_new_tokens, drop_cut)
         order = sorted(range(len(sources)), key=lambda i: len(sources[i].split()))  # length buckets
         results: list[list[tuple[str, float]]] = [[] for _ in sources]
         was_training = self.training
@@ -166,56 +174,53 @@ class Seq2SeqScorer(nn.Module):
         try:
             for lo in range(0, len(order), batch_size):
                 idx = order[lo : lo + batch_size]
-                texts, scores, _ = self._beam(
-                    [sources[i] for i in idx], num_beams, num_return_sequences, max_new_tokens, max_length
-                )
-                hyps = list(zip(texts, scores, strict=True))
+                texts, scores, ids, limits = self._beam([sources[i] for i in idx], d, max_length)
+                eos = self.tokenizer.eos_token_id
                 for n, i in enumerate(idx):
-                    mine = hyps[n * num_return_sequences : (n + 1) * num_return_sequences]
+                    rows = range(n * num_return_sequences, (n + 1) * num_return_sequences)
+                    mine = [(texts[r], scores[r]) for r in rows
+                            if keep(ids[r], eos=eos, limit=limits[n], drop_cut=drop_cut)]  # fmt: skip
                     results[i] = mine if rank_by == "beam" else sorted(mine, key=lambda h: -h[1])
         finally:
             self.train(was_training)
         return results
 
     @torch.no_grad()
-    def _beam(
-        self, sources: list[str], num_beams: int, num_return: int, max_new_tokens: int, max_length: int
-    ) -> tuple[list[str], list[float], list[list[int]]]:
+    def _beam(self, sources: list[str], d: Decoding, max_length: int
+              ) -> tuple[list[str], list[float], list[list[int]], list[int]]:  # fmt: skip
         """Texts, summed log-probs and token ids (``<s> … </s>``) of ``len(sources) × num_return`` hypotheses, in
-        HF's order. The score is that of the ids; the text re-tokenised usually gives the same ids again."""
+        HF's order, and each source's length bound. The score is that of the ids; the text re-tokenised usually
+        gives the same ids again."""
         from transformers import LogitsProcessorList
 
         x = self.tokenize(sources, max_length=max_length)
-        bos = self.tokenizer.bos_token_id
+        bos, eos = self.tokenizer.bos_token_id, self.tokenizer.eos_token_id
         # Targets start with <s> when the tokenizer adds one (BART); force it so hypotheses look like targets.
         adds_bos = bos is not None and self.tokenizer("a")["input_ids"][0] == bos
-        steps = min(max_new_tokens, self.max_positions - 1)
-        forced_eos = getattr(self.model.generation_config, "forced_eos_token_id", None)
-        record = _StepLogProbs(keep=3 * num_beams, force_first=bos if adds_bos else None,
-                               force_last=forced_eos if isinstance(forced_eos, int) else None, last_step=steps - 1,
-                               logits=num_beams == 1)  # greedy search hands processors logits, beam log-probs
-        out = self.model.generate(  # type: ignore[operator]
-            input_ids=x.src_ids,
-            attention_mask=x.src_mask,
-            num_beams=num_beams,
-            num_return_sequences=num_return,
-            max_new_tokens=steps,
-            do_sample=False,
-            early_stopping=num_beams > 1,  # a beam flag; greedy decoding warns about it
-            length_penalty=1.0,
-            no_repeat_ngram_size=0,  # facebook/bart-large ships 3; fairseq's GEC decoding uses none
-            forced_bos_token_id=None,  # both forced by ``record``, which first keeps their raw log-probs
-            forced_eos_token_id=None,
-            decoder_start_token_id=self.decoder_start_id,
-            logits_processor=LogitsProcessorList([record]),
-            return_dict_in_generate=True,
-        )
+        limits = [d.limit(int(n), self.max_positions) for n in x.src_mask.sum(1).tolist()]
+        steps = max(limits)
+        record = _StepLogProbs(keep=3 * d.num_beams, force_first=bos if adds_bos else None, ban_first_free=eos,
+                               logits=d.num_beams == 1)  # greedy search hands processors logits, beam log-probs
+        config = hf_generation_config(d, steps=steps, start_id=self.decoder_start_id, eos_id=eos,
+                                      pad_id=self.pad_id, bos_id=bos)  # fmt: skip
+        with only_config(self.model, config):
+            out = self.model.generate(  # type: ignore[operator]
+                input_ids=x.src_ids, attention_mask=x.src_mask, generation_config=config,
+                logits_processor=LogitsProcessorList([record]),
+            )  # fmt: skip
         seqs = out.sequences  # (N, 1 + steps): the start token, then the generated ones
+        if d.num_beams > 1 and getattr(out, "beam_indices", None) is None:
+            raise RuntimeError(f"transformers {transformers.__version__} returns no beam_indices without "
+                               "output_scores: one-pass scores need transformers >= 4.50 (vectorised beam search)")
         scores = record.sequence_scores(seqs[:, 1:], getattr(out, "beam_indices", None),
-                                        eos_id=self.tokenizer.eos_token_id, pad_id=self.pad_id)  # fmt: skip
+                                        eos_id=eos, pad_id=self.pad_id)  # fmt: skip
         texts = [" ".join(t.split()) for t in self.tokenizer.batch_decode(seqs, skip_special_tokens=True)]
-        ids = [[t for t in row if t != self.pad_id] for row in seqs[:, 1:].tolist()]
-        return texts, scores.tolist(), ids
+        ids = [_until_eos([t for t in row if t != self.pad_id], eos) for row in seqs[:, 1:].tolist()]
+        return texts, scores.tolist(), ids, limits
+
+
+def _until_eos(ids: list[int], eos: int | None) -> list[int]:
+    return ids[: ids.index(eos) + 1] if eos in ids else ids
 
 
 class _StepLogProbs:
@@ -224,16 +229,15 @@ class _StepLogProbs:
     HF's beam search log-softmaxes the logits, runs the processors, then picks the top ``2·beam`` (+ one beam
     per EOS id) continuations over all rows: a token chosen from a row is among that row's top ``keep = 3·beam``,
     so the kept values hold every chosen token's log-prob and ``beam_indices`` say which row it came from.
-    ``force_first``: the token forced at the first step (BART's ``<s>``), ``force_last``: the one forced at step
-    ``last_step`` (the config's ``forced_eos_token_id`` at the length limit); their raw log-probs are kept before
-    they are forced, as teacher forcing scores them. (HF's own processors would run first and hide them.)
+    ``force_first``: the token forced at the first step (BART's ``<s>``); its raw log-prob is kept before it is
+    forced, as teacher forcing scores it. (HF's own processor would run first and hide it.) ``ban_first_free``: the
+    end token, not allowed at the first step after the forced one (:mod:`raycl.models.decoding`).
     ``logits``: the scores are raw logits (greedy search), log-softmaxed here before they are kept.
     """
 
-    def __init__(self, *, keep: int, force_first: int | None, force_last: int | None = None, last_step: int = -1,
+    def __init__(self, *, keep: int, force_first: int | None, ban_first_free: int | None = None,
                  logits: bool = False) -> None:  # fmt: skip
-        self.keep, self.force_first, self.logits = keep, force_first, logits
-        self.force_last, self.last_step = force_last, last_step
+        self.keep, self.force_first, self.ban_first_free, self.logits = keep, force_first, ban_first_free, logits
         self.values: list[Tensor] = []  # per step: (rows, keep)
         self.indices: list[Tensor] = []  # per step: (rows, keep)
 
@@ -241,12 +245,15 @@ class _StepLogProbs:
         lp = F.log_softmax(scores.float(), dim=-1) if self.logits else scores  # (rows, V)
         values, indices = lp.topk(min(self.keep, lp.shape[-1]), dim=-1)  # (rows, keep)
         step = len(self.values)
-        forced = self.force_first if step == 0 else self.force_last if step == self.last_step else None
-        if forced is not None:  # keep the forced token's raw log-prob, then force it
+        first_free = 0 if self.force_first is None else 1
+        if step == 0 and self.force_first is not None:  # keep the forced token's raw log-prob, then force it
             indices = torch.full_like(indices, -1)  # the forced token only (it may be among the top ones too)
-            values[:, 0], indices[:, 0] = lp[:, forced], forced
+            values[:, 0], indices[:, 0] = lp[:, self.force_first], self.force_first
             scores = torch.full_like(scores, -math.inf)
-            scores[:, forced] = 0.0
+            scores[:, self.force_first] = 0.0
+        elif step == first_free and self.ban_first_free is not None:  # no empty hypothesis (CTranslate2's rule)
+            scores = scores.clone()
+            scores[:, self.ban_first_free] = -math.inf
         self.values.append(values if values.dtype == torch.float64 else values.float())
         self.indices.append(indices)
         return scores

@@ -92,8 +92,9 @@ class GecRecipe(RecipeBase):
         m = cfg.mining
         options = decoding_options(cfg)
         factory = MinerFactory(GEC_BEAM, str(run.base_model), {
-            "k": m.beam - 1, "beam": m.beam, "batch_size": m.batch_size, "max_new_tokens": cfg.eval.max_new_tokens,
-            "precision": m.precision, "rank_by": m.rank_by, "engine": m.engine, "nbest": True})  # fmt: skip
+            "k": m.beam - 1, "beam": m.beam, "batch_size": m.batch_size, "max_len_a": m.max_len_a,
+            "max_len_b": m.max_len_b, "precision": m.precision, "rank_by": m.rank_by, "engine": m.engine,
+            "nbest": True})  # fmt: skip
         examples = load_examples(cfg.data.finetune, annotator=cfg.data.annotator)
         miners_engine(cfg, run.base_model)  # said once; shared_nbest resolves it for its miners and meta.json
         with shared_nbest(factory, m, examples, run.run_dir / "nbest", options=options, model_dir=run.base_model,
@@ -120,7 +121,7 @@ class GecRecipe(RecipeBase):
         m = cfg.mining
         factory = MinerFactory(GEC_BEAM, str(run.base_model), {
             "k": m.k, "beam": m.beam, "source_negative": m.source_negative, "batch_size": m.batch_size,
-            "max_new_tokens": cfg.eval.max_new_tokens, "precision": m.precision, "rank_by": m.rank_by,
+            "max_len_a": m.max_len_a, "max_len_b": m.max_len_b, "precision": m.precision, "rank_by": m.rank_by,
             "refill": m.refill, "engine": m.engine})  # fmt: skip
         with miners(factory, m, world_size=cfg.scaling.num_workers, seed=cfg.optim.seed) as service:
             job = dataclasses.replace(job, stream=service.stream, store=service.store)
@@ -187,15 +188,15 @@ def miners_engine(cfg: GecConfig, model_dir: Path) -> str:
     return engine if m.engine != "auto" else f"{engine} (auto)"
 
 
-DECODING_KEYS = ("mining.beam", "mining.rank_by", "mining.engine", "mining.precision", "eval.max_new_tokens",
-                 "model.max_length")
+DECODING_KEYS = ("mining.beam", "mining.rank_by", "mining.engine", "mining.precision", "mining.max_len_a",
+                 "mining.max_len_b", "model.max_length")
 
 
 def decoding_options(cfg: GecConfig) -> dict[str, Any]:
     """What makes an n-best list: a trial may use the run's n-best only when these are the run's."""
     m = cfg.mining
     return {"beam": m.beam, "rank_by": m.rank_by, "engine": m.engine, "precision": m.precision,
-            "max_new_tokens": cfg.eval.max_new_tokens, "max_length": cfg.model.max_length}
+            "max_len_a": m.max_len_a, "max_len_b": m.max_len_b, "max_length": cfg.model.max_length}
 
 
 def _write_selected(path: Path, cfg: GecConfig, records: dict[str, Any]) -> None:
