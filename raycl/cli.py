@@ -49,27 +49,28 @@ def load(args: argparse.Namespace) -> tuple[Space, Path]:
 
 
 def run_folder(out: str | Path | None, space_name: str) -> Path:
-    """The absolute run folder of ``--out`` (default ``runs/SPACE/TIMESTAMP``); ``resumed run: …`` on stderr when
-    it holds an earlier run. Inside a Ray job a relative one is refused: it would land in the job's working_dir,
+    """The absolute run folder of ``--out`` (default ``runs/SPACE/TIMESTAMP``; an object store URI's local staging
+    folder). Inside a Ray job a relative one is refused: it would land in the job's working_dir,
     unpacked in Ray's package cache on the head, which the client cannot reach, a second job of the same code
     resumes, and Ray may delete."""
     from raycl.distributed.runtime import in_ray_job
 
     if out is not None and is_uri(str(out)):  # a local folder for the URI, holding what the run already wrote
-        staged = stage(str(out))
-        if (staged / "config.yaml").exists():
-            print(f"resumed run: {out}", file=sys.stderr, flush=True)
-        return staged
+        return stage(str(out))
     out = Path(out) if out is not None else None
     if in_ray_job() and (out is None or not out.is_absolute()):
         given = f"--out {out}" if out is not None else f"the default --out runs/{space_name}/TIMESTAMP"
         raise UserError(f"{given} is relative: inside a Ray job it would land in the job's working_dir "
                         f"({Path.cwd()}), in Ray's package cache; give an absolute --out on storage that every "
                         "node shares and you can reach (e.g. --out /mnt/raycl/runs/NAME)")  # fmt: skip
-    run_dir = (out or Path("runs") / space_name / time.strftime("%Y%m%d-%H%M%S")).resolve()
-    if (run_dir / "config.yaml").exists():  # written by the driver's prepare step of every run
-        print(f"resumed run: {run_dir}", file=sys.stderr, flush=True)
-    return run_dir
+    return (out or Path("runs") / space_name / time.strftime("%Y%m%d-%H%M%S")).resolve()
+
+
+def say_resumed(run_dir: Path) -> None:
+    """``resumed run: DIR`` (or its URI) on stderr when ``run_dir`` holds an earlier run (its ``config.yaml``,
+    which the driver's prepare step writes first) — said once the folder was found to be one raycl may resume."""
+    if (run_dir / "config.yaml").exists():
+        print(f"resumed run: {remote_of(run_dir) or run_dir}", file=sys.stderr, flush=True)
 
 
 def recipe(space: Space) -> Any:
@@ -86,6 +87,7 @@ def check_inputs(space: Space, run_dir: Path) -> None:
     from raycl.run_folder import open_run_folder
 
     open_run_folder(run_dir, space=space.name)  # not a folder of the user's; an earlier run's checkpoints are data
+    say_resumed(run_dir)
     check(recipe(space), space, run_dir)
 
 

@@ -261,7 +261,7 @@ def test_a_resumed_directory_refuses_other_mining_settings_and_overwrite_starts_
     for extra, named in ((["--k", "3"], "mining.k 2 → 3"), (["--beam", "4"], "mining.beam 3 → 4"),
                          (["--no-source-negative"], "mining.source_negative true → false"),
                          (["--rank-by", "sum_logprob"], "mining.rank_by"), (["--refill"], "mining.refill"),
-                         (["--max-new-tokens", "7"], "mining.max_new_tokens 6 → 7"),
+                         (["--max-len-b", "7"], "mining.max_len_b 6 → 7"),
                          (["--engine", "hf" if manifest["engine"] == "ctranslate2" else "ctranslate2"],
                           "mining.engine"),
                          (["--model", str(other_model)], "mining.model")):  # fmt: skip

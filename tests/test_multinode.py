@@ -117,7 +117,7 @@ def _mine_without_out(tmp: Path) -> str:
     model = build_model("smoke", out_dir=tmp / "model", texts=["the cat sat .", "a dog ran ."] * 20,
                         vocab_size=120, **tiny)  # fmt: skip
     try:
-        raycl.mine_negatives(model, str(tmp / "c.m2"), k=1, max_new_tokens=4, num_miners=1, cpus_per_miner=0.25,
+        raycl.mine_negatives(model, str(tmp / "c.m2"), k=1, max_len_b=4, num_miners=1, cpus_per_miner=0.25,
                              progress=False)  # fmt: skip
     except UserError as err:
         return str(err)

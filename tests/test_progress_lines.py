@@ -13,13 +13,13 @@ from pathlib import Path
 
 from raycl.train.progress import LineBar
 
-MIN_S, MAX_S = 1.0, 2.0
+MIN_S, MAX_S = 0.5, 1.0  # a smoke epoch takes well under a second on an idle machine
 
 
 def test_a_training_through_a_pipe_prints_lines_within_the_asked_gaps(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "RAYCL_PROGRESS"}
     env.update(RAY_ADDRESS="", RAYCL_PROGRESS_MIN_S=str(MIN_S), RAYCL_PROGRESS_MAX_S=str(MAX_S))
-    sets = ["scaling.num_workers=0", "data.setting=zero_shot", "optim.epochs=6"]
+    sets = ["scaling.num_workers=0", "data.setting=zero_shot", "optim.epochs=24"]
     cmd = [sys.executable, "-m", "raycl.train", "idiom", "--preset", "smoke", "--out", str(tmp_path / "run"),
            *(a for s in sets for a in ("--set", s))]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
@@ -29,9 +29,9 @@ def test_a_training_through_a_pipe_prints_lines_within_the_asked_gaps(tmp_path: 
     shown = [(t, line) for t, line in lines if line.startswith("[raycl] zero_shot: step ")]
     assert len(shown) >= 3, "\n".join(line for _, line in lines)
     gaps = [b[0] - a[0] for a, b in zip(shown, shown[1:], strict=False)]
-    assert max(gaps) <= MAX_S + 1.5 and min(gaps) >= MIN_S - 0.5, (gaps, shown)
+    assert max(gaps) <= MAX_S + 1.5 and min(gaps) >= MIN_S - 0.2, (gaps, shown)
     moving = [line for _, line in shown if "step/s" in line]
-    assert moving and all(k in moving[-1] for k in ("/54 (", "loss ", "ETA ", "phase ")), moving
+    assert moving and all(k in moving[-1] for k in ("/216 (", "loss ", "ETA ", "phase ")), moving
 
 
 def test_a_line_bar_beats_while_nothing_moves_and_says_nothing_new_more_often(monkeypatch, capsys) -> None:

@@ -204,8 +204,8 @@ def test_inside_a_job_a_relative_or_default_out_is_refused(monkeypatch: pytest.M
 
 def test_a_run_folder_that_holds_a_run_says_it_is_resumed(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                                           ) -> None:  # fmt: skip
-    cli.run_folder(tmp_path, "idiom")
+    cli.say_resumed(cli.run_folder(tmp_path, "idiom"))
     assert "resumed run" not in capsys.readouterr().err  # an empty folder is a new run
     (tmp_path / "config.yaml").write_text("task: idiom\n")
-    cli.run_folder(tmp_path, "idiom")
+    cli.say_resumed(cli.run_folder(tmp_path, "idiom"))
     assert capsys.readouterr().err == f"resumed run: {tmp_path}\n"

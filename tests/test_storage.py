@@ -149,7 +149,7 @@ def _mine(model_dir: Path, corpus: Path, uri: str, capsys: pytest.CaptureFixture
     from raycl.mine import main
 
     assert main(["gec", "--model", str(model_dir), "--data", str(corpus), "--out", uri, "--k", "2",
-                 "--max-new-tokens", "6", "--num-miners", "0", "--shard-size", "2", "--json"]) == 0  # fmt: skip
+                 "--max-len-b", "6", "--num-miners", "0", "--shard-size", "2", "--json"]) == 0  # fmt: skip
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
