@@ -24,7 +24,7 @@ lint: install
 	$(VENV)/bin/mypy
 
 test: lint
-	$(VENV)/bin/pytest -q -m "not cluster" tests
+	$(VENV)/bin/pytest -q --durations=15 -m "not cluster" tests
 
 # a 2-node Ray cluster of `ray start` processes on localhost (token auth on) and raycl jobs through its job server
 # (about 2 minutes on 2 cores; .ci/run runs it after `make test`)

@@ -149,8 +149,8 @@ MUTANTS = [
            delete("_Loop.restore", "for sched, state in zip"),
            ("tests/test_resume.py",)),
     Mutant("resume_without_the_rng_states", "raycl/train/loop.py", chain(
-        delete("_Loop.restore", "random.setstate("), delete("_Loop.restore", "np.random.set_state("),
-        delete("_Loop.restore", "torch.set_rng_state("),
+        delete("restore_rng", "random.setstate("), delete("restore_rng", "np.random.set_state("),
+        delete("restore_rng", "torch.set_rng_state("),
     ), ("tests/test_resume.py",)),
     Mutant("contrastive_margin_sign", "raycl/losses/contrastive_margin.py",
            replace("contrastive_margin_loss", "logits = torch.cat", "f_neg - margin", "f_neg + margin"),

@@ -192,4 +192,7 @@ def run_sweep(
         if trials_dir is not None and read_history(trials_dir / trial_id):
             history = read_history(trials_dir / trial_id)  # one row per report, also across a resumed driver
         outcomes.append(TrialOutcome(trial_id, params, history, repr(result.error) if result.error else None))
-    return outcomes
+    # in the order of the sweep's points (a trial id ends in its index: <experiment>_00001), not Tune's order of
+    # results, which a restored experiment changes: ties on the metric then pick the same best point in a run
+    # resumed after its driver died as in an uninterrupted one
+    return sorted(outcomes, key=lambda t: t.trial_id.rpartition("_")[2])
