@@ -70,7 +70,7 @@ from raycl.miners.corpus import (
     scan_cache,
     scan_specs,
 )
-from raycl.miners.false_negatives import FalseNegativeCounts
+from raycl.miners.false_negatives import FalseNegativeCounts, rate_text
 from raycl.miners.shards import (
     done_ids,
     locked_out_dir,
@@ -476,16 +476,26 @@ def mine_negatives(
                                  progress=progress, overwrite=overwrite, max_failed_ranges=max_failed_ranges,
                                  range_retries=range_retries)  # fmt: skip
         if out is not None:
-            mine(Path(out))
+            _say_counts(mine(Path(out)), progress)
             return _stream_shards(Path(out))
         if num_miners != 0:
             _require_one_node(address, num_miners, cpus_per_miner)
         with tempfile.TemporaryDirectory(prefix="raycl-mine-") as tmp:
-            mine(Path(tmp))
+            _say_counts(mine(Path(tmp)), progress)
             return _dataset(_read_shards(Path(tmp)))
     return _mine_in_memory(model, [_example(e) for e in examples], options, out=out, shard_size=shard_size,
                            num_miners=num_miners, cpus=cpus_per_miner, gpus=gpus_per_miner, address=address,
                            overwrite=overwrite)  # fmt: skip
+
+
+def _say_counts(summary: dict[str, Any], progress: bool) -> None:
+    """The library call returns the negatives: their false-negative counts go to stderr, as its progress does."""
+    if progress:
+        import sys
+
+        fn = summary["false_negatives"]
+        print(f"raycl mine_negatives: false negatives (another annotator's correction): source "
+              f"{rate_text(fn, 'source')}, beam {rate_text(fn, 'beam')}", file=sys.stderr)  # fmt: skip
 
 
 def _require_one_node(address: str | None, num_miners: int | tuple[int, int], cpus_per_miner: float) -> None:

@@ -180,6 +180,7 @@ def _fn_lines(counts: dict[str, dict[str, Any]], trials: list[TrialOutcome]) -> 
 def _sign_tests(run: Run, best: TrialOutcome | None, extra: list[TrialOutcome]) -> list[dict[str, Any]]:
     """The paper's bootstrap sign test (``raycl.eval --compare``) of each row after CL against CL, on every test
     set, from the two trainings' kept test hypotheses."""
+    from raycl.data.m2 import iter_lines
     from raycl.evaluation.gec_metrics import HypothesisEdits, bootstrap_sign_test
     from raycl.recipes.gec.evaluation import HYPS_DIR
 
@@ -194,16 +195,21 @@ def _sign_tests(run: Run, best: TrialOutcome | None, extra: list[TrialOutcome]) 
             if not all(f.exists() for f in files):
                 continue
             refs = load_references(specs)
-            a, b = (HypothesisEdits(f.read_text(encoding="utf-8").splitlines(), name=str(f)) for f in files)
+            a, b = (HypothesisEdits([line for _, line in iter_lines(f)], name=str(f)) for f in files)
             tests[name] = bootstrap_sign_test(a.for_ref(name, refs), b.for_ref(name, refs), refs)
         out.append({"method": _label(t), "against": "CL", "tests": tests})
     return out
 
 
 def _sign_lines(signs: list[dict[str, Any]]) -> list[str]:
+    """One line a compared row: wins/losses/ties of the bootstrap samples, p one way and (the same samples) the
+    other."""
+    from raycl.evaluation.gec_metrics import sign_test_p
+
     lines = []
     for s in signs:
-        got = "; ".join(f"{n}: wins {t['wins']}, losses {t['losses']}, ties {t['ties']}, p = {t['p_value']:.3g}"
+        got = "; ".join(f"{n}: wins {t['wins']}, losses {t['losses']}, ties {t['ties']}, p = {t['p_value']:.3g} "
+                        f"({s['against']} better: p = {sign_test_p(t['losses'], t['wins']):.3g})"
                         for n, t in s["tests"].items()) or "no test hypotheses kept"  # fmt: skip
         lines += ["", f"Sign test, {s['method']} better than {s['against']} (one-tailed, 100 bootstrap samples of "
                   f"each test set, as `raycl.eval gec --compare`): {got}."]
