@@ -3,7 +3,8 @@ model_version``).
 
 ``gec``: beam-search negatives of a GEC model for every sentence of the data: the top-k distinct outputs
 ≠ target (beam ≥ k+1) plus the source when it differs from the target (CL; ``--no-source-negative`` for CL⁻).
-The file is what ``--set mining.negatives=PATH`` reads.
+The file is what ``--set mining.negatives=PATH`` reads. Negatives that another M2 annotator's correction equals
+(false negatives) are counted (``--json``: ``false_negatives``) and kept, or dropped (``--false-negatives drop``).
 
     python -m raycl.mine gec --model DIR --data train.m2 --k 3 --out neg.parquet
 
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from raycl.errors import UserError, at, cli_entry
+from raycl.miners.false_negatives import rate_text
 from raycl.storage import is_uri, push, stage
 
 
@@ -54,6 +56,10 @@ def _add_gec(sub: Any) -> None:
                    help="the n-best's order: the beam's length-normalised score (the paper; default) or S(t~|s)")
     p.add_argument("--refill", action="store_true",
                    help="k negatives ≠ target even when the target is in the top k (default: the paper's k−1)")
+    p.add_argument("--false-negatives", choices=["keep", "drop"], default="keep",
+                   help="negatives that another M2 annotator's correction equals (the source where one made no "
+                        "edit): keep (the paper; default) or drop (with --refill the n-best refills); counted "
+                        "either way, in --json's false_negatives")  # fmt: skip
     p.add_argument("--engine", choices=["auto", "hf", "ctranslate2"], default="auto",
                    help="beam search: CTranslate2 (converted once, cached by the model folder) or HF generate; "
                         "auto (default) = CTranslate2 where it converts the model and runs --precision, else HF")
@@ -136,7 +142,8 @@ def _run_gec(args: argparse.Namespace) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     write_negatives_parquet(args.out, examples, mined, model_version=0)
     return {"out": str(args.out), "sentences": len(examples), "examples": len(examples), "negatives": n_neg,
-            "seconds": round(seconds, 3), "negatives_per_s": round(n_neg / max(seconds, 1e-9), 2)}  # fmt: skip
+            "seconds": round(seconds, 3), "negatives_per_s": round(n_neg / max(seconds, 1e-9), 2),
+            "false_negatives": miner.counts.as_dict()}  # fmt: skip
 
 
 def _miners(text: str) -> int | tuple[int, int]:
@@ -176,7 +183,8 @@ def _run_sharded(args: argparse.Namespace) -> dict[str, Any]:
 def _miner_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"k": args.k, "beam": args.beam, "source_negative": args.source_negative, "batch_size": args.batch_size,
             "max_len_a": args.max_len_a, "max_len_b": args.max_len_b, "rank_by": args.rank_by,
-            "refill": args.refill, "precision": args.precision, "engine": args.engine}  # fmt: skip
+            "refill": args.refill, "precision": args.precision, "engine": args.engine,
+            "false_negatives": args.false_negatives}  # fmt: skip
 
 
 def _run_staged(args: argparse.Namespace) -> dict[str, Any]:
@@ -210,6 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(f"wrote {summary['examples']} sentences, {summary['negatives']} negatives "
               f"({summary['negatives_per_s']} negatives/s) to {summary['out']}")  # fmt: skip
+        fn = summary["false_negatives"]
+        print(f"false negatives (another annotator's correction): source {rate_text(fn, 'source')}, "
+              f"beam {rate_text(fn, 'beam')}")  # fmt: skip
     return 0
 
 

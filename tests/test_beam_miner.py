@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -184,20 +185,27 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_cli_mines_an_m2_file_to_parquet(model_dir: Path, tmp_path: Path) -> None:
-    m2 = tmp_path / "tiny.m2"
-    write_m2(m2, [M2Sentence("He do n't like it .", (Edit(1, 2, "R:VERB:SVA", "does"),)),
-                  M2Sentence("Fine as it is .")])  # fmt: skip
+    m2 = tmp_path / "tiny.m2"  # two annotators: annotator 1 leaves the first sentence as it is
+    edits = (Edit(1, 2, "R:VERB:SVA", "does"), Edit(-1, -1, "noop", "-NONE-", 1))
+    write_m2(m2, [M2Sentence("He do n't like it .", edits), M2Sentence("Fine as it is .")])
     out = tmp_path / "neg.parquet"
     done = _cli("gec", "--model", str(model_dir), "--data", str(m2), "--k", "2", "--out", str(out),
-                "--max-len-b", "8")  # fmt: skip
+                "--max-len-b", "8", "--json")  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "negatives/s" in done.stdout
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["negatives_per_s"] > 0
     table = pq.read_table(out)
-    assert table.column_names == ["id", "source", "target", "negatives", "scores", "model_version"]
+    assert table.column_names == ["id", "source", "target", "negatives", "scores", "model_version", "references"]
     rows = table.to_pylist()
     assert [r["target"] for r in rows] == ["He does n't like it .", "Fine as it is ."]
+    assert rows[0]["references"] == ["He does n't like it .", "He do n't like it ."]
     assert rows[0]["negatives"][-1] == "He do n't like it ." and "Fine as it is ." not in rows[1]["negatives"]
     assert all(len(r["negatives"]) == len(r["scores"]) and r["model_version"] == 0 for r in rows)
+    # the counts, recomputed from the rows: the source of sentence 0 is annotator 1's correction
+    beam = [n for r in rows for n in r["negatives"] if n != r["source"]]
+    refuted = sum(n in r["references"] for r in rows for n in r["negatives"] if n != r["source"])
+    assert summary["false_negatives"] == {"source": {"selected": 1, "refuted": 1},
+                                          "beam": {"selected": len(beam), "refuted": refuted}}
 
 
 def test_cli_usage_errors_are_one_line_exit_2(model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -104,6 +104,20 @@ def test_write_builtin_corpus_round_trips(tmp_path: Path) -> None:
     assert rest[0].target == read_m2(paths["dev"])[60].target(0)
 
 
+
+def test_the_builtin_finetune_split_has_a_second_annotator_who_often_leaves_a_sentence_as_it_is(
+        tmp_path: Path) -> None:  # fmt: skip
+    """Issue 24: D_F's annotator 1 leaves about half of annotator 0's edited sentences unchanged (CWEB dev: 46% and
+    57%), drawn apart from annotator 0's sentences, which stay those of the one-annotator corpus."""
+    paths = gc.write_builtin_corpus(tmp_path, n_train=1, n_finetune=1500, n_dev=1, n_test=1, seed=1)
+    sents = read_m2(paths["finetune"])
+    edited = [s for s in sents if s.edits_of(0)]
+    unchanged = sum(not s.edits_of(1) for s in edited) / len(edited)
+    assert all(s.annotators() == [0, 1] for s in sents) and 0.44 <= unchanged <= 0.56
+    one = _gen(1500, gc.LOW_DENSITY, seed=1 * 1009 + 1)
+    assert [M2Sentence(s.source, tuple(e for e in s.edits if e.annotator == 0)) for s in sents] == one
+
+
 def test_generation_is_fast() -> None:
     start = time.thread_time()  # this thread's CPU time: other jobs and Ray's threads here do not count
     sents = _gen(20000, gc.HIGH_DENSITY, annotators=2)

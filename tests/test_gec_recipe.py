@@ -15,6 +15,7 @@ from raycl import driver
 from raycl.config import load_space
 from raycl.data.m2 import read_m2
 from raycl.recipes import recipe_for
+from raycl.recipes.gec.report import FN_DROPPED
 
 gec = recipe_for("gec")
 
@@ -58,19 +59,39 @@ def test_tune_sweep_and_baselines_on_local_ray(ray_local, tmp_path: Path) -> Non
     space.search = {"loss.margin": {"grid": [0.25, 0.85]}, "mining.k": {"grid": [2]}}
     summary = driver.run_tune(gec, space, tmp_path)
     rows = list(csv.DictReader(open(tmp_path / "results.csv")))
-    assert sorted(r["method"] for r in rows) == sorted(["CL", "CL", "DI", "NLL", "CL⁻"])
+    assert sorted(r["method"] for r in rows) == sorted(["CL", "CL", "DI", "NLL", "CL⁻", FN_DROPPED])
     assert not summary["failed_trials"]
-    assert [r["method"] for r in summary["table"]] == ["DI", "NLL", "CL⁻", "CL"]
+    assert [r["method"] for r in summary["table"]] == ["DI", "NLL", "CL⁻", "CL", FN_DROPPED]
     best = json.loads((tmp_path / "best.json").read_text())
     assert best["loss.margin"] in (0.25, 0.85) and "test/S/f05" in best
     di = next(r for r in summary["table"] if r["method"] == "DI")
     assert di["epoch"] == 0 and "test/G/f05" in di  # direct inference: the base model, no fine-tuning
     assert (tmp_path / "sweep.png").exists()
     _check_mined_once(tmp_path, space.config)
+    _check_false_negatives(tmp_path, rows, summary)
     # every trial's CPUs are back once the sweep is over (Train V2 placement groups released)
     import ray._common.test_utils as tu
 
     tu.wait_for_condition(lambda: ray_local.available_resources().get("CPU", 0) == 2.0, timeout=30)
+
+
+def _check_false_negatives(run_dir: Path, rows: list[dict[str, str]], summary: dict) -> None:  # type: ignore[type-arg]
+    """Issue 24: each contrastive trial counted its selection's false negatives (before any drop), the report shows
+    the rates and the sign test of the ladder's row without them against CL, from the kept test hypotheses."""
+    by = {r["method"]: r for r in rows if r["method"] != "CL" or r["trial_id"] == summary["best"]["trial_id"]}
+    counts = {m: [int(by[m][f"fn/{k}_{w}"]) for k in ("source", "beam") for w in ("selected", "refuted")]
+              for m in ("CL", "CL⁻", FN_DROPPED)}  # fmt: skip
+    assert counts[FN_DROPPED] == counts["CL"] and counts["CL"][1] > 0  # one selection, counted before the drop
+    assert not by["NLL"].get("fn/source_selected")  # no negatives, no counts
+    for method in ("CL", FN_DROPPED):  # recomputed from the trial's own negatives and references
+        table = pq.read_table(run_dir / "trials" / by[method]["trial_id"] / "negatives.parquet").to_pylist()
+        refuted = [n for r in table for n in r["negatives"] if n in r["references"] and n != r["target"]]
+        assert len(refuted) == (counts["CL"][1] + counts["CL"][3] if method == "CL" else 0), method
+    report = (run_dir / "report.md").read_text()
+    assert "False negatives" in report and f"| {FN_DROPPED} |" in report
+    assert f"Sign test, {FN_DROPPED} better than CL" in report and "p = " in report
+    for method in ("CL", FN_DROPPED):
+        assert (run_dir / "trials" / by[method]["trial_id"] / "test_hyps" / "S.txt").exists()
 
 
 def test_malformed_m2_in_a_run_exits_2_with_one_line(tmp_path: Path) -> None:
@@ -101,7 +122,7 @@ def _check_mined_once(run_dir: Path, cfg) -> None:  # type: ignore[no-untyped-de
     assert "mined once for the whole run" in report and "engine ctranslate2 (auto)" in report
     method = {r["trial_id"]: r["method"] for r in csv.DictReader(open(run_dir / "results.csv"))}
     trials = [d for d in (run_dir / "trials").iterdir() if (d / "negatives.parquet").exists()]
-    assert sorted(method[d.name] for d in trials) == ["CL", "CL", "CL⁻"]
+    assert sorted(method[d.name] for d in trials) == ["CL", "CL", FN_DROPPED, "CL⁻"]
     assert not any((d / "mining.json").exists() for d in trials)  # no trial had a miner pool of its own
     # mining.engine=auto mined with CTranslate2 (a BART it converts): the base model's one conversion is cached
     from raycl.models.ct2_engine import _cache_root
@@ -111,9 +132,10 @@ def _check_mined_once(run_dir: Path, cfg) -> None:  # type: ignore[no-untyped-de
     m = cfg.mining
     for d in trials:
         got = {r["id"]: r["negatives"] for r in pq.read_table(d / "negatives.parquet").to_pylist()}
-        cl = method[d.name] == "CL"
+        cl, drop = method[d.name] != "CL⁻", method[d.name] == FN_DROPPED
         miner = build_beam_miner(str(run_dir / "base_model"), {  # a per-trial miner, as before: same engine
             "k": m.k, "beam": m.beam, "source_negative": cl, "max_len_b": m.max_len_b,
-            "batch_size": m.task_size, "engine": m.engine, "precision": m.precision})  # fmt: skip
+            "batch_size": m.task_size, "engine": m.engine, "precision": m.precision,
+            "false_negatives": "drop" if drop else "keep"})  # fmt: skip
         want = {r.id: list(r.negatives) for r in miner.mine(finetune)}
         assert got == want, (d.name, method[d.name])

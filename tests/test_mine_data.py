@@ -57,7 +57,7 @@ def test_actor_pool_equals_in_process_mining_and_resumes_by_range(
     ds = raycl.mine_negatives(files["model"], [str(files["m2"])], num_miners=2, cpus_per_miner=0.5, out=out,
                               shard_size=5, progress=False, **OPTS)  # fmt: skip
     assert not list(cache.rglob("*.arrow"))  # the shards are the dataset: not copied into an Arrow cache
-    assert ds.column_names == ["id", "source", "target", "negatives", "scores", "model_version"]
+    assert ds.column_names == ["id", "source", "target", "negatives", "scores", "model_version", "references"]
     assert {r["id"]: tuple(r["negatives"]) for r in ds} == want
     assert [len(pq.read_table(p)) for p in shard_files(out)] == [5, 5, 5, 5, 3]
     stamps = {p.name: p.stat().st_mtime_ns for p in shard_files(out)}

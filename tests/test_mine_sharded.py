@@ -167,6 +167,11 @@ def test_sharded_in_process_equals_single_file_and_resumes(
     assert again["examples"] == len(lost) == 3 and again["resumed"] == N - 3  # only the lost shard's ids
     assert set(pq.read_table(shard_files(out)[-1]).column("id").to_pylist()) == lost
     _same_rows(_rows(out), single_file)
+    # false-negative counts: the shards' sum, those mined by the first run included; one annotator: none refuted
+    sources = sum(r["source"] in r["negatives"] for r in single_file.values())
+    beam = sum(len(r["negatives"]) for r in single_file.values()) - sources
+    want = {"source": {"selected": sources, "refuted": 0}, "beam": {"selected": beam, "refuted": 0}}
+    assert summary["false_negatives"] == again["false_negatives"] == want and sources > 0
     assert _mine(model_dir, corpus, out, "--num-miners", "0", capsys=capsys)["examples"] == 0
     got = read_negatives(out)  # what mining.negatives=DIR reads
     assert {i: m.negatives for i, m in got.items()} == {i: tuple(r["negatives"]) for i, r in single_file.items()}
@@ -180,7 +185,7 @@ def test_shards_load_with_datasets(model_dir: Path, corpus: Path, tmp_path: Path
     _mine(model_dir, corpus, out, "--num-miners", "0", "--shard-size", "5", capsys=capsys)
     ds = datasets.load_dataset("parquet", data_files=str(out / "part-*.parquet"), split="train",
                                cache_dir=str(tmp_path / "cache"))  # fmt: skip
-    assert ds.column_names == ["id", "source", "target", "negatives", "scores", "model_version"]
+    assert ds.column_names == ["id", "source", "target", "negatives", "scores", "model_version", "references"]
     assert sorted(ds["id"]) == sorted(f"tiny.m2:{i}" for i in range(N))
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raycl.config import MiningSection, OptimSection, ScalingSection, TuneSection, require
+from raycl.miners.false_negatives import MODES as FN_MODES
 from raycl.models.decoding import MAX_LEN_A, MAX_LEN_B
 
 
@@ -59,6 +60,9 @@ class GecMiningSection(MiningSection):
     max_len_a: float = MAX_LEN_A  # hypotheses ≤ max_len_a · source tokens + max_len_b tokens (fairseq's bound);
     max_len_b: int = MAX_LEN_B  # one cut there is never a negative (eval.max_new_tokens is the test decoding's)
     share: bool = True  # version-0 negatives (no sync_every/refresh_every): one n-best per run, read by all trials
+    # negatives another annotator's correction equals (raycl.miners.false_negatives): keep (the paper) | drop
+    # (with refill, the n-best refills); counted either way
+    false_negatives: str = "keep"
 
 
 @dataclass
@@ -108,6 +112,8 @@ class GecConfig:
                  c.mining.beam)
         require(c.mining.rank_by in ("beam", "sum_logprob"), where, "mining.rank_by", "beam | sum_logprob",
                 c.mining.rank_by)
+        require(c.mining.false_negatives in FN_MODES, where, "mining.false_negatives", " | ".join(FN_MODES),
+                c.mining.false_negatives)
         require(c.mining.max_len_a >= 0, where, "mining.max_len_a", "a number ≥ 0", c.mining.max_len_a)
         require(c.mining.max_len_b >= 1, where, "mining.max_len_b", "an integer ≥ 1", c.mining.max_len_b)
         require(c.eval.beam >= 1, where, "eval.beam", "an integer ≥ 1", c.eval.beam)

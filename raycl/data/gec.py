@@ -18,11 +18,16 @@ from raycl.errors import UserError, at
 
 @dataclass(frozen=True)
 class GecExample:
-    """One training pair; ``id`` is ``"<file name>:<sentence index in the file>"`` (stable across slices)."""
+    """One training pair; ``id`` is ``"<file name>:<sentence index in the file>"`` (stable across slices).
+
+    ``references``: every annotator's correction of an M2 sentence (the unchanged source for one who made no edit),
+    the target's among them; ``(target,)`` for parallel text; ``()`` unknown. A negative equal to one of them but
+    the target is a false negative (:mod:`raycl.miners.false_negatives`)."""
 
     id: str
     source: str
     target: str
+    references: tuple[str, ...] = ()
 
 
 def read_parallel(spec: Spec) -> list[tuple[str, str]]:
@@ -49,12 +54,17 @@ def _target(sent: M2Sentence, annotator: int) -> str:
     return sent.target(annotator if annotator in present else present[0])
 
 
+def m2_example(id_: str, sent: M2Sentence, annotator: int) -> GecExample:
+    """An M2 sentence as a training pair: ``annotator``'s target, every annotator's correction as references."""
+    refs = tuple(dict.fromkeys(sent.target(a) for a in sent.annotators()))
+    return GecExample(id_, sent.source, _target(sent, annotator), refs)
+
+
 def _examples_of(spec: Spec, *, annotator: int) -> list[GecExample]:
     name = spec.path.name
     if spec.format == "m2":
-        return [GecExample(f"{name}:{i}", s.source, _target(s, annotator))
-                for i, s in spec.select(iter_m2(spec.path))]
-    return [GecExample(f"{name}:{i}", src, tgt) for i, (src, tgt) in spec.select(read_parallel(spec))]
+        return [m2_example(f"{name}:{i}", s, annotator) for i, s in spec.select(iter_m2(spec.path))]
+    return [GecExample(f"{name}:{i}", src, tgt, (tgt,)) for i, (src, tgt) in spec.select(read_parallel(spec))]
 
 
 def load_examples(specs: Iterable[str], *, annotator: int = 0) -> list[GecExample]:

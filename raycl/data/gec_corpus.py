@@ -51,6 +51,9 @@ _SPELLABLE = {"noun", "adj", "adv", "adv_manner", "verb", "sva", "form"}
 # Other valid corrections a second annotator may prefer (articles and prepositions often have several).
 _PREP_VARIANTS = {"in": "at", "at": "in", "on": "in", "about": "of", "near": "by", "during": "in"}
 P_MISS, P_VARIANT = 0.12, 0.10
+# D_F's second annotator leaves this share of annotator 0's edited sentences unchanged: CWEB's dev data measure
+# 46% (CWEB-G) and 57% (CWEB-S) (issue 24); the built-in rate is set to about their mean, not found in any data.
+P_UNCHANGED = 0.5
 
 
 @dataclass(frozen=True)
@@ -189,6 +192,20 @@ def _second_annotator(edits: Sequence[Edit], variants: Sequence[Edit | None],
     return second or [Edit(-1, -1, NOOP, "-NONE-", 1)]
 
 
+def with_second_annotator(sentences: Sequence[M2Sentence], *, p_unchanged: float, seed: int) -> list[M2Sentence]:
+    """``sentences`` (annotator 0's) with an annotator 1 who leaves an edited sentence unchanged (a noop) with
+    probability ``p_unchanged`` and otherwise agrees with annotator 0, but for an edit missed with ``P_MISS``.
+    Its own random stream: annotator 0's sentences stay those of the one-annotator corpus."""
+    rng = random.Random(seed)
+    out = []
+    for sent in sentences:
+        edits = sent.edits_of(0)
+        ones = [] if rng.random() < p_unchanged else [Edit(e.start, e.end, e.type, e.correction, 1) for e in edits
+                                                      if rng.random() >= P_MISS]  # fmt: skip
+        out.append(M2Sentence(sent.source, (*sent.edits, *(ones or [Edit(-1, -1, NOOP, "-NONE-", 1)]))))
+    return out
+
+
 def generate_pairs(n: int, *, error_rate: float, edits_per_error: float, annotators: int = 1,
                    seed: int) -> list[tuple[str, M2Sentence]]:
     """Like :func:`generate`, each M2 sentence with the clean sentence it was made from."""
@@ -252,8 +269,10 @@ def write_builtin_corpus(out_dir: str | Path, *, n_train: int, n_finetune: int, 
                          seed: int) -> dict[str, Path]:
     """Write the demo's GEC data (each file atomically) and return ``{split: path}``.
 
-    ``train`` is BEA-like (high density, 1 annotator); ``finetune`` CWEB-like (1 annotator); ``dev``,
-    ``test-s`` and ``test-g`` CWEB-like with 2 annotators, ``test-g`` a little denser (like CWEB-G).
+    ``train`` is BEA-like (high density, 1 annotator); ``finetune`` CWEB-like, with a second annotator who leaves
+    :data:`P_UNCHANGED` of the first one's edited sentences unchanged (as CWEB's do: the false negatives of
+    contrastive mining, :mod:`raycl.miners.false_negatives`); ``dev``, ``test-s`` and ``test-g`` CWEB-like with 2
+    annotators, ``test-g`` a little denser (like CWEB-G).
     """
     plan = {
         "train": (n_train, HIGH_DENSITY, 1),
@@ -267,6 +286,8 @@ def write_builtin_corpus(out_dir: str | Path, *, n_train: int, n_finetune: int, 
     for k, (split, (n, density, annotators)) in enumerate(plan.items()):
         sentences = generate(n, error_rate=density.error_rate, edits_per_error=density.edits_per_error,
                              annotators=annotators, seed=seed * 1009 + k)  # distinct stream per split
+        if split == "finetune":
+            sentences = with_second_annotator(sentences, p_unchanged=P_UNCHANGED, seed=seed * 1009 + 100 + k)
         paths[split] = out_dir / f"{split}.m2"
         write_m2(paths[split], sentences)
     return paths

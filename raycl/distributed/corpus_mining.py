@@ -70,13 +70,16 @@ from raycl.miners.corpus import (
     scan_cache,
     scan_specs,
 )
+from raycl.miners.false_negatives import FalseNegativeCounts, rate_text
 from raycl.miners.shards import (
     done_ids,
     locked_out_dir,
     next_shard_index,
     schema,
+    shard_counts,
     shard_files,
     shard_name,
+    with_counts,
     write_shard,
 )
 from raycl.records import hash_folder
@@ -165,13 +168,15 @@ class RangeMiner:
             if attempt > self.attempts:
                 error = f"its miner died in each of {self.attempts} attempts (out of memory? a crash?)"
                 return dict(zip(_SUMMARY, (r.index, 0, 0, time.perf_counter() - t0, error), strict=True))
+            self.miner.counts = FalseNegativeCounts()  # this range's: kept in its shard (with_counts)
             try:
                 self.chaos.before_range(r.index)
                 examples = read_range(r, annotator=self.annotator)
                 mined = self.miner.mine(examples) if examples else []
                 self.done += 1
                 self.chaos.after_task(self.done, 0)
-                write_shard(self.out_dir, r.index, negatives_table(examples, mined))
+                table = with_counts(negatives_table(examples, mined), self.miner.counts)
+                write_shard(self.out_dir, r.index, table)
             except UserError:
                 raise  # the data, not the range: one line for the user, as the scan's
             except Exception as err:
@@ -235,7 +240,7 @@ def mine_corpus(model: str, specs: Sequence[str], out_dir: Path, *, options: dic
             "miner_busy_s": round(busy, 3), "negatives_per_miner_s": round(n_neg / max(busy, 1e-9), 2),
             "scan_s": round(scan_s, 3), "ray_start_s": round(t1 - t0, 3), "shard_size": size,
             "shards": len(shard_files(out_dir)), "shards_written": len(ranges), "resumed": resumed,
-            "engine": engine["engine"]}  # fmt: skip
+            "engine": engine["engine"], "false_negatives": shard_counts(out_dir).as_dict()}  # fmt: skip
 
 
 def absolute_spec(text: str) -> str:
@@ -412,8 +417,9 @@ class ExampleMiner:
     def __call__(self, batch: dict[str, Any]) -> Any:
         import pyarrow as pa
 
-        examples = [GecExample(str(i), str(s), str(t))
-                    for i, s, t in zip(batch["id"], batch["source"], batch["target"], strict=True)]  # fmt: skip
+        examples = [GecExample(str(i), str(s), str(t), tuple(map(str, r)))
+                    for i, s, t, r in zip(batch["id"], batch["source"], batch["target"], batch["references"],
+                                          strict=True)]  # fmt: skip
         # typed: an all-empty list column stays list<string>
         table = negatives_table(examples, self.miner.mine(examples))
         return table.add_column(0, "pos", pa.array([int(p) for p in batch["pos"]], pa.int64()))
@@ -424,7 +430,7 @@ def mine_negatives(
     source_negative: bool = True, engine: str = "auto", precision: str = "fp32",
     num_miners: int | tuple[int, int] = 1, cpus_per_miner: float = 1.0, gpus_per_miner: float = 0.0,
     batch_size: int = 32, max_len_a: float = 0.0, max_len_b: int = 200, rank_by: str = "beam",
-    refill: bool = False,
+    refill: bool = False, false_negatives: str = "keep",
     annotator: int = 0, out: str | Path | None = None, shard_size: int | None = None, address: str | None = None,
     device: str | None = None, progress: bool = True, overwrite: bool = False, max_failed_ranges: int = 0,
     range_retries: int = 2,
@@ -435,7 +441,9 @@ def mine_negatives(
     a TSV, ``PATH[START:STOP]``; streamed: the miners read their ranges from the files) or in-memory
     ``GecExample``s / dicts with ``id``, ``source``, ``target`` (ids unique). Per example: the top-``k`` distinct
     beam outputs ≠ target (``beam`` ≥ k+1, default k+1) plus the source for CL (``source_negative``), each with
-    its summed log-prob S(t~|s), hypotheses bounded as fairseq's (``max_len_a · source tokens + max_len_b``;
+    its summed log-prob S(t~|s) (``false_negatives``: ``keep``, or ``drop`` those another M2 annotator's correction
+    equals; the shards' footers count them, :func:`raycl.miners.shards.shard_counts`), hypotheses bounded as
+    fairseq's (``max_len_a · source tokens + max_len_b``;
     one cut there is never a negative). ``engine``: ``auto`` (CTranslate2 where it converts the model, else HF),
     ``hf`` or ``ctranslate2`` (``precision`` ``int8`` on CPU, ``fp16``/``bf16`` on GPUs).
     ``num_miners`` actors (``(min, max)`` to autoscale; 0 = this process, on ``device``) with
@@ -453,7 +461,7 @@ def mine_negatives(
     """
     options = {"k": k, "beam": beam, "source_negative": source_negative, "batch_size": batch_size,
                "max_len_a": max_len_a, "max_len_b": max_len_b, "rank_by": rank_by, "refill": refill,
-               "precision": precision, "engine": engine}  # fmt: skip
+               "precision": precision, "engine": engine, "false_negatives": false_negatives}  # fmt: skip
     if num_miners == 0 and device is not None:
         options["device"] = device
     model = str(Path(model).resolve())
@@ -468,16 +476,26 @@ def mine_negatives(
                                  progress=progress, overwrite=overwrite, max_failed_ranges=max_failed_ranges,
                                  range_retries=range_retries)  # fmt: skip
         if out is not None:
-            mine(Path(out))
+            _say_counts(mine(Path(out)), progress)
             return _stream_shards(Path(out))
         if num_miners != 0:
             _require_one_node(address, num_miners, cpus_per_miner)
         with tempfile.TemporaryDirectory(prefix="raycl-mine-") as tmp:
-            mine(Path(tmp))
+            _say_counts(mine(Path(tmp)), progress)
             return _dataset(_read_shards(Path(tmp)))
     return _mine_in_memory(model, [_example(e) for e in examples], options, out=out, shard_size=shard_size,
                            num_miners=num_miners, cpus=cpus_per_miner, gpus=gpus_per_miner, address=address,
                            overwrite=overwrite)  # fmt: skip
+
+
+def _say_counts(summary: dict[str, Any], progress: bool) -> None:
+    """The library call returns the negatives: their false-negative counts go to stderr, as its progress does."""
+    if progress:
+        import sys
+
+        fn = summary["false_negatives"]
+        print(f"raycl mine_negatives: false negatives (another annotator's correction): source "
+              f"{rate_text(fn, 'source')}, beam {rate_text(fn, 'beam')}", file=sys.stderr)  # fmt: skip
 
 
 def _require_one_node(address: str | None, num_miners: int | tuple[int, int], cpus_per_miner: float) -> None:
@@ -612,9 +630,12 @@ def _stream_shards(out_dir: Path) -> Any:
                                  features=datasets.Features.from_arrow_schema(schema()))  # fmt: skip
 
 
-def _example(e: Any) -> dict[str, str]:
+def _example(e: Any) -> dict[str, Any]:
+    """A row of ``id, source, target, references`` (a dict without references: the target is the only one)."""
     if isinstance(e, GecExample):
-        return {"id": e.id, "source": e.source, "target": e.target}
+        refs = list(e.references or (e.target,))
+        return {"id": e.id, "source": e.source, "target": e.target, "references": refs}
     if isinstance(e, dict) and {"id", "source", "target"} <= set(e):
-        return {"id": str(e["id"]), "source": str(e["source"]), "target": str(e["target"])}
+        refs = [str(r) for r in e.get("references") or (e["target"],)]
+        return {"id": str(e["id"]), "source": str(e["source"]), "target": str(e["target"]), "references": refs}
     raise UserError(f"mine_negatives: expected data specs, GecExamples or dicts with id/source/target, got {e!r}")

@@ -6,7 +6,8 @@ already among them (CL). CL⁻ (``source_negative=False``) never adds the source
 log-prob S(t~|s) of the mining model, the quantity the margin loss compares (Cao et al. 2021, Eq. 4).
 The released code ships only the mined data (beam size and dedupe unknown, SPEC §1.3); this is raycl's rule.
 
-Records are written to and read from Parquet (``id, source, target, negatives, scores, model_version``):
+Records are written to and read from Parquet (``id, source, target, negatives, scores, model_version,
+references``; ``references``: every annotator's correction, so that a file can be filtered again later):
 both the raw n-best lists (``BeamSearchMiner.nbest``, mined once with the largest beam) and selected
 negatives (``BeamSearchMiner.mine`` / ``select``) use that one format.
 """
@@ -23,6 +24,7 @@ import torch
 
 from raycl.errors import UserError, at
 from raycl.miners.base_miner import BaseMiner, inference
+from raycl.miners.false_negatives import MODES, FalseNegativeCounts, normalize, refuted_set
 from raycl.miners.registry import load_module, register_miner
 from raycl.models.decoding import MAX_LEN_A, MAX_LEN_B
 
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
     from raycl.data.gec import GecExample
     from raycl.models.seq2seq import Seq2SeqScorer
 
-COLUMNS = ("id", "source", "target", "negatives", "scores", "model_version")
+COLUMNS = ("id", "source", "target", "negatives", "scores", "model_version", "references")
 RANK_BY = ("beam", "sum_logprob")  # the n-best's order: the beam's length-normalised score (the paper), or S(t~|s)
 
 
@@ -43,19 +45,34 @@ class MinedNegatives:
     scores: tuple[float, ...]  # (n,) S(t~|s), summed log-probs under the mining model
 
 
-def normalize(text: str) -> str:
-    return " ".join(text.split())
-
-
 def select_negatives(
-    nbest: Sequence[str], target: str, source: str, *, k: int, source_negative: bool, refill: bool = False
+    nbest: Sequence[str], target: str, source: str, *, k: int, source_negative: bool, refill: bool = False,
+    references: Sequence[str] = (), false_negatives: str = "keep", counts: FalseNegativeCounts | None = None,
 ) -> list[str]:
     """From an n-best list (best first, distinct, empty outputs dropped): the top k with the target dropped — the
     paper's rule (§2.2.3), k−1 negatives when the target is among them — or, with ``refill``, the first k outputs
     ≠ t (raycl's option: always k when the beam has them). Then s iff CL, s ≠ t and s not already chosen. Texts
-    are whitespace-normalised."""
+    are whitespace-normalised.
+
+    ``counts`` (when given) counts this selection's negatives and those that another annotator's correction
+    (``references``) equals — before any filtering. ``false_negatives="drop"`` then removes those; with
+    ``refill`` the n-best's next outputs take their places."""
     tgt, src = normalize(target), normalize(source)
     distinct = list(dict.fromkeys(t for t in map(normalize, nbest) if t))
+    chosen = _rule(distinct, tgt, src, k=k, source_negative=source_negative, refill=refill)
+    refuted = refuted_set(references, target) if references else frozenset()
+    if counts is not None:
+        counts.add(chosen, source=src, refuted=refuted)
+    if false_negatives == "keep" or not refuted:
+        return chosen
+    if refill:
+        distinct = [t for t in distinct if t not in refuted]
+        return [t for t in _rule(distinct, tgt, src, k=k, source_negative=source_negative, refill=True)
+                if t not in refuted]  # fmt: skip
+    return [t for t in chosen if t not in refuted]
+
+
+def _rule(distinct: list[str], tgt: str, src: str, *, k: int, source_negative: bool, refill: bool) -> list[str]:
     chosen = [t for t in distinct if t != tgt][:k] if refill else [t for t in distinct[:k] if t != tgt]
     if source_negative and src != tgt and src not in chosen:
         chosen.append(src)
@@ -63,10 +80,12 @@ def select_negatives(
 
 
 def select_from_nbest(nbest: MinedNegatives, source_score: float, example: GecExample, *, k: int,
-                      source_negative: bool, refill: bool = False) -> MinedNegatives:  # fmt: skip
+                      source_negative: bool, refill: bool = False, false_negatives: str = "keep",
+                      counts: FalseNegativeCounts | None = None) -> MinedNegatives:  # fmt: skip
     """One example's negatives from its raw n-best (and S(s|s)): what ``BeamSearchMiner.select`` gives for it."""
     chosen = select_negatives(nbest.negatives, example.target, example.source, k=k,
-                              source_negative=source_negative, refill=refill)  # fmt: skip
+                              source_negative=source_negative, refill=refill, references=example.references,
+                              false_negatives=false_negatives, counts=counts)  # fmt: skip
     scores = {normalize(example.source): source_score, **dict(zip(nbest.negatives, nbest.scores, strict=True))}
     return MinedNegatives(example.id, tuple(chosen), tuple(scores[n] for n in chosen))
 
@@ -96,6 +115,8 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
             hypothesis; one cut there is never a negative (:mod:`raycl.models.decoding`).
         nbest: ``mine`` returns no selection but each example's raw n-best with the (normalised) source appended
             last, scored S(s|s) — what a run-level n-best keeps, so that every trial selects its own k and CL/CL⁻.
+        false_negatives: ``keep`` (the paper) or ``drop`` negatives that another annotator's correction equals
+            (:mod:`raycl.miners.false_negatives`); either way ``counts`` adds up all its selections' before a drop.
 
     Returns (``mine``): one ``MinedNegatives`` per example, ≤ k beam outputs (distinct, ≠ t, score-descending)
     then the source; its score is S(s|s) under the same model.
@@ -116,13 +137,17 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
         rank_by: str = "beam",
         refill: bool = False,
         nbest: bool = False,
+        false_negatives: str = "keep",
     ) -> None:
         super().__init__(scorer, precision=precision)
         self.nbest_mode = nbest  # mine() returns the raw n-best + the source (a run's shared n-best)
         self.searched = 0  # sentences beam-searched by this miner
         if rank_by not in RANK_BY:
             raise ValueError(f"rank_by must be one of {RANK_BY}, got {rank_by!r}")
-        self.rank_by, self.refill = rank_by, refill
+        if false_negatives not in MODES:
+            raise ValueError(f"false_negatives must be one of {MODES}, got {false_negatives!r}")
+        self.rank_by, self.refill, self.false_negatives = rank_by, refill, false_negatives
+        self.counts = FalseNegativeCounts()  # of every selection this miner made
         self.scorer = scorer
         self.beam = k + 1 if beam is None else beam
         self.k, self.source_negative = self._check_k(k), source_negative
@@ -151,7 +176,8 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
         for nb, ex in zip(nbests, examples, strict=True):
             assert nb.id == ex.id, f"n-best {nb.id!r} does not belong to example {ex.id!r}"
             chosen.append(select_negatives(nb.negatives, ex.target, ex.source, k=k, source_negative=use_source,
-                                           refill=self.refill))  # fmt: skip
+                                           refill=self.refill, references=ex.references,
+                                           false_negatives=self.false_negatives, counts=self.counts))  # fmt: skip
             scores.append(dict(zip(nb.negatives, nb.scores, strict=True)))
         missing = [(i, neg) for i, negs in enumerate(chosen) for neg in negs if neg not in scores[i]]
         if missing:  # the appended sources: score them with the same model
@@ -218,20 +244,27 @@ def write_negatives_parquet(
     for ex, m in zip(examples, mined, strict=True):
         if ex.id != m.id:
             raise ValueError(f"mined record {m.id!r} is not for example {ex.id!r}")
-    schema = pa.schema([("id", pa.string()), ("source", pa.string()), ("target", pa.string()),
-                        ("negatives", pa.list_(pa.string())), ("scores", pa.list_(pa.float64())),
-                        ("model_version", pa.int64())])  # fmt: skip
     table = pa.table({
         "id": [ex.id for ex in examples], "source": [ex.source for ex in examples],
         "target": [ex.target for ex in examples], "negatives": [list(m.negatives) for m in mined],
         "scores": [list(m.scores) for m in mined], "model_version": versions,
-    }, schema=schema)  # fmt: skip
+        "references": [list(ex.references or (ex.target,)) for ex in examples],
+    }, schema=negatives_schema())  # fmt: skip
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     pq.write_table(table, tmp)
     tmp.replace(path)
     return path
+
+
+def negatives_schema() -> Any:
+    """The negatives files' columns (:data:`COLUMNS`): one file and every shard of a directory."""
+    import pyarrow as pa
+
+    return pa.schema([("id", pa.string()), ("source", pa.string()), ("target", pa.string()),
+                      ("negatives", pa.list_(pa.string())), ("scores", pa.list_(pa.float64())),
+                      ("model_version", pa.int64()), ("references", pa.list_(pa.string()))])  # fmt: skip
 
 
 def read_negatives_parquet(path: str | Path) -> dict[str, MinedNegatives]:
@@ -244,7 +277,7 @@ def read_negatives_parquet(path: str | Path) -> dict[str, MinedNegatives]:
         raise UserError(f"{at(path)}: cannot read a negatives Parquet file ({err})") from None
     lacking = [c for c in ("id", "negatives", "scores") if c not in table.column_names]
     if lacking:
-        raise UserError(f"{at(path)}: expected columns {list(COLUMNS)}, missing {lacking}")
+        raise UserError(f"{at(path)}: expected columns {list(COLUMNS[:6])}, missing {lacking}")
     out: dict[str, MinedNegatives] = {}
     rows = zip(*(table.column(c).to_pylist() for c in ("id", "negatives", "scores")), strict=True)
     for row, (id_, negs, scores) in enumerate(rows):

@@ -34,7 +34,7 @@ from itertools import islice, zip_longest
 from pathlib import Path
 from typing import Any
 
-from raycl.data.gec import GecExample, _target
+from raycl.data.gec import GecExample, m2_example
 from raycl.data.m2 import _decode, _parse_edit, iter_lines, iter_m2
 from raycl.data.specs import Spec, parse_spec
 from raycl.errors import UserError, at
@@ -252,16 +252,15 @@ def read_range(r: Range, *, annotator: int = 0) -> list[GecExample]:
     if r.fmt == "m2":
         lines = iter_lines(r.path, start=r.start, first_line=r.first_line)
         sents = islice(iter_m2(r.path, lines), r.count)
-        return [GecExample(f"{name}:{r.first_index + j}", s.source, _target(s, annotator))
-                for j, s in enumerate(sents)]  # fmt: skip
+        return [m2_example(f"{name}:{r.first_index + j}", s, annotator) for j, s in enumerate(sents)]
     if r.fmt == "pair":
         src = islice(iter_lines(r.path, start=r.start, first_line=r.first_line), r.count)
         tgt = islice(iter_lines(r.target_path, start=r.target_start, first_line=r.target_first_line), r.count)
         pairs = enumerate(zip(src, tgt, strict=True))
-        return [GecExample(f"{name}:{r.first_index + j}", s, t) for j, ((_, s), (_, t)) in pairs]
+        return [GecExample(f"{name}:{r.first_index + j}", s, t, (t,)) for j, ((_, s), (_, t)) in pairs]
     lines = islice(iter_lines(r.path, start=r.start, first_line=r.first_line), r.count)
-    return [GecExample(f"{name}:{r.first_index + j}", *tsv_fields(r.path, lineno, line))
-            for j, (lineno, line) in enumerate(lines)]  # fmt: skip
+    return [GecExample(f"{name}:{r.first_index + j}", src, tgt, (tgt,))
+            for j, (lineno, line) in enumerate(lines) for src, tgt in [tsv_fields(r.path, lineno, line)]]
 
 
 def tsv_fields(path: str | Path, lineno: int, line: str) -> tuple[str, str]:
@@ -402,4 +401,5 @@ def negatives_table(examples: Sequence[GecExample], mined: Sequence[Any], versio
         "target": [e.target for e in examples],
         "negatives": [list(m.negatives) for m in mined], "scores": [list(m.scores) for m in mined],
         "model_version": [version] * len(examples),
+        "references": [list(e.references or (e.target,)) for e in examples],
     }, schema=schema())  # fmt: skip

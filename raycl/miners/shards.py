@@ -2,7 +2,8 @@
 
 A shard directory holds ``part-00000.parquet``, ``part-00001.parquet``, … with the columns of
 :func:`raycl.miners.beam_search.write_negatives_parquet` (``id, source, target, negatives, scores,
-model_version``; here ``model_version`` is per row, since pooled miners may hold different versions). Each
+model_version, references``; here ``model_version`` is per row, since pooled miners may hold different versions;
+each file's footer keeps its false-negative counts, :func:`shard_counts`). Each
 shard is written to a hidden temp name, synced and renamed, so a shard file is either complete or absent; shard i
 holds range i of the corpus (:mod:`raycl.miners.corpus`), so a re-run skips the shards present. The directory loads
 with ``pyarrow.parquet.read_table(dir)`` (hidden temp files are skipped), ``datasets.load_dataset("parquet",
@@ -12,6 +13,7 @@ it or only the ids a training rank needs).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -22,7 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from raycl.errors import UserError, at
-from raycl.miners.beam_search import MinedNegatives, read_negatives_parquet
+from raycl.miners.beam_search import MinedNegatives, negatives_schema, read_negatives_parquet
+from raycl.miners.false_negatives import FalseNegativeCounts, normalize, refuted_set
 from raycl.records import replace_synced, sync
 from raycl.storage import LOCK
 
@@ -30,6 +33,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 SHARD_GLOB = "part-*.parquet"
+FN_KEY = b"raycl.false_negatives"
 _SHARD = re.compile(r"^part-(\d{5,})\.parquet$")
 
 
@@ -100,13 +104,27 @@ def write_shard(out_dir: Path, index: int, table: pa.Table) -> Path:
     return path
 
 
+def with_counts(table: pa.Table, counts: FalseNegativeCounts) -> pa.Table:
+    """``table`` with its selection's false-negative counts in the Parquet metadata (``raycl.false_negatives``):
+    a resumed directory's counts are its shards' sum, those of earlier runs included."""
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), FN_KEY: json.dumps(counts.as_dict())})
+
+
+def shard_counts(out_dir: str | Path) -> FalseNegativeCounts:
+    """The false-negative counts of every shard of ``out_dir`` (from each file's footer; none: zero)."""
+    import pyarrow.parquet as pq
+
+    total = FalseNegativeCounts()
+    for path in shard_files(out_dir):
+        got = (pq.read_schema(path).metadata or {}).get(FN_KEY)
+        if got is not None:
+            total.merge(json.loads(got))
+    return total
+
+
 def schema() -> pa.Schema:
     """The negatives schema, shared with the single-file output."""
-    import pyarrow as pa
-
-    return pa.schema([("id", pa.string()), ("source", pa.string()), ("target", pa.string()),
-                      ("negatives", pa.list_(pa.string())), ("scores", pa.list_(pa.float64())),
-                      ("model_version", pa.int64())])  # fmt: skip
+    return negatives_schema()
 
 
 def done_ids(out_dir: str | Path) -> set[str]:
@@ -158,3 +176,41 @@ def _read_ids(path: Path, ids: list[str]) -> dict[str, MinedNegatives]:
     cols = (table.column(c).to_pylist() for c in ("id", "negatives", "scores"))
     return {i: MinedNegatives(i, tuple(n), tuple(math.nan if x is None else x for x in sc))
             for i, n, sc in zip(*cols, strict=True)}
+
+
+def _files_of(path: Path) -> list[Path]:
+    return shard_files(path) if path.is_dir() else [path]
+
+
+def check_references(path: str | Path) -> None:
+    """``mining.false_negatives=drop`` on pre-mined negatives needs each row's ``references`` (every annotator's
+    correction): a file or shard mined without them is a one-line error (read from the footers only)."""
+    import pyarrow.parquet as pq
+
+    for file in _files_of(Path(path)):
+        try:
+            names = pq.read_schema(file).names
+        except (OSError, ValueError) as err:
+            raise UserError(f"{at(file)}: cannot read a negatives Parquet file ({err})") from None
+        if "references" not in names or "target" not in names:
+            raise UserError(f"{at(file)}: no 'references' column, expected one for mining.false_negatives=drop "
+                            "(mine the file again with this raycl, or keep its false negatives)")  # fmt: skip
+
+
+def without_false_negatives(path: str | Path, negatives: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Pre-mined ``negatives`` (by id, read from ``path``) less those another annotator's correction equals, as the
+    file's ``target`` and ``references`` columns say (:mod:`raycl.miners.false_negatives`)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    check_references(path)
+    refuted: dict[str, frozenset[str]] = {}
+    wanted = pa.array(list(negatives), pa.string())
+    for file in _files_of(Path(path)):
+        table = pq.read_table(file, columns=["id", "target", "references"], filters=pc.field("id").isin(wanted))
+        for id_, target, refs in zip(*(table.column(c).to_pylist() for c in ("id", "target", "references")),
+                                     strict=True):  # fmt: skip
+            refuted[id_] = refuted_set(refs or (), target)
+    none: frozenset[str] = frozenset()
+    return {i: [n for n in negs if normalize(n) not in refuted.get(i, none)] for i, negs in negatives.items()}

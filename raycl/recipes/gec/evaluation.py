@@ -4,14 +4,17 @@ the combined score, and the over-correction / ignored-edit ratios)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from raycl.configs.gec import GecConfig
-from raycl.data.gec import load_references
+from raycl.data.gec import load_references, write_parallel
 from raycl.evaluation.gec_metrics import evaluate_gec
 from raycl.models.seq2seq import Seq2SeqScorer
+
+HYPS_DIR = "test_hyps"  # in a training's folder: its best epoch's test hypotheses, one file per test set
 
 
 def references(cfg: GecConfig) -> dict[str, dict[str, Any]]:
@@ -20,14 +23,17 @@ def references(cfg: GecConfig) -> dict[str, dict[str, Any]]:
             for split, sets in (("dev", cfg.data.dev), ("test", cfg.data.test))}  # fmt: skip
 
 
-def evaluate_split(cfg: GecConfig, scorer: Seq2SeqScorer, sets: dict[str, Any], *, prefix: str
-                   ) -> dict[str, float]:  # fmt: skip
+def evaluate_split(cfg: GecConfig, scorer: Seq2SeqScorer, sets: dict[str, Any], *, prefix: str,
+                   hyps_dir: Path | None = None) -> dict[str, float]:  # fmt: skip
     """Decode every set of a split and score it with ERRANT: ``{prefix}_f05`` (mean over sets of the
-    annotator-averaged F0.5, the paper's figure) and ``{prefix}/{set}/{p,r,f05,oe,ie,...}``."""
+    annotator-averaged F0.5, the paper's figure) and ``{prefix}/{set}/{p,r,f05,oe,ie,...}``. ``hyps_dir``: each
+    set's hypotheses kept there as ``{set}.txt`` (what the report's sign test between two rows reads)."""
     out: dict[str, float] = {}
     f_values = []
     for name, refs in sets.items():
         hyps = decode(cfg, scorer, [r.source for r in refs])
+        if hyps_dir is not None:
+            write_parallel(hyps_dir / f"{name}.txt", hyps)
         result = evaluate_gec(hyps, {name: refs})["refs"][name]
         avg = result["average"]
         for key in ("p", "r", "f0.5", "oe", "ie"):

@@ -34,9 +34,11 @@ from raycl.distributed.sweep import TrialOutcome
 from raycl.driver import RecipeBase, Run, TrainPoint, fit_job, miners
 from raycl.errors import UserError
 from raycl.miners.beam_search import GEC_BEAM, select_from_nbest, write_negatives_parquet
+from raycl.miners.false_negatives import FalseNegativeCounts, normalize, refuted_set
 from raycl.models.ct2_engine import resolve_on_driver
 from raycl.models.presets import build_model
 from raycl.recipes.gec import report
+from raycl.recipes.gec.report import FN_FILE
 from raycl.recipes.gec.worker import GecTask
 from raycl.records import atomic_write
 from raycl.report import copy_atomic, say
@@ -116,17 +118,17 @@ class GecRecipe(RecipeBase):
         shared = run.services.get("nbest")
         if shared is not None and shares_nbest(cfg) and shared[1] == decoding_options(cfg):
             result = fit_job(run, cfg, dataclasses.replace(job, nbest=shared[0]), name=name, in_tune=in_tune)
-            _write_selected(out_dir / "negatives.parquet", cfg, nbest_records(shared[0]))
+            _write_selected(out_dir, cfg, nbest_records(shared[0]))
             return result
         m = cfg.mining
         factory = MinerFactory(GEC_BEAM, str(run.base_model), {
             "k": m.k, "beam": m.beam, "source_negative": m.source_negative, "batch_size": m.batch_size,
             "max_len_a": m.max_len_a, "max_len_b": m.max_len_b, "precision": m.precision, "rank_by": m.rank_by,
-            "refill": m.refill, "engine": m.engine})  # fmt: skip
+            "refill": m.refill, "engine": m.engine, "false_negatives": m.false_negatives})  # fmt: skip
         with miners(factory, m, world_size=cfg.scaling.num_workers, seed=cfg.optim.seed) as service:
             job = dataclasses.replace(job, stream=service.stream, store=service.store)
             result = fit_job(run, cfg, job, name=name, in_tune=in_tune)
-            _write_negatives(out_dir / "negatives.parquet", cfg, service.negatives())
+            _write_negatives(out_dir, cfg, service.negatives())
             atomic_write(out_dir / "mining.json", json.dumps(service.stats()))
         return result
 
@@ -199,18 +201,29 @@ def decoding_options(cfg: GecConfig) -> dict[str, Any]:
             "max_len_a": m.max_len_a, "max_len_b": m.max_len_b, "max_length": cfg.model.max_length}
 
 
-def _write_selected(path: Path, cfg: GecConfig, records: dict[str, Any]) -> None:
-    """A trial's negatives, selected from the run's n-best with its k and CL/CL⁻, as ``raycl.mine`` writes them."""
-    m = cfg.mining
+def _write_selected(out_dir: Path, cfg: GecConfig, records: dict[str, Any]) -> None:
+    """A trial's negatives, selected from the run's n-best with its k and CL/CL⁻, as ``raycl.mine`` writes them,
+    and the selection's false-negative counts (``false_negatives.json``, before any drop: the report's rates)."""
+    m, counts = cfg.mining, FalseNegativeCounts()
     examples = [ex for ex in load_examples(cfg.data.finetune, annotator=cfg.data.annotator) if ex.id in records]
     mined = [select_from_nbest(records[ex.id][0], records[ex.id][1], ex, k=m.k, source_negative=m.source_negative,
-                               refill=m.refill) for ex in examples]  # fmt: skip
-    write_negatives_parquet(path, examples, mined, model_version=0)
+                               refill=m.refill, false_negatives=m.false_negatives, counts=counts)
+             for ex in examples]  # fmt: skip
+    write_negatives_parquet(out_dir / "negatives.parquet", examples, mined, model_version=0)
+    atomic_write(out_dir / FN_FILE, json.dumps({"mode": m.false_negatives, **counts.as_dict()}))
 
 
-def _write_negatives(path: Path, cfg: GecConfig, items: list[Any]) -> None:
-    """The negatives a run trained on (the newest mined for each example), as ``raycl.mine`` writes them."""
+def _write_negatives(out_dir: Path, cfg: GecConfig, items: list[Any]) -> None:
+    """The negatives a run trained on (the newest mined for each example), as ``raycl.mine`` writes them; with
+    ``keep`` their false-negative counts too (with ``drop`` the miners' selections before it are not kept)."""
     by_id = {it.id: it for it in items}
     examples = [ex for ex in load_examples(cfg.data.finetune, annotator=cfg.data.annotator) if ex.id in by_id]
     mined = [by_id[ex.id] for ex in examples]
-    write_negatives_parquet(path, examples, mined, model_version=[it.model_version for it in mined])
+    write_negatives_parquet(out_dir / "negatives.parquet", examples, mined,
+                            model_version=[it.model_version for it in mined])  # fmt: skip
+    if cfg.mining.false_negatives == "keep":
+        counts = FalseNegativeCounts()
+        for ex, it in zip(examples, mined, strict=True):
+            counts.add([normalize(n) for n in it.negatives], source=ex.source,
+                       refuted=refuted_set(ex.references, ex.target))  # fmt: skip
+        atomic_write(out_dir / FN_FILE, json.dumps({"mode": "keep", **counts.as_dict()}))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +11,7 @@ from raycl.data.gec import load_references
 from raycl.data.gec_corpus import stats as corpus_stats
 from raycl.data.specs import parse_spec
 from raycl.distributed.sweep import TrialOutcome
+from raycl.miners.false_negatives import KINDS, rate_text
 from raycl.report import best_row, best_trial, failed, figure, md_table, num, pct, write_run_files
 
 if TYPE_CHECKING:
@@ -17,13 +19,15 @@ if TYPE_CHECKING:
     from raycl.driver import Run
 
 PARAM_NAMES = {"loss.margin": "γ", "mining.k": "k", "loss.trade_off": "λ", "mining.source_negative": "source neg."}
+FN_FILE = "false_negatives.json"  # a contrastive training's false-negative counts (raycl.miners.false_negatives)
+FN_DROPPED = "CL (false negatives dropped)"
+_LABELS = {"di": "DI", "nll": "NLL", "cl_minus": "CL⁻", "cl_fn_drop": FN_DROPPED}
+_AFTER_CL = (FN_DROPPED,)  # ladder rows listed after CL, the row they are compared with
 
 
 def _label(trial: TrialOutcome) -> str:
     name = trial.params.get("baseline")
-    if name is not None:
-        return {"di": "DI", "nll": "NLL", "cl_minus": "CL⁻"}.get(str(name), str(name))
-    return "CL"
+    return "CL" if name is None else _LABELS.get(str(name), str(name))
 
 
 def _params_text(params: dict[str, Any]) -> str:
@@ -34,11 +38,15 @@ def _params_text(params: dict[str, Any]) -> str:
 def write_all(run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]) -> dict[str, Any]:
     metric, mode = run.cfg.tune.metric, run.cfg.tune.mode
     best = best_trial(trials, metric=metric, mode=mode)
-    return write_run_files(run, space, rows=[_result_row(t, metric, mode) for t in trials + extra],
-                           best=_result_row(best, metric, mode) if best else None,
+    counts = {t.trial_id: c for t in trials + extra if (c := _fn_counts(run, t)) is not None}
+    rows = [{**_result_row(t, metric, mode), **_fn_columns(counts.get(t.trial_id))} for t in trials + extra]
+    signs = _sign_tests(run, best, extra)
+    return write_run_files(run, space, rows=rows, best=_result_row(best, metric, mode) if best else None,
                            table=_table_rows(trials, extra, metric, mode), failed_trials=failed(trials + extra),
-                           plots=lambda d: _plots(d, trials + extra, metric),
-                           render=lambda summary, plots: render_report(run, space, summary, trials, plots))
+                           plots=lambda d: _plots(d, trials + extra, metric), sign_tests=signs,
+                           false_negatives=counts,
+                           render=lambda summary, plots: render_report(run, space, summary, trials, plots,
+                                                                       extra=extra))  # fmt: skip
 
 
 def _result_row(trial: TrialOutcome, metric: str, mode: str) -> dict[str, Any]:
@@ -58,11 +66,11 @@ def _table_rows(trials: list[TrialOutcome], extra: list[TrialOutcome], metric: s
     best = best_trial(trials, metric=metric, mode=mode)
     if best is not None:
         rows.append({"method": "CL", "params": _params_text(best.params), **(best_row(best, metric, mode) or {})})
-    return rows
+    return [r for r in rows if r["method"] not in _AFTER_CL] + [r for r in rows if r["method"] in _AFTER_CL]
 
 
-def render_report(run: Run, space: Space, summary: dict[str, Any], trials: list[TrialOutcome], plots: list[Path]
-                  ) -> str:  # fmt: skip
+def render_report(run: Run, space: Space, summary: dict[str, Any], trials: list[TrialOutcome], plots: list[Path],
+                  *, extra: Sequence[TrialOutcome] = ()) -> str:  # fmt: skip
     cfg, tests, table = run.cfg, list(run.cfg.data.test), summary["table"]
     lines = [f"# raycl — {space.name}: GEC with contrastive learning (Cao, Yang, Ng 2021)", "",
              f"Run folder `{run.run_dir}`; model preset `{cfg.model.preset}`"
@@ -74,6 +82,8 @@ def render_report(run: Run, space: Space, summary: dict[str, Any], trials: list[
                        [[r["method"] + (f" ({r['params']})" if r.get("params") else ""),
                          *(pct(r.get(f"test/{t}/{k}")) for t in tests for k in ("p", "r", "f05")),
                          pct(r.get("dev_f05"))] for r in table]),
+             *_sign_lines(summary.get("sign_tests", [])),
+             *_fn_lines(summary.get("false_negatives", {}), [*trials, *extra]),
              "", "## Over-correction and ignored edits (Table 3)", "",
              *md_table(["Method", *(f"{t} {k} ratio" for t in tests for k in ("IE", "OE"))],
                        [[r["method"], *(pct(r.get(f"test/{t}/{k}")) for t in tests for k in ("ie", "oe"))]
@@ -141,6 +151,69 @@ def _data_rows(cfg: Any) -> list[list[Any]]:
                     *((len(sents), f"{100 * st['err_rate']:.1f}", f"{st['edits_per_error']:.1f}") if st
                       else ("–", "–", "–"))])  # fmt: skip
     return out
+
+
+# ---------------------------------------------------------------------------------------------- false negatives
+def _fn_counts(run: Run, trial: TrialOutcome) -> dict[str, Any] | None:
+    path = run.run_dir / "trials" / trial.trial_id / FN_FILE
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _fn_columns(counts: dict[str, Any] | None) -> dict[str, Any]:
+    """results.csv's columns of a trial's false-negative counts (``fn/source_selected``, ...)."""
+    if counts is None:
+        return {}
+    return {f"fn/{kind}_{what}": counts[kind][what] for kind in KINDS for what in ("selected", "refuted")}
+
+
+def _fn_lines(counts: dict[str, dict[str, Any]], trials: list[TrialOutcome]) -> list[str]:
+    """Each contrastive training's negatives that another annotator's correction equals, counted before a drop."""
+    if not counts:
+        return []
+    rows = [[_label(t), _params_text(t.params), counts[t.trial_id].get("mode", "keep"),
+             *(rate_text(counts[t.trial_id], kind) for kind in KINDS)] for t in trials if t.trial_id in counts]
+    return ["", "False negatives — selected negatives equal to another annotator's correction (the unchanged "
+            "source where one made no edit), counted before any drop; refuted/selected (rate):", "",
+            *md_table(["Training", "Point", "mining.false_negatives", "source", "beam"], rows)]
+
+
+def _sign_tests(run: Run, best: TrialOutcome | None, extra: list[TrialOutcome]) -> list[dict[str, Any]]:
+    """The paper's bootstrap sign test (``raycl.eval --compare``) of each row after CL against CL, on every test
+    set, from the two trainings' kept test hypotheses."""
+    from raycl.data.m2 import iter_lines
+    from raycl.evaluation.gec_metrics import HypothesisEdits, bootstrap_sign_test
+    from raycl.recipes.gec.evaluation import HYPS_DIR
+
+    if best is None:
+        return []
+    out = []
+    for t in (t for t in extra if _label(t) in _AFTER_CL):
+        dirs = [run.run_dir / "trials" / x.trial_id / HYPS_DIR for x in (t, best)]
+        tests = {}
+        for name, specs in run.cfg.data.test.items():
+            files = [d / f"{name}.txt" for d in dirs]
+            if not all(f.exists() for f in files):
+                continue
+            refs = load_references(specs)
+            a, b = (HypothesisEdits([line for _, line in iter_lines(f)], name=str(f)) for f in files)
+            tests[name] = bootstrap_sign_test(a.for_ref(name, refs), b.for_ref(name, refs), refs)
+        out.append({"method": _label(t), "against": "CL", "tests": tests})
+    return out
+
+
+def _sign_lines(signs: list[dict[str, Any]]) -> list[str]:
+    """One line a compared row: wins/losses/ties of the bootstrap samples, p one way and (the same samples) the
+    other."""
+    from raycl.evaluation.gec_metrics import sign_test_p
+
+    lines = []
+    for s in signs:
+        got = "; ".join(f"{n}: wins {t['wins']}, losses {t['losses']}, ties {t['ties']}, p = {t['p_value']:.3g} "
+                        f"({s['against']} better: p = {sign_test_p(t['losses'], t['wins']):.3g})"
+                        for n, t in s["tests"].items()) or "no test hypotheses kept"  # fmt: skip
+        lines += ["", f"Sign test, {s['method']} better than {s['against']} (one-tailed, 100 bootstrap samples of "
+                  f"each test set, as `raycl.eval gec --compare`): {got}."]
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------- plots

@@ -24,9 +24,10 @@ from raycl.data.gec import GecExample, load_examples
 from raycl.distributed.consumer import StreamConsumer
 from raycl.losses.gec_margin import GecContrastiveLoss
 from raycl.miners.beam_search import select_from_nbest
-from raycl.miners.shards import read_negatives
+from raycl.miners.shards import read_negatives, without_false_negatives
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.recipes.gec import evaluation
+from raycl.recipes.gec.evaluation import HYPS_DIR
 from raycl.records import save_dir_atomic
 from raycl.train.feeds import (
     Feed,
@@ -159,7 +160,8 @@ class GecTask(TaskBase):
         needs_negatives = ph.name == "finetune" and ph.trade_off > 0 and ph.epochs > 0
         if needs_negatives and w.job.nbest is not None:  # the run's shared n-best: select this trial's k, CL/CL⁻
             m = cfg.mining
-            select = functools.partial(_selected, k=m.k, source_negative=m.source_negative, refill=m.refill)
+            select = functools.partial(_selected, k=m.k, source_negative=m.source_negative, refill=m.refill,
+                                       false_negatives=m.false_negatives)  # fmt: skip
             return NBestFeed(w.job.nbest, examples, batch_size=ph.batch_size, seed=cfg.optim.seed, select=select,
                              rank=w.rank, world_size=w.world_size)  # fmt: skip
         shards = [shard(examples, r, w.world_size) for r in range(w.world_size)]
@@ -175,6 +177,8 @@ class GecTask(TaskBase):
             # every rank's epoch draws its share of the global batches from all of D_F: every row, read by id
             mined = read_negatives(cfg.mining.negatives, ids={ex.id for ex in examples})
             negatives = {i: list(m.negatives) for i, m in mined.items()}
+            if cfg.mining.false_negatives == "drop":
+                negatives = without_false_negatives(cfg.mining.negatives, negatives)
         return StaticFeed(examples, negatives, batch_size=ph.batch_size, seed=cfg.optim.seed, rank=w.rank,
                           world_size=w.world_size)  # fmt: skip
 
@@ -232,7 +236,9 @@ class GecTask(TaskBase):
 
     def on_best(self, st: GecState, rep: Report, w: Worker) -> dict[str, Any]:
         # test is decoded only when dev improves: the epoch selected on dev is always one of those
-        return evaluation.evaluate_split(self.cfg, st.model, st.refs["test"], prefix="test")
+        # the hypotheses kept: the report's sign test compares two rows' test outputs
+        return evaluation.evaluate_split(self.cfg, st.model, st.refs["test"], prefix="test",
+                                         hyps_dir=w.out_dir / HYPS_DIR)  # fmt: skip
 
     def final(self, st: GecState, w: Worker) -> dict[str, Any] | None:
         if self.phase == "pretrain" and w.rank == 0:  # step 1's model, the base of fine-tuning
