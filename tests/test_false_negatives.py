@@ -162,3 +162,39 @@ def test_drop_on_a_file_without_references_is_refused_and_refilters_one_with_the
     with pytest.raises(UserError, match=r"old\.parquet: no 'references' column") as err:
         check_references(old)
     assert "\n" not in str(err.value)
+
+
+class _Scorer:
+    """A decoding engine that scores every text 0: select() needs only the sources' scores from it."""
+
+    training = False
+
+    def score_texts(self, sources: list[str], targets: list[str], **_: object) -> list[float]:
+        return [0.0] * len(targets)
+
+
+@pytest.mark.parametrize("mode", ["keep", "drop"])
+def test_a_miner_pools_selections_carry_their_counts_to_the_trials_file(tmp_path: Path, mode: str) -> None:
+    """A trial with its own miner pool (online mining): each miner's selection carries its counts before the
+    drop through the stream (MinedBatch → StreamItem), and the trial's false_negatives.json sums them — with
+    ``drop`` too, where the negatives it trained on no longer hold the refuted ones."""
+    import json
+
+    from raycl.config import load_space
+    from raycl.distributed.messages import MinedBatch, MineTask
+    from raycl.miners.beam_search import BeamSearchMiner, MinedNegatives
+    from raycl.recipes.gec.recipe import FN_FILE, _write_negatives
+
+    path = tmp_path / "two.m2"
+    write_m2(path, SENTS)
+    examples = load_examples([str(path)])
+    cfg = load_space("gec_pd", preset="smoke", overrides=[f"data.finetune=[{path}]",
+                                                          f"mining.false_negatives={mode}"]).config  # fmt: skip
+    miner = BeamSearchMiner(_Scorer(), k=2, beam=3, false_negatives=mode)  # type: ignore[arg-type]
+    nbests = [MinedNegatives(ex.id, tuple(nb), (0.0,) * len(nb)) for ex, nb in zip(examples, NBEST, strict=True)]
+    records = miner.select(nbests, examples)
+    batch = MinedBatch.of(MineTask(0, 0, 0, tuple(examples)), records, model_version=1, miner_id=0)
+    _write_negatives(tmp_path, cfg, batch.items())
+    written = json.loads((tmp_path / FN_FILE).read_text())
+    assert written == {"mode": mode, **_naive(examples, k=2, source_negative=True, refill=False)}
+    assert written["source"]["refuted"] == 1 and written["beam"]["refuted"] == 2  # the two cases of the M2

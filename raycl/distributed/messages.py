@@ -49,6 +49,7 @@ class MinedBatch:
     epoch: int
     task_id: int
     seconds: float = 0.0  # the miner's time on this task
+    false_negatives: tuple[tuple[int, ...], ...] = ()  # (n,) each selection's counts before a drop, if counted
 
     @classmethod
     def of(
@@ -61,12 +62,13 @@ class MinedBatch:
             negatives=tuple(tuple(r.negatives) for r in records),
             scores=tuple(tuple(float(s) for s in r.scores) for r in records),
             model_version=model_version, miner_id=miner_id, epoch=task.epoch, task_id=task.task_id,
-            seconds=seconds,
+            seconds=seconds, false_negatives=tuple(tuple(getattr(r, "false_negatives", ())) for r in records),
         )  # fmt: skip
 
     def items(self) -> list[StreamItem]:
-        return [StreamItem(i, n, s, self.model_version, self.miner_id)
-                for i, n, s in zip(self.ids, self.negatives, self.scores, strict=True)]  # fmt: skip
+        counts = self.false_negatives or ((),) * len(self.ids)
+        return [StreamItem(i, n, s, self.model_version, self.miner_id, c)
+                for i, n, s, c in zip(self.ids, self.negatives, self.scores, counts, strict=True)]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,7 @@ class StreamItem:
     scores: tuple[float, ...]  # (≤ k+1,)
     model_version: int  # staleness = trainer version − model_version
     miner_id: int
+    false_negatives: tuple[int, ...] = ()  # the selection's false-negative counts before a drop (GEC), if counted
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,8 @@ class MinedNegatives:
     id: str
     negatives: tuple[str, ...]  # (n,) n ≤ k (+1 with the source); a raw n-best: (≤ beam,)
     scores: tuple[float, ...]  # (n,) S(t~|s), summed log-probs under the mining model
+    # this selection's false-negative counts before any drop (FalseNegativeCounts.flat); () where not selected
+    false_negatives: tuple[int, ...] = ()
 
 
 def select_negatives(
@@ -172,12 +174,15 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
         """Negatives from already-mined n-best lists, for this miner's k or another k ≤ beam−1."""
         k = self.k if k is None else self._check_k(k)
         use_source = self.source_negative if source_negative is None else source_negative
-        chosen, scores = [], []
+        chosen, scores, counted = [], [], []
         for nb, ex in zip(nbests, examples, strict=True):
             assert nb.id == ex.id, f"n-best {nb.id!r} does not belong to example {ex.id!r}"
+            counts = FalseNegativeCounts()  # this example's, carried with its negatives (a miner pool's trials)
             chosen.append(select_negatives(nb.negatives, ex.target, ex.source, k=k, source_negative=use_source,
                                            refill=self.refill, references=ex.references,
-                                           false_negatives=self.false_negatives, counts=self.counts))  # fmt: skip
+                                           false_negatives=self.false_negatives, counts=counts))  # fmt: skip
+            self.counts.merge(counts)
+            counted.append(tuple(counts.flat()))
             scores.append(dict(zip(nb.negatives, nb.scores, strict=True)))
         missing = [(i, neg) for i, negs in enumerate(chosen) for neg in negs if neg not in scores[i]]
         if missing:  # the appended sources: score them with the same model
@@ -187,8 +192,8 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
             for (i, neg), s in zip(missing, got, strict=True):
                 scores[i][neg] = s
         return [
-            MinedNegatives(ex.id, tuple(negs), tuple(sc[n] for n in negs))
-            for ex, negs, sc in zip(examples, chosen, scores, strict=True)
+            MinedNegatives(ex.id, tuple(negs), tuple(sc[n] for n in negs), fn)
+            for ex, negs, sc, fn in zip(examples, chosen, scores, counted, strict=True)
         ]
 
     def _mine(self, examples: Sequence[GecExample]) -> list[MinedNegatives]:

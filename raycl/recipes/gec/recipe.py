@@ -214,16 +214,22 @@ def _write_selected(out_dir: Path, cfg: GecConfig, records: dict[str, Any]) -> N
 
 
 def _write_negatives(out_dir: Path, cfg: GecConfig, items: list[Any]) -> None:
-    """The negatives a run trained on (the newest mined for each example), as ``raycl.mine`` writes them; with
-    ``keep`` their false-negative counts too (with ``drop`` the miners' selections before it are not kept)."""
+    """The negatives a run trained on (the newest mined for each example), as ``raycl.mine`` writes them, and
+    their selections' false-negative counts before any drop (each miner's selection carries its own; with ``keep``
+    a miner that does not count them is counted here from what it selected)."""
     by_id = {it.id: it for it in items}
     examples = [ex for ex in load_examples(cfg.data.finetune, annotator=cfg.data.annotator) if ex.id in by_id]
     mined = [by_id[ex.id] for ex in examples]
     write_negatives_parquet(out_dir / "negatives.parquet", examples, mined,
                             model_version=[it.model_version for it in mined])  # fmt: skip
-    if cfg.mining.false_negatives == "keep":
-        counts = FalseNegativeCounts()
+    counts = FalseNegativeCounts()
+    if all(getattr(it, "false_negatives", ()) for it in mined):
+        for it in mined:
+            counts.merge(FalseNegativeCounts.of_flat(it.false_negatives))
+    elif cfg.mining.false_negatives == "keep":
         for ex, it in zip(examples, mined, strict=True):
             counts.add([normalize(n) for n in it.negatives], source=ex.source,
                        refuted=refuted_set(ex.references, ex.target))  # fmt: skip
-        atomic_write(out_dir / FN_FILE, json.dumps({"mode": "keep", **counts.as_dict()}))
+    else:
+        return
+    atomic_write(out_dir / FN_FILE, json.dumps({"mode": cfg.mining.false_negatives, **counts.as_dict()}))
