@@ -308,6 +308,45 @@ def _incomplete_folders(fs: pafs.FileSystem, where: str, objects: dict[str, Any]
     return bad
 
 
+def portable(path: str | Path) -> str:
+    """``path`` as a process on another node must be given it: a staged path's URI (that node has its own staging
+    folder, :func:`on_node`), any other path as it is (shared storage)."""
+    return remote_of(path) or str(path)
+
+
+def on_node(text: str | Path) -> Path:
+    """What :func:`portable` gave, on this node: a URI's staging folder here (made; this node's cache of it),
+    any other path as it is."""
+    if not is_uri(str(text)):
+        return Path(text)
+    uri, staged = str(text).rstrip("/"), cache_root() / "stage"
+    runs = sorted((unquote(d.name), d) for d in staged.iterdir()) if staged.is_dir() else []
+    inside = [(top, d) for top, d in runs if uri.startswith(top + "/")]  # a run this node has staged holds it
+    folder = inside[-1][1].joinpath(*uri[len(inside[-1][0]) + 1 :].split("/")) if inside else stage_dir(uri)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def refresh(path: Path) -> Path:
+    """A staged folder with what the store holds and this node lacks pulled in (shards other nodes wrote), kept
+    here as the node's cache; any other path as it is."""
+    uri = remote_of(path)
+    if uri is not None:
+        pull(uri, path)
+    return path
+
+
+def remove(path: Path) -> None:
+    """A staged folder's objects deleted from the store (the local folder is the caller's): a re-mined n-best
+    must not find the old one's shards there."""
+    uri = remote_of(path)
+    if uri is None:
+        return
+    fs, where = filesystem(uri)
+    for rel in _listing(fs, where):
+        fs.delete_file(f"{where}/{rel}")
+
+
 def local(path: str | Path) -> Path:
     """A staged folder on this node: pulled from the store when this node has not got it (a worker on another
     node reading the run's base model) and kept there, the node's cache. Any other path as it is."""

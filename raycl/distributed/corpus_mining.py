@@ -49,6 +49,7 @@ from typing import Any
 
 import ray
 
+from raycl import storage
 from raycl.data.gec import GecExample
 from raycl.data.specs import parse_spec
 from raycl.distributed.miner_pool import ACTOR_KEYS, CHAOS_KEYS
@@ -147,7 +148,7 @@ class RangeMiner:
         from raycl.distributed.miner_pool import Chaos, _first_life
 
         self.miner = _build_miner(model, options)
-        self.out_dir, self.annotator, self.attempts = Path(out_dir), annotator, attempts
+        self.out_dir, self.annotator, self.attempts = storage.on_node(out_dir), annotator, attempts
         self.chaos = Chaos.of(options, 0, first_life=_first_life())
         self.done = 0
 
@@ -280,6 +281,7 @@ def _check_done(out_dir: Path, ranges: list[Range], failed: list[dict[str, Any]]
         then = "stopped early (more than --max-failed-ranges)" if stopped else "the other ranges are mined"
         raise RangesFailed(f"{at(out_dir / FAILURES)}: {len(failures)} range(s) failed: {listed}; {then}; run "
                            "again to retry only the ranges without a shard")  # fmt: skip
+    storage.refresh(out_dir)  # a staged run: the shards miners on other nodes wrote to the store, cached here
     lost = [shard_name(r.index) for r in ranges if not (out_dir / shard_name(r.index)).is_file()]
     if lost:
         raise UserError(f"{at(out_dir / lost[0])}: mined but not in the output directory ({len(lost)} shards "
@@ -341,7 +343,7 @@ def _ray_data(model: str, ranges: list[Range], out_dir: Path, *, options: dict[s
         mined = ds.map_batches(
             RangeMiner, batch_size=1, compute=_pool(num_miners, len(ranges)), num_cpus=cpus,
             num_gpus=gpus or None,
-            fn_constructor_kwargs={"model": model, "options": options, "out_dir": str(out_dir),
+            fn_constructor_kwargs={"model": model, "options": options, "out_dir": storage.portable(out_dir),
                                    "annotator": annotator, "attempts": attempts},
         )  # fmt: skip
         try:
