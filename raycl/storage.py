@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 MANIFEST = "_manifest.json"
 RAY_DIR = "ray"  # Ray Train/Tune's own storage under a run: written to the store by Ray, never staged
+INPUTS = "inputs"  # the node's cache of inputs given as URIs (fetch), beside stage/ (the staged runs)
 LOCK = "_mining.lock"  # a run's own lock on its folder (raycl.miners.shards): of this machine, never uploaded
 
 
@@ -281,11 +282,7 @@ def pull(uri: str, local: Path) -> int:
         if dst.is_file() and dst.stat().st_size == info.size:
             continue
         dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f".{dst.name}.{os.getpid()}.pull")
-        with fs.open_input_stream(info.path) as f, open(tmp, "wb") as out:
-            while chunk := f.read(_CHUNK):
-                out.write(chunk)
-        tmp.replace(dst)
+        _get(fs, info.path, dst)
         n += 1
     return n
 
@@ -349,10 +346,60 @@ def remove(path: Path) -> None:
 
 def local(path: str | Path) -> Path:
     """A staged folder on this node: pulled from the store when this node has not got it (a worker on another
-    node reading the run's base model) and kept there, the node's cache. Any other path as it is."""
+    node reading the run's base model) and kept there, the node's cache; likewise an input :func:`fetch` cached
+    on another node. Any other path as it is."""
     path = Path(path)
-    uri = remote_of(path)
-    if uri is None or path.exists():
+    if path.exists():
         return path
-    pull(uri, path)
+    uri = remote_of(path)
+    if uri is not None:
+        pull(uri, path)
+    elif (source := _input_of(path)) is not None:
+        fetch(source)
     return path
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+def fetch(text: str | Path) -> str:
+    """An input given as a URI (``model.checkpoint``, ``mining.negatives``: an object or a folder of them) as a
+    local path: downloaded into this node's cache (``$RAYCL_CACHE_DIR/inputs/<quoted URI>``) unless it holds it
+    already at the store's sizes, so each node fetches it once. Anything else (a path, a hub name) as it is.
+    Inputs are never written back: they are not staged (:func:`remote_of` knows nothing of them)."""
+    if not is_uri(str(text)):
+        return str(text)
+    import pyarrow.fs as pafs
+
+    uri = str(text).rstrip("/")
+    local = cache_root() / INPUTS / quote(uri, safe="")
+    try:
+        fs, where = filesystem(uri)
+        info = fs.get_file_info(where)
+        if info.type == pafs.FileType.File:
+            if not (local.is_file() and local.stat().st_size == info.size):
+                local.parent.mkdir(parents=True, exist_ok=True)
+                _get(fs, where, local)
+        elif info.type == pafs.FileType.Directory:
+            pull(uri, local)
+        else:
+            raise UserError(f"{uri}: no such object or folder in the store")
+    except OSError as err:
+        raise UserError(f"{uri}: cannot read the object store ({err})") from None
+    return str(local)
+
+
+def _input_of(path: Path) -> str | None:
+    """The URI of a path inside a :func:`fetch`ed input, or None."""
+    try:
+        rel = path.resolve().relative_to(cache_root() / INPUTS)
+    except ValueError:
+        return None
+    return unquote(rel.parts[0]) if rel.parts else None
+
+
+def _get(fs: pafs.FileSystem, src: str, dst: Path) -> None:
+    """One object to ``dst``, through a temp name: complete or absent."""
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.pull")
+    with fs.open_input_stream(src) as f, open(tmp, "wb") as out:
+        while chunk := f.read(_CHUNK):
+            out.write(chunk)
+    tmp.replace(dst)

@@ -309,3 +309,43 @@ def test_mines_last_check_finds_shards_written_on_other_nodes(s3: dict[str, str]
     r = Range(4, "/data/a.m2", "", "m2", 0, 1, 0, 0, 0, 1)
     _check_done(out, [r], [], stopped=False)
     assert (out / "part-00004.parquet").is_file()
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+def test_a_checkpoint_and_negatives_given_as_uris_are_fetched_to_the_nodes_cache(
+        s3: dict[str, str], model_dir: Path, tmp_path: Path) -> None:  # fmt: skip
+    """``model.checkpoint=s3://…`` (a model folder as a user uploads it: plain objects, no manifest) and
+    ``mining.negatives=s3://…`` (a shard folder) are fetched into the node's cache before Hugging Face or Parquet
+    reads them; a node that lacks the cached copy fetches it when it reads the path it was given."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raycl.config import load_space
+    from raycl.driver import Run
+    from raycl.errors import UserError
+    from raycl.miners.shards import read_negatives, schema
+    from raycl.models.seq2seq import Seq2SeqScorer
+    from raycl.recipes import recipe_for
+
+    fs, where = storage.filesystem(f"s3://{BUCKET}/inputs")
+    for path in model_dir.iterdir():
+        with open(path, "rb") as f, fs.open_output_stream(f"{where}/base/{path.name}") as out:
+            out.write(f.read())
+    rows = {"id": ["tiny.m2:0"], "source": ["x"], "target": ["y"], "negatives": [["a", "b"]],
+            "scores": [[-1.0, -2.0]], "model_version": [0]}  # fmt: skip
+    pq.write_table(pa.table(rows, schema=schema()), f"{where}/negs/part-00000.parquet", filesystem=fs)
+
+    over = [f"model.checkpoint=s3://{BUCKET}/inputs/base", f"mining.negatives=s3://{BUCKET}/inputs/negs"]
+    cfg = load_space("gec_bart", preset="smoke", overrides=over).config
+    run = Run(cfg, tmp_path / "run", tmp_path / "run" / "base_model", [], {})
+    recipe_for("gec").base_model(run)  # the driver: the base model is the fetched checkpoint
+    assert run.base_model == Path(storage.fetch(cfg.model.checkpoint)) != model_dir
+    assert Seq2SeqScorer.from_pretrained(run.base_model).model.config.d_model == 32
+    negatives = read_negatives(storage.fetch(cfg.mining.negatives))  # what a GEC worker reads
+    assert negatives["tiny.m2:0"].negatives == ("a", "b")
+    shutil.rmtree(run.base_model)  # another node, given the driver's path: fetched on first read
+    assert (storage.local(run.base_model) / "config.json").is_file()
+    with pytest.raises(UserError, match="no such object"):
+        storage.fetch(f"s3://{BUCKET}/inputs/missing")
