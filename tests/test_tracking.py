@@ -166,7 +166,8 @@ def test_a_tracked_sweep_is_one_run_per_trial(ray_local: Any, tmp_path: Path,
     assert trial["config"]["loss.margin"] == 0.3
 
 
-def test_a_tracked_training_is_a_run_with_its_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_tracked_training_is_a_run_with_its_reports(ray_local: Any, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """``python -m raycl.train`` (no Tune): its training logged from its records as a trial is, in MLflow (a
     child run: dotted config, every report at its step, its config and history as artifacts) and W&B."""
     client = _tracked(monkeypatch, tmp_path)
