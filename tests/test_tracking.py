@@ -37,6 +37,21 @@ def test_track_is_parsed_and_checked() -> None:
         assert exit_.value.code == 2
 
 
+def test_wandb_without_a_key_is_one_line_before_anything_runs(monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:  # fmt: skip
+    from raycl.distributed.tracking import check
+    from raycl.errors import UserError
+
+    for var in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no W&B settings: not logged in
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path))
+    with pytest.raises(UserError, match="no W&B API key"):
+        check(("wandb",))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    check(("mlflow", "wandb"))
+
+
 def _tracked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     """A local MLflow store (sqlite) named by MLflow's own environment, its artifacts in ``tmp_path``; a secret in
     the environment."""
@@ -117,6 +132,10 @@ def _check_wandb(tmp_path: Path, *, job_type: str, count: int, metrics: set[str]
         assert metrics <= logged, logged
         steps = [s for s, row in sorted(run["history"].items()) if "loss" in row]
         assert len(steps) >= 1 and steps[0] >= 1, run["history"]
+    for run in runs:  # what the note shows (pytest -s)
+        keys = sorted({k for row in run["history"].values() for k in row if not k.startswith("_")})
+        print(f"\nW&B {run['job_type']} run {run['name']!r} (group {run['group']}): {len(run['config'])} config "
+              f"keys, steps {sorted(run['history'])}, metrics {keys}, artifacts {run['artifacts']}")  # fmt: skip
     return mine
 
 
@@ -173,12 +192,16 @@ def test_a_tracked_training_is_a_run_with_its_reports(ray_local: Any, tmp_path: 
     client = _tracked(monkeypatch, tmp_path)
     space = load_space("coherence", preset="smoke", overrides=TINY)
     cli.run(space, tmp_path / "run", sweep=False, track=("mlflow", "wandb"))
-    _, (training,) = _read_back(client)
+    parent, (training,) = _read_back(client)
     history = [json.loads(line) for line in (tmp_path / "run/trials/train/history.jsonl").read_text().splitlines()]
     assert training.data.tags["raycl.sweep"] == "train" and training.info.run_name == "train-train"
     steps = [m.step for m in client.get_metric_history(training.info.run_id, "loss")]
     assert steps == [row["report"] for row in history if "loss" in row]
-    assert {f.path for f in client.list_artifacts(training.info.run_id)} >= {"config.yaml", "history.jsonl"}
+    artifacts = {f.path for f in client.list_artifacts(training.info.run_id)}
+    assert artifacts >= {"config.yaml", "history.jsonl"}
+    print(f"\nMLflow run {training.info.run_name!r} (child of {parent.info.run_name!r}): "
+          f"{len(training.data.params)} params, loss at steps {steps}, metrics {sorted(training.data.metrics)}, "
+          f"artifacts {sorted(artifacts)}")  # fmt: skip
     (run,) = _check_wandb(tmp_path, job_type="training", count=1, metrics=METRICS)
     assert sorted(s for s, row in run["history"].items() if "loss" in row) == steps
 

@@ -82,6 +82,14 @@ def check(track: str | Sequence[str] | None) -> None:
         except ImportError:
             raise UserError(f"--track {backend}: the {backend} package is not installed "
                             f"(pip install 'raycl[{backend}]')") from None  # fmt: skip
+    if "wandb" in _backends(track):
+        from ray.air.integrations.wandb import _set_api_key
+
+        try:  # what Ray's callback would find only once the sweep runs
+            _set_api_key()
+        except ValueError:
+            raise UserError("--track wandb: no W&B API key (set WANDB_API_KEY, run `wandb login`, or "
+                            "WANDB_MODE=offline)") from None  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- params
