@@ -24,9 +24,11 @@ retries the range (its actor-pool defaults, ``max_restarts=-1``, ``max_task_retr
 all-or-nothing, so a retry never duplicates an id, and its attempts are counted in OUT, so a range that kills
 every miner it meets ends as a failure in ``_failures.json`` instead of being retried forever.
 
-On a multi-node cluster (``--address auto``) the data files and OUT must be on a filesystem every node sees
-(NFS, as Ray Train's ``storage_path``): miners read the ranges by path — made absolute on the driver — and write
-their shards there; a shard that does not appear in OUT on the driver is an error naming it.
+On a multi-node cluster (``--address auto``) the data files must be on a filesystem every node sees (NFS), and
+OUT too unless it is an object store (``--out s3://…``): miners read the ranges by path — made absolute on the
+driver — and write their shards to OUT; on a store, each miner is given OUT's URI, writes into its own node's
+staging folder and uploads each shard as it lands, and the driver's final check pulls the shards it lacks. A
+shard that appears in neither is an error naming it.
 
 Examples already in memory (``GecExample``s, dicts) go to the same kind of actor pool as rows; with ``out=``
 they resume by id (the done ids are read back, O(#examples) like the examples the caller already holds).
