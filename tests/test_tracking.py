@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +47,15 @@ def test_wandb_without_a_key_is_one_line_before_anything_runs(monkeypatch: pytes
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no W&B settings: not logged in
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path))
-    with pytest.raises(UserError, match="no W&B API key"):
-        check(("wandb",))
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    check(("mlflow", "wandb"))
+    import wandb
+
+    try:
+        with pytest.raises(UserError, match="no W&B API key"):
+            check(("wandb",))
+        monkeypatch.setenv("WANDB_MODE", "offline")
+        check(("mlflow", "wandb"))
+    finally:
+        wandb.teardown()  # W&B's process-wide settings were read from this test's environment
 
 
 def _tracked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
@@ -84,6 +90,8 @@ def _wandb_records(path: Path) -> list[Any]:
         if left < 7 or (size == 0 and kind == 0):  # a block's padding
             pos += left
             continue
+        if pos + 7 + size > len(data):  # a record still being written
+            break
         part, pos = part + data[pos + 7 : pos + 7 + size], pos + 7 + size
         if kind in (1, 4):  # full, last
             out.append(pb.Record.FromString(part))
@@ -91,14 +99,26 @@ def _wandb_records(path: Path) -> list[Any]:
     return out
 
 
+def _ended_records(path: Path, timeout: float = 60.0) -> list[Any]:
+    """The records of a run once its ``exit`` record is written: W&B's service process of a logging actor that Ray
+    has killed may still be writing the file when the sweep returns."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = _wandb_records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
+
+
 def _wandb_runs(tmp_path: Path) -> list[dict[str, Any]]:
     """Every offline W&B run under ``tmp_path``: name, job type, group, config, history (step → metrics),
     artifacts (name → files); no secret anywhere in its records."""
     runs = []
     for path in sorted(tmp_path.glob("wandb/offline-run-*/run-*.wandb")):
+        records = _ended_records(path)
         assert SECRET.encode() not in path.read_bytes(), path
         run: dict[str, Any] = {"history": {}, "config": {}, "artifacts": {}}
-        for rec in _wandb_records(path):
+        for rec in records:
             kind = rec.WhichOneof("record_type")
             if kind == "run":
                 run.update(name=rec.run.display_name, job_type=rec.run.job_type, group=rec.run.run_group,

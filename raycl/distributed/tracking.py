@@ -38,7 +38,7 @@ import yaml
 from ray.air.integrations.mlflow import MLflowLoggerCallback
 
 from raycl.cli import parse_track
-from raycl.errors import UserError
+from raycl.errors import UserError, environ_items
 from raycl.records import HISTORY, read_history
 
 ARTIFACTS = ("report.md", "best.json", "results.csv", "config.yaml")
@@ -97,7 +97,7 @@ def safe_params(params: dict[str, Any]) -> dict[str, str]:
     """``params`` as MLflow param strings, without credentials: keys that name one (token, secret, password,
     access key …) are left out, a URI's password becomes ``***``, and so does any value holding the value of a
     secret-looking environment variable (``AWS_*``, ``*TOKEN*``, ``*SECRET*`` …)."""
-    secrets = [v for k, v in os.environ.items() if _SECRET_ENV.search(k) and len(v) >= 6]
+    secrets = [v for k, v in environ_items() if _SECRET_ENV.search(k) and len(v) >= 6]
     out: dict[str, str] = {}
     for key, value in params.items():
         if _SECRET_KEY.search(key):
@@ -211,7 +211,7 @@ def _wandb_callback() -> type:
             import ray
 
             super().setup(*args, **kwargs)
-            env = {k: v for k, v in os.environ.items() if k.startswith("WANDB_")}
+            env = {k: v for k, v in environ_items() if k.startswith("WANDB_")}
             here: Any = _force_on_current_node()
             options = {"num_cpus": 0, **here, "runtime_env": {"env_vars": env}, "max_restarts": -1,
                        "max_task_retries": -1}  # Ray's own options, with the environment
