@@ -210,7 +210,7 @@ def test_a_tracked_training_is_a_run_with_its_reports(ray_local: Any, tmp_path: 
     """``python -m raycl.train`` (no Tune): its training logged from its records as a trial is, in MLflow (a
     child run: dotted config, every report at its step, its config and history as artifacts) and W&B."""
     client = _tracked(monkeypatch, tmp_path)
-    space = load_space("coherence", preset="smoke", overrides=TINY)
+    space = load_space("coherence", preset="smoke", overrides=[*TINY, "optim.eval_every=20"])  # 7 reports
     cli.run(space, tmp_path / "run", sweep=False, track=("mlflow", "wandb"))
     parent, (training,) = _read_back(client)
     history = [json.loads(line) for line in (tmp_path / "run/trials/train/history.jsonl").read_text().splitlines()]
