@@ -14,6 +14,16 @@ from raycl.config import Space, load_space
 from raycl.errors import UserError
 from raycl.storage import is_uri, push, remote_of, stage
 
+TRACKERS = ("mlflow", "wandb")
+
+
+def parse_track(text: str) -> tuple[str, ...]:
+    """``--track``'s value: ``mlflow``, ``wandb`` or both, comma-separated (anything else: argparse's exit 2)."""
+    names = tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    if not names or any(n not in TRACKERS for n in names):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {' or '.join(TRACKERS)} (or both, comma-separated)")
+    return names
+
 
 def space_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=description)
@@ -28,9 +38,9 @@ def space_parser(prog: str, description: str) -> argparse.ArgumentParser:
                         "or an object store URI (s3://bucket/prefix, gs://…); an earlier run's is resumed, any "
                         "other existing non-empty folder refused")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
-    p.add_argument("--track", choices=["mlflow"], default=None,
-                   help="log every trial's params and reports, and the run's report, to MLflow "
-                   "(MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME)")
+    p.add_argument("--track", type=parse_track, default=None, metavar="mlflow|wandb|mlflow,wandb",
+                   help="log every trial's (or training's) params and reports, and the run's report, to MLflow "
+                   "(MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME) and/or W&B (WANDB_MODE, WANDB_PROJECT, …)")
     return p
 
 
@@ -91,7 +101,7 @@ def check_inputs(space: Space, run_dir: Path) -> None:
     check(recipe(space), space, run_dir)
 
 
-def run(space: Space, run_dir: Path, *, sweep: bool, track: str | None = None) -> dict[str, Any]:
+def run(space: Space, run_dir: Path, *, sweep: bool, track: str | tuple[str, ...] | None = None) -> dict[str, Any]:
     """The verb's driver; with ``track``, inside a tracked run (``raycl.distributed.tracking``)."""
     from raycl import driver
     from raycl.distributed.tracking import tracked

@@ -22,6 +22,7 @@ from raycl.config import MiningSection, Space, dump_yaml, set_dotted
 from raycl.distributed.miner_pool import MinerFactory
 from raycl.distributed.mining_service import MiningService
 from raycl.distributed.sweep import TrialOutcome, grid, report_again, run_sweep, to_param_space, trial_run_name
+from raycl.distributed.tracking import log_training
 from raycl.distributed.trainer import fit, has_checkpoint
 from raycl.records import is_done, mark_done, read_history
 from raycl.report import best_trial, say
@@ -258,10 +259,14 @@ def _train_points(recipe: Recipe, run: Run, points: list[TrainPoint]) -> list[Tr
         out_dir = run.run_dir / "trials" / point.trial_id
         if not is_done(out_dir):
             cfg = set_dotted(run.cfg, point.overrides, where="train") if point.overrides else run.cfg
+            out_dir.mkdir(parents=True, exist_ok=True)
+            dump_yaml(cfg, out_dir / "config.yaml")  # the training's resolved config (its params in --track)
             with follow(out_dir, desc=point.desc):
                 result = recipe.train_one(run, cfg, out_dir, name=_run_name(point), in_tune=False)
             if result.error is not None:
+                log_training(point.trial_id, out_dir, failed=True)
                 raise result.error
             mark_done(out_dir)
+        log_training(point.trial_id, out_dir)  # a tracked run: the training's params, reports and records
         trials.append(TrialOutcome(point.trial_id, dict(point.overrides), read_history(out_dir)))
     return trials

@@ -57,12 +57,18 @@ SECRET_ENV = re.compile(r"^AWS_(SECRET_ACCESS_KEY|SESSION_TOKEN|ACCESS_KEY_ID)$|
                         r"|API_KEY|CREDENTIAL|PRIVATE_KEY", re.IGNORECASE)  # fmt: skip
 
 
+def environ_items() -> list[tuple[str, str]]:
+    """``os.environ``'s items, safe while another thread sets or deletes a variable (MLflow's telemetry thread
+    does): ``os.environ.items()`` raises KeyError for a variable deleted while it iterates."""
+    return [(k, v) for k in list(os.environ) if (v := os.environ.get(k)) is not None]
+
+
 def redact(text: str) -> str:
     """``text`` with a URI's password (``scheme://user:password@host`` → ``scheme://user:***@host``) and the value
     of every credential variable of the environment (:data:`SECRET_ENV`, 6 characters or more) replaced by
     ``***``."""
     text = _URI_PASSWORD.sub(r"\1:***@", text)
-    for name, value in os.environ.items():
+    for name, value in environ_items():
         if len(value) >= 6 and SECRET_ENV.search(name) and value in text:
             text = text.replace(value, "***")
     return text

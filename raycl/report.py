@@ -18,6 +18,7 @@ from raycl.records import (  # noqa: F401  (the recipes' reports write through t
     save_png,
     write_csv,
 )
+from raycl.train.progress import said
 
 if TYPE_CHECKING:
     from raycl.distributed.sweep import TrialOutcome
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 def say(msg: str) -> None:
     print(f"[raycl] {msg}", file=sys.stderr, flush=True)
+    said()  # a progress bar's heartbeat counts from this line
 
 
 # ---------------------------------------------------------------------------------------------- selection

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 MANIFEST = "_manifest.json"
 RAY_DIR = "ray"  # Ray Train/Tune's own storage under a run: written to the store by Ray, never staged
+INPUTS = "inputs"  # the node's cache of inputs given as URIs (fetch), beside stage/ (the staged runs)
 LOCK = "_mining.lock"  # a run's own lock on its folder (raycl.miners.shards): of this machine, never uploaded
 
 
@@ -281,11 +282,7 @@ def pull(uri: str, local: Path) -> int:
         if dst.is_file() and dst.stat().st_size == info.size:
             continue
         dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f".{dst.name}.{os.getpid()}.pull")
-        with fs.open_input_stream(info.path) as f, open(tmp, "wb") as out:
-            while chunk := f.read(_CHUNK):
-                out.write(chunk)
-        tmp.replace(dst)
+        _get(fs, info.path, dst)
         n += 1
     return n
 
@@ -308,12 +305,101 @@ def _incomplete_folders(fs: pafs.FileSystem, where: str, objects: dict[str, Any]
     return bad
 
 
+def portable(path: str | Path) -> str:
+    """``path`` as a process on another node must be given it: a staged path's URI (that node has its own staging
+    folder, :func:`on_node`), any other path as it is (shared storage)."""
+    return remote_of(path) or str(path)
+
+
+def on_node(text: str | Path) -> Path:
+    """What :func:`portable` gave, on this node: a URI's staging folder here (made; this node's cache of it),
+    any other path as it is."""
+    if not is_uri(str(text)):
+        return Path(text)
+    uri, staged = str(text).rstrip("/"), cache_root() / "stage"
+    runs = sorted((unquote(d.name), d) for d in staged.iterdir()) if staged.is_dir() else []
+    inside = [(top, d) for top, d in runs if uri.startswith(top + "/")]  # a run this node has staged holds it
+    folder = inside[-1][1].joinpath(*uri[len(inside[-1][0]) + 1 :].split("/")) if inside else stage_dir(uri)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def refresh(path: Path) -> Path:
+    """A staged folder with what the store holds and this node lacks pulled in (shards other nodes wrote), kept
+    here as the node's cache; any other path as it is."""
+    uri = remote_of(path)
+    if uri is not None:
+        pull(uri, path)
+    return path
+
+
+def remove(path: Path) -> None:
+    """A staged folder's objects deleted from the store (the local folder is the caller's): a re-mined n-best
+    must not find the old one's shards there."""
+    uri = remote_of(path)
+    if uri is None:
+        return
+    fs, where = filesystem(uri)
+    for rel in _listing(fs, where):
+        fs.delete_file(f"{where}/{rel}")
+
+
 def local(path: str | Path) -> Path:
     """A staged folder on this node: pulled from the store when this node has not got it (a worker on another
-    node reading the run's base model) and kept there, the node's cache. Any other path as it is."""
+    node reading the run's base model) and kept there, the node's cache; likewise an input :func:`fetch` cached
+    on another node. Any other path as it is."""
     path = Path(path)
-    uri = remote_of(path)
-    if uri is None or path.exists():
+    if path.exists():
         return path
-    pull(uri, path)
+    uri = remote_of(path)
+    if uri is not None:
+        pull(uri, path)
+    elif (source := _input_of(path)) is not None:
+        fetch(source)
     return path
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+def fetch(text: str | Path) -> str:
+    """An input given as a URI (``model.checkpoint``, ``mining.negatives``: an object or a folder of them) as a
+    local path: downloaded into this node's cache (``$RAYCL_CACHE_DIR/inputs/<quoted URI>``) unless it holds it
+    already at the store's sizes, so each node fetches it once. Anything else (a path, a hub name) as it is.
+    Inputs are never written back: they are not staged (:func:`remote_of` knows nothing of them)."""
+    if not is_uri(str(text)):
+        return str(text)
+    import pyarrow.fs as pafs
+
+    uri = str(text).rstrip("/")
+    local = cache_root() / INPUTS / quote(uri, safe="")
+    try:
+        fs, where = filesystem(uri)
+        info = fs.get_file_info(where)
+        if info.type == pafs.FileType.File:
+            if not (local.is_file() and local.stat().st_size == info.size):
+                local.parent.mkdir(parents=True, exist_ok=True)
+                _get(fs, where, local)
+        elif info.type == pafs.FileType.Directory:
+            pull(uri, local)
+        else:
+            raise UserError(f"{uri}: no such object or folder in the store")
+    except OSError as err:
+        raise UserError(f"{uri}: cannot read the object store ({err})") from None
+    return str(local)
+
+
+def _input_of(path: Path) -> str | None:
+    """The URI of a path inside a :func:`fetch`ed input, or None."""
+    try:
+        rel = path.resolve().relative_to(cache_root() / INPUTS)
+    except ValueError:
+        return None
+    return unquote(rel.parts[0]) if rel.parts else None
+
+
+def _get(fs: pafs.FileSystem, src: str, dst: Path) -> None:
+    """One object to ``dst``, through a temp name: complete or absent."""
+    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.pull")
+    with fs.open_input_stream(src) as f, open(tmp, "wb") as out:
+        while chunk := f.read(_CHUNK):
+            out.write(chunk)
+    tmp.replace(dst)

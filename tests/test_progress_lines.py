@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from raycl.train.progress import LineBar
+from raycl.report import say
+from raycl.train.progress import LineBar, said
 
 MIN_S, MAX_S = 0.5, 1.0  # a smoke epoch takes well under a second on an idle machine
 
@@ -22,6 +23,7 @@ def test_a_training_through_a_pipe_prints_lines_within_the_asked_gaps(tmp_path: 
     sets = ["scaling.num_workers=0", "data.setting=zero_shot", "optim.epochs=24"]
     cmd = [sys.executable, "-m", "raycl.train", "idiom", "--preset", "smoke", "--out", str(tmp_path / "run"),
            *(a for s in sets for a in ("--set", s))]  # fmt: skip
+    start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stderr is not None
     lines = [(time.monotonic(), line.rstrip("\n")) for line in proc.stderr]
@@ -29,6 +31,10 @@ def test_a_training_through_a_pipe_prints_lines_within_the_asked_gaps(tmp_path: 
     shown = [(t, line) for t, line in lines if line.startswith("[raycl] zero_shot: step ")]
     assert len(shown) >= 3, "\n".join(line for _, line in lines)
     gaps = [b[0] - a[0] for a, b in zip(shown, shown[1:], strict=False)]
+    every = [b - a for a, b in zip([start, *(t for t, _ in lines)], [t for t, _ in lines], strict=False)]
+    print(f"\nlargest gap between progress lines: {max(gaps):.2f} s ({len(shown)} lines, MIN_S {MIN_S}, MAX_S "
+          f"{MAX_S}); between any two stderr lines from the start: {max(every):.2f} s ({len(lines)} lines, "
+          f"{lines[-1][0] - start:.1f} s)")  # fmt: skip
     assert max(gaps) <= MAX_S + 1.5 and min(gaps) >= MIN_S - 0.2, (gaps, shown)
     moving = [line for _, line in shown if "step/s" in line]
     assert moving and all(k in moving[-1] for k in ("/216 (", "loss ", "ETA ", "phase ")), moving
@@ -39,6 +45,7 @@ def test_a_line_bar_beats_while_nothing_moves_and_says_nothing_new_more_often(mo
     within MIN_S make no line of their own."""
     monkeypatch.setenv("RAYCL_PROGRESS_MIN_S", "0.6")
     monkeypatch.setenv("RAYCL_PROGRESS_MAX_S", "1.2")
+    said()  # the process's last line: the heartbeat counts from it
     bar = LineBar(total=10, desc="mining", unit="sent")
     for _ in range(5):
         bar.update(1)  # within MIN_S of the bar's start: no line
@@ -46,6 +53,20 @@ def test_a_line_bar_beats_while_nothing_moves_and_says_nothing_new_more_often(mo
     bar._stop.set()
     out = capsys.readouterr().err.splitlines()
     assert len(out) == 2 and all(line.startswith("[raycl] mining: sent 5/10 (50%)") for line in out), out
+
+
+def test_a_bar_started_after_a_line_beats_within_max_s_of_that_line(monkeypatch, capsys) -> None:
+    """The next training's bar (or any bar after a ``[raycl]`` line) counts its heartbeat from the process's last
+    line, not from its own start: a gap between two lines stays within MAX_S across trainings."""
+    monkeypatch.setenv("RAYCL_PROGRESS_MIN_S", "0.5")
+    monkeypatch.setenv("RAYCL_PROGRESS_MAX_S", "2.0")
+    say("a training ended")
+    t0 = time.monotonic()
+    time.sleep(1.5)  # the next training starts
+    with LineBar(total=10, desc="next", unit="step"):
+        while "next" not in capsys.readouterr().err and time.monotonic() - t0 < 6:
+            time.sleep(0.05)
+    assert time.monotonic() - t0 <= 2.0 + 0.45, time.monotonic() - t0  # not 1.5 + 2.0
 
 
 def test_worker_output_reaches_the_driver_unless_turned_off(monkeypatch) -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -237,3 +238,114 @@ def test_a_tune_sweeps_report_is_read_back_from_the_store(s3: dict[str, str], tm
     assert any(k.startswith("ray/sweep/experiment_state") for k in objects), sorted(objects)  # Tune's own state
     assert any(k.startswith(f"ray/train-trial_id={trial}/checkpoint_") for k in objects), sorted(objects)
     print("\n".join(f"{v:>10}  {uri}/{k}" for k, v in sorted(objects.items())))  # the report's object listing
+
+
+# ---------------------------------------------------------------------------------------------- other nodes
+def _nbest_table(ids: list[str]) -> Any:
+    import pyarrow as pa
+
+    from raycl.distributed.nbest import NBEST_COLUMNS
+
+    rows = {"id": ids, "negatives": [[f"neg of {i}", f"source {i}"] for i in ids],
+            "scores": [[-1.0, -2.0] for _ in ids], "model_version": [0 for _ in ids]}  # fmt: skip
+    return pa.table({c: rows[c] for c in NBEST_COLUMNS})
+
+
+def test_a_stream_on_another_node_reads_the_runs_nbest_from_the_store(s3: dict[str, str], tmp_path: Path,
+                                                                       ray_local: Any) -> None:  # fmt: skip
+    """The run's shared n-best, written on the driver's node (each shard uploaded as it lands), read by an n-best
+    stream actor given only the URI, in a process whose node cache is another folder (another node's disk, the
+    store's credentials from its environment): it finds every list in the bucket and keeps them in its cache."""
+    from raycl.data.gec import GecExample
+    from raycl.distributed.nbest import NBestStream, read_nbest_shards
+    from raycl.miners.shards import write_shard
+
+    uri = f"s3://{BUCKET}/nodes"
+    nbest = storage.stage(uri) / "nbest"
+    nbest.mkdir()
+    write_shard(nbest, 0, _nbest_table(["a.m2:0", "a.m2:1"]))
+    write_shard(nbest, 1, _nbest_table(["a.m2:2"]))
+    other = tmp_path / "other-node-cache"
+    examples = [GecExample(f"a.m2:{i}", f"source {i}", f"target {i}") for i in range(3)]
+    actor = ray_local.remote(NBestStream).options(
+        num_cpus=0, runtime_env={"env_vars": {**s3, "RAYCL_CACHE_DIR": str(other)}}
+    ).remote(examples=examples, out_dir=f"{uri}/nbest", task_size=2, lease_s=30.0)  # fmt: skip
+    progress = ray_local.get(actor.progress.remote())
+    assert progress["resumed"] == 3 and progress["complete"], progress
+    got = ray_local.get(actor.wait_ready.remote(["a.m2:2", "a.m2:0"], 1.0))
+    assert [(it.id, it.negatives[0]) for it in got] == [("a.m2:2", "neg of a.m2:2"), ("a.m2:0", "neg of a.m2:0")]
+    ray_local.kill(actor)
+    assert sorted(p.name for p in other.rglob("part-*.parquet")) == ["part-00000.parquet", "part-00001.parquet"]
+    print("\n".join(f"{v:>10}  {uri}/nbest/{k}" for k, v in sorted(storage.listing(f"{uri}/nbest").items())))
+
+    os.environ["RAYCL_CACHE_DIR"], driver_cache = str(tmp_path / "third-node"), os.environ["RAYCL_CACHE_DIR"]
+    try:  # in a process, given the URI alone; a node that staged the run caches it in that run's folder
+        assert sorted(read_nbest_shards(f"{uri}/nbest")) == ["a.m2:0", "a.m2:1", "a.m2:2"]
+        assert storage.on_node(f"{uri}/nbest") == storage.stage_dir(f"{uri}/nbest")
+        assert storage.on_node(f"{uri}/nbest/x") == storage.stage_dir(f"{uri}/nbest") / "x"
+    finally:
+        os.environ["RAYCL_CACHE_DIR"] = driver_cache
+
+
+def test_mines_last_check_finds_shards_written_on_other_nodes(s3: dict[str, str], tmp_path: Path) -> None:
+    """``raycl.mine --out s3://…``: a miner on another node (its own node cache) writes its range's shard, which
+    goes to the store; the driver's final check takes it from there (and caches it) instead of calling it lost."""
+    from raycl.distributed.corpus_mining import _check_done
+    from raycl.miners.corpus import Range
+    from raycl.miners.shards import schema, write_shard
+
+    uri = f"s3://{BUCKET}/mined"
+    out = storage.stage(uri)
+    driver_cache = os.environ["RAYCL_CACHE_DIR"]
+    os.environ["RAYCL_CACHE_DIR"] = str(tmp_path / "miner-node")
+    try:  # what RangeMiner does on its node with the out_dir it is given (storage.portable: the URI)
+        write_shard(storage.on_node(uri), 4, schema().empty_table())
+        assert storage.on_node(uri) != out
+    finally:
+        os.environ["RAYCL_CACHE_DIR"] = driver_cache
+    assert not (out / "part-00004.parquet").exists()
+    assert storage.portable(out) == uri and storage.on_node(storage.portable(out)) == out
+    assert storage.on_node(storage.portable(out / "sub")) == out / "sub"
+    r = Range(4, "/data/a.m2", "", "m2", 0, 1, 0, 0, 0, 1)
+    _check_done(out, [r], [], stopped=False)
+    assert (out / "part-00004.parquet").is_file()
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+def test_a_checkpoint_and_negatives_given_as_uris_are_fetched_to_the_nodes_cache(
+        s3: dict[str, str], model_dir: Path, tmp_path: Path) -> None:  # fmt: skip
+    """``model.checkpoint=s3://…`` (a model folder as a user uploads it: plain objects, no manifest) and
+    ``mining.negatives=s3://…`` (a shard folder) are fetched into the node's cache before Hugging Face or Parquet
+    reads them; a node that lacks the cached copy fetches it when it reads the path it was given."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raycl.config import load_space
+    from raycl.driver import Run
+    from raycl.errors import UserError
+    from raycl.miners.shards import read_negatives, schema
+    from raycl.models.seq2seq import Seq2SeqScorer
+    from raycl.recipes import recipe_for
+
+    fs, where = storage.filesystem(f"s3://{BUCKET}/inputs")
+    for path in model_dir.iterdir():
+        with open(path, "rb") as f, fs.open_output_stream(f"{where}/base/{path.name}") as out:
+            out.write(f.read())
+    rows = {"id": ["tiny.m2:0"], "source": ["x"], "target": ["y"], "negatives": [["a", "b"]],
+            "scores": [[-1.0, -2.0]], "model_version": [0]}  # fmt: skip
+    pq.write_table(pa.table(rows, schema=schema()), f"{where}/negs/part-00000.parquet", filesystem=fs)
+
+    over = [f"model.checkpoint=s3://{BUCKET}/inputs/base", f"mining.negatives=s3://{BUCKET}/inputs/negs"]
+    cfg = load_space("gec_bart", preset="smoke", overrides=over).config
+    run = Run(cfg, tmp_path / "run", tmp_path / "run" / "base_model", [], {})
+    recipe_for("gec").base_model(run)  # the driver: the base model is the fetched checkpoint
+    assert run.base_model == Path(storage.fetch(cfg.model.checkpoint)) != model_dir
+    assert Seq2SeqScorer.from_pretrained(run.base_model).model.config.d_model == 32
+    negatives = read_negatives(storage.fetch(cfg.mining.negatives))  # what a GEC worker reads
+    assert negatives["tiny.m2:0"].negatives == ("a", "b")
+    shutil.rmtree(run.base_model)  # another node, given the driver's path: fetched on first read
+    assert (storage.local(run.base_model) / "config.json").is_file()
+    with pytest.raises(UserError, match="no such object"):
+        storage.fetch(f"s3://{BUCKET}/inputs/missing")

@@ -1,7 +1,11 @@
-"""``--track mlflow``: a smoke sweep read back from a local MLflow store (sqlite) with MLflow's own client."""
+"""``--track mlflow,wandb``: a smoke sweep and a smoke training read back from a local MLflow store (sqlite) with
+MLflow's own client, and from W&B's offline run folders (``WANDB_MODE=offline``) with W&B's own record format."""
 
 from __future__ import annotations
 
+import json
+import struct
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +30,32 @@ def test_secrets_are_never_params(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_track_is_parsed_and_checked() -> None:
     parser = cli.space_parser("python -m raycl.tune", "")
-    assert parser.parse_args(["coherence", "--track", "mlflow"]).track == "mlflow"
-    with pytest.raises(SystemExit) as exit_:
-        parser.parse_args(["coherence", "--track", "tensorboard"])
-    assert exit_.value.code == 2
+    assert parser.parse_args(["coherence", "--track", "mlflow"]).track == ("mlflow",)
+    assert parser.parse_args(["coherence", "--track", "mlflow,wandb"]).track == ("mlflow", "wandb")
+    for bad in ("tensorboard", "mlflow,tensorboard", ","):
+        with pytest.raises(SystemExit) as exit_:
+            parser.parse_args(["coherence", "--track", bad])
+        assert exit_.value.code == 2
+
+
+def test_wandb_without_a_key_is_one_line_before_anything_runs(monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:  # fmt: skip
+    from raycl.distributed.tracking import check
+    from raycl.errors import UserError
+
+    for var in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no W&B settings: not logged in
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path))
+    import wandb
+
+    try:
+        with pytest.raises(UserError, match="no W&B API key"):
+            check(("wandb",))
+        monkeypatch.setenv("WANDB_MODE", "offline")
+        check(("mlflow", "wandb"))
+    finally:
+        wandb.teardown()  # W&B's process-wide settings were read from this test's environment
 
 
 def _tracked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
@@ -41,10 +67,96 @@ def _tracked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "raycl-test")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("WANDB_MODE", "offline")  # W&B's own: runs written as files under WANDB_DIR/wandb
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_PROJECT", "raycl-test")
+    monkeypatch.setenv("WANDB_SILENT", "true")
     client = MlflowClient(uri)
     # a sqlite store's artifacts would go to ./mlruns; the tracker uses the experiment as it finds it
     client.create_experiment("raycl-test", artifact_location=(tmp_path / "artifacts").as_uri())
     return client
+
+
+def _wandb_records(path: Path) -> list[Any]:
+    """The records of an offline run's ``run-ID.wandb``: W&B's log format (a ``:W&B`` header, then 32 KiB blocks
+    of records with a 7-byte header — crc32, length, type full/first/middle/last), each a ``Record`` protobuf."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, pos, part, out = path.read_bytes(), 7, b"", []
+    assert data[:4] == b":W&B", path
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        _, size, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if left < 7 or (size == 0 and kind == 0):  # a block's padding
+            pos += left
+            continue
+        if pos + 7 + size > len(data):  # a record still being written
+            break
+        part, pos = part + data[pos + 7 : pos + 7 + size], pos + 7 + size
+        if kind in (1, 4):  # full, last
+            out.append(pb.Record.FromString(part))
+            part = b""
+    return out
+
+
+def _ended_records(path: Path, timeout: float = 60.0) -> list[Any]:
+    """The records of a run once its ``exit`` record is written: W&B's service process of a logging actor that Ray
+    has killed may still be writing the file when the sweep returns."""
+    deadline = time.monotonic() + timeout
+    while True:
+        records = _wandb_records(path)
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
+
+
+def _wandb_runs(tmp_path: Path) -> list[dict[str, Any]]:
+    """Every offline W&B run under ``tmp_path``: name, job type, group, config, history (step → metrics),
+    artifacts (name → files); no secret anywhere in its records."""
+    runs = []
+    for path in sorted(tmp_path.glob("wandb/offline-run-*/run-*.wandb")):
+        records = _ended_records(path)
+        assert SECRET.encode() not in path.read_bytes(), path
+        run: dict[str, Any] = {"history": {}, "config": {}, "artifacts": {}}
+        for rec in records:
+            kind = rec.WhichOneof("record_type")
+            if kind == "run":
+                run.update(name=rec.run.display_name, job_type=rec.run.job_type, group=rec.run.run_group,
+                           project=rec.run.project)  # fmt: skip
+                run["config"].update({i.key: json.loads(i.value_json) for i in rec.run.config.update})
+            elif kind == "config":
+                run["config"].update({i.key: json.loads(i.value_json) for i in rec.config.update})
+            elif kind == "history":
+                row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item}
+                run["history"].setdefault(rec.history.step.num, {}).update(row)
+            elif kind == "artifact":
+                run["artifacts"][rec.artifact.name] = {m.path for m in rec.artifact.manifest.contents}
+        runs.append(run)
+    return runs
+
+
+def _check_wandb(tmp_path: Path, *, job_type: str, count: int, metrics: set[str]) -> list[dict[str, Any]]:
+    """``count`` W&B runs of ``job_type`` (each with the dotted config and ``metrics`` at increasing steps) and the
+    run's own run (``job_type`` run, its files as the artifact ``raycl-run``), all in one group."""
+    runs = _wandb_runs(tmp_path)
+    mine = [r for r in runs if r["job_type"] == job_type]
+    (whole,) = [r for r in runs if r["job_type"] == "run"]
+    assert len(mine) == count and len(runs) == count + 1, [(r["name"], r["job_type"]) for r in runs]
+    assert {r["group"] for r in runs} == {whole["name"]} and {r["project"] for r in runs} == {"raycl-test"}
+    files = whole["artifacts"]["raycl-run"]
+    assert {"report.md", "best.json", "results.csv", "config.yaml", "dev_curves.png"} <= files
+    assert "loss.margin" in whole["config"]
+    for run in mine:
+        assert {"loss.margin", "optim.lr", "mining.max_staleness", "scaling.num_workers"} <= set(run["config"])
+        logged = {k for row in run["history"].values() for k in row}
+        assert metrics <= logged, logged
+        steps = [s for s, row in sorted(run["history"].items()) if "loss" in row]
+        assert len(steps) >= 1 and steps[0] >= 1, run["history"]
+    for run in runs:  # what the note shows (pytest -s)
+        keys = sorted({k for row in run["history"].values() for k in row if not k.startswith("_")})
+        print(f"\nW&B {run['job_type']} run {run['name']!r} (group {run['group']}): {len(run['config'])} config "
+              f"keys, steps {sorted(run['history'])}, metrics {keys}, artifacts {run['artifacts']}")  # fmt: skip
+    return mine
 
 
 def _read_back(client: Any) -> tuple[Any, list[Any]]:
@@ -71,18 +183,45 @@ def _read_back(client: Any) -> tuple[Any, list[Any]]:
     return parent, children
 
 
-def test_a_tracked_sweep_is_one_mlflow_run_per_trial(ray_local: Any, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """One sweep trial of coherence (mined while training), logged by Ray's MLflowLoggerCallback: a child run
-    with the trial's resolved dotted config and every report's metrics. (Baselines are trials of a second
-    sweep, logged the same way; left out to keep the test short.)"""
+METRICS = {"loss", "timing/mine_wait", "stream/staleness_max", "stream/refused", "dev_acc"}
+
+
+def test_a_tracked_sweep_is_one_run_per_trial(ray_local: Any, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """One sweep trial of coherence (mined while training), logged by Ray's MLflowLoggerCallback and
+    WandbLoggerCallback at once: an MLflow child run and a W&B run with the trial's resolved dotted config and
+    every report's metrics. (Baselines are trials of a second sweep, logged the same way; left out to keep the
+    test short.)"""
     client = _tracked(monkeypatch, tmp_path)
     over = [*TINY, "scaling.num_workers=1", "scaling.cpus_per_worker=0.5", "tune.driver_cpus=0.1"]
     space = load_space("coherence", preset="smoke", overrides=over)
     space.search, space.baselines = {"loss.margin": {"grid": [0.3]}}, {}
-    summary = cli.run(space, tmp_path / "run", sweep=True, track="mlflow")
+    summary = cli.run(space, tmp_path / "run", sweep=True, track=("mlflow", "wandb"))
     assert not summary["failed_trials"]
     _, trials = _read_back(client)
     assert len(trials) == 1 and trials[0].data.tags["raycl.sweep"] == "sweep"
     assert trials[0].data.params["loss.margin"] == "0.3"
+    (trial,) = _check_wandb(tmp_path, job_type="trial", count=1, metrics={*METRICS, "training_iteration"})
+    assert trial["config"]["loss.margin"] == 0.3
+
+
+def test_a_tracked_training_is_a_run_with_its_reports(ray_local: Any, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """``python -m raycl.train`` (no Tune): its training logged from its records as a trial is, in MLflow (a
+    child run: dotted config, every report at its step, its config and history as artifacts) and W&B."""
+    client = _tracked(monkeypatch, tmp_path)
+    space = load_space("coherence", preset="smoke", overrides=[*TINY, "optim.eval_every=20"])  # 7 reports
+    cli.run(space, tmp_path / "run", sweep=False, track=("mlflow", "wandb"))
+    parent, (training,) = _read_back(client)
+    history = [json.loads(line) for line in (tmp_path / "run/trials/train/history.jsonl").read_text().splitlines()]
+    assert training.data.tags["raycl.sweep"] == "train" and training.info.run_name == "train-train"
+    steps = [m.step for m in client.get_metric_history(training.info.run_id, "loss")]
+    assert steps == [row["report"] for row in history if "loss" in row]
+    artifacts = {f.path for f in client.list_artifacts(training.info.run_id)}
+    assert artifacts >= {"config.yaml", "history.jsonl"}
+    print(f"\nMLflow run {training.info.run_name!r} (child of {parent.info.run_name!r}): "
+          f"{len(training.data.params)} params, loss at steps {steps}, metrics {sorted(training.data.metrics)}, "
+          f"artifacts {sorted(artifacts)}")  # fmt: skip
+    (run,) = _check_wandb(tmp_path, job_type="training", count=1, metrics=METRICS)
+    assert sorted(s for s, row in run["history"].items() if "loss" in row) == steps
 

@@ -24,9 +24,11 @@ retries the range (its actor-pool defaults, ``max_restarts=-1``, ``max_task_retr
 all-or-nothing, so a retry never duplicates an id, and its attempts are counted in OUT, so a range that kills
 every miner it meets ends as a failure in ``_failures.json`` instead of being retried forever.
 
-On a multi-node cluster (``--address auto``) the data files and OUT must be on a filesystem every node sees
-(NFS, as Ray Train's ``storage_path``): miners read the ranges by path — made absolute on the driver — and write
-their shards there; a shard that does not appear in OUT on the driver is an error naming it.
+On a multi-node cluster (``--address auto``) the data files must be on a filesystem every node sees (NFS), and
+OUT too unless it is an object store (``--out s3://…``): miners read the ranges by path — made absolute on the
+driver — and write their shards to OUT; on a store, each miner is given OUT's URI, writes into its own node's
+staging folder and uploads each shard as it lands, and the driver's final check pulls the shards it lacks. A
+shard that appears in neither is an error naming it.
 
 Examples already in memory (``GecExample``s, dicts) go to the same kind of actor pool as rows; with ``out=``
 they resume by id (the done ids are read back, O(#examples) like the examples the caller already holds).
@@ -49,6 +51,7 @@ from typing import Any
 
 import ray
 
+from raycl import storage
 from raycl.data.gec import GecExample
 from raycl.data.specs import parse_spec
 from raycl.distributed.miner_pool import ACTOR_KEYS, CHAOS_KEYS
@@ -150,7 +153,7 @@ class RangeMiner:
         from raycl.distributed.miner_pool import Chaos, _first_life
 
         self.miner = _build_miner(model, options)
-        self.out_dir, self.annotator, self.attempts = Path(out_dir), annotator, attempts
+        self.out_dir, self.annotator, self.attempts = storage.on_node(out_dir), annotator, attempts
         self.chaos = Chaos.of(options, 0, first_life=_first_life())
         self.done = 0
 
@@ -285,6 +288,7 @@ def _check_done(out_dir: Path, ranges: list[Range], failed: list[dict[str, Any]]
         then = "stopped early (more than --max-failed-ranges)" if stopped else "the other ranges are mined"
         raise RangesFailed(f"{at(out_dir / FAILURES)}: {len(failures)} range(s) failed: {listed}; {then}; run "
                            "again to retry only the ranges without a shard")  # fmt: skip
+    storage.refresh(out_dir)  # a staged run: the shards miners on other nodes wrote to the store, cached here
     lost = [shard_name(r.index) for r in ranges if not (out_dir / shard_name(r.index)).is_file()]
     if lost:
         raise UserError(f"{at(out_dir / lost[0])}: mined but not in the output directory ({len(lost)} shards "
@@ -346,7 +350,7 @@ def _ray_data(model: str, ranges: list[Range], out_dir: Path, *, options: dict[s
         mined = ds.map_batches(
             RangeMiner, batch_size=1, compute=_pool(num_miners, len(ranges)), num_cpus=cpus,
             num_gpus=gpus or None,
-            fn_constructor_kwargs={"model": model, "options": options, "out_dir": str(out_dir),
+            fn_constructor_kwargs={"model": model, "options": options, "out_dir": storage.portable(out_dir),
                                    "annotator": annotator, "attempts": attempts},
         )  # fmt: skip
         try:

@@ -33,6 +33,7 @@ from typing import Any
 
 import ray
 
+from raycl import storage
 from raycl.distributed.messages import MinedBatch, StreamItem
 from raycl.distributed.miner_pool import MinerFactory, MinerPool
 from raycl.distributed.stream import NegativeStream
@@ -52,12 +53,14 @@ def content_key(model_dir: str | Path, examples: Sequence[Any], options: dict[st
     return h.hexdigest()
 
 
-def read_nbest_shards(out_dir: Path) -> dict[str, StreamItem]:
-    """The records of the complete shards of ``out_dir`` (temp files of an interrupted write are not shards)."""
+def read_nbest_shards(out_dir: str | Path) -> dict[str, StreamItem]:
+    """The records of the complete shards of ``out_dir`` (temp files of an interrupted write are not shards). A
+    staged run's folder, or its URI (a reader on another node), first gets the shards the store holds that this
+    node lacks (:func:`raycl.storage.refresh`), which stay here as the node's cache."""
     import pyarrow.parquet as pq
 
     out: dict[str, StreamItem] = {}
-    for path in shard_files(out_dir):
+    for path in shard_files(storage.refresh(storage.on_node(out_dir))):
         table = pq.read_table(path, columns=list(NBEST_COLUMNS))
         for id_, negs, scores, version in zip(*(table.column(c).to_pylist() for c in NBEST_COLUMNS), strict=True):
             out[id_] = StreamItem(id_, tuple(negs), tuple(scores), int(version), -1)
@@ -72,7 +75,7 @@ class NBestStream(NegativeStream):
                  shard_size: int = 2000) -> None:  # fmt: skip
         super().__init__(world_size=1, capacity=max(len(examples), task_size), task_size=task_size,
                          lease_s=lease_s, ordered=False)  # fmt: skip
-        self.out_dir, self.shard_size, self.total = Path(out_dir), shard_size, len(examples)
+        self.out_dir, self.shard_size, self.total = storage.on_node(out_dir), shard_size, len(examples)
         self.cache.update(read_nbest_shards(self.out_dir))
         self.resumed = len(self.cache)
         self.next_index = next_shard_index(self.out_dir)
@@ -125,14 +128,19 @@ class NBestStream(NegativeStream):
                 "complete": len(self.cache) >= self.total}  # fmt: skip
 
 
-def start_nbest_stream(**kwargs: Any) -> Any:
-    """The stream as an async actor on this (the driver's) node, where the run folder is."""
+def start_nbest_stream(*, out_dir: str | Path, **kwargs: Any) -> Any:
+    """The stream as an async actor: on this (the driver's) node, where the run folder is, or — a staged run's
+    (``--out s3://…``), given as its URI — on any node, which reads the shards from the store and writes its own
+    there."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    node = ray.get_runtime_context().get_node_id()
+    where = storage.portable(out_dir)
+    options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1000}
+    if not storage.is_uri(where):
+        node = ray.get_runtime_context().get_node_id()
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
     cls: Any = ray.remote(NBestStream)
-    return cls.options(num_cpus=0, max_concurrency=1000,
-                       scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote(**kwargs)
+    return cls.options(**options).remote(out_dir=where, **kwargs)
 
 
 @contextmanager
@@ -156,9 +164,10 @@ def shared_nbest(factory: MinerFactory, mining: Any, examples: Sequence[Any], ou
         say(f"{out_dir}: the base model, D_F or the decoding options changed since these n-best lists were "
             "mined: mining them again")  # fmt: skip
         shutil.rmtree(out_dir)
+        storage.remove(out_dir)  # a staged run's: its readers fetch from the store
     prepare_out_dir(out_dir)
     _write_meta(out_dir, key=key, examples=len(examples), options=options, complete=False, **engine)
-    stream = start_nbest_stream(examples=list(examples), out_dir=str(out_dir), task_size=mining.task_size,
+    stream = start_nbest_stream(examples=list(examples), out_dir=out_dir, task_size=mining.task_size,
                                 lease_s=mining.lease_s, shard_size=shard_size)  # fmt: skip
     first = ray.get(stream.progress.remote())
     pool: MinerPool | None = None

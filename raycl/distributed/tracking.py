@@ -1,14 +1,23 @@
-"""Experiment tracking (``--track mlflow``): one MLflow run per raycl run, one child run per trial and baseline.
+"""Experiment tracking (``--track mlflow``, ``--track wandb``, or both: ``--track mlflow,wandb``): per raycl run,
+one tracked run per trial, per baseline and per ``raycl.train`` training, and one for the run itself.
 
-The trials' runs come from Ray's own ``MLflowLoggerCallback`` on the Tune driver (:class:`TrialRuns`): its
-params are the trial's resolved dotted config, its metrics every report the trial made (dev/test scores, loss,
-``timing/mine_wait``, staleness, refusals, tokens/s …) at Tune's ``training_iteration`` as the step. The parent
-run (:func:`tracked`, around the whole verb) gets the run's dotted config, ``best.json``'s scores, and the run's
-``report.md``, ``best.json``, ``results.csv``, ``config.yaml`` and plots as artifacts; ``python -m raycl.train``
-(no Tune, so no callback) gets that parent run only (its reports stay in ``trials/*/history.jsonl``).
+Trials (Tune's, in ``raycl.tune``) are logged by Ray's own callbacks on the Tune driver: ``MLflowLoggerCallback``
+(:class:`TrialRuns`, child runs of the raycl run's parent run) and ``WandbLoggerCallback``
+(:class:`WandbTrialRuns`, W&B runs grouped under the raycl run's name, ``job_type`` ``trial``). Params are the
+trial's point at its start, then its whole resolved dotted config (``trials/ID/config.yaml``) at its end; metrics
+every report the trial made (dev/test scores, loss, ``timing/mine_wait``, staleness, refusals, tokens/s …) at
+Tune's ``training_iteration`` as the step. ``python -m raycl.train`` has no Tune, so each of its trainings is
+logged from its own records when it ends (:func:`log_training`: the same params, every line of its
+``history.jsonl`` at its ``report`` number as the step, its config and history as artifacts) — an MLflow child
+run, or a W&B run through Ray's ``setup_wandb``. The run itself (:func:`tracked`, around the whole verb) gets
+the run's dotted config, ``best.json``'s scores, and the run's ``report.md``, ``best.json``, ``results.csv``,
+``config.yaml`` and plots as artifacts (the MLflow parent run; a W&B run of ``job_type`` ``run`` with one
+artifact ``raycl-run``).
 
-MLflow's own environment decides where runs go: ``MLFLOW_TRACKING_URI`` (else MLflow's default) and
-``MLFLOW_EXPERIMENT_NAME`` (else ``raycl-SPACE``). Credentials are never logged (:func:`safe_params`).
+Each tracker's own environment decides where runs go: ``MLFLOW_TRACKING_URI`` and ``MLFLOW_EXPERIMENT_NAME``
+(else ``raycl-SPACE``); ``WANDB_MODE`` (``offline``: files under ``WANDB_DIR``, ``wandb sync`` them later),
+``WANDB_PROJECT`` (else ``raycl-SPACE``), ``WANDB_ENTITY``, ``WANDB_API_KEY`` … — every ``WANDB_*`` variable of the
+driver also reaches Ray's logging actors. Credentials are never logged (:func:`safe_params`).
 """
 
 from __future__ import annotations
@@ -18,8 +27,9 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,10 +37,12 @@ from typing import Any
 import yaml
 from ray.air.integrations.mlflow import MLflowLoggerCallback
 
-from raycl.errors import UserError
+from raycl.cli import parse_track
+from raycl.errors import UserError, environ_items
+from raycl.records import HISTORY, read_history
 
-TRACKERS = ("mlflow",)
 ARTIFACTS = ("report.md", "best.json", "results.csv", "config.yaml")
+TRAINING_ARTIFACTS = ("config.yaml", HISTORY)
 _SECRET_KEY = re.compile(r"secret|token|passw|credential|api_?key|access_?key|private_?key|auth", re.I)
 _SECRET_ENV = re.compile(r"^AWS_|TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY", re.I)
 _URI_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/@:\s]*):[^/@\s]*@", re.I)
@@ -39,22 +51,45 @@ _MAX_PARAM = 6000  # MLflow's limit on a param value
 
 @dataclass
 class _Active:
-    experiment: str
-    parent_id: str
+    backends: tuple[str, ...]
+    space: str
     run_dir: Path
+    experiment: str = ""  # MLflow's
+    experiment_id: str = ""
+    parent_id: str = ""  # MLflow's parent run
+    project: str = ""  # W&B's
+    client: Any = None  # MLflow's client
+
+    @property
+    def name(self) -> str:
+        return f"{self.space}/{self.run_dir.name}"
 
 
 _active: _Active | None = None
 
 
-def check(backend: str | None) -> None:
-    """Before anything runs: the tracker's package is there (an optional extra), or one line and exit 2."""
-    if backend == "mlflow":
+def _backends(track: str | Sequence[str] | None) -> tuple[str, ...]:
+    if not track:
+        return ()
+    return parse_track(track) if isinstance(track, str) else tuple(track)
+
+
+def check(track: str | Sequence[str] | None) -> None:
+    """Before anything runs: each tracker's package is there (an optional extra), or one line and exit 2."""
+    for backend in _backends(track):
         try:
-            import mlflow  # noqa: F401
+            __import__(backend)
         except ImportError:
-            raise UserError("--track mlflow: the mlflow package is not installed "
-                            "(pip install 'raycl[mlflow]')") from None  # fmt: skip
+            raise UserError(f"--track {backend}: the {backend} package is not installed "
+                            f"(pip install 'raycl[{backend}]')") from None  # fmt: skip
+    if "wandb" in _backends(track):
+        from ray.air.integrations.wandb import _set_api_key
+
+        try:  # what Ray's callback would find only once the sweep runs
+            _set_api_key()
+        except ValueError:
+            raise UserError("--track wandb: no W&B API key (set WANDB_API_KEY, run `wandb login`, or "
+                            "WANDB_MODE=offline)") from None  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- params
@@ -62,7 +97,7 @@ def safe_params(params: dict[str, Any]) -> dict[str, str]:
     """``params`` as MLflow param strings, without credentials: keys that name one (token, secret, password,
     access key …) are left out, a URI's password becomes ``***``, and so does any value holding the value of a
     secret-looking environment variable (``AWS_*``, ``*TOKEN*``, ``*SECRET*`` …)."""
-    secrets = [v for k, v in os.environ.items() if _SECRET_ENV.search(k) and len(v) >= 6]
+    secrets = [v for k, v in environ_items() if _SECRET_ENV.search(k) and len(v) >= 6]
     out: dict[str, str] = {}
     for key, value in params.items():
         if _SECRET_KEY.search(key):
@@ -72,6 +107,12 @@ def safe_params(params: dict[str, Any]) -> dict[str, str]:
             text = text.replace(secret, "***")
         out[key] = text[:_MAX_PARAM]
     return out
+
+
+def safe_config(params: dict[str, Any]) -> dict[str, Any]:
+    """:func:`safe_params` for W&B's config, which keeps types: a number or flag left unchanged stays one."""
+    return {k: params[k] if isinstance(params[k], (int, float, bool)) and str(params[k]) == v else v
+            for k, v in safe_params(params).items()}  # fmt: skip
 
 
 def dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -85,14 +126,28 @@ def dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _config(path: Path) -> dict[str, Any]:
+    return dotted(yaml.safe_load(path.read_text(encoding="utf-8")) or {}) if path.exists() else {}
+
+
 def config_params(path: Path) -> dict[str, str]:
     """The safe dotted params of a resolved ``config.yaml`` (the run's, or a trial's); {} if there is none."""
-    return safe_params(dotted(yaml.safe_load(path.read_text(encoding="utf-8")) or {})) if path.exists() else {}
+    return safe_params(_config(path))
 
 
 def _metrics(row: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in row.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}  # fmt: skip
+
+
+def _steps(out_dir: Path) -> list[tuple[int, dict[str, float]]]:
+    """A training's reports (``history.jsonl``) as (step, metrics): its ``report`` number, as Tune counts them."""
+    return [(int(row.get("report", i + 1)), _metrics(row)) for i, row in enumerate(read_history(out_dir))]
+
+
+def _files(folder: Path, names: Sequence[str], plots: bool) -> list[Path]:
+    return [p for p in [*(folder / n for n in names), *(sorted(folder.glob("*.png")) if plots else [])]
+            if p.exists()]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- trial runs
@@ -116,14 +171,11 @@ class TrialRuns(MLflowLoggerCallback):
     def log_trial_result(self, iteration: int, trial: Any, result: dict[str, Any]) -> None:
         """As Ray's (Tune's ``training_iteration`` as the step), in one batch per report instead of one
         request per metric."""
-        from mlflow.entities import Metric
         from ray.tune.utils import flatten_dict
 
-        stamp, step = int(time.time() * 1000), int(result.get("training_iteration", iteration))
-        metrics = [Metric(k, v, stamp, step) for k, v in _metrics(flatten_dict(result)).items()]
-        client = self.mlflow_util._get_client()
-        for i in range(0, len(metrics), 1000):  # MLflow's most metrics per batch
-            client.log_batch(self._trial_runs[trial], metrics=metrics[i : i + 1000])
+        step = int(result.get("training_iteration", iteration))
+        metrics = [(step, _metrics(flatten_dict(result)))]
+        _mlflow_metrics(self.mlflow_util._get_client(), self._trial_runs[trial], metrics)
 
     def log_trial_end(self, trial: Any, failed: bool = False) -> None:
         self._log_params(trial, config_params(self.run_dir / "trials" / trial.trial_id / "config.yaml"))
@@ -138,51 +190,184 @@ class TrialRuns(MLflowLoggerCallback):
             done.update(new)
 
 
+def _wandb_callback() -> type:
+    """:class:`WandbTrialRuns`, made when W&B is asked for (the wandb package is an optional extra)."""
+    from ray.air.integrations.wandb import WandbLoggerCallback, _QueueItem
+    from ray.air.util.node import _force_on_current_node
+
+    class WandbTrialRuns(WandbLoggerCallback):  # type: ignore[misc]
+        """Ray's W&B callback, one W&B run per trial in the raycl run's group: its config the trial's point at its
+        start and its whole resolved dotted config at its end, each filtered by :func:`safe_config` (Ray's own
+        logs ``trial.config`` and every result's ``config`` as they are); every ``WANDB_*`` variable of the driver
+        reaches Ray's logging actors (``WANDB_MODE``, ``WANDB_DIR`` …; Ray passes only ``WANDB_API_KEY``)."""
+
+        def __init__(self, active: _Active, sweep: str) -> None:
+            super().__init__(project=active.project, group=active.name, job_type="trial",
+                             tags=[f"raycl.sweep={sweep}"])  # fmt: skip
+            self.run_dir = active.run_dir
+            self._last_step: dict[str, int] = {}
+
+        def setup(self, *args: Any, **kwargs: Any) -> None:
+            import ray
+
+            super().setup(*args, **kwargs)
+            env = {k: v for k, v in environ_items() if k.startswith("WANDB_")}
+            here: Any = _force_on_current_node()
+            options = {"num_cpus": 0, **here, "runtime_env": {"env_vars": env}, "max_restarts": -1,
+                       "max_task_retries": -1}  # Ray's own options, with the environment
+            self._remote_logger_class: Any = ray.remote(**options)(self._logger_actor_cls)
+
+        def log_trial_start(self, trial: Any) -> None:
+            """As Ray's, the trial's point filtered, and no result's ``config`` logged (Ray's would be raw)."""
+            exclude = [*self._exclude_results, *self.excludes, "config"]
+            self._start_logging_actor(trial, exclude, id=trial.trial_id, name=str(trial), resume=False,
+                                      reinit=True, allow_val_change=True, group=self.group, project=self.project,
+                                      config=safe_config(dotted(trial.config)), **self.kwargs)  # fmt: skip
+
+        def log_trial_result(self, iteration: int, trial: Any, result: dict[str, Any]) -> None:
+            self._last_step[trial.trial_id] = int(result.get("training_iteration", iteration))
+            super().log_trial_result(iteration, trial, {**result, "config": {}})  # config: at start and end
+
+        def log_trial_end(self, trial: Any, failed: bool = False) -> None:
+            """The trial's whole resolved config, as a config update at its last step, before Ray's end."""
+            params = safe_config(_config(self.run_dir / "trials" / trial.trial_id / "config.yaml"))
+            if params and trial in self._trial_queues:
+                step = self._last_step.get(trial.trial_id, 0)
+                self._trial_queues[trial].put((_QueueItem.RESULT, {"config": params, "training_iteration": step}))
+            super().log_trial_end(trial, failed=failed)
+
+    return WandbTrialRuns
+
+
 def sweep_callbacks(sweep: str) -> list[Any]:
     """The Tune callbacks of a sweep (``raycl.distributed.sweep.run_sweep``): none unless a run is tracked."""
-    return [] if _active is None else [TrialRuns(_active, sweep)]
+    if _active is None:
+        return []
+    out: list[Any] = []
+    if "mlflow" in _active.backends:
+        out.append(TrialRuns(_active, sweep))
+    if "wandb" in _active.backends:
+        out.append(_wandb_callback()(_active, sweep))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- raycl.train
+def log_training(trial_id: str, out_dir: Path, *, failed: bool = False) -> None:
+    """One ``raycl.train`` training (no Tune, so no callback), logged from its records when it ends, as a trial
+    is: its resolved dotted config (``out_dir/config.yaml``), every report of its ``history.jsonl`` at its
+    ``report`` number as the step, its config and history as artifacts. Nothing unless the run is tracked."""
+    if _active is None:
+        return
+    if "mlflow" in _active.backends:
+        client = _active.client
+        run = client.create_run(_active.experiment_id, run_name=f"train-{trial_id}",
+                                tags={"mlflow.parentRunId": _active.parent_id, "raycl.sweep": "train",
+                                      "raycl.trial_id": trial_id})  # fmt: skip
+        _mlflow_run(client, run.info.run_id, config_params(out_dir / "config.yaml"), _steps(out_dir),
+                    _files(out_dir, TRAINING_ARTIFACTS, plots=True))  # fmt: skip
+        client.set_terminated(run.info.run_id, "FAILED" if failed else "FINISHED")
+    if "wandb" in _active.backends:
+        _wandb_run(_active, name=f"train-{trial_id}", job_type="training", config=_config(out_dir / "config.yaml"),
+                   steps=_steps(out_dir), files=_files(out_dir, TRAINING_ARTIFACTS, plots=True),
+                   artifact=f"raycl-train-{trial_id}", failed=failed)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- the run
 @contextmanager
-def tracked(backend: str | None, *, run_dir: Path, space: str) -> Iterator[None]:
-    """Around a whole ``raycl.tune``/``raycl.train`` run: the parent MLflow run, FINISHED with the run's params,
-    scores and files, or FAILED if the run raises."""
+def tracked(track: str | Sequence[str] | None, *, run_dir: Path, space: str) -> Iterator[None]:
+    """Around a whole ``raycl.tune``/``raycl.train`` run: the run's own tracked runs (MLflow's parent run,
+    FINISHED or FAILED; W&B's run of ``job_type`` ``run``) with the run's params, scores and files."""
     global _active
-    if backend is None:
+    backends = _backends(track)
+    if not backends:
         yield
         return
-    from mlflow import MlflowClient
+    active = _Active(backends, space, run_dir)
+    if "mlflow" in backends:
+        from mlflow import MlflowClient
 
-    client = MlflowClient()
-    name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or f"raycl-{space}"
-    exp = client.get_experiment_by_name(name)
-    exp_id = exp.experiment_id if exp is not None else client.create_experiment(name)
-    parent = client.create_run(exp_id, run_name=f"{space}/{run_dir.name}",
-                               tags={"raycl.space": space, "raycl.run_dir": safe_params({"d": run_dir})["d"]})
-    _active = active = _Active(name, parent.info.run_id, run_dir)
+        active.client = client = MlflowClient()
+        active.experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or f"raycl-{space}"
+        exp = client.get_experiment_by_name(active.experiment)
+        active.experiment_id = exp.experiment_id if exp else client.create_experiment(active.experiment)
+        tags = {"raycl.space": space, "raycl.run_dir": safe_params({"d": run_dir})["d"]}
+        active.parent_id = client.create_run(active.experiment_id, run_name=active.name, tags=tags).info.run_id
+    if "wandb" in backends:
+        project = os.environ.get("WANDB_PROJECT") or os.environ.get("WANDB_PROJECT_NAME")  # W&B's, Ray's
+        active.project = project or f"raycl-{space}"
+    _active = active
     try:
         yield
     except BaseException:
-        client.set_terminated(parent.info.run_id, "FAILED")
-        raise
-    finally:
         _active = None
-    _log_run(client, active)
-    client.set_terminated(parent.info.run_id, "FINISHED")
+        with suppress(Exception):  # what the failed run wrote, if it can be logged; its own error comes first
+            _log_run(active, failed=True)
+        raise
+    _active = None
+    _log_run(active, failed=False)
 
 
-def _log_run(client: Any, active: _Active) -> None:
-    from mlflow.entities import Metric, Param
-
-    run_id, run_dir = active.parent_id, active.run_dir
-    stamp = int(time.time() * 1000)
-    params = [Param(k, v) for k, v in config_params(run_dir / "config.yaml").items()]
+def _log_run(active: _Active, *, failed: bool) -> None:
+    run_dir = active.run_dir
     best = json.loads((run_dir / "best.json").read_text()) if (run_dir / "best.json").exists() else None
     best = best if isinstance(best, dict) else {}  # no trial scored: best.json holds null
-    metrics = [Metric(k, v, stamp, 0) for k, v in _metrics(best).items()]
-    for i in range(0, max(len(params), len(metrics)), 100):  # MLflow takes at most 100 params per batch
-        client.log_batch(run_id, params=params[i : i + 100], metrics=metrics[i : i + 100])
-    for path in [*(run_dir / n for n in ARTIFACTS), *sorted(run_dir.glob("*.png"))]:
-        if path.exists():
-            client.log_artifact(run_id, str(path))
+    files = _files(run_dir, ARTIFACTS, plots=True)
+    if "mlflow" in active.backends:
+        _mlflow_run(active.client, active.parent_id, config_params(run_dir / "config.yaml"), [(0, _metrics(best))],
+                    files)  # fmt: skip
+        active.client.set_terminated(active.parent_id, "FAILED" if failed else "FINISHED")
+    if "wandb" in active.backends:
+        _wandb_run(active, name=active.name, job_type="run", config=_config(run_dir / "config.yaml"), steps=[],
+                   files=files, artifact="raycl-run", summary=_metrics(best), failed=failed)  # fmt: skip
+
+
+def _mlflow_metrics(client: Any, run_id: str, steps: list[tuple[int, dict[str, float]]]) -> None:
+    from mlflow.entities import Metric
+
+    stamp = int(time.time() * 1000)
+    metrics = [Metric(k, v, stamp, step) for step, row in steps for k, v in row.items()]
+    for i in range(0, len(metrics), 1000):  # MLflow's most metrics per batch
+        client.log_batch(run_id, metrics=metrics[i : i + 1000])
+
+
+def _mlflow_run(client: Any, run_id: str, params: dict[str, str], steps: list[tuple[int, dict[str, float]]],
+                files: list[Path]) -> None:  # fmt: skip
+    from mlflow.entities import Param
+
+    every = [Param(k, v) for k, v in params.items()]
+    for i in range(0, len(every), 100):  # MLflow takes at most 100 params per batch
+        client.log_batch(run_id, params=every[i : i + 100])
+    _mlflow_metrics(client, run_id, steps)
+    for path in files:
+        client.log_artifact(run_id, str(path))
+
+
+def _wandb_run(active: _Active, *, name: str, job_type: str, config: dict[str, Any],
+               steps: list[tuple[int, dict[str, float]]], files: list[Path], artifact: str,
+               summary: dict[str, float] | None = None, failed: bool = False) -> None:  # fmt: skip
+    """One W&B run made by raycl itself (Ray's ``setup_wandb``, outside any trainable): config, metrics by
+    step, summary, files as one artifact."""
+    import wandb
+    from ray.air.integrations.wandb import setup_wandb
+
+    run_id = f"raycl-{uuid.uuid4().hex[:12]}"
+    start_method = os.environ.get("WANDB_START_METHOD")  # setup_wandb sets it in this (the driver's) process
+    run = setup_wandb(config=safe_config(config), trial_id=run_id, trial_name=name, group=active.name,
+                      project=active.project, job_type=job_type, resume="allow", dir=os.environ.get("WANDB_DIR"),
+                      settings=wandb.Settings(silent=True))  # fmt: skip
+    try:
+        for step, row in steps:
+            run.log(row, step=step)
+        if summary:
+            run.summary.update(summary)
+        if files:
+            art = wandb.Artifact(artifact, type="raycl-files")
+            for path in files:
+                art.add_file(str(path))
+            run.log_artifact(art)
+    finally:
+        run.finish(exit_code=1 if failed else 0)
+        if start_method is None:
+            os.environ.pop("WANDB_START_METHOD", None)
+        else:
+            os.environ["WANDB_START_METHOD"] = start_method

@@ -23,6 +23,13 @@ from pathlib import Path
 from typing import Any
 
 PROGRESS = "progress.json"
+_last_line = [time.monotonic()]  # when this process last printed a ``[raycl]`` line (a bar's, or report.say's)
+
+
+def said() -> None:
+    """A ``[raycl]`` line went out: the next bar's heartbeat counts from here, so that a bar started after a
+    training, or after a step that said something, keeps the gap between two lines within ``max_s``."""
+    _last_line[0] = time.monotonic()
 
 
 def mode() -> str:
@@ -75,6 +82,7 @@ class LineBar:
         self.postfix: dict[str, Any] = {}
         self.min_s, self.max_s = intervals()
         self.last = self.t0 = time.monotonic()
+        self.beat_from = _last_line[0]  # the heartbeat counts from the process's last line, not this bar's start
         self.n0: int | None = None  # the count when first seen (a resumed run starts past 0), and when
         self.t_n0 = self.t0
         self.shown: tuple[int, dict[str, Any]] | None = None  # what the last line showed
@@ -84,7 +92,7 @@ class LineBar:
 
     def _beat(self) -> None:
         while not self._stop.wait(min(0.5, self.max_s / 4)):
-            if time.monotonic() - self.last >= self.max_s:
+            if time.monotonic() - self.beat_from >= self.max_s:
                 self.emit()
 
     def update(self, n: int = 1) -> None:
@@ -118,8 +126,10 @@ class LineBar:
 
     def emit(self) -> None:
         with self._lock:
-            self.last, self.shown = time.monotonic(), (self.n, dict(self.postfix))
+            self.last = self.beat_from = time.monotonic()
+            self.shown = (self.n, dict(self.postfix))
             print(self.line(), file=sys.stderr, flush=True)
+            said()
 
     def close(self) -> None:
         self._stop.set()

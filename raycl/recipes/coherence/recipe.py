@@ -24,6 +24,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from raycl import storage
 from raycl.config import Space
 from raycl.configs.coherence import CoherenceConfig
 from raycl.data import coherence_inputs
@@ -100,7 +101,7 @@ def base_model(cfg: CoherenceConfig, run_dir: Path, items: list[CoherenceItem]) 
         return out
     from raycl.models.coherence import CoherenceScorer
 
-    source = cfg.model.checkpoint or cfg.model.name
+    source = storage.fetch(cfg.model.checkpoint) if cfg.model.checkpoint else cfg.model.name  # a URI: fetched
     texts = None if source else sorted({s for it in items for s in it.pos})
     build_coherence_model(cfg.model.preset, out, texts=texts, checkpoint=source, seed=cfg.model.seed)
     scorer = CoherenceScorer.from_pretrained(out, max_len=cfg.model.max_len or None,

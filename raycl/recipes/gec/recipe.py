@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from raycl import storage
 from raycl.config import Space
 from raycl.configs.gec import GecConfig
 from raycl.data import gec_inputs
@@ -57,7 +58,7 @@ class GecRecipe(RecipeBase):
         """Step 1: the base model θ̂, trained on D_T with NLL — or ``model.checkpoint`` as given."""
         cfg = run.cfg
         if cfg.model.checkpoint:
-            run.base_model = Path(cfg.model.checkpoint)
+            run.base_model = Path(storage.fetch(cfg.model.checkpoint))  # a URI: fetched to this node's cache
             if not (run.base_model / "config.json").exists():
                 raise UserError(f"model.checkpoint: {run.base_model}: expected a Hugging Face model folder "
                                 "(config.json)")  # fmt: skip

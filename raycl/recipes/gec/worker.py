@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from raycl import storage
 from raycl.configs.gec import GecConfig
 from raycl.data.gec import GecExample, load_examples
 from raycl.distributed.consumer import StreamConsumer
@@ -175,7 +176,8 @@ class GecTask(TaskBase):
             if not cfg.mining.negatives:
                 raise RuntimeError("contrastive fine-tuning without a negative stream or mining.negatives")
             # every rank's epoch draws its share of the global batches from all of D_F: every row, read by id
-            mined = read_negatives(cfg.mining.negatives, ids={ex.id for ex in examples})
+            where = storage.fetch(cfg.mining.negatives)  # a URI: fetched once to this node's cache
+            mined = read_negatives(where, ids={ex.id for ex in examples})
             negatives = {i: list(m.negatives) for i, m in mined.items()}
             if cfg.mining.false_negatives == "drop":
                 negatives = without_false_negatives(cfg.mining.negatives, negatives)

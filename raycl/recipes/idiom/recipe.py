@@ -26,6 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from raycl import storage
 from raycl.config import Space
 from raycl.configs.idiom import SETTINGS, IdiomConfig
 from raycl.data import semeval_inputs
@@ -62,7 +63,8 @@ class IdiomRecipe(RecipeBase):
             rows = read_idiom_train(d.train_zero_shot) + read_idiom_train(d.train_one_shot)
             rows += read_idiom_inputs(d.dev) + (read_idiom_inputs(d.eval) if d.eval else [])
             texts = [t for e in rows for t in (e.zero_shot_text(), e.mwe)]
-        build_classifier(m.preset, out, texts=texts, seed=m.seed, checkpoint=m.checkpoint)
+        checkpoint = storage.fetch(m.checkpoint) if m.checkpoint else None  # a URI: fetched to this node's cache
+        build_classifier(m.preset, out, texts=texts, seed=m.seed, checkpoint=checkpoint)
 
     # ------------------------------------------------------------------------------------------ 3–5. train
     def search_space(self, space: Space, cfg: IdiomConfig) -> dict[str, Any]:

@@ -22,6 +22,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from raycl import storage
 from raycl.config import Space
 from raycl.configs.sts import StsConfig
 from raycl.data import semeval_inputs
@@ -50,8 +51,9 @@ class StsRecipe(RecipeBase):
         """The preset with the MWE tokens (a tiny BERT's BPE is trained on every sentence of the run), or
         ``model.checkpoint``: an HF encoder for the preset, or a SentenceEncoder folder used as it is."""
         m, cfg = run.cfg.model, run.cfg
-        if m.checkpoint and (Path(m.checkpoint) / CONFIG_FILE).exists():
-            run.base_model = Path(m.checkpoint)
+        checkpoint = storage.fetch(m.checkpoint) if m.checkpoint else None  # a URI: fetched to this node's cache
+        if checkpoint and (Path(checkpoint) / CONFIG_FILE).exists():
+            run.base_model = Path(checkpoint)
             return
         if (run.base_model / CONFIG_FILE).exists():
             return
@@ -63,7 +65,7 @@ class StsRecipe(RecipeBase):
             texts = [s for p in pretrain for s in (p.sentence1, p.sentence2)]
             texts += [s for p in rows for s in (p.sentence1, p.sentence2, p.alternative_1, p.alternative_2) if s]
         build_sentence_encoder(m.preset, run.base_model, texts=texts, extra_tokens=semeval_inputs.mwe_tokens(cfg),
-                               seed=m.seed, checkpoint=m.checkpoint, max_seq_length=m.max_seq_length)  # fmt: skip
+                               seed=m.seed, checkpoint=checkpoint, max_seq_length=m.max_seq_length)  # fmt: skip
 
     # ------------------------------------------------------------------------------------------ 3–5.
     def train_points(self, run: Run) -> list[TrainPoint]:
