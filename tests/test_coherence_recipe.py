@@ -1,6 +1,7 @@
 """The coherence recipe end to end, tiny: a run whose hard negatives are ranked by miner actors while it trains
-(staleness 0 and 1), the pooled ranking against the in-process miner, a Tune sweep with baselines, the eval CLI on
-the trained model, and a pickle that tries to import something refused before anything runs."""
+(staleness 0 here; 1, the eval CLI on its model, and a Tune sweep with baselines are tracked runs of
+``test_tracking.py``), the pooled ranking against the in-process miner, and a pickle that tries to import
+something refused before anything runs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pickle
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,10 +31,16 @@ TINY = [
 COHERENCE = recipe_for("coherence")
 
 
-@pytest.mark.parametrize("staleness", [0, 1])
-def test_a_run_trains_on_negatives_ranked_by_the_miners(ray_local, tmp_path: Path, staleness: int) -> None:
-    space = load_space("coherence", preset="smoke", overrides=[*TINY, f"mining.max_staleness={staleness}"])
-    summary = driver.run_train(COHERENCE, space, tmp_path)
+def test_a_run_trains_on_negatives_ranked_by_the_miners(ray_local, tmp_path: Path) -> None:
+    """Staleness 0; staleness 1 is the tracked training of ``test_tracking.py`` (the same checks, and the eval
+    CLI on its model)."""
+    space = load_space("coherence", preset="smoke", overrides=[*TINY, "mining.max_staleness=0"])
+    check_a_mined_run(tmp_path, driver.run_train(COHERENCE, space, tmp_path), staleness=0)
+
+
+def check_a_mined_run(tmp_path: Path, summary: dict, staleness: int) -> None:  # type: ignore[type-arg]
+    """A smoke run whose hard negatives miner actors ranked while it trained: its outputs, one report every 10
+    items, its weight versions and staleness, its scores; with staleness 1 the eval CLI on its model too."""
     for name in ("config.yaml", "results.csv", "best.json", "report.md", "dev_curves.png"):
         assert (tmp_path / name).exists(), name
     history = read_history(tmp_path / "trials" / "train")
@@ -98,13 +106,17 @@ def test_the_pool_ranks_permutations_as_the_in_process_miner(ray_local, tmp_path
         assert scores == pytest.approx(rec.scores, abs=1e-5)
 
 
-def test_tune_sweep_and_baselines(ray_local, tmp_path: Path) -> None:
+def sweep_space() -> Any:
+    """Two sweep trials side by side, then one baseline (staleness 0 runs in test_a_run_trains_…): the sweep of
+    ``test_tracking.py``'s tracked sweep, which checks it with :func:`check_the_sweep`."""
     over = [*TINY, "scaling.num_workers=1", "scaling.cpus_per_worker=0.5", "tune.driver_cpus=0.1"]
     space = load_space("coherence", preset="smoke", overrides=over)
-    # two sweep trials side by side, then one baseline (staleness 0 runs in test_a_run_trains_…)
     space.search = {"mining.max_staleness": {"grid": [1]}, "loss.margin": {"grid": [0.1, 0.3]}}
     space.baselines = {k: v for k, v in space.baselines.items() if k == "pairwise"}
-    summary = driver.run_tune(COHERENCE, space, tmp_path)
+    return space
+
+
+def check_the_sweep(ray_local: Any, tmp_path: Path, summary: dict) -> None:  # type: ignore[type-arg]
     assert not summary["failed_trials"]
     assert [r["method"] for r in summary["table"]] == ["Pairwise", "Full model"]
     assert summary["best"]["loss.margin"] in (0.1, 0.3) and summary["best"]["mining.max_staleness"] == 1

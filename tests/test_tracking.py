@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_coherence_recipe import TINY
+from test_coherence_recipe import TINY, check_a_mined_run, check_the_sweep, sweep_space
 
 from raycl import cli
 from raycl.config import load_space
@@ -174,8 +174,7 @@ def _read_back(client: Any) -> tuple[Any, list[Any]]:
     for run in children:
         assert run.info.status == "FINISHED"
         assert {"loss.margin", "optim.lr", "mining.max_staleness", "scaling.num_workers"} <= set(run.data.params)
-        assert {"loss", "timing/mine_wait", "stream/staleness_max", "stream/refused", "dev_acc"} <= set(
-            run.data.metrics), run.data.metrics
+        assert {"loss", "dev_acc"} <= set(run.data.metrics), run.data.metrics
         steps = [m.step for m in client.get_metric_history(run.info.run_id, "loss")]
         assert steps == sorted(steps) and len(set(steps)) == len(steps) >= 1
     every = [v for r in runs for v in (*r.data.params.values(), *r.data.tags.values())]
@@ -188,33 +187,42 @@ METRICS = {"loss", "timing/mine_wait", "stream/staleness_max", "stream/refused",
 
 def test_a_tracked_sweep_is_one_run_per_trial(ray_local: Any, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """One sweep trial of coherence (mined while training), logged by Ray's MLflowLoggerCallback and
-    WandbLoggerCallback at once: an MLflow child run and a W&B run with the trial's resolved dotted config and
-    every report's metrics. (Baselines are trials of a second sweep, logged the same way; left out to keep the
-    test short.)"""
+    """The coherence recipe's smoke sweep (two points mined while training, side by side, then the pairwise
+    baseline: ``test_coherence_recipe.check_the_sweep``), logged by Ray's MLflowLoggerCallback and
+    WandbLoggerCallback at once: an MLflow child run and a W&B run per trial and per baseline, with the trial's
+    resolved dotted config and every report's metrics."""
     client = _tracked(monkeypatch, tmp_path)
-    over = [*TINY, "scaling.num_workers=1", "scaling.cpus_per_worker=0.5", "tune.driver_cpus=0.1"]
-    space = load_space("coherence", preset="smoke", overrides=over)
-    space.search, space.baselines = {"loss.margin": {"grid": [0.3]}}, {}
-    summary = cli.run(space, tmp_path / "run", sweep=True, track=("mlflow", "wandb"))
-    assert not summary["failed_trials"]
+    summary = cli.run(sweep_space(), tmp_path / "run", sweep=True, track=("mlflow", "wandb"))
+    check_the_sweep(ray_local, tmp_path / "run", summary)
     _, trials = _read_back(client)
-    assert len(trials) == 1 and trials[0].data.tags["raycl.sweep"] == "sweep"
-    assert trials[0].data.params["loss.margin"] == "0.3"
-    (trial,) = _check_wandb(tmp_path, job_type="trial", count=1, metrics={*METRICS, "training_iteration"})
-    assert trial["config"]["loss.margin"] == 0.3
+    sweep = sorted((t for t in trials if t.data.tags["raycl.sweep"] == "sweep"),
+                   key=lambda t: t.data.params["loss.margin"])  # fmt: skip
+    assert [t.data.params["loss.margin"] for t in sweep] == ["0.1", "0.3"] and len(trials) == 3
+    assert all(METRICS <= set(t.data.metrics) for t in sweep)  # mined while training: the stream's figures
+    (baseline,) = [t for t in trials if t not in sweep]
+    assert baseline.data.tags["raycl.sweep"] == "baselines" and {"loss", "dev_acc"} <= set(baseline.data.metrics)
+    runs = _check_wandb(tmp_path, job_type="trial", count=3, metrics={"loss", "dev_acc", "training_iteration"})
+    assert sorted(r["config"]["loss.margin"] for r in runs if METRICS <= _logged(r)) == [0.1, 0.3]
+
+
+def _logged(run: dict[str, Any]) -> set[str]:
+    return {k for row in run["history"].values() for k in row}
 
 
 def test_a_tracked_training_is_a_run_with_its_reports(ray_local: Any, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """``python -m raycl.train`` (no Tune): its training logged from its records as a trial is, in MLflow (a
-    child run: dotted config, every report at its step, its config and history as artifacts) and W&B."""
+    """``python -m raycl.train`` (no Tune): the coherence recipe's run mined while it trains with staleness 1
+    (``test_coherence_recipe.check_a_mined_run``, with the eval CLI on its model), its training logged from its
+    records as a trial is, in MLflow (a child run: dotted config, every report at its step, its config and
+    history as artifacts) and W&B."""
     client = _tracked(monkeypatch, tmp_path)
-    space = load_space("coherence", preset="smoke", overrides=[*TINY, "optim.eval_every=20"])  # 7 reports
-    cli.run(space, tmp_path / "run", sweep=False, track=("mlflow", "wandb"))
+    space = load_space("coherence", preset="smoke", overrides=[*TINY, "mining.max_staleness=1"])
+    check_a_mined_run(tmp_path / "run", cli.run(space, tmp_path / "run", sweep=False, track=("mlflow", "wandb")),
+                      staleness=1)  # fmt: skip
     parent, (training,) = _read_back(client)
     history = [json.loads(line) for line in (tmp_path / "run/trials/train/history.jsonl").read_text().splitlines()]
     assert training.data.tags["raycl.sweep"] == "train" and training.info.run_name == "train-train"
+    assert METRICS <= set(training.data.metrics)
     steps = [m.step for m in client.get_metric_history(training.info.run_id, "loss")]
     assert steps == [row["report"] for row in history if "loss" in row]
     artifacts = {f.path for f in client.list_artifacts(training.info.run_id)}
@@ -224,4 +232,3 @@ def test_a_tracked_training_is_a_run_with_its_reports(ray_local: Any, tmp_path: 
           f"artifacts {sorted(artifacts)}")  # fmt: skip
     (run,) = _check_wandb(tmp_path, job_type="training", count=1, metrics=METRICS)
     assert sorted(s for s, row in run["history"].items() if "loss" in row) == steps
-
