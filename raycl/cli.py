@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from raycl.config import Space, load_space
-from raycl.errors import UserError
+from raycl.errors import UserError, summary_out
 from raycl.storage import is_uri, push, remote_of, stage
 
 TRACKERS = ("mlflow", "wandb")
@@ -117,8 +117,7 @@ def run(space: Space, run_dir: Path, *, sweep: bool, track: str | tuple[str, ...
 
 def finish(summary: dict[str, Any], *, as_json: bool) -> None:
     if as_json:
-        json.dump(summary, sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
+        print(json.dumps(summary, indent=2, default=str), file=summary_out())
         return
     where = summary.get("store") or summary["run_dir"]
     print(f"report: {where.rstrip('/')}/report.md")

@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from raycl.errors import cli_entry
+from raycl.errors import cli_entry, summary_out
 
 
 def parser() -> argparse.ArgumentParser:
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> None:
     summary = convert_fairseq_transformer(args.checkpoint, dict_dir=args.dict_dir, bpe_codes=args.bpe_codes,
                                           out=args.out, trust=args.trust_checkpoint, force=args.force)  # fmt: skip
     print(json.dumps(summary, indent=2) if args.json else f"wrote {summary['out']} "
-          f"({summary['parameters'] / 1e6:.1f} M parameters, vocabulary {summary['vocab']})")
+          f"({summary['parameters'] / 1e6:.1f} M parameters, vocabulary {summary['vocab']})", file=summary_out())
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import re
 import reprlib
 import sys
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TextIO, TypeVar
 
 EXIT_USAGE = 2
 
@@ -74,11 +74,28 @@ def redact(text: str) -> str:
     return text
 
 
+_SUMMARY_OUT: list[TextIO] = []
+
+
+def summary_out() -> TextIO:
+    """Where a verb's ``--json`` summary goes: the stdout the command started with. While a ``--json`` command
+    runs, whatever else is written to stdout — Ray's messages of its workers and raylet (``(raylet) WARNING: …``),
+    a library's print — goes to stderr, so that stdout holds the JSON only."""
+    return _SUMMARY_OUT[-1] if _SUMMARY_OUT else sys.stdout
+
+
 def cli_entry(func: F) -> F:
-    """Wrap a CLI ``main``: a :class:`UserError` becomes one line on stderr and exit status 2."""
+    """Wrap a CLI ``main``: a :class:`UserError` becomes one line on stderr and exit status 2; with ``--json``
+    stdout is the summary's alone (:func:`summary_out`)."""
 
     @functools.wraps(func)
     def wrapper(*args: object, **kwargs: object) -> object:
+        argv = kwargs.get("argv", args[0] if args else None)
+        as_json = "--json" in (sys.argv[1:] if argv is None else list(argv))  # type: ignore[call-overload]
+        stdout = sys.stdout
+        if as_json:
+            _SUMMARY_OUT.append(stdout)
+            sys.stdout = sys.stderr
         try:
             return func(*args, **kwargs)
         except UserError as err:
@@ -87,5 +104,9 @@ def cli_entry(func: F) -> F:
         except KeyboardInterrupt:
             print("raycl: interrupted", file=sys.stderr)
             sys.exit(130)
+        finally:
+            if as_json:
+                sys.stdout = stdout
+                _SUMMARY_OUT.pop()
 
     return wrapper  # type: ignore[return-value]

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from raycl.errors import UserError, at, cli_entry
+from raycl.errors import UserError, at, cli_entry, summary_out
 
 
 def _add_gec(sub: Any) -> None:
@@ -74,7 +74,7 @@ def _run_gec(args: argparse.Namespace) -> int:
             for name, sents in refs.items()
         }
         result["compare"] = {"hyp_b": args.compare, "samples": args.samples, "seed": args.seed, "refs": tests}
-    print(json.dumps(result, indent=2) if args.json else format_gec_table(result))
+    print(json.dumps(result, indent=2) if args.json else format_gec_table(result), file=summary_out())
     return 0
 
 

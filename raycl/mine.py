@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from raycl.errors import UserError, at, cli_entry
+from raycl.errors import UserError, at, cli_entry, summary_out
 from raycl.miners.false_negatives import rate_text
 from raycl.storage import is_uri, push, stage
 
@@ -214,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out = Path(args.out)
         summary = args.run(args)
     if args.json:
-        print(json.dumps(summary))
+        print(json.dumps(summary), file=summary_out())
     else:
         print(f"wrote {summary['examples']} sentences, {summary['negatives']} negatives "
               f"({summary['negatives_per_s']} negatives/s) to {summary['out']}")  # fmt: skip

@@ -148,3 +148,26 @@ def test_module_entry_point_prints_only_json(files: dict[str, str]) -> None:
                            "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["refs"][files["ref"]]["combined"]["tp"] >= 3
+
+
+def test_a_json_commands_stdout_is_its_summary_alone(capfd: pytest.CaptureFixture[str]) -> None:
+    """With ``--json`` whatever else a command writes to stdout while it runs — Ray prints its raylet's and workers'
+    messages there (``(raylet) WARNING: 8 PYTHON worker processes …``) — goes to stderr; the summary alone reaches
+    stdout, so that ``… --json | jq`` reads it. Without ``--json`` stdout is left alone."""
+    import json
+    import sys
+
+    from raycl.errors import cli_entry, summary_out
+
+    @cli_entry
+    def main(argv: list[str] | None = None) -> None:
+        print("(raylet) WARNING: a message Ray prints on the driver's stdout")
+        sys.stdout.flush()
+        print(json.dumps({"ok": 1}) if "--json" in (argv or []) else "a table", file=summary_out())
+
+    main(["--json"])
+    out, err = capfd.readouterr()
+    assert json.loads(out) == {"ok": 1} and "(raylet) WARNING" in err
+    main([])
+    out, _ = capfd.readouterr()
+    assert out.splitlines() == ["(raylet) WARNING: a message Ray prints on the driver's stdout", "a table"]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from raycl.data.coherence import CoherenceItem, read_annotations, read_pairs
-from raycl.errors import UserError, at
+from raycl.errors import UserError, at, summary_out
 from raycl.evaluation.coherence_metrics import krippendorff_alpha_nominal, model_labels, pairwise_accuracy
 
 
@@ -90,7 +90,7 @@ def run_coherence(args: argparse.Namespace) -> int:
                 result["alpha"] = _model_alpha(path, items, coders=coders, pos=pos, negs=negs)
     if coders is not None:
         result["human_alpha"] = krippendorff_alpha_nominal(coders)
-    print(json.dumps(result, indent=2) if args.json else format_coherence_table(result))
+    print(json.dumps(result, indent=2) if args.json else format_coherence_table(result), file=summary_out())
     return 0
 
 

@@ -14,6 +14,7 @@ import argparse
 import json
 from typing import Any
 
+from raycl.errors import summary_out
 from raycl.evaluation.semeval_metrics import (
     F1_AVERAGES,
     SUBSETS,
@@ -72,11 +73,11 @@ def format_sts_table(scores: StsScores) -> str:
 
 def run_idiom(args: argparse.Namespace) -> int:
     scores = evaluate_idiom(args.submission, args.gold, average=args.average)
-    print(json.dumps(scores, indent=2) if args.json else format_idiom_table(scores))
+    print(json.dumps(scores, indent=2) if args.json else format_idiom_table(scores), file=summary_out())
     return 0
 
 
 def run_sts(args: argparse.Namespace) -> int:
     scores = evaluate_sts(args.submission, args.gold)
-    print(json.dumps(scores, indent=2) if args.json else format_sts_table(scores))
+    print(json.dumps(scores, indent=2) if args.json else format_sts_table(scores), file=summary_out())
     return 0
