@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,32 @@ def ending(model_dir: Path, *, bias: float = 4.0) -> Path:
         model.final_logits_bias[0, model.config.eos_token_id] += bias
     model.save_pretrained(str(model_dir))
     return model_dir
+
+
+S3_BUCKET = "raycl-test"
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """moto's S3 server on a free port, one bucket, and the environment every raycl process reads it from."""
+    boto3 = pytest.importorskip("boto3")
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "RAYCL_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}  # fmt: skip
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    boto3.client("s3").create_bucket(Bucket=S3_BUCKET)
+    try:
+        yield env
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        from raycl import storage
+
+        storage._filesystem.cache_clear()
+        server.stop()

@@ -3,8 +3,10 @@
 ``raycl.tune``: Tune's own restore continues the sweep — the trial that ended is not trained again, the
 interrupted one continues from its last Ray Train checkpoint, the baselines and the report follow — and every
 trial's history and the report's tables equal those of an uninterrupted run of the same sweep (which also checks
-the idiom ladder's rows). ``raycl.train`` (idiom, both settings): the setting that ended is kept, the interrupted
-one continues from its checkpoint. Both re-runs go through a pipe, as ``ray job logs`` would read them: a Tune
+the idiom ladder's rows). That uninterrupted run is issue 20's S3 sweep: ``--out s3://…`` on a real S3 API server
+on localhost (moto's, the ``s3`` fixture), its report, histories and Ray's own state read back from the bucket.
+``raycl.train`` (idiom, both settings): the setting that ended is kept, the interrupted one continues from its
+checkpoint. Both re-runs go through a pipe, as ``ray job logs`` would read them: a Tune
 trial's progress lines reach the driver's stderr without any setting (worker output is on by default).
 
 The killed drivers join the test session's local Ray (``--address``), as a driver on a cluster's head node does:
@@ -24,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from conftest import S3_BUCKET
+from test_storage import objects_of_a_run
 
-from raycl import driver
-from raycl.config import load_space
+from raycl import storage
 from raycl.distributed.trainer import has_checkpoint
-from raycl.recipes import recipe_for
 from raycl.records import STARTS, is_done, read_history
 from raycl.report import num
 
@@ -48,9 +50,12 @@ def _space_file(tmp_path: Path) -> Path:
     return path
 
 
-def _cli(verb: str, space: str, out: Path, address: str, sets: list[str]) -> list[str]:
-    return [sys.executable, "-m", f"raycl.{verb}", space, "--preset", "smoke", "--out", str(out), "--address",
-            address, *(a for s in sets for a in ("--set", s))]  # fmt: skip
+def _cli(verb: str, space: str, out: Path | str, sets: list[str], address: str | None = None) -> list[str]:
+    """``python -m raycl.VERB``: joining the session's Ray at ``address``, else (a store's credentials in its
+    environment) on its own embedded Ray."""
+    joins = ["--address", address] if address else []
+    return [sys.executable, "-m", f"raycl.{verb}", space, "--preset", "smoke", "--out", str(out), *joins,
+            *(a for s in sets for a in ("--set", s))]  # fmt: skip
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -120,10 +125,11 @@ def _tables(report: Path) -> list[str]:
     return [line for line in report.read_text(encoding="utf-8").splitlines() if line.startswith("|")]
 
 
-def test_a_sweep_whose_driver_was_killed_continues_where_it_was(ray_local, tmp_path: Path) -> None:
+def test_a_sweep_whose_driver_was_killed_continues_where_it_was(ray_local, s3: dict[str, str],
+                                                                  tmp_path: Path) -> None:
     address = ray_local.get_runtime_context().gcs_address
     space_file, out = _space_file(tmp_path), tmp_path / "run"
-    cmd = _cli("tune", str(space_file), out, address, SETS)
+    cmd = _cli("tune", str(space_file), out, SETS, address)
     _kill_when(cmd, _ended_and_checkpointed(out, lambda trial_id: f"train-trial_id={trial_id}"))
     ended = [t.name for t in (out / "trials").iterdir() if is_done(t)]
     stderr = _rerun(cmd)
@@ -139,17 +145,33 @@ def test_a_sweep_whose_driver_was_killed_continues_where_it_was(ray_local, tmp_p
     again = [s for s in starts.values() if len(s) > 1]
     assert len(again) == 1 and len(again[0]) == 2 and again[0][1]["resumed"] and again[0][1]["step"] > 0
 
-    whole = tmp_path / "whole"  # the same sweep, uninterrupted
-    summary = driver.run_tune(recipe_for("idiom"), load_space(str(space_file), preset="smoke", overrides=SETS),
-                              whole)  # fmt: skip
-    assert not summary["failed_trials"]
+    # The same sweep, uninterrupted, run as a user runs it on a cluster whose storage is S3 (a real S3 API
+    # server on localhost, its endpoint and credentials from the environment): its report and histories are
+    # read back from the bucket.
+    uri = f"s3://{S3_BUCKET}/whole"
+    env = {**_env(), **s3, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([*_cli("tune", str(space_file), uri, SETS), "--json"],
+                          capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert not summary["failed_trials"] and summary["store"] == uri
     assert [r["method"] for r in summary["table"]] == ["baseline", "+ EMA + SMART", "sweep best"]
     assert all(num(r["zero_shot/dev_f1"]) is not None and num(r["zero_shot/test_f1"]) is not None
                for r in summary["table"])  # fmt: skip
     assert summary["best"]["zero_shot"]["strategy"] == "+ EMA + FGM" and set(summary["best"]) == {"zero_shot"}
-    assert (whole / "dev.submission.csv").exists() and (whole / "dev_f1.png").exists()
-    assert _same(_histories(out), _histories(whole))
-    assert _tables(out / "report.md") == _tables(whole / "report.md")
+    objects = objects_of_a_run(uri)  # every file of the run, its manifest last
+    assert {"dev.submission.csv", "dev_f1.png", "report.md", "results.csv", "best.json"} <= set(objects)
+    trials = sorted({k.split("/")[1] for k in objects if k.startswith("trials/")})
+    assert len(trials) == 4 and all(f"trials/{t}/best_model/model.safetensors" in objects for t in trials)
+    assert any(k.startswith("ray/sweep/experiment_state") for k in objects), sorted(objects)  # Tune's own state
+    assert all(any(k.startswith(f"ray/train-trial_id={t}/checkpoint_") for k in objects) for t in trials)
+    print("\n".join(f"{v:>10}  {uri}/{k}" for k, v in sorted(objects.items())))  # the note's object listing
+    histories = sorted(([{k: v for k, v in json.loads(line).items() if not k.startswith("timing/")}
+                         for line in storage.read_text(f"{uri}/trials/{t}/history.jsonl").splitlines() if line]
+                        for t in trials), key=json.dumps)  # fmt: skip
+    assert _same(_histories(out), histories)
+    report = storage.read_text(f"{uri}/report.md")
+    assert _tables(out / "report.md") == [line for line in report.splitlines() if line.startswith("|")]
 
 
 def test_a_train_run_whose_driver_was_killed_continues_where_it_was(ray_local, tmp_path: Path) -> None:
@@ -157,7 +179,7 @@ def test_a_train_run_whose_driver_was_killed_continues_where_it_was(ray_local, t
     checkpoint."""
     address = ray_local.get_runtime_context().gcs_address
     out = tmp_path / "run"
-    cmd = _cli("train", "idiom", out, address, ["optim.epochs=6", "scaling.cpus_per_worker=1"])
+    cmd = _cli("train", "idiom", out, ["optim.epochs=6", "scaling.cpus_per_worker=1"], address)
     _kill_when(cmd, _ended_and_checkpointed(out, lambda setting: f"train-{setting}"))
     stderr = _rerun(cmd)
     assert f"resumed run: {out}\n" in stderr

@@ -1,6 +1,7 @@
 """Runs on an object store (issue 20 §2): ``--out s3://bucket/prefix`` for ``mine``, ``train`` and ``tune``,
-against a real S3 API server on localhost (moto's server mode, started here on a free port; endpoint and
-credentials from the standard environment, as on a cluster)."""
+against a real S3 API server on localhost (moto's server mode, started by conftest's ``s3`` fixture on a free port;
+endpoint and credentials from the standard environment, as on a cluster). The ``tune`` sweep on S3 is the
+uninterrupted run of ``test_resume_driver.py``, compared there with a sweep whose driver was killed."""
 
 from __future__ import annotations
 
@@ -8,17 +9,17 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import S3_BUCKET
 
 from raycl import storage
 from raycl.data.m2 import Edit, M2Sentence, write_m2
 from raycl.models.presets import build_model
 
-BUCKET = "raycl-test"
+BUCKET = S3_BUCKET
 SENTENCES = [
     M2Sentence("He do n't like it .", (Edit(1, 2, "R:VERB:SVA", "does"),)),
     M2Sentence("This are a sentence .", (Edit(1, 2, "R:VERB:SVA", "is"),)),
@@ -26,30 +27,6 @@ SENTENCES = [
     M2Sentence("She go home every day .", (Edit(1, 2, "R:VERB:SVA", "goes"),)),
     M2Sentence("They has two car .", (Edit(1, 2, "R:VERB:SVA", "have"), Edit(3, 4, "R:NOUN:NUM", "cars"))),
 ]
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """moto's S3 server on a free port, one bucket, and the environment every raycl process reads it from."""
-    boto3 = pytest.importorskip("boto3")
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "RAYCL_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}  # fmt: skip
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    boto3.client("s3").create_bucket(Bucket=BUCKET)
-    try:
-        yield env
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-        storage._filesystem.cache_clear()
-        server.stop()
 
 
 def _forget_local(uri: str) -> None:
@@ -193,7 +170,7 @@ def _cli(verb: str, space: str, uri: str, env: dict[str, str], *extra: str) -> d
     return json.loads(done.stdout)
 
 
-def _objects_of_a_run(uri: str) -> dict[str, int]:
+def objects_of_a_run(uri: str) -> dict[str, int]:
     objects = storage.listing(uri)
     index = json.loads(storage.read_text(f"{uri}/_manifest.json"))  # written last: the run's upload is whole
     assert {k: v["size"] for k, v in index["files"].items()} == {
@@ -206,7 +183,7 @@ def test_a_smoke_train_writes_its_run_and_ray_storage_to_the_store(s3: dict[str,
     uri = f"s3://{BUCKET}/train"
     summary = _cli("train", "idiom", uri, s3)
     assert summary["store"] == uri
-    objects = _objects_of_a_run(uri)
+    objects = objects_of_a_run(uri)
     for key in ("config.yaml", "report.md", "results.csv", "best.json", "trials/zero_shot/history.jsonl",
                 "base_model/config.json"):  # fmt: skip
         assert key in objects, sorted(objects)
@@ -215,28 +192,6 @@ def test_a_smoke_train_writes_its_run_and_ray_storage_to_the_store(s3: dict[str,
     history = storage.read_text(f"{uri}/trials/zero_shot/history.jsonl").splitlines()
     assert json.loads(history[-1])["final"] == 1
     assert json.loads(storage.read_text(f"{uri}/trials/zero_shot/best_model/_manifest.json"))["complete"]
-    print("\n".join(f"{v:>10}  {uri}/{k}" for k, v in sorted(objects.items())))  # the report's object listing
-
-
-def test_a_tune_sweeps_report_is_read_back_from_the_store(s3: dict[str, str], tmp_path: Path) -> None:
-    import yaml
-
-    space = yaml.safe_load((Path(__file__).parents[1] / "tune_spaces" / "idiom.yaml").read_text())
-    space["baselines"] = {}  # one trial: the sweep's single point, no ladder after it
-    space["presets"]["smoke"].update(search={"adversarial.method": {"grid": ["none"]}},
-                                     ladder={"baselines": [], "settings": ["zero_shot"]})
-    path = tmp_path / "idiom_one.yaml"
-    path.write_text(yaml.safe_dump(space))
-    uri = f"s3://{BUCKET}/tune"
-    summary = _cli("tune", str(path), uri, s3)
-    objects = _objects_of_a_run(uri)
-    report = storage.read_text(f"{uri}/report.md")
-    assert report.strip() == (storage.stage_dir(uri) / "report.md").read_text().strip()
-    assert summary["table"] and "zero_shot" in report
-    (trial,) = {k.split("/")[1] for k in objects if k.startswith("trials/")}
-    assert f"trials/{trial}/best_model/model.safetensors" in objects  # the trial's best model, from its worker
-    assert any(k.startswith("ray/sweep/experiment_state") for k in objects), sorted(objects)  # Tune's own state
-    assert any(k.startswith(f"ray/train-trial_id={trial}/checkpoint_") for k in objects), sorted(objects)
     print("\n".join(f"{v:>10}  {uri}/{k}" for k, v in sorted(objects.items())))  # the report's object listing
 
 
