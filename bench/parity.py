@@ -2,7 +2,9 @@
 
 A small BART (the smoke preset's shape, a BPE trained here) is taught GEC on the built-in synthetic corpus
 (:mod:`raycl.data.gec_corpus`, fresh BEA-like pairs) until greedy decoding corrects ``--until`` of the erroneous
-sentences of a dev set (checked every ``--eval-every`` updates), then saved with ``save_pretrained``: ``--model
+sentences of a dev set (checked every ``--eval-every`` updates) or ``--max-minutes`` have passed (on a 2-core
+machine shared with other jobs: 30 minutes, 8,101 updates, half the held-out erroneous sentences corrected by
+beam 5), then saved with ``save_pretrained``: ``--model
 PATH`` keeps it there (a folder that already holds a model is reused, no training). On ``--held-out`` sentences the
 trainer never saw, each engine mines as ``raycl.mine`` does (:func:`raycl.miners.beam_search.build_beam_miner`,
 ``k`` and ``beam`` of the GEC config, ``max_len_b`` 200, ``rank_by`` beam): its n-best lists (distinct texts), then
