@@ -20,7 +20,9 @@ One run prints one JSON object with
 - ``conversions_per_node``: CTranslate2 conversions (``conversions.log`` of each model's cache) per host and
   folder: 1 each when miners share them.
 Random models never stop early: every hypothesis runs to ``--max-new-tokens`` (``--max-len-b`` of the miners: a
-fixed amount of work) and, cut there, is no negative: ``negatives`` then counts the sources only.
+fixed amount of work) and, cut there, is no negative: ``negatives`` then counts the sources only. ``--model PATH``
+(a trained folder, e.g. ``bench/parity.py``'s) adds the model ``trained``, whose hypotheses end as a GEC model's
+do: its rows count the beam negatives too (``negatives_per_sentence`` ≈ k + 1 − the targets found).
 Ray gets one logical CPU per miner: on a machine with fewer cores than M, miners share cores.
 """
 
@@ -47,9 +49,12 @@ BART_BASE = dict(d_model=768, encoder_layers=6, decoder_layers=6, encoder_attent
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/mine.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default="smoke,bart_base", help="of smoke,bart_base,bart_large")
-    p.add_argument("--sentences", default="smoke=1000,bart_base=96,bart_large=96",
-                   help="sentences mined per model (default smoke=1000,bart_base=96)")
+    p.add_argument("--models", default=None,
+                   help="of smoke,bart_base,bart_large,trained (default smoke,bart_base; trained with --model)")
+    p.add_argument("--model", type=Path, default=None,
+                   help="a trained HF folder (bench/parity.py's --model): the model 'trained' of the engine rows")
+    p.add_argument("--sentences", default="smoke=1000,bart_base=96,bart_large=96,trained=1000",
+                   help="sentences mined per model (default smoke=1000,bart_base=96,trained=1000)")
     p.add_argument("--miners", default="1,2", help="comma-separated miner counts (default 1,2)")
     p.add_argument("--k", type=int, default=3, help="negatives per sentence; beam k+1 (default 3)")
     p.add_argument("--max-new-tokens", type=int, default=24, help="hypothesis length (default 24)")
@@ -67,7 +72,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="smoke model only, M=1, small corpora")
     p.add_argument("--workdir", type=Path, default=None, help="keep corpora, models and shards here")
     p.add_argument("--json", action="store_true", help="print only the JSON object on stdout")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.models is None:
+        args.models = "trained" if args.model else "smoke,bart_base"
+    if "trained" in args.models.split(",") and not (args.model and (args.model / "config.json").is_file()):
+        p.error(f"--models trained: expected --model PATH, a folder with a config.json (got {args.model})")
+    return args
 
 
 def corpus(work: Path, n: int, name: str) -> Path:
@@ -116,6 +126,7 @@ def mine(data: Path, model_dir: Path, out: Path, *, m: int, engine: str, precisi
             "--shard-size", str(max(8, args.batch_size)), "--engine", engine,
             "--precision", precision]  # fmt: skip
     parsed = build_parser().parse_args(argv)
+    parsed.out = out  # a local folder, as raycl.mine's main passes it (the parser keeps URIs as text)
     return parsed.run(parsed)
 
 
@@ -235,14 +246,14 @@ def null_model(work: Path, model_dir: Path, n: int, m: int) -> dict[str, Any]:
             "peak_rss_mib": round(s["peak_rss_mib"], 1), "wall_s": round(time.perf_counter() - t0, 1)}  # fmt: skip
 
 
-def conversions(work: Path) -> dict[str, dict[str, int]]:
+def conversions(models: list[Path]) -> dict[str, dict[str, int]]:
     """Conversions per host and converted folder, from each model cache's ``conversions.log``."""
     from collections import Counter
 
     from raycl.models.ct2_engine import CONVERSIONS_LOG, _cache_root
 
     got: Counter[tuple[str, str]] = Counter()
-    for model in work.glob("model-*"):
+    for model in models:
         log = _cache_root(model) / CONVERSIONS_LOG  # this user's cache of the model (README, "Mining engines")
         for line in log.read_text().splitlines() if log.is_file() else []:
             row = json.loads(line)
@@ -289,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
 
     report: dict[str, Any] = {"bench": "mine", "k": args.k, "beam": args.k + 1,
                               "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
-                              "gpus_per_miner": args.gpus_per_miner, "engines": {}}  # fmt: skip
+                              "gpus_per_miner": args.gpus_per_miner, "engines": {},
+                              "trained_model": str(args.model) if args.model else None}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="raycl-bench-mine-") as tmp:
         work = args.workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -297,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         init_ray(num_cpus=max(2, *counts))
         for kind in kinds if "engines" in parts else []:
             n = 200 if args.quick else sizes[kind]
-            data, model_dir = corpus(work, n, f"{kind}-{n}"), model(work, kind, texts)
+            data = corpus(work, n, f"{kind}-{n}")
+            model_dir = args.model if kind == "trained" else model(work, kind, texts)
             rows: dict[str, Any] = {"sentences": n}
             for engine, precision in engines:
                 name = f"{engine}-{precision}"
@@ -305,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                     s = mine(data, model_dir, work / f"out-{kind}-{name}-{m}", m=m, engine=engine,
                              precision=precision, args=args)  # fmt: skip
                     keys = ("negatives", "seconds", "negatives_per_s", "miner_busy_s", "negatives_per_miner_s")
-                    rows.setdefault(name, {})[str(m)] = {k: s[k] for k in keys}
+                    rows.setdefault(name, {})[str(m)] = {**{k: s[k] for k in keys},
+                                                         "negatives_per_sentence": round(s["negatives"] / n, 2)}
                     if not args.json:
                         print(f"{kind} {name} M={m}: {s['negatives_per_s']} negatives/s", file=sys.stderr)
                 one = rows[name]["1"]["negatives_per_s"]
@@ -321,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
             report["decoding_passes"] = decoding_passes(model(work, "bart_base", texts),
                                                         corpus(work, n, f"bart_base-{n}"), args)  # fmt: skip
         if "engines" in parts:
-            report["conversions_per_node"] = conversions(work)
+            folders = [*work.glob("model-*"), *([args.model] if args.model else [])]
+            report["conversions_per_node"] = conversions(folders)
         if "scan" in parts:
             report["scan"] = scan(work, args.scan_mb)
         sizes_null = [int(x) for x in args.null_sentences.split(",") if int(x) > 0]
