@@ -151,9 +151,9 @@ def test_module_entry_point_prints_only_json(files: dict[str, str]) -> None:
 
 
 def test_a_json_commands_stdout_is_its_summary_alone(capfd: pytest.CaptureFixture[str]) -> None:
-    """With ``--json`` whatever else a command writes to stdout while it runs — Ray prints its raylet's and workers'
-    messages there (``(raylet) WARNING: 8 PYTHON worker processes …``) — goes to stderr; the summary alone reaches
-    stdout, so that ``… --json | jq`` reads it. Without ``--json`` stdout is left alone."""
+    """With ``--json`` whatever else a command writes to stdout while it runs — Ray prints its raylet's and
+    workers' messages there (``(raylet) WARNING: 8 PYTHON worker processes …``) — goes to stderr; the summary
+    alone reaches stdout, so that ``… --json | jq`` reads it. Without ``--json`` stdout is left alone."""
     import json
     import sys
 
