@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
@@ -333,15 +334,17 @@ def refresh(path: Path) -> Path:
     return path
 
 
-def remove(path: Path) -> None:
+def remove(path: Path, only: Callable[[str], bool] | None = None) -> None:
     """A staged folder's objects deleted from the store (the local folder is the caller's): a re-mined n-best
-    must not find the old one's shards there."""
+    must not find the old one's shards there. ``only``: just the objects whose relative path it accepts (what
+    ``raycl.mine --overwrite`` wrote, not other files of the prefix)."""
     uri = remote_of(path)
     if uri is None:
         return
     fs, where = filesystem(uri)
     for rel in _listing(fs, where):
-        fs.delete_file(f"{where}/{rel}")
+        if only is None or only(rel):
+            fs.delete_file(f"{where}/{rel}")
 
 
 def local(path: str | Path) -> Path:

@@ -123,11 +123,11 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_model("smoke", out_dir=tmp_path_factory.mktemp("model"), texts=texts, vocab_size=300, **tiny)
 
 
-def _mine(model_dir: Path, corpus: Path, uri: str, capsys: pytest.CaptureFixture[str]) -> dict:
+def _mine(model_dir: Path, corpus: Path, uri: str, capsys: pytest.CaptureFixture[str], *extra: str) -> dict:
     from raycl.mine import main
 
     assert main(["gec", "--model", str(model_dir), "--data", str(corpus), "--out", uri, "--k", "2",
-                 "--max-len-b", "6", "--num-miners", "0", "--shard-size", "2", "--json"]) == 0  # fmt: skip
+                 "--max-len-b", "6", "--num-miners", "0", "--shard-size", "2", "--json", *extra]) == 0  # fmt: skip
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
@@ -154,6 +154,12 @@ def test_mine_writes_shards_and_manifest_to_the_store_and_resumes_from_it(
     again = _mine(model_dir, corpus, uri, capsys)
     assert (again["shards_written"], again["resumed"], again["shards"]) == (1, 3, 3)
     assert pq.read_table(f"{where}/part-00001.parquet", filesystem=fs).to_pylist() == rows
+
+    with fs.open_output_stream(f"{where}/notes.txt") as f:  # not the mining's: --overwrite leaves it
+        f.write(b"mine")
+    fresh = _mine(model_dir, corpus, uri, capsys, "--overwrite", "--shard-size", "5")  # one shard of 5 now
+    assert fresh["shards_written"] == 1 and not fresh["resumed"]
+    assert sorted(storage.listing(uri)) == ["_manifest.json", "_mining.json", "notes.txt", "part-00000.parquet"]
 
 
 # ---------------------------------------------------------------------------------------------- train and tune

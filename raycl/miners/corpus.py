@@ -34,11 +34,12 @@ from itertools import islice, zip_longest
 from pathlib import Path
 from typing import Any
 
+from raycl import storage
 from raycl.data.gec import GecExample, m2_example
 from raycl.data.m2 import _decode, _parse_edit, iter_lines, iter_m2
 from raycl.data.specs import Spec, parse_spec
 from raycl.errors import UserError, at
-from raycl.miners.shards import SHARD_GLOB, schema, shard_files
+from raycl.miners.shards import SHARD_GLOB, SHARD_NAME, schema, shard_files
 from raycl.records import atomic_write
 
 DEFAULT_SHARD_SIZE = 10_000
@@ -364,6 +365,9 @@ def clear_mining(out_dir: Path) -> None:
     nothing else."""
     for path in [*shard_files(out_dir), out_dir / MANIFEST, out_dir / FAILURES, *out_dir.glob(".part-*.attempts")]:
         path.unlink(missing_ok=True)
+    # on a store, the objects too (a resume reads what the store holds: shards of the old mining would stay)
+    ours = (MANIFEST, FAILURES, storage.MANIFEST)
+    storage.remove(out_dir, only=lambda rel: bool(SHARD_NAME.match(rel)) or rel in ours or rel.startswith(".part"))
 
 
 # ---------------------------------------------------------------------------------------------- failed ranges

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 SHARD_GLOB = "part-*.parquet"
 FN_KEY = b"raycl.false_negatives"
-_SHARD = re.compile(r"^part-(\d{5,})\.parquet$")
+SHARD_NAME = _SHARD = re.compile(r"^part-(\d{5,})\.parquet$")
 
 
 def shard_name(index: int) -> str:
