@@ -167,7 +167,7 @@ def test_load_examples_slices_with_file_indices(tmp_path: Path) -> None:
     dev = load_examples([f"{path}[:10]"])
     rest = load_examples([f"{path}[10:]"])
     assert [e.id for e in rest] == ["c.m2:10", "c.m2:11"]
-    assert rest[0] == GecExample("c.m2:10", "s10 x", "s10 y10")
+    assert rest[0] == GecExample("c.m2:10", "s10 x", "s10 y10", ("s10 y10",))  # one annotator: its correction
     assert len(dev) == 10 and {e.id for e in dev}.isdisjoint(e.id for e in rest)
     assert load_examples([f"{path}[-2:]"]) == rest
 
@@ -193,7 +193,7 @@ def test_parallel_pair_and_tsv(tmp_path: Path) -> None:
     write_parallel(tmp_path / "p.tgt", ["A b", "c D", "E"])
     _write(tmp_path, "a b\tA b\r\nc d\tc D\ne\tE", "p.tsv")
     pair = load_examples([f"{tmp_path / 'p.src'}|{tmp_path / 'p.tgt'}[1:]"])
-    assert pair == [GecExample("p.src:1", "c d", "c D"), GecExample("p.src:2", "e", "E")]
+    assert pair == [GecExample("p.src:1", "c d", "c D", ("c D",)), GecExample("p.src:2", "e", "E", ("E",))]
     assert [(e.source, e.target) for e in load_examples([str(tmp_path / "p.tsv")])] == \
         read_parallel(parse_spec(f"{tmp_path / 'p.src'}|{tmp_path / 'p.tgt'}"))
 
