@@ -295,7 +295,7 @@ def test_a_checkpoint_and_negatives_given_as_uris_are_fetched_to_the_nodes_cache
         with open(path, "rb") as f, fs.open_output_stream(f"{where}/base/{path.name}") as out:
             out.write(f.read())
     rows = {"id": ["tiny.m2:0"], "source": ["x"], "target": ["y"], "negatives": [["a", "b"]],
-            "scores": [[-1.0, -2.0]], "model_version": [0]}  # fmt: skip
+            "scores": [[-1.0, -2.0]], "model_version": [0], "references": [["y"]]}  # fmt: skip
     pq.write_table(pa.table(rows, schema=schema()), f"{where}/negs/part-00000.parquet", filesystem=fs)
 
     over = [f"model.checkpoint=s3://{BUCKET}/inputs/base", f"mining.negatives=s3://{BUCKET}/inputs/negs"]
