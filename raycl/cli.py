@@ -101,7 +101,7 @@ def check_inputs(space: Space, run_dir: Path) -> None:
     check(recipe(space), space, run_dir)
 
 
-def run(space: Space, run_dir: Path, *, sweep: bool, track: str | tuple[str, ...] | None = None) -> dict[str, Any]:
+def run(space: Space, run_dir: Path, *, sweep: bool, track: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The verb's driver; with ``track``, inside a tracked run (``raycl.distributed.tracking``)."""
     from raycl import driver
     from raycl.distributed.tracking import tracked

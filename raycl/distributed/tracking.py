@@ -37,7 +37,6 @@ from typing import Any
 import yaml
 from ray.air.integrations.mlflow import MLflowLoggerCallback
 
-from raycl.cli import parse_track
 from raycl.errors import UserError, environ_items
 from raycl.records import HISTORY, read_history
 
@@ -68,13 +67,12 @@ class _Active:
 _active: _Active | None = None
 
 
-def _backends(track: str | Sequence[str] | None) -> tuple[str, ...]:
-    if not track:
-        return ()
-    return parse_track(track) if isinstance(track, str) else tuple(track)
+def _backends(track: Sequence[str] | None) -> tuple[str, ...]:
+    """The trackers asked (``--track``'s value, parsed by ``raycl.cli.parse_track``)."""
+    return tuple(track or ())
 
 
-def check(track: str | Sequence[str] | None) -> None:
+def check(track: Sequence[str] | None) -> None:
     """Before anything runs: each tracker's package is there (an optional extra), or one line and exit 2."""
     for backend in _backends(track):
         try:
@@ -274,7 +272,7 @@ def log_training(trial_id: str, out_dir: Path, *, failed: bool = False) -> None:
 
 # ---------------------------------------------------------------------------------------------- the run
 @contextmanager
-def tracked(track: str | Sequence[str] | None, *, run_dir: Path, space: str) -> Iterator[None]:
+def tracked(track: Sequence[str] | None, *, run_dir: Path, space: str) -> Iterator[None]:
     """Around a whole ``raycl.tune``/``raycl.train`` run: the run's own tracked runs (MLflow's parent run,
     FINISHED or FAILED; W&B's run of ``job_type`` ``run``) with the run's params, scores and files."""
     global _active
