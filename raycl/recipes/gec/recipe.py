@@ -35,7 +35,7 @@ from raycl.distributed.sweep import TrialOutcome
 from raycl.driver import RecipeBase, Run, TrainPoint, fit_job, miners
 from raycl.errors import UserError
 from raycl.miners.beam_search import GEC_BEAM, select_from_nbest, write_negatives_parquet
-from raycl.miners.false_negatives import FalseNegativeCounts, normalize, refuted_set
+from raycl.miners.false_negatives import FalseNegativeCounts
 from raycl.models.ct2_engine import resolve_on_driver
 from raycl.models.presets import build_model
 from raycl.recipes.gec import report
@@ -216,21 +216,15 @@ def _write_selected(out_dir: Path, cfg: GecConfig, records: dict[str, Any]) -> N
 
 def _write_negatives(out_dir: Path, cfg: GecConfig, items: list[Any]) -> None:
     """The negatives a run trained on (the newest mined for each example), as ``raycl.mine`` writes them, and
-    their selections' false-negative counts before any drop (each miner's selection carries its own; with ``keep``
-    a miner that does not count them is counted here from what it selected)."""
+    their selections' false-negative counts before any drop (each beam miner's selection carries its own)."""
     by_id = {it.id: it for it in items}
     examples = [ex for ex in load_examples(cfg.data.finetune, annotator=cfg.data.annotator) if ex.id in by_id]
     mined = [by_id[ex.id] for ex in examples]
     write_negatives_parquet(out_dir / "negatives.parquet", examples, mined,
                             model_version=[it.model_version for it in mined])  # fmt: skip
-    counts = FalseNegativeCounts()
-    if all(getattr(it, "false_negatives", ()) for it in mined):
-        for it in mined:
-            counts.merge(FalseNegativeCounts.of_flat(it.false_negatives))
-    elif cfg.mining.false_negatives == "keep":
-        for ex, it in zip(examples, mined, strict=True):
-            counts.add([normalize(n) for n in it.negatives], source=ex.source,
-                       refuted=refuted_set(ex.references, ex.target))  # fmt: skip
-    else:
+    if not all(it.false_negatives for it in mined):  # a miner that does not count them (not the beam miner)
         return
+    counts = FalseNegativeCounts()
+    for it in mined:
+        counts.merge(FalseNegativeCounts.of_flat(it.false_negatives))
     atomic_write(out_dir / FN_FILE, json.dumps({"mode": cfg.mining.false_negatives, **counts.as_dict()}))
