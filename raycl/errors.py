@@ -12,7 +12,9 @@ import os
 import re
 import reprlib
 import sys
+import traceback
 from collections.abc import Callable
+from types import TracebackType
 from typing import TextIO, TypeVar
 
 EXIT_USAGE = 2
@@ -52,6 +54,11 @@ def shown(value: object) -> str:
 
 
 _URI_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):([^/\s@]+)@")
+# a query parameter that carries a credential: presigned URLs (X-Amz-Signature, X-Amz-Credential,
+# X-Amz-Security-Token, X-Goog-Signature, Signature, AWSAccessKeyId), SAS tokens (sig), pyarrow's S3 options
+# (access_key, secret_key, session_token), token=, password=, api_key=, auth=
+_QUERY_SECRET = re.compile(r"([?&;][\w.%-]*?(?:sig|token|credential|secret|passw|pwd|key|auth)[\w.%-]*=)"
+                           r"((?:(?!:\s)[^&#\s'\"<>])+)", re.IGNORECASE)  # fmt: skip
 # environment variables that hold credentials (their values are hidden wherever raycl writes text)
 SECRET_ENV = re.compile(r"^AWS_(SECRET_ACCESS_KEY|SESSION_TOKEN|ACCESS_KEY_ID)$|TOKEN|SECRET|PASSWORD|PASSWD"
                         r"|API_KEY|CREDENTIAL|PRIVATE_KEY", re.IGNORECASE)  # fmt: skip
@@ -63,11 +70,31 @@ def environ_items() -> list[tuple[str, str]]:
     return [(k, v) for k in list(os.environ) if (v := os.environ.get(k)) is not None]
 
 
+OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl", "oss", "r2")  # user@ is a key there
+
+
+def redact_uri(text: str) -> str:
+    """``text`` with every URI's password (``scheme://user:password@host`` → ``scheme://user:***@host``) and the
+    value of every credential query parameter (``?X-Amz-Signature=***``, ``&sig=***``, ``?token=***`` …) hidden."""
+    return _QUERY_SECRET.sub(r"\1***", _URI_PASSWORD.sub(r"\1:***@", text))
+
+
+def uri_credentials(uri: str) -> bool:
+    """Whether ``uri`` carries a credential: a password (``user:password@``), any user part of an object store
+    URI (``s3://KEY_ID@bucket``: pyarrow reads it as the access key), or a credential query parameter."""
+    head = uri.split("://", 1)
+    if len(head) != 2:
+        return False
+    authority = head[1].split("/", 1)[0]
+    store = head[0].lower() in OBJECT_STORES
+    return ("@" in authority and (store or ":" in authority.rsplit("@", 1)[0])) or redact_uri(uri) != uri
+
+
 def redact(text: str) -> str:
-    """``text`` with a URI's password (``scheme://user:password@host`` → ``scheme://user:***@host``) and the value
-    of every credential variable of the environment (:data:`SECRET_ENV`, 6 characters or more) replaced by
-    ``***``."""
-    text = _URI_PASSWORD.sub(r"\1:***@", text)
+    """``text`` with a URI's password (``scheme://user:password@host`` → ``scheme://user:***@host``), every
+    credential query parameter (:func:`redact_uri`) and the value of every credential variable of the environment
+    (:data:`SECRET_ENV`, 6 characters or more) replaced by ``***``."""
+    text = redact_uri(text)
     for name, value in environ_items():
         if len(value) >= 6 and SECRET_ENV.search(name) and value in text:
             text = text.replace(value, "***")
@@ -84,9 +111,16 @@ def summary_out() -> TextIO:
     return _SUMMARY_OUT[-1] if _SUMMARY_OUT else sys.stdout
 
 
+def _redacted_traceback(kind: type[BaseException], err: BaseException, tb: TracebackType | None) -> None:
+    """``sys.excepthook`` of the CLIs: Python's traceback, credentials hidden (:func:`redact`) — a library's
+    exception may quote a URI or a key it was given."""
+    print(redact("".join(traceback.format_exception(kind, err, tb))), end="", file=sys.stderr)
+
+
 def cli_entry(func: F) -> F:
     """Wrap a CLI ``main``: a :class:`UserError` becomes one line on stderr and exit status 2; with ``--json``
-    stdout is the summary's alone (:func:`summary_out`)."""
+    stdout is the summary's alone (:func:`summary_out`). Every error is printed here, credentials hidden
+    (:func:`redact`): the one line, and an internal error's traceback (``sys.excepthook``)."""
 
     @functools.wraps(func)
     def wrapper(*args: object, **kwargs: object) -> object:
@@ -96,10 +130,11 @@ def cli_entry(func: F) -> F:
         if as_json:
             _SUMMARY_OUT.append(stdout)
             sys.stdout = sys.stderr
+        sys.excepthook = _redacted_traceback  # an internal error's traceback, printed as Python exits
         try:
             return func(*args, **kwargs)
         except UserError as err:
-            print(f"raycl: error: {err}", file=sys.stderr)
+            print(f"raycl: error: {redact(str(err))}", file=sys.stderr)
             sys.exit(err.exit_status)
         except KeyboardInterrupt:
             print("raycl: interrupted", file=sys.stderr)
