@@ -33,7 +33,7 @@ from typing import Any
 
 from raycl.errors import UserError, at, cli_entry, summary_out
 from raycl.miners.false_negatives import rate_text
-from raycl.storage import is_uri, push, stage
+from raycl.storage import check_uri, is_uri, push, stage
 
 
 def _add_gec(sub: Any) -> None:
@@ -87,7 +87,7 @@ def _add_gec(sub: Any) -> None:
                    help="ranges that may fail (listed in OUT/_failures.json) before the mining stops (default 0)")
     g.add_argument("--range-retries", type=int, default=2, metavar="N",
                    help="retries of a range whose mining raises or whose miner dies (default 2)")
-    p.set_defaults(run=_run_gec)
+    p.set_defaults(run=_run_gec, check=_check_gec_args)
 
 
 def _check_gec_args(args: argparse.Namespace) -> None:
@@ -189,8 +189,10 @@ def _miner_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _run_staged(args: argparse.Namespace) -> dict[str, Any]:
     """``--out URI``: shards mined into the URI's staging folder (what the store holds pulled first, so a re-run
-    resumes), each uploaded as it is written (``raycl.storage``); the run's index last."""
-    uri, args.out, args.shards = args.out, stage(args.out), True
+    resumes), each uploaded as it is written (``raycl.storage``); the run's index last. The arguments are checked
+    first: a mistyped command pulls nothing from the store."""
+    args.check(args)
+    uri, args.out, args.shards = args.out, stage(check_uri(args.out, key="--out")), True
     try:
         summary = args.run(args)
     finally:

@@ -2,7 +2,8 @@
 
 A remote run is *staged*: it lives in a local folder whose name is its URI, quoted
 (``$RAYCL_CACHE_DIR/stage/<quoted URI>``, default ``~/.cache/raycl``), so that any process on any node maps a
-staged path back to its object (:func:`remote_of`) and caches what it reads at the same path. The project's
+staged path back to its object (:func:`remote_of`) and caches what it reads at the same path. The cache is the
+user's own: every folder of it is made mode 0700 and refused when another user owns it. The project's
 atomic writers (``raycl.records``, ``raycl.miners.shards``) call :func:`mirror` after their rename, so a file is
 uploaded at once by whichever node wrote it; :func:`push` uploads what else the run holds and writes the run's
 index last; :func:`stage` pulls a run's objects back before it resumes. Ray Train and Tune write their own
@@ -13,7 +14,13 @@ An object store has no rename, but one PUT is complete or absent, so a single fi
 and sha256, and readers take a folder only when its manifest is complete and matches. Shards keep write-once
 names (``part-<range>.parquet``). Endpoint and credentials come from the standard environment
 (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``GOOGLE_APPLICATION_CREDENTIALS``, …),
-read by pyarrow or fsspec; raycl never writes them anywhere.
+read by pyarrow or fsspec; raycl never writes them anywhere. A URI that carries them (``s3://KEY:SECRET@bucket``,
+``?X-Amz-Signature=…``) is refused in one line (:func:`check_uri`): it would show in process lists, Ray's job
+information and folder names.
+
+What the store holds is not trusted to stay inside the prefix: an object key with a ``.``, ``..`` or empty
+segment is refused before anything is written (pyarrow resolves ``..`` in a request, and the local copy would land
+outside the cache), and every local destination is checked to lie inside its cache folder.
 """
 
 from __future__ import annotations
@@ -23,12 +30,13 @@ import hashlib
 import json
 import os
 import re
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
-from raycl.errors import UserError
+from raycl.errors import UserError, at, redact_uri, shown, uri_credentials
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -36,6 +44,7 @@ if TYPE_CHECKING:
 MANIFEST = "_manifest.json"
 RAY_DIR = "ray"  # Ray Train/Tune's own storage under a run: written to the store by Ray, never staged
 INPUTS = "inputs"  # the node's cache of inputs given as URIs (fetch), beside stage/ (the staged runs)
+STAGE = "stage"
 LOCK = "_mining.lock"  # a run's own lock on its folder (raycl.miners.shards): of this machine, never uploaded
 
 
@@ -44,6 +53,17 @@ def _local_only(rel: str) -> bool:
     parts = rel.split("/")
     return any(s.startswith(".") for s in parts) or parts[-1] == LOCK
 _URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
+_NAME_MAX = 255  # bytes of one folder name (Linux, macOS)
+# where each store takes its credentials from instead (pyarrow's and fsspec's own variables)
+_CREDENTIAL_VARS = {
+    "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, an instance profile; AWS_ENDPOINT_URL for "
+          "the endpoint)",
+    "gs": "GOOGLE_APPLICATION_CREDENTIALS (or the node's service account)",
+    "abfs": "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN",
+}  # fmt: skip
+_CREDENTIAL_VARS.update(s3a=_CREDENTIAL_VARS["s3"], gcs=_CREDENTIAL_VARS["gs"], abfss=_CREDENTIAL_VARS["abfs"],
+                        az=_CREDENTIAL_VARS["abfs"])  # fmt: skip
 _CHUNK = 8 << 20
 _BUCKETS = ("S3FileSystem", "GcsFileSystem")  # pyarrow's object stores: a path is bucket/key
 
@@ -51,6 +71,30 @@ _BUCKETS = ("S3FileSystem", "GcsFileSystem")  # pyarrow's object stores: a path 
 def is_uri(text: str | Path) -> bool:
     """``s3://…``, ``gs://…``, ``file://…``: anything with a scheme (a local path has none)."""
     return isinstance(text, str) and bool(_URI.match(text))
+
+
+def hide(uri: str) -> str:
+    """``uri`` as a message shows it: its user part (an object store's access key) and credentials hidden."""
+    return _USERINFO.sub(r"\1***@", redact_uri(uri))
+
+
+def check_uri(uri: str, *, key: str = "") -> str:
+    """``uri`` as raycl may read, write and name a cache folder after it, or one line (exit 2): a URI that carries
+    credentials (``user:password@``, an object store's ``KEY@``, ``?X-Amz-Signature=…``, ``&sig=…``) points to
+    the store's own credential variables; a path with a ``.``, ``..`` or empty segment is not a plain key."""
+    where = f"{key}: " if key else ""
+    scheme, _, rest = uri.partition("://")
+    if uri_credentials(uri):
+        how = _CREDENTIAL_VARS.get(scheme.lower(), "the file system's own configuration (its environment "
+                                                   "variables or config file)")  # fmt: skip
+        raise UserError(f"{where}{hide(uri)}: credentials in a URI are refused (they would show in process lists, "
+                        f"logs, Ray's job information and cache folder names); give the URI without them and the "
+                        f"credentials through {how}")  # fmt: skip
+    segments = rest.split("?", 1)[0].rstrip("/").split("/")[1:]  # after the bucket or host
+    if any(s in ("", ".", "..") for s in segments):
+        raise UserError(f"{where}{uri}: a '.', '..' or empty path segment, expected a plain prefix "
+                        "(scheme://bucket/a/b)")  # fmt: skip
+    return uri
 
 
 @functools.lru_cache(maxsize=8)
@@ -74,7 +118,7 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     """``uri`` → (a pyarrow file system, the path on it); one file system per scheme and bucket."""
     import pyarrow.fs as pafs
 
-    scheme, rest = uri.split("://", 1)
+    scheme, rest = check_uri(uri.rstrip("/")).split("://", 1)
     if scheme == "file":
         return pafs.LocalFileSystem(), "/" + rest.strip("/")
     fs = _filesystem(f"{scheme}://{rest.split('/', 1)[0]}")
@@ -93,15 +137,52 @@ def cache_root() -> Path:
     return Path(os.environ.get("RAYCL_CACHE_DIR") or Path.home() / ".cache" / "raycl").resolve()
 
 
+def private_dir(path: Path) -> Path:
+    """``path`` made (mode 0700) and checked to be this user's: what raycl's cache holds is read back as the
+    store's objects, so no other user may have put anything there (a shared ``RAYCL_CACHE_DIR``)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = path.stat()
+    if st.st_uid != os.getuid():
+        raise UserError(f"{at(path)}: a raycl cache folder owned by uid {st.st_uid}, not by this user (uid "
+                        f"{os.getuid()}): refused, expected this user's own cache (set RAYCL_CACHE_DIR to a "
+                        "folder of your own)")  # fmt: skip
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        path.chmod(0o700)
+    return path
+
+
+def cache_dir(kind: str) -> Path:
+    """``$RAYCL_CACHE_DIR/<kind>`` (``stage``, ``inputs`` …), it and the cache root private
+    (:func:`private_dir`)."""
+    private_dir(cache_root())
+    return private_dir(cache_root() / kind)
+
+
+def _named(uri: str) -> str:
+    """The cache folder name of ``uri``: the URI quoted (credentials were refused, so it holds none)."""
+    name = quote(check_uri(uri.rstrip("/")).rstrip("/"), safe="")
+    if len(name.encode()) > _NAME_MAX:
+        raise UserError(f"{uri}: too long to name its cache folder ({len(name.encode())} bytes quoted, at most "
+                        f"{_NAME_MAX}), expected a shorter prefix")  # fmt: skip
+    return name
+
+
 def stage_dir(uri: str) -> Path:
     """The local folder that stands for ``uri`` on every node."""
-    return cache_root() / "stage" / quote(uri.rstrip("/"), safe="")
+    return cache_root() / STAGE / _named(uri)
+
+
+def inside(path: Path, root: Path) -> Path:
+    """``path``, checked to lie inside ``root`` once ``..`` and links are resolved — before anything is made."""
+    if not path.resolve().is_relative_to(root.resolve()):
+        raise UserError(f"{at(path)}: outside its cache folder {at(root)}, refused")
+    return path
 
 
 def remote_of(path: str | Path) -> str | None:
     """The URI of a staged path (a file or folder in a :func:`stage_dir`), or None for any other path."""
     try:
-        rel = Path(path).resolve().relative_to(cache_root() / "stage")
+        rel = Path(path).resolve().relative_to(cache_root() / STAGE)
     except ValueError:
         return None
     if not rel.parts:
@@ -112,7 +193,8 @@ def remote_of(path: str | Path) -> str | None:
 def stage(uri: str) -> Path:
     """``--out URI``: its staging folder, with the run's objects pulled (a resumed run finds what it wrote)."""
     local = stage_dir(uri)
-    local.mkdir(parents=True, exist_ok=True)
+    cache_dir(STAGE)
+    private_dir(local)
     try:
         _check_bucket(uri)
         pull(uri, local)
@@ -238,27 +320,35 @@ def _sha256(path: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- reading
-def _listing(fs: pafs.FileSystem, where: str) -> dict[str, Any]:
-    """The objects under ``where`` by relative path (Ray's storage left out)."""
+def _key(path: str, where: str) -> str:
+    """An object's path under ``where``, relative; one with a ``.``, ``..`` or empty segment refused: pyarrow
+    resolves ``..`` in the request (another prefix's object, another bucket's) and the local copy would land
+    outside the cache."""
+    rel = path[len(where):].lstrip("/")
+    if any(s in ("", ".", "..") for s in rel.split("/")):
+        raise UserError(f"object key {shown(path)}: a '.', '..' or empty segment, refused (it would be read from "
+                        "and written outside its prefix); expected plain keys under the run's or input's prefix "
+                        "(delete the object)")  # fmt: skip
+    return rel
+
+
+def _objects(fs: pafs.FileSystem, where: str) -> dict[str, Any]:
+    """Every object under ``where`` by its checked relative path (:func:`_key`)."""
     import pyarrow.fs as pafs
 
     infos = fs.get_file_info(pafs.FileSelector(where, allow_not_found=True, recursive=True))
-    out = {}
-    for info in infos:
-        if info.type == pafs.FileType.File:
-            rel = info.path[len(where):].lstrip("/")
-            if rel.split("/")[0] != RAY_DIR:
-                out[rel] = info
-    return out
+    return {_key(i.path, where): i for i in infos if i.type == pafs.FileType.File}
+
+
+def _listing(fs: pafs.FileSystem, where: str) -> dict[str, Any]:
+    """The objects under ``where`` by relative path (Ray's storage left out)."""
+    return {rel: info for rel, info in _objects(fs, where).items() if rel.split("/")[0] != RAY_DIR}
 
 
 def listing(uri: str) -> dict[str, int]:
     """Every object under ``uri`` (Ray's storage too) with its size: what a run left in the store."""
-    import pyarrow.fs as pafs
-
     fs, where = filesystem(uri)
-    infos = fs.get_file_info(pafs.FileSelector(where, allow_not_found=True, recursive=True))
-    return {i.path[len(where):].lstrip("/"): i.size for i in infos if i.type == pafs.FileType.File}
+    return {rel: info.size for rel, info in _objects(fs, where).items()}
 
 
 def read_text(uri: str) -> str:
@@ -267,9 +357,10 @@ def read_text(uri: str) -> str:
         return bytes(f.read()).decode("utf-8")
 
 
-def pull(uri: str, local: Path) -> int:
-    """Download the objects under ``uri`` that ``local`` lacks or holds at another size; a folder only when its
-    manifest is complete (an interrupted upload is left out). Returns the number of files downloaded."""
+def pull(uri: str, local: Path, record: _Record | None = None) -> int:
+    """Download the objects under ``uri`` that ``local`` lacks or holds at another size (an input: that
+    ``record`` does not vouch for); a folder only when its manifest is complete (an interrupted upload is left
+    out). Returns the number of files downloaded."""
     fs, where = filesystem(uri)
     objects = _listing(fs, where)
     left_out = _incomplete_folders(fs, where, objects)
@@ -279,7 +370,10 @@ def pull(uri: str, local: Path) -> int:
     for rel, info in objects.items():
         if rel.rsplit("/", 1)[-1] == MANIFEST or any(rel.startswith(f + "/") for f in left_out):
             continue
-        dst = local / rel
+        dst = inside(local / rel, local)
+        if record is not None:
+            n += record.get(fs, info, dst, rel)
+            continue
         if dst.is_file() and dst.stat().st_size == info.size:
             continue
         dst.parent.mkdir(parents=True, exist_ok=True)
@@ -317,10 +411,14 @@ def on_node(text: str | Path) -> Path:
     any other path as it is."""
     if not is_uri(str(text)):
         return Path(text)
-    uri, staged = str(text).rstrip("/"), cache_root() / "stage"
+    uri, staged = check_uri(str(text).rstrip("/")), cache_dir(STAGE)
     runs = sorted((unquote(d.name), d) for d in staged.iterdir()) if staged.is_dir() else []
-    inside = [(top, d) for top, d in runs if uri.startswith(top + "/")]  # a run this node has staged holds it
-    folder = inside[-1][1].joinpath(*uri[len(inside[-1][0]) + 1 :].split("/")) if inside else stage_dir(uri)
+    inside_ = [(top, d) for top, d in runs if uri.startswith(top + "/")]  # a run this node has staged holds it
+    if inside_:
+        top, run = inside_[-1]
+        folder = inside(run.joinpath(*uri[len(top) + 1 :].split("/")), run)
+    else:
+        folder = private_dir(stage_dir(uri))
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -366,28 +464,69 @@ def local(path: str | Path) -> Path:
 def fetch(text: str | Path) -> str:
     """An input given as a URI (``model.checkpoint``, ``mining.negatives``: an object or a folder of them) as a
     local path: downloaded into this node's cache (``$RAYCL_CACHE_DIR/inputs/<quoted URI>``) unless it holds it
-    already at the store's sizes, so each node fetches it once. Anything else (a path, a hub name) as it is.
-    Inputs are never written back: they are not staged (:func:`remote_of` knows nothing of them)."""
+    already, so each node fetches it once. A cached copy is taken only when its record (``inputs/.<quoted
+    URI>.json``, written when it was downloaded) vouches for it: the store's object is the one fetched (its ETag,
+    else its size and time) and the copy's sha256 is the one written — never by its size alone. Anything else (a
+    path, a hub name) as it is. Inputs are never written back: they are not staged (:func:`remote_of` knows
+    nothing of them)."""
     if not is_uri(str(text)):
         return str(text)
     import pyarrow.fs as pafs
 
     uri = str(text).rstrip("/")
-    local = cache_root() / INPUTS / quote(uri, safe="")
+    local = cache_dir(INPUTS) / _named(uri)
+    record = _Record(local.with_name(f".{local.name}.json"))
     try:
         fs, where = filesystem(uri)
         info = fs.get_file_info(where)
         if info.type == pafs.FileType.File:
-            if not (local.is_file() and local.stat().st_size == info.size):
-                local.parent.mkdir(parents=True, exist_ok=True)
-                _get(fs, where, local)
+            record.get(fs, info, local, "")
         elif info.type == pafs.FileType.Directory:
-            pull(uri, local)
+            pull(uri, private_dir(local), record)
         else:
             raise UserError(f"{uri}: no such object or folder in the store")
     except OSError as err:
         raise UserError(f"{uri}: cannot read the object store ({err})") from None
     return str(local)
+
+
+class _Record:
+    """What :func:`fetch` downloaded into the input cache, by key under the input (``""``: the input is one
+    object): the store's version of the object (its ETag, else its size and modification time) and the sha256 of
+    the local copy as it was written. Kept in the user's private cache, beside the copy."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.objects: dict[str, dict[str, str]] = json.loads(path.read_text()).get("objects", {})
+        except (OSError, ValueError, AttributeError):
+            self.objects = {}
+
+    def get(self, fs: pafs.FileSystem, info: Any, dst: Path, rel: str) -> int:
+        """``dst`` as the store's object ``info``: kept when the record vouches for it, else downloaded (1)."""
+        version, had = _version(fs, info), self.objects.get(rel, {})
+        if had.get("version") == version and dst.is_file() and _sha256(dst) == had.get("sha256"):
+            return 0
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        self.objects[rel] = {"version": version, "sha256": _get(fs, info.path, dst)}
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"objects": self.objects}, indent=1, sort_keys=True))
+        tmp.replace(self.path)
+        return 1
+
+
+def _version(fs: pafs.FileSystem, info: Any) -> str:
+    """Which version of an object the store holds: its ETag where the store says it (S3: one HEAD request), else
+    its size and modification time."""
+    try:
+        with fs.open_input_file(info.path) as f:
+            meta = f.metadata() or {}
+    except (OSError, NotImplementedError):
+        meta = {}
+    etag = meta.get(b"ETag") or meta.get("ETag")
+    if etag:
+        return f"etag {etag.decode() if isinstance(etag, bytes) else etag}"
+    return f"size {info.size} mtime_ns {info.mtime_ns}"
 
 
 def _input_of(path: Path) -> str | None:
@@ -399,10 +538,13 @@ def _input_of(path: Path) -> str | None:
     return unquote(rel.parts[0]) if rel.parts else None
 
 
-def _get(fs: pafs.FileSystem, src: str, dst: Path) -> None:
-    """One object to ``dst``, through a temp name: complete or absent."""
+def _get(fs: pafs.FileSystem, src: str, dst: Path) -> str:
+    """One object to ``dst``, through a temp name: complete or absent. Returns the sha256 of what was written."""
     tmp = dst.with_name(f".{dst.name}.{os.getpid()}.pull")
+    h = hashlib.sha256()
     with fs.open_input_stream(src) as f, open(tmp, "wb") as out:
         while chunk := f.read(_CHUNK):
             out.write(chunk)
+            h.update(chunk)
     tmp.replace(dst)
+    return h.hexdigest()
