@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raycl.config import Space, load_space
+from raycl.config import Space, load_space, to_dict
 from raycl.errors import UserError, summary_out
-from raycl.storage import is_uri, push, remote_of, stage
+from raycl.storage import check_uri, is_uri, push, remote_of, stage
 
 TRACKERS = ("mlflow", "wandb")
 
@@ -25,7 +25,7 @@ def parse_track(text: str) -> tuple[str, ...]:
     return names
 
 
-def space_parser(prog: str, description: str) -> argparse.ArgumentParser:
+def space_parser(prog: str, description: str, *, sweep: bool = False) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("space", help="a tune space name (tune_spaces/SPACE.yaml) or a path to a YAML file")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -41,6 +41,12 @@ def space_parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--track", type=parse_track, default=None, metavar="mlflow|wandb|mlflow,wandb",
                    help="log every trial's (or training's) params and reports, and the run's report, to MLflow "
                    "(MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME) and/or W&B (WANDB_MODE, WANDB_PROJECT, …)")
+    if sweep:
+        p.add_argument("--trust-store", action="store_true",
+                       help="with --out on an object store: restore the sweep's Ray Tune state from the store "
+                            "even when raycl has no record of writing it as you on this machine (another machine, "
+                            "a lost cache). RISK: that state is pickles: anyone who can write the prefix can run "
+                            "code as you; give it only for a prefix that you alone can write")  # fmt: skip
     return p
 
 
@@ -55,7 +61,37 @@ def load(args: argparse.Namespace) -> tuple[Space, Path]:
 
         check(args.track)
     space = load_space(args.space, preset=args.preset, overrides=args.overrides)
-    return space, run_folder(args.out, space.name)
+    check_uris(space)
+    run_dir = run_folder(args.out, space.name)
+    if getattr(args, "trust_store", False) and (uri := remote_of(run_dir)) is not None:
+        from raycl.distributed.tune_state import trust
+
+        trust(uri)
+    return space, run_dir
+
+
+STORE_ENDPOINTS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+
+
+def check_uris(space: Space) -> None:
+    """Every URI the space names (its config, search points and baselines) and the store's endpoint, refused in one
+    line when it carries credentials or a '..' (``raycl.storage.check_uri``): before anything is staged, read or
+    written, and before the URI can reach a message, a folder name or a tracker."""
+    for key, value in _strings({"config": to_dict(space.config), "search": space.search,
+                                "baselines": space.baselines}):  # fmt: skip
+        if is_uri(value):
+            check_uri(value, key=f"{space.source}: config key '{key.split('.', 1)[1]}'")
+    for var in STORE_ENDPOINTS:
+        if is_uri(os.environ.get(var, "")):
+            check_uri(os.environ[var], key=f"environment variable {var}")
+
+
+def _strings(tree: Any, key: str = "") -> list[tuple[str, str]]:
+    if isinstance(tree, dict):
+        return [s for k, v in tree.items() for s in _strings(v, f"{key}.{k}" if key else str(k))]
+    if isinstance(tree, (list, tuple)):
+        return [s for v in tree for s in _strings(v, key)]
+    return [(key, tree)] if isinstance(tree, str) else []
 
 
 def run_folder(out: str | Path | None, space_name: str) -> Path:
@@ -66,7 +102,7 @@ def run_folder(out: str | Path | None, space_name: str) -> Path:
     from raycl.distributed.runtime import in_ray_job
 
     if out is not None and is_uri(str(out)):  # a local folder for the URI, holding what the run already wrote
-        return stage(str(out))
+        return stage(check_uri(str(out), key="--out"))
     out = Path(out) if out is not None else None
     if in_ray_job() and (out is None or not out.is_absolute()):
         given = f"--out {out}" if out is not None else f"the default --out runs/{space_name}/TIMESTAMP"
@@ -93,10 +129,12 @@ def recipe(space: Space) -> Any:
 def check_inputs(space: Space, run_dir: Path) -> None:
     """Read every input file before Ray starts: a malformed file ends in one line and exit status 2 with nothing
     started."""
+    from raycl.distributed.tune_state import check_run
     from raycl.driver import check_inputs as check
     from raycl.run_folder import open_run_folder
 
     open_run_folder(run_dir, space=space.name)  # not a folder of the user's; an earlier run's checkpoints are data
+    check_run(run_dir)  # a staged run: the sweep state in the store is what raycl wrote, or trusted
     say_resumed(run_dir)
     check(recipe(space), space, run_dir)
 

@@ -8,7 +8,7 @@ from raycl.errors import cli_entry
 
 @cli_entry
 def main(argv: list[str] | None = None) -> None:
-    args = cli.space_parser("python -m raycl.tune", __doc__ or "").parse_args(argv)
+    args = cli.space_parser("python -m raycl.tune", __doc__ or "", sweep=True).parse_args(argv)
     space, run_dir = cli.load(args)
     cli.check_inputs(space, run_dir)
     cli.quiet_ray()

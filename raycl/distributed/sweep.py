@@ -16,11 +16,11 @@ import ray.tune as tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from raycl.config import TuneSection, expand_values
-from raycl.distributed import tracking
+from raycl.distributed import tracking, tune_state
 from raycl.distributed.trainer import has_checkpoint
 from raycl.records import is_done, read_history
 from raycl.report import say
-from raycl.storage import ray_storage
+from raycl.storage import ray_storage, remote_of
 from raycl.train.progress import bar
 
 
@@ -147,7 +147,9 @@ def run_sweep(
 
     An experiment of the same ``name`` already in ``storage_path`` (its driver died) is restored with Tune's own
     restore: trials that ended are kept, interrupted and errored ones run again — their ``TorchTrainer``, under the
-    same run name, continues from its last checkpoint —, and those not started yet run.
+    same run name, continues from its last checkpoint —, and those not started yet run. On an object store, Tune
+    goes through :func:`raycl.distributed.tune_state.guarded`: what it writes is recorded, and a restore reads only
+    state that raycl recorded writing (or the user trusted), checked first.
     """
     scheduler = (
         ASHAScheduler(time_attr="training_iteration", max_t=max(max_t, 1), grace_period=tune_cfg.grace_period)
@@ -159,11 +161,17 @@ def run_sweep(
     where, filesystem = ray_storage(storage_path)  # a staged run's Ray storage is the object store itself
     path = f"{where.rstrip('/')}/{name}"
     total = _count(param_space, tune_cfg.num_samples)
-    if tune.Tuner.can_restore(path, storage_filesystem=filesystem):  # a driver died mid-sweep: Tune's restore
+    store = filesystem
+    if filesystem is not None:  # what Tune writes is recorded; a restore reads only what was checked
+        uri = f"{remote_of(storage_path)}/{name}"
+        pinned = tune_state.checked(filesystem, path, uri) if tune.Tuner.can_restore(
+            path, storage_filesystem=filesystem) else None  # fmt: skip
+        store = tune_state.guarded(filesystem, path, uri, pinned)
+    if tune.Tuner.can_restore(path, storage_filesystem=store):  # a driver died mid-sweep: Tune's restore
         say(resumed_line(Path(path), total, trials_dir) if filesystem is None
-            else f"resumed sweep: continuing the experiment stored at {path}")  # fmt: skip
+            else f"resumed sweep: continuing the experiment stored at {uri}")  # fmt: skip
         tuner = tune.Tuner.restore(path, trainable, resume_unfinished=True, resume_errored=True,
-                                   param_space=param_space, storage_filesystem=filesystem)  # fmt: skip
+                                   param_space=param_space, storage_filesystem=store)  # fmt: skip
     else:
         tuner = tune.Tuner(
             trainable,
@@ -176,7 +184,7 @@ def run_sweep(
                 max_concurrent_trials=tune_cfg.max_concurrent_trials,
             ),
             run_config=tune.RunConfig(
-                name=name, storage_path=where, storage_filesystem=filesystem, verbose=0,
+                name=name, storage_path=where, storage_filesystem=store, verbose=0,
                 callbacks=[_TrialProgress(total, tune_cfg.metric, tune_cfg.mode, name),
                            *tracking.sweep_callbacks(name)],
             ),
