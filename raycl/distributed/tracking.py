@@ -26,6 +26,7 @@ import json
 import math
 import os
 import re
+import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -37,14 +38,13 @@ from typing import Any
 import yaml
 from ray.air.integrations.mlflow import MLflowLoggerCallback
 
-from raycl.errors import UserError, environ_items
+from raycl.errors import UserError, environ_items, redact_uri, uri_credentials
 from raycl.records import HISTORY, read_history
 
 ARTIFACTS = ("report.md", "best.json", "results.csv", "config.yaml")
 TRAINING_ARTIFACTS = ("config.yaml", HISTORY)
 _SECRET_KEY = re.compile(r"secret|token|passw|credential|api_?key|access_?key|private_?key|auth", re.I)
 _SECRET_ENV = re.compile(r"^AWS_|TOKEN|SECRET|PASSW|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY", re.I)
-_URI_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/@:\s]*):[^/@\s]*@", re.I)
 _MAX_PARAM = 6000  # MLflow's limit on a param value
 
 
@@ -61,7 +61,12 @@ class _Active:
 
     @property
     def name(self) -> str:
-        return f"{self.space}/{self.run_dir.name}"
+        """The MLflow parent run's name and the W&B group: ``SPACE/<the run folder's name>`` (a staged run's:
+        the last segment of its URI), credentials hidden."""
+        from raycl.storage import remote_of
+
+        where = remote_of(self.run_dir) or str(self.run_dir)
+        return safe_text(f"{self.space}/{where.rstrip('/').rsplit('/', 1)[-1]}")
 
 
 _active: _Active | None = None
@@ -73,7 +78,13 @@ def _backends(track: Sequence[str] | None) -> tuple[str, ...]:
 
 
 def check(track: Sequence[str] | None) -> None:
-    """Before anything runs: each tracker's package is there (an optional extra), or one line and exit 2."""
+    """Before anything runs: each tracker's package is there (an optional extra), or one line and exit 2; a
+    tracking URI that carries a password is said once (MLflow's own variables keep it out of the URI)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if "mlflow" in _backends(track) and uri_credentials(uri):
+        print(f"raycl: warning: MLFLOW_TRACKING_URI carries credentials ({safe_text(uri)}); raycl never logs it, "
+              "but MLflow's MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) keep "
+              "them out of the URI", file=sys.stderr)  # fmt: skip
     for backend in _backends(track):
         try:
             __import__(backend)
@@ -91,20 +102,21 @@ def check(track: Sequence[str] | None) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- params
+def safe_text(text: str) -> str:
+    """``text`` without credentials: a URI's password and every credential query parameter (``?X-Amz-Signature=``,
+    ``&sig=``, ``?token=`` …) become ``***`` (``raycl.errors.redact_uri``), and so does the value of any
+    secret-looking environment variable (``AWS_*``, ``*TOKEN*``, ``*SECRET*`` …) the text holds."""
+    text = redact_uri(text)
+    for k, v in environ_items():
+        if _SECRET_ENV.search(k) and len(v) >= 6:
+            text = text.replace(v, "***")
+    return text
+
+
 def safe_params(params: dict[str, Any]) -> dict[str, str]:
     """``params`` as MLflow param strings, without credentials: keys that name one (token, secret, password,
-    access key …) are left out, a URI's password becomes ``***``, and so does any value holding the value of a
-    secret-looking environment variable (``AWS_*``, ``*TOKEN*``, ``*SECRET*`` …)."""
-    secrets = [v for k, v in environ_items() if _SECRET_ENV.search(k) and len(v) >= 6]
-    out: dict[str, str] = {}
-    for key, value in params.items():
-        if _SECRET_KEY.search(key):
-            continue
-        text = _URI_PASSWORD.sub(r"\g<head>:***@", str(value))
-        for secret in secrets:
-            text = text.replace(secret, "***")
-        out[key] = text[:_MAX_PARAM]
-    return out
+    access key …) are left out, and every value is :func:`safe_text`."""
+    return {k: safe_text(str(v))[:_MAX_PARAM] for k, v in params.items() if not _SECRET_KEY.search(k)}
 
 
 def safe_config(params: dict[str, Any]) -> dict[str, Any]:
@@ -288,7 +300,9 @@ def tracked(track: Sequence[str] | None, *, run_dir: Path, space: str) -> Iterat
         active.experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME") or f"raycl-{space}"
         exp = client.get_experiment_by_name(active.experiment)
         active.experiment_id = exp.experiment_id if exp else client.create_experiment(active.experiment)
-        tags = {"raycl.space": space, "raycl.run_dir": safe_params({"d": run_dir})["d"]}
+        from raycl.storage import remote_of
+
+        tags = {"raycl.space": space, "raycl.run_dir": safe_text(remote_of(run_dir) or str(run_dir))}
         active.parent_id = client.create_run(active.experiment_id, run_name=active.name, tags=tags).info.run_id
     if "wandb" in backends:
         project = os.environ.get("WANDB_PROJECT") or os.environ.get("WANDB_PROJECT_NAME")  # W&B's, Ray's
