@@ -273,22 +273,24 @@ def negatives_schema() -> Any:
 
 
 def read_negatives_parquet(path: str | Path) -> dict[str, MinedNegatives]:
-    """The records of a negatives Parquet file by example id (``mining.negatives=PATH``)."""
-    import pyarrow.parquet as pq
+    """The records of a negatives Parquet file by example id (``mining.negatives=PATH``): its footer checked
+    against the input limits before anything is decompressed, then read in batches
+    (:mod:`raycl.miners.parquet_input`)."""
+    from raycl.miners.parquet_input import batches, column_names
 
-    try:
-        table = pq.read_table(path)
-    except (OSError, ValueError) as err:
-        raise UserError(f"{at(path)}: cannot read a negatives Parquet file ({err})") from None
-    lacking = [c for c in ("id", "negatives", "scores") if c not in table.column_names]
+    lacking = [c for c in ("id", "negatives", "scores") if c not in column_names(path)]
     if lacking:
         raise UserError(f"{at(path)}: expected columns {list(COLUMNS[:6])}, missing {lacking}")
     out: dict[str, MinedNegatives] = {}
-    rows = zip(*(table.column(c).to_pylist() for c in ("id", "negatives", "scores")), strict=True)
-    for row, (id_, negs, scores) in enumerate(rows):
-        if id_ in out or negs is None or len(negs) != len(scores or []):
-            raise UserError(f"{at(path)}: row {row} (id {id_!r}): expected a unique id and one score per negative")
-        out[id_] = MinedNegatives(id_, tuple(negs), tuple(math.nan if s is None else s for s in scores))
+    row = 0
+    for batch in batches(path, ("id", "negatives", "scores")):
+        for id_, negs, scores in zip(*(batch.column(c).to_pylist() for c in ("id", "negatives", "scores")),
+                                     strict=True):  # fmt: skip
+            if id_ in out or negs is None or len(negs) != len(scores or []):
+                raise UserError(f"{at(path)}: row {row} (id {id_!r}): expected a unique id and one score per "
+                                "negative")  # fmt: skip
+            out[id_] = MinedNegatives(id_, tuple(negs), tuple(math.nan if s is None else s for s in scores))
+            row += 1
     return out
 
 

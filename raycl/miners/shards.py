@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from raycl.errors import UserError, at
 from raycl.miners.beam_search import MinedNegatives, negatives_schema, read_negatives_parquet
 from raycl.miners.false_negatives import FalseNegativeCounts, normalize, refuted_set
+from raycl.miners.parquet_input import batches, column_names
 from raycl.records import replace_synced, sync
 from raycl.storage import LOCK
 
@@ -128,16 +129,17 @@ def schema() -> pa.Schema:
 
 
 def done_ids(out_dir: str | Path) -> set[str]:
-    """Ids already written to ``out_dir``'s shards; only the ``id`` column is read."""
-    import pyarrow.parquet as pq
-
+    """Ids already written to ``out_dir``'s shards (a resumed run's, perhaps pulled from a store); only the ``id``
+    column is read, in batches, each shard's footer checked first (:mod:`raycl.miners.parquet_input`)."""
     ids: set[str] = set()
     for path in shard_files(out_dir):
         try:
-            ids.update(pq.read_table(path, columns=["id"]).column("id").to_pylist())
-        except (OSError, ValueError, KeyError) as err:
-            why = f"not a negatives shard ({err}); delete it to re-mine its examples"
-            raise UserError(f"{at(path)}: {why}") from None
+            if "id" not in column_names(path):
+                raise UserError(f"{at(path)}: not a negatives shard (no 'id' column)")
+            for batch in batches(path, ["id"]):
+                ids.update(batch.column("id").to_pylist())
+        except UserError as err:
+            raise UserError(f"{err}; delete it to re-mine its examples") from None
     return ids
 
 
@@ -164,18 +166,15 @@ def read_negatives(path: str | Path, ids: Iterable[str] | None = None) -> dict[s
 
 
 def _read_ids(path: Path, ids: list[str]) -> dict[str, MinedNegatives]:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(path, columns=["id", "negatives", "scores"],
-                              filters=pc.field("id").isin(pa.array(ids, pa.string())))  # fmt: skip
-    except (OSError, ValueError, pa.ArrowInvalid) as err:
-        raise UserError(f"{at(path)}: cannot read a negatives Parquet file ({err})") from None
-    cols = (table.column(c).to_pylist() for c in ("id", "negatives", "scores"))
-    return {i: MinedNegatives(i, tuple(n), tuple(math.nan if x is None else x for x in sc))
-            for i, n, sc in zip(*cols, strict=True)}
+    lacking = [c for c in ("id", "negatives", "scores") if c not in column_names(path)]
+    if lacking:
+        raise UserError(f"{at(path)}: cannot read a negatives Parquet file (no column {lacking[0]!r})")
+    out = {}
+    for batch in batches(path, ["id", "negatives", "scores"], ids=ids):
+        cols = (batch.column(c).to_pylist() for c in ("id", "negatives", "scores"))
+        out.update({i: MinedNegatives(i, tuple(n), tuple(math.nan if x is None else x for x in sc))
+                    for i, n, sc in zip(*cols, strict=True)})  # fmt: skip
+    return out
 
 
 def _files_of(path: Path) -> list[Path]:
@@ -200,17 +199,12 @@ def check_references(path: str | Path) -> None:
 def without_false_negatives(path: str | Path, negatives: dict[str, list[str]]) -> dict[str, list[str]]:
     """Pre-mined ``negatives`` (by id, read from ``path``) less those another annotator's correction equals, as the
     file's ``target`` and ``references`` columns say (:mod:`raycl.miners.false_negatives`)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
     check_references(path)
     refuted: dict[str, frozenset[str]] = {}
-    wanted = pa.array(list(negatives), pa.string())
     for file in _files_of(Path(path)):
-        table = pq.read_table(file, columns=["id", "target", "references"], filters=pc.field("id").isin(wanted))
-        for id_, target, refs in zip(*(table.column(c).to_pylist() for c in ("id", "target", "references")),
-                                     strict=True):  # fmt: skip
-            refuted[id_] = refuted_set(refs or (), target)
+        for batch in batches(file, ["id", "target", "references"], ids=list(negatives)):
+            for id_, target, refs in zip(*(batch.column(c).to_pylist() for c in ("id", "target", "references")),
+                                         strict=True):  # fmt: skip
+                refuted[id_] = refuted_set(refs or (), target)
     none: frozenset[str] = frozenset()
     return {i: [n for n in negs if normalize(n) not in refuted.get(i, none)] for i, negs in negatives.items()}
