@@ -4,15 +4,16 @@ Tune saves a sweep as pickles (``tuner.pkl``, the search algorithm's state) and 
 (``experiment_state-*.json``); restoring the sweep unpickles them, so whoever can write a run's prefix could run
 code as the user who restores it. A local run folder is refused when users other than its owner can write it
 (:mod:`raycl.run_folder`); an object store has no such modes, so raycl keeps its own record: the sha256 of every
-file Tune writes at the top of a sweep's experiment folder, taken from the bytes as they are uploaded, in the
-user's private cache (``$RAYCL_CACHE_DIR/tune_state/<digest of the experiment's URI>.json``, mode 0700).
+state file (``.json``, ``.pkl``: what Tune's restore reads) Tune writes at the top of a sweep's experiment folder,
+taken from the bytes as they are uploaded, in the user's private cache (``$RAYCL_CACHE_DIR/tune_state/<digest of
+the experiment's URI>.json``, mode 0700).
 
-Before a restore every top-level file the store holds must be one of the recorded versions, and Tune then reads
-the very bytes that were checked: its file system is :class:`GuardedStore`, which serves the checked copies of
-those files and hides any other, so an object replaced after the check is never read. A pickle read back during
-the run (a trial's ``error.pkl``) must be one this process wrote. Otherwise the restore is refused in one line,
-exit status 2, saying how to start afresh, or to trust the store (``raycl.tune --trust-store``: the state is then
-restored as it is, which is what a user who alone can write the prefix may choose).
+Before a restore every top-level state file the store holds must be one of the recorded versions, and Tune then
+reads the very bytes that were checked: its file system is :class:`GuardedStore`, which serves the checked copies
+of those files and hides any other, so an object replaced or added after the check is never read. A pickle read
+back during the run (a trial's ``error.pkl``) must be one this process wrote. Otherwise the restore is refused in
+one line, exit status 2, saying how to start afresh, or to trust the store (``raycl.tune --trust-store``: the
+state is then restored as it is, which is what a user who alone can write the prefix may choose).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import hashlib
 import json
 import os
 import threading
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +36,7 @@ from raycl.storage import RAY_DIR, cache_dir, filesystem, remote_of
 RECORDS = "tune_state"  # the cache folder of the records
 KEEP = 64  # versions kept per file name: Tune rewrites its experiment state at every snapshot
 TUNER = "tuner.pkl"
+STATE_FILES = (".json", ".pkl")  # the top-level files Tune's restore reads (the others it only looks for)
 _trusted: set[str] = set()
 
 
@@ -86,7 +90,7 @@ def checked(fs: pafs.FileSystem, path: str, uri: str) -> dict[str, bytes]:
     a version raycl recorded writing there — unless the run was trusted (``--trust-store``); else one line."""
     files = {}
     for info in fs.get_file_info(pafs.FileSelector(path, allow_not_found=True)):
-        if info.type == pafs.FileType.File:
+        if info.type == pafs.FileType.File and info.base_name.endswith(STATE_FILES):
             with fs.open_input_stream(info.path) as f:
                 files[info.base_name] = bytes(f.read())
     if _is_trusted(uri):
@@ -112,6 +116,19 @@ def guarded(fs: pafs.FileSystem, path: str, uri: str, pinned: dict[str, bytes] |
     return pafs.PyFileSystem(GuardedStore(_sync_writes(fs), path, uri, pinned))
 
 
+@dataclass
+class _Seen:
+    """What one :func:`guarded` file system has checked and written, shared by its copies in a process (Tune
+    pickles a trial's storage, file system included, into each trial it restores or creates)."""
+
+    served: dict[str, bytes] = field(default_factory=dict)  # a top-level state file's name → its bytes
+    wrote: dict[str, str] = field(default_factory=dict)  # a pickle's path → the sha256 of what was written
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+_SEEN: dict[str, _Seen] = {}
+
+
 def _sync_writes(fs: pafs.FileSystem) -> pafs.FileSystem:
     """An S3 file system like ``fs`` that uploads in the writing thread: Ray turns pyarrow's threaded copies off
     for an ``S3FileSystem`` destination (their background uploads wait on the same thread pool), and cannot see
@@ -125,32 +142,32 @@ def _sync_writes(fs: pafs.FileSystem) -> pafs.FileSystem:
 # ---------------------------------------------------------------------------------------------- the file system
 class GuardedStore(pafs.FileSystemHandler):
     """``inner`` as Ray Tune sees it (a ``pyarrow.fs.PyFileSystem`` handler): every call passes through, except
-    that the top-level files of the experiment folder ``experiment`` are read only from what was checked
+    that the top-level state files of the experiment folder ``experiment`` are read only from what was checked
     (``pinned``) or written by this process (others are not there), what this driver writes there is recorded
     (:func:`_remember`), and a pickle elsewhere is read only if this process wrote those very bytes."""
 
     def __init__(self, inner: pafs.FileSystem, experiment: str, uri: str,
                  pinned: dict[str, bytes] | None = None) -> None:  # fmt: skip
         self.inner, self.experiment, self.uri = inner, experiment.rstrip("/"), uri
-        self.served = dict(pinned or {})  # top-level file name → its checked or written bytes
-        self.wrote: dict[str, str] = {}  # a pickle's path → the sha256 of what this process wrote
         self.pid = os.getpid()  # the driver: only it records (the handler travels to Tune's trial actors)
-        self._lock = threading.Lock()
+        self.key = uuid.uuid4().hex
+        self.seen = _SEEN.setdefault(self.key, _Seen(served=dict(pinned or {})))
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+        return {k: v for k, v in self.__dict__.items() if k != "seen"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _lock=threading.Lock())
+        self.__dict__.update(state)
+        self.seen = _SEEN.setdefault(self.key, _Seen())  # the driver's own copies share what it saw
 
     def _top(self, path: str) -> str | None:
-        """The file name of a path at the top of the experiment folder, else None."""
+        """The name of a state file (``.json``, ``.pkl``) at the top of the experiment folder, else None."""
         parent, _, name = path.rstrip("/").rpartition("/")
-        return name if parent == self.experiment else None
+        return name if parent == self.experiment and name.endswith(STATE_FILES) else None
 
     def _hidden(self, info: pafs.FileInfo) -> bool:
         name = self._top(info.path)
-        return info.type == pafs.FileType.File and name is not None and name not in self.served
+        return info.type == pafs.FileType.File and name is not None and name not in self.seen.served
 
     def get_type_name(self) -> str:
         return f"raycl-guarded+{self.inner.type_name}"
@@ -195,15 +212,15 @@ class GuardedStore(pafs.FileSystemHandler):
     def _open(self, path: str, opener: Any) -> pa.NativeFile:
         name = self._top(path)
         if name is not None:
-            with self._lock:
-                data = self.served.get(name)
+            with self.seen.lock:
+                data = self.seen.served.get(name)
             if data is None:
                 raise FileNotFoundError(f"{path}: not a file Tune's restore may read (raycl's check)")
             return pa.BufferReader(data)
         if path.endswith(".pkl"):
             with opener(path) as f:
                 data = bytes(f.read())
-            if self.wrote.get(path) != hashlib.sha256(data).hexdigest():
+            if self.seen.wrote.get(path) != hashlib.sha256(data).hexdigest():
                 raise UserError(f"{self.uri}/{path[len(self.experiment) + 1 :]}: a pickle in the store that this "
                                 "run did not write (or that changed since), refused: reading it would run its "
                                 "code")  # fmt: skip
@@ -222,10 +239,10 @@ class GuardedStore(pafs.FileSystemHandler):
 
     def _wrote(self, path: str, name: str | None, data: bytes) -> None:
         digest = hashlib.sha256(data).hexdigest()
-        with self._lock:
-            self.wrote[path] = digest
+        with self.seen.lock:
+            self.seen.wrote[path] = digest
             if name is not None:
-                self.served[name] = data
+                self.seen.served[name] = data
                 if os.getpid() == self.pid:
                     _remember(self.uri, name, digest)
 
