@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
-from raycl.errors import UserError, at, redact_uri, shown, uri_credentials
+from raycl.errors import UserError, at, redact_uri, uri_credentials
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -85,8 +85,12 @@ def check_uri(uri: str, *, key: str = "") -> str:
     where = f"{key}: " if key else ""
     scheme, _, rest = uri.partition("://")
     if uri_credentials(uri):
-        how = _CREDENTIAL_VARS.get(scheme.lower(), "the file system's own configuration (its environment "
-                                                   "variables or config file)")  # fmt: skip
+        store = scheme.lower()
+        if store in ("http", "https"):  # a presigned URL: the object is in a store that has its own variables
+            signed = {"x-amz-": "s3", "x-goog-": "gs", "sig=": "abfs"}
+            store = next((v for k, v in signed.items() if k in rest.lower()), store)
+        how = _CREDENTIAL_VARS.get(store, "the file system's own configuration (its environment variables or "
+                                          "config file)")  # fmt: skip
         raise UserError(f"{where}{hide(uri)}: credentials in a URI are refused (they would show in process lists, "
                         f"logs, Ray's job information and cache folder names); give the URI without them and the "
                         f"credentials through {how}")  # fmt: skip
@@ -325,10 +329,10 @@ def _key(path: str, where: str) -> str:
     resolves ``..`` in the request (another prefix's object, another bucket's) and the local copy would land
     outside the cache."""
     rel = path[len(where):].lstrip("/")
-    if any(s in ("", ".", "..") for s in rel.split("/")):
-        raise UserError(f"object key {shown(path)}: a '.', '..' or empty segment, refused (it would be read from "
-                        "and written outside its prefix); expected plain keys under the run's or input's prefix "
-                        "(delete the object)")  # fmt: skip
+    if any(s in ("", ".", "..") for s in rel.split("/")):  # the whole key: an S3 key is at most 1,024 bytes
+        raise UserError(f"object key {path[:1100]!r}: a '.', '..' or empty segment, refused (it would be read "
+                        "from and written outside its prefix); expected plain keys under the run's or input's "
+                        "prefix (delete the object)")  # fmt: skip
     return rel
 
 

@@ -64,8 +64,11 @@ def test_credentials_stay_out_of_the_run_folder_and_its_output(smoke: Any, tmp_p
     bad = _train(*SMOKE, "--out", str(tmp_path / "bad"), "--set",
                  "data.train_zero_shot=s3://AKIAX:S3Passw0rd@bucket/train.csv")  # fmt: skip
     assert bad.returncode == 2, bad.stderr[-2000:]
-    assert bad.stderr.strip() == ("raycl: error: s3://AKIAX:***@bucket/train.csv: cannot read (No such file or "
-                                  "directory)")
+    assert bad.stderr.strip().startswith("raycl: error: ") and bad.stderr.strip().endswith(
+        "config key 'data.train_zero_shot': s3://***@bucket/train.csv: credentials in a URI are refused (they "
+        "would show in process lists, logs, Ray's job information and cache folder names); give the URI without "
+        "them and the credentials through AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, an "
+        "instance profile; AWS_ENDPOINT_URL for the endpoint)")  # fmt: skip
     where.append((Path("<stderr of the bad --set>"), bad.stderr.encode()))
     found = [(str(p), s) for p, data in where for s in LEAKS if s.encode() in data]
     assert not found, found
@@ -206,3 +209,115 @@ def test_a_line_longer_than_its_formats_limit_names_file_and_line(tmp_path: Path
         read_m2(path)
     pieces = [len(line) for _, line in iter_lines(path, chunk_bytes=1000, max_line=2_000_000)]
     assert pieces == [7, 0, 1_200_002]  # a line across 1,200 chunks, read whole
+
+
+# ---------------------------------------------------------------------------------------------- issue 29
+def test_every_error_the_cli_prints_is_redacted(capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """``cli_entry`` is the one place that prints errors: a ``UserError``'s line and, as Python exits on an
+    internal error, its traceback (``sys.excepthook``) — both with a URI's password, credential query values and
+    credential variables' values hidden, whoever built the message."""
+    from raycl.errors import cli_entry
+
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # the CLI's hook, undone after the test
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRETS["AWS_SECRET_ACCESS_KEY"])
+    message = (f"ftp://alice:FtpPassw0rdEX29@host/run?X-Amz-Signature=S1gnatureEXAMPLE29&token=T0kenEXAMPLE29: "
+               f"cannot read ({SECRETS['AWS_SECRET_ACCESS_KEY']})")  # fmt: skip
+
+    @cli_entry
+    def main(argv: list[str] | None = None) -> None:
+        raise UserError(message)
+
+    with pytest.raises(SystemExit):
+        main([])
+    err = capsys.readouterr().err
+    assert err == "raycl: error: ftp://alice:***@host/run?X-Amz-Signature=***&token=***: cannot read (***)\n"
+    try:
+        raise RuntimeError(message)  # a library's exception quoting what it was given
+    except RuntimeError as internal:
+        sys.excepthook(RuntimeError, internal, internal.__traceback__)
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):") and "RuntimeError: ftp://alice:***@host" in err
+    assert not [s for s in ("FtpPassw0rdEX29", "S1gnatureEXAMPLE29", "T0kenEXAMPLE29", *LEAKS) if s in err]
+
+
+BOMB = (r"part-00000.parquet: row group 0, column 'negatives.list.element': [\d,]+ compressed bytes decode to "
+        r"67,\d{3},\d{3} \([\d,]+x\), expected at most 100x \(a decompression bomb\): refused before")
+
+
+def test_a_parquet_decompression_bomb_is_refused_before_it_is_decompressed(tmp_path: Path) -> None:
+    """A negatives file (``mining.negatives``) or a shard a mine run resumes from, a few kilobytes of zstd that
+    decode to 64 MiB: refused in one line from its footer, before pyarrow allocates the pages (its memory pool's
+    peak stays near zero)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from raycl.miners.beam_search import negatives_schema
+    from raycl.miners.shards import done_ids, read_negatives
+
+    n, big = 64, "a" * (1 << 20)
+    table = pa.table({"id": [f"x:{i}" for i in range(n)], "source": ["s"] * n, "target": ["t"] * n,
+                      "negatives": [[big]] * n, "scores": [[0.0]] * n, "model_version": [0] * n,
+                      "references": [["t"]] * n}, schema=negatives_schema())  # fmt: skip
+    (tmp_path / "shards").mkdir()
+    bomb = tmp_path / "shards" / "part-00000.parquet"
+    pq.write_table(table, bomb, compression="zstd", use_dictionary=False)
+    del table
+    assert bomb.stat().st_size < 16 * 1024
+    pool, default = pa.proxy_memory_pool(pa.default_memory_pool()), pa.default_memory_pool()
+    pa.set_memory_pool(pool)  # what pyarrow allocates while raycl reads the file
+    try:
+        for read in (lambda: read_negatives(bomb), lambda: read_negatives(bomb, ids=["x:1"]),
+                     lambda: done_ids(tmp_path / "shards")):  # fmt: skip
+            with pytest.raises(UserError, match=BOMB):
+                read()
+        assert pool.max_memory() < 1 << 20, pool.max_memory()
+    finally:
+        pa.set_memory_pool(default)
+
+
+def test_the_image_build_context_leaves_out_runs_tracking_stores_and_credentials() -> None:
+    """``docker build -f k8s/Dockerfile .`` sends what ``.dockerignore`` lets through; matched here as Docker
+    matches it (moby's patternmatcher: ``**`` any number of folders, ``*`` and ``?`` within one, a pattern
+    matching a path or any folder above it, the last matching pattern deciding, ``!`` keeping)."""
+    root = Path(__file__).resolve().parents[1]
+    kept = [p.relative_to(root).as_posix() for d in ("raycl", "tune_spaces") for p in (root / d).rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts]  # fmt: skip
+    kept += ["pyproject.toml", "README.md"]
+    out = ["mlflow.db", "mlruns/0/meta.yaml", "wandb/offline-run-1/run-1.wandb", "runs/idiom/20250101/report.md",
+           "my-run/raycl_run.json", "negs/part-00000.parquet", "neg.parquet", ".env", ".env.local", "prod.env",
+           "raycl/.env", "tune_spaces/mlflow.db", "raycl/wandb/debug.log", ".aws/credentials", "credentials.json",
+           "gcp-credentials.json", "id_rsa.pem", ".netrc", ".git/config", ".venv/bin/python", "tests/test_x.py",
+           "raycl/__pycache__/cli.cpython-311.pyc"]  # fmt: skip
+    patterns = [line.strip() for line in (root / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]  # fmt: skip
+    assert [p for p in kept if _docker_ignores(patterns, p)] == []
+    assert [p for p in out if not _docker_ignores(patterns, p)] == []
+
+
+def _docker_ignores(patterns: list[str], path: str) -> bool:
+    import posixpath
+    import re
+
+    def regex(pattern: str) -> re.Pattern[str]:
+        out, i = "", 0
+        while i < len(pattern):
+            if pattern.startswith("**", i):
+                i += 2 + pattern.startswith("/", i + 2)
+                out += ".*" if i >= len(pattern) else "(.*/)?"
+                continue
+            out += {"*": "[^/]*", "?": "[^/]"}.get(pattern[i], re.escape(pattern[i]))
+            i += 1
+        return re.compile(f"^{out}$")
+
+    parts = path.split("/")
+    candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]  # the path and every folder above it
+    ignored = False
+    for raw in patterns:
+        keep = raw.startswith("!")
+        pattern = posixpath.normpath(raw.lstrip("!")).lstrip("/")
+        if keep != ignored:  # as moby: only a pattern that could change the answer is tried
+            continue
+        if any(regex(pattern).match(c) for c in candidates):
+            ignored = not keep
+    return ignored

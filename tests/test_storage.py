@@ -310,3 +310,246 @@ def test_a_checkpoint_and_negatives_given_as_uris_are_fetched_to_the_nodes_cache
     assert (storage.local(run.base_model) / "config.json").is_file()
     with pytest.raises(UserError, match="no such object"):
         storage.fetch(f"s3://{BUCKET}/inputs/missing")
+
+
+# ---------------------------------------------------------------------------------------------- attacks (issue 29)
+# What an attacker with write access to a bucket prefix (a shared team bucket) could do to a run that reads it,
+# each refused: planted objects on moto's S3 server, the CLIs called as a user calls them.
+class _Shell:
+    """A pickle that, once loaded, creates ``marker``: the planted code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return os.system, (f"touch {self.marker}",)
+
+
+def _plant(key: str, body: bytes) -> None:
+    """An object put as an attacker puts it (boto3: the key as it is, ``..`` included)."""
+    import boto3
+
+    boto3.client("s3").put_object(Bucket=BUCKET, Key=key, Body=body)
+
+
+def _unplant(prefix: str) -> None:
+    import boto3
+
+    client = boto3.client("s3")
+    for obj in client.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", []):
+        client.delete_object(Bucket=BUCKET, Key=obj["Key"])
+
+
+def _refused(verb: str, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """``python -m raycl.VERB`` in this process: exit status 2 and one line on stderr, which is returned."""
+    import importlib
+
+    module = importlib.import_module("raycl.train.__main__" if verb == "train" else f"raycl.{verb}")
+    with pytest.raises(SystemExit) as exit_:
+        module.main(argv)
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    return out + err
+
+
+def _climbing(prefix: str, local: Path, target: Path) -> tuple[str, str]:
+    """The key whose copy under the cache folder ``local`` is ``target``, and the key the request for it
+    resolves to (the object pyarrow fetches): both are planted."""
+    import posixpath
+
+    listed = f"{prefix}/{os.path.relpath(target, local)}"
+    return listed, posixpath.normpath(listed)
+
+
+def test_keys_that_climb_out_of_the_cache_are_refused_before_anything_is_written(
+        s3: dict[str, str], model_dir: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:  # fmt: skip
+    """``raycl.mine --out s3://…`` and an input fetched from ``model.checkpoint=s3://…``: a key holding ``..``
+    names the object another path resolves to and a local copy outside the cache (here ``tmp_path/victim``)."""
+    from raycl.errors import UserError
+
+    victim, deep = tmp_path / "victim", "attack/p1/p2/p3/p4/p5"
+    out, ckpt = f"s3://{BUCKET}/{deep}/mined", f"s3://{BUCKET}/{deep}/ckpt"
+    inputs = storage.cache_root() / storage.INPUTS / storage._named(ckpt)
+    keys = [*_climbing(f"{deep}/mined", storage.stage_dir(out), victim / "PWNED_mined"),
+            *_climbing(f"{deep}/ckpt", inputs, victim / "PWNED_ckpt")]  # fmt: skip
+    for key in keys:
+        _plant(key, b"planted by whoever can write the bucket\n")
+    try:
+        # arguments are checked before the store is read: a mistyped command stages nothing
+        mine = ["gec", "--data", str(corpus), "--out", out, "--num-miners", "0"]
+        err = _refused("mine", [*mine, "--model", str(tmp_path / "nonexistent")], capsys)
+        assert "expected an HF model folder with config.json (--model)" in err
+        assert not storage.stage_dir(out).exists()
+        err = _refused("mine", [*mine, "--model", str(model_dir)], capsys)
+        assert err == (f"raycl: error: object key '{BUCKET}/{keys[0]}': a '.', '..' or empty segment, refused "
+                       "(it would be read from and written outside its prefix); expected plain keys under the "
+                       "run's or input's prefix (delete the object)\n")  # fmt: skip
+        with pytest.raises(UserError, match=rf"object key '{BUCKET}/{deep}/ckpt/\.\./"):
+            storage.fetch(ckpt)
+        assert not victim.exists()  # nothing written outside the cache
+    finally:
+        _unplant("attack/")
+
+
+def test_a_uri_inside_the_cache_is_checked_before_anything_is_made(s3: dict[str, str]) -> None:
+    from raycl.errors import UserError
+
+    for bad in (f"s3://{BUCKET}/a/../../etc", f"s3://{BUCKET}/a//b", f"s3://{BUCKET}/./a"):
+        with pytest.raises(UserError, match=r"a '\.', '\.\.' or empty path segment, expected a plain prefix"):
+            storage.stage(bad)
+    run = storage.stage(f"s3://{BUCKET}/inside")
+    with pytest.raises(UserError, match="outside its cache folder"):
+        storage.inside(run / ".." / "elsewhere", run)
+
+
+CREDENTIALED = {  # a URI as a user might give it, and the secret it carries
+    "s3 key in --out": ("train", "--out", f"s3://AKIAEXAMPLEKEY29:S3cretKEYexample29@{BUCKET}/run",
+                        "S3cretKEYexample29"),
+    "ftp password in --out": ("tune", "--out", "ftp://alice:FtpPassw0rdEX29@host/run", "FtpPassw0rdEX29"),
+    "presigned checkpoint": ("train", "--set", "model.checkpoint=https://b.s3.amazonaws.com/m?X-Amz-Credential="
+                             "AKIAEXAMPLEKEY29%2F2025&X-Amz-Signature=S1gnatureEXAMPLE29", "S1gnatureEXAMPLE29"),
+    "SAS token in mine --out": ("mine", "--out", f"s3://{BUCKET}/n?X-Amz-Security-Token=T0kenEXAMPLE29",
+                                "T0kenEXAMPLE29"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CREDENTIALED))
+def test_a_uri_that_carries_credentials_is_refused_and_never_shown_or_named(
+        case: str, s3: dict[str, str], model_dir: Path, corpus: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    verb, option, value, secret = CREDENTIALED[case]
+    if verb == "mine":
+        argv = ["gec", "--model", str(model_dir), "--data", str(corpus), option, value]
+    else:
+        out = [] if option == "--out" else ["--out", str(tmp_path / "run")]
+        argv = ["idiom", *IDIOM_SMALLEST, option, value, *out]
+    before = {p for p in storage.cache_root().rglob("*")}
+    printed = _refused(verb, argv, capsys)
+    assert "credentials in a URI are refused" in printed and secret not in printed, printed
+    if value.startswith("s3://") or "amazonaws" in value:
+        assert "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in printed  # the store's own variables
+    made = {p for p in storage.cache_root().rglob("*")} - before
+    assert not made and not any(secret in str(p) for p in before), made  # no folder named after it
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_input_cache_is_the_users_own_and_trusted_by_content_not_size(
+        s3: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Another user of a shared ``RAYCL_CACHE_DIR`` cannot plant what ``fetch`` returns: the cache's folders are
+    this user's (0700, another owner refused), and a cached copy is taken only when its download's record
+    vouches for it — a copy replaced at the store's size is fetched again."""
+    import stat
+
+    from raycl.errors import UserError
+
+    shared = tmp_path / "shared-cache"
+    shared.mkdir(mode=0o777)
+    monkeypatch.setenv("RAYCL_CACHE_DIR", str(shared))
+    real = b"the real negatives......"
+    _plant("inputs29/negs.parquet", real)
+    _plant("inputs29/model/config.json", b'{"real": true}')
+    _plant("inputs29/model/weights.bin", b"w" * 100)
+    try:
+        got = Path(storage.fetch(f"s3://{BUCKET}/inputs29/negs.parquet"))
+        assert got.read_bytes() == real
+        assert stat.S_IMODE((shared / "inputs").stat().st_mode) == stat.S_IMODE(shared.stat().st_mode) == 0o700
+        got.write_bytes(b"PLANTED by another user!")  # the object's size
+        assert Path(storage.fetch(f"s3://{BUCKET}/inputs29/negs.parquet")).read_bytes() == real
+        model = Path(storage.fetch(f"s3://{BUCKET}/inputs29/model"))
+        (model / "config.json").write_bytes(b'{"evil": 1111}')
+        again = Path(storage.fetch(f"s3://{BUCKET}/inputs29/model"))
+        assert (again / "config.json").read_bytes() == b'{"real": true}'
+        if os.getuid() == 0:  # a folder another user made in the shared cache (root can make one here)
+            os.chown(shared / "inputs", 65534, 65534)
+            with pytest.raises(UserError, match=r"inputs: a raycl cache folder owned by uid 65534, not by this "):
+                storage.fetch(f"s3://{BUCKET}/inputs29/negs.parquet")
+    finally:
+        _unplant("inputs29/")
+
+
+# ------------------------------------------------------------------------------ attacks: a sweep restored from S3
+def test_a_planted_sweep_state_is_refused_in_one_line_before_ray_starts(
+        s3: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    """``raycl.tune … --out s3://…`` over a prefix where someone planted ``ray/sweep/tuner.pkl``: Tune's restore
+    would unpickle it; raycl has no record of writing it, so the run stops before Ray starts."""
+    import pickle
+
+    import raycl.distributed.runtime as runtime
+
+    def no_ray(*_: Any, **__: Any) -> None:
+        raise AssertionError("Ray started: the check must come first")
+
+    monkeypatch.setattr(runtime, "init_ray", no_ray)
+    marker = tmp_path / "MARKER"
+    _plant("planted/ray/sweep/tuner.pkl", pickle.dumps(_Shell(marker)))
+    try:
+        uri = f"s3://{BUCKET}/planted"
+        err = _refused("tune", ["idiom", *IDIOM_SMALLEST, "--out", uri], capsys)
+        assert err.startswith(f"raycl: error: {uri}/ray/sweep: Ray Tune's saved sweep state, which restoring "
+                              "the sweep unpickles, was not written by raycl as this user on this machine (no "
+                              f"record in {storage.cache_root() / 'tune_state'}): refused; start afresh with "
+                              "another --out")
+        assert "--trust-store" in err and not marker.exists()
+    finally:
+        _unplant("planted/")
+
+
+def test_a_sweep_is_restored_only_from_state_raycl_wrote(s3: dict[str, str], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """``run_sweep`` itself (no Ray needed to get as far as the restore): planted state is refused before
+    ``Tuner.restore``; what raycl wrote through its guarded store passes; state replaced or added after the
+    check is never what Tune reads; a pickle the run did not write is not unpickled; ``--trust-store`` takes
+    the store as it is."""
+    import pickle
+
+    import pyarrow.fs as pafs
+
+    from raycl.config import TuneSection
+    from raycl.distributed import tune_state
+    from raycl.distributed.sweep import run_sweep
+    from raycl.errors import UserError
+
+    monkeypatch.setattr(tune_state, "_trusted", set())
+    marker, uri = tmp_path / "MARKER", f"s3://{BUCKET}/restore"
+    _plant("restore/ray/sweep/tuner.pkl", pickle.dumps(_Shell(marker)))
+    try:
+        with pytest.raises(UserError, match=r"restore/ray/sweep: Ray Tune's saved sweep state, .*\(no record"):
+            run_sweep(lambda params: None, {}, trial_kwargs={}, tune_cfg=TuneSection(), name="sweep",
+                      storage_path=storage.stage(uri) / "ray", max_t=1)  # fmt: skip
+        assert not marker.exists()
+
+        fs, where = storage.filesystem(f"{uri}/ray")
+        exp, exp_uri = f"{where}/sweep", f"{uri}/ray/sweep"
+        store = tune_state.guarded(fs, exp, exp_uri)  # what Tune writes, as it writes it
+        with store.open_output_stream(f"{exp}/tuner.pkl") as f:
+            f.write(pickle.dumps({"tuner": 1}))
+        staging = tmp_path / "driver_artifacts"  # Tune's syncer: the driver's staging folder, copied up
+        (staging / "trial_0").mkdir(parents=True)
+        (staging / "experiment_state-1.json").write_text('{"trials": 1}')
+        (staging / "trial_0" / "error.pkl").write_bytes(pickle.dumps(ValueError("the trial's error")))
+        pafs.copy_files(str(staging), exp, destination_filesystem=store)
+        pinned = tune_state.checked(fs, exp, exp_uri)
+        assert sorted(pinned) == ["experiment_state-1.json", "tuner.pkl"]
+
+        restored = tune_state.guarded(fs, exp, exp_uri, pinned)
+        _plant("restore/ray/sweep/experiment_state-1.json", b'{"planted after the check": 1}')
+        _plant("restore/ray/sweep/experiment_state-9.json", b'{"_type": "CLOUDPICKLE_FALLBACK"}')
+        with restored.open_input_stream(f"{exp}/experiment_state-1.json") as f:
+            assert f.read() == b'{"trials": 1}'  # the checked bytes, not the store's
+        names = [i.base_name for i in restored.get_file_info(pafs.FileSelector(exp))]
+        assert "experiment_state-9.json" not in names and "tuner.pkl" in names
+        with pytest.raises(UserError, match="experiment_state-1.json: not a version raycl wrote there"):
+            tune_state.checked(fs, exp, exp_uri)
+        with store.open_input_stream(f"{exp}/trial_0/error.pkl") as f:  # what this run wrote: read
+            assert str(pickle.loads(f.read())) == "the trial's error"
+        _plant("restore/ray/sweep/trial_0/error.pkl", pickle.dumps(_Shell(marker)))
+        with pytest.raises(UserError, match=r"trial_0/error.pkl: a pickle in the store that this run did not"):
+            store.open_input_stream(f"{exp}/trial_0/error.pkl")
+        tune_state.trust(uri)  # --trust-store: the store as it is
+        trusted = tune_state.checked(fs, exp, exp_uri)
+        assert trusted["experiment_state-9.json"] == b'{"_type": "CLOUDPICKLE_FALLBACK"}'
+        assert not marker.exists()
+    finally:
+        _unplant("restore/")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from test_coherence_recipe import TINY, check_a_mined_run, check_the_sweep, sweep_space
 
 from raycl import cli
@@ -26,6 +27,49 @@ def test_secrets_are_never_params(monkeypatch: pytest.MonkeyPatch) -> None:
                           "data.dev": f"/data/{SECRET}/dev.m2", "data.test": "https://user:hunter22@host/x.m2"})
     assert params == {"data.train": "s3://AKIDEXAMPLE:***@bucket/train.m2", "loss.margin": "0.3",
                       "data.dev": "/data/***/dev.m2", "data.test": "https://user:***@host/x.m2"}  # fmt: skip
+
+
+
+PRESIGNED = {  # credentials in query strings: a presigned S3 URL, an Azure SAS, a token, pyarrow's S3 options
+    "mining.negatives": ("https://b.s3.amazonaws.com/n.parquet?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential="
+                         "AKIAEXAMPLE29%2F20250101%2Fus-east-1&X-Amz-Expires=3600&X-Amz-Signature=S1gnatureEXAMPLE29",
+                         "https://b.s3.amazonaws.com/n.parquet?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=***"
+                         "&X-Amz-Expires=3600&X-Amz-Signature=***"),
+    "model.checkpoint": ("https://acct.blob.core.windows.net/c/m?sv=2022-11-02&sp=r&sig=AzureSASsigEXAMPLE29",
+                         "https://acct.blob.core.windows.net/c/m?sv=2022-11-02&sp=r&sig=***"),
+    "data.dev": ("https://host/dev.csv?token=T0kenEXAMPLE29", "https://host/dev.csv?token=***"),
+    "data.test": ("s3://bucket/t.csv?region=us-east-1&secret_key=S3cretEXAMPLE29",
+                  "s3://bucket/t.csv?region=us-east-1&secret_key=***"),
+}  # fmt: skip
+
+
+def test_query_string_credentials_are_never_params_or_names(monkeypatch: pytest.MonkeyPatch,
+                                                            tmp_path: Path) -> None:  # fmt: skip
+    """What MLflow gets (params, the parent run's name and ``raycl.run_dir`` tag, read back from a sqlite store
+    with MLflow's client) and what W&B gets (``safe_config``: the config of every raycl-made W&B run, the run's
+    name as its group) hold no credential of a query string; a staged run is named by its URI's last segment."""
+    from raycl import storage
+    from raycl.distributed.tracking import _Active, dotted, safe_config, tracked
+
+    assert safe_params({k: v for k, (v, _) in PRESIGNED.items()}) == {k: v for k, (_, v) in PRESIGNED.items()}
+    config = {"model": {"checkpoint": PRESIGNED["model.checkpoint"][0], "name": "smoke"}, "loss": {"margin": 0.3},
+              "mining": {"negatives": PRESIGNED["mining.negatives"][0]}}  # fmt: skip
+    assert safe_config(dotted(config)) == {
+        "model.checkpoint": PRESIGNED["model.checkpoint"][1], "model.name": "smoke", "loss.margin": 0.3,
+        "mining.negatives": PRESIGNED["mining.negatives"][1]}  # fmt: skip
+    client = _tracked(monkeypatch, tmp_path)
+    monkeypatch.setenv("RAYCL_CACHE_DIR", str(tmp_path / "cache"))
+    run_dir = storage.stage_dir("s3://raycl-test/runs/idiom")
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    assert _Active(("wandb",), "idiom", run_dir).name == "idiom/idiom"  # the W&B group
+    with tracked(("mlflow",), run_dir=run_dir, space="idiom"):
+        pass
+    (run,) = client.search_runs([client.get_experiment_by_name("raycl-test").experiment_id])
+    assert run.info.run_name == "idiom/idiom" and run.data.tags["raycl.run_dir"] == "s3://raycl-test/runs/idiom"
+    assert run.data.params["mining.negatives"] == PRESIGNED["mining.negatives"][1]
+    logged = [run.info.run_name, *run.data.params.values(), *run.data.tags.values()]
+    assert not [v for v in logged if "EXAMPLE29" in v]
 
 
 def test_track_is_parsed_and_checked() -> None:
