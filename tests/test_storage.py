@@ -434,6 +434,15 @@ def test_a_uri_that_carries_credentials_is_refused_and_never_shown_or_named(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_store_endpoint_that_carries_credentials_is_refused(
+        s3: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://minio:M1nioPassw0rd29@127.0.0.1:9000")
+    printed = _refused("train", ["idiom", *IDIOM_SMALLEST, "--out", f"s3://{BUCKET}/endpoint"], capsys)
+    assert printed.startswith("raycl: error: environment variable AWS_ENDPOINT_URL: http://***@127.0.0.1:9000: "
+                              "credentials in a URI are refused") and "M1nioPassw0rd29" not in printed
+
+
 def test_the_input_cache_is_the_users_own_and_trusted_by_content_not_size(
         s3: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """Another user of a shared ``RAYCL_CACHE_DIR`` cannot plant what ``fetch`` returns: the cache's folders are

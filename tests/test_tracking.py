@@ -72,6 +72,17 @@ def test_query_string_credentials_are_never_params_or_names(monkeypatch: pytest.
     assert not [v for v in logged if "EXAMPLE29" in v]
 
 
+def test_a_tracking_uri_with_a_password_is_said_once_without_it(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    from raycl.distributed.tracking import check
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://raycl:Tr4ckingPassw0rd29@mlflow.example.org")
+    check(("mlflow",))
+    err = capsys.readouterr().err
+    assert err.startswith("raycl: warning: MLFLOW_TRACKING_URI carries credentials (https://raycl:***@mlflow.")
+    assert len(err.splitlines()) == 1 and "Tr4ckingPassw0rd29" not in err and "MLFLOW_TRACKING_PASSWORD" in err
+
+
 def test_track_is_parsed_and_checked() -> None:
     parser = cli.space_parser("python -m raycl.tune", "")
     assert parser.parse_args(["coherence", "--track", "mlflow"]).track == ("mlflow",)
