@@ -4,7 +4,8 @@
 interrupted one continues from its last Ray Train checkpoint, the baselines and the report follow — and every
 trial's history and the report's tables equal those of an uninterrupted run of the same sweep (which also checks
 the idiom ladder's rows). That uninterrupted run is issue 20's S3 sweep: ``--out s3://…`` on a real S3 API server
-on localhost (moto's, the ``s3`` fixture), its report, histories and Ray's own state read back from the bucket.
+on localhost (moto's, the ``s3`` fixture), its report, histories and Ray's own state read back from the bucket,
+then restored from the bucket by the same command (raycl restores only Tune state it recorded writing).
 ``raycl.train`` (idiom, both settings): the setting that ended is kept, the interrupted one continues from its
 checkpoint. Both re-runs go through a pipe, as ``ray job logs`` would read them: a Tune
 trial's progress lines reach the driver's stderr without any setting (worker output is on by default).
@@ -172,6 +173,23 @@ def test_a_sweep_whose_driver_was_killed_continues_where_it_was(ray_local, s3: d
     assert _same(_histories(out), histories)
     report = storage.read_text(f"{uri}/report.md")
     assert _tables(out / "report.md") == [line for line in report.splitlines() if line.startswith("|")]
+
+    # Restoring it from the store (issue 29): Tune's state in the bucket is what raycl recorded writing, every
+    # version of it (the check a restore makes), and the same command again restores both sweeps from the bucket
+    # through raycl's guarded store — the finished sweep's results and report as they were.
+    from raycl.distributed import tune_state
+
+    fs, where = storage.filesystem(f"{uri}/ray")
+    for name in ("sweep", "baselines"):
+        assert {"tuner.pkl"} < set(tune_state.checked(fs, f"{where}/{name}", f"{uri}/ray/{name}"))
+    t0 = time.monotonic()
+    again = subprocess.run([*_cli("tune", str(space_file), uri, SETS), "--json"],
+                           capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    print(f"\nthe finished sweep restored from the bucket in {time.monotonic() - t0:.0f} s")  # the note's figure
+    for name in ("sweep", "baselines"):
+        assert f"[raycl] resumed sweep: continuing the experiment stored at {uri}/ray/{name}" in again.stderr
+    assert json.loads(again.stdout)["table"] == summary["table"]
 
 
 def test_a_train_run_whose_driver_was_killed_continues_where_it_was(ray_local, tmp_path: Path) -> None:
