@@ -482,15 +482,19 @@ def test_a_planted_sweep_state_is_refused_in_one_line_before_ray_starts(
         s3: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:  # fmt: skip
     """``raycl.tune … --out s3://…`` over a prefix where someone planted ``ray/sweep/tuner.pkl``: Tune's restore
-    would unpickle it; raycl has no record of writing it, so the run stops before Ray starts."""
+    would unpickle it; raycl has no record of writing it, so the run stops before Ray starts — unless the user
+    trusts the store (``--trust-store``)."""
+    import importlib
     import pickle
 
     import raycl.distributed.runtime as runtime
+    from raycl.distributed import tune_state
 
     def no_ray(*_: Any, **__: Any) -> None:
         raise AssertionError("Ray started: the check must come first")
 
     monkeypatch.setattr(runtime, "init_ray", no_ray)
+    monkeypatch.setattr(tune_state, "_trusted", set())  # --trust-store's, for this test only
     marker = tmp_path / "MARKER"
     _plant("planted/ray/sweep/tuner.pkl", pickle.dumps(_Shell(marker)))
     try:
@@ -501,6 +505,8 @@ def test_a_planted_sweep_state_is_refused_in_one_line_before_ray_starts(
                               f"record in {storage.cache_root() / 'tune_state'}): refused; start afresh with "
                               "another --out")
         assert "--trust-store" in err and not marker.exists()
+        with pytest.raises(AssertionError, match="Ray started"):  # trusted: past the check, on to Ray
+            importlib.import_module("raycl.tune").main(["idiom", *IDIOM_SMALLEST, "--out", uri, "--trust-store"])
     finally:
         _unplant("planted/")
 
