@@ -72,11 +72,11 @@ def _setup_hook() -> dict[str, str]:
     return {} if "worker_process_setup_hook" in runtime_env else {"worker_process_setup_hook": SETUP_HOOK}
 
 
-def local_cpus(wanted: float) -> int:
+def local_cpus(wanted: float, *, quiet: bool = False) -> int:
     """Logical CPUs for an embedded Ray: at least what one run asks for, else its actors and workers would wait
     for CPUs that never come (2 coherence workers and a miner on 2 cores); oversubscribing is said on stderr."""
     cores = os.cpu_count() or 1
-    if wanted > cores:
+    if wanted > cores and not quiet:
         print(f"raycl: {wanted:g} CPUs asked on {cores} cores: the embedded Ray shares the cores", file=sys.stderr)
     return max(cores, math.ceil(wanted))
 
