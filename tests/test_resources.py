@@ -208,6 +208,18 @@ halves = space("scaling.gpus_per_worker=0.5", "mining.gpus_per_miner=0.5")
 out["halves_checked"] = checked(halves)
 out["halves"] = start(halves, timeout=30)
 out["whole_forced"] = start(whole, timeout=3)["scheduled"]  # what Ray itself does with the refused request
+
+# an autoscaler's configuration, as it stores it in the GCS: up to 3 nodes of {CPU 8, GPU 1} may come
+from ray.core.generated import autoscaler_pb2
+from ray.experimental.internal_kv import _internal_kv_put
+
+config = autoscaler_pb2.ClusterConfig()
+group = config.node_group_configs.add(name="gpu", max_count=3)
+group.resources.update({"CPU": 8, "GPU": 1})
+_internal_kv_put(ray._raylet.GCS_AUTOSCALER_CLUSTER_CONFIG_KEY.encode(), config.SerializeToString(),
+                 namespace=ray._raylet.GCS_AUTOSCALER_STATE_NAMESPACE.encode())
+out["autoscaling"] = str(resources.cluster())
+out["whole_checked_autoscaling"] = checked(whole)
 print(json.dumps(out))
 """
 
@@ -227,6 +239,10 @@ def test_on_a_one_gpu_cluster_1_plus_half_is_refused_and_half_plus_half_schedule
     assert got["whole_forced"] is False
     assert got["halves_checked"] == "fits"
     assert got["halves"] == {"scheduled": True, "worker_share": 0.5, "miner_share": 0.5}
+    # where an autoscaler may add GPU nodes, its maximum counts: 1 + 0.5 GPUs can come
+    assert got["autoscaling"] == ("the cluster has {CPU 24, GPU 3} at most (its autoscaler's maximum), on 2 nodes "
+                                  "({CPU 4, GPU 1}; {CPU 8, GPU 1})")  # fmt: skip
+    assert got["whole_checked_autoscaling"] == "fits"
 
 
 HALF_A_GPU = """
