@@ -101,19 +101,20 @@ def check_inputs(space: Space, run_dir: Path) -> None:
     check(recipe(space), space, run_dir)
 
 
-def check_resources(space: Space, *, sweep: bool, address: str | None) -> Space:
+def check_resources(space: Space, *, sweep: bool, address: str | None, connected: bool) -> Space:
     """Before anything starts on Ray: a run that can never fit the cluster ends in one line; a sweep runs no more
-    trials at once than can all start (``raycl.distributed.resources``). Called before Ray starts — an embedded
-    Ray's resources are known then, and a refusal costs no Ray start — and again once it is up (a cluster's)."""
+    trials at once than can all start (``raycl.distributed.resources``). Called before Ray starts (``connected``
+    false) — the embedded Ray's resources are known then, and a refusal costs no Ray start — and again once it is
+    up, against the Ray it joined."""
     import dataclasses
 
     import ray
 
     from raycl.distributed.resources import check_run, embedded_cluster
 
-    if ray.is_initialized():
+    if connected and ray.is_initialized():
         have = None
-    elif not (address or os.environ.get("RAY_ADDRESS")):
+    elif not connected and not (address or os.environ.get("RAY_ADDRESS")):
         have = embedded_cluster(space.config)
     else:
         return space  # a cluster's: known once connected
