@@ -135,12 +135,13 @@ def present(modules: tuple[str, ...]) -> dict[str, bool]:
 
 
 def plan(parts: list[Part], *, have: dict[str, bool], cuda: bool) -> dict[str, Outcome | None]:
-    """Each part: None (to run) or why it is skipped — no CUDA, or the packages it lacks."""
+    """Each part: None (to run) or why it is skipped: no CUDA (or no torch to find it), or what it lacks."""
     out: dict[str, Outcome | None] = {}
+    no_cuda = "no CUDA device here" if have.get("torch", True) else "torch is not installed here"
     for part in parts:
         lacking = [m for m in part.needs if not have.get(m, False)]
         if not cuda:
-            out[part.name] = Outcome("skipped", "no CUDA device here")
+            out[part.name] = Outcome("skipped", no_cuda)
         elif lacking:
             out[part.name] = Outcome("skipped", f"not installed: {', '.join(lacking)}")
         else:

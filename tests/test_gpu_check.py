@@ -47,6 +47,7 @@ def test_ctranslate2_missing_skips_only_its_mining_row_and_no_cuda_skips_all() -
     got = _planned({**EVERYTHING, "ctranslate2": False})
     assert got.pop("mine-ct2") == "not installed: ctranslate2" and set(got.values()) == {None}
     assert set(_planned(EVERYTHING, cuda=False).values()) == {"no CUDA device here"}
+    assert set(_planned({**EVERYTHING, "torch": False}, cuda=False).values()) == {"torch is not installed here"}
 
 
 def _part(code: str, timeout: float = 60) -> Any:
