@@ -7,7 +7,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install test test-cluster test-gpu test-equivalence mutate lint demo bench clean
+.PHONY: install test test-cluster test-gpu gpu-check test-equivalence mutate lint demo bench clean
 
 install: $(STAMP)
 
@@ -34,6 +34,14 @@ test-cluster: install
 # the tests marked gpu (skipped without CUDA); on a GPU machine without the venv: python3 -m pytest -m gpu tests
 test-gpu: install
 	$(VENV)/bin/pytest -q -m gpu tests
+
+# on a GPU machine, within 10 minutes: the GPU tests, bench/train.py, each recipe's smoke training at bf16, a run
+# sharing one GPU, GPU mining; one JSON summary and bench/README.md's "Measured on a GPU" rows. No venv needed:
+# the venv's Python if there is one, else python3; parts whose packages are missing are skipped and named.
+# One part: make gpu-check PART=smoke-gec (bench/gpu_check.py --help lists them)
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check:
+	$(GPU_PY) bench/gpu_check.py $(if $(PART),--part $(PART))
 
 # 2 Ray Train workers (gloo) against 1 worker, for every recipe (also part of `make test`)
 test-equivalence: install

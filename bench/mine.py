@@ -67,6 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="size of the scanned synthetic M2 (default 64; 1024 = 1 GB)")
     p.add_argument("--null-sentences", default="100000",
                    help="comma-separated corpus sizes of the null-model runs (default 100000; 0 = none)")
+    p.add_argument("--engines", default=None,
+                   help="engine-precision rows, comma-separated (default: hf-fp32,ctranslate2-fp32,"
+                        "ctranslate2-int8 on CPUs; hf-fp32,hf-bf16,ctranslate2-fp16,ctranslate2-bf16 with "
+                        "--gpus-per-miner)")
     p.add_argument("--parts", default="engines,passes,rss,scan,null",
                    help="what to measure, of engines,passes,rss,scan,null (default all)")
     p.add_argument("--quick", action="store_true", help="smoke model only, M=1, small corpora")
@@ -295,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     parts = set(args.parts.split(","))
     gpu = args.gpus_per_miner > 0
     engines = [("hf", "fp32"), ("ctranslate2", "fp32"), ("ctranslate2", "int8")] if not gpu else \
-        [("hf", "fp16"), ("hf", "bf16"), ("ctranslate2", "fp16"), ("ctranslate2", "bf16")]
+        [("hf", "fp32"), ("hf", "bf16"), ("ctranslate2", "fp16"), ("ctranslate2", "bf16")]
+    if args.engines:
+        engines = [tuple(e.strip().rsplit("-", 1)) for e in args.engines.split(",")]  # type: ignore[misc]
     from raycl.distributed.runtime import init_ray
 
     report: dict[str, Any] = {"bench": "mine", "k": args.k, "beam": args.k + 1,
@@ -325,10 +331,11 @@ def main(argv: list[str] | None = None) -> int:
                 one = rows[name]["1"]["negatives_per_s"]
                 rows[name]["scaling_efficiency"] = {
                     str(m): round(rows[name][str(m)]["negatives_per_s"] / (m * one), 3) for m in counts}
-            hf = rows[f"hf-{engines[0][1]}"]["1"]
-            rows["ct2_speedup"] = {
-                name: round(rows[name]["1"]["negatives_per_miner_s"] / hf["negatives_per_miner_s"], 2)
-                for name in rows if name.startswith("ctranslate2")}  # fmt: skip
+            hf = next((rows[name]["1"] for name in rows if name.startswith("hf-")), None)  # the first HF row
+            if hf is not None:
+                rows["ct2_speedup"] = {
+                    name: round(rows[name]["1"]["negatives_per_miner_s"] / hf["negatives_per_miner_s"], 2)
+                    for name in rows if name.startswith("ctranslate2")}  # fmt: skip
             report["engines"][kind] = rows
         if not args.quick and "bart_base" in kinds and "passes" in parts:
             n = sizes["bart_base"]

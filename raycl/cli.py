@@ -139,6 +139,26 @@ def check_inputs(space: Space, run_dir: Path) -> None:
     check(recipe(space), space, run_dir)
 
 
+def check_resources(space: Space, *, sweep: bool, address: str | None, connected: bool) -> Space:
+    """Before anything starts on Ray: a run that can never fit the cluster ends in one line; a sweep runs no more
+    trials at once than can all start (``raycl.distributed.resources``). Called before Ray starts (``connected``
+    false) — the embedded Ray's resources are known then, and a refusal costs no Ray start — and again once it is
+    up, against the Ray it joined."""
+    import dataclasses
+
+    import ray
+
+    from raycl.distributed.resources import check_run, embedded_cluster
+
+    if connected and ray.is_initialized():
+        have = None
+    elif not connected and not (address or os.environ.get("RAY_ADDRESS")):
+        have = embedded_cluster(space.config)
+    else:
+        return space  # a cluster's: known once connected
+    return dataclasses.replace(space, config=check_run(space, sweep=sweep, recipe=recipe(space), cluster_=have))
+
+
 def run(space: Space, run_dir: Path, *, sweep: bool, track: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The verb's driver; with ``track``, inside a tracked run (``raycl.distributed.tracking``)."""
     from raycl import driver

@@ -29,10 +29,16 @@ SEARCH_KINDS = ("grid", "choice", "uniform", "loguniform", "qrange")
 class ScalingSection:
     num_workers: int = 1  # Ray Train workers per trial; 0 = local mode (no Ray, for tests and debugging)
     use_gpu: bool = False
+    # with use_gpu: GPUs per worker; a fraction shares a GPU (with miners, other trials), each process capped to
+    # its share of the memory; two workers of one run never share one (NCCL refuses it): > 0.5 with 2 or more
+    gpus_per_worker: float = 1.0
     cpus_per_worker: float = 1.0
     resources: dict[str, float] = field(default_factory=dict)  # custom resources per worker, e.g. {trainer: 1}
     max_failures: int = 2  # worker-group restarts from the last checkpoint (Ray Train FailureConfig); -1 = forever
     collective_timeout_s: int = 1800  # a collective that waits longer ends the run with an error (TorchConfig)
+    # a worker group that cannot start (its resources taken, an autoscaler that does not deliver) ends the run
+    # after this long, in Ray Train's attempts of RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S (60 s); 0 = wait for ever
+    start_timeout_s: float = 600.0
 
 
 @dataclass
@@ -473,6 +479,9 @@ def _validate_common(c: Any, where: str) -> None:
     require(c.scaling.cpus_per_worker > 0, where, "scaling.cpus_per_worker", "> 0", c.scaling.cpus_per_worker)
     require(c.scaling.max_failures >= -1, where, "scaling.max_failures", "an integer ≥ -1 (-1: retry forever)",
              c.scaling.max_failures)
+    require(c.scaling.start_timeout_s >= 0, where, "scaling.start_timeout_s", "seconds ≥ 0 (0: wait for ever)",
+            c.scaling.start_timeout_s)
+    _validate_gpus(c.scaling, where)
     require(c.tune.scheduler in ("fifo", "asha"), where, "tune.scheduler", "fifo or asha", c.tune.scheduler)
     require(c.tune.mode in ("max", "min"), where, "tune.mode", "max or min", c.tune.mode)
     require(c.tune.num_samples >= 1, where, "tune.num_samples", "an integer ≥ 1", c.tune.num_samples)
@@ -487,6 +496,21 @@ def _validate_common(c: Any, where: str) -> None:
         _validate_optim(c.optim, where)
     if isinstance(getattr(c, "mining", None), MiningSection):
         _validate_mining(c.mining, where)
+
+
+def _gpu_amount(value: float) -> bool:
+    """What Ray takes as a GPU request: a fraction of one GPU, or whole GPUs."""
+    return 0 <= value <= 1 or float(value).is_integer()
+
+
+def _validate_gpus(s: ScalingSection, where: str) -> None:
+    require(s.gpus_per_worker > 0 and _gpu_amount(s.gpus_per_worker), where, "scaling.gpus_per_worker",
+            "a fraction in (0, 1] or whole GPUs", s.gpus_per_worker)
+    if s.use_gpu and s.num_workers >= 2 and s.gpus_per_worker <= 0.5:  # two ranks could get one GPU
+        raise UserError(f"{where}: config key 'scaling.gpus_per_worker': expected > 0.5 with scaling.num_workers="
+                        f"{s.num_workers} GPU workers (Ray may put two workers of {s.gpus_per_worker:g} GPU on "
+                        "one GPU, and NCCL refuses two ranks of one run on one GPU), got "
+                        f"{s.gpus_per_worker:g}; share a GPU with one worker, or give each worker a GPU")
 
 
 def _validate_optim(o: OptimSection, where: str) -> None:
@@ -505,6 +529,8 @@ def _validate_mining(m: MiningSection, where: str) -> None:
     require(m.num_miners >= 1, where, "mining.num_miners", "an integer ≥ 1", m.num_miners)
     require(m.cpus_per_miner >= 0 and m.gpus_per_miner >= 0, where, "mining.cpus_per_miner",
              "non-negative resources", (m.cpus_per_miner, m.gpus_per_miner))
+    require(_gpu_amount(m.gpus_per_miner), where, "mining.gpus_per_miner", "a fraction in [0, 1] or whole GPUs",
+            m.gpus_per_miner)
     require(m.max_staleness >= 0, where, "mining.max_staleness", "an integer ≥ 0", m.max_staleness)
     require(m.sync_every >= 0, where, "mining.sync_every", "an integer ≥ 0", m.sync_every)
     require(m.refresh_every >= 0, where, "mining.refresh_every", "an integer ≥ 0", m.refresh_every)

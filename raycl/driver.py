@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from raycl.config import MiningSection, Space, dump_yaml, set_dotted
 from raycl.distributed.miner_pool import MinerFactory
 from raycl.distributed.mining_service import MiningService
+from raycl.distributed.resources import waiting_line
 from raycl.distributed.sweep import TrialOutcome, grid, report_again, run_sweep, to_param_space, trial_run_name
 from raycl.distributed.tracking import log_training
 from raycl.distributed.trainer import fit, has_checkpoint
@@ -70,6 +71,7 @@ class Recipe(Protocol):
     def train_one(self, run: Run, cfg: Any, out_dir: Path, *, name: str, in_tune: bool) -> Any: ...
     def max_t(self, run: Run) -> int: ...
     def trial_resources(self, run: Run) -> Any: ...
+    def mining_plan(self, cfg: Any, space: Space) -> tuple[Any, bool]: ...
     def best(self, trials: list[TrialOutcome], cfg: Any) -> dict[Any, TrialOutcome]: ...
     def export(self, run: Run, best: dict[Any, TrialOutcome]) -> None: ...
     def write_report(self, run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]
@@ -96,6 +98,11 @@ class RecipeBase:
 
     def trial_resources(self, run: Run) -> Any:
         return None
+
+    def mining_plan(self, cfg: Any, space: Space) -> tuple[Any, bool]:
+        """The ``mining`` section of miners that run while ``cfg`` trains (None: none), and whether one pool
+        serves the whole run rather than each training its own (``raycl.distributed.resources``)."""
+        return None, False
 
     def best(self, trials: list[TrialOutcome], cfg: Any) -> dict[Any, TrialOutcome]:
         best = best_trial(trials, metric=cfg.tune.metric, mode=cfg.tune.mode)
@@ -164,7 +171,8 @@ def trial(params: dict[str, Any], *, recipe: Recipe, run: Run, baselines: dict[s
         return
     out_dir.mkdir(parents=True, exist_ok=True)
     dump_yaml(cfg, out_dir / "config.yaml")  # the trial's resolved config (its params in --track)
-    with follow(out_dir, desc=f"trial {out_dir.name}", lines_only=True):  # a log's lines (a trial has no terminal)
+    with follow(out_dir, desc=f"trial {out_dir.name}", lines_only=True,  # a log's lines (a trial has no terminal)
+                waiting=waiting_line(cfg.scaling)):
         result = recipe.train_one(run, cfg, out_dir, name=run_name, in_tune=True)
     if result.error is None:
         mark_done(out_dir)
@@ -261,7 +269,7 @@ def _train_points(recipe: Recipe, run: Run, points: list[TrainPoint]) -> list[Tr
             cfg = set_dotted(run.cfg, point.overrides, where="train") if point.overrides else run.cfg
             out_dir.mkdir(parents=True, exist_ok=True)
             dump_yaml(cfg, out_dir / "config.yaml")  # the training's resolved config (its params in --track)
-            with follow(out_dir, desc=point.desc):
+            with follow(out_dir, desc=point.desc, waiting=waiting_line(cfg.scaling)):
                 result = recipe.train_one(run, cfg, out_dir, name=_run_name(point), in_tune=False)
             if result.error is not None:
                 log_training(point.trial_id, out_dir, failed=True)

@@ -111,16 +111,17 @@ class ToyTask(TaskBase):
             yield Report()
 
     def step(self, st: TrainState, rows: slice, ctx: loop.StepContext) -> dict[str, float]:
-        pred = ctx.module(X[rows]).squeeze(-1)  # (b,)
-        loss = ((pred - Y[rows]) ** 2).mean()
-        ctx.backward(loss, weight=float(len(Y[rows])))
+        x, y = X[rows].to(ctx.device), Y[rows].to(ctx.device)  # the loop moves the model only: a step its batch
+        pred = ctx.module(x).squeeze(-1)  # (b,)
+        loss = ((pred - y) ** 2).mean()
+        ctx.backward(loss, weight=float(len(y)))
         return {"loss": float(loss.detach())}
 
     def metrics(self, st: TrainState, window: loop.Window, rep: Report, w: loop.Worker) -> dict[str, Any]:
         return {"loss": window.means().get("loss"), "epoch": st.progress["epoch"]}
 
     def evaluate(self, st: TrainState, rep: Report, w: loop.Worker) -> dict[str, Any]:
-        return {"dev": -float(((st.model(X).squeeze(-1) - Y) ** 2).mean())}
+        return {"dev": -float(((st.model(X.to(w.device)).squeeze(-1) - Y.to(w.device)) ** 2).mean())}
 
     def keep(self, rep: Report, metrics: dict[str, Any]) -> Keep | None:
         return Keep("dev", "best_model")

@@ -132,11 +132,15 @@ def mining_settings(model: str, options: dict[str, Any], engine: dict[str, Any])
 
 
 def _build_miner(model: str, options: dict[str, Any]) -> Any:
+    import torch
+
+    from raycl.distributed.resources import cap_gpu_memory
     from raycl.miners.beam_search import build_beam_miner
     from raycl.miners.registry import miner_device
 
     opts = {k: v for k, v in options.items() if k not in CHAOS_KEYS}
     opts.setdefault("device", miner_device(ray.get_gpu_ids() if ray.is_initialized() else []))
+    cap_gpu_memory(torch.device(opts["device"]))  # a share of a GPU (--gpus-per-miner < 1): its memory capped
     return build_beam_miner(model, opts)
 
 

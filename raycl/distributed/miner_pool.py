@@ -105,6 +105,12 @@ class MinerFactory:
 
 
 # ---------------------------------------------------------------------------------------------- the actor
+def _cap_gpu_memory() -> None:
+    from raycl.distributed.resources import cap_gpu_memory
+
+    cap_gpu_memory(torch.device("cuda", 0))  # Ray shows a miner with a GPU share that GPU alone, as cuda:0
+
+
 def _first_life() -> bool:
     """False inside an actor Ray has restarted (chaos switches fire once, not in every life)."""
     if not ray.is_initialized():
@@ -155,6 +161,7 @@ class MinerActor:
     def __init__(self, miner_id: int, factory: MinerFactory, weight_store: Any | None = None) -> None:
         self.miner_id, self.factory = miner_id, factory
         self.store: Any = weight_store
+        _cap_gpu_memory()  # a GPU share (mining.gpus_per_miner < 1): this process's memory capped to it
         self.miner = factory.build()
         self._version = 0  # the factory's model_path holds version 0
         self._done = 0

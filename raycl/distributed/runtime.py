@@ -44,16 +44,39 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
     if address is None and num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
     # Workers import raycl from this checkout even when it is not installed (a fresh clone, `make demo`).
-    kwargs["runtime_env"] = {"env_vars": _propagated_env()}
+    kwargs["runtime_env"] = {"env_vars": _propagated_env(), **_setup_hook()}
     ray.init(address=address or "local", **kwargs)  # type: ignore[arg-type]
     log.info("ray: %s", ray.cluster_resources())
 
 
-def local_cpus(wanted: float) -> int:
+SETUP_HOOK = "raycl.distributed.runtime.know_own_cluster"
+
+
+def know_own_cluster() -> None:
+    """Every Ray worker process of a raycl run runs this at its start (the runtime env's
+    ``worker_process_setup_hook``): ``RAY_ADDRESS`` names the worker's own cluster. Ray's State API without an
+    address — Train's ``PlacementGroupCleaner`` asks it whether a run's controller still lives, to free the
+    placement group of a trial Tune stopped early — otherwise finds "the" cluster by looking at the machine
+    (``ray._private.services.get_ray_address_from_environment``): with two Rays on one machine (two runs, a test's
+    Ray beside a run) it fails with ``Found multiple active Ray instances``, and beside a ``ray start`` cluster
+    it picks that one's recorded address, another cluster's."""
+    import ray
+
+    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+
+
+def _setup_hook() -> dict[str, str]:
+    """The runtime env's ``worker_process_setup_hook`` (:func:`know_own_cluster`), unless the Ray job this process
+    runs in set its own (``ray.init`` refuses a key that both set)."""
+    runtime_env = json.loads(os.environ[JOB_CONFIG_ENV]).get("runtime_env") or {} if in_ray_job() else {}
+    return {} if "worker_process_setup_hook" in runtime_env else {"worker_process_setup_hook": SETUP_HOOK}
+
+
+def local_cpus(wanted: float, *, quiet: bool = False) -> int:
     """Logical CPUs for an embedded Ray: at least what one run asks for, else its actors and workers would wait
     for CPUs that never come (2 coherence workers and a miner on 2 cores); oversubscribing is said on stderr."""
     cores = os.cpu_count() or 1
-    if wanted > cores:
+    if wanted > cores and not quiet:
         print(f"raycl: {wanted:g} CPUs asked on {cores} cores: the embedded Ray shares the cores", file=sys.stderr)
     return max(cores, math.ceil(wanted))
 

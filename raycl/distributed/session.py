@@ -24,7 +24,13 @@ def world() -> tuple[int, int]:
 
 
 def device() -> torch.device:
-    return ray.train.torch.get_device()
+    """This worker's device; on a share of a GPU (``scaling.gpus_per_worker`` < 1) its CUDA memory is capped to
+    that share here, once, before the model is moved to it."""
+    from raycl.distributed.resources import cap_gpu_memory
+
+    got = ray.train.torch.get_device()
+    cap_gpu_memory(got)
+    return got
 
 
 def wrap_ddp(model: torch.nn.Module, *, find_unused_parameters: bool = False) -> torch.nn.Module:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,8 @@ import ray.train
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from raycl.config import ScalingSection
+from raycl.distributed.resources import cluster, start_attempts_limit, worker_bundle, workers_ask
+from raycl.errors import UserError
 from raycl.storage import ray_storage
 
 
@@ -35,8 +38,9 @@ def fit(
     typed) on ``scaling.num_workers`` workers and return Ray's ``Result``.
 
     A worker that dies restarts the worker group from the last reported checkpoint, up to
-    ``scaling.max_failures`` times. Inside a Tune trial the documented Train-in-Tune pattern applies
-    (RAY_NOTES 2.2): a stable run name per trial (re-using it resumes that trial's run) and a
+    ``scaling.max_failures`` times; a worker group that cannot start ends the run in one line after
+    ``scaling.start_timeout_s`` (:func:`_failure_config`). Inside a Tune trial the documented Train-in-Tune
+    pattern applies (RAY_NOTES 2.2): a stable run name per trial (re-using it resumes that trial's run) and a
     ``TuneReportCallback`` forwarding rank 0's metrics.
     """
     where, filesystem = ray_storage(storage_path)  # a staged run's Ray storage is the object store itself
@@ -52,14 +56,13 @@ def fit(
         scaling_config=ray.train.ScalingConfig(
             num_workers=scaling.num_workers,
             use_gpu=scaling.use_gpu,
-            resources_per_worker={"CPU": scaling.cpus_per_worker, **({"GPU": 1} if scaling.use_gpu else {}),
-                                  **scaling.resources},
+            resources_per_worker=worker_bundle(scaling),  # a GPU share: scaling.gpus_per_worker
         ),
         run_config=ray.train.RunConfig(
             name=name,
             storage_path=where,
             storage_filesystem=filesystem,
-            failure_config=ray.train.FailureConfig(max_failures=scaling.max_failures),
+            failure_config=_failure_config(scaling),
             checkpoint_config=ray.train.CheckpointConfig(
                 num_to_keep=1,
                 checkpoint_score_attribute=score_attribute,
@@ -68,4 +71,37 @@ def fit(
             callbacks=callbacks,
         ),
     )
-    return trainer.fit()
+    try:
+        return trainer.fit()
+    except ray.train.ControllerError as err:
+        if not _did_not_start(err):
+            raise
+        raise UserError(f"the Ray Train worker group did not start within scaling.start_timeout_s="
+                        f"{scaling.start_timeout_s:g} s: {workers_ask(scaling)}; {cluster()}, and other work "
+                        "(another run, a sweep's trials, miners) may hold part of it") from None
+
+
+def _attempt_s() -> float:
+    """How long Ray Train waits for a worker group's resources in one attempt (its controller reads the same)."""
+    from ray.train.v2._internal.constants import (
+        DEFAULT_WORKER_GROUP_START_TIMEOUT_S,
+        WORKER_GROUP_START_TIMEOUT_S_ENV_VAR,
+    )
+
+    return float(os.environ.get(WORKER_GROUP_START_TIMEOUT_S_ENV_VAR, DEFAULT_WORKER_GROUP_START_TIMEOUT_S))
+
+
+def _failure_config(scaling: ScalingSection) -> Any:
+    """Worker-group restarts after a failure (``scaling.max_failures``) and, apart from them, start attempts: Ray
+    Train V2 counts a worker group that did not start in time as a controller failure, which it retries for ever
+    by default (``controller_failure_limit=-1``); here until ``scaling.start_timeout_s`` has passed."""
+    from ray.train.v2.api.config import FailureConfig
+
+    limit = start_attempts_limit(scaling.start_timeout_s, _attempt_s())
+    return FailureConfig(max_failures=scaling.max_failures, controller_failure_limit=limit)
+
+
+def _did_not_start(err: ray.train.ControllerError) -> bool:
+    from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
+
+    return isinstance(err.controller_failure, WorkerGroupStartupTimeoutError)

@@ -24,12 +24,19 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from errant.commands.compare_m2 import compareEdits, computeFScore, merge_dict, process_edits
-
 from raycl.data.m2 import Edit, M2Sentence
 
 HypEdits = Sequence[Sequence[Edit]]  # per sentence: the hypothesis' edits (empty = noop)
 PROGRESS_MIN = 500  # show a progress bar on a TTY from this many sentences on
+
+
+@functools.cache
+def _compare_m2() -> Any:
+    """errant's ``compare_m2`` module, imported where GEC is scored: ``import errant`` imports spaCy, which a
+    machine that only trains (a GPU box carrying torch and transformers) may not have."""
+    from errant.commands import compare_m2
+
+    return compare_m2
 
 
 @functools.lru_cache(maxsize=1)
@@ -140,22 +147,22 @@ def sentence_counts(hyp_edits: HypEdits, refs: Sequence[M2Sentence], *, annotato
     if len(hyp_edits) != len(refs):
         raise ValueError(f"{len(hyp_edits)} hypotheses for {len(refs)} reference sentences")
     args = _errant_args(0.5)  # beta does not enter process_edits / compareEdits
-    out = []
+    m2, out = _compare_m2(), []
     for hyp, ref in zip(hyp_edits, refs, strict=True):
         ref_edits = _simplify(ref.edits)
         if annotator is not None:
             ref_edits = [e for e in ref_edits if e[4] == annotator]
-        hyp_dict = process_edits(_simplify(hyp), args)
-        ref_dict = process_edits(ref_edits, args)
-        out.append([Counts(*compareEdits(h, r)) for h in hyp_dict.values() for r in ref_dict.values()])
+        hyp_dict = m2.process_edits(_simplify(hyp), args)
+        ref_dict = m2.process_edits(ref_edits, args)
+        out.append([Counts(*m2.compareEdits(h, r)) for h in hyp_dict.values() for r in ref_dict.values()])
     return out
 
 
 def _best(combos: list[Counts], total: list[int], beta: float) -> Counts | None:
     """compare_m2 ``evaluate_edits``: the combination with the best cumulative F, errant's tie-breaks."""
-    best, best_key = None, (-1.0, 0, 0, 0)
+    best, best_key, m2 = None, (-1.0, 0, 0, 0), _compare_m2()
     for c in combos:
-        f = computeFScore(c.tp + total[0], c.fp + total[1], c.fn + total[2], beta)[2]
+        f = m2.computeFScore(c.tp + total[0], c.fp + total[1], c.fn + total[2], beta)[2]
         bf, btp, bfp, bfn = best_key
         if f > bf or (f == bf and (c.tp > btp or (c.tp == btp and (c.fp < bfp or (c.fp == bfp and c.fn < bfn))))):
             best, best_key = c, (f, c.tp, c.fp, c.fn)
@@ -169,7 +176,7 @@ def accumulate(
 
     The order matters: errant picks each sentence's reference against the running totals.
     """
-    total = [0, 0, 0]
+    total, m2 = [0, 0, 0], _compare_m2()
     best_cats: dict[str, list[int]] = {}
     for i in range(len(counts)) if order is None else order:
         best = _best(counts[i], total, beta)
@@ -177,8 +184,8 @@ def accumulate(
             continue
         total = [total[0] + best.tp, total[1] + best.fp, total[2] + best.fn]
         if cats:
-            best_cats = merge_dict(best_cats, best.cats)
-    p, r, f = computeFScore(total[0], total[1], total[2], beta)
+            best_cats = m2.merge_dict(best_cats, best.cats)
+    p, r, f = m2.computeFScore(total[0], total[1], total[2], beta)
     by_type = {k: (v[0], v[1], v[2]) for k, v in sorted(best_cats.items())}
     return Score(total[0], total[1], total[2], p, r, f, beta=beta, cats=by_type)
 

@@ -63,8 +63,10 @@ class BaseMiner(Generic[ExampleT, ResultT]):
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
         if dtype is None or not isinstance(self.module, nn.Module):  # an engine applies its own compute type
             return nullcontext()
-        device = next(self.module.parameters()).device
-        return torch.autocast(device_type=device.type, dtype=dtype)
+        param = next(self.module.parameters())
+        if param.dtype == dtype:  # weights already in the precision (a GPU miner's): nothing left to cast
+            return nullcontext()
+        return torch.autocast(device_type=param.device.type, dtype=dtype)
 
     def _mine(self, examples: Sequence[ExampleT]) -> list[ResultT]:
         raise NotImplementedError

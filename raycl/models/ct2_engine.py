@@ -47,8 +47,39 @@ _VERSION_DIR = re.compile(r"v(\d+)-[0-9a-f]+-\w+")  # v<version>-<digest>-<compu
 COMPUTE_TYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "int8": "int8"}
 
 
+CUBLAS_HELP = "CTranslate2's CUDA build needs cuBLAS 12: pip install nvidia-cublas-cu12"
+_LIBRARY = re.compile(r"(lib[\w.+-]+\.so(?:\.\d+)*) is not found or cannot be loaded")
+
+
+def ct2_missing() -> str | None:
+    """Why CTranslate2 cannot be imported here (a partial install: it is a dependency, but a machine whose
+    packages were carried in by hand may lack it); None if it can."""
+    try:
+        import ctranslate2  # noqa: F401
+        from ctranslate2.converters import transformers  # noqa: F401
+    except ImportError as err:
+        return f"ctranslate2 cannot be imported here ({err}): pip install ctranslate2"
+    return None
+
+
+def load_failure(err: BaseException, device: str) -> str | None:
+    """What a failed CTranslate2 model load on a GPU lacks, said for the user, or None for any other error. Its
+    CUDA build opens cuBLAS when a model is loaded on the GPU, not at import: a machine with CUDA 13's libraries
+    only (a CUDA 13 build of torch brings no ``libcublas.so.12``) imports it, lists compute types, then fails."""
+    if not device.startswith("cuda") or not isinstance(err, (RuntimeError, OSError)):
+        return None
+    found = _LIBRARY.search(str(err))
+    if found is None:
+        return None
+    help_ = CUBLAS_HELP if "cublas" in found.group(1) else "install the CUDA library CTranslate2's build needs"
+    return f"CTranslate2 cannot load {found.group(1)} on {device} ({help_})"
+
+
 def ct2_unsupported(model_dir: str | Path, *, device: str, precision: str) -> str | None:
     """Why CTranslate2 cannot decode the HF folder ``model_dir`` at ``precision`` on ``device``; None if it can."""
+    missing = ct2_missing()
+    if missing is not None:
+        return missing
     from ctranslate2.converters import transformers as converters
     from transformers import CONFIG_MAPPING
 
@@ -60,7 +91,32 @@ def ct2_unsupported(model_dir: str | Path, *, device: str, precision: str) -> st
         compute_type(precision, device)
     except (UserError, RuntimeError, ValueError) as err:  # RuntimeError: no CUDA driver here
         return str(err).removeprefix("mining.precision: ")
+    return cuda_libraries_missing(device)
+
+
+# the CUDA libraries a CTranslate2 CUDA build opens when a model is loaded, by its major version
+CUDA_LIBRARIES = {4: ("libcublas.so.12",)}
+
+
+def cuda_libraries_missing(device: str) -> str | None:
+    """Which CUDA library CTranslate2 would fail to open on ``device`` (found as its loader finds it: by name, in
+    the process's library path or already loaded, e.g. by torch), said for the user; None if none."""
+    if not device.startswith("cuda"):
+        return None
+    import ctranslate2
+
+    for name in CUDA_LIBRARIES.get(int(ctranslate2.__version__.split(".")[0]), ()):
+        try:
+            _dlopen(name)
+        except OSError:
+            return load_failure(RuntimeError(f"Library {name} is not found or cannot be loaded"), device)
     return None
+
+
+def _dlopen(name: str) -> None:
+    import ctypes
+
+    ctypes.CDLL(name)
 
 
 def resolve_engine(engine: str, model_dir: str | Path, *, device: str, precision: str) -> tuple[str, str]:
@@ -71,6 +127,8 @@ def resolve_engine(engine: str, model_dir: str | Path, *, device: str, precision
         raise UserError(f"mining.engine: expected one of {' | '.join(ENGINES)}, got {engine!r}")
     if engine == "hf" and precision == "int8":
         raise UserError("mining.precision: int8 exists only with mining.engine=ctranslate2 or auto, got hf")
+    if engine == "ctranslate2" and (missing := ct2_missing() or cuda_libraries_missing(device)) is not None:
+        raise UserError(f"mining.engine=ctranslate2: {missing}; or set mining.engine=hf (or auto)")
     if engine != "auto":
         return engine, "as configured"
     why = ct2_unsupported(model_dir, device=device, precision=precision)

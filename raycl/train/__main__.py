@@ -10,12 +10,16 @@ from raycl.errors import cli_entry
 def main(argv: list[str] | None = None) -> None:
     args = cli.space_parser("python -m raycl.train", __doc__ or "").parse_args(argv)
     space, run_dir = cli.load(args)
+    on_ray = space.config.scaling.num_workers > 0  # 0: local mode, nothing asked of Ray
+    if on_ray:
+        space = cli.check_resources(space, sweep=False, address=args.address, connected=False)
     cli.check_inputs(space, run_dir)
     cli.quiet_ray()
-    if space.config.scaling.num_workers > 0:
+    if on_ray:
         from raycl.distributed.runtime import cpus_of_a_run, init_ray, local_cpus
 
         init_ray(args.address, num_cpus=local_cpus(cpus_of_a_run(space.config)))
+        space = cli.check_resources(space, sweep=False, address=args.address, connected=True)
     summary = cli.run(space, run_dir, sweep=False, track=args.track)
     cli.finish(summary, as_json=args.json)
 

@@ -154,10 +154,11 @@ def bar(total: int | None = None, *, desc: str, unit: str = "it", enabled: bool 
 
 
 @contextmanager
-def follow(out_dir: Path, *, desc: str, unit: str = "step", poll: float = 0.5, lines_only: bool = False
-           ) -> Iterator[None]:  # fmt: skip
+def follow(out_dir: Path, *, desc: str, unit: str = "step", poll: float = 0.5, lines_only: bool = False,
+           waiting: str | None = None) -> Iterator[None]:  # fmt: skip
     """Show ``out_dir/progress.json`` while the body runs, as :func:`bar` (``lines_only``: nothing on a terminal —
-    a Tune trial's process has none)."""
+    a Tune trial's process has none). ``waiting``: what the training waits for until its first progress (its
+    worker group: on a busy or autoscaling cluster that can take minutes), shown as ``waiting for …``."""
     if mode() == "off" or (lines_only and mode() != "lines"):
         yield
         return
@@ -165,6 +166,8 @@ def follow(out_dir: Path, *, desc: str, unit: str = "step", poll: float = 0.5, l
 
     def run() -> None:
         with bar(desc=desc, unit=unit) as shown:
+            if waiting:
+                shown.set_postfix({"waiting for": waiting}, refresh=False)
             while not stop.wait(poll):
                 try:
                     if (out_dir / PROGRESS).stat().st_mtime < since:

@@ -83,6 +83,9 @@ class CoherenceRecipe(RecipeBase):
     def trial_resources(self, run: Run) -> Any:
         return trial_resources(run.cfg.tune.driver_cpus, run.cfg.mining if run.cfg.mining.hard_negatives else None)
 
+    def mining_plan(self, cfg: CoherenceConfig, space: Space) -> tuple[Any, bool]:
+        return (cfg.mining if mines_while_training(cfg) else None), False
+
     def write_report(self, run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]
                      ) -> dict[str, Any]:  # fmt: skip
         return report.write_all(run, space, trials, extra)

@@ -31,6 +31,7 @@ from raycl.data.gec import load_examples
 from raycl.distributed.miner_pool import MinerFactory
 from raycl.distributed.mining_service import trial_resources
 from raycl.distributed.nbest import nbest_records, shared_nbest
+from raycl.distributed.resources import waiting_line
 from raycl.distributed.sweep import TrialOutcome
 from raycl.driver import RecipeBase, Run, TrainPoint, fit_job, miners
 from raycl.errors import UserError
@@ -70,7 +71,7 @@ class GecRecipe(RecipeBase):
         say(f"step 1: training the base model on D_T ({cfg.pretrain.epochs} epochs, "
             f"{cfg.scaling.num_workers} Ray Train worker(s))")  # fmt: skip
         work = run.run_dir / "pretrain"
-        with follow(work, desc="step 1: pretrain"):
+        with follow(work, desc="step 1: pretrain", waiting=waiting_line(cfg.scaling)):
             result = fit_job(run, cfg, Job(GecTask(cfg, "pretrain"), str(init), str(work)), name="pretrain",
                              in_tune=False)  # fmt: skip
         if result.error is not None or not (work / "model" / "config.json").exists():
@@ -139,6 +140,11 @@ class GecRecipe(RecipeBase):
     def trial_resources(self, run: Run) -> Any:
         own_miners = mines_while_training(run.cfg) and "nbest" not in run.services
         return trial_resources(run.cfg.tune.driver_cpus, run.cfg.mining if own_miners else None)
+
+    def mining_plan(self, cfg: GecConfig, space: Space) -> tuple[Any, bool]:
+        if not mines_while_training(cfg):
+            return None, False
+        return cfg.mining, shares_nbest(cfg) and not any(key in DECODING_KEYS for key in space.search)
 
     # ------------------------------------------------------------------------------------------ step 4
     def export(self, run: Run, best: dict[Any, TrialOutcome]) -> None:

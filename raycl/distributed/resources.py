@@ -1,0 +1,271 @@
+"""What a run asks of Ray, checked against what the cluster has before anything starts.
+
+A training reserves its Ray Train workers (``scaling``: CPUs, a GPU or a share of one, custom resources each) and,
+where its recipe mines while it trains, its miners (``mining``); in a sweep each trial also reserves its driver's
+bundle (``tune.driver_cpus``), and its miners go into that trial's placement group — unless the run mines once for
+all trials (GEC's shared n-best). Ray takes a request that can never be met and waits for ever (Ray Train V2
+retries a worker group that cannot start with no limit); here such a request ends in one line naming the settings
+and what the cluster has (an autoscaling cluster: the most its autoscaler may start). A sweep whose concurrent
+trials would hold the resources their own workers wait for (Tune reserves the trials, Ray Train then asks for each
+trial's workers, which would wait — and a worker group that waits too long ends its run) runs fewer at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from raycl.errors import UserError
+
+Bundle = dict[str, float]
+EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Ask:
+    """``count`` equal bundles of the run, what they are for and the settings that size them."""
+
+    what: str  # "Ray Train worker", "miner", "trial driver"
+    count: int
+    bundle: Bundle
+    settings: str  # the config keys that set it, for messages
+
+    def total(self) -> Bundle:
+        return {k: v * self.count for k, v in self.bundle.items()}
+
+    def label(self) -> str:
+        return f"{self.count} {self.what}{'s' * (self.count != 1)} × {{{fmt(self.bundle)}}}"
+
+    def __str__(self) -> str:
+        return f"{self.label()} ({self.settings})"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one run holds at once: each trial's reservation (its driver and miners), each trial's workers (asked by
+    Ray Train once the trial runs), what the run holds once for all trials, and how many trials run at once."""
+
+    per_trial: list[Ask]
+    workers: Ask | None
+    shared: list[Ask]
+    trials: int = 1
+
+    def asks(self) -> list[Ask]:
+        return [*self.shared, *self.per_trial, *([self.workers] if self.workers else [])]
+
+    def need(self, trials: int = 1) -> Bundle:
+        """What ``trials`` trials running at once hold, their workers started."""
+        one = add(*(a.total() for a in self.per_trial), self.workers.total() if self.workers else {})
+        return add(*(a.total() for a in self.shared), {k: v * trials for k, v in one.items()})
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What Ray has: in all (an autoscaling cluster: at most), and each node's (or node type's) resources."""
+
+    total: Bundle
+    nodes: list[Bundle]
+    autoscaling: bool = False
+    embedded: bool = False  # the local Ray raycl starts on this machine
+
+    def __str__(self) -> str:
+        """``the cluster has {CPU 8, GPU 1} in all, on 2 nodes ({CPU 4}; {CPU 4, GPU 1})`` and the like."""
+        gpus = "" if self.total.get("GPU") else " and no GPU"
+        if self.embedded:
+            return f"the embedded Ray on this machine has {{{fmt(self.total)}}}{gpus}"
+        shapes = "; ".join(f"{{{s}}}" for s in sorted({fmt(n) for n in self.nodes})[:4])
+        most = " at most (its autoscaler's maximum)" if self.autoscaling else " in all"
+        n = len(self.nodes)
+        return f"the cluster has {{{fmt(self.total)}}}{gpus}{most}, on {n} node{'s' * (n != 1)} ({shapes})"
+
+
+# ---------------------------------------------------------------------------------------------- bundles
+def add(*bundles: Bundle) -> Bundle:
+    out: Bundle = {}
+    for b in bundles:
+        for k, v in b.items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def fmt(bundle: Bundle) -> str:
+    """``CPU 2, GPU 0.5, miner 1``: Ray's own resources first, custom ones after; none of Ray's bookkeeping."""
+    order = {"CPU": 0, "GPU": 1}
+    keys = sorted((k for k in bundle if _shown(k)), key=lambda k: (order.get(k, 2), k))
+    return ", ".join(f"{k} {bundle[k]:g}" for k in keys) or "nothing"
+
+
+def _shown(key: str) -> bool:
+    bookkeeping = ("node:", "accelerator_type:", "memory", "object_store_memory")
+    return not key.startswith(bookkeeping) and "_group_" not in key
+
+
+def worker_bundle(scaling: Any) -> Bundle:
+    """One Ray Train worker's resources (``scaling``)."""
+    gpu = {"GPU": float(scaling.gpus_per_worker)} if scaling.use_gpu else {}
+    return {"CPU": float(scaling.cpus_per_worker), **gpu, **scaling.resources}
+
+
+def miner_bundle(mining: Any) -> Bundle:
+    """One miner's resources (``mining``)."""
+    gpu = {"GPU": float(mining.gpus_per_miner)} if mining.gpus_per_miner else {}
+    return {"CPU": float(mining.cpus_per_miner), **gpu, **mining.resources}
+
+
+def _settings(name: str, section: Any, keys: list[str]) -> str:
+    """``scaling.num_workers=2, scaling.cpus_per_worker=0.75``: the keys as the user would ``--set`` them."""
+
+    def value(v: Any) -> str:
+        return str(v).lower() if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)
+
+    return ", ".join(f"{name}.{k}={value(getattr(section, k))}" for k in keys)
+
+
+def workers_ask(scaling: Any) -> Ask | None:
+    if scaling.num_workers == 0:  # local mode: the training runs in the driver's (or the trial's) process
+        return None
+    keys = ["num_workers", "cpus_per_worker", *(["use_gpu", "gpus_per_worker"] if scaling.use_gpu else []),
+            *(["resources"] if scaling.resources else [])]  # fmt: skip
+    settings = _settings("scaling", scaling, keys)
+    return Ask("Ray Train worker", scaling.num_workers, worker_bundle(scaling), settings)
+
+
+def miners_ask(mining: Any) -> Ask:
+    keys = ["num_miners", "cpus_per_miner", *(["gpus_per_miner"] if mining.gpus_per_miner else []),
+            *(["resources"] if mining.resources else [])]  # fmt: skip
+    return Ask("miner", mining.num_miners, miner_bundle(mining), _settings("mining", mining, keys))
+
+
+def plan(cfg: Any, *, sweep: bool, mining: Any = None, shared: bool = False) -> Plan:
+    """What a run of ``cfg`` holds: its workers, its miners (``mining``: the section of a recipe that mines while
+    it trains, else None; ``shared``: one miner pool for the whole run) and, in a sweep, each trial's driver."""
+    miners = [miners_ask(mining)] if mining is not None else []
+    bundle = {"CPU": float(cfg.tune.driver_cpus)}
+    driver = [Ask("trial driver", 1, bundle, _settings("tune", cfg.tune, ["driver_cpus"]))] if sweep else []
+    return Plan(per_trial=driver + ([] if shared else miners), workers=workers_ask(cfg.scaling),
+                shared=miners if shared else [], trials=cfg.tune.max_concurrent_trials if sweep else 1)
+
+
+# ---------------------------------------------------------------------------------------------- the check
+def fits(need: Bundle, have: Bundle) -> bool:
+    return all(v <= have.get(k, 0.0) + EPS for k, v in need.items() if v > 0)
+
+
+def short(need: Bundle, have: Bundle) -> Bundle:
+    """What ``need`` asks beyond ``have``."""
+    return {k: v for k, v in need.items() if v > have.get(k, 0.0) + EPS}
+
+
+def check(p: Plan, cluster: Cluster) -> int:
+    """How many trials may run at once (≤ ``p.trials``), every one with its workers; a run that cannot start even
+    alone is a :class:`UserError` naming the settings and what the cluster has."""
+    for ask in p.asks():
+        if cluster.nodes and not any(fits(ask.bundle, node) for node in cluster.nodes):
+            raise UserError(f"one {ask.what} asks {{{fmt(ask.bundle)}}} ({ask.settings}), more than any node "
+                            f"has: {cluster}")  # fmt: skip
+    need = p.need(1)
+    if not fits(need, cluster.total):
+        lacking = short(need, cluster.total)
+        asks = " + ".join(str(a) for a in p.asks())
+        raise UserError(f"the run asks {{{fmt(lacking)}}} at once — {asks} — and {cluster}: lower these "
+                        "settings, or join a larger cluster (--address)")
+    trials = p.trials
+    while trials > 1 and not fits(p.need(trials), cluster.total):
+        trials -= 1
+    return trials
+
+
+# ---------------------------------------------------------------------------------------------- the cluster
+def cluster() -> Cluster:
+    """The connected Ray's resources: the alive nodes', or, where an autoscaler is configured, the most it may
+    start (each resource its maximum; node types as node shapes) — what Ray Train checks its worker group against
+    (``ray._private.state.state.get_max_resources_from_cluster_config``)."""
+    import ray
+    from ray._private.state import state as ray_state
+
+    nodes = [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+    total = dict(ray.cluster_resources())
+    config = ray_state.get_cluster_config()
+    most = ray_state.get_max_resources_from_cluster_config() if config is not None else None
+    if not most:
+        return Cluster(total, nodes)
+    shapes = [dict(g.resources) for g in config.node_group_configs if g.max_count != 0]
+    return Cluster({k: max(total.get(k, 0.0), float(most.get(k, 0))) for k in {*total, *most}}, nodes + shapes,
+                   autoscaling=True)  # fmt: skip
+
+
+def check_run(space: Any, *, sweep: bool, recipe: Any, cluster_: Cluster | None = None) -> Any:
+    """Before a run starts on the connected Ray: its request checked against the cluster (a :class:`UserError` if
+    it can never fit); returns the config, ``tune.max_concurrent_trials`` lowered (and said) where more trials at
+    once would hold what their own workers wait for. ``cluster_``: the cluster, when not the connected Ray's."""
+    from raycl.config import set_dotted
+    from raycl.report import say
+
+    cfg = space.config
+    mining, shared = recipe.mining_plan(cfg, space)
+    p = plan(cfg, sweep=sweep, mining=mining, shared=shared)
+    have = cluster_ or cluster()
+    trials = check(p, have)
+    if trials == p.trials:
+        return cfg
+    say(f"tune.max_concurrent_trials {p.trials} → {trials}: a trial holds {{{fmt(p.need(1))}}} with its workers "
+        f"(and what the run shares); {have}")
+    return set_dotted(cfg, {"tune.max_concurrent_trials": trials}, where="resources")
+
+
+def embedded_cluster(cfg: Any) -> Cluster:
+    """What the embedded local Ray that ``raycl.train``/``raycl.tune`` start for ``cfg`` will have: the CPUs
+    :func:`~raycl.distributed.runtime.local_cpus` gives it and the GPUs Ray detects on this machine (as
+    ``ray.init`` counts them: ``CUDA_VISIBLE_DEVICES``, else the driver's devices)."""
+    from ray._private.accelerators import get_accelerator_manager_for_resource
+
+    from raycl.distributed.runtime import cpus_of_a_run, local_cpus
+
+    manager = get_accelerator_manager_for_resource("GPU")
+    gpus = manager.get_current_node_num_accelerators() if manager is not None else 0
+    node = {"CPU": float(local_cpus(cpus_of_a_run(cfg), quiet=True)), **({"GPU": float(gpus)} if gpus else {})}
+    return Cluster(node, [node], embedded=True)
+
+
+def waiting_line(scaling: Any) -> str | None:
+    """What a training's progress line says until its workers report: the worker group it waits for."""
+    ask = workers_ask(scaling)
+    if ask is None:
+        return None
+    bound = f"the run ends after {scaling.start_timeout_s:g} s" if scaling.start_timeout_s else "no time limit"
+    return f"{ask.label()} to start ({bound})"
+
+
+def start_attempts_limit(start_timeout_s: float, attempt_s: float) -> int:
+    """Ray Train's ``FailureConfig.controller_failure_limit`` for a worker group given ``start_timeout_s`` in all
+    (attempts of ``attempt_s``: ``RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S``); -1 (for ever) for 0."""
+    if start_timeout_s <= 0:
+        return -1
+    return max(math.ceil(start_timeout_s / attempt_s) - 1, 0)
+
+
+def gpu_share() -> float | None:
+    """This Ray worker's share of its GPU (``{"GPU": 0.5}`` → 0.5), or None: no fraction, or not a Ray worker."""
+    import ray
+
+    if not ray.is_initialized():
+        return None
+    try:
+        share = float(ray.get_runtime_context().get_assigned_resources().get("GPU", 0.0))
+    except AssertionError:  # the driver (Ray Train's local mode): no assigned resources
+        return None
+    return share if 0 < share < 1 else None
+
+
+def cap_gpu_memory(device: Any) -> float | None:
+    """Cap this process's CUDA memory at its share of the GPU: Ray accounts fractional GPUs but does not isolate
+    them, so a trainer on 0.5 and a miner on 0.5 of one GPU would otherwise each grow into the other's half. Done
+    once, where a worker learns its device; returns the fraction set."""
+    import torch
+
+    share = gpu_share() if getattr(device, "type", "") == "cuda" and torch.cuda.is_available() else None
+    if share is not None:  # (a logical GPU on a machine without CUDA, as in tests, has no memory to cap)
+        torch.cuda.set_per_process_memory_fraction(share, device)
+    return share
+

@@ -1,0 +1,59 @@
+"""Two raycl sweeps at once on one machine, each on its own embedded Ray, where Tune stops a trial early (ASHA):
+both finish. A trial Tune stops leaves its Ray Train workers' placement group for Train's ``PlacementGroupCleaner``
+to remove, and the cleaner finds its cluster through the State API; beside another Ray on the machine it failed
+(``Found multiple active Ray instances``), the group stayed, and the next trial's workers waited for its CPUs for
+ever. Here each trial's driver and worker fill the 2 CPUs of its Ray, so a left group would stop the sweep.
+
+``make test-cluster`` (``-m cluster``): about 3 minutes on 2 cores."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from raycl.records import read_history
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _space(tmp_path: Path) -> Path:
+    """idiom's smoke sweep over three learning rates, judged by the learning rate a trial reports: ASHA (grace 1,
+    reduction 4) stops the second trial at its first report, deterministically; the third runs after it."""
+    space = yaml.safe_load((ROOT / "tune_spaces" / "idiom.yaml").read_text(encoding="utf-8"))
+    space["baselines"] = {}
+    space["presets"]["smoke"].update(
+        search={"optim.lr": {"grid": [0.001, 0.0001, 0.001]}},
+        ladder={"baselines": [], "settings": []},
+        tune={"max_concurrent_trials": 1, "driver_cpus": 1, "scheduler": "asha", "grace_period": 1,
+              "metric": "lr", "mode": "max"},  # fmt: skip
+    )
+    path = tmp_path / "idiom_two.yaml"
+    path.write_text(yaml.safe_dump(space, sort_keys=False), encoding="utf-8")
+    return path
+
+
+@pytest.mark.cluster
+def test_two_sweeps_at_once_on_one_machine_both_finish(tmp_path: Path) -> None:
+    space = _space(tmp_path)
+    env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": str(ROOT), "RAYCL_WORKER_LOGS": "0",
+           "TUNE_DISABLE_STRICT_METRIC_CHECKING": "1"}  # a trial's last report (its test scores) has no lr
+    sets = ["data.setting=zero_shot", "optim.epochs=2", "scaling.start_timeout_s=240"]
+    procs = []
+    for name in ("a", "b"):
+        cmd = [sys.executable, "-m", "raycl.tune", str(space), "--preset", "smoke", "--out", str(tmp_path / name),
+               *(a for s in sets for a in ("--set", s))]  # fmt: skip
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env))
+        time.sleep(2)  # both Rays up while the other runs
+    errs = [p.communicate(timeout=900)[1] for p in procs]
+    for p, err in zip(procs, errs, strict=True):
+        assert p.returncode == 0, err[-4000:]
+    for name in ("a", "b"):
+        trials = sorted((tmp_path / name / "trials").iterdir())
+        reports = [len([r for r in read_history(t) if "epoch" in r and "final" not in r]) for t in trials]
+        assert len(trials) == 3 and sorted(reports) == [1, 2, 2], (name, reports)  # one stopped after a report
