@@ -101,32 +101,36 @@ class ToyTask(TaskBase):
     def build(self, model: nn.Module, w: loop.Worker, progress: dict[str, Any] | None) -> TrainState:
         LOG.append("build")
         opt = torch.optim.Adam(model.parameters(), lr=0.1)
-        return TrainState(model, [opt], [None], dict(progress or {"epoch": 0}))
+        total = loop.updates_in([len(X) // self.batch] * self.epochs, self.settings.update_freq)
+        return TrainState(model, [opt], [None], dict(progress or {}), total_updates=total)
 
-    def stream(self, st: TrainState, w: loop.Worker) -> Iterator[Batch | Report]:
-        for epoch in range(st.progress["epoch"], self.epochs):
-            for i in range(0, len(X), self.batch):
-                yield Batch(slice(i, i + self.batch))
-            st.progress["epoch"] = epoch + 1
-            yield Report()
+    def num_epochs(self, st: TrainState) -> int:
+        return self.epochs
 
-    def step(self, st: TrainState, rows: slice, ctx: loop.StepContext) -> dict[str, float]:
-        pred = ctx.module(X[rows]).squeeze(-1)  # (b,)
-        loss = ((pred - Y[rows]) ** 2).mean()
-        ctx.backward(loss, weight=float(len(Y[rows])))
-        return {"loss": float(loss.detach())}
+    def epoch(self, st: TrainState, w: loop.Worker, epoch: int, start: int) -> loop.Epoch:
+        rows = [slice(i, i + self.batch) for i in range(0, len(X), self.batch)]
+        return loop.Epoch([Batch(r) for r in rows[start:]])
+
+    def collate(self, st: TrainState, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        return X[rows], Y[rows]  # on the CPU: the loop puts them on the worker's device
+
+    def step(self, st: TrainState, data: tuple[torch.Tensor, torch.Tensor], ctx: loop.StepContext
+             ) -> dict[str, Any]:  # fmt: skip
+        x, y = data
+        pred = ctx.module(x).squeeze(-1)  # (b,)
+        loss = ((pred - y) ** 2).mean()
+        ctx.backward(loss, weight=float(len(y)))
+        return {"loss": loss.detach()}
 
     def metrics(self, st: TrainState, window: loop.Window, rep: Report, w: loop.Worker) -> dict[str, Any]:
         return {"loss": window.means().get("loss"), "epoch": st.progress["epoch"]}
 
     def evaluate(self, st: TrainState, rep: Report, w: loop.Worker) -> dict[str, Any]:
-        return {"dev": -float(((st.model(X).squeeze(-1) - Y) ** 2).mean())}
+        x, y = X.to(w.device), Y.to(w.device)
+        return {"dev": -float(((st.model(x).squeeze(-1) - y) ** 2).mean())}
 
     def keep(self, rep: Report, metrics: dict[str, Any]) -> Keep | None:
         return Keep("dev", "best_model")
-
-    def total_steps(self, st: TrainState, w: loop.Worker) -> int:
-        return self.epochs * len(X) // self.batch
 
 
 def _run(task: Any, out: Path, fake: FakeSession) -> None:
@@ -207,9 +211,10 @@ def _gec_grads(tmp: Path, batches: list[list[int]], freq: int) -> dict[str, torc
     st = GecState(scorer, [opt], [None], {}, loss_fn=GecContrastiveLoss(margin=5.0, trade_off=0.5,
                                                                          label_smoothing=0.1))  # fmt: skip
     w = loop.Worker(0, 1, torch.device("cpu"), Precision("fp32", torch.device("cpu")), tmp, Job(None, "", ""))
-    runner = loop._Loop(Capture(cfg, "finetune"), st, w)
+    task = Capture(cfg, "finetune")
+    runner = loop._Loop(task, st, w)
     for rows in batches:
-        runner.micro_batch(Batch(([EXAMPLES[i] for i in rows], [NEGATIVES[i] for i in rows])))
+        runner.micro_batch(Batch(task.collate(st, ([EXAMPLES[i] for i in rows], [NEGATIVES[i] for i in rows]))))
     runner.flush()
     return seen
 
