@@ -193,10 +193,10 @@ def _scorer(tmp: Path) -> Seq2SeqScorer:
     return Seq2SeqScorer(BartForConditionalGeneration(config).eval(), tok)
 
 
-def _gec_grads(tmp: Path, batches: list[list[int]], freq: int) -> dict[str, torch.Tensor]:
+def _gec_grads(tmp: Path, batches: list[list[int]], freq: int, **optim: Any) -> dict[str, torch.Tensor]:
     """The gradient the loop's update sees (after the division by the global token count) for ``batches``."""
     cfg = dataclasses.replace(GecConfig(), optim=dataclasses.replace(GecConfig().optim, update_freq=freq,
-                                                                     clip_norm=0.0))  # fmt: skip
+                                                                     clip_norm=0.0, **optim))  # fmt: skip
     seen: dict[str, torch.Tensor] = {}
 
     class Capture(GecTask):
@@ -213,6 +213,7 @@ def _gec_grads(tmp: Path, batches: list[list[int]], freq: int) -> dict[str, torc
     w = loop.Worker(0, 1, torch.device("cpu"), Precision("fp32", torch.device("cpu")), tmp, Job(None, "", ""))
     task = Capture(cfg, "finetune")
     runner = loop._Loop(task, st, w)
+    runner.compile()  # optim.compile: what the loop does at an epoch's start
     for rows in batches:
         runner.micro_batch(Batch(task.collate(st, ([EXAMPLES[i] for i in rows], [NEGATIVES[i] for i in rows]))))
     runner.flush()
@@ -226,6 +227,29 @@ def test_gec_update_freq_two_equals_one_batch_of_twice_the_size(tmp_path: Path) 
     assert whole.keys() == halves.keys() and len(whole) > 10
     for n, g in whole.items():
         torch.testing.assert_close(halves[n], g, rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_a_compiled_step_equals_the_eager_one(tmp_path: Path) -> None:
+    """``optim.compile``: the GEC step's model runs through torch.compile (graphs captured: the recording backend
+    saw them) and the update's gradients equal eager ones. The backend traces (dynamo + AOT autograd) without
+    generating code, which a CPU test can afford; inductor is the default on GPUs."""
+    import torch._dynamo
+
+    graphs: list[Any] = []
+
+    @torch._dynamo.register_backend(name="raycl_test_recording")  # type: ignore[misc]
+    def recording(gm: Any, example_inputs: Any) -> Any:
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    eager = _gec_grads(tmp_path, [[0, 1, 2, 3], [1, 2]], freq=2)
+    torch._dynamo.reset()
+    compiled = _gec_grads(tmp_path, [[0, 1, 2, 3], [1, 2]], freq=2, compile=True,
+                          compile_backend="raycl_test_recording")  # fmt: skip
+    assert graphs, "nothing went through torch.compile"
+    assert compiled.keys() == eager.keys() and len(eager) > 10  # the state dict keeps its names
+    for n, g in eager.items():
+        torch.testing.assert_close(compiled[n], g, rtol=1e-4, atol=1e-6, msg=n)
 
 
 def test_bf16_and_fp32_gec_losses_agree_and_stay_fp32(tmp_path: Path) -> None:

@@ -70,7 +70,9 @@ class LoopSettings:
     find_unused_parameters: bool = False  # DDP: only for models with parameters a step may not use
     fp16_init_scale: float = 2.0**16  # fp16's first loss scale (lower for losses summed over tokens)
     prefetch: int = 2  # batches collated ahead in a background thread (0: in the step's thread, one at a time)
-    compile: bool = False  # torch.compile the task's model (``Task.compile``)
+    compile: bool = False  # torch.compile the forward of the task's modules (``Task.compiled_modules``)
+    compile_mode: str = "default"  # torch.compile's mode (inductor): default | reduce-overhead | max-autotune
+    compile_backend: str = "inductor"  # torch.compile's backend (aot_eager: no code generation, for tests)
 
     @classmethod
     def from_options(cls, o: Any, **overrides: Any) -> LoopSettings:
@@ -197,7 +199,7 @@ class Task(Protocol):
     def on_best(self, st: TrainState, rep: Report, w: Worker) -> dict[str, Any]: ...
     def save_model(self, st: TrainState, folder: Path, *, kept: bool) -> None: ...
     def final(self, st: TrainState, w: Worker) -> dict[str, Any] | None: ...
-    def compile(self, st: TrainState) -> None: ...
+    def compiled_modules(self, st: TrainState) -> list[nn.Module]: ...
 
 
 class TaskBase:
@@ -231,10 +233,10 @@ class TaskBase:
     def final(self, st: Any, w: Worker) -> dict[str, Any] | None:
         return None
 
-    def compile(self, st: Any) -> None:
-        """``optim.compile``: compile the forward of the module the step runs (in place: its state dict keeps its
-        names). Lengths bucketed at collate time make shapes repeat, so few graphs are compiled."""
-        st.model.compile(dynamic=False)
+    def compiled_modules(self, st: Any) -> list[nn.Module]:
+        """``optim.compile``: the modules whose forward is compiled (in place: their state dicts keep their
+        names)."""
+        return [st.model]
 
 
 @dataclass(frozen=True)
@@ -350,8 +352,6 @@ def run(job: Job) -> None:
     if saved is not None:
         loop.restore(saved)
     task.start(st, w, resumed=saved is not None)
-    if s.compile:
-        task.compile(st)
     if rank == 0:  # where this training started: a resumed run shows what it did not do again
         append_start(w.out_dir, step=st.progress["step"], report=st.progress["report"], resumed=saved is not None,
                      time=time.time())  # fmt: skip
@@ -456,6 +456,7 @@ class _Loop:
         while p["epoch"] < epochs:
             epoch = p["epoch"]
             self.current = self.task.epoch(st, w, epoch, p["batch"])
+            self.compile()  # (again where an epoch replaced the model: a fit starting from a kept one)
             collate = functools.partial(self.task.collate, st)
             depth = self.s.prefetch if self.current.read_ahead else 0
             with Prefetcher(self.current.batches, collate, device=w.device, depth=depth) as feed:
@@ -474,6 +475,16 @@ class _Loop:
                 self.report(Report({**self.current.info, "epoch_end": True, "last": p["epoch"] == epochs}))
         if p["report"] == 0 or p["reported_step"] != p["step"]:  # the end of training is always evaluated
             self.report(Report({**self.current.info, "epoch_end": True, "last": True}))
+
+    def compile(self) -> None:
+        """``optim.compile``: the task's modules' forward through ``torch.compile`` (dynamic shapes after a first
+        recompilation; collate buckets lengths so that few shapes occur). A module compiled already is left."""
+        if not self.s.compile:
+            return
+        inductor = self.s.compile_backend == "inductor"
+        for module in self.task.compiled_modules(self.st):
+            if getattr(module, "_compiled_call_impl", None) is None:
+                module.compile(backend=self.s.compile_backend, mode=self.s.compile_mode if inductor else None)
 
     def micro_batch(self, batch: Batch) -> None:
         if self.pending and self.pending[-1] != batch.optimizer:

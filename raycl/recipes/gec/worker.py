@@ -234,6 +234,9 @@ class GecTask(TaskBase):
         return {"loss": loss, "loss_sum": loss * ntokens, "ce": out.ce.detach(), "mml": out.mml.detach(),
                 "ntokens": ntokens}  # fmt: skip
 
+    def compiled_modules(self, st: GecState) -> list[Any]:
+        return [st.model.model]  # the HF model inside the scorer: every pass of the step runs its forward
+
     def after_update(self, st: GecState) -> None:
         st.feed.after_step(st.progress["step"], st.model)  # sync_every: publish newer weights to the miners
 
