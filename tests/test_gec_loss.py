@@ -15,7 +15,7 @@ from raycl.losses.gec_margin import GecContrastiveLoss, margin_loss
 from raycl.losses.label_smoothed_nll import label_smoothed_nll
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.models.tokenizer import train_bpe_tokenizer
-from raycl.train.gec_step import collate, gec_loss
+from raycl.train.gec_step import GecBatch, collate, gec_loss
 
 EPS = 0.1
 LAMBDA = 0.5
@@ -123,26 +123,54 @@ def test_margin_loss_matches_naive_loop() -> None:
         assert got[i].item() == pytest.approx(want, abs=1e-6)
 
 
-def test_collate_masks_filler_slots(scorer: Seq2SeqScorer) -> None:
+def _decode(scorer: Seq2SeqScorer, ids: torch.Tensor) -> str:
+    return scorer.tokenizer.decode(ids[ids.ne(scorer.pad_id)], skip_special_tokens=True)
+
+
+def test_collate_lays_out_one_row_per_scored_pair(scorer: Seq2SeqScorer) -> None:
     batch = _batch(scorer, num_slots=4)
-    assert batch.neg_ids.shape[:2] == (4, 4) and batch.n_neg.tolist() == [2, 0, 1, 3]
-    pad = scorer.pad_id
-    for i, negs in enumerate(NEGATIVES):
-        for j in range(4):
-            row = batch.neg_ids[i, j]
-            if j < len(negs):
-                assert scorer.tokenizer.decode(row[row.ne(pad)], skip_special_tokens=True) == negs[j]
-            else:
-                assert bool(row.eq(pad).all())
+    # rows: the 4 positives, then slot 0 of sentences 0, 2, 3; slot 1 of 0, 3; slot 2 of 3 (filler never scored)
+    want = [(i, -1, e.target) for i, e in enumerate(EXAMPLES)]
+    want += [(i, j, NEGATIVES[i][j]) for j in range(4) for i in range(4) if j < len(NEGATIVES[i])]
+    got = [(int(i), int(j), _decode(scorer, t))
+           for i, j, t in zip(batch.row_sentence, batch.row_slot, batch.row_tgt, strict=True)]  # fmt: skip
+    assert got == want and batch.num_slots == 4 and batch.n_neg.tolist() == [2, 0, 1, 3]
+    for r, (i, _, _) in enumerate(want):  # each row holds its own copy of its sentence's source
+        src = batch.row_src[r][batch.row_src_mask[r].bool()]
+        assert _decode(scorer, src) == EXAMPLES[i].source
+    lengths = [len(scorer.tokenizer(t)["input_ids"]) for _, _, t in want]
+    assert batch.row_tgt.shape[1] == max(lengths) and batch.tgt_padded  # padded to the longest real row
+    assert batch.ntokens == sum(lengths[:4]) and isinstance(batch.ntokens, int)
+    assert batch.src_padded and [(s.start, s.stop) for s in batch.spans] == [(0, 4), (4, 7), (7, 9), (9, 10)]
     with pytest.raises(ValueError, match="num_slots"):
         _batch(scorer, num_slots=2)
 
 
-def test_gec_loss_and_grads_equal_naive_loop(scorer: Seq2SeqScorer) -> None:
+def test_collate_pads_to_a_multiple_and_tensors_round_trip(scorer: Seq2SeqScorer) -> None:
+    batch = collate(EXAMPLES, NEGATIVES, scorer.tokenizer, max_length=64, pad_to_multiple_of=8)
+    assert batch.row_src.shape[1] % 8 == 0 and batch.row_tgt.shape[1] % 8 == 0
+    assert all(s.src_len % 8 == 0 and s.tgt_len % 8 == 0 and s.src_padded for s in batch.spans)
+    same = collate(EXAMPLES[2:3], [[EXAMPLES[2].target]], scorer.tokenizer, max_length=64)
+    assert not same.src_padded and not same.tgt_padded  # one source, equal-length rows: no mask needed
+    plain = _batch(scorer, num_slots=4)
+    negs = torch.full((4, 4, plain.row_tgt.shape[1]), scorer.pad_id)
+    for i, j in zip(plain.row_sentence[4:].tolist(), plain.row_slot[4:].tolist(), strict=True):
+        row = plain.row_tgt[4:][(plain.row_sentence[4:] == i) & (plain.row_slot[4:] == j)][0]
+        negs[i, j, : row.numel()] = row
+    negs[1, 0, :3] = 7  # filler (n_1 = 0) is ignored whatever it holds
+    again = GecBatch.from_tensors(plain.src_ids, plain.src_mask, plain.target_ids, negs, plain.n_neg,
+                                  pad_id=scorer.pad_id, num_slots=4)  # fmt: skip
+    for f in ("row_src", "row_src_mask", "row_tgt", "row_sentence", "row_slot", "n_neg"):
+        assert torch.equal(getattr(again, f), getattr(plain, f)), f
+    assert (again.ntokens, again.spans, again.src_padded) == (plain.ntokens, plain.spans, plain.src_padded)
+
+
+@pytest.mark.parametrize("passes", ["joint", "per_slot"])
+def test_gec_loss_and_grads_equal_naive_loop(scorer: Seq2SeqScorer, passes: str) -> None:
     scorer.eval()
     margin = _median_gap(scorer)
     loss_fn = GecContrastiveLoss(margin=margin, trade_off=LAMBDA, label_smoothing=EPS)
-    out = gec_loss(scorer, _batch(scorer, num_slots=4), loss_fn)
+    out = gec_loss(scorer, _batch(scorer, num_slots=4), loss_fn, passes=passes)
     want = _naive_loss(scorer, margin)
     assert out.loss.item() == pytest.approx(want.item(), rel=1e-9)
     assert out.h[1].item() == 0.0
@@ -151,22 +179,27 @@ def test_gec_loss_and_grads_equal_naive_loop(scorer: Seq2SeqScorer) -> None:
         assert torch.allclose(got_g, want_g, rtol=1e-7, atol=1e-12)
 
 
-def test_stacked_equals_per_slot_and_passes_are_counted(scorer: Seq2SeqScorer) -> None:
+def test_joint_equals_per_slot_and_passes_are_counted(scorer: Seq2SeqScorer) -> None:
     scorer.eval()
     loss_fn = GecContrastiveLoss(margin=_median_gap(scorer), trade_off=LAMBDA, label_smoothing=EPS)
-    calls = []
-    hook = scorer.model.model.encoder.register_forward_hook(lambda *a: calls.append(1))
+    rows: list[int] = []
+    hook = scorer.model.model.encoder.register_forward_hook(
+        lambda m, a, kw, o: rows.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
     try:
-        per_slot = gec_loss(scorer, _batch(scorer, num_slots=4), loss_fn)
-        n_per_slot = len(calls)
-        stacked = gec_loss(scorer, _batch(scorer, num_slots=4), loss_fn, stack_negatives=True)
+        per_slot = gec_loss(scorer, _batch(scorer, num_slots=4), loss_fn, passes="per_slot")
+        n_per_slot = len(rows)
+        joint = gec_loss(scorer, _batch(scorer, num_slots=4), loss_fn)  # the default
     finally:
         hook.remove()
-    # positives + slots 0..2; slot 3 has no real negative and is skipped. Stacked: positives + one pass.
-    assert (n_per_slot, len(calls) - n_per_slot) == (1 + 3, 2)
-    assert stacked.loss.item() == pytest.approx(per_slot.loss.item(), rel=1e-9)
-    for a, b in zip(_grads(scorer, per_slot.loss), _grads(scorer, stacked.loss), strict=True):
+    # per slot: positives + slots 0..2 (slot 3 has no real negative). Joint: one pass, its encoder sees every row
+    # (4 positives + 6 negatives), each with its own copy of its source, not one encoder pass per sentence.
+    assert rows == [4, 3, 2, 1, 10] and n_per_slot == 4
+    assert joint.loss.item() == pytest.approx(per_slot.loss.item(), rel=1e-9)
+    for a, b in zip(_grads(scorer, per_slot.loss), _grads(scorer, joint.loss), strict=True):
         assert torch.allclose(a, b, rtol=1e-7, atol=1e-12)
+    with pytest.raises(ValueError, match="passes"):
+        gec_loss(scorer, _batch(scorer), loss_fn, passes="stacked")
 
 
 def test_trade_off_zero_is_label_smoothed_cross_entropy(scorer: Seq2SeqScorer) -> None:

@@ -207,7 +207,7 @@ class GecTask(TaskBase):
     def step(self, st: GecState, data: Any, ctx: StepContext) -> dict[str, float]:
         examples, negatives = data
         batch = collate(examples, negatives, st.model.tokenizer, max_length=self.cfg.model.max_length)
-        out = gec_loss(st.model, batch.to(ctx.device), st.loss_fn, stack_negatives=self.cfg.loss.stack_negatives)
+        out = gec_loss(st.model, batch.to(ctx.device), st.loss_fn, passes=self.cfg.loss.passes)
         ntokens = float(out.ntokens)
         ctx.backward(out.loss, weight=ntokens)
         loss = out.loss.item()
