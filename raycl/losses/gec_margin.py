@@ -49,7 +49,8 @@ def margin_loss(s_pos: Tensor, s_neg: Tensor, n_neg: Tensor, *, margin: float) -
 
 @dataclass(frozen=True)
 class GecLossOutput:
-    """One batch's loss and its parts (all sums are over the batch, before the division by ntokens)."""
+    """One batch's loss and its parts (all sums are over the batch, before the division by ntokens). The tensors
+    stay where the model ran: read them back once a report, not once a step."""
 
     loss: Tensor  # () ((1−λ)·ce + λ·mml) / ntokens — backpropagate this
     ce: Tensor  # () label-smoothed CE, summed over non-pad target tokens
@@ -58,6 +59,7 @@ class GecLossOutput:
     ntokens: int  # non-pad tokens of the positive targets, EOS included
     h: Tensor  # (B,) per-sentence margin term
     s_pos: Tensor  # (B,) S(t_i|s_i)
+    s_neg: Tensor  # (B, M) S(t~_ij|s_i); filler slots j ≥ n_i hold 0
 
 
 class GecContrastiveLoss(nn.Module):
@@ -110,4 +112,4 @@ class GecContrastiveLoss(nn.Module):
         h = margin_loss(s_pos, s_neg, n_neg, margin=self.margin)  # (B,)
         mml = h.sum()
         loss = ((1.0 - self.trade_off) * ce + self.trade_off * mml) / max(ntokens, 1)
-        return GecLossOutput(loss=loss, ce=ce, nll=nll, mml=mml, ntokens=ntokens, h=h, s_pos=s_pos)
+        return GecLossOutput(loss=loss, ce=ce, nll=nll, mml=mml, ntokens=ntokens, h=h, s_pos=s_pos, s_neg=s_neg)

@@ -74,6 +74,13 @@ class Seq2SeqScorer(nn.Module):
     def max_positions(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", None) or 1024)
 
+    @property
+    def layerdrop(self) -> float:
+        """The model's LayerDrop probability (0 for BART as released): one draw per layer and forward, shared by
+        every row of that forward."""
+        c = self.model.config
+        return float(max(getattr(c, "encoder_layerdrop", 0.0) or 0.0, getattr(c, "decoder_layerdrop", 0.0) or 0.0))
+
     def shift_right(self, target_ids: Tensor) -> Tensor:
         """Decoder input for teacher forcing: ``[start, t_0, …, t_{T-2}]`` (B, T) -> (B, T)."""
         prev = target_ids.new_full(target_ids.shape, self.pad_id)  # (B, T)

@@ -226,6 +226,9 @@ def _row_scores(tok: TokenLogProbs, targets: Tensor, pad_id: int) -> Tensor:
 
 def _joint(scorer: Seq2SeqScorer, batch: GecBatch) -> tuple[TokenLogProbs, Tensor]:
     """One forward over all R rows: the positives' token scores (B, T) and every row's S (R,)."""
+    if scorer.training and scorer.layerdrop > 0:
+        raise ValueError(f"LayerDrop ({scorer.layerdrop}) drops a layer for every row of a forward at once, so a "
+                         "joint pass would correlate the rows' scores: use loss.passes=per_slot")  # fmt: skip
     tgt = batch.row_tgt  # (R, T)
     tok = scorer.token_log_probs(batch.row_src, batch.row_src_mask, scorer.shift_right(tgt), tgt,
                                  src_padded=batch.src_padded)  # fmt: skip
