@@ -424,3 +424,21 @@ def test_no_full_vocabulary_fp32_tensor_is_kept_for_the_backward(scorer: Seq2Seq
     assert _saved_full_vocabulary(model, batch, "bf16") == [torch.bfloat16]
     # fp32: the logits alone (the softmax is recomputed in the backward)
     assert _saved_full_vocabulary(model, batch, "fp32") == [torch.float32]
+
+
+def test_every_preset_runs_the_joint_pass_and_a_bad_value_is_one_line() -> None:
+    from raycl.config import load_space
+    from raycl.configs.gec import GecConfig
+    from raycl.errors import UserError
+
+    assert GecConfig().loss.passes == "joint"
+    for name in ("gec_pd", "gec_bart"):
+        for preset in ("paper", "small", "smoke"):
+            assert load_space(name, preset=preset).config.loss.passes == "joint", (name, preset)
+    chosen = load_space("gec_pd", preset="smoke", overrides=["loss.passes=per_slot"]).config
+    assert chosen.loss.passes == "per_slot"
+    with pytest.raises(UserError, match=r"loss\.passes.*joint \| per_slot") as err:
+        load_space("gec_pd", preset="smoke", overrides=["loss.passes=stacked"])
+    assert "\n" not in str(err.value)
+    with pytest.raises(UserError, match="loss.stack_negatives"):  # the old key is gone, not silently ignored
+        load_space("gec_pd", preset="smoke", overrides=["loss.stack_negatives=true"])
