@@ -168,6 +168,8 @@ def test_collate_pads_to_a_multiple_and_tensors_round_trip(scorer: Seq2SeqScorer
     for f in ("row_src", "row_src_mask", "row_tgt", "row_sentence", "row_slot", "n_neg"):
         assert torch.equal(getattr(again, f), getattr(plain, f)), f
     assert (again.ntokens, again.spans, again.src_padded) == (plain.ntokens, plain.spans, plain.src_padded)
+    moved = plain.pin_memory().to("cpu", non_blocking=True)  # what the prefetcher does (pinning needs a GPU)
+    assert torch.equal(moved.row_tgt, plain.row_tgt) and moved.spans == plain.spans
 
 
 @pytest.mark.parametrize("passes", ["joint", "per_slot"])

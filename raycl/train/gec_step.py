@@ -93,7 +93,10 @@ class GecBatch:
         return dataclasses.replace(self, **moved)
 
     def pin_memory(self) -> GecBatch:
-        """Page-locked copies, so that ``to(device, non_blocking=True)`` overlaps the copy with the compute."""
+        """Page-locked copies, so that ``to(device, non_blocking=True)`` overlaps the copy with the compute; the
+        batch itself where there is no accelerator (page-locking needs one)."""
+        if not torch.accelerator.is_available():
+            return self
         return self._map(lambda t: t.pin_memory())
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> GecBatch:
