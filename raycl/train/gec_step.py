@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from raycl.data.gec import GecExample
     from raycl.models.seq2seq import Seq2SeqScorer
 
+
 class Span(NamedTuple):
     """Rows ``[start, stop)`` of one per-slot pass, and that pass's own padded source and target lengths."""
 
