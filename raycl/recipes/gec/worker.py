@@ -224,10 +224,12 @@ class GecTask(TaskBase):
 
     def collate(self, st: GecState, data: Any) -> GecBatch:
         examples, negatives = data
-        return collate(examples, negatives, st.model.tokenizer, max_length=self.cfg.model.max_length)
+        pad = 8 if self.cfg.optim.compile else 1  # lengths in multiples of 8: compiled shapes repeat
+        return collate(examples, negatives, st.model.tokenizer, max_length=self.cfg.model.max_length,
+                       pad_to_multiple_of=pad)  # fmt: skip
 
     def step(self, st: GecState, batch: GecBatch, ctx: StepContext) -> dict[str, Any]:
-        out = gec_loss(st.model, batch, st.loss_fn, stack_negatives=self.cfg.loss.stack_negatives)
+        out = gec_loss(st.model, batch, st.loss_fn, passes=self.cfg.loss.passes)
         ntokens = float(out.ntokens)
         ctx.backward(out.loss, weight=ntokens)
         loss = out.loss.detach()
