@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from raycl.memory.multi_tensor import momentum_
 from raycl.models.cross_attention import mean_pool
 
 QUEUE_SIZE = 80  # int(32 · 2.5): upstream's batch 32 times 2.5
@@ -85,13 +86,13 @@ class MoCoKeyEncoder(nn.Module):
 
     @torch.no_grad()
     def momentum_update(self, encoder_q: nn.Module) -> None:
-        """θ_k ← m·θ_k + (1 − m)·θ_q, parameter by parameter (buffers are not averaged, as in moco)."""
+        """θ_k ← m·θ_k + (1 − m)·θ_q for every parameter, in a few multi-tensor ops (buffers are not averaged, as
+        in moco)."""
         params_q = dict(encoder_q.named_parameters())
         params_k = dict(self.encoder_k.named_parameters())
         if params_q.keys() != params_k.keys():
             raise ValueError("the query encoder's parameters no longer match the key encoder's")
-        for name, param_k in params_k.items():
-            param_k.mul_(self.m).add_(params_q[name].detach(), alpha=1.0 - self.m)
+        momentum_(list(params_k.values()), [params_q[n] for n in params_k], self.m)  # no_grad: no detach
 
     @torch.no_grad()
     def keys(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
