@@ -13,6 +13,7 @@ from raycl.losses.momentum_contrastive import momentum_contrastive_loss, total_l
 from raycl.losses.pairwise_margin import pairwise_margin_loss
 from raycl.memory.momentum import momentum_update
 from raycl.memory.negative_queue import NegativeQueue
+from raycl.train.counting import count_ops
 
 TAU = 0.1
 
@@ -154,6 +155,25 @@ def test_queue_batch_is_item_by_item_and_checkpoints() -> None:
     restored = NegativeQueue(2, size=10, num_negs=5)
     restored.load_state_dict(batched.state_dict())
     assert len(restored) == len(batched) and torch.equal(restored.entries(), batched.entries())
+
+
+def test_queue_steps_never_read_the_device_and_a_restored_queue_goes_on_alike() -> None:
+    """The rule needs only how many reps came: enqueue, len and entries wait for nothing (the CPU stands in for the
+    device). A queue restored mid-run knows its fill without being told and continues as the uninterrupted one."""
+    whole = NegativeQueue(2, size=10, num_negs=5)
+    with count_ops(cpu_as_device=True) as c:
+        for step in range(3):
+            whole.enqueue(_item(step))  # the third evicts
+            whole.entries()
+            len(whole)
+    assert c.syncs == 0, c.sync_sites
+    restored = NegativeQueue(2, size=10, num_negs=5)
+    restored.load_state_dict(whole.state_dict())
+    for q in (whole, restored):
+        q.enqueue(_item(3))
+    assert len(restored) == 10
+    assert restored.entries().tolist() == whole.entries().tolist() == _naive_queue(4, 10, 5)
+    assert int(restored.fill) == 10  # the checkpointed count follows
 
 
 def test_queue_size_zero_stays_empty() -> None:
