@@ -337,7 +337,8 @@ def test_ascend_and_project_decide_on_the_device_as_the_code_does() -> None:
     """No move for a zero (or absent) gradient; a step of exactly ``step`` along g/‖g‖ otherwise; the projection
     leaves a point inside the ball bit-exactly, puts one outside on the sphere along δ, and ε = 0 gives E₀."""
     torch.manual_seed(0)
-    w, origin = nn.Parameter(torch.randn(V, H, dtype=torch.float64)), torch.zeros(V, H, dtype=torch.float64)
+    origin = torch.randn(V, H, dtype=torch.float64)  # E₀ ≠ 0: (E − E₀) + E₀ is not E bit for bit
+    w = nn.Parameter(origin + 0.1 * torch.randn(V, H, dtype=torch.float64))
     before = w.detach().clone()
     for grad in (None, torch.zeros(V, H, dtype=torch.float64)):
         w.grad = grad
@@ -346,12 +347,12 @@ def test_ascend_and_project_decide_on_the_device_as_the_code_does() -> None:
     w.grad = torch.randn(V, H, dtype=torch.float64)
     ascend(w, 0.7)
     torch.testing.assert_close(w.detach(), before + 0.7 * w.grad / frob(w.grad), rtol=1e-12, atol=1e-12)
-    inside = w.detach().clone()
-    project(w, origin, frob(inside) + 1e-3)
+    inside, delta = w.detach().clone(), w.detach() - origin
+    project(w, origin, frob(delta) + 1e-3)
     assert torch.equal(w.detach(), inside)
     project(w, origin, 0.25)
-    assert frob(w.detach()) == pytest.approx(0.25, rel=1e-12)
-    torch.testing.assert_close(w.detach(), inside * (0.25 / frob(inside)), rtol=1e-12, atol=1e-15)
+    assert frob(w.detach() - origin) == pytest.approx(0.25, rel=1e-12)
+    torch.testing.assert_close(w.detach(), origin + delta * (0.25 / frob(delta)), rtol=1e-12, atol=1e-15)
     project(w, origin, 0.0)
     assert torch.equal(w.detach(), origin)
 

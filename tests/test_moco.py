@@ -157,7 +157,7 @@ def test_enqueue_never_reads_the_device_and_a_restored_ring_goes_on_alike() -> N
     """The pointer moves by batch sizes, known on the host: enqueueing waits for nothing (the CPU stands in for the
     device). A ring restored from a checkpoint continues where the uninterrupted one does."""
     moco = _moco_from(_encoders()[0], queue_size=5)
-    batches = [[1, 2, 3], [4, 5], [6, 7, 8]]
+    batches = [[1, 2, 3], [4], [6, 7, 8]]  # the pointer at the checkpoint: 4 (not its initial 0)
     with count_ops(cpu_as_device=True) as c:
         for batch in batches[:2]:
             moco.enqueue(torch.tensor([[float(k)] * DIM for k in batch], dtype=torch.float64))

@@ -129,6 +129,7 @@ class OpCounter:
     casts = property(lambda self: self.total.casts)
     sync_kinds = property(lambda self: self.total.sync_kinds)
     sync_events = property(lambda self: self.total.sync_events)
+    sync_sites = property(lambda self: self.total.sync_sites)
     by_op = property(lambda self: self.total.by_op)
 
     def __enter__(self) -> OpCounter:
