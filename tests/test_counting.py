@@ -113,3 +113,18 @@ def test_summary_is_plain_data_with_sites_and_regions() -> None:
     assert s["syncs"] == 1 and s["sync_kinds"] == {"item": 1} and s["regions"]["step"]["syncs"] == 1
     (site,) = s["sync_sites"]
     assert site.startswith("item tests/test_counting.py:")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_copies_between_host_and_device_on_a_gpu() -> None:
+    """A read back (``.cpu()``, ``.item()``) and a blocking upload are syncs; a non-blocking upload from pinned
+    memory is not; on a GPU run the host reads of CPU tensors are host work."""
+    host, pinned = torch.ones(4), torch.ones(4).pin_memory()
+    with count_ops() as c:
+        gpu = host.to("cuda")  # pageable, blocking
+        pinned.to("cuda", non_blocking=True)
+        gpu.cpu()
+        gpu.sum().item()
+        host.tolist()
+    assert c.sync_kinds == {"h2d": 1, "d2h": 1, "item": 1}, c.sync_sites

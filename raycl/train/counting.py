@@ -21,7 +21,7 @@ What counts:
   ``float()``, ``bool()`` of a tensor, a tensor in an ``if``), ops whose output size depends on the data
   (``nonzero``, ``masked_select``, ``unique*``, ``repeat_interleave`` without ``output_size``, ``bincount``,
   indexing with a boolean mask), ``equal``, and copies between the host and the device: device → CPU
-  (``d2h``) and CPU → device without ``non_blocking`` (``h2d``, which waits for the device's queue).
+  (``d2h``) and CPU → device unless ``non_blocking`` from pinned memory (``h2d``: it waits for the device's queue).
   On a CPU the dispatcher does not see ``.tolist()``, ``.numpy()``, ``.cpu()`` or ``.to("cpu")`` of a CPU tensor
   (they read memory directly or return the tensor itself), so with ``cpu_as_device=True`` (the default on a
   machine without CUDA) a ``TorchFunctionMode`` counts them too: on a GPU run those tensors would be on the
@@ -50,7 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 aten = torch.ops.aten
 
-# ops whose output size depends on the values of their input: the host waits to allocate it
+# ops the host waits on: a value read into Python, or an output whose size depends on the input's values
 _SIZE_SYNCS = {
     aten.nonzero.default: "nonzero",
     aten.masked_select.default: "masked_select",
@@ -219,8 +219,9 @@ def _sync_kind(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: An
             return None
         if out.device.type == "cpu":
             return "d2h"
-        if src.device.type == "cpu" and not kwargs.get("non_blocking", args[2] if len(args) > 2 else False):
-            return "h2d"  # a blocking copy from the host waits until the device's queue reaches it
+        if src.device.type == "cpu":  # the host waits for the device's queue unless the copy is asynchronous:
+            non_blocking = kwargs.get("non_blocking", args[2] if len(args) > 2 else False)  # asked for, and
+            return None if non_blocking and src.is_pinned() else "h2d"  # from pinned memory
     return None
 
 
