@@ -217,3 +217,19 @@ def test_momentum_update_matches_elementwise_formula() -> None:
             assert target[0].weight[i, j].item() == pytest.approx(expected, abs=1e-6)
     assert torch.equal(target[1].running_mean, source[1].running_mean)  # buffers copied, not averaged
     assert not any(p.grad is not None for p in target.parameters())
+
+
+def test_the_coherence_losses_and_their_gradients_never_wait_for_the_device() -> None:
+    """Pairwise, contrastive and momentum-queue losses and the total, forward and backward: 0 syncs (the CPU stands
+    in for the device)."""
+    g = torch.Generator().manual_seed(0)
+    f_pos = torch.randn(2, generator=g, requires_grad=True)
+    f_neg = torch.randn(2, 5, generator=g, requires_grad=True)
+    q = torch.randn(2, 4, generator=g, requires_grad=True)
+    k_pos, queue = torch.randn(2, 4, generator=g), torch.randn(7, 4, generator=g)
+    with count_ops(cpu_as_device=True) as c:
+        _, l_p = pairwise_margin_loss(f_pos, f_neg[:, 0])
+        _, l_c = contrastive_margin_loss(f_pos, f_neg)
+        _, l_m = momentum_contrastive_loss(q, k_pos, queue)
+        (total_loss(l_c, l_m) + l_p).backward()
+    assert c.syncs == 0, c.sync_sites
