@@ -28,6 +28,8 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
+from raycl.memory.multi_tensor import scale_
+
 BUCKET_BYTES = 64 * 2**20  # gradients per all-reduce: large enough to amortise a call, small to bound the copy
 
 
@@ -91,11 +93,11 @@ def sum_gradients(params: Iterable[torch.nn.Parameter], *, bucket_bytes: int = B
 
 
 def scale_gradients(params: Iterable[torch.nn.Parameter], factor: float) -> None:
+    """grad ← factor·grad for every parameter that has one: one multi-tensor op per (device, dtype), not a kernel
+    per parameter."""
     if factor == 1.0:
         return
-    for p in params:
-        if p.grad is not None:
-            p.grad.mul_(factor)
+    scale_([p.grad for p in params if p.grad is not None], factor)
 
 
 def average_gradients(params: list[torch.nn.Parameter], weight: float, *, averaged_by_ddp: bool = False,
