@@ -16,7 +16,7 @@ XLNet-base, 602 tokens, one document and 5 negatives, the momentum encoder and q
 ``--count-only`` counts instead of timing: ``--shape narrow`` (its default) keeps the paper model's layers at a
 small width (the counts depend on the layout, not the width: a CPU counts BART-large's in seconds, bf16
 included); ``--shape smoke`` counts the recipe's own smoke steps (its preset, built-in data, ``task.build`` and
-``task.stream``: ``bench/train_smoke.py``). Usage::
+``task.epoch``: ``bench/train_smoke.py``). Usage::
 
     .venv/bin/python bench/train.py --json                      # auto: bart-large on a GPU, small on a CPU
     .venv/bin/python bench/train.py --json --count-only         # GEC at BART-large's layout, batch 16: counts
@@ -324,7 +324,8 @@ def main() -> None:
     p.add_argument("--negatives", type=int, default=4)
     p.add_argument("--src-len", type=int, default=48)
     p.add_argument("--tgt-len", type=int, default=48)
-    p.add_argument("--stack-negatives", action="store_true", help="GEC: the negatives in one pass")
+    p.add_argument("--passes", choices=["joint", "per_slot"], default="joint",
+                   help="GEC: one pass over positives and negatives, or the released code's pass per slot")
     p.add_argument("--adversarial", default="fgm", help="idiom: the adversarial method of the step")
     p.add_argument("--gec-phase", choices=["pretrain", "finetune"], default="finetune", help="GEC --shape smoke")
     p.add_argument("--steps", type=int, default=5)

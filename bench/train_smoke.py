@@ -1,6 +1,7 @@
 """A recipe's own smoke step for ``bench/train.py --shape smoke``: the smoke preset's data (built-in) and model,
-the recipe's ``task.build`` and the first micro-batches of its ``task.stream`` — the steps ``raycl.train <recipe>
---preset smoke`` trains, without Ray (rank 0 of 1, in process).
+the recipe's ``task.build`` and the first micro-batches of its first epoch (``task.epoch``), collated by the task
+and on the device — the steps ``raycl.train <recipe> --preset smoke`` trains, without Ray (rank 0 of 1, in
+process).
 
 GEC's fine-tuning (step 3) starts from the untrained initial model (pretraining would need Ray Train) and takes
 ``mining.k`` negatives per sentence made here (the source, and words dropped from or swapped in the target) in
@@ -41,13 +42,15 @@ def smoke_batches(recipe: str, device: torch.device, tmp: Path, n: int, *, phase
     model = task.load_model(run.base_model)
     model.to(device)
     st = task.build(model, w, None)
-    return task, st, _first(task.stream(st, w), n)
+    return task, st, _first(task, st, task.epoch(st, w, 0, 0).batches, n, device)
 
 
-def _first(stream: Any, n: int) -> list[Any]:
+def _first(task: Any, st: Any, batches: Any, n: int, device: torch.device) -> list[Any]:
     from raycl.train.loop import Batch
+    from raycl.train.prefetch import to_device
 
-    return list(islice((b for b in stream if isinstance(b, Batch)), n))
+    first = list(islice((b for b in batches if isinstance(b, Batch)), n))
+    return [dataclasses.replace(b, data=to_device(task.collate(st, b.data), device)) for b in first]
 
 
 def _task(recipe: str, rec: Any, run: Any, phase: str) -> Any:

@@ -8,8 +8,9 @@ depend on the layout, not on the width, so a CPU counts them in seconds. ``smoke
 (its preset, built-in data, ``task.build`` and ``task.stream``: ``bench/train_smoke.py``) — what ``raycl.train
 <recipe> --preset smoke`` trains.
 
-What each step receives is made by one small function per recipe (``*_micro_batches``): today the raw examples,
-tokenised inside the step; when steps take batches collated ahead, only these functions change.
+What each step receives is made by one small function per recipe (``*_micro_batches``): the raw examples, which
+the recipe's own ``collate`` turns into tensors on the device before anything is measured — as the loop's
+prefetcher does ahead of the step (GEC's batch is made as ids directly, already collated).
 """
 
 from __future__ import annotations
@@ -103,8 +104,8 @@ def gec_micro_batches(b: int, args: Any, vocab: int, device: torch.device) -> li
         return t
 
     src = ids(b, args.src_len)
-    batch = GecBatch(src, torch.ones_like(src), ids(b, args.tgt_len), ids(b, args.negatives, args.tgt_len),
-                     torch.full((b,), args.negatives)).to(device)  # fmt: skip
+    batch = GecBatch.from_tensors(src, torch.ones_like(src), ids(b, args.tgt_len), ids(b, args.negatives,
+                                  args.tgt_len), torch.full((b,), args.negatives), pad_id=1)  # fmt: skip
     return [Batch(batch)]
 
 
@@ -112,25 +113,22 @@ def gec_case(model: Any, b: int, args: Any, device: torch.device) -> Case:
     from raycl.configs.gec import GecConfig
     from raycl.losses.gec_margin import GecContrastiveLoss
     from raycl.recipes.gec.worker import GecState, GecTask
-    from raycl.train.gec_step import gec_loss
-
-    stack = bool(getattr(args, "stack_negatives", False))
 
     @dataclass(frozen=True)
     class BenchGecTask(GecTask):
-        def step(self, st: Any, data: Any, ctx: Any) -> dict[str, float]:  # a prebuilt batch: no tokenizer
-            out = gec_loss(st.model, data, st.loss_fn, stack_negatives=stack)
-            ctx.backward(out.loss, weight=float(out.ntokens))
-            return {"loss": float(out.loss.detach())}
+        def collate(self, st: Any, data: Any) -> Any:  # a batch made as ids: collated already
+            return data
 
-        def after_update(self, st: Any) -> None:
+        def after_update(self, st: Any) -> None:  # no feed
             pass
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     st = GecState(model, [opt], [None], {}, loss_fn=GecContrastiveLoss(margin=0.25, trade_off=0.5))
     tokens = b * (args.src_len + args.tgt_len * (1 + args.negatives))
     batches = gec_micro_batches(b, args, model.model.config.vocab_size, device)
-    return Case(BenchGecTask(GecConfig(), "finetune"), st, batches, tokens, b)
+    cfg = GecConfig()
+    cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, passes=getattr(args, "passes", "joint")))
+    return Case(BenchGecTask(cfg, "finetune"), st, batches, tokens, b)
 
 
 # ---------------------------------------------------------------------------------------------- idiom
@@ -172,7 +170,7 @@ def idiom_case(model: Any, tokenizer: Any, b: int, args: Any, device: torch.devi
     opt = torch.optim.AdamW(model.parameters(), lr=2e-5)
     adversary = build_adversarial(a.method, model, epsilon=a.epsilon, alpha=a.alpha, steps=a.steps)
     batches = idiom_micro_batches(b)
-    st = IdiomState(model, [opt], [None], {"epoch": 0}, {"ema": EMA(model, decay=cfg.ema.decay)},
+    st = IdiomState(model, [opt], [None], {}, {"ema": EMA(model, decay=cfg.ema.decay)},
                     tokenizer=tokenizer, examples=batches[0].data, adversary=adversary)  # fmt: skip
     return Case(IdiomTask(cfg), st, batches, b * PAPER_LEN["idiom"], b)
 
@@ -210,7 +208,7 @@ def sts_case(model: Any, b: int, args: Any, device: torch.device) -> Case:
     cfg = StsConfig()
     moco = MoCoKeyEncoder(model, dim=model.hidden_size, queue_size=cfg.moco.queue_size, m=cfg.moco.m).to(device)
     opts = [adamw(model, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay) for _ in range(2)]
-    st = StsState(model, opts, [None, None], {"fit": 0, "epoch": 0, "batch": 0, "started": True}, {"moco": moco})
+    st = StsState(model, opts, [None, None], {"fit": 0, "started": True}, {"moco": moco})
     # tokens: both sides of the pairs, both SimCSE views of the sentences (the keys pass has no gradient)
     return Case(StsTask(cfg), st, sts_micro_batches(b), 4 * b * PAPER_LEN["sts"], b)
 
@@ -243,7 +241,7 @@ def coherence_micro_batches(b: int, negatives: int, seed: int = 0) -> list[Any]:
         perms = [tuple(rng.sample(doc, len(doc))) for _ in range(negatives)]
         items.append(CoherenceItem(f"d{i}", doc, tuple(perms)))
         negs.append(perms)
-    return [Batch((items, negs))]
+    return [Batch((items, negs, random.Random(seed)))]  # the generator of the momentum positives' slices
 
 
 def coherence_case(model: Any, b: int, args: Any, device: torch.device) -> Case:
@@ -258,12 +256,21 @@ def coherence_case(model: Any, b: int, args: Any, device: torch.device) -> Case:
                                      num_negs=n).to(device),
               "momentum": MomentumEncoder(model), "prefix_rng": PrefixRandom(0)}  # fmt: skip
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
-    st = CoherenceState(model, [opt], [None], {"epoch": 0, "done": 0}, extras)
+    st = CoherenceState(model, [opt], [None], {"done": 0}, extras)
     tokens = b * (1 + n) * (PAPER_LEN["coherence"] + 2)
     return Case(CoherenceTask(cfg, ""), st, coherence_micro_batches(b, n), tokens, b)
 
 
 # ---------------------------------------------------------------------------------------------- the recipes
+def collated(case: Case, device: torch.device) -> Case:
+    """The case's batches collated by its task and on ``device``: what the loop's prefetcher hands a step."""
+    from raycl.train.prefetch import pinned, to_device
+
+    ready = [dataclasses.replace(b, data=to_device(pinned(case.task.collate(case.state, b.data), device), device))
+             for b in case.batches]  # fmt: skip
+    return dataclasses.replace(case, batches=ready)
+
+
 class Recipe:
     """A recipe's model, built once (``shape``), and its step at any batch."""
 
@@ -283,12 +290,14 @@ class Recipe:
 
     def case(self, b: int) -> Case:
         if self.name == "gec":
-            return gec_case(self.model, b, self.args, self.device)
-        if self.name == "idiom":
-            return idiom_case(self.model, self.tokenizer, b, self.args, self.device)
-        if self.name == "sts":
-            return sts_case(self.model, b, self.args, self.device)
-        return coherence_case(self.model, b, self.args, self.device)
+            case = gec_case(self.model, b, self.args, self.device)
+        elif self.name == "idiom":
+            case = idiom_case(self.model, self.tokenizer, b, self.args, self.device)
+        elif self.name == "sts":
+            case = sts_case(self.model, b, self.args, self.device)
+        else:
+            case = coherence_case(self.model, b, self.args, self.device)
+        return collated(case, self.device)
 
     def params(self) -> int:
         return sum(p.numel() for p in self.model.parameters())

@@ -333,7 +333,7 @@ def test_collectives_use_the_backends_device() -> None:
                 assert isinstance(arg, ast.Name), f"{fn.name}: {ast.unparse(call)}"
                 assert _on_backend_device(arg.id, assigned), f"{fn.name}: {arg.id} = {assigned.get(arg.id)}"
                 checked += 1
-    assert checked >= 5  # sum_gradients (2), all_reduce_sum, _weight_and_active, broadcast_int, all_gather_floats
+    assert checked >= 5  # sum_gradients (2), all_reduce_sum, _all_reduced, broadcast_int, all_gather_floats
 
 
 class _Devices:

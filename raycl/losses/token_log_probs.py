@@ -21,6 +21,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import FunctionCtx, once_differentiable
 
+from raycl.losses.full_precision import autocast_off
+
 CHUNK_BYTES = 1 << 28  # fp32 temporaries of at most 256 MiB a chunk (a (3840, 50265) BART batch is 3 chunks)
 
 
@@ -72,7 +74,7 @@ class _TokenLogProbs(torch.autograd.Function):
         lse = logits.new_empty(N, dtype=dtype)  # (N,)
         target_lp = logits.new_empty(N, dtype=dtype)  # (N,)
         total = logits.new_empty(N, dtype=dtype)  # (N,)
-        with torch.autocast(logits.device.type, enabled=False):  # fp32 on purpose: no autocast re-cast
+        with autocast_off(logits.device.type):  # fp32 on purpose: no autocast re-cast
             for lo in range(0, N, rows):
                 x = logits[lo : lo + rows].to(dtype)  # (n, V) one chunk in fp32 (a view if already fp32)
                 c = torch.logsumexp(x, dim=-1)  # (n,)
@@ -92,7 +94,7 @@ class _TokenLogProbs(torch.autograd.Function):
         rows, dtype = ctx.rows, lse.dtype
         grad = torch.empty_like(logits)  # (N, V) in the logits' dtype
         coef = g_target + V * g_total  # (N,) weight of −p_v
-        with torch.autocast(logits.device.type, enabled=False):
+        with autocast_off(logits.device.type):
             for lo in range(0, N, rows):
                 hi = min(lo + rows, N)
                 out = grad[lo:hi] if logits.dtype == dtype else None  # write in place when no cast is needed

@@ -118,15 +118,6 @@ def encode_batch(
     return dict(enc)  # input_ids (B, T), attention_mask (B, T)[, token_type_ids (B, T)]
 
 
-def without_full_mask(enc: dict[str, Tensor]) -> dict[str, Tensor]:
-    """``enc`` without its attention mask when no position is padding (read on the CPU, at collate time): the model
-    then attends everywhere, as the mask would say, and skips the mask's own checks on the device."""
-    mask = enc.get("attention_mask")
-    if mask is not None and bool(mask.all()):
-        return {k: v for k, v in enc.items() if k != "attention_mask"}
-    return enc
-
-
 def load_classifier(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model and tokenizer of a folder written by :func:`build_classifier` (or saved after training)."""
     return AutoModelForSequenceClassification.from_pretrained(str(path)), AutoTokenizer.from_pretrained(str(path))

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from raycl.errors import UserError
+from raycl.models import masks
 
 HEAD_FILE = "coherence_head.safetensors"
 CONFIG_FILE = "coherence_config.json"
@@ -58,6 +59,8 @@ def document_rep(hidden: Tensor, pooling: str) -> Tensor:
 
 
 def _encoder_reps(encoder: nn.Module, pooling: str, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
+    if attention_mask is not None and getattr(encoder.config, "model_type", "") != "xlnet":  # XLNet: its own 2-D
+        attention_mask = masks.attention_mask(attention_mask, encoder)  # as the attention reads it: no sync
     hidden = encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, H)
     return document_rep(hidden, pooling)  # (B, H)
 

@@ -37,6 +37,7 @@ from transformers import (
 )
 
 from raycl.errors import UserError, at
+from raycl.models import masks
 from raycl.models.cross_attention import CrossAttention, mean_pool
 from raycl.models.tokenizer import train_bpe_tokenizer
 
@@ -94,9 +95,10 @@ class SentenceEncoder(nn.Module):
         return batch["input_ids"], batch["attention_mask"]
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, *, padded: bool = True) -> Tensor:
-        """Token states of the encoder: (B, T), (B, T) -> (B, T, H). ``padded=False`` (known at collate time: no
-        position is padding) gives the encoder no mask, so that it skips the mask's checks."""
-        mask = attention_mask if padded else None
+        """Token states of the encoder: (B, T), (B, T) -> (B, T, H). The mask goes to the encoder in its
+        attention's own form (:mod:`raycl.models.masks`: nothing read back from the device); ``padded=False``
+        (known at collate time: no position is padding) gives it none."""
+        mask = masks.attention_mask(attention_mask, self.encoder) if padded else None
         return self.encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
 
     def embed(self, input_ids: Tensor, attention_mask: Tensor, *, padded: bool = True) -> Tensor:

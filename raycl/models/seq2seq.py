@@ -20,6 +20,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, 
 
 from raycl.losses.token_log_probs import TokenLogProbs, token_log_probs
 from raycl.models.decoding import Decoding, hf_generation_config, keep, only_config
+from raycl.models.masks import attention_mask
 
 
 @dataclass(frozen=True)
@@ -145,25 +146,15 @@ class Seq2SeqScorer(nn.Module):
                          use_cache=False)  # fmt: skip
         logits = out.logits  # (R, T, V)
         kind = logits.device.type
-        if torch.is_autocast_enabled(kind) and logits.dtype == torch.float32:
+        autocast = torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)
+        if autocast and logits.dtype == torch.float32:
             logits = logits.to(torch.get_autocast_dtype(kind))  # (R, T, V) kept for the backward in half
         return logits
 
     def _attention_mask(self, src_mask: Tensor | None) -> Tensor | None:
-        """The source padding mask as SDPA (boolean) or eager (additive) attention reads it: (R, S) ->
-        (R, 1, 1, S); one tensor serves the encoder's self-attention and the decoder's cross-attention by
-        broadcasting. Other attention implementations get the 2-D mask."""
-        if src_mask is None:
-            return None
-        impl = getattr(self.model.config, "_attn_implementation", None)
-        keep = src_mask[:, None, None, :].bool()  # (R, 1, 1, S) True = attend
-        if impl == "sdpa":
-            return keep
-        if impl == "eager":
-            dtype = self.model.dtype
-            additive = torch.zeros(keep.shape, dtype=dtype, device=keep.device)  # (R, 1, 1, S)
-            return additive.masked_fill_(~keep, torch.finfo(dtype).min)
-        return src_mask
+        """The source padding mask as the attention reads it (:func:`raycl.models.masks.attention_mask`): one
+        (R, 1, 1, S) tensor serves the encoder's self-attention and the decoder's cross-attention."""
+        return None if src_mask is None else attention_mask(src_mask, self.model)
 
     def token_log_probs(
         self, src_ids: Tensor, src_mask: Tensor | None, prev_output_ids: Tensor, target_ids: Tensor, *,

@@ -541,8 +541,7 @@ class _Loop:
             for p in params:
                 p.grad = None
         weight = 0.0 if joined or self.ctx is None else self.ctx.weight
-        _, ranks = average_gradients(params, weight, averaged_by_ddp=self.synced, active=not joined)
-        if ranks == 0:
+        if not average_gradients(params, weight, averaged_by_ddp=self.synced, active=not joined):
             return False
         if self.scaler is not None:  # after the all-reduce: every rank sees the same inf/NaN and skips alike
             self.scaler.unscale_(opt)

@@ -32,7 +32,8 @@ from raycl.adversarial import build_adversarial
 from raycl.configs.idiom import IdiomConfig
 from raycl.data.semeval import IdiomExample, read_idiom_train
 from raycl.memory.ema import EMA
-from raycl.models.classifier import encode_batch, load_classifier, without_full_mask
+from raycl.models.classifier import encode_batch, load_classifier
+from raycl.models.masks import prepared
 from raycl.recipes.idiom.evaluation import Evaluator, model_input
 from raycl.train.loop import (
     Batch,
@@ -72,7 +73,7 @@ def epoch_batches(n: int, *, batch_size: int, seed: int, rank: int, world_size: 
 class IdiomBatch:
     """A collated batch (CPU, then the device): the model's inputs, the labels, the rows it stands for."""
 
-    inputs: dict[str, torch.Tensor]  # input_ids (B, T)[, attention_mask (B, T) where there is padding, …]
+    inputs: dict[str, torch.Tensor]  # input_ids (B, T)[, attention_mask (B, 1, 1, T) where there is padding, …]
     labels: torch.Tensor  # (B,)
     weight: float  # rows of this rank's share (0: an empty share runs one row, so that DDP sees a backward)
 
@@ -144,7 +145,7 @@ class IdiomTask(TaskBase):
         texts: Any = [model_input(e, self.setting) for e in batch]  # all texts or all pairs: one setting
         pad = 16 if self.cfg.optim.compile else None  # lengths in buckets of 16: compiled shapes repeat
         enc = encode_batch(st.tokenizer, texts, max_len=self.cfg.model.max_len, pad_to_multiple_of=pad)
-        return IdiomBatch(without_full_mask(enc), torch.tensor([e.label for e in batch]), weight)
+        return IdiomBatch(prepared(enc, st.model), torch.tensor([e.label for e in batch]), weight)
 
     def step(self, st: IdiomState, b: IdiomBatch, ctx: StepContext) -> dict[str, Any]:
         """The clean backward, then the adversarial terms (the loop steps the optimizer, then the EMA). The
