@@ -1,13 +1,27 @@
-"""Benchmark: one GEC-CL training step (a positive pass and 4 negatives per sentence) through the one training loop
-(``raycl.train.loop``), at fp32 and bf16, on a model of BART-large's shape built from its config (random weights:
-nothing is downloaded). Prints one JSON object: per precision, step time, tokens/s, peak memory, and on a GPU the
-largest batch that fits. On a machine without a GPU it runs the same on a small config (``--shape small``).
+"""Benchmark: one training step of a recipe through the one training loop (``raycl.train.loop``), at fp32 and bf16,
+on its paper's model built from a config (random weights: nothing is downloaded). Prints one JSON object: per
+precision, step time, tokens/s, peak memory; the step's aten ops, host–device syncs (by kind and call site) and
+casts (``raycl.train.counting``: the forward and backward, the update apart); its model FLOPs and MFU against the
+card's peak (``--peak-tflops``, or a large matmul measured at that precision); on a GPU the largest batch that fits
+and the same figures there.
 
-Tokens are counted as fairseq's ``num_tokens`` counts a GEC-CL example: the source plus the whole target line
-(the target and every negative). Usage::
+``--recipe gec`` (default): a GEC-CL step, batch 16 sentences × (48 source + 5 × 48 target-line tokens: the
+target and 4 negatives), BART-large's shape on a GPU, a small BART on a CPU; tokens are counted as fairseq's
+``num_tokens``: the source plus the whole target line. ``--recipe idiom|sts|coherence``: the encoder recipes at
+their papers' shapes — InfoXLM-base (XLM-R-base's config), seq 128, batch 16, FGM and EMA; multilingual
+BERT-base, seq 64, batch 32, cross-attention and the MoCo queue (an MSE batch and a contrastive batch a step);
+XLNet-base, 602 tokens, one document and 5 negatives, the momentum encoder and queue. Models and steps:
+``bench/train_steps.py``.
+
+``--count-only`` counts instead of timing: ``--shape narrow`` (its default) keeps the paper model's layers at a
+small width (the counts depend on the layout, not the width: a CPU counts BART-large's in seconds, bf16
+included); ``--shape smoke`` counts the recipe's own smoke steps (its preset, built-in data, ``task.build`` and
+``task.epoch``: ``bench/train_smoke.py``). Usage::
 
     .venv/bin/python bench/train.py --json                      # auto: bart-large on a GPU, small on a CPU
-    python3 bench/train.py --json --shape bart-large --batch 16 # on a GPU machine without the venv
+    .venv/bin/python bench/train.py --json --count-only         # GEC at BART-large's layout, batch 16: counts
+    .venv/bin/python bench/train.py --json --count-only --recipe coherence --shape smoke
+    python3 bench/train.py --json --recipe idiom --batch 32     # on a GPU machine without the venv
     .venv/bin/python bench/train.py --json --workers 2          # data parallel: 2 gloo workers against 1
 
 ``--workers N`` runs the same GEC-CL step in N processes (gloo on a CPU, NCCL on GPUs), batch B per worker, one
@@ -20,7 +34,6 @@ exchange's overhead per step over ``none``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import resource
@@ -31,69 +44,37 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from train_steps import PAPER_BATCH, Recipe, gec_micro_batches, gec_model
 
-SHAPES = {  # BartConfig fields
-    "bart-large": dict(vocab_size=50265, d_model=1024, encoder_layers=12, decoder_layers=12, encoder_ffn_dim=4096,
-                       decoder_ffn_dim=4096, encoder_attention_heads=16, decoder_attention_heads=16,
-                       max_position_embeddings=1024),
-    "small": dict(vocab_size=8000, d_model=256, encoder_layers=3, decoder_layers=3, encoder_ffn_dim=1024,
-                  decoder_ffn_dim=1024, encoder_attention_heads=4, decoder_attention_heads=4,
-                  max_position_embeddings=256),
-}  # fmt: skip
+STEP_MICRO_BATCHES = {"sts": 2}  # STS's released schedule: an MSE batch, then a contrastive one, per step
 
 
-def _model(shape: str, device: torch.device) -> Any:
-    from transformers import BartConfig, BartForConditionalGeneration
+class CountedTask:
+    """The recipe's task as the loop sees it, its ``step`` counted in the region "step" while ``counter`` is set
+    (the forward and backward; the rest of a micro-batch is the update)."""
 
-    from raycl.models.seq2seq import Seq2SeqScorer
+    def __init__(self, task: Any) -> None:
+        self._task, self.counter, self.calls = task, None, 0
 
-    torch.manual_seed(0)
-    config = BartConfig(**SHAPES[shape], dropout=0.1, pad_token_id=1, bos_token_id=0, eos_token_id=2,
-                        decoder_start_token_id=2)  # fmt: skip
-    tokenizer = SimpleNamespace(pad_token_id=1, eos_token_id=2)  # ids are made here: no vocabulary needed
-    return Seq2SeqScorer(BartForConditionalGeneration(config), tokenizer).to(device)  # type: ignore[arg-type]
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._task, name)
 
-
-def _batch(b: int, args: argparse.Namespace, vocab: int, device: torch.device) -> Any:
-    from raycl.train.gec_step import GecBatch
-
-    g = torch.Generator().manual_seed(b)
-
-    def ids(*shape: int) -> torch.Tensor:
-        t = torch.randint(4, vocab, shape, generator=g)
-        t[..., -1] = 2  # </s>
-        return t
-
-    src = ids(b, args.src_len)
-    return GecBatch(src, torch.ones_like(src), ids(b, args.tgt_len), ids(b, args.negatives, args.tgt_len),
-                    torch.full((b,), args.negatives)).to(device)  # fmt: skip
+    def step(self, st: Any, data: Any, ctx: Any) -> dict[str, float]:
+        if self.counter is None:
+            return self._task.step(st, data, ctx)  # type: ignore[no-any-return]
+        self.calls += 1  # each micro-batch of the step in a region of its own too: "micro_batch 1", …
+        with self.counter.region("step"), self.counter.region(f"micro_batch {self.calls}"):
+            return self._task.step(st, data, ctx)  # type: ignore[no-any-return]
 
 
-def _runner(scorer: Any, precision: str, device: torch.device) -> Any:
-    from raycl.configs.gec import GecConfig
-    from raycl.losses.gec_margin import GecContrastiveLoss
-    from raycl.recipes.gec.worker import GecState, GecTask
+def _runner(case: Any, precision: str, device: torch.device) -> tuple[Any, CountedTask]:
     from raycl.train import loop
     from raycl.train.precision import Precision, enable_tf32
 
-    class BenchTask(GecTask):
-        def step(self, st: Any, data: Any, ctx: Any) -> dict[str, float]:  # a prebuilt batch: no tokenizer
-            from raycl.train.gec_step import gec_loss
-
-            out = gec_loss(st.model, data, st.loss_fn)
-            ctx.backward(out.loss, weight=float(out.ntokens))
-            return {"loss": float(out.loss.detach())}
-
-        def after_update(self, st: Any) -> None:
-            pass
-
-    cfg = GecConfig()
-    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, precision=precision))
     enable_tf32(device)
-    opt = torch.optim.AdamW(scorer.parameters(), lr=1e-5)
-    st = GecState(scorer, [opt], [None], {}, loss_fn=GecContrastiveLoss(margin=0.25, trade_off=0.5))
+    task = CountedTask(case.task)
     w = loop.Worker(0, 1, device, Precision(precision, device), None, loop.Job(None, "", ""))  # type: ignore[arg-type]
-    return loop._Loop(BenchTask(cfg, "finetune"), st, w)
+    return loop._Loop(task, case.state, w), task
 
 
 def _sync(device: torch.device) -> None:
@@ -101,46 +82,152 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def measure(scorer: Any, precision: str, b: int, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-    from raycl.train.loop import Batch
+def _run(runner: Any, batches: list[Any]) -> None:
+    for batch in batches:
+        runner.micro_batch(batch)
 
-    runner = _runner(scorer, precision, device)
-    batch = _batch(b, args, scorer.model.config.vocab_size, device)
+
+def count_step(runner: Any, task: CountedTask, batches: list[Any], device: torch.device) -> dict[str, Any]:
+    """Aten ops, syncs (by kind and call site) and casts of one step's forward and backward; the update's apart."""
+    from raycl.train.counting import Counts, count_ops
+
+    with count_ops(cpu_as_device=device.type == "cpu") as c:
+        task.counter, task.calls = c, 0
+        try:
+            _run(runner, batches)
+        finally:
+            task.counter = None
+    step = c.regions.get("step", Counts())
+    # the update's syncs are not given: on a CPU run its optimizer's step counters (CPU tensors on a GPU too) count
+    out = {**step.summary(), "update_ops": c.ops - step.ops}
+    if len(batches) > 1:
+        out["micro_batches"] = [c.regions[f"micro_batch {i + 1}"].summary() for i in range(len(batches))]
+    return out
+
+
+def step_flops(runner: Any, batches: list[Any]) -> int:
+    """Model FLOPs of a step: matmuls and attention of the forward and backward, as FlopCounterMode counts them."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as flops:
+        _run(runner, batches)
+    return int(flops.get_total_flops())
+
+
+def peak_tflops(precision: str, device: torch.device) -> float:
+    """The card's matmul rate at this precision (TF32 where on for fp32): the best of several timed square
+    matmuls (a shared machine's other load only slows some of them down)."""
+    n = 8192 if device.type == "cuda" else 1024
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(10):
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(5):
+            a @ b
+        _sync(device)
+        best = min(best, (time.perf_counter() - t0) / 5)
+    return 2 * n**3 / best / 1e12
+
+
+def measure(case: Any, precision: str, args: argparse.Namespace, device: torch.device, *,
+            peak: float | None = None) -> dict[str, Any]:  # fmt: skip
+    """Median step time over ``args.steps`` (after ``args.warmup``), tokens/s, peak memory; then, untimed, the
+    step's counts and FLOPs (MFU against ``peak`` TFLOP/s)."""
+    runner, task = _runner(case, precision, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     times = []
     for i in range(args.warmup + args.steps):
         _sync(device)
         t0 = time.perf_counter()
-        runner.micro_batch(Batch(batch))
+        _run(runner, case.batches)
         _sync(device)
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
     step_s = sorted(times)[len(times) // 2]
-    tokens = b * (args.src_len + args.tgt_len * (1 + args.negatives))
-    peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # fmt: skip
-    return {"batch": b, "step_s": step_s, "tokens_per_s": tokens / step_s, "tokens_per_step": tokens,
-            "peak_memory_gib": peak / 2**30, "peak_memory_kind": "cuda allocated" if device.type == "cuda"
-            else "process max RSS"}  # fmt: skip
+    peak_mem = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
+                else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # fmt: skip
+    row = {"batch": case.items, "step_s": step_s, "tokens_per_s": case.tokens / step_s,
+           "items_per_s": case.items / step_s, "tokens_per_step": case.tokens, "peak_memory_gib": peak_mem / 2**30,
+           "peak_memory_kind": "cuda allocated" if device.type == "cuda" else "process max RSS"}  # fmt: skip
+    if args.no_counts:
+        return row
+    flops = step_flops(runner, case.batches)
+    row.update(flops_per_step=flops, achieved_tflops=flops / step_s / 1e12)
+    if peak:
+        row.update(peak_tflops=peak, mfu=flops / step_s / 1e12 / peak)
+    row["counts"] = count_step(runner, task, case.batches, device)
+    return row
 
 
-def largest_batch(scorer: Any, precision: str, args: argparse.Namespace, device: torch.device) -> int:
+def largest_batch(recipe: Any, precision: str, args: argparse.Namespace, device: torch.device) -> int:
     """Doubling then bisection on the batch size until a step runs out of GPU memory."""
     ok, bad = 0, None
     b = args.batch
+    quick = argparse.Namespace(**{**vars(args), "steps": 1, "warmup": 0, "no_counts": True})
     while bad is None or bad - ok > max(ok // 8, 1):
         try:
-            measure(scorer, precision, b, argparse.Namespace(**{**vars(args), "steps": 1, "warmup": 0}), device)
+            measure(recipe.case(b), precision, quick, device)
             ok = b
         except torch.OutOfMemoryError:
             bad = b
-        scorer.zero_grad(set_to_none=True)
+        recipe.model.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()
         if bad is None and b >= args.max_batch:
             break
         b = b * 2 if bad is None else (ok + bad) // 2
     return ok
+
+
+def count_only(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Counts of one step per precision (after ``args.warmup`` steps), no timing."""
+    out: dict[str, Any] = {"bench": "train_counts", "recipe": args.recipe, "shape": args.shape,
+                           "device": _device_name(device)}  # fmt: skip
+    recipe = None if args.shape == "smoke" else Recipe(args.recipe, args.shape, device, args)
+    for precision in args.precisions.split(","):
+        print(f"[bench] counting {args.recipe} {args.shape} {precision}", file=sys.stderr, flush=True)
+        out[precision] = (smoke_counts(args, precision, device) if recipe is None
+                          else _counts(recipe.case(args.batch), precision, args, device))  # fmt: skip
+    if recipe is not None:
+        out.update(batch=args.batch, params_m=recipe.params() / 1e6)
+    if "fp32" in out and "bf16" in out:
+        out["bf16_added_casts"] = out["bf16"]["casts"] - out["fp32"]["casts"]
+    return out
+
+
+def _counts(case: Any, precision: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    runner, task = _runner(case, precision, device)
+    for _ in range(args.warmup):
+        _run(runner, case.batches)
+    return count_step(runner, task, case.batches, device)
+
+
+def smoke_counts(args: argparse.Namespace, precision: str, device: torch.device) -> dict[str, Any]:
+    """The recipe's own smoke steps: ``args.warmup`` steps, then ``args.steps`` counted ones (each its own batch
+    from the stream); the last one's counts in full, every counted step's ops and syncs."""
+    import tempfile
+
+    from train_smoke import smoke_batches
+
+    per = STEP_MICRO_BATCHES.get(args.recipe, 1)
+    with tempfile.TemporaryDirectory(prefix=f"bench-smoke-{args.recipe}-") as tmp:
+        task, st, batches = smoke_batches(args.recipe, device, Path(tmp), (args.warmup + args.steps) * per,
+                                          phase=args.gec_phase)  # fmt: skip
+        case = SimpleNamespace(task=task, state=st)
+        runner, counted = _runner(case, precision, device)
+        steps = [batches[i : i + per] for i in range(0, len(batches), per)]
+        for step in steps[: args.warmup]:
+            _run(runner, step)
+        counts = [count_step(runner, counted, step, device) for step in steps[args.warmup :]]
+    return {**counts[-1], "steps": [{"ops": c["ops"], "syncs": c["syncs"]} for c in counts]}
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def _worker_step(rank: int, world: int, port: int, mode: str, args: argparse.Namespace, out: str) -> None:
@@ -158,7 +245,7 @@ def _worker_step(rank: int, world: int, port: int, mode: str, args: argparse.Nam
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
-    scorer = _model(args.shape, device)
+    scorer = gec_model(args.shape, device)
     loss_fn = GecContrastiveLoss(margin=0.25, trade_off=0.5)
 
     class Step(torch.nn.Module):  # the step as a module, so that DDP can run it through forward
@@ -174,7 +261,7 @@ def _worker_step(rank: int, world: int, port: int, mode: str, args: argparse.Nam
     module = torch.nn.parallel.DistributedDataParallel(step) if mode == "ddp" and world > 1 else step
     opt = torch.optim.AdamW(scorer.parameters(), lr=1e-5)
     params = list(scorer.parameters())
-    batch = _batch(args.batch, args, scorer.model.config.vocab_size, device)
+    batch = gec_micro_batches(args.batch, args, scorer.model.config.vocab_size, device)[0].data
     times = []
     for i in range(args.warmup + args.steps):
         dist.barrier()
@@ -226,42 +313,81 @@ def workers_bench(args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true")
-    p.add_argument("--shape", choices=["auto", *SHAPES], default="auto")
-    p.add_argument("--batch", type=int, default=0, help="sentences per step (default: 16 on a GPU, 4 on a CPU)")
+    p.add_argument("--recipe", choices=["gec", "idiom", "sts", "coherence"], default="gec")
+    p.add_argument("--shape", choices=["auto", "paper", "bart-large", "small", "narrow", "smoke"], default="auto",
+                   help="paper (GEC: bart-large), narrow (the paper's layout at a small width), small (GEC), "
+                        "smoke (the recipe's smoke run); auto: paper on a GPU, else small (GEC) or narrow, "
+                        "narrow with --count-only")
+    p.add_argument("--count-only", action="store_true", help="aten ops, syncs and casts of a step; no timing")
+    p.add_argument("--batch", type=int, default=0,
+                   help="examples per step (default: the paper's; GEC on a CPU: 4, 16 with --count-only)")
     p.add_argument("--negatives", type=int, default=4)
     p.add_argument("--src-len", type=int, default=48)
     p.add_argument("--tgt-len", type=int, default=48)
+    p.add_argument("--passes", choices=["joint", "per_slot"], default="joint",
+                   help="GEC: one pass over positives and negatives, or the released code's pass per slot")
+    p.add_argument("--adversarial", default="fgm", help="idiom: the adversarial method of the step")
+    p.add_argument("--gec-phase", choices=["pretrain", "finetune"], default="finetune", help="GEC --shape smoke")
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 2; --count-only: 1)")
     p.add_argument("--precisions", default="fp32,bf16")
+    p.add_argument("--peak-tflops", type=float, default=0.0, help="the card's peak (default: measured per "
+                                                                   "precision on a large matmul)")
+    p.add_argument("--no-counts", action="store_true", help="timing only (no counted or FLOP-counted step)")
     p.add_argument("--max-batch", type=int, default=1024, help="largest batch tried on a GPU")
-    p.add_argument("--workers", type=int, default=0, help="data-parallel processes against 1 (0: off)")
+    p.add_argument("--workers", type=int, default=0, help="GEC data-parallel processes against 1 (0: off)")
     p.add_argument("--threads-per-worker", type=int, default=1)
     args = p.parse_args()
+    gpu = torch.cuda.is_available()
+    args.warmup = args.warmup if args.warmup is not None else 1 if args.count_only else 2
     if args.workers:
-        gpu = torch.cuda.is_available()
         args.shape = args.shape if args.shape != "auto" else ("bart-large" if gpu else "small")
         args.batch = args.batch or 4
         print(json.dumps(workers_bench(args), indent=2 if args.json else None))
         return
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    shape = args.shape if args.shape != "auto" else ("bart-large" if device.type == "cuda" else "small")
-    args.batch = args.batch or (16 if device.type == "cuda" else 4)
-    scorer = _model(shape, device)
-    out: dict[str, Any] = {"bench": "train", "shape": shape, "device": torch.cuda.get_device_name(device)
-                           if device.type == "cuda" else "cpu", "threads": torch.get_num_threads(),
-                           "params_m": sum(p.numel() for p in scorer.parameters()) / 1e6,
-                           "negatives": args.negatives, "src_len": args.src_len,
-                           "tgt_len": args.tgt_len}  # fmt: skip
+    device = torch.device("cuda" if gpu else "cpu")
+    args.shape = _shape(args, gpu)
+    args.batch = args.batch or (4 if args.recipe == "gec" and not gpu and not args.count_only
+                                else PAPER_BATCH[args.recipe])  # fmt: skip
+    out = count_only(args, device) if args.count_only else timing(args, device)
+    print(json.dumps(out, indent=2 if args.json else None))
+
+
+def _shape(args: argparse.Namespace, gpu: bool) -> str:
+    shape = args.shape
+    if shape == "auto":
+        shape = "narrow" if args.count_only else "paper" if gpu else "small" if args.recipe == "gec" else "narrow"
+    if args.recipe == "gec" and shape == "paper":
+        return "bart-large"
+    if args.recipe != "gec" and shape in ("bart-large", "small"):
+        raise SystemExit(f"--shape {shape} is a GEC shape; --recipe {args.recipe} has paper, narrow, smoke")
+    return shape
+
+
+def timing(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Per precision: step time, tokens/s, memory, counts and MFU at the batch; on a GPU also at the largest."""
+    if args.shape == "smoke":
+        raise SystemExit("--shape smoke counts (--count-only); time the smoke runs with raycl.train")
+    recipe = Recipe(args.recipe, args.shape, device, args)
+    out: dict[str, Any] = {"bench": "train", "recipe": args.recipe, "shape": args.shape,
+                           "device": _device_name(device), "threads": torch.get_num_threads(),
+                           "params_m": recipe.params() / 1e6}  # fmt: skip
+    if args.recipe == "gec":
+        out.update(negatives=args.negatives, src_len=args.src_len, tgt_len=args.tgt_len)
     for precision in args.precisions.split(","):
-        print(f"[bench] {shape} {precision} batch {args.batch}", file=sys.stderr, flush=True)
-        row = measure(scorer, precision, args.batch, args, device)
+        print(f"[bench] {args.recipe} {args.shape} {precision} batch {args.batch}", file=sys.stderr, flush=True)
+        peak = args.peak_tflops or (None if args.no_counts else peak_tflops(precision, device))
+        row = measure(recipe.case(args.batch), precision, args, device, peak=peak)
         if device.type == "cuda":
-            row["largest_batch"] = largest_batch(scorer, precision, args, device)
+            row["largest_batch"] = largest = largest_batch(recipe, precision, args, device)
+            if largest and largest != args.batch:
+                big = measure(recipe.case(largest), precision, args, device, peak=peak)
+                keys = ("batch", "step_s", "tokens_per_s", "peak_memory_gib", "achieved_tflops", "mfu")
+                row["at_largest_batch"] = {k: big[k] for k in keys if k in big}
         out[precision] = row
     if "fp32" in out and "bf16" in out:
         out["bf16_speedup"] = out["fp32"]["step_s"] / out["bf16"]["step_s"]
-    print(json.dumps(out, indent=2 if args.json else None))
+    return out
 
 
 if __name__ == "__main__":

@@ -63,6 +63,10 @@ class LoopOptions:
     precision: str = "fp32"  # fp32 | bf16 | fp16: autocast (fp16 with a gradient scaler), training and evaluation
     update_freq: int = 1  # batches whose gradients are summed into one update (fairseq's --update-freq)
     tf32: bool = True  # TF32 matmuls for what stays fp32, on GPUs that have them (Ampere and newer)
+    prefetch: int = 2  # batches read, sized and collated ahead in a background thread (0: in the step's thread)
+    compile: bool = False  # torch.compile the model's forward (lengths bucketed so that shapes repeat)
+    compile_mode: str = "default"  # default | reduce-overhead (CUDA graphs) | max-autotune (inductor's modes)
+    compile_backend: str = "inductor"  # torch.compile's backend; aot_eager traces without generating code
 
 
 @dataclass
@@ -492,6 +496,11 @@ def _validate_common(c: Any, where: str) -> None:
         require(c.optim.precision in PRECISIONS, where, "optim.precision", " | ".join(PRECISIONS),
                 c.optim.precision)
         require(c.optim.update_freq >= 1, where, "optim.update_freq", "an integer ≥ 1", c.optim.update_freq)
+        require(c.optim.prefetch >= 0, where, "optim.prefetch", "an integer ≥ 0 (0: no background thread)",
+                c.optim.prefetch)
+        modes = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+        require(c.optim.compile_mode in modes, where, "optim.compile_mode", " | ".join(modes),
+                c.optim.compile_mode)
     if isinstance(c.optim, OptimSection):
         _validate_optim(c.optim, where)
     if isinstance(getattr(c, "mining", None), MiningSection):

@@ -13,12 +13,13 @@ import torch
 from torch import Tensor, nn
 
 from raycl.adversarial import build_adversarial
-from raycl.adversarial.base import ADVERSARIAL, stable_kl
+from raycl.adversarial.base import ADVERSARIAL, ascend, project, stable_kl
 from raycl.adversarial.fgm import FGM
 from raycl.adversarial.freelb import FreeLB
 from raycl.adversarial.pgd import PGD
 from raycl.adversarial.smart import SMART
 from raycl.errors import UserError
+from raycl.train.counting import count_ops
 
 V, H, C = 9, 4, 3
 IDS = torch.tensor([[1, 2, 3, 2], [4, 1, 5, 6]])  # rows 0, 7, 8 of E never appear: zero gradient there
@@ -330,3 +331,49 @@ def test_hf_model_embedding_is_found_and_restored_under_dropout() -> None:
     assert not torch.equal(model.bert.embeddings.word_embeddings.weight.grad, clean_emb_grad)
     for n, p in model.named_parameters():
         assert torch.equal(p.detach(), before[n]), n
+
+
+def test_ascend_and_project_decide_on_the_device_as_the_code_does() -> None:
+    """No move for a zero (or absent) gradient; a step of exactly ``step`` along g/‖g‖ otherwise; the projection
+    leaves a point inside the ball bit-exactly, puts one outside on the sphere along δ, and ε = 0 gives E₀."""
+    torch.manual_seed(0)
+    origin = torch.randn(V, H, dtype=torch.float64)  # E₀ ≠ 0: (E − E₀) + E₀ is not E bit for bit
+    w = nn.Parameter(origin + 0.1 * torch.randn(V, H, dtype=torch.float64))
+    before = w.detach().clone()
+    for grad in (None, torch.zeros(V, H, dtype=torch.float64)):
+        w.grad = grad
+        ascend(w, 0.7)
+        assert torch.equal(w.detach(), before)
+    w.grad = torch.randn(V, H, dtype=torch.float64)
+    ascend(w, 0.7)
+    torch.testing.assert_close(w.detach(), before + 0.7 * w.grad / frob(w.grad), rtol=1e-12, atol=1e-12)
+    inside, delta = w.detach().clone(), w.detach() - origin
+    project(w, origin, frob(delta) + 1e-3)
+    assert torch.equal(w.detach(), inside)
+    project(w, origin, 0.25)
+    assert frob(w.detach() - origin) == pytest.approx(0.25, rel=1e-12)
+    torch.testing.assert_close(w.detach(), origin + delta * (0.25 / frob(delta)), rtol=1e-12, atol=1e-15)
+    project(w, origin, 0.0)
+    assert torch.equal(w.detach(), origin)
+
+
+@pytest.mark.parametrize("name", ["fgm", "pgd", "freelb", "smart"])
+def test_attacks_never_wait_for_the_device_and_report_their_losses(name: str) -> None:
+    """Norm tests, projections and the logged losses stay on the device (the CPU stands in for it): 0 syncs. The
+    returned 0-dim tensors are the adversarial passes' losses: FGM's one, PGD's last, the mean over K (FreeLB,
+    SMART) and SMART's KL."""
+    model = Tiny()
+    logits, losses = clean_backward(model), []
+
+    def forward() -> tuple[Tensor, Tensor]:
+        loss, out = model(IDS, LABELS)
+        losses.append(loss.detach().clone())
+        return loss, out
+
+    method = build_adversarial(name, model, epsilon=0.5, alpha=0.4, steps=3)
+    with count_ops(cpu_as_device=True) as c:
+        stats = method.attack_and_backward(forward, clean_logits=logits)
+    assert c.syncs == 0, c.sync_sites
+    assert all(isinstance(v, Tensor) and v.dim() == 0 for v in stats.values())
+    adv = {"fgm": losses[0], "pgd": losses[-1], "freelb": sum(losses) / 3, "smart": sum(losses[:3]) / 3}[name]
+    assert float(stats["adv/loss"]) == pytest.approx(float(adv), rel=1e-12)

@@ -13,6 +13,7 @@ from raycl.losses.momentum_contrastive import momentum_contrastive_loss, total_l
 from raycl.losses.pairwise_margin import pairwise_margin_loss
 from raycl.memory.momentum import momentum_update
 from raycl.memory.negative_queue import NegativeQueue
+from raycl.train.counting import count_ops
 
 TAU = 0.1
 
@@ -156,6 +157,25 @@ def test_queue_batch_is_item_by_item_and_checkpoints() -> None:
     assert len(restored) == len(batched) and torch.equal(restored.entries(), batched.entries())
 
 
+def test_queue_steps_never_read_the_device_and_a_restored_queue_goes_on_alike() -> None:
+    """The rule needs only how many reps came: enqueue, len and entries wait for nothing (the CPU stands in for the
+    device). A queue restored mid-run knows its fill without being told and continues as the uninterrupted one."""
+    whole = NegativeQueue(2, size=10, num_negs=5)
+    with count_ops(cpu_as_device=True) as c:
+        for step in range(3):
+            whole.enqueue(_item(step))  # the third evicts
+            whole.entries()
+            len(whole)
+    assert c.syncs == 0, c.sync_sites
+    restored = NegativeQueue(2, size=10, num_negs=5)
+    restored.load_state_dict(whole.state_dict())
+    for q in (whole, restored):
+        q.enqueue(_item(3))
+    assert len(restored) == 10
+    assert restored.entries().tolist() == whole.entries().tolist() == _naive_queue(4, 10, 5)
+    assert int(restored.fill) == 10  # the checkpointed count follows
+
+
 def test_queue_size_zero_stays_empty() -> None:
     queue = NegativeQueue(3, size=0, num_negs=5)
     queue.enqueue(torch.randn(5, 3))
@@ -197,3 +217,19 @@ def test_momentum_update_matches_elementwise_formula() -> None:
             assert target[0].weight[i, j].item() == pytest.approx(expected, abs=1e-6)
     assert torch.equal(target[1].running_mean, source[1].running_mean)  # buffers copied, not averaged
     assert not any(p.grad is not None for p in target.parameters())
+
+
+def test_the_coherence_losses_and_their_gradients_never_wait_for_the_device() -> None:
+    """Pairwise, contrastive and momentum-queue losses and the total, forward and backward: 0 syncs (the CPU stands
+    in for the device)."""
+    g = torch.Generator().manual_seed(0)
+    f_pos = torch.randn(2, generator=g, requires_grad=True)
+    f_neg = torch.randn(2, 5, generator=g, requires_grad=True)
+    q = torch.randn(2, 4, generator=g, requires_grad=True)
+    k_pos, queue = torch.randn(2, 4, generator=g), torch.randn(7, 4, generator=g)
+    with count_ops(cpu_as_device=True) as c:
+        _, l_p = pairwise_margin_loss(f_pos, f_neg[:, 0])
+        _, l_c = contrastive_margin_loss(f_pos, f_neg)
+        _, l_m = momentum_contrastive_loss(q, k_pos, queue)
+        (total_loss(l_c, l_m) + l_p).backward()
+    assert c.syncs == 0, c.sync_sites

@@ -99,16 +99,16 @@ def _uneven_worker(rank: int, port: int, out: str) -> None:
     for i in range(3 if rank == 0 else 1):
         params[0].grad = torch.full((3,), float(rank + 1 + i))
         params[1].grad = torch.ones(2) if rank == 0 else None
-        weight, active = average_gradients(params, 2.0)
-        got.append((weight, active, params[0].grad.tolist(), params[1].grad.tolist(), params[2].grad))
+        active = average_gradients(params, 2.0)
+        got.append((active, params[0].grad.tolist(), params[1].grad.tolist(), params[2].grad))
     rounds = 0
     while True:  # the loop's join: no batch left, take part with zero weight and no gradients
         for p in params:
             p.grad = None
-        _, active = average_gradients(params, 0.0, active=False)
-        if active == 0:
+        active = average_gradients(params, 0.0, active=False)
+        if not active:
             break
-        got.append((None, active, params[0].grad.tolist(), params[1].grad.tolist(), params[2].grad))
+        got.append((active, params[0].grad.tolist(), params[1].grad.tolist(), params[2].grad))
         rounds += 1
     torch.save({"got": got, "rounds": rounds}, f"{out}.{rank}")
     dist.destroy_process_group()
@@ -119,10 +119,10 @@ def test_a_rank_out_of_batches_joins_the_others_updates(tmp_path: Path) -> None:
     mp.spawn(_uneven_worker, args=(port, str(tmp_path / "u.pt")), nprocs=2, join=True)
     r0, r1 = (torch.load(tmp_path / f"u.pt.{r}") for r in range(2))
     assert r0["rounds"] == 0 and r1["rounds"] == 2  # rank 1 joined rank 0's last two updates
-    (w1, a1, g1, h1, n1), (w2, a2, g2, h2, _), (w3, a3, g3, _, _) = r0["got"]
-    assert (w1, a1) == (4.0, 2.0) and g1 == [(1 + 2) / 4] * 3  # both ranks: summed grads ÷ the global weight
+    (a1, g1, h1, n1), (a2, g2, h2, _), (a3, g3, _, _) = r0["got"]
+    assert a1 and g1 == [(1 + 2) / 4] * 3  # both ranks: summed grads ÷ the global weight (2 + 2)
     assert h1 == [1 / 4] * 2  # used on rank 0 only: rank 1 adds zeros
     assert n1 is None  # used on no rank: no gradient, as with one worker (AdamW neither decays nor counts it)
-    assert (w2, a2) == (2.0, 1.0) and g2 == [2 / 2] * 3  # rank 1 joined with zero gradients and no weight
-    assert (w3, a3) == (2.0, 1.0) and g3 == [3 / 2] * 3
-    assert [g[2] for g in r1["got"][1:]] == [g2, g3]  # the joined rank holds the same gradient as the active one
+    assert a2 and g2 == [2 / 2] * 3  # rank 1 joined with zero gradients and no weight: ÷ 2, rank 0's alone
+    assert a3 and g3 == [3 / 2] * 3
+    assert [g[1] for g in r1["got"][1:]] == [g2, g3]  # the joined rank holds the same gradient as the active one

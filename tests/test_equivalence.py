@@ -206,6 +206,8 @@ def test_the_momentum_model_killed_mid_epoch_resumes_to_the_uninterrupted_end(ra
     task = CoherenceTask(_cfg(run, []), str(run.files["train_items"]))
     two = _train(run, task, tmp_path / "two", workers=2)
     assert_ranks_identical(two)
+    total = json.loads((tmp_path / "two" / "progress.json").read_text())["total"]
+    assert total == two[0]["progress"]["step"]  # the bar's total: the longest shard's updates, counted once
     m0, m1 = two[0]["extras"]["momentum"], two[1]["extras"]["momentum"]
     assert m0.keys() == m1.keys() and all(torch.equal(m0[k], m1[k]) for k in m0)
     assert not torch.equal(two[0]["extras"]["queue"]["keys"], two[1]["extras"]["queue"]["keys"])  # per rank

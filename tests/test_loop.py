@@ -101,33 +101,36 @@ class ToyTask(TaskBase):
     def build(self, model: nn.Module, w: loop.Worker, progress: dict[str, Any] | None) -> TrainState:
         LOG.append("build")
         opt = torch.optim.Adam(model.parameters(), lr=0.1)
-        return TrainState(model, [opt], [None], dict(progress or {"epoch": 0}))
+        total = loop.updates_in([len(X) // self.batch] * self.epochs, self.settings.update_freq)
+        return TrainState(model, [opt], [None], dict(progress or {}), total_updates=total)
 
-    def stream(self, st: TrainState, w: loop.Worker) -> Iterator[Batch | Report]:
-        for epoch in range(st.progress["epoch"], self.epochs):
-            for i in range(0, len(X), self.batch):
-                yield Batch(slice(i, i + self.batch))
-            st.progress["epoch"] = epoch + 1
-            yield Report()
+    def num_epochs(self, st: TrainState) -> int:
+        return self.epochs
 
-    def step(self, st: TrainState, rows: slice, ctx: loop.StepContext) -> dict[str, float]:
-        x, y = X[rows].to(ctx.device), Y[rows].to(ctx.device)  # the loop moves the model only: a step its batch
+    def epoch(self, st: TrainState, w: loop.Worker, epoch: int, start: int) -> loop.Epoch:
+        rows = [slice(i, i + self.batch) for i in range(0, len(X), self.batch)]
+        return loop.Epoch([Batch(r) for r in rows[start:]])
+
+    def collate(self, st: TrainState, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        return X[rows], Y[rows]  # on the CPU: the loop puts them on the worker's device
+
+    def step(self, st: TrainState, data: tuple[torch.Tensor, torch.Tensor], ctx: loop.StepContext
+             ) -> dict[str, Any]:  # fmt: skip
+        x, y = data
         pred = ctx.module(x).squeeze(-1)  # (b,)
         loss = ((pred - y) ** 2).mean()
         ctx.backward(loss, weight=float(len(y)))
-        return {"loss": float(loss.detach())}
+        return {"loss": loss.detach()}
 
     def metrics(self, st: TrainState, window: loop.Window, rep: Report, w: loop.Worker) -> dict[str, Any]:
         return {"loss": window.means().get("loss"), "epoch": st.progress["epoch"]}
 
     def evaluate(self, st: TrainState, rep: Report, w: loop.Worker) -> dict[str, Any]:
-        return {"dev": -float(((st.model(X.to(w.device)).squeeze(-1) - Y.to(w.device)) ** 2).mean())}
+        x, y = X.to(w.device), Y.to(w.device)
+        return {"dev": -float(((st.model(x).squeeze(-1) - y) ** 2).mean())}
 
     def keep(self, rep: Report, metrics: dict[str, Any]) -> Keep | None:
         return Keep("dev", "best_model")
-
-    def total_steps(self, st: TrainState, w: loop.Worker) -> int:
-        return self.epochs * len(X) // self.batch
 
 
 def _run(task: Any, out: Path, fake: FakeSession) -> None:
@@ -190,10 +193,10 @@ def _scorer(tmp: Path) -> Seq2SeqScorer:
     return Seq2SeqScorer(BartForConditionalGeneration(config).eval(), tok)
 
 
-def _gec_grads(tmp: Path, batches: list[list[int]], freq: int) -> dict[str, torch.Tensor]:
+def _gec_grads(tmp: Path, batches: list[list[int]], freq: int, **optim: Any) -> dict[str, torch.Tensor]:
     """The gradient the loop's update sees (after the division by the global token count) for ``batches``."""
     cfg = dataclasses.replace(GecConfig(), optim=dataclasses.replace(GecConfig().optim, update_freq=freq,
-                                                                     clip_norm=0.0))  # fmt: skip
+                                                                     clip_norm=0.0, **optim))  # fmt: skip
     seen: dict[str, torch.Tensor] = {}
 
     class Capture(GecTask):
@@ -208,9 +211,11 @@ def _gec_grads(tmp: Path, batches: list[list[int]], freq: int) -> dict[str, torc
     st = GecState(scorer, [opt], [None], {}, loss_fn=GecContrastiveLoss(margin=5.0, trade_off=0.5,
                                                                          label_smoothing=0.1))  # fmt: skip
     w = loop.Worker(0, 1, torch.device("cpu"), Precision("fp32", torch.device("cpu")), tmp, Job(None, "", ""))
-    runner = loop._Loop(Capture(cfg, "finetune"), st, w)
+    task = Capture(cfg, "finetune")
+    runner = loop._Loop(task, st, w)
+    runner.compile()  # optim.compile: what the loop does at an epoch's start
     for rows in batches:
-        runner.micro_batch(Batch(([EXAMPLES[i] for i in rows], [NEGATIVES[i] for i in rows])))
+        runner.micro_batch(Batch(task.collate(st, ([EXAMPLES[i] for i in rows], [NEGATIVES[i] for i in rows]))))
     runner.flush()
     return seen
 
@@ -222,6 +227,29 @@ def test_gec_update_freq_two_equals_one_batch_of_twice_the_size(tmp_path: Path) 
     assert whole.keys() == halves.keys() and len(whole) > 10
     for n, g in whole.items():
         torch.testing.assert_close(halves[n], g, rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_a_compiled_step_equals_the_eager_one(tmp_path: Path) -> None:
+    """``optim.compile``: the GEC step's model runs through torch.compile (graphs captured: the recording backend
+    saw them) and the update's gradients equal eager ones. The backend traces (dynamo + AOT autograd) without
+    generating code, which a CPU test can afford; inductor is the default on GPUs."""
+    import torch._dynamo
+
+    graphs: list[Any] = []
+
+    @torch._dynamo.register_backend(name="raycl_test_recording")  # type: ignore[misc]
+    def recording(gm: Any, example_inputs: Any) -> Any:
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    eager = _gec_grads(tmp_path, [[0, 1, 2, 3], [1, 2]], freq=2)
+    torch._dynamo.reset()
+    compiled = _gec_grads(tmp_path, [[0, 1, 2, 3], [1, 2]], freq=2, compile=True,
+                          compile_backend="raycl_test_recording")  # fmt: skip
+    assert graphs, "nothing went through torch.compile"
+    assert compiled.keys() == eager.keys() and len(eager) > 10  # the state dict keeps its names
+    for n, g in eager.items():
+        torch.testing.assert_close(compiled[n], g, rtol=1e-4, atol=1e-6, msg=n)
 
 
 def test_bf16_and_fp32_gec_losses_agree_and_stay_fp32(tmp_path: Path) -> None:
@@ -305,7 +333,7 @@ def test_collectives_use_the_backends_device() -> None:
                 assert isinstance(arg, ast.Name), f"{fn.name}: {ast.unparse(call)}"
                 assert _on_backend_device(arg.id, assigned), f"{fn.name}: {arg.id} = {assigned.get(arg.id)}"
                 checked += 1
-    assert checked >= 5  # sum_gradients (2), all_reduce_sum, _weight_and_active, broadcast_int, all_gather_floats
+    assert checked >= 5  # sum_gradients (2), all_reduce_sum, _all_reduced, broadcast_int, all_gather_floats
 
 
 class _Devices:

@@ -14,6 +14,7 @@ from raycl.losses.infonce_queue import InfoNCEQueueLoss
 from raycl.memory.moco import MoCoKeyEncoder
 from raycl.models.cross_attention import mean_pool
 from raycl.models.sentence_encoder import SentenceEncoder, build_sentence_encoder
+from raycl.train.counting import count_ops
 
 DIM = 6
 
@@ -150,6 +151,24 @@ def test_state_dict_carries_key_encoder_queue_and_pointer() -> None:
     assert {"queue", "queue_ptr"} <= set(moco.state_dict())
     torch.testing.assert_close(restored.queue, moco.queue)
     assert int(restored.queue_ptr[0]) == 3 and _params(restored.encoder_k) == _params(moco.encoder_k)
+
+
+def test_enqueue_never_reads_the_device_and_a_restored_ring_goes_on_alike() -> None:
+    """The pointer moves by batch sizes, known on the host: enqueueing waits for nothing (the CPU stands in for the
+    device). A ring restored from a checkpoint continues where the uninterrupted one does."""
+    moco = _moco_from(_encoders()[0], queue_size=5)
+    batches = [[1, 2, 3], [4], [6, 7, 8]]  # the pointer at the checkpoint: 4 (not its initial 0)
+    with count_ops(cpu_as_device=True) as c:
+        for batch in batches[:2]:
+            moco.enqueue(torch.tensor([[float(k)] * DIM for k in batch], dtype=torch.float64))
+    assert c.syncs == 0, c.sync_sites
+    restored = _moco_from(_encoders(seed=5)[0], queue_size=5)
+    restored.load_state_dict(moco.state_dict())
+    for ring in (moco, restored):
+        ring.enqueue(torch.tensor([[float(k)] * DIM for k in batches[2]], dtype=torch.float64))
+    slots, ptr = _naive_ring(5, batches)
+    assert restored.queued()[:, 0].tolist() == moco.queued()[:, 0].tolist() == [float(k) for k in slots]
+    assert int(restored.queue_ptr[0]) == ptr
 
 
 def test_bad_arguments_are_refused() -> None:

@@ -34,7 +34,7 @@ from raycl.models.cross_attention import mean_pool
 from raycl.models.sentence_encoder import SentenceEncoder, build_sentence_encoder
 from raycl.recipes.coherence.worker import CoherenceTask
 from raycl.recipes.sts.worker import StsState, StsTask
-from raycl.train.coherence_step import coherence_loss
+from raycl.train.coherence_step import coherence_loss, collate
 from raycl.train.loop import Job, StepContext, Worker
 from raycl.train.precision import Precision
 
@@ -86,8 +86,8 @@ def test_sts_moco_step_against_a_naive_ring(tmp_path: Path) -> None:
             den = sum(math.exp(_cos(h[i], h[j]) / tau) for j in range(len(batch)))
             den += sum(math.exp(_cos(h[i], k) / tau) for k in ring)
             losses.append(-math.log(math.exp(_cos(h[i], h[i]) / tau) / den))
-        out = task.step(st, ("con", [], batch), StepContext(model, torch.device("cpu"), None))
-        assert out["l_con"] == pytest.approx(sum(losses) / len(losses), rel=1e-4), f"step {step}"
+        out = task.step(st, task.collate(st, ("con", [], batch)), StepContext(model, torch.device("cpu"), None))
+        assert float(out["l_con"]) == pytest.approx(sum(losses) / len(losses), rel=1e-4), f"step {step}"
         for t, k in enumerate(keys):  # then the keys go in at the pointer, wrapping around the ring
             ring[(ptr + t) % len(ring)] = k
         ptr = (ptr + len(batch)) % len(ring)
@@ -131,10 +131,11 @@ def test_coherence_momentum_step_against_a_naive_fifo(tmp_path: Path) -> None:
         l_c = -math.log(math.exp(f_pos) / (math.exp(f_pos) + sum(math.exp(f - margin) for f in f_negs)))
         pos_term = math.exp(_cos(q, k_pos))
         l_m = -math.log(pos_term / (pos_term + sum(math.exp(_cos(q, k) - margin) for k in fifo)))
-        out = coherence_loss(scorer, scorer, pos, negs, kind="momentum", margin=margin, lam=lam, momentum=momentum,
-                             queue=queue, rng=random.Random(seed))  # fmt: skip
-        assert out.l_c == pytest.approx(l_c, rel=1e-4), f"step {step}"
-        assert out.l_m == pytest.approx(l_m, rel=1e-4), f"step {step}"
+        batch = collate(scorer, pos, negs, momentum=True, rng=random.Random(seed))
+        out = coherence_loss(scorer, batch, kind="momentum", margin=margin, lam=lam, momentum=momentum,
+                             queue=queue)  # fmt: skip
+        assert float(out.l_c) == pytest.approx(l_c, rel=1e-4), f"step {step}"
+        assert float(out.l_m) == pytest.approx(l_m, rel=1e-4), f"step {step}"
         assert float(out.loss) == pytest.approx(lam * l_c + (1 - lam) * l_m, rel=1e-4)
         assert torch.allclose(queue.entries(), torch.tensor(fifo), atol=1e-5), f"step {step}: the FIFO"
         out.loss.backward()

@@ -12,6 +12,7 @@ extras, the momentum model on 2 real workers killed mid-epoch) is ``test_equival
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,12 @@ def _run(run: Any, task: Any, out: Path, monkeypatch: pytest.MonkeyPatch, *, cra
     return torch.load(out / "probe" / "rank0.pt", weights_only=False)
 
 
+def assert_the_total_was_counted_once(out: Path, state: dict[str, Any]) -> None:
+    """The schedule's total, which the progress bar counts to, is the number of updates the run made."""
+    total = json.loads((out / "progress.json").read_text())["total"]
+    assert total == state["progress"]["step"], f"the bar's total {total}, updates made {state['progress']['step']}"
+
+
 def _same_extras(a: dict[str, Any], b: dict[str, Any], name: str, key: str) -> None:
     x, y = a["extras"][name][key], b["extras"][name][key]
     x, y = (x, y) if isinstance(x, dict) else ({"": x}, {"": y})
@@ -55,6 +62,7 @@ def test_idiom_resumes_with_its_schedule_dropout_and_ema(tmp_path: Path, monkeyp
                    dropout=True)  # fmt: skip
     task = IdiomTask(_cfg(run, ["optim.batch_size=16"]))
     whole = _run(run, task, tmp_path / "whole", monkeypatch)
+    assert_the_total_was_counted_once(tmp_path / "whole", whole)
     resumed = _run(run, task, tmp_path / "resumed", monkeypatch, crash_after=1)  # stopped after epoch 1
     assert_same_training(whole, resumed, what="idiom: stopped after epoch 1 and resumed vs uninterrupted")
     _same_extras(whole, resumed, "ema", "shadow")
@@ -71,6 +79,7 @@ def test_gec_resumes_with_its_polynomial_schedule_and_dropout(tmp_path: Path, mo
             "optim.scheduler=polynomial", f"mining.negatives={negatives}"]  # fmt: skip
     task = GecTask(_cfg(run, over), "finetune")
     whole = _run(run, task, tmp_path / "whole", monkeypatch)
+    assert_the_total_was_counted_once(tmp_path / "whole", whole)
     resumed = _run(run, task, tmp_path / "resumed", monkeypatch, crash_after=1)
     assert_same_training(whole, resumed, what="gec: stopped after epoch 1 and resumed vs uninterrupted")
 
@@ -83,6 +92,7 @@ def test_sts_resumes_mid_epoch_with_moco_and_dropout(tmp_path: Path, monkeypatch
     run = _prepare("sts", over, tmp_path, dropout=True)
     task = StsTask(_cfg(run, []))
     whole = _run(run, task, tmp_path / "whole", monkeypatch)
+    assert_the_total_was_counted_once(tmp_path / "whole", whole)
     resumed = _run(run, task, tmp_path / "resumed", monkeypatch, crash_after=2)
     assert resumed["progress"]["step"] > 6
     assert_same_training(whole, resumed, what="sts: stopped mid-epoch and resumed vs uninterrupted")

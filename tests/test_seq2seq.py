@@ -204,3 +204,28 @@ def test_the_models_generation_config_changes_nothing(scorer: Seq2SeqScorer, mon
     monkeypatch.setattr(scorer.model, "generation_config", busy)
     assert scorer.generate(sources, num_beams=3, num_return_sequences=3, max_new_tokens=10) == clean
     assert scorer.model.generation_config is busy  # put back
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_training_logits_equal_the_models_own_masking(scorer: Seq2SeqScorer, attention: str) -> None:
+    """The prepared 4-D source mask (no read-back to decide whether to skip it) and no decoder mask give the
+    logits of the model's own masking at every real target position, for SDPA and eager attention."""
+    sources, targets = SENTENCES[:4], ["He does n't like it .", "I went .", SENTENCES[2], SENTENCES[3]]
+    x = scorer.tokenize(sources, targets, max_length=64)  # padded sources and targets
+    assert x.prev_output_ids is not None and x.target_ids is not None
+    scorer.model.set_attn_implementation(attention)
+    try:
+        with torch.no_grad():
+            dec_mask = x.target_ids.ne(scorer.pad_id).long()  # HF's own decoder padding mask
+            want = scorer.model(input_ids=x.src_ids, attention_mask=x.src_mask,
+                                decoder_input_ids=x.prev_output_ids, decoder_attention_mask=dec_mask).logits
+            prepared = scorer.logits(x.src_ids, x.src_mask, x.prev_output_ids, src_padded=True)  # a 4-D mask
+            n = int(x.src_mask[0].sum())  # sentence 0 alone, trimmed: no padding, no mask at all
+            one = scorer.logits(x.src_ids[:1, :n], None, x.prev_output_ids[:1], src_padded=False)
+            alone = scorer.model(input_ids=x.src_ids[:1, :n], decoder_input_ids=x.prev_output_ids[:1]).logits
+    finally:
+        scorer.model.set_attn_implementation("sdpa")
+    real = x.target_ids.ne(scorer.pad_id)  # (B, T) pads' outputs are never scored
+    torch.testing.assert_close(prepared[real], want[real], rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(one[:, real[0]], alone[:, real[0]], rtol=1e-9, atol=1e-9)
+    assert bool(x.src_mask.eq(0).any())  # the batch did hold padding

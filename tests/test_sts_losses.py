@@ -99,3 +99,17 @@ def test_joint_loss_is_mse_plus_lambda_con() -> None:
 def test_bad_temperature_is_refused() -> None:
     with pytest.raises(ValueError, match="temperature"):
         InfoNCEQueueLoss(temperature=0.0)
+
+
+def test_the_losses_and_their_gradients_never_wait_for_the_device() -> None:
+    """MSE-cosine and InfoNCE with a queue, forward and backward, under bf16 autocast as in training: 0 syncs (the
+    CPU stands in for the device)."""
+    from raycl.train.counting import count_ops
+
+    u, v = (_rand(6, 8, seed=s).float().requires_grad_(True) for s in (0, 1))
+    queue = _rand(5, 8, seed=2).float()
+    with count_ops(cpu_as_device=True) as c, torch.autocast("cpu", dtype=torch.bfloat16):
+        l_mse = MSECosineLoss()(u, v, torch.rand(6)).loss
+        l_con = InfoNCEQueueLoss()(u, v, queue).loss
+        joint_loss(l_mse, l_con).backward()
+    assert c.syncs == 0, c.sync_sites

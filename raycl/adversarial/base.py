@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -47,19 +47,27 @@ def grad_norm(weight: Tensor) -> Tensor:
 
 @torch.no_grad()
 def ascend(weight: Tensor, step: float) -> None:
-    """E ← E + step·g/‖g‖_F in place; skipped when ‖g‖_F = 0, as the code does."""
-    norm = grad_norm(weight)
-    if weight.grad is not None and norm != 0:
-        weight.add_(weight.grad, alpha=step / float(norm))  # (V, H)
+    """E ← E + step·g/‖g‖_F in place; no move where ‖g‖_F = 0, as the code does. The test is made on the device
+    (a factor of 0), so the host never waits for the norm."""
+    if weight.grad is None:
+        return
+    norm = grad_norm(weight)  # ()
+    factor = torch.where(norm != 0, step / norm, torch.zeros_like(norm))  # () 0 for a zero gradient
+    weight.addcmul_(weight.grad, factor)  # (V, H)
 
 
 @torch.no_grad()
 def project(weight: Tensor, origin: Tensor, epsilon: float) -> None:
-    """Project the total perturbation δ = E − E₀ onto the ball ‖δ‖_F ≤ ε (rescaled only when outside)."""
+    """Project the total perturbation δ = E − E₀ onto the ball ‖δ‖_F ≤ ε (rescaled only when outside: E is left
+    bit-exactly as it is inside the ball). Decided on the device: no host sync."""
+    if epsilon == 0:
+        weight.copy_(origin)  # the ball is the point E₀
+        return
     delta = weight - origin  # (V, H)
-    norm = torch.linalg.vector_norm(delta)
-    if norm > epsilon:
-        weight.copy_(origin + delta * (epsilon / float(norm)))
+    norm = torch.linalg.vector_norm(delta)  # ()
+    outside = (norm > epsilon).to(weight.dtype)  # () 1 outside the ball, 0 inside
+    delta.mul_(epsilon / torch.clamp(norm, min=epsilon)).add_(origin)  # (V, H) E₀ + δ·ε/‖δ‖ (finite everywhere)
+    weight.lerp_(delta, outside)  # (V, H) exactly the projection outside, exactly E inside
 
 
 def backup_grads(model: nn.Module) -> dict[str, Tensor | None]:
@@ -149,11 +157,12 @@ class AdversarialMethod:
 
     def attack_and_backward(
         self, forward: Forward, *, clean_logits: Tensor | None = None, loss_scale: float = 1.0
-    ) -> dict[str, float]:
+    ) -> dict[str, Any]:
         """Add this method's gradient to ``.grad`` (after the caller's clean backward); E is restored after.
 
         ``loss_scale`` multiplies every extra backward (``1/accumulation_steps`` under gradient accumulation);
-        ``clean_logits`` (B, C) is needed by SMART only. Returns scalars to log (empty when switched off).
+        ``clean_logits`` (B, C) is needed by SMART only. Returns scalars to log (empty when switched off), as
+        detached 0-dim tensors: whoever logs them reads them when it reports, the step does not wait for them.
         """
         if self.epsilon == 0:
             return {}
@@ -162,7 +171,7 @@ class AdversarialMethod:
 
     def _attack(
         self, forward: Forward, origin: Tensor, *, clean_logits: Tensor | None, loss_scale: float
-    ) -> dict[str, float]:
+    ) -> dict[str, Any]:
         raise NotImplementedError
 
     def ascend_and_project(self, origin: Tensor) -> None:
@@ -186,5 +195,5 @@ class NoAdversarial(AdversarialMethod):
 
     def attack_and_backward(
         self, forward: Forward, *, clean_logits: Tensor | None = None, loss_scale: float = 1.0
-    ) -> dict[str, float]:
+    ) -> dict[str, Any]:
         return {}

@@ -9,6 +9,8 @@ References:
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor
 
 from raycl.adversarial.base import AdversarialMethod, Forward, ascend
@@ -29,8 +31,8 @@ class FGM(AdversarialMethod):
 
     def _attack(
         self, forward: Forward, origin: Tensor, *, clean_logits: Tensor | None, loss_scale: float
-    ) -> dict[str, float]:
+    ) -> dict[str, Any]:
         ascend(self.weight, self.epsilon)
         loss_adv, _ = forward()
         (loss_adv * loss_scale).backward()  # accumulates onto the clean gradient
-        return {"adv/loss": float(loss_adv.detach())}
+        return {"adv/loss": loss_adv.detach()}

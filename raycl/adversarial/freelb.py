@@ -11,6 +11,8 @@ References:
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor
 
 from raycl.adversarial.base import AdversarialMethod, Forward, backup_grads, restore_grads, zero_grads
@@ -31,15 +33,15 @@ class FreeLB(AdversarialMethod):
 
     def _attack(
         self, forward: Forward, origin: Tensor, *, clean_logits: Tensor | None, loss_scale: float
-    ) -> dict[str, float]:
+    ) -> dict[str, Any]:
         clean = backup_grads(self.model)
-        total = 0.0
+        total: Any = 0.0
         for t in range(self.steps):
             self.ascend_and_project(origin)
             if t == 0:
                 zero_grads(self.model)  # the clean gradient steers only the first step
             loss_adv, _ = forward()
             (loss_adv * (loss_scale / self.steps)).backward()  # the average over the K steps
-            total += float(loss_adv.detach())
+            total = total + loss_adv.detach()  # summed on the device: no wait for each pass
         restore_grads(self.model, clean, add=True)
         return {"adv/loss": total / self.steps}

@@ -10,6 +10,8 @@ References:
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor
 
 from raycl.adversarial.base import AdversarialMethod, Forward, backup_grads, restore_grads, zero_grads
@@ -30,9 +32,9 @@ class PGD(AdversarialMethod):
 
     def _attack(
         self, forward: Forward, origin: Tensor, *, clean_logits: Tensor | None, loss_scale: float
-    ) -> dict[str, float]:
+    ) -> dict[str, Any]:
         clean = backup_grads(self.model)
-        losses = []
+        last: Any = None
         for t in range(self.steps):
             self.ascend_and_project(origin)
             if t < self.steps - 1:
@@ -41,5 +43,5 @@ class PGD(AdversarialMethod):
                 restore_grads(self.model, clean)
             loss_adv, _ = forward()
             (loss_adv * loss_scale).backward()
-            losses.append(float(loss_adv.detach()))
-        return {"adv/loss": losses[-1]}
+            last = loss_adv.detach()
+        return {"adv/loss": last}

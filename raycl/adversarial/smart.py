@@ -12,6 +12,8 @@ References:
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor, nn
 
 from raycl.adversarial.base import AdversarialMethod, Forward, stable_kl
@@ -49,17 +51,17 @@ class SMART(AdversarialMethod):
 
     def _attack(
         self, forward: Forward, origin: Tensor, *, clean_logits: Tensor | None, loss_scale: float
-    ) -> dict[str, float]:
+    ) -> dict[str, Any]:
         if clean_logits is None:
             raise ValueError("SMART needs clean_logits: pass the logits of the caller's clean forward")
-        total = 0.0
+        total: Any = 0.0
         for _ in range(self.steps):
             self.ascend_and_project(origin)
             loss_adv, _ = forward()
             (loss_adv * (loss_scale / self.steps)).backward()
-            total += float(loss_adv.detach())
+            total = total + loss_adv.detach()  # summed on the device: no wait for each pass
         # A separate forward at the final δ (fresh dropout), as the code does, rather than retaining a graph.
         _, logits_adv = forward()  # (B, C)
         kl = stable_kl(logits_adv, clean_logits.detach())
         (kl * (self.mu * loss_scale)).backward()
-        return {"adv/loss": total / self.steps, "adv/kl": float(kl.detach())}
+        return {"adv/loss": total / self.steps, "adv/kl": kl.detach()}

@@ -10,6 +10,8 @@ from raycl.config import MiningSection, OptimSection, ScalingSection, TuneSectio
 from raycl.miners.false_negatives import MODES as FN_MODES
 from raycl.models.decoding import MAX_LEN_A, MAX_LEN_B
 
+PASSES = ("joint", "per_slot")  # loss.passes: how the GEC-CL step runs its forward passes (raycl.train.gec_step)
+
 
 @dataclass
 class GecModelSection:
@@ -46,7 +48,9 @@ class GecLossSection:
     trade_off: float = 0.5  # λ: (1-λ)·CE + λ·CL, as the released code (SPEC §1.2)
     margin: float = 0.25  # γ
     label_smoothing: float = 0.1  # on CE only
-    stack_negatives: bool = False  # one batched pass over all negatives instead of one pass per slot
+    # joint: one forward over the positives and every real negative, each row its own source copy and dropout
+    # masks (the released loss's distribution, one pass) | per_slot: one forward per slot, as the released code
+    passes: str = "joint"
 
 
 @dataclass
@@ -107,6 +111,7 @@ class GecConfig:
         require(c.loss.margin >= 0.0, where, "loss.margin", "a number ≥ 0", c.loss.margin)
         require(0.0 <= c.loss.label_smoothing < 1.0, where, "loss.label_smoothing", "a number in [0, 1)",
                  c.loss.label_smoothing)
+        require(c.loss.passes in PASSES, where, "loss.passes", " | ".join(PASSES), c.loss.passes)
         require(c.mining.k >= 1, where, "mining.k", "an integer ≥ 1", c.mining.k)
         require(c.mining.beam >= c.mining.k + 1, where, "mining.beam", f"≥ mining.k + 1 = {c.mining.k + 1}",
                  c.mining.beam)

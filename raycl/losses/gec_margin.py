@@ -6,7 +6,7 @@ L = ((1−λ)·CE_ls + λ·MML) / ntokens.
 References:
     Hannan Cao, Wenmian Yang, Hwee Tou Ng. "Grammatical Error Correction with Contrastive Learning in
     Low Error Density Domains." Findings of EMNLP 2021, Eq. 4 (margin term) and Eq. 5 (total loss).
-    SPEC §1.2 (the released ``new_max_margin_loss`` criterion) and §1.6 (paper vs code).
+    The released fairseq criterion ``new_max_margin_loss`` is what this module reproduces.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from raycl.losses.label_smoothed_nll import label_smoothed_nll
+from raycl.losses.label_smoothed_nll import smoothed_nll_from_token_scores
+from raycl.losses.token_log_probs import TokenLogProbs
 
 CITATION = """@inproceedings{cao-etal-2021-grammatical,
     title = "Grammatical Error Correction with Contrastive Learning in Low Error Density Domains",
@@ -37,7 +38,7 @@ def margin_loss(s_pos: Tensor, s_neg: Tensor, n_neg: Tensor, *, margin: float) -
 
     Returns:
         (B,) h_i. Cao et al. (2021) Eq. 4; the code's TripletMarginWithDistanceLoss with a zero anchor and
-        d(x1, x2) = Σx2 − Σx1 reduces exactly to this hinge (SPEC §1.2).
+        d(x1, x2) = Σx2 − Σx1 reduces exactly to this hinge.
     """
     slots = torch.arange(s_neg.size(1), device=s_neg.device)  # (M,)
     real = slots.unsqueeze(0) < n_neg.unsqueeze(1)  # (B, M)
@@ -48,7 +49,8 @@ def margin_loss(s_pos: Tensor, s_neg: Tensor, n_neg: Tensor, *, margin: float) -
 
 @dataclass(frozen=True)
 class GecLossOutput:
-    """One batch's loss and its parts (all sums are over the batch, before the division by ntokens)."""
+    """One batch's loss and its parts (all sums are over the batch, before the division by ntokens). The tensors
+    stay where the model ran: read them back once a report, not once a step."""
 
     loss: Tensor  # () ((1−λ)·ce + λ·mml) / ntokens — backpropagate this
     ce: Tensor  # () label-smoothed CE, summed over non-pad target tokens
@@ -57,6 +59,7 @@ class GecLossOutput:
     ntokens: int  # non-pad tokens of the positive targets, EOS included
     h: Tensor  # (B,) per-sentence margin term
     s_pos: Tensor  # (B,) S(t_i|s_i)
+    s_neg: Tensor  # (B, M) S(t~_ij|s_i); filler slots j ≥ n_i hold 0
 
 
 class GecContrastiveLoss(nn.Module):
@@ -68,15 +71,17 @@ class GecContrastiveLoss(nn.Module):
         label_smoothing: ε, applied to the CE term only; the margin term uses raw log-probs.
 
     Inputs (``forward``):
-        lprobs: (B, T, V) teacher-forced log-probs of the positive pass; it supplies both CE and S_pos,
-            so the two share one dropout mask.
-        target_ids: (B, T) gold ids, ``pad_id``-padded.
-        s_neg: (B, M) summed log-probs of the negatives (from their own forward passes).
+        pos: the positive pass's per-token scores (:class:`TokenLogProbs`, (B, T) each): ``target`` = log p_y
+            and ``total`` = Σ_v log p_v. One pass supplies both CE and S_pos, so the two share one dropout mask.
+        keep: (B, T) True at the positive targets' real tokens (EOS included), False at pads.
+        s_neg: (B, M) summed log-probs of the negatives (each scored in its own row of the forward).
         n_neg: (B,) real negatives per sentence.
+        ntokens: the positive targets' real tokens (fairseq's sample_size), a host integer: counted when the
+            batch was collated, so the loss reads nothing back from the device.
 
-    Relations (SPEC §1.6): the paper writes NLL + CL; the code weighs them (1−λ, λ) = (½, ½), which only
-    rescales the learning rate. Both terms are summed and divided by the positive target tokens, so the
-    CL term is per-token normalised (fairseq's sample_size = ntokens), not per-sentence.
+    Relations: the paper writes NLL + CL; the code weighs them (1−λ, λ) = (½, ½), which only rescales the
+    learning rate. Both terms are summed and divided by the positive target tokens, so the CL term is per-token
+    normalised (fairseq's sample_size = ntokens), not per-sentence.
 
     Degenerate cases: λ = 0 gives label-smoothed CE / ntokens, fairseq's ``label_smoothed_cross_entropy``;
     a sentence with n_i = 0 contributes only its (1−λ)·CE.
@@ -84,7 +89,8 @@ class GecContrastiveLoss(nn.Module):
     Example::
 
         loss_fn = GecContrastiveLoss(margin=0.25)
-        out = loss_fn(lprobs, target_ids, s_neg, n_neg, pad_id=1)
+        pos = TokenLogProbs.from_log_probs(lprobs, target_ids)  # or scorer.token_log_probs(...)
+        out = loss_fn(pos, target_ids.ne(pad_id), s_neg, n_neg, ntokens=int(target_ids.ne(pad_id).sum()))
         out.loss.backward()
     """
 
@@ -97,16 +103,13 @@ class GecContrastiveLoss(nn.Module):
         self.margin, self.trade_off, self.label_smoothing = margin, trade_off, label_smoothing
 
     def forward(
-        self, lprobs: Tensor, target_ids: Tensor, s_neg: Tensor, n_neg: Tensor, *, pad_id: int
+        self, pos: TokenLogProbs, keep: Tensor, s_neg: Tensor, n_neg: Tensor, *, ntokens: int
     ) -> GecLossOutput:
-        V = lprobs.size(-1)
-        nll, ce = label_smoothed_nll(
-            lprobs.reshape(-1, V), target_ids.reshape(-1), epsilon=self.label_smoothing, ignore_index=pad_id
+        nll, ce = smoothed_nll_from_token_scores(
+            pos.target, pos.total, keep, epsilon=self.label_smoothing, vocab_size=pos.vocab_size
         )  # (), ()
-        token_lp = lprobs.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1)  # (B, T) raw, no smoothing
-        s_pos = token_lp.masked_fill(target_ids.eq(pad_id), 0.0).sum(-1)  # (B,) S(t_i|s_i), EOS included
+        s_pos = pos.target.masked_fill(~keep, 0.0).sum(-1)  # (B,) S(t_i|s_i) raw, no smoothing, EOS included
         h = margin_loss(s_pos, s_neg, n_neg, margin=self.margin)  # (B,)
         mml = h.sum()
-        ntokens = int(target_ids.ne(pad_id).sum())
         loss = ((1.0 - self.trade_off) * ce + self.trade_off * mml) / max(ntokens, 1)
-        return GecLossOutput(loss=loss, ce=ce, nll=nll, mml=mml, ntokens=ntokens, h=h, s_pos=s_pos)
+        return GecLossOutput(loss=loss, ce=ce, nll=nll, mml=mml, ntokens=ntokens, h=h, s_pos=s_pos, s_neg=s_neg)

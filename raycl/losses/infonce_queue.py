@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from raycl.losses.full_precision import autocast_off
 from raycl.losses.mse_cosine import CITATION
 
 TEMPERATURE = 0.05  # τ; sentence-transformers' scale 20 = 1/τ
@@ -66,7 +67,7 @@ class InfoNCEQueueLoss(nn.Module):
     def forward(self, h: Tensor, h_pos: Tensor, queue: Tensor | None = None) -> InfoNCEOutput:
         # the logits stay fp32 under autocast: cosines / τ (τ = 0.05) in bf16 would keep ~2 significant digits
         dt = torch.promote_types(h.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
-        with torch.autocast(device_type=h.device.type, enabled=False):
+        with autocast_off(h.device.type):
             h_n, pos_n = F.normalize(h.to(dt), dim=-1), F.normalize(h_pos.to(dt), dim=-1)  # (B, H), (B, H)
             columns = pos_n
             if queue is not None and queue.size(0) > 0:

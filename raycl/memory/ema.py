@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from raycl.errors import UserError
+from raycl.memory.multi_tensor import momentum_
 
 
 class EMA:
@@ -49,8 +50,9 @@ class EMA:
         """θ_s ← (1 − η)·θ + η·θ_s for every trainable parameter (call after each optimizer step)."""
         if self._backup is not None:
             raise RuntimeError("EMA.update() while the shadow is swapped in: call swap_out() first")
-        for name, p in self._trainable():
-            self.shadow[name] = (1.0 - self.decay) * p.detach() + self.decay * self.shadow[name]
+        trainable = list(self._trainable())
+        # in place, all at once: θ_s·η + θ·(1 − η) (the shadow keeps its dtype and device; no_grad: no detach)
+        momentum_([self.shadow[n] for n, _ in trainable], [p for _, p in trainable], self.decay)
 
     @torch.no_grad()
     def swap_in(self) -> None:

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from raycl.memory.multi_tensor import momentum_
 from raycl.models.cross_attention import mean_pool
 
 QUEUE_SIZE = 80  # int(32 · 2.5): upstream's batch 32 times 2.5
@@ -78,20 +79,25 @@ class MoCoKeyEncoder(nn.Module):
         # Random unit keys, as moco: harmless filler until K real keys arrive, since the loss renormalises.
         self.register_buffer("queue", F.normalize(torch.randn(dim, queue_size), dim=0))
         self.register_buffer("queue_ptr", torch.zeros(1, dtype=torch.long))
+        self._ptr = 0  # queue_ptr on the host too: it moves by batch sizes, so a step never reads the device
         self._hook = encoder_q.register_forward_hook(self._after_query_forward) if update_every_forward else None
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._ptr = int(self.queue_ptr[0])  # a restored checkpoint: read once
 
     def _after_query_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         self.momentum_update(module)
 
     @torch.no_grad()
     def momentum_update(self, encoder_q: nn.Module) -> None:
-        """θ_k ← m·θ_k + (1 − m)·θ_q, parameter by parameter (buffers are not averaged, as in moco)."""
+        """θ_k ← m·θ_k + (1 − m)·θ_q for every parameter, in a few multi-tensor ops (buffers are not averaged, as
+        in moco)."""
         params_q = dict(encoder_q.named_parameters())
         params_k = dict(self.encoder_k.named_parameters())
         if params_q.keys() != params_k.keys():
             raise ValueError("the query encoder's parameters no longer match the key encoder's")
-        for name, param_k in params_k.items():
-            param_k.mul_(self.m).add_(params_q[name].detach(), alpha=1.0 - self.m)
+        momentum_(list(params_k.values()), [params_q[n] for n in params_k], self.m)  # no_grad: no detach
 
     @torch.no_grad()
     def keys(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
@@ -104,11 +110,12 @@ class MoCoKeyEncoder(nn.Module):
         """Write ``keys`` (B, dim) into the ring at the pointer, wrapping; call it *after* the loss."""
         if self.K == 0:
             return
-        n, ptr = keys.size(0), int(self.queue_ptr[0])
+        n, ptr = keys.size(0), self._ptr
         kept = keys.detach().to(self.queue.dtype)[-self.K :]  # (min(B, K), dim) a longer batch laps the ring
         slots = (ptr + n - kept.size(0) + torch.arange(kept.size(0), device=self.queue.device)) % self.K
         self.queue[:, slots] = kept.t()  # (dim, min(B, K))
-        self.queue_ptr[0] = (ptr + n) % self.K
+        self._ptr = (ptr + n) % self.K
+        self.queue_ptr.fill_(self._ptr)  # the checkpointed pointer: written, never read back in a step
 
     def queued(self) -> Tensor:
         """The K queued keys as rows, (K, dim), in storage order (the loss does not depend on the order)."""

@@ -11,6 +11,8 @@ References: Jwalapuram, Joty & Lin (ACL 2022) §3.4; He et al. (CVPR 2020), the 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -35,13 +37,19 @@ class NegativeQueue(nn.Module):
         capacity = size + num_negs - 1 if size > 0 else 0
         self.register_buffer("keys", torch.zeros(capacity, dim))  # (C, H) slots [0, fill) hold reps, oldest first
         self.register_buffer("fill", torch.zeros((), dtype=torch.long))  # () how many slots are in use
+        # ``fill`` on the host too: the rule depends only on how many reps came, so a step never reads the device
+        self._fill = 0
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._fill = int(self.fill)  # a restored checkpoint: read once
 
     def __len__(self) -> int:
-        return int(self.fill)
+        return self._fill
 
     def entries(self) -> Tensor:
         """The queued reps, oldest first: (K, H), K = len(self); a view, not to be modified."""
-        return self.keys[: int(self.fill)]  # (K, H)
+        return self.keys[: self._fill]  # (K, H)
 
     @torch.no_grad()
     def enqueue(self, reps: Tensor) -> None:
@@ -51,9 +59,10 @@ class NegativeQueue(nn.Module):
         if self.size == 0:
             return
         for item in reps.detach().to(self.keys).split(self.num_negs):  # (num_negs, H) each
-            n = int(self.fill)
+            n = self._fill
             if n >= self.size:  # evict the oldest num_negs, shifting the rest to the front
                 self.keys[: n - self.num_negs] = self.keys[self.num_negs : n].clone()
                 n -= self.num_negs
             self.keys[n : n + self.num_negs] = item
-            self.fill.fill_(n + self.num_negs)
+            self._fill = n + self.num_negs
+        self.fill.fill_(self._fill)  # the checkpointed count: written, never read back in a step

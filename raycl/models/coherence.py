@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from raycl.errors import UserError
+from raycl.models import masks
 
 HEAD_FILE = "coherence_head.safetensors"
 CONFIG_FILE = "coherence_config.json"
@@ -58,6 +59,8 @@ def document_rep(hidden: Tensor, pooling: str) -> Tensor:
 
 
 def _encoder_reps(encoder: nn.Module, pooling: str, input_ids: Tensor, attention_mask: Tensor | None) -> Tensor:
+    if attention_mask is not None and getattr(encoder.config, "model_type", "") != "xlnet":  # XLNet: its own 2-D
+        attention_mask = masks.attention_mask(attention_mask, encoder)  # as the attention reads it: no sync
     hidden = encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, T, H)
     return document_rep(hidden, pooling)  # (B, H)
 
@@ -100,13 +103,22 @@ class CoherenceScorer(nn.Module):
 
     # ---- inputs -------------------------------------------------------------------------------------------------
     def encode(self, docs: Sequence[Sequence[str]]) -> dict[str, Tensor]:
-        """Ids and mask of documents (sentence lists, space-joined): {input_ids, attention_mask}, (B, T) each."""
+        """Ids and mask of documents (sentence lists, space-joined): {input_ids, attention_mask}, (B, T) each, on
+        the model's device."""
+        return {k: v.to(self.device) for k, v in self.inputs(docs).items()}
+
+    def inputs(self, docs: Sequence[Sequence[str]], *, pad_to_multiple_of: int | None = None) -> dict[str, Tensor]:
+        """:meth:`encode` on the CPU (a training batch is collated ahead of its step): {input_ids, attention_mask},
+        (B, T) each; with ``pad_to_multiple_of``, T is rounded up to a multiple of it (a few shapes for a compiled
+        model; the padding is masked)."""
         texts = [" ".join(doc) for doc in docs]
         rows = self._xlnet_rows(texts) if self.pooling == "last" else self._bert_rows(texts)
         if not rows:
-            empty = torch.zeros((0, 0), dtype=torch.long, device=self.device)
+            empty = torch.zeros((0, 0), dtype=torch.long)
             return {"input_ids": empty, "attention_mask": empty.clone()}
         width = max(len(r) for r in rows) if self.mask_padding else len(rows[0])
+        if pad_to_multiple_of and self.mask_padding:
+            width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
         pad, left = int(self.tokenizer.pad_token_id), self.pooling == "last"  # type: ignore[arg-type]
         ids = torch.full((len(rows), width), pad, dtype=torch.long)  # (B, T)
         mask = torch.zeros((len(rows), width), dtype=torch.long)  # (B, T)
@@ -115,7 +127,7 @@ class CoherenceScorer(nn.Module):
             ids[i, span], mask[i, span] = torch.tensor(row, dtype=torch.long), 1
         if not self.mask_padding:
             mask.fill_(1)  # the released code passes no mask: every position, pads included, is attended
-        return {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
+        return {"input_ids": ids, "attention_mask": mask}
 
     def _xlnet_rows(self, texts: list[str]) -> list[list[int]]:
         """Paper input: ids truncated to max_len, (code mode: right-padded to max_len), then ``<sep> <cls>``."""
@@ -137,8 +149,9 @@ class CoherenceScorer(nn.Module):
         return [list(ids) for ids in enc["input_ids"]]
 
     # ---- model --------------------------------------------------------------------------------------------------
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-        """Scores (B,) and document reps (B, H) of encoded documents; the reps keep their gradient."""
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Scores (B,) and document reps (B, H) of encoded documents; the reps keep their gradient. No mask: every
+        position is attended (a batch without padding)."""
         mask = attention_mask if self.mask_padding else None  # code mode: no mask reaches the encoder
         reps = _encoder_reps(self.encoder, self.pooling, input_ids, mask)  # (B, H)
         return self.head(reps).squeeze(-1), reps  # (B,), (B, H)
@@ -224,7 +237,7 @@ class MomentumEncoder(nn.Module):
         self.pooling, self.mask_padding = scorer.pooling, scorer.mask_padding
 
     @torch.no_grad()
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """Detached document reps (B, H)."""
         mask = attention_mask if self.mask_padding else None
         return _encoder_reps(self.encoder, self.pooling, input_ids, mask).detach()  # (B, H)

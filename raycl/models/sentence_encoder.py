@@ -37,6 +37,7 @@ from transformers import (
 )
 
 from raycl.errors import UserError, at
+from raycl.models import masks
 from raycl.models.cross_attention import CrossAttention, mean_pool
 from raycl.models.tokenizer import train_bpe_tokenizer
 
@@ -82,19 +83,27 @@ class SentenceEncoder(nn.Module):
 
     def tokenize(self, sentences: Sequence[str]) -> tuple[Tensor, Tensor]:
         """Right-padded ids and mask, truncated to ``max_seq_length``: (B, T), (B, T) on the model's device."""
-        batch = self.tokenizer(
-            list(sentences), padding=True, truncation=True, max_length=self.max_seq_length, return_tensors="pt"
-        )
+        ids, mask = self.inputs(sentences)
         device = next(self.parameters()).device
-        return batch["input_ids"].to(device), batch["attention_mask"].to(device)
+        return ids.to(device), mask.to(device)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """Token states of the encoder: (B, T), (B, T) -> (B, T, H)."""
-        return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    def inputs(self, sentences: Sequence[str], *, pad_to_multiple_of: int | None = None) -> tuple[Tensor, Tensor]:
+        """:meth:`tokenize` on the CPU (a training batch is collated ahead of its step); ``pad_to_multiple_of``
+        rounds the length up (a few shapes for a compiled model)."""
+        batch = self.tokenizer(list(sentences), padding=True, truncation=True, max_length=self.max_seq_length,
+                               return_tensors="pt", pad_to_multiple_of=pad_to_multiple_of)  # fmt: skip
+        return batch["input_ids"], batch["attention_mask"]
 
-    def embed(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, *, padded: bool = True) -> Tensor:
+        """Token states of the encoder: (B, T), (B, T) -> (B, T, H). The mask goes to the encoder in its
+        attention's own form (:mod:`raycl.models.masks`: nothing read back from the device); ``padded=False``
+        (known at collate time: no position is padding) gives it none."""
+        mask = masks.attention_mask(attention_mask, self.encoder) if padded else None
+        return self.encoder(input_ids=input_ids, attention_mask=mask).last_hidden_state
+
+    def embed(self, input_ids: Tensor, attention_mask: Tensor, *, padded: bool = True) -> Tensor:
         """Mean-pooled encoder output of tokenised sentences: (B, T), (B, T) -> (B, H)."""
-        return mean_pool(self(input_ids, attention_mask), attention_mask)  # (B, H)
+        return mean_pool(self(input_ids, attention_mask, padded=padded), attention_mask)  # (B, H)
 
     def encode(self, sentences: Sequence[str]) -> Tensor:
         """Mean-pooled encoder output, no cross-attention: B sentences -> (B, H)."""
@@ -104,9 +113,13 @@ class SentenceEncoder(nn.Module):
         """Cross-attended, mean-pooled embeddings of the pairs (a_i, b_i): -> (B, H), (B, H)."""
         if len(a) != len(b):
             raise ValueError(f"pair_embeddings needs as many first as second sentences ({len(a)} vs {len(b)})")
-        ids_a, mask_a = self.tokenize(a)  # (B, Ta), (B, Ta)
-        ids_b, mask_b = self.tokenize(b)  # (B, Tb), (B, Tb)
-        return self.cross_attention(self(ids_a, mask_a), mask_a, self(ids_b, mask_b), mask_b)
+        return self.cross_embeddings(*self.tokenize(a), *self.tokenize(b))
+
+    def cross_embeddings(self, ids_a: Tensor, mask_a: Tensor, ids_b: Tensor, mask_b: Tensor, *,
+                         padded: tuple[bool, bool] = (True, True)) -> tuple[Tensor, Tensor]:  # fmt: skip
+        """:meth:`pair_embeddings` of tokenised sides: (B, Ta) ×2, (B, Tb) ×2 -> (B, H), (B, H)."""
+        h_a, h_b = self(ids_a, mask_a, padded=padded[0]), self(ids_b, mask_b, padded=padded[1])
+        return self.cross_attention(h_a, mask_a, h_b, mask_b)
 
     def similarity(self, a: Sequence[str], b: Sequence[str]) -> Tensor:
         """cos of the cross-attended pair embeddings: -> (B,), the Subtask B similarity."""

@@ -1,6 +1,6 @@
 """A sequence scorer over any HF encoder-decoder: S(t|s) = Σ_t log p(t_t | t_<t, s), summed, not averaged.
 
-This is the score of Cao et al. (2021) as their fairseq criterion computes it (SPEC §1.2): raw token
+This is the score of Cao et al. (2021) as their fairseq criterion computes it: raw token
 log-probs of the target (no label smoothing), **summed** over the target tokens, pads zeroed, EOS included.
 Targets are the tokenizer's ids (for BART: ``<s> … </s>``); the decoder input is the target shifted right
 with the model's ``decoder_start_token_id`` (teacher forcing), the convention HF BART is fine-tuned with.
@@ -18,7 +18,9 @@ import transformers
 from torch import Tensor, nn
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from raycl.losses.token_log_probs import TokenLogProbs, token_log_probs
 from raycl.models.decoding import Decoding, hf_generation_config, keep, only_config
+from raycl.models.masks import attention_mask
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,13 @@ class Seq2SeqScorer(nn.Module):
     def max_positions(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", None) or 1024)
 
+    @property
+    def layerdrop(self) -> float:
+        """The model's LayerDrop probability (0 for BART as released): one draw per layer and forward, shared by
+        every row of that forward."""
+        c = self.model.config
+        return float(max(getattr(c, "encoder_layerdrop", 0.0) or 0.0, getattr(c, "decoder_layerdrop", 0.0) or 0.0))
+
     def shift_right(self, target_ids: Tensor) -> Tensor:
         """Decoder input for teacher forcing: ``[start, t_0, …, t_{T-2}]`` (B, T) -> (B, T)."""
         prev = target_ids.new_full(target_ids.shape, self.pad_id)  # (B, T)
@@ -99,7 +108,8 @@ class Seq2SeqScorer(nn.Module):
         """Teacher-forced log-softmax over the vocabulary: (B, S), (B, S), (B, T) -> (B, T, V).
 
         ``target_ids`` only marks the padded decoder positions; right padding cannot change the real
-        positions under causal attention, so passing it or not gives the same values there.
+        positions under causal attention, so passing it or not gives the same values there. Training scores
+        tokens with :meth:`token_log_probs` instead, which keeps no (B, T, V) fp32 tensor for the backward.
         """
         dec_mask = None
         if target_ids is not None:
@@ -117,12 +127,54 @@ class Seq2SeqScorer(nn.Module):
             logits = logits.float()  # sums over many tokens need fp32 log-probs
         return F.log_softmax(logits, dim=-1)  # (B, T, V)
 
-    def sequence_scores(
-        self, src_ids: Tensor, src_mask: Tensor, prev_output_ids: Tensor, target_ids: Tensor
+    def logits(
+        self, src_ids: Tensor, src_mask: Tensor | None, prev_output_ids: Tensor, *, src_padded: bool | None = None
     ) -> Tensor:
-        """S(t|s): summed target-token log-probs, pads zeroed, EOS included (SPEC §1.2) -> (B,)."""
-        lprobs = self.log_probs(src_ids, src_mask, prev_output_ids, target_ids)  # (B, T, V)
-        return sum_target_log_probs(lprobs, target_ids, pad_id=self.pad_id)  # (B,)
+        """Teacher-forced logits: (R, S), (R, S), (R, T) -> (R, T, V), without a host-device sync of raycl's.
+
+        ``src_padded`` says whether any source row holds padding, known on the CPU when the batch was collated:
+        ``False`` passes no source mask (the model's mask helpers then skip it without reading it), ``True``
+        passes the mask already expanded to the attention's 4-D form (the helpers take it as given, where they
+        would read a 2-D mask on the device to decide whether it can be skipped: a sync), ``None`` passes the
+        2-D ``src_mask`` as it is (the model decides). No decoder mask: targets are right-padded and the decoder
+        is causal, so a real position never attends to a later pad; the pads' own outputs are never scored.
+        Under autocast the logits are returned in the autocast dtype (a bias add may promote the half-precision
+        head's output to fp32; for BART its bias is a zero buffer, so the values are the head's own).
+        """
+        mask = src_mask if src_padded is None else self._attention_mask(src_mask) if src_padded else None
+        out = self.model(input_ids=src_ids, attention_mask=mask, decoder_input_ids=prev_output_ids,
+                         use_cache=False)  # fmt: skip
+        logits = out.logits  # (R, T, V)
+        kind = logits.device.type
+        autocast = torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)
+        if autocast and logits.dtype == torch.float32:
+            logits = logits.to(torch.get_autocast_dtype(kind))  # (R, T, V) kept for the backward in half
+        return logits
+
+    def _attention_mask(self, src_mask: Tensor | None) -> Tensor | None:
+        """The source padding mask as the attention reads it (:func:`raycl.models.masks.attention_mask`): one
+        (R, 1, 1, S) tensor serves the encoder's self-attention and the decoder's cross-attention."""
+        return None if src_mask is None else attention_mask(src_mask, self.model)
+
+    def token_log_probs(
+        self, src_ids: Tensor, src_mask: Tensor | None, prev_output_ids: Tensor, target_ids: Tensor, *,
+        src_padded: bool | None = None,
+    ) -> TokenLogProbs:
+        """Per target token, fp32 ``log p_y`` and ``Σ_v log p_v`` (pads not zeroed): (R, T) each.
+
+        Memory-lean: what the backward keeps of the output layer is the logits in their own dtype and an (R, T)
+        log-normaliser (:func:`raycl.losses.token_log_probs.token_log_probs`), no (R, T, V) log-softmax.
+        """
+        logits = self.logits(src_ids, src_mask, prev_output_ids, src_padded=src_padded)  # (R, T, V)
+        return token_log_probs(logits, target_ids)
+
+    def sequence_scores(
+        self, src_ids: Tensor, src_mask: Tensor, prev_output_ids: Tensor, target_ids: Tensor, *,
+        src_padded: bool | None = None,
+    ) -> Tensor:
+        """S(t|s): summed target-token log-probs, pads zeroed, EOS included, as the released criterion -> (B,)."""
+        tok = self.token_log_probs(src_ids, src_mask, prev_output_ids, target_ids, src_padded=src_padded)
+        return tok.target.masked_fill(target_ids.eq(self.pad_id), 0.0).sum(-1)  # (B,)
 
     @torch.no_grad()
     def score_texts(

@@ -28,6 +28,8 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
+from raycl.memory.multi_tensor import grouped, scale_
+
 BUCKET_BYTES = 64 * 2**20  # gradients per all-reduce: large enough to amortise a call, small to bound the copy
 
 
@@ -91,39 +93,51 @@ def sum_gradients(params: Iterable[torch.nn.Parameter], *, bucket_bytes: int = B
 
 
 def scale_gradients(params: Iterable[torch.nn.Parameter], factor: float) -> None:
+    """grad ← factor·grad for every parameter that has one: one multi-tensor op per (device, dtype), not a kernel
+    per parameter."""
     if factor == 1.0:
         return
-    for p in params:
-        if p.grad is not None:
-            p.grad.mul_(factor)
+    scale_([p.grad for p in params if p.grad is not None], factor)
 
 
 def average_gradients(params: list[torch.nn.Parameter], weight: float, *, averaged_by_ddp: bool = False,
-                      active: bool = True) -> tuple[float, float]:  # fmt: skip
+                      active: bool = True) -> bool:  # fmt: skip
     """The update's gradient from the summed-loss gradients of this worker's micro-batches: summed over workers
-    (unless DDP's all-reduce already averaged them) and divided by the global weight. Returns the global weight and
-    the number of ranks that took part with batches of their own (``active``); a rank whose epoch is over joins
-    the others' update with ``weight`` 0, ``active=False`` and no gradients. When no rank is active the gradients
-    are left alone (there is no update to make)."""
+    (unless DDP's all-reduce already averaged them) and divided by the global weight. A rank whose epoch is over
+    joins the others' update with ``weight`` 0, ``active=False`` and no gradients. Returns whether any rank took
+    part with batches of its own; when none did the gradients are left alone (there is no update to make).
+
+    The global weight stays on the collective's device and divides the gradients there: an active rank reads
+    nothing back (under NCCL a read waits for the all-reduce); a joined rank reads whether anyone is active."""
     if averaged_by_ddp:
-        global_weight = all_reduce_sum(weight)
-        scale_gradients(params, dist.get_world_size() / max(global_weight, 1e-12))
-        return global_weight, float(dist.get_world_size())
-    global_weight, ranks = _weight_and_active(weight, active)
-    if ranks == 0:
-        return global_weight, ranks
-    sum_gradients(params)
-    scale_gradients(params, 1.0 / max(global_weight, 1e-12))
-    return global_weight, ranks
-
-
-def _weight_and_active(weight: float, active: bool) -> tuple[float, float]:
+        total = _all_reduced([weight])  # (1,) Σ weight
+        divide_(params, total[0] / dist.get_world_size())
+        return True
     if not distributed():
-        return weight, float(active)
+        if active:
+            scale_gradients(params, 1.0 / max(weight, 1e-12))
+        return active
+    sums = _all_reduced([weight, float(active)])  # (2,) Σ weight, ranks with batches
+    if not active and float(sums[1].item()) == 0:
+        return False
+    sum_gradients(params)
+    divide_(params, sums[0])
+    return True
+
+
+def _all_reduced(values: list[float]) -> torch.Tensor:
     device = collective_device(str(dist.get_backend()))
-    t = torch.tensor([weight, float(active)], dtype=torch.float64, device=device)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
-    return float(t[0].item()), float(t[1].item())
+    return t
+
+
+def divide_(params: Iterable[torch.nn.Parameter], divisor: torch.Tensor) -> None:
+    """grad ← grad / divisor for every parameter that has one, ``divisor`` a 0-d tensor on the collective's device
+    (the CPU's under gloo): one multi-tensor op per (device, dtype), nothing read back."""
+    grads = [p.grad for p in params if p.grad is not None]
+    for (group,) in grouped(grads):
+        torch._foreach_div_(group, divisor.clamp(min=1e-12).to(group[0].device, group[0].dtype))
 
 
 def broadcast_int(value: int, src: int = 0) -> int:

@@ -8,6 +8,7 @@ fine-tuning starts as soon as the first task is mined (DESIGN.md "The pipeline")
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import time
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 import torch
 
 from raycl.data.gec import GecExample
+from raycl.train.loop import Call
 
 Batch = tuple[list[GecExample], list[list[str]]]
 
@@ -70,7 +72,10 @@ def token_groups(sizes: Sequence[int], max_tokens: int) -> list[list[int]]:
 
 
 class Feed(Protocol):
-    def batches(self, epoch: int, model: torch.nn.Module) -> Iterator[Batch]: ...
+    """An epoch's ``(examples, negatives)`` pools of this rank, read ahead of the step (a background thread); a
+    :class:`~raycl.train.loop.Call` where something must run in the training thread first (a publication)."""
+
+    def batches(self, epoch: int, model: torch.nn.Module) -> Iterator[Batch | Call]: ...
     def after_step(self, step: int, model: torch.nn.Module) -> None: ...
     def metrics(self) -> dict[str, float]: ...
     def state(self) -> dict[str, Any]: ...
@@ -115,9 +120,9 @@ class StreamFeed:
         self.sync_every, self.refresh_every = sync_every, refresh_every
         self.by_id = {ex.id: ex for ex in shards[consumer.rank]}
 
-    def batches(self, epoch: int, model: torch.nn.Module) -> Iterator[Batch]:
+    def batches(self, epoch: int, model: torch.nn.Module) -> Iterator[Batch | Call]:
         if epoch > 0 and self.refresh_every > 0 and epoch % self.refresh_every == 0:
-            self.consumer.publish(model)
+            yield Call(functools.partial(self.consumer.publish, model))  # in the training thread
         self.consumer.start_epoch(epoch, self.shards)
         while items := self.consumer.take(self.batch_size, epoch=epoch):
             yield [self.by_id[it.id] for it in items], [list(it.negatives) for it in items]

@@ -1,41 +1,122 @@
-"""One GEC-CL training step's loss: collate (source, target, negatives) and run the passes of SPEC §1.2.
+"""One GEC-CL training step's loss: collate (source, target, negatives) on the CPU, score every row on the device.
 
-Per batch: one teacher-forced pass on the positives (it gives CE and S_pos with one dropout mask), then
-one full forward per negative slot j — encoder re-run, the model's current (train) mode, gradients
-through the negatives — exactly as the released criterion does; or, with ``stack_negatives=True``, one
-batched pass over every real (sentence, slot) pair, which is the same loss in eval mode and faster.
+The released criterion of Cao, Yang & Ng (2021) runs one teacher-forced pass on the positives (CE and S_pos share
+its dropout mask), then one full forward per negative slot j: the encoder re-run, the model in train mode,
+gradients through the negatives. ``passes="per_slot"`` does exactly that. ``passes="joint"`` (the default) runs
+the same (source, target) pairs as the rows of **one** batched forward — the positives and every real negative,
+each row with its own copy of its sentence's source — so that every row draws its own dropout masks in the
+encoder and in the decoder, as the per-slot passes do: the loss has the same distribution (an encoder pass shared
+by a sentence's rows would correlate their scores, and would not be the released computation). With dropout off
+the two are equal. Filler slots (j ≥ n_i) are never scored.
+
+Nothing in the step reads a value back from the device: the row layout, the lengths, whether there is padding at
+all and the token count are fixed by :func:`collate` on the CPU (a prefetcher runs it, off the step's critical
+path), and the loss's parts stay device tensors for the caller to accumulate.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
+from raycl.configs.gec import PASSES
 from raycl.losses.gec_margin import GecContrastiveLoss, GecLossOutput
+from raycl.losses.token_log_probs import TokenLogProbs
 
 if TYPE_CHECKING:
     from raycl.data.gec import GecExample
     from raycl.models.seq2seq import Seq2SeqScorer
 
 
+class Span(NamedTuple):
+    """Rows ``[start, stop)`` of one per-slot pass, and that pass's own padded source and target lengths."""
+
+    start: int
+    stop: int
+    src_len: int
+    tgt_len: int
+    src_padded: bool  # some source of the pass is shorter than src_len
+
+
 @dataclass(frozen=True)
 class GecBatch:
-    """A collated batch with negatives; filler slots (j ≥ n_i) hold pads and are never scored."""
+    """A collated GEC-CL batch in the joint layout: one row per scored (source, target) pair.
 
-    src_ids: Tensor  # (B, S)
-    src_mask: Tensor  # (B, S)
-    target_ids: Tensor  # (B, T) pad-filled
-    neg_ids: Tensor  # (B, M, T') pad-filled; slot j of row i is real iff j < n_neg[i]
+    Rows: the B positives (row i is sentence i with its gold target), then the real negatives slot by slot (slot 0
+    of every sentence that has one, then slot 1, …). Each row holds its own copy of its sentence's source. Sources
+    are padded to the longest source, targets to the longest real row (or up to a multiple, see :func:`collate`).
+    """
+
+    row_src: Tensor  # (R, S) the source of each row's sentence
+    row_src_mask: Tensor  # (R, S) 1 = real token
+    row_tgt: Tensor  # (R, T) gold target (r < B) or a negative, pad-filled
+    row_sentence: Tensor  # (R,) the sentence of each row (r for r < B)
+    row_slot: Tensor  # (R,) a negative row's slot j < n_i; −1 for a positive
     n_neg: Tensor  # (B,) real negatives per sentence
+    ntokens: int  # real tokens of the positive targets, EOS included (fairseq's sample_size)
+    num_slots: int  # M, the width of s_neg
+    src_padded: bool  # some source is shorter than S: the mask is needed
+    tgt_padded: bool  # some row's target is shorter than T
+    spans: tuple[Span, ...]  # the per-slot passes: the positives, then each slot that has a real negative
+    pad_id: int
 
-    def to(self, device: torch.device | str) -> GecBatch:
-        parts = (self.src_ids, self.src_mask, self.target_ids, self.neg_ids, self.n_neg)
-        return GecBatch(*(t.to(device) for t in parts))
+    @property
+    def num_sentences(self) -> int:
+        return self.spans[0].stop
+
+    @property
+    def num_rows(self) -> int:
+        return self.row_tgt.shape[0]
+
+    @property
+    def src_ids(self) -> Tensor:
+        """The positives' sources (B, S₀), S₀ their own longest."""
+        return self.row_src[: self.num_sentences, : self.spans[0].src_len]
+
+    @property
+    def src_mask(self) -> Tensor:
+        return self.row_src_mask[: self.num_sentences, : self.spans[0].src_len]
+
+    @property
+    def target_ids(self) -> Tensor:
+        """The gold targets (B, T₀), T₀ their own longest."""
+        return self.row_tgt[: self.num_sentences, : self.spans[0].tgt_len]
+
+    def _map(self, fn: Callable[[Tensor], Tensor]) -> GecBatch:
+        names = ("row_src", "row_src_mask", "row_tgt", "row_sentence", "row_slot", "n_neg")
+        moved: dict[str, Any] = {n: fn(getattr(self, n)) for n in names}
+        return dataclasses.replace(self, **moved)
+
+    def pin_memory(self) -> GecBatch:
+        """Page-locked copies, so that ``to(device, non_blocking=True)`` overlaps the copy with the compute; the
+        batch itself where there is no accelerator (page-locking needs one)."""
+        if not torch.accelerator.is_available():
+            return self
+        return self._map(lambda t: t.pin_memory())
+
+    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> GecBatch:
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    @classmethod
+    def from_tensors(
+        cls, src_ids: Tensor, src_mask: Tensor, target_ids: Tensor, neg_ids: Tensor, n_neg: Tensor, *,
+        pad_id: int, num_slots: int | None = None, pad_to_multiple_of: int = 1,
+    ) -> GecBatch:
+        """A batch from already tokenised CPU tensors: sources (B, S) with their mask, gold targets (B, T) and
+        negatives (B, M, T') pad-filled, slot j of sentence i real iff j < n_neg[i] (the others are ignored)."""
+        counts = [int(n) for n in n_neg.tolist()]
+        sources = [[t for t, m in zip(row, mask, strict=True) if m]
+                   for row, mask in zip(src_ids.tolist(), src_mask.tolist(), strict=True)]  # fmt: skip
+        targets = [[t for t in row if t != pad_id] for row in target_ids.tolist()]
+        negs = [[[t for t in neg if t != pad_id] for neg in slots[:c]]
+                for slots, c in zip(neg_ids.tolist(), counts, strict=True)]  # fmt: skip
+        return _assemble(sources, targets, negs, pad_id=pad_id, num_slots=num_slots, multiple=pad_to_multiple_of)
 
 
 def collate(
@@ -45,67 +126,128 @@ def collate(
     *,
     max_length: int,
     num_slots: int | None = None,
+    pad_to_multiple_of: int = 1,
 ) -> GecBatch:
-    """Tokenise a batch; M = ``num_slots`` or the largest negative count in the batch."""
+    """Tokenise and lay out a batch on the CPU; M = ``num_slots`` or the largest negative count in the batch.
+
+    ``pad_to_multiple_of`` rounds the padded source and target lengths up (never past ``max_length``), so that
+    batches repeat a few shapes (compiled steps, CUDA graphs); 1 pads to the longest row only.
+    """
     if len(examples) != len(negatives):
         raise ValueError(f"{len(examples)} examples but {len(negatives)} negative lists")
     pad = int(tokenizer.pad_token_id)  # type: ignore[arg-type]
-    opts = dict(padding=True, truncation=True, max_length=max_length, return_tensors="pt")
-    enc = tokenizer([e.source for e in examples], **opts)
-    tgt = tokenizer([e.target for e in examples], **opts)["input_ids"]
+    B = len(examples)
+    flat = [neg for negs in negatives for neg in negs]
+    texts = [e.source for e in examples] + [e.target for e in examples] + flat
+    ids = tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]
+    negs, at = [], 2 * B
+    for ns in negatives:
+        negs.append(ids[at : at + len(ns)])
+        at += len(ns)
+    return _assemble(ids[:B], ids[B : 2 * B], negs, pad_id=pad, num_slots=num_slots, multiple=pad_to_multiple_of,
+                     cap=max_length)  # fmt: skip
+
+
+def _padded_len(longest: int, multiple: int, cap: int | None) -> int:
+    up = -(-longest // multiple) * multiple
+    return min(up, max(cap, longest)) if cap is not None else up
+
+
+def _assemble(
+    sources: list[list[int]], targets: list[list[int]], negatives: list[list[list[int]]], *, pad_id: int,
+    num_slots: int | None, multiple: int, cap: int | None = None,
+) -> GecBatch:
+    """The joint row layout and the per-slot spans from token id lists (no padding in them)."""
+    if not sources:
+        raise ValueError("an empty batch")
     counts = [len(n) for n in negatives]
     M = max(counts, default=0) if num_slots is None else num_slots
     if max(counts, default=0) > M:
         raise ValueError(f"a sentence has {max(counts)} negatives but num_slots={M}")
-    flat = [neg for negs in negatives for neg in negs]
-    neg_ids = torch.full((len(examples), M, 1), pad, dtype=torch.long)  # (B, M, 1) all filler
-    if flat:
-        ids = tokenizer(flat, **opts)["input_ids"]
-        neg_ids = torch.full((len(examples), M, ids.size(1)), pad, dtype=torch.long)  # (B, M, T')
-        rows = torch.tensor([i for i, c in enumerate(counts) for _ in range(c)])
-        slots = torch.tensor([j for c in counts for j in range(c)])
-        neg_ids[rows, slots] = ids
-    return GecBatch(enc["input_ids"], enc["attention_mask"], tgt, neg_ids, torch.tensor(counts, dtype=torch.long))
+    B = len(sources)
+    rows = [(i, -1, targets[i]) for i in range(B)]  # (sentence, slot, target ids)
+    groups = [list(range(B))] + [[i for i in range(B) if counts[i] > j] for j in range(M)]
+    for j, members in enumerate(groups[1:]):
+        rows += [(i, j, negatives[i][j]) for i in members]
+    spans, start = [], 0
+    for members in groups:
+        if not members:
+            continue  # no sentence has a j-th negative: no pass
+        stop = start + len(members)
+        s_len = _padded_len(max(len(sources[i]) for i in members), multiple, cap)
+        t_len = _padded_len(max(len(rows[r][2]) for r in range(start, stop)), multiple, cap)
+        spans.append(Span(start, stop, s_len, t_len, any(len(sources[i]) < s_len for i in members)))
+        start = stop
+    S = _padded_len(max((len(s) for s in sources), default=1), multiple, cap)
+    T = _padded_len(max((len(r[2]) for r in rows), default=1), multiple, cap)
+    src = [sources[i] for i, _, _ in rows]
+    return GecBatch(
+        row_src=_padded(src, S, pad_id),
+        row_src_mask=_padded([[1] * len(s) for s in src], S, 0),
+        row_tgt=_padded([t for _, _, t in rows], T, pad_id),
+        row_sentence=torch.tensor([i for i, _, _ in rows], dtype=torch.long),
+        row_slot=torch.tensor([j for _, j, _ in rows], dtype=torch.long),
+        n_neg=torch.tensor(counts, dtype=torch.long),
+        ntokens=sum(len(t) for t in targets),
+        num_slots=M,
+        src_padded=any(len(s) < S for s in sources),
+        tgt_padded=any(len(r[2]) < T for r in rows),
+        spans=tuple(spans),
+        pad_id=pad_id,
+    )
+
+
+def _padded(seqs: list[list[int]], width: int, fill: int) -> Tensor:
+    """Right-padded (len(seqs), width) long tensor."""
+    return torch.tensor([q + [fill] * (width - len(q)) for q in seqs], dtype=torch.long).view(len(seqs), width)
 
 
 def gec_loss(
-    scorer: Seq2SeqScorer, batch: GecBatch, loss_fn: GecContrastiveLoss, *, stack_negatives: bool = False
+    scorer: Seq2SeqScorer, batch: GecBatch, loss_fn: GecContrastiveLoss, *, passes: str = "joint"
 ) -> GecLossOutput:
-    """The GEC-CL loss of one batch (SPEC §1.2); call ``.loss.backward()`` on the result."""
-    prev = scorer.shift_right(batch.target_ids)  # (B, T)
-    lprobs = scorer.log_probs(batch.src_ids, batch.src_mask, prev, batch.target_ids)  # (B, T, V)
-    score_negatives = _stacked_negative_scores if stack_negatives else _per_slot_negative_scores
-    s_neg = score_negatives(scorer, batch, dtype=lprobs.dtype)  # (B, M)
-    return loss_fn(lprobs, batch.target_ids, s_neg, batch.n_neg, pad_id=scorer.pad_id)
+    """The GEC-CL loss of one batch; call ``.loss.backward()`` on the result (its parts stay on the device).
+
+    ``passes``: ``joint`` — one forward over every row; ``per_slot`` — the positives, then one forward per slot,
+    as the released criterion runs them.
+    """
+    if passes == "joint":
+        tok, s_rows = _joint(scorer, batch)
+    elif passes == "per_slot":
+        tok, s_rows = _per_slot(scorer, batch)
+    else:
+        raise ValueError(f"passes must be one of {', '.join(PASSES)}, got {passes!r}")
+    B = batch.num_sentences
+    s_neg = s_rows.new_zeros(B, batch.num_slots)  # (B, M) filler slots stay 0 and are masked by n_neg
+    s_neg = s_neg.index_put((batch.row_sentence[B:], batch.row_slot[B:]), s_rows[B:])  # (B, M)
+    keep = batch.row_tgt[:B, : tok.target.shape[1]].ne(batch.pad_id)  # (B, T)
+    return loss_fn(tok, keep, s_neg, batch.n_neg, ntokens=batch.ntokens)
 
 
-def _per_slot_negative_scores(scorer: Seq2SeqScorer, batch: GecBatch, *, dtype: torch.dtype) -> Tensor:
-    """S_neg[:, j] by one full forward per slot j over the sentences that have a real j-th negative."""
-    B, M, _ = batch.neg_ids.shape
-    s_neg = torch.zeros(B, M, dtype=dtype, device=batch.src_ids.device)  # (B, M) filler stays 0 (masked)
-    for j in range(M):
-        rows = (batch.n_neg > j).nonzero().squeeze(1)  # (b,)
-        if rows.numel() == 0:
-            continue  # no sentence has a j-th negative
-        s_neg[rows, j] = _score(scorer, batch, rows, batch.neg_ids[rows, j])
-    return s_neg
+def _row_scores(tok: TokenLogProbs, targets: Tensor, pad_id: int) -> Tensor:
+    """S per row: summed target log-probs, pads zeroed: (R, T) -> (R,)."""
+    return tok.target.masked_fill(targets.eq(pad_id), 0.0).sum(-1)
 
 
-def _stacked_negative_scores(scorer: Seq2SeqScorer, batch: GecBatch, *, dtype: torch.dtype) -> Tensor:
-    """S_neg for every real (sentence, slot) pair in one batched forward."""
-    B, M, _ = batch.neg_ids.shape
-    s_neg = torch.zeros(B, M, dtype=dtype, device=batch.src_ids.device)  # (B, M)
-    real = torch.arange(M, device=batch.n_neg.device).unsqueeze(0) < batch.n_neg.unsqueeze(1)  # (B, M)
-    rows, slots = real.nonzero(as_tuple=True)  # (P,), (P,)
-    if rows.numel() > 0:
-        s_neg[rows, slots] = _score(scorer, batch, rows, batch.neg_ids[rows, slots])
-    return s_neg
+def _joint(scorer: Seq2SeqScorer, batch: GecBatch) -> tuple[TokenLogProbs, Tensor]:
+    """One forward over all R rows: the positives' token scores (B, T) and every row's S (R,)."""
+    if scorer.training and scorer.layerdrop > 0:
+        raise ValueError(f"LayerDrop ({scorer.layerdrop}) drops a layer for every row of a forward at once, so a "
+                         "joint pass would correlate the rows' scores: use loss.passes=per_slot")  # fmt: skip
+    tgt = batch.row_tgt  # (R, T)
+    tok = scorer.token_log_probs(batch.row_src, batch.row_src_mask, scorer.shift_right(tgt), tgt,
+                                 src_padded=batch.src_padded)  # fmt: skip
+    B = batch.num_sentences
+    return TokenLogProbs(tok.target[:B], tok.total[:B], tok.vocab_size), _row_scores(tok, tgt, batch.pad_id)
 
 
-def _score(scorer: Seq2SeqScorer, batch: GecBatch, rows: Tensor, targets: Tensor) -> Tensor:
-    """S(targets[p] | source[rows[p]]) with padding trimmed to the longest in this pass: -> (P,)."""
-    real_src = batch.src_mask[rows].sum(0).nonzero().max().item() + 1
-    real_tgt = targets.ne(scorer.pad_id).sum(0).nonzero().max().item() + 1
-    src_ids, src_mask = batch.src_ids[rows, :real_src], batch.src_mask[rows, :real_src]  # (P, S')
-    targets = targets[:, :real_tgt]  # (P, T'')
-    return scorer.sequence_scores(src_ids, src_mask, scorer.shift_right(targets), targets)  # (P,)
+def _per_slot(scorer: Seq2SeqScorer, batch: GecBatch) -> tuple[TokenLogProbs, Tensor]:
+    """The positives' pass, then one pass per slot over the sentences that have a real j-th negative."""
+    passes, scores = [], []
+    for sp in batch.spans:
+        src = batch.row_src[sp.start : sp.stop, : sp.src_len]  # (b, S_j)
+        mask = batch.row_src_mask[sp.start : sp.stop, : sp.src_len]  # (b, S_j)
+        tgt = batch.row_tgt[sp.start : sp.stop, : sp.tgt_len]  # (b, T_j)
+        tok = scorer.token_log_probs(src, mask, scorer.shift_right(tgt), tgt, src_padded=sp.src_padded)
+        passes.append(tok)
+        scores.append(_row_scores(tok, tgt, batch.pad_id))  # (b,)
+    return passes[0], torch.cat(scores)  # (B, T₀) token scores, (R,)

@@ -1,15 +1,19 @@
 """The one training loop every recipe runs on a Ray Train worker (or in-process, ``scaling.num_workers=0``).
 
-The loop owns what is the same for every recipe, in this order::
+The loop owns what is the same for every recipe — the epochs, the position in them, when to evaluate, the update —
+in this order::
 
     model ← task.load_model(checkpoint/model or the initial model); model.to(device)   # before any optimizer
-    state ← task.build(model)            # optimizers, schedules, queue, EMA … (the checkpoint's progress known)
+    state ← task.build(model)            # optimizers, schedules (their total counted once), queue, EMA …
     restore optimizers, schedules, scaler, extras, RNG from the checkpoint; task.start(resumed)
-    for item in task.stream(state):      # the task's feed: Batch … Report … Batch … (resumable from progress)
-        Batch  → forward/backward under autocast, gradients accumulated over ``update_freq`` batches, then one
-                 update: sum over workers, ÷ global weight, unscale (fp16), clip, step, schedule
-        Report → flush a partial update; the task's metrics; rank 0 evaluates, keeps the best model, appends
-                 ``history.jsonl`` and attaches a resumable checkpoint; every rank reports
+    for epoch from the checkpoint's (epoch, batch):
+        task.epoch(state, epoch, batch)  → this rank's batches, the epoch's evaluation rule
+        batches collated ahead (task.collate, a background thread), pinned, copied with non_blocking
+        each batch → forward/backward under autocast, gradients accumulated over ``update_freq`` batches, then
+                     one update: sum over workers, ÷ global weight, unscale (fp16), clip, step, schedule
+        every ``eval_every`` updates of the epoch, at its end (``report_at_end``) and at the end of training:
+                     the task's metrics; rank 0 evaluates, keeps the best model, appends ``history.jsonl``
+                     and attaches a resumable checkpoint; every rank reports
     task.final(state)                    # the recipe's closing report (official submissions), if any
 
 A recipe (a :class:`Task`) supplies only what differs: how to load its model, its state, its feed, its step and
@@ -27,10 +31,12 @@ the others sum gradients after the backward (:mod:`raycl.train.data_parallel`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import math
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -46,13 +52,14 @@ from raycl.train.chaos import crash_switch
 from raycl.train.checkpoint import MODEL_DIR, STATE_FILE, load_state, save_state, seed_everything
 from raycl.train.data_parallel import all_gather_floats, average_gradients
 from raycl.train.precision import Precision, enable_tf32, inference
+from raycl.train.prefetch import Prefetcher
 from raycl.train.progress import ProgressWriter
 
 
 # ---------------------------------------------------------------------------------------------- what a task gives
 @dataclass(frozen=True)
 class LoopSettings:
-    """The loop's knobs, taken from a recipe's ``optim`` section."""
+    """The loop's knobs, taken from a recipe's ``optim`` section (:meth:`from_options`)."""
 
     precision: str = "fp32"  # fp32 | bf16 | fp16
     update_freq: int = 1  # batches whose gradients are summed into one optimizer update
@@ -61,29 +68,59 @@ class LoopSettings:
     seed: int = 1
     ddp: bool = False  # forward through DDP (several workers) instead of summing gradients after the backward
     find_unused_parameters: bool = False  # DDP: only for models with parameters a step may not use
-    eval_every: int = 0  # updates between the loop's own reports (0: only where the feed yields a Report)
     fp16_init_scale: float = 2.0**16  # fp16's first loss scale (lower for losses summed over tokens)
+    prefetch: int = 2  # batches collated ahead in a background thread (0: in the step's thread, one at a time)
+    compile: bool = False  # torch.compile the forward of the task's modules (``Task.compiled_modules``)
+    compile_mode: str = "default"  # torch.compile's mode (inductor): default | reduce-overhead | max-autotune
+    compile_backend: str = "inductor"  # torch.compile's backend (aot_eager: no code generation, for tests)
+
+    @classmethod
+    def from_options(cls, o: Any, **overrides: Any) -> LoopSettings:
+        """The settings of an ``optim`` section (:class:`raycl.config.LoopOptions` and whatever else of the loop's
+        it has: ``clip_norm``, ``seed``), with a recipe's own ``overrides``."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{**{n: getattr(o, n) for n in names if hasattr(o, n)}, **overrides})
 
 
 @dataclass(frozen=True)
 class Batch:
-    """One micro-batch of a task's feed; its gradients update ``state.optimizers[optimizer]``."""
+    """One micro-batch of an epoch; its gradients update ``state.optimizers[optimizer]``. ``data`` is what the
+    task's ``collate`` turns into tensors (off the step's thread); ``progress``: the task's position after this
+    batch, written into ``state.progress`` when the loop takes the batch (a checkpoint then holds it)."""
 
     data: Any
     optimizer: int = 0
+    ends_step: bool = True  # False: a micro-batch of another optimizer follows in the same step (alternation)
+    progress: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
-class EpochEnd:
-    """The end of this rank's part of an epoch: flush a partial update, then join the updates the other ranks
-    still make (their shards may hold more batches), so that no update mixes two epochs' batches."""
+class Call:
+    """A point in an epoch's batches where ``fn`` must run in the training thread, between the batches before and
+    after it (weights published to the miners at a chunk's start): the feed waits for it."""
+
+    fn: Callable[[], None]
+
+
+@dataclass
+class Epoch:
+    """What a task hands the loop for one epoch: this rank's batches (from the position the loop gave), when to
+    report within it, and what its reports carry."""
+
+    batches: Iterable[Batch | Call]
+    eval_every: int = 0  # updates (steps) of this epoch between reports; 0: none within the epoch
+    report_at_end: bool = True  # a report at the epoch's end (the end of training always has one)
+    info: dict[str, Any] = field(default_factory=dict)  # Report.info of this epoch's reports (a phase, a setting)
+    # False: batches are read in the training thread, one at a time — for feeds whose reads must see every update
+    # before them (a stream's staleness rule checked against a version that updates move on)
+    read_ahead: bool = True
 
 
 @dataclass(frozen=True)
 class Report:
-    """A point in a task's feed where the loop reports (evaluate, keep the best, checkpoint)."""
+    """A point where the loop reports (evaluate, keep the best, checkpoint)."""
 
-    info: dict[str, Any] = field(default_factory=dict)  # what the task needs to know of it (a phase, an epoch)
+    info: dict[str, Any] = field(default_factory=dict)  # the epoch's info, and ``epoch_end`` / ``last``
     checkpoint: bool = True
 
 
@@ -97,10 +134,19 @@ class Keep:
     scope: str = ""
 
 
+def updates_in(batches: Sequence[int], update_freq: int) -> int:
+    """The optimizer updates of epochs of ``batches[e]`` batches each (the most any rank has: the others join its
+    updates): an epoch's end flushes a partial accumulation, so ⌈batches / update_freq⌉ an epoch. The one count of
+    a schedule's total, given to the schedule and the progress bar."""
+    return sum(math.ceil(b / update_freq) for b in batches)
+
+
 @dataclass
 class TrainState:
     """What a checkpoint holds. ``extras``: objects with ``state_dict``/``load_state_dict`` (queue, EMA, momentum
-    encoder); those that are modules follow the model's train/eval mode."""
+    encoder); those that are modules follow the model's train/eval mode. ``progress``: the loop's position (epoch,
+    batch, step, report, best) and the task's own keys. ``total_updates``: the schedule's total
+    (:func:`updates_in`), computed once by the task's ``build``; the progress bar counts to it."""
 
     model: Any  # an nn.Module with save_pretrained (the recipe's own type)
     optimizers: list[torch.optim.Optimizer]
@@ -108,6 +154,7 @@ class TrainState:
     progress: dict[str, Any] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
     per_rank: tuple[str, ...] = ()  # extras that differ between ranks (a queue of its own keys), saved per rank
+    total_updates: int = 0
 
     def modules(self) -> list[nn.Module]:
         return [self.model, *(m for m in self.extras.values() if isinstance(m, nn.Module))]
@@ -130,24 +177,29 @@ class Worker:
 
 
 class Task(Protocol):
-    """A recipe's side of the loop (``raycl/recipes/<task>/worker.py``)."""
+    """A recipe's side of the loop (``raycl/recipes/<task>/worker.py``). The loop owns the epochs and the position
+    in them; the task hands over each epoch's batches (``epoch``), turns a batch into tensors on the CPU
+    (``collate``, run ahead in a background thread) and runs a step on them (``step``, on the device)."""
 
     settings: LoopSettings
 
     def load_model(self, path: Path) -> nn.Module: ...
     def build(self, model: nn.Module, w: Worker, progress: dict[str, Any] | None) -> TrainState: ...
     def start(self, st: TrainState, w: Worker, *, resumed: bool) -> None: ...
-    def stream(self, st: TrainState, w: Worker) -> Iterator[Batch | Report]: ...
-    def step(self, st: TrainState, data: Any, ctx: StepContext) -> dict[str, float]: ...
+    def num_epochs(self, st: TrainState) -> int: ...
+    def epoch(self, st: TrainState, w: Worker, epoch: int, start: int) -> Epoch: ...
+    def collate(self, st: TrainState, data: Any) -> Any: ...
+    def step(self, st: TrainState, data: Any, ctx: StepContext) -> dict[str, Any]: ...
     def before_update(self, st: TrainState) -> None: ...
     def after_update(self, st: TrainState) -> None: ...
+    def end_epoch(self, st: TrainState, w: Worker, epoch: int) -> None: ...
     def metrics(self, st: TrainState, window: Window, rep: Report, w: Worker) -> dict[str, Any]: ...
     def evaluate(self, st: TrainState, rep: Report, w: Worker) -> dict[str, Any]: ...
     def keep(self, rep: Report, metrics: dict[str, Any]) -> Keep | None: ...
     def on_best(self, st: TrainState, rep: Report, w: Worker) -> dict[str, Any]: ...
     def save_model(self, st: TrainState, folder: Path, *, kept: bool) -> None: ...
     def final(self, st: TrainState, w: Worker) -> dict[str, Any] | None: ...
-    def total_steps(self, st: TrainState, w: Worker) -> int: ...
+    def compiled_modules(self, st: TrainState) -> list[nn.Module]: ...
 
 
 class TaskBase:
@@ -156,10 +208,16 @@ class TaskBase:
     def start(self, st: Any, w: Worker, *, resumed: bool) -> None:
         pass
 
+    def collate(self, st: Any, data: Any) -> Any:
+        return data
+
     def before_update(self, st: Any) -> None:
         pass
 
     def after_update(self, st: Any) -> None:
+        pass
+
+    def end_epoch(self, st: Any, w: Worker, epoch: int) -> None:
         pass
 
     def keep(self, rep: Report, metrics: dict[str, Any]) -> Keep | None:
@@ -174,6 +232,11 @@ class TaskBase:
 
     def final(self, st: Any, w: Worker) -> dict[str, Any] | None:
         return None
+
+    def compiled_modules(self, st: Any) -> list[nn.Module]:
+        """``optim.compile``: the modules whose forward is compiled (in place: their state dicts keep their
+        names)."""
+        return [st.model]
 
 
 @dataclass(frozen=True)
@@ -215,21 +278,44 @@ class StepContext:
 
 
 class Window:
-    """Sums of one report interval: the step outputs (per micro-batch), updates, step time, wall time."""
+    """Sums of one report interval: the step outputs (per micro-batch), updates, step time, the time the step's
+    thread waited for its next batch, wall time. Step outputs may be device tensors: they are summed where they are
+    and read once, at the report (no host-device sync a step)."""
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
-        self.sums: dict[str, float] = {}
+        self._sums: dict[str, Any] = {}
         self.t0, self.batches, self.updates, self.step_s = time.perf_counter(), 0, 0, 0.0
-        self.skipped = 0  # fp16 updates the scaler skipped (their gradients overflowed)
+        self.wait_s = 0.0  # waiting for batches (negatives being mined, collation behind)
+        self.first_wait_s = 0.0  # of which for an epoch's first batch (the pipeline filling up)
+        self._skipped: Any = 0  # fp16 updates the scaler skipped (their gradients overflowed): a device count
 
-    def add(self, out: dict[str, float], seconds: float) -> None:
+    def add(self, out: dict[str, Any], seconds: float) -> None:
         self.batches += 1
         self.step_s += seconds
         for k, v in out.items():
-            self.sums[k] = self.sums.get(k, 0.0) + float(v)
+            v = v.detach() if isinstance(v, torch.Tensor) else float(v)
+            self._sums[k] = self._sums[k] + v if k in self._sums else v
+
+    def add_skipped(self, skipped: Any) -> None:
+        self._skipped = self._skipped + skipped
+
+    @property
+    def sums(self) -> dict[str, float]:
+        """The interval's sums as numbers: device sums are read here, all in one copy (a report's one sync)."""
+        tensors = {k: v for k, v in self._sums.items() if isinstance(v, torch.Tensor)}
+        if tensors:
+            values = torch.stack([v.detach().reshape(()).double() for v in tensors.values()]).tolist()
+            self._sums.update(zip(tensors, values, strict=True))
+        return self._sums
+
+    @property
+    def skipped(self) -> int:
+        if isinstance(self._skipped, torch.Tensor):
+            self._skipped = int(self._skipped)
+        return int(self._skipped)
 
     def means(self) -> dict[str, float]:
         return {k: v / max(self.batches, 1) for k, v in self.sums.items()}
@@ -238,7 +324,8 @@ class Window:
         return time.perf_counter() - self.t0
 
     def step_time(self) -> float:
-        """Seconds per optimizer update (forward, backward and update of its micro-batches)."""
+        """Seconds per optimizer update (forward, backward and update of its micro-batches; the host's time: on a
+        GPU the kernels may still be running — the wall time per update is ``wall() / updates``)."""
         return self.step_s / max(self.updates, 1)
 
 
@@ -301,10 +388,10 @@ class _Loop:
         self.module_of: tuple[nn.Module, nn.Module] | None = None
         self.on_step = crash_switch(w.job.chaos, rank=w.rank)
         self.bar: ProgressWriter | None = None
-        self.reported = -1  # the step of the last report
-        st.progress.setdefault("step", 0)
-        st.progress.setdefault("report", 0)
-        st.progress.setdefault("best", {})
+        self.current = Epoch(())  # the epoch being trained (its evaluation rule, its reports' info)
+        for key, value in {"epoch": 0, "batch": 0, "epoch_step": 0, "step": 0, "report": 0, "best": {},
+                           "reported_step": -1}.items():  # fmt: skip
+            st.progress.setdefault(key, value)
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def restore(self, saved: dict[str, Any]) -> None:
@@ -360,22 +447,51 @@ class _Loop:
         return self.module_of[1]
 
     def train(self) -> None:
-        if self.w.rank == 0:
-            self.bar = ProgressWriter(self.w.out_dir, total=max(self.task.total_steps(self.st, self.w), 1))
-        for item in self.task.stream(self.st, self.w):
-            if isinstance(item, Report):
-                self.report(item)
-            elif isinstance(item, EpochEnd):
-                self.flush()
-                self.join()
-            else:
-                self.micro_batch(item)
-        self.flush()
-        self.join()
+        """Every epoch from the checkpoint's position: the task's batches, prefetched; an update every
+        ``update_freq`` of them; reports where the epoch's rule says, at its end, and at the end of training."""
+        st, w, p = self.st, self.w, self.st.progress
+        if w.rank == 0:
+            self.bar = ProgressWriter(w.out_dir, total=max(st.total_updates, 1))
+        epochs = self.task.num_epochs(st)
+        while p["epoch"] < epochs:
+            epoch = p["epoch"]
+            self.current = self.task.epoch(st, w, epoch, p["batch"])
+            self.compile()  # (again where an epoch replaced the model: a fit starting from a kept one)
+            collate = functools.partial(self.task.collate, st)
+            depth = self.s.prefetch if self.current.read_ahead else 0
+            with Prefetcher(self.current.batches, collate, device=w.device, depth=depth) as feed:
+                waited = (0.0, 0.0)
+                for batch in feed:
+                    self.window.wait_s += feed.wait_s - waited[0]
+                    self.window.first_wait_s += feed.first_wait_s - waited[1]
+                    waited = (feed.wait_s, feed.first_wait_s)
+                    self.micro_batch(batch)
+                self.window.wait_s += feed.wait_s - waited[0]
+            self.flush()
+            self.join()
+            self.task.end_epoch(st, w, epoch)
+            p.update(epoch=epoch + 1, batch=0, epoch_step=0)
+            if self.current.report_at_end or p["epoch"] == epochs:
+                self.report(Report({**self.current.info, "epoch_end": True, "last": p["epoch"] == epochs}))
+        if p["report"] == 0 or p["reported_step"] != p["step"]:  # the end of training is always evaluated
+            self.report(Report({**self.current.info, "epoch_end": True, "last": True}))
+
+    def compile(self) -> None:
+        """``optim.compile``: the task's modules' forward through ``torch.compile`` (dynamic shapes after a first
+        recompilation; collate buckets lengths so that few shapes occur). A module compiled already is left."""
+        if not self.s.compile:
+            return
+        inductor = self.s.compile_backend == "inductor"
+        for module in self.task.compiled_modules(self.st):
+            if getattr(module, "_compiled_call_impl", None) is None:
+                module.compile(backend=self.s.compile_backend, mode=self.s.compile_mode if inductor else None)
 
     def micro_batch(self, batch: Batch) -> None:
         if self.pending and self.pending[-1] != batch.optimizer:
-            self.flush()  # another optimizer's turn (alternating objectives): the previous update first
+            self.flush(ends_step=False)  # another optimizer's turn (alternating objectives): its update first
+        if batch.progress:
+            self.st.progress.update(batch.progress)  # the task's position: a report after this batch holds it
+        self.st.progress["batch"] += 1
         if self.ctx is None:
             self.ctx = StepContext(self.module(), self.w.device, self.scaler)
         last = len(self.pending) + 1 >= self.s.update_freq
@@ -391,9 +507,9 @@ class _Loop:
         self.window.add(out, time.perf_counter() - t0)  # before the update: it may end a report interval
         if last:
             t1 = time.perf_counter()
-            self.update()
+            self.update(ends_step=batch.ends_step)
             self.window.step_s += time.perf_counter() - t1
-            if self.bar is not None:
+            if self.bar is not None:  # the loss is read only when the bar writes (at most once a second)
                 self.bar.update(self.st.progress["step"], loss=out.get("loss", float("nan")), phase="train")
 
     def join(self) -> None:
@@ -407,15 +523,16 @@ class _Loop:
         while self.update(joined=True):
             pass
 
-    def flush(self) -> None:
-        """An update of what has been accumulated (a report, or the feed's end, comes mid-group)."""
+    def flush(self, *, ends_step: bool = True) -> None:
+        """An update of what has been accumulated (an epoch's end or another optimizer's turn comes mid-group)."""
         if self.pending:
-            self.update()
+            self.update(ends_step=ends_step)
 
-    def update(self, *, joined: bool = False) -> bool:
+    def update(self, *, joined: bool = False, ends_step: bool = True) -> bool:
         """Sum over workers, divide by the global weight, unscale, clip, step, schedule; then the task's hooks,
-        and a report where the loop's ``eval_every`` falls. ``joined``: this rank has no batch left and takes the
-        others' update; returns False (and changes nothing) when no rank had one."""
+        and a report where the epoch's ``eval_every`` falls. ``joined``: this rank has no batch left and takes the
+        others' update; returns False (and changes nothing) when no rank had one. ``ends_step``: the last update
+        of a step (alternating objectives make several)."""
         st = self.st
         k = self.pending[0] if self.pending else 0
         opt = st.optimizers[k]
@@ -424,35 +541,43 @@ class _Loop:
             for p in params:
                 p.grad = None
         weight = 0.0 if joined or self.ctx is None else self.ctx.weight
-        _, ranks = average_gradients(params, weight, averaged_by_ddp=self.synced, active=not joined)
-        if ranks == 0:
+        if not average_gradients(params, weight, averaged_by_ddp=self.synced, active=not joined):
             return False
         if self.scaler is not None:  # after the all-reduce: every rank sees the same inf/NaN and skips alike
             self.scaler.unscale_(opt)
         self.task.before_update(st)
         if self.s.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(params, self.s.clip_norm)
-        if self.scaler is not None:
-            scale = self.scaler.get_scale()
-            self.scaler.step(opt)
-            self.scaler.update()
-            self.window.skipped += self.scaler.get_scale() < scale  # an overflow: the step was skipped
-        else:
-            opt.step()
+        self.optimizer_step(opt)
         if st.schedulers[k] is not None:
             st.schedulers[k].step()
         opt.zero_grad(set_to_none=True)
         self.pending, self.ctx, self.synced = [], None, False
         self.window.updates += 1
+        p = st.progress
         if k == 0:  # a step counts the first optimizer's updates (alternating objectives: one of each)
-            st.progress["step"] += 1
+            p["step"] += 1
         self.task.after_update(st)
         if k == 0:
-            self.on_step(st.progress["step"])
-        every = self.s.eval_every
-        if k == 0 and every > 0 and st.progress["step"] % every == 0:  # every rank, active or joined, is here
-            self.report(Report(), join=False)
+            self.on_step(p["step"])
+        if ends_step:
+            p["epoch_step"] += 1
+            every = self.current.eval_every  # every rank, active or joined, is here
+            if every > 0 and p["epoch_step"] % every == 0:
+                self.report(Report(dict(self.current.info)), join=False)
         return True
+
+    def optimizer_step(self, opt: torch.optim.Optimizer) -> None:
+        """The optimizer's step; under fp16 the scaler's, counting the steps it skips on the device (no sync)."""
+        if self.scaler is None:
+            opt.step()
+            return
+        scale = self.scaler._scale  # (1,) on the device, or None before the first scaled backward
+        before = scale.clone() if isinstance(scale, torch.Tensor) else None
+        self.scaler.step(opt)
+        self.scaler.update()
+        if before is not None and isinstance(self.scaler._scale, torch.Tensor):
+            self.window.add_skipped((self.scaler._scale < before).sum())  # an overflow: the step was skipped
 
     # ------------------------------------------------------------------------------------------ reports
     def report(self, rep: Report, *, join: bool = True) -> None:
@@ -462,15 +587,17 @@ class _Loop:
         if join:
             self.join()
         st, w = self.st, self.w
-        if self.s.eval_every and self.reported == st.progress["step"]:
-            return  # the loop's own report at this step (its eval_every) came first: the same weights
-        self.reported = st.progress["step"]
+        if st.progress["report"] > 0 and st.progress["reported_step"] == st.progress["step"]:
+            return  # a report at this step came first (every N updates, then the epoch's end): the same weights
+        st.progress["reported_step"] = st.progress["step"]
         self.check_ranks_agree()
         st.progress["report"] += 1
         metrics = {**self.task.metrics(st, self.window, rep, w), "report": st.progress["report"],
                    "step": st.progress["step"]}  # fmt: skip
         if self.scaler is not None:
             metrics.update({"fp16/skipped": self.window.skipped, "fp16/scale": self.scaler.get_scale()})
+        metrics.update({"timing/data_wait": self.window.wait_s,
+                        "timing/data_wait_fraction": self.window.wait_s / max(self.window.wall(), 1e-9)})
         if w.rank == 0:
             self.show(phase="eval")
             metrics.update(self.evaluate(rep, metrics))

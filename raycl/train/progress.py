@@ -59,7 +59,8 @@ class ProgressWriter:
             return
         self._last = now
         tmp = self.path.with_name(f".{PROGRESS}.tmp")
-        tmp.write_text(json.dumps({"step": step, "total": self.total, **self.info}))
+        info = {k: float(v) if hasattr(v, "item") else v for k, v in self.info.items()}  # a device loss: read now
+        tmp.write_text(json.dumps({"step": step, "total": self.total, **info}))
         tmp.replace(self.path)
 
 

@@ -21,6 +21,7 @@ and the runs of Fig. 2a (contrastive with and without hard negatives).
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,10 @@ class CoherenceRecipe(RecipeBase):
                            name=name, in_tune=in_tune)  # fmt: skip
 
     def max_t(self, run: Run) -> int:
-        return max(run.counts["train"] // run.cfg.optim.eval_every, 1)
+        """Reports a trial makes: every ``eval_every`` updates of an epoch, and one at the end of training."""
+        o, world = run.cfg.optim, max(run.cfg.scaling.num_workers, 1)
+        steps = math.ceil(math.ceil(run.counts["train"] / world) / o.batch_size)  # the longest shard's
+        return o.epochs * (steps // o.eval_every) + 1
 
     def trial_resources(self, run: Run) -> Any:
         return trial_resources(run.cfg.tune.driver_cpus, run.cfg.mining if run.cfg.mining.hard_negatives else None)

@@ -15,6 +15,8 @@ state's ``extras``: the encoder follows the scorer's train/eval mode (dropout in
 
 from __future__ import annotations
 
+import functools
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,11 +35,12 @@ from raycl.memory.negative_queue import NegativeQueue
 from raycl.miners.permutation import decode_doc
 from raycl.models.coherence import CoherenceScorer, MomentumEncoder
 from raycl.recipes.coherence.evaluation import Evaluator
-from raycl.train.coherence_step import coherence_loss
+from raycl.train.coherence_step import CoherenceBatch, coherence_loss, collate
 from raycl.train.data_parallel import all_gather_floats
 from raycl.train.loop import (
     Batch,
-    EpochEnd,
+    Call,
+    Epoch,
     Keep,
     LoopSettings,
     Report,
@@ -46,6 +49,7 @@ from raycl.train.loop import (
     TrainState,
     Window,
     Worker,
+    updates_in,
 )
 
 Negs = list[tuple[str, ...]]
@@ -67,17 +71,19 @@ class CoherenceFeed:
         """How many of a rank's first items train on their own negatives: the first chunk, in epoch 0 only."""
         return min(self.cfg.mining.rank_every, len(self.shards[self.rank])) if epoch == 0 else 0
 
-    def items(self, epoch: int, done: int, model: torch.nn.Module) -> Iterator[tuple[CoherenceItem, Negs]]:
+    def items(self, epoch: int, done: int, model: torch.nn.Module) -> Iterator[tuple[CoherenceItem, Negs] | Call]:
+        """This rank's items of ``epoch`` from the ``done``-th, with their negatives; at each chunk's start a
+        :class:`Call` publishes the weights the trainer has then (the miners rank the chunk with them)."""
         shard, first = self.shards[self.rank], self.static(epoch) if self.consumer else len(self.shards[self.rank])
         for item in shard[done:first]:
             yield item, list(item.negs[: self.need])
         if self.consumer is None:
             return
-        every, pos = self.cfg.mining.rank_every, max(done, first)
+        every, pos, consumer = self.cfg.mining.rank_every, max(done, first), self.consumer
         while pos < len(shard):
             if pos % every == 0:  # a chunk starts: the miners rank it with these weights (or newer)
-                self.consumer.publish(model)
-            got = self.consumer.take(min(self.cfg.optim.batch_size, every - pos % every), epoch=epoch)
+                yield Call(functools.partial(consumer.publish, model))
+            got = consumer.take(min(self.cfg.optim.batch_size, every - pos % every), epoch=epoch)
             if not got:
                 return
             for it in got:
@@ -108,20 +114,25 @@ class CoherenceFeed:
 
 
 
-def _batches(cfg: CoherenceConfig, pairs: Iterator[tuple[CoherenceItem, Negs]], need: int
-             ) -> Iterator[tuple[list[CoherenceItem], list[Negs], int]]:  # fmt: skip
-    """Steps of ``optim.batch_size`` usable items (those with ``need`` negatives); the items each step consumed."""
+def _batches(cfg: CoherenceConfig, pairs: Iterator[tuple[CoherenceItem, Negs] | Call], need: int, done: int,
+             rng: random.Random | None) -> Iterator[Batch | Call]:  # fmt: skip
+    """Steps of ``optim.batch_size`` usable items (those with ``need`` negatives), each carrying the position after
+    it (items of the epoch consumed); calls pass through where they come."""
     batch: list[tuple[CoherenceItem, Negs]] = []
-    consumed = 0
-    for item, negs in pairs:
-        consumed += 1
+    for got in pairs:
+        if isinstance(got, Call):
+            yield got
+            continue
+        item, negs = got
+        done += 1
         if len(negs) >= need:  # the code skips items with fewer negatives than it trains on
             batch.append((item, negs[:need]))
         if len(batch) == cfg.optim.batch_size:
-            yield [b[0] for b in batch], [b[1] for b in batch], consumed
-            batch, consumed = [], 0
+            yield Batch(([b[0] for b in batch], [b[1] for b in batch], rng), progress={"done": done})
+            batch = []
     if batch:
-        yield [b[0] for b in batch], [b[1] for b in batch], consumed
+        yield Batch(([b[0] for b in batch], [b[1] for b in batch], rng), progress={"done": done})
+
 
 def _all_ranks(value: int) -> list[int]:
     return [int(v[0]) for v in all_gather_floats([float(value)])]
@@ -160,12 +171,10 @@ class CoherenceTask(TaskBase):
 
     @property
     def settings(self) -> LoopSettings:
-        o = self.cfg.optim
         # gradients summed after the backward, not DDP: an odd number of documents, or items skipped for want of
         # negatives, give the ranks different numbers of batches, which only the loop's join can even out (DDP
-        # would wait forever for the rank that ran out); evaluation points are counted by the loop, in updates
-        return LoopSettings(precision=o.precision, update_freq=o.update_freq, clip_norm=o.clip_norm, tf32=o.tf32,
-                            seed=o.seed, eval_every=o.eval_every)  # fmt: skip
+        # would wait forever for the rank that ran out)
+        return LoopSettings.from_options(self.cfg.optim)
 
     def load_model(self, path: Path) -> CoherenceScorer:
         return CoherenceScorer.from_pretrained(path)
@@ -178,7 +187,7 @@ class CoherenceTask(TaskBase):
                                                          ).to(w.device)}  # fmt: skip
         if c.loss.kind == "momentum":
             extras["momentum"] = MomentumEncoder(model)
-        p = dict(progress or {"epoch": 0, "done": 0, "version": 0, "ledger": None})
+        p = dict(progress or {"done": 0, "version": 0, "ledger": None})
         extras["prefix_rng"] = PrefixRandom(o.seed + 1000 * w.rank)
         st = CoherenceState(model, [optimizer], [None], p, extras, per_rank=("queue", "prefix_rng"))
         st.extras["swalr"] = SWALR(optimizer, swa_lr=o.swa_lr, anneal_epochs=o.anneal_epochs,
@@ -189,6 +198,8 @@ class CoherenceTask(TaskBase):
                                       max_staleness=c.mining.max_staleness)  # fmt: skip
         items = in_training_order(c, read_pairs(self.train_items))
         st.feed = CoherenceFeed(c, shards_of(items, w.world_size), w.rank, consumer)
+        longest = max(map(len, st.feed.shards))  # the other ranks join its updates
+        st.total_updates = updates_in([math.ceil(longest / o.batch_size)] * o.epochs, o.update_freq)
         return st
 
     def start(self, st: CoherenceState, w: Worker, *, resumed: bool) -> None:
@@ -201,29 +212,39 @@ class CoherenceTask(TaskBase):
                 consumer.publish(st.model, after=newest)
             st.wait0 = consumer.stats.mine_wait
 
-    def stream(self, st: CoherenceState, w: Worker) -> Iterator[Batch | EpochEnd | Report]:
-        """This rank's batches; the loop reports every ``optim.eval_every`` updates. The position moves before a
-        batch is yielded: a report comes right after the update that holds it."""
-        p, feed = st.progress, st.feed
-        for epoch in range(p["epoch"], self.cfg.optim.epochs):
-            feed.start_epoch(epoch, p.get("ledger") if epoch == p["epoch"] else None)
-            done = p["done"] if epoch == p["epoch"] else 0
-            for items, negs, consumed in _batches(self.cfg, feed.items(epoch, done, st.model), feed.need):
-                done += consumed
-                p.update(done=done, epoch=epoch)
-                yield Batch((items, negs))
-            yield EpochEnd()  # every rank's epoch ends together (a shard may be one item longer)
-            p.update(epoch=epoch + 1, done=0, ledger=None)
-        yield Report({"final": True})  # the end of training is always evaluated (dropped if it was just now)
+    def num_epochs(self, st: CoherenceState) -> int:
+        return self.cfg.optim.epochs
 
-    def step(self, st: CoherenceState, data: Any, ctx: StepContext) -> dict[str, float]:
-        items, negs = data
+    def epoch(self, st: CoherenceState, w: Worker, epoch: int, start: int) -> Epoch:
+        """This rank's batches of ``epoch`` from its checkpoint's position (``done`` items, the stream's ledger);
+        a report every ``optim.eval_every`` updates, none at an epoch's end (the end of training has one)."""
+        p, feed = st.progress, st.feed
+        feed.start_epoch(epoch, p.get("ledger"))
+        done = p.get("done", 0)
+        rng = None
+        if self.cfg.loss.kind == "momentum":  # the slices are drawn as batches are collated, ahead of their step
+            rng = PrefixRandom()
+            rng.setstate(st.rng.getstate())
+        batches = _batches(self.cfg, feed.items(epoch, done, st.model), feed.need, done, rng)
+        return Epoch(batches, eval_every=self.cfg.optim.eval_every, report_at_end=False)
+
+    def collate(self, st: CoherenceState, data: Any) -> CoherenceBatch:
+        items, negs, rng = data
+        pad = 16 if self.cfg.optim.compile else None
+        return collate(st.model, [it.pos for it in items], negs, momentum=rng is not None, rng=rng,
+                       pad_to_multiple_of=pad)  # fmt: skip
+
+    def step(self, st: CoherenceState, batch: CoherenceBatch, ctx: StepContext) -> dict[str, Any]:
         c = self.cfg
-        out = coherence_loss(ctx.module, st.model, [it.pos for it in items], negs, kind=c.loss.kind,
-                             margin=c.loss.margin, lam=c.loss.lam, momentum=st.momentum, queue=st.extras["queue"],
-                             rng=st.rng)  # fmt: skip
-        ctx.backward(out.loss, weight=float(len(items)))  # the items' summed loss: workers average over all items
-        return {"loss": float(out.loss.detach()), "l_c": out.l_c, "l_m": out.l_m, "items": float(len(items))}
+        if batch.rng_state is not None:  # the generator's state after this batch: what a checkpoint holds
+            st.rng.setstate(batch.rng_state)
+        out = coherence_loss(ctx.module, batch, kind=c.loss.kind, margin=c.loss.margin, lam=c.loss.lam,
+                             momentum=st.momentum, queue=st.extras["queue"])  # fmt: skip
+        ctx.backward(out.loss, weight=float(batch.b))  # the items' summed loss: workers average over all items
+        return {"loss": out.loss.detach(), "l_c": out.l_c, "l_m": out.l_m, "items": float(batch.b)}
+
+    def end_epoch(self, st: CoherenceState, w: Worker, epoch: int) -> None:
+        st.progress.update(done=0, ledger=None)
 
     def before_update(self, st: CoherenceState) -> None:
         if st.momentum is not None:  # after backward, before the step: the EMA uses the pre-step weights
@@ -243,10 +264,12 @@ class CoherenceTask(TaskBase):
             out.update({**c.stats.metrics(), "stream/version": float(c.version)})
             out.pop("timing/mine_wait_first", None)
             st.wait0 = c.stats.mine_wait
-        out.update({"timing/mine_wait": wait, "timing/mine_wait_fraction": wait / max(wall, 1e-9)})
+        # the trainer's own wait: for its next batch, whose negatives the stream delivers (read ahead)
+        out.update({"stream/take_wait": wait, "timing/mine_wait": window.wait_s,
+                    "timing/mine_wait_fraction": window.wait_s / max(wall, 1e-9)})
         done = _all_ranks(p["done"])
         p["version"] = c.version if c is not None else 0
-        mid_epoch = not rep.info.get("final") and p["done"]
+        mid_epoch = not rep.info.get("epoch_end") and p["done"]
         p["ledger"] = st.feed.ledger_state(p["epoch"], done) if mid_epoch else None
         return out
 
@@ -260,6 +283,3 @@ class CoherenceTask(TaskBase):
     def on_best(self, st: CoherenceState, rep: Report, w: Worker) -> dict[str, Any]:
         assert st.evals is not None
         return st.evals.test(st.model)
-
-    def total_steps(self, st: CoherenceState, w: Worker) -> int:
-        return len(st.feed.shards[w.rank]) * self.cfg.optim.epochs // self.cfg.optim.batch_size

@@ -40,8 +40,21 @@ from raycl.train.feeds import (
     token_batches,
     token_groups,
 )
-from raycl.train.gec_step import collate, gec_loss
-from raycl.train.loop import Batch, Keep, LoopSettings, Report, StepContext, TaskBase, TrainState, Window, Worker
+from raycl.train.gec_step import GecBatch, collate, gec_loss
+from raycl.train.loop import (
+    Batch,
+    Call,
+    Epoch,
+    Keep,
+    LoopSettings,
+    Report,
+    StepContext,
+    TaskBase,
+    TrainState,
+    Window,
+    Worker,
+    updates_in,
+)
 from raycl.train.optim import build_optimizer, build_scheduler
 
 
@@ -73,7 +86,6 @@ class GecState(TrainState):
     feed: Any = None  # Feed
     loss_fn: Any = None  # GecContrastiveLoss
     refs: dict[str, Any] = field(default_factory=dict)  # rank 0 of fine-tuning: dev and test references
-    steps_per_epoch: int = 0  # batches of this rank's shard
 
     def num_tokens(self, example: GecExample, negatives: list[str]) -> int:
         """fairseq's ``num_tokens`` of a GEC-CL example: max(source, the target line ``t </s> n1 </s> …``)."""
@@ -99,10 +111,8 @@ class GecTask(TaskBase):
 
     @property
     def settings(self) -> LoopSettings:
-        o = self.cfg.optim
         # the backward is of the loss summed over target tokens: fairseq's first fp16 loss scale, 2⁷
-        return LoopSettings(precision=o.precision, update_freq=o.update_freq, clip_norm=o.clip_norm, tf32=o.tf32,
-                            seed=o.seed, fp16_init_scale=2.0**7)  # fmt: skip
+        return LoopSettings.from_options(self.cfg.optim, fp16_init_scale=2.0**7)
 
     @property
     def ph(self) -> Phase:
@@ -114,17 +124,16 @@ class GecTask(TaskBase):
     def build(self, model: Any, w: Worker, progress: dict[str, Any] | None) -> GecState:
         cfg, ph = self.cfg, self.ph
         examples = load_examples(ph.specs, annotator=cfg.data.annotator)
-        steps = math.ceil(math.ceil(len(examples) / w.world_size) / ph.batch_size)  # the same on every rank
         feed = self._feed(examples, w)
-        updates = cfg.optim.total_updates or self._updates(model, examples, feed, w)
+        updates = self._updates(model, examples, feed, w)
         optimizer = build_optimizer(model, ph.lr, betas=cfg.optim.betas, eps=cfg.optim.eps,
                                     weight_decay=cfg.optim.weight_decay)  # fmt: skip
         scheduler = build_scheduler(optimizer, cfg.optim.scheduler if ph.name == "finetune" else "fixed",
-                                    warmup=ph.warmup, total=updates)  # fmt: skip
+                                    warmup=ph.warmup, total=cfg.optim.total_updates or updates)  # fmt: skip
         loss_fn = GecContrastiveLoss(trade_off=ph.trade_off, margin=cfg.loss.margin,
                                      label_smoothing=ph.label_smoothing)  # fmt: skip
-        return GecState(model, [optimizer], [scheduler], dict(progress or {"epoch": 0}),
-                        feed=feed, loss_fn=loss_fn, steps_per_epoch=steps)  # fmt: skip
+        return GecState(model, [optimizer], [scheduler], dict(progress or {}), total_updates=updates, feed=feed,
+                        loss_fn=loss_fn)  # fmt: skip
 
     def _updates(self, model: Any, examples: list[GecExample], feed: Feed, w: Worker) -> int:
         """The phase's optimizer updates, for its schedule: per epoch ⌈the most batches a rank has ÷
@@ -133,10 +142,10 @@ class GecTask(TaskBase):
         with its negatives where they are known before training (step 1, pre-mined ones); mined ones are counted
         as 1 + k + 1 (CL's source) copies of the target line."""
         cfg, ph, n = self.cfg, self.ph, len(examples)
-        uf, epochs = cfg.optim.update_freq, max(ph.epochs, 1)
+        uf, epochs = cfg.optim.update_freq, ph.epochs
         budget = cfg.optim.max_tokens if ph.name == "finetune" else cfg.pretrain.max_tokens
-        if not budget:
-            return math.ceil(math.ceil(math.ceil(n / w.world_size) / ph.batch_size) / uf) * epochs
+        if not budget:  # the most batches a rank has: ⌈its share ÷ batch⌉
+            return updates_in([math.ceil(math.ceil(n / w.world_size) / ph.batch_size)] * epochs, uf)
         tok = model.tokenizer
         ids = tok([t for ex in examples for t in (ex.source, ex.target)])["input_ids"]
         src, tgt = [len(x) for x in ids[0::2]], [len(x) for x in ids[1::2]]
@@ -146,14 +155,13 @@ class GecTask(TaskBase):
             sizes = [max(src[i], tgt[i] + extra[i]) for i in range(n)]
         else:
             sizes = [max(src[i], (1 + cfg.mining.k + 1) * tgt[i]) for i in range(n)]
-        total = 0
+        most = []
         for epoch in range(epochs):
             seed = cfg.optim.seed * 1000 + epoch
             pools = [global_batches(n, batch_size=ph.batch_size, seed=seed, rank=r, world_size=w.world_size)
                      for r in range(w.world_size)]  # fmt: skip
-            per_rank = [sum(len(token_groups([sizes[i] for i in pool], budget)) for pool in p) for p in pools]
-            total += math.ceil(max(per_rank) / uf)
-        return max(total, 1)
+            most.append(max(sum(len(token_groups([sizes[i] for i in pool], budget)) for pool in p) for p in pools))
+        return updates_in(most, uf)
 
     def _feed(self, examples: list[GecExample], w: Worker) -> Feed:
         """Negatives mined while training (the stream), pre-mined ones (``mining.negatives``), or none."""
@@ -190,29 +198,46 @@ class GecTask(TaskBase):
         if self.phase == "finetune" and w.rank == 0:
             st.refs = evaluation.references(self.cfg)
 
-    def stream(self, st: GecState, w: Worker) -> Iterator[Batch | Report]:
-        ph = self.ph
-        if ph.name == "finetune" and ph.epochs == 0:  # DI: evaluate the base model, train nothing
-            yield Report()
-            return
-        budget = self.cfg.optim.max_tokens if ph.name == "finetune" else self.cfg.pretrain.max_tokens
-        for epoch in range(st.progress["epoch"], ph.epochs):
-            rng = random.Random(self.cfg.optim.seed * 1000 + epoch)
-            for pool in st.feed.batches(epoch, st.model):
-                batches = token_batches(pool, max_tokens=budget, size=st.num_tokens, rng=rng) if budget else [pool]
-                yield from map(Batch, batches)
-            st.progress.update(epoch=epoch + 1, feed=st.feed.state())
-            yield Report()
+    def num_epochs(self, st: GecState) -> int:
+        return self.ph.epochs  # 0 (DI): the loop's one report evaluates the base model
 
-    def step(self, st: GecState, data: Any, ctx: StepContext) -> dict[str, float]:
+    def epoch(self, st: GecState, w: Worker, epoch: int, start: int) -> Epoch:
+        """The feed's batches of ``epoch`` (a report at its end, as fairseq validates every epoch), each pool cut
+        by the token budget. Negatives mined while training with ``sync_every`` > 0 are read in the training
+        thread: the staleness rule checks them against the version that updates move on."""
+        assert start == 0, "GEC reports (and checkpoints) only at an epoch's end"
+        ahead = not (isinstance(st.feed, StreamFeed) and st.feed.sync_every > 0)
+        return Epoch(self._batches(st, epoch), read_ahead=ahead)
+
+    def _batches(self, st: GecState, epoch: int) -> Iterator[Batch | Call]:
+        budget = self.cfg.optim.max_tokens if self.phase == "finetune" else self.cfg.pretrain.max_tokens
+        rng = random.Random(self.cfg.optim.seed * 1000 + epoch)
+        for pool in st.feed.batches(epoch, st.model):
+            if isinstance(pool, Call):
+                yield pool
+                continue
+            batches = token_batches(pool, max_tokens=budget, size=st.num_tokens, rng=rng) if budget else [pool]
+            yield from map(Batch, batches)
+
+    def end_epoch(self, st: GecState, w: Worker, epoch: int) -> None:
+        st.progress["feed"] = st.feed.state()
+
+    def collate(self, st: GecState, data: Any) -> GecBatch:
         examples, negatives = data
-        batch = collate(examples, negatives, st.model.tokenizer, max_length=self.cfg.model.max_length)
-        out = gec_loss(st.model, batch.to(ctx.device), st.loss_fn, stack_negatives=self.cfg.loss.stack_negatives)
+        pad = 8 if self.cfg.optim.compile else 1  # lengths in multiples of 8: compiled shapes repeat
+        return collate(examples, negatives, st.model.tokenizer, max_length=self.cfg.model.max_length,
+                       pad_to_multiple_of=pad)  # fmt: skip
+
+    def step(self, st: GecState, batch: GecBatch, ctx: StepContext) -> dict[str, Any]:
+        out = gec_loss(st.model, batch, st.loss_fn, passes=self.cfg.loss.passes)
         ntokens = float(out.ntokens)
         ctx.backward(out.loss, weight=ntokens)
-        loss = out.loss.item()
-        return {"loss": loss, "loss_sum": loss * ntokens, "ce": out.ce.item(), "mml": out.mml.item(),
+        loss = out.loss.detach()
+        return {"loss": loss, "loss_sum": loss * ntokens, "ce": out.ce.detach(), "mml": out.mml.detach(),
                 "ntokens": ntokens}  # fmt: skip
+
+    def compiled_modules(self, st: GecState) -> list[Any]:
+        return [st.model.model]  # the HF model inside the scorer: every pass of the step runs its forward
 
     def after_update(self, st: GecState) -> None:
         st.feed.after_step(st.progress["step"], st.model)  # sync_every: publish newer weights to the miners
@@ -221,13 +246,15 @@ class GecTask(TaskBase):
         if not window.batches:
             return {"epoch": st.progress["epoch"]}
         s, wall, fm = window.sums, window.wall(), st.feed.metrics()
-        n = max(s["ntokens"], 1.0)
+        n, wait, first = max(s["ntokens"], 1.0), window.wait_s, window.first_wait_s
+        # the feed's own wait (for the stream, read ahead of the step) apart; the trainer's wait is the loop's
+        fm = {("stream/take_wait" if k == "timing/mine_wait" else k): v for k, v in fm.items()
+              if k != "timing/mine_wait_first"}  # fmt: skip
         return {"loss": s["loss_sum"] / n, "ce_per_token": s["ce"] / n, "mml_per_token": s["mml"] / n,
-                "timing/step": window.step_time(), "timing/epoch": wall, **fm,
-                "timing/mine_wait_fraction": fm["timing/mine_wait"] / max(wall, 1e-9),
+                "timing/step": window.step_time(), "timing/epoch": wall, **fm, "timing/mine_wait": wait,
+                "timing/mine_wait_first": first, "timing/mine_wait_fraction": wait / max(wall, 1e-9),
                 # steady state: without the wait for the epoch's first batch (the pipeline filling up)
-                "timing/mine_wait_fraction_steady": (fm["timing/mine_wait"] - fm["timing/mine_wait_first"])
-                / max(wall - fm["timing/mine_wait_first"], 1e-9),
+                "timing/mine_wait_fraction_steady": (wait - first) / max(wall - first, 1e-9),
                 "lr": st.schedulers[0].get_last_lr()[0], "epoch": st.progress["epoch"]}  # fmt: skip
 
     def evaluate(self, st: GecState, rep: Report, w: Worker) -> dict[str, Any]:
@@ -246,6 +273,3 @@ class GecTask(TaskBase):
         if self.phase == "pretrain" and w.rank == 0:  # step 1's model, the base of fine-tuning
             save_dir_atomic(st.model.save_pretrained, w.out_dir / "model")
         return None
-
-    def total_steps(self, st: GecState, w: Worker) -> int:
-        return st.steps_per_epoch * self.ph.epochs // self.cfg.optim.update_freq

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +33,21 @@ from raycl.configs.idiom import IdiomConfig
 from raycl.data.semeval import IdiomExample, read_idiom_train
 from raycl.memory.ema import EMA
 from raycl.models.classifier import encode_batch, load_classifier
+from raycl.models.masks import prepared
 from raycl.recipes.idiom.evaluation import Evaluator, model_input
-from raycl.train.loop import Batch, Keep, LoopSettings, Report, StepContext, TaskBase, TrainState, Window, Worker
+from raycl.train.loop import (
+    Batch,
+    Epoch,
+    Keep,
+    LoopSettings,
+    Report,
+    StepContext,
+    TaskBase,
+    TrainState,
+    Window,
+    Worker,
+    updates_in,
+)
 from raycl.train.optim import build_scheduler
 
 BEST_MODEL = "best_model"
@@ -55,6 +67,15 @@ def epoch_batches(n: int, *, batch_size: int, seed: int, rank: int, world_size: 
     order = random.Random(seed).sample(range(n), n)
     size = batch_size * world_size
     return [order[i : i + size][rank::world_size] for i in range(0, n, size)]
+
+
+@dataclass(frozen=True)
+class IdiomBatch:
+    """A collated batch (CPU, then the device): the model's inputs, the labels, the rows it stands for."""
+
+    inputs: dict[str, torch.Tensor]  # input_ids (B, T)[, attention_mask (B, 1, 1, T) where there is padding, …]
+    labels: torch.Tensor  # (B,)
+    weight: float  # rows of this rank's share (0: an empty share runs one row, so that DDP sees a backward)
 
 
 @dataclass
@@ -79,10 +100,8 @@ class IdiomTask(TaskBase):
 
     @property
     def settings(self) -> LoopSettings:
-        o = self.cfg.optim
         # a BERT-style classifier uses every parameter in every step: no unused-parameter search
-        return LoopSettings(precision=o.precision, update_freq=o.update_freq, tf32=o.tf32,
-                            seed=self.cfg.seed(self.setting), ddp=True)  # fmt: skip
+        return LoopSettings.from_options(self.cfg.optim, seed=self.cfg.seed(self.setting), ddp=True)
 
     def load_model(self, path: Path) -> Any:
         return load_classifier(path)[0]
@@ -90,17 +109,16 @@ class IdiomTask(TaskBase):
     def build(self, model: Any, w: Worker, progress: dict[str, Any] | None) -> IdiomState:
         cfg, o, a = self.cfg, self.cfg.optim, self.cfg.adversarial
         examples = train_examples(cfg, self.setting)
-        # every epoch ends with a report, which flushes a partial accumulation: ⌈batches / update_freq⌉ updates
-        total = max(math.ceil(self._steps(len(examples), w) / o.update_freq) * o.epochs, 1)
+        total = max(updates_in([self._steps(len(examples), w)] * o.epochs, o.update_freq), 1)
         optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr, eps=o.eps,
                                       weight_decay=o.weight_decay)  # fmt: skip
         scheduler = build_scheduler(optimizer, "polynomial", warmup=math.ceil(o.warmup_ratio * total), total=total)
         extras = {"ema": EMA(model, decay=cfg.ema.decay)} if cfg.ema.enabled else {}
         adversary = build_adversarial(a.method, model, epsilon=a.epsilon, alpha=a.alpha, steps=a.steps,
                                       smart_mu=a.smart_mu)  # fmt: skip
-        return IdiomState(model, [optimizer], [scheduler], dict(progress or {"epoch": 0, "best_epoch": 0}), extras,
-                          tokenizer=AutoTokenizer.from_pretrained(w.job.init_model), examples=examples,
-                          adversary=adversary)  # fmt: skip
+        return IdiomState(model, [optimizer], [scheduler], dict(progress or {"best_epoch": 0}), extras,
+                          total_updates=total, tokenizer=AutoTokenizer.from_pretrained(w.job.init_model),
+                          examples=examples, adversary=adversary)  # fmt: skip
 
     def _steps(self, n: int, w: Worker) -> int:
         bs = self.cfg.batch_size(self.setting)
@@ -109,35 +127,40 @@ class IdiomTask(TaskBase):
     def start(self, st: IdiomState, w: Worker, *, resumed: bool) -> None:
         st.evals = Evaluator(self.cfg, self.setting) if w.rank == 0 else None
 
-    def stream(self, st: IdiomState, w: Worker) -> Iterator[Batch | Report]:
-        examples, seed = st.examples or [], self.cfg.seed(self.setting)
-        for epoch in range(st.progress["epoch"], self.cfg.optim.epochs):
-            for b in epoch_batches(len(examples), batch_size=self.cfg.batch_size(self.setting),
-                                   seed=seed * 1000 + epoch, rank=w.rank, world_size=w.world_size):  # fmt: skip
-                yield Batch([examples[i] for i in b])
-            st.progress["epoch"] = epoch + 1
-            yield Report()
+    def num_epochs(self, st: IdiomState) -> int:
+        return self.cfg.optim.epochs
 
-    def step(self, st: IdiomState, batch: list[IdiomExample], ctx: StepContext) -> dict[str, float]:
-        """The clean backward, then the adversarial terms (the loop steps the optimizer, then the EMA). The
-        backward is of the batch's summed loss (weight = its rows): ranks' unequal shares average to the global
-        batch's mean. An empty share runs one row with weight 0: DDP needs every rank's backward passes."""
+    def epoch(self, st: IdiomState, w: Worker, epoch: int, start: int) -> Epoch:
+        """This rank's batches of ``epoch`` (from the ``start``-th); dev is scored at the epoch's end."""
+        examples = st.examples or []
+        batches = epoch_batches(len(examples), batch_size=self.cfg.batch_size(self.setting),
+                                seed=self.cfg.seed(self.setting) * 1000 + epoch, rank=w.rank,
+                                world_size=w.world_size)  # fmt: skip
+        return Epoch(Batch([examples[i] for i in b]) for b in batches[start:])
+
+    def collate(self, st: IdiomState, batch: list[IdiomExample]) -> IdiomBatch:
+        """Tokenised rows and labels, on the CPU (ahead of the step). An empty share runs one row, weighted 0."""
         weight = float(len(batch))
         batch = batch or (st.examples or [])[:1]
         texts: Any = [model_input(e, self.setting) for e in batch]  # all texts or all pairs: one setting
-        enc = encode_batch(st.tokenizer, texts, max_len=self.cfg.model.max_len)
-        inputs = {k: v.to(ctx.device) for k, v in enc.items()}  # (B, T) each
-        labels = torch.tensor([e.label for e in batch], device=ctx.device)  # (B,)
+        pad = 16 if self.cfg.optim.compile else None  # lengths in buckets of 16: compiled shapes repeat
+        enc = encode_batch(st.tokenizer, texts, max_len=self.cfg.model.max_len, pad_to_multiple_of=pad)
+        return IdiomBatch(prepared(enc, st.model), torch.tensor([e.label for e in batch]), weight)
+
+    def step(self, st: IdiomState, b: IdiomBatch, ctx: StepContext) -> dict[str, Any]:
+        """The clean backward, then the adversarial terms (the loop steps the optimizer, then the EMA). The
+        backward is of the batch's summed loss (weight = its rows): ranks' unequal shares average to the global
+        batch's mean."""
 
         def forward() -> tuple[torch.Tensor, torch.Tensor]:
-            out = ctx.module(**inputs, labels=labels)
+            out = ctx.module(**b.inputs, labels=b.labels)
             return out.loss, out.logits  # (), (B, 2)
 
         loss, logits = forward()
-        ctx.backward(loss, weight=weight)
+        ctx.backward(loss, weight=b.weight)
         extra = st.adversary.attack_and_backward(forward, clean_logits=logits.detach(),
-                                                 loss_scale=ctx.loss_scale(weight))  # fmt: skip
-        return {"loss": float(loss.detach()), **extra}  # extra: adv/loss (and SMART's adv/kl)
+                                                 loss_scale=ctx.loss_scale(b.weight))  # fmt: skip
+        return {"loss": loss.detach(), **extra}  # extra: adv/loss (and SMART's adv/kl)
 
     def after_update(self, st: IdiomState) -> None:
         if st.ema is not None:
@@ -178,6 +201,3 @@ class IdiomTask(TaskBase):
         model, tokenizer = load_classifier(kept if (kept / "config.json").exists() else w.job.init_model)
         model.to(w.device).eval()
         return {**metrics, **st.evals.final(model, tokenizer, w.out_dir)}
-
-    def total_steps(self, st: IdiomState, w: Worker) -> int:
-        return self._steps(len(st.examples or []), w) * self.cfg.optim.epochs

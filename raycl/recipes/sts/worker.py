@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,19 @@ from raycl.memory.moco import MoCoKeyEncoder
 from raycl.models.sentence_encoder import SentenceEncoder
 from raycl.recipes.sts import evaluation
 from raycl.train.checkpoint import seed_everything
-from raycl.train.loop import Batch, Keep, LoopSettings, Report, StepContext, TaskBase, TrainState, Window, Worker
+from raycl.train.loop import (
+    Batch,
+    Epoch,
+    Keep,
+    LoopSettings,
+    Report,
+    StepContext,
+    TaskBase,
+    TrainState,
+    Window,
+    Worker,
+    updates_in,
+)
 from raycl.train.optim import build_scheduler
 
 Pair = tuple[str, str, float]  # (sentence 1, sentence 2, label in [0, 1])
@@ -123,6 +134,33 @@ def adamw(model: torch.nn.Module, *, lr: float, weight_decay: float) -> torch.op
     return torch.optim.AdamW(groups, lr=lr, eps=1e-6)
 
 
+@dataclass(frozen=True)
+class Sentences:
+    """Tokenised sentences (CPU, then the device): ids and mask (B, T), and whether any position is padding."""
+
+    ids: torch.Tensor  # (B, T)
+    mask: torch.Tensor  # (B, T)
+    padded: bool
+
+    @classmethod
+    def of(cls, enc: SentenceEncoder, sentences: list[str], *, pad_to_multiple_of: int | None) -> Sentences:
+        ids, mask = enc.inputs(sentences, pad_to_multiple_of=pad_to_multiple_of)
+        return cls(ids, mask, not bool(mask.all()))
+
+
+@dataclass(frozen=True)
+class StsBatch:
+    """One step's objective (``mse``, ``con`` or ``joint``) and its tensors, collated ahead of the step."""
+
+    kind: str
+    a: Sentences | None  # the pairs' first sentences (MSE)
+    b: Sentences | None  # their second sentences
+    labels: torch.Tensor | None  # (P,) score / 5
+    sentences: Sentences | None  # the contrastive objective's sentences (SimCSE views of each)
+    n_pairs: int
+    n_sentences: int
+
+
 @dataclass
 class StsState(TrainState):
     pairs: list[Pair] = field(default_factory=list)  # the current fit's data
@@ -140,9 +178,7 @@ class StsTask(TaskBase):
 
     @property
     def settings(self) -> LoopSettings:
-        o = self.cfg.optim
-        return LoopSettings(precision=o.precision, update_freq=o.update_freq, clip_norm=o.clip_norm, tf32=o.tf32,
-                            seed=self.cfg.pretrain.seed)  # fmt: skip
+        return LoopSettings.from_options(self.cfg.optim, seed=self.cfg.pretrain.seed)
 
     def load_model(self, path: Path) -> SentenceEncoder:
         return SentenceEncoder.from_pretrained(path)
@@ -150,12 +186,30 @@ class StsTask(TaskBase):
     def build(self, model: SentenceEncoder, w: Worker, progress: dict[str, Any] | None) -> StsState:
         """A fresh run's state, or the checkpoint's fit: its data, optimisers and key encoder (the loop then
         restores their states)."""
-        st = StsState(model, [], [], dict(progress or {"fit": 0, "epoch": 0, "batch": 0, "started": False}),
+        st = StsState(model, [], [], dict(progress or {"fit": 0, "started": False}),
                       per_rank=("moco",))  # its ring holds this rank's keys
         self._key_encoder(st, w)
         if progress is not None and progress["started"]:
             self._start_fit(st, fits(self.cfg)[progress["fit"]], w)
+        st.total_updates = sum(self._fit_updates(f, n, w) for f, n in zip(fits(self.cfg), self._fit_sizes(),
+                                                                             strict=True))  # fmt: skip
         return st
+
+    def _fit_sizes(self) -> list[int]:
+        """Every fit's pairs (pre-training's STS pairs, fine-tuning's train_data rows)."""
+        pre = len(pretrain_pairs(self.cfg, "train")) if self.cfg.pretrain.epochs else 0
+        fine = len(read_sts_train(self.cfg.data.train_data)) if self.cfg.finetune.epochs else 0
+        return [pre if f.setting == "pre_train" else fine for f in fits(self.cfg)]
+
+    def _fit_batches(self, pairs: int, w: Worker) -> int:
+        """A fit's steps an epoch, from its number of pairs (the loaders of :func:`epoch_batches`)."""
+        rows: list[Any] = [None] * pairs
+        sentences = rows * 2 if self.cfg.loss.lam > 0 else []
+        return len(epoch_batches(rows, sentences, batch_size=self.cfg.optim.batch_size, seed=0, rank=0,
+                                 world_size=w.world_size))  # fmt: skip
+
+    def _fit_updates(self, fit: Fit, pairs: int, w: Worker) -> int:
+        return updates_in([self._fit_batches(pairs, w)] * fit.epochs, self.cfg.optim.update_freq)
 
     def _key_encoder(self, st: StsState, w: Worker) -> None:
         c = self.cfg
@@ -175,11 +229,9 @@ class StsTask(TaskBase):
             labeller = SentenceEncoder.from_pretrained(self._kept(w, "pre_train")).to(w.device)
             st.pairs = finetune_pairs(cfg, labeller.eval())
         st.sentences = pair_sentences(st.pairs) if cfg.loss.lam > 0 else []
-        batches = len(epoch_batches(st.pairs, st.sentences, batch_size=o.batch_size, seed=0, rank=0,
-                                    world_size=w.world_size))  # fmt: skip
-        # updates: an epoch's end flushes a partial accumulation, so ⌈batches / update_freq⌉ per epoch; the
-        # released warm-up is in sentence-transformers' steps (batches of the global batch), so ÷ update_freq too
-        steps = math.ceil(batches / o.update_freq) * fit.epochs
+        batches = self._fit_batches(len(st.pairs), w)
+        # the released warm-up is in sentence-transformers' steps (batches of the global batch): ÷ update_freq
+        steps = self._fit_updates(fit, len(st.pairs), w)
         pb, sb = (math.ceil(len(x) / (w.world_size * o.batch_size)) for x in (st.pairs, st.sentences))  # loaders
         warmup = warmup_steps(cfg, fit, steps=max(batches * fit.epochs, 1), pair_batches=pb, sentence_batches=sb)
         warmup = math.ceil(warmup / o.update_freq)
@@ -194,66 +246,84 @@ class StsTask(TaskBase):
     def start(self, st: StsState, w: Worker, *, resumed: bool) -> None:
         st.evals = evaluation.Evaluator(self.cfg) if w.rank == 0 else None
 
-    def stream(self, st: StsState, w: Worker) -> Iterator[Batch | Report]:
-        plan, p = fits(self.cfg), st.progress
-        for k in range(p["fit"], len(plan)):
-            fit = plan[k]
-            if not p["started"]:
-                seed_everything(fit.seed)
-                if fit.setting == "fine_tune" and (k == 0 or plan[k - 1].setting == "pre_train"):
-                    st.model = SentenceEncoder.from_pretrained(self._kept(w, "pre_train")).to(w.device)
-                    self._key_encoder(st, w)  # fine-tuning starts from the kept pre-trained model
-                self._start_fit(st, fit, w)
-                p.update(fit=k, epoch=0, batch=0, started=True)
-            for epoch in range(p["epoch"], fit.epochs):
-                batches = epoch_batches(st.pairs, st.sentences, batch_size=self.cfg.optim.batch_size,
-                                        seed=fit.seed * 1000 + epoch, rank=w.rank, world_size=w.world_size)
-                for i in range(p["batch"], len(batches)):
-                    pairs, sentences = batches[i]
-                    if self._alternate() and sentences:
-                        yield Batch(("mse", pairs, []))
-                        yield Batch(("con", [], sentences), optimizer=1)
-                    else:
-                        yield Batch(("joint", pairs, sentences))
-                    p["batch"] = i + 1
-                    # sentence-transformers' rule: every eval_every steps of the epoch, and at its end; a step is
-                    # an update (update_freq batches), so a report never splits an accumulation
-                    if (i + 1) % (fit.eval_every * self.cfg.optim.update_freq) == 0 or i + 1 == len(batches):
-                        yield Report({"setting": fit.setting})
-                p.update(epoch=epoch + 1, batch=0)
-            p.update(fit=k + 1, epoch=0, batch=0, started=False)
+    def _plan(self) -> list[tuple[int, int]]:
+        """(fit, epoch of the fit) of every epoch the loop runs: the fits' epochs one after the other."""
+        return [(k, e) for k, fit in enumerate(fits(self.cfg)) for e in range(fit.epochs)]
 
-    def step(self, st: StsState, data: Any, ctx: StepContext) -> dict[str, float]:
+    def num_epochs(self, st: StsState) -> int:
+        return len(self._plan())
+
+    def epoch(self, st: StsState, w: Worker, epoch: int, start: int) -> Epoch:
+        """The epoch's steps from the ``start``-th batch; a fit's first epoch starts the fit (its seed, data, fresh
+        optimisers — and fine-tuning's first, the kept pre-trained model). Reports: sentence-transformers' rule,
+        every ``eval_every`` steps of the epoch and at its end."""
+        plan, (k, e), p = fits(self.cfg), self._plan()[epoch], st.progress
+        fit = plan[k]
+        if p["fit"] != k or not p["started"]:
+            seed_everything(fit.seed)
+            if fit.setting == "fine_tune" and (k == 0 or plan[k - 1].setting == "pre_train"):
+                st.model = SentenceEncoder.from_pretrained(self._kept(w, "pre_train")).to(w.device)
+                self._key_encoder(st, w)  # fine-tuning starts from the kept pre-trained model
+            self._start_fit(st, fit, w)
+            p.update(fit=k, started=True)
+        batches: list[Batch] = []
+        for pairs, sentences in epoch_batches(st.pairs, st.sentences, batch_size=self.cfg.optim.batch_size,
+                                              seed=fit.seed * 1000 + e, rank=w.rank, world_size=w.world_size):
+            if self._alternate() and sentences:  # one step, two updates: the MSE objective's, then InfoNCE's
+                batches += [Batch(("mse", pairs, []), ends_step=False), Batch(("con", [], sentences), optimizer=1)]
+            else:
+                batches.append(Batch(("joint", pairs, sentences)))
+        return Epoch(batches[start:], eval_every=fit.eval_every, info={"setting": fit.setting})
+
+    def collate(self, st: StsState, data: Any) -> StsBatch:
+        kind, pairs, sentences = data
+        pad = 16 if self.cfg.optim.compile else None
+        a = b = labels = con = None
+        if pairs:
+            first, second, y = zip(*pairs, strict=True)
+            a = Sentences.of(st.model, list(first), pad_to_multiple_of=pad)
+            b = Sentences.of(st.model, list(second), pad_to_multiple_of=pad)
+            labels = torch.tensor(y)  # (P,)
+        if sentences:
+            con = Sentences.of(st.model, sentences, pad_to_multiple_of=pad)
+        return StsBatch(kind, a, b, labels, con, len(pairs), len(sentences))
+
+    def step(self, st: StsState, data: StsBatch, ctx: StepContext) -> dict[str, Any]:
         """The MSE objective, the contrastive one, or their joint sum (backward of the summed loss: the weight is
         the batch's pairs, or sentences, so workers' shards average to the global batch)."""
-        kind, pairs, sentences = data
-        lam, out = self.cfg.loss.lam, {"n_mse": float(kind != "con"), "n_con": float(kind != "mse")}
-        l_mse = self._mse(st, pairs) if pairs else torch.zeros((), device=ctx.device)
-        l_con, keys = self._contrastive(st, sentences) if sentences else (torch.zeros((), device=ctx.device), None)
+        lam, kind = self.cfg.loss.lam, data.kind
+        out: dict[str, Any] = {"n_mse": float(kind != "con"), "n_con": float(kind != "mse")}
+        zero = torch.zeros((), device=ctx.device)
+        l_mse = self._mse(st, data) if data.a is not None else zero
+        l_con, keys = self._contrastive(st, data.sentences) if data.sentences is not None else (zero, None)
         if kind == "con":
-            ctx.backward(lam * l_con, weight=float(len(sentences)))  # the released MoCo loss carries the ×λ
+            ctx.backward(lam * l_con, weight=float(data.n_sentences))  # the released MoCo loss carries the ×λ
         else:
-            ctx.backward(joint_loss(l_mse, l_con, lam=lam) if kind == "joint" else l_mse, weight=float(len(pairs)))
+            loss = joint_loss(l_mse, l_con, lam=lam) if kind == "joint" else l_mse
+            ctx.backward(loss, weight=float(data.n_pairs))
         if keys is not None and st.moco is not None:
             st.moco.enqueue(keys)  # after the loss: a key never meets its own anchor
-        return {**out, "l_mse": float(l_mse.detach()), "l_con": float(l_con.detach())}
+        return {**out, "l_mse": l_mse.detach(), "l_con": l_con.detach()}
 
-    def _mse(self, st: StsState, pairs: list[Pair]) -> torch.Tensor:
-        a, b, y = zip(*pairs, strict=True)
-        u, v = evaluation.pair_embeddings(st.model, list(a), list(b), cross=self.cfg.model.cross_attention)
-        # u, v: (B, H)
-        return MSECosineLoss()(u, v, torch.tensor(y, device=u.device)).loss
+    def _mse(self, st: StsState, data: StsBatch) -> torch.Tensor:
+        a, b, enc = data.a, data.b, st.model
+        assert a is not None and b is not None and data.labels is not None
+        if self.cfg.model.cross_attention:
+            u, v = enc.cross_embeddings(a.ids, a.mask, b.ids, b.mask, padded=(a.padded, b.padded))  # (B, H) ×2
+        else:
+            u, v = enc.embed(a.ids, a.mask, padded=a.padded), enc.embed(b.ids, b.mask, padded=b.padded)
+        return MSECosineLoss()(u, v, data.labels).loss
 
-    def _contrastive(self, st: StsState, sentences: list[str]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """L_con of SimCSE views of ``sentences`` against in-batch positives and the queue; this step's keys."""
+    def _contrastive(self, st: StsState, s: Sentences) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """L_con of SimCSE views of the sentences against in-batch positives and the queue; this step's keys."""
         enc, moco = st.model, st.moco
-        ids, mask = enc.tokenize(sentences)  # (B, T), (B, T)
-        h, h_pos = enc.embed(ids, mask), enc.embed(ids, mask)  # (B, H) twice: dropout is the augmentation
+        h = enc.embed(s.ids, s.mask, padded=s.padded)  # (B, H)
+        h_pos = enc.embed(s.ids, s.mask, padded=s.padded)  # (B, H): dropout is the augmentation
         keys, queue = None, None
         if moco is not None:
             if not self.cfg.moco.update_every_forward:
                 moco.momentum_update(enc)
-            keys, queue = moco.keys(ids, mask), moco.queued()  # (B, H), (Q, H)
+            keys, queue = moco.keys(s.ids, s.mask), moco.queued()  # (B, H), (Q, H)
         return InfoNCEQueueLoss(temperature=self.cfg.loss.temperature)(h, h_pos, queue).loss, keys
 
     def metrics(self, st: StsState, window: Window, rep: Report, w: Worker) -> dict[str, Any]:
@@ -281,10 +351,6 @@ class StsTask(TaskBase):
         if not self.cfg.finetune.epochs:
             models.pop("fine_tune")
         return {**metrics, **st.evals.final(models, w.out_dir, device=w.device)}
-
-    def total_steps(self, st: StsState, w: Worker) -> int:
-        return 1
-
 
     def _kept(self, w: Worker, setting: str) -> Path:
         """The model kept for ``setting`` (the initial model when that phase did not run). Rank 0 keeps it in the

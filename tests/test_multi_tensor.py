@@ -1,0 +1,109 @@
+"""Updates over every parameter in a few multi-tensor ops: gradient scaling, EMA, the coherence momentum update and
+MoCo's key encoder. Each equals its per-parameter formula, written here in a plain loop, and runs in a number of
+aten ops that does not grow with the number of parameters (a per-parameter Python loop would: 3 ops a tensor)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from raycl.memory.ema import EMA
+from raycl.memory.moco import MoCoKeyEncoder
+from raycl.memory.momentum import momentum_update
+from raycl.memory.multi_tensor import grouped
+from raycl.train.counting import count_ops
+from raycl.train.data_parallel import scale_gradients
+
+LAYERS = 12  # 2 parameters a layer: 24 tensors, far more than the op bounds below
+
+
+def net(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = [nn.Linear(5, 5) for _ in range(LAYERS)]
+    layers.append(nn.BatchNorm1d(5))  # buffers (running statistics), and a 0-dim one (num_batches_tracked)
+    return nn.Sequential(*layers)
+
+
+def with_mixed_dtypes(model: nn.Module) -> nn.Module:
+    """Half of the layers in float64: two (device, dtype) groups."""
+    for layer in list(model)[::2]:
+        layer.double()
+    return model
+
+
+def snapshot(model: nn.Module) -> dict[str, list[float]]:
+    return {n: p.detach().flatten().tolist() for n, p in model.named_parameters()}
+
+
+def test_grouped_splits_by_dtype_and_keeps_order() -> None:
+    a, b, c = torch.zeros(2), torch.zeros(3, dtype=torch.float64), torch.ones(4)
+    groups = grouped([a, b, c], [c, a, b])
+    assert [[t.shape for t in g[0]] for g in groups] == [[(2,), (4,)], [(3,)]]
+    assert groups[0][1][0] is c and groups[0][1][1] is b and groups[1][1][0] is a
+
+
+def test_scale_gradients_equals_a_multiplication_per_gradient_in_two_ops() -> None:
+    model = with_mixed_dtypes(net())
+    params = list(model.parameters())
+    for i, p in enumerate(params):
+        p.grad = None if i == 3 else torch.randn_like(p)  # a parameter without a gradient keeps none
+    want = [None if p.grad is None else [0.37 * g for g in p.grad.flatten().tolist()] for p in params]
+    with count_ops() as c:
+        scale_gradients(params, 0.37)
+    assert c.ops <= 2, c.by_op  # one _foreach_mul_ per (device, dtype)
+    for p, w in zip(params, want, strict=True):
+        assert (p.grad is None) == (w is None)
+        if w is not None:
+            assert p.grad.flatten().tolist() == pytest.approx(w, rel=1e-6)
+
+
+def test_ema_update_equals_the_recurrence_in_a_few_ops_and_keeps_dtypes() -> None:
+    model, decay = with_mixed_dtypes(net()), 0.8
+    ema = EMA(model, decay)
+    shadow = snapshot(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    live = snapshot(model)
+    with count_ops() as c:
+        ema.update()
+    assert c.ops <= 4, c.by_op  # _foreach_mul_ and _foreach_add_ per dtype group
+    for n, s in ema.shadow.items():
+        want = [(1 - decay) * t + decay * s0 for t, s0 in zip(live[n], shadow[n], strict=True)]
+        assert s.flatten().tolist() == pytest.approx(want, rel=1e-6, abs=1e-7), n
+        assert s.dtype == dict(model.named_parameters())[n].dtype
+
+
+def test_coherence_momentum_update_equals_the_formula_and_copies_buffers_in_a_few_ops() -> None:
+    source, m = with_mixed_dtypes(net(1)), 0.75
+    target = copy.deepcopy(source)
+    with torch.no_grad():
+        for p in target.parameters():
+            p.add_(1.0)
+    with torch.no_grad():  # the source's running statistics moved on
+        source[-1].running_mean.add_(0.5)
+        source[-1].num_batches_tracked.add_(3)
+    before, theta = snapshot(target), snapshot(source)
+    with count_ops() as c:
+        momentum_update(target, source, m=m)
+    assert c.ops <= 6, c.by_op  # mul and add per dtype group, a copy per buffer dtype (float, long)
+    for n, p in target.named_parameters():
+        want = [m * k + (1 - m) * x for k, x in zip(before[n], theta[n], strict=True)]
+        assert p.detach().flatten().tolist() == pytest.approx(want, rel=1e-6, abs=1e-7), n
+    for (n, b), (_, src) in zip(target.named_buffers(), source.named_buffers(), strict=True):
+        assert torch.equal(b, src), n
+
+
+def test_moco_momentum_update_equals_the_formula_in_a_few_ops() -> None:
+    query, m = net(2), 0.9
+    moco = MoCoKeyEncoder(net(3), dim=5, queue_size=4, m=m)
+    before, theta = snapshot(moco.encoder_k), snapshot(query)
+    with count_ops() as c:
+        moco.momentum_update(query)
+    assert c.ops <= 2, c.by_op
+    for n, p in moco.encoder_k.named_parameters():
+        want = [m * k + (1 - m) * x for k, x in zip(before[n], theta[n], strict=True)]
+        assert p.flatten().tolist() == pytest.approx(want, rel=1e-6, abs=1e-7), n
