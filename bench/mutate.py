@@ -132,7 +132,9 @@ class Mutant:
     tests: tuple[str, ...]
 
 
-OLD_GEC_TOTAL = "math.ceil(steps / cfg.optim.update_freq) * max(ph.epochs, 1)"  # sentence pools, not token batches
+# sentence pools, not token batches
+OLD_GEC_TOTAL = "updates_in([math.ceil(math.ceil(len(examples) / w.world_size) / ph.batch_size)] * ph.epochs, " \
+    "cfg.optim.update_freq)"
 Q = "tests/test_queues.py::"
 EQ = "tests/test_equivalence.py::"
 MS = "tests/test_mine_sharded.py::"
@@ -162,9 +164,8 @@ MUTANTS = [
            delete("NegativeQueue.enqueue", "self.keys[: n - self.num_negs] = self.keys[self.num_negs : n]"),
            (Q + "test_coherence_momentum_step_against_a_naive_fifo", "tests/test_coherence_losses.py")),
     Mutant("ema_decay_swapped", "raycl/memory/ema.py",
-           replace("EMA.update", "self.shadow[name] = (1.0 - self.decay)", "(1.0 - self.decay) * p.detach() + "
-                   "self.decay * self.shadow[name]", "self.decay * p.detach() + (1.0 - self.decay) * "
-                   "self.shadow[name]"), ("tests/test_ema.py",)),  # fmt: skip
+           replace("EMA.update", "momentum_(", "self.decay)", "1.0 - self.decay)"),
+           ("tests/test_ema.py",)),
     Mutant("adversarial_embedding_not_restored", "raycl/adversarial/base.py",
            delete("AdversarialMethod.restoring", "self.weight.copy_(origin)"), ("tests/test_adversarial.py",)),
     Mutant("staleness_bound_off_by_one", "raycl/distributed/consumer.py",
@@ -184,7 +185,7 @@ MUTANTS = [
            rename("CoherenceTask.before_update", "after_update"),  # the loop runs it after the step
            (Q + "test_coherence_momentum_step_against_a_naive_fifo",)),
     Mutant("joined_rank_never_steps", "raycl/train/loop.py",
-           insert_after("_Loop.update", "if ranks == 0", "if joined:\n    return True\n"),
+           insert_after("_Loop.update", "if not average_gradients(", "if joined:\n    return True\n"),
            (EQ + "test_gec_token_budget_ranks_take_the_same_updates",)),
     Mutant("workers_never_sum_their_gradients", "raycl/train/data_parallel.py",
            replace("sum_gradients", "dist.all_reduce(flat)", "dist.all_reduce(flat)",
@@ -195,16 +196,15 @@ MUTANTS = [
            replace("GecTask.settings", "fp16_init_scale", "fp16_init_scale=2.0**7", "fp16_init_scale=2.0**16"),
            ("tests/test_gec_updates.py::test_fp16_gec_skips_no_update_after_the_first",)),
     Mutant("gec_schedule_counts_pools_not_token_batches", "raycl/recipes/gec/worker.py",
-           replace("GecTask.build", "updates = cfg.optim.total_updates or",
-                   "self._updates(model, examples, feed, w)", OLD_GEC_TOTAL),
+           replace("GecTask.build", "updates = self._updates(", "self._updates(model, examples, feed, w)",
+                   OLD_GEC_TOTAL),
            ("tests/test_gec_updates.py::test_a_token_budget_schedule_decays_over_the_updates_the_run_makes",)),
     Mutant("idiom_schedule_total_rounds_down", "raycl/recipes/idiom/worker.py",
-           replace("IdiomTask.build", "total = max(", "math.ceil(self._steps(len(examples), w) / o.update_freq) "
-                   "* o.epochs", "self._steps(len(examples), w) * o.epochs // o.update_freq"),
+           replace("IdiomTask.build", "total = max(", "updates_in([self._steps(len(examples), w)] * o.epochs, "
+                   "o.update_freq)", "self._steps(len(examples), w) * o.epochs // o.update_freq"),
            (EQ + "test_idiom_two_workers_train_as_one_with_fgm_and_an_uneven_last_batch",)),
-    Mutant("sts_reports_by_the_global_step", "raycl/recipes/sts/worker.py",
-           replace("StsTask.stream", "(i + 1) % (fit.eval_every", "(i + 1) % (fit.eval_every * "
-                   "self.cfg.optim.update_freq) == 0", "p[\"step\"] % fit.eval_every == 0"),
+    Mutant("reports_by_the_global_step", "raycl/train/loop.py",
+           replace("_Loop.update", "if every > 0 and", "p[\"epoch_step\"] % every", "p[\"step\"] % every"),
            (EQ + "test_sts_two_workers_train_as_one",)),
     Mutant("unused_parameters_summed_as_zeros", "raycl/train/data_parallel.py",
            replace("sum_gradients", "if n > 0 and p.grad is None", "n > 0 and ", ""),
@@ -219,6 +219,27 @@ MUTANTS = [
     Mutant("a_collective_handed_a_tensor_off_the_backends_device", "raycl/train/data_parallel.py",
            replace("all_reduce_sum", "t = torch.tensor(", ", device=collective_device(str(dist.get_backend()))",
                    ""), ("tests/test_loop.py::test_collectives_use_the_backends_device",)),
+    # issue 30: the joint GEC pass, prefetching, the step's outputs read once a report
+    Mutant("negative_scores_sum_the_padding", "raycl/train/gec_step.py",
+           replace("_row_scores", "return tok.target", ".masked_fill(targets.eq(pad_id), 0.0)", ""),
+           ("tests/test_gec_loss.py",)),
+    Mutant("ntokens_counts_the_negatives", "raycl/train/gec_step.py",
+           replace("_assemble", "return GecBatch(", "ntokens=sum(len(t) for t in targets)",
+                   "ntokens=sum(len(r[2]) for r in rows)"), ("tests/test_gec_loss.py",)),
+    Mutant("token_scores_backward_sign", "raycl/losses/token_log_probs.py",
+           replace("_TokenLogProbs.backward", "p.mul_(-coef", "p.mul_(-coef", "p.mul_(coef"),
+           ("tests/test_token_log_probs.py",)),
+    Mutant("prefetch_reads_past_a_call", "raycl/train/prefetch.py",
+           delete("Prefetcher._fill", "pending.done.wait()"), ("tests/test_prefetch.py",)),
+    Mutant("coherence_slices_drawn_ahead_are_checkpointed", "raycl/recipes/coherence/worker.py",
+           delete("CoherenceTask.step", "st.rng.setstate(batch.rng_state)"),
+           (EQ + "test_the_momentum_model_killed_mid_epoch_resumes_to_the_uninterrupted_end",)),
+    Mutant("a_read_of_the_loss_in_the_step", "raycl/recipes/idiom/worker.py",
+           replace("IdiomTask.step", "return {\"loss\": loss.detach()", "loss.detach()", "loss.item()"),
+           ("tests/test_steps.py",)),
+    Mutant("a_queue_left_on_the_cpu", "raycl/recipes/coherence/worker.py",
+           replace("CoherenceTask.build", "extras: dict[str, Any] = {\"queue\"", ").to(w.device)", ")"),
+           ("tests/test_steps.py",)),
     # issue 19's defects: a directory resumed with other settings, a second run on it, a range that stops the job
     Mutant("a_resume_with_other_settings_mixes_the_directory", "raycl/distributed/corpus_mining.py",
            replace("mine_corpus", "settings=mining_settings(", "mining_settings(model, options, engine)", "{}"),
