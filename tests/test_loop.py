@@ -469,6 +469,33 @@ def test_gpu_low_precision_run(tmp_path: Path, monkeypatch, precision: str) -> N
     assert fake.reports[-1]["loss"] < fake.reports[0]["loss"]
 
 
+def test_adamw_is_fused_only_where_every_parameter_is_on_a_gpu() -> None:
+    from raycl.train.optim import adamw
+
+    cpu = adamw([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    assert cpu.defaults["fused"] is None  # PyTorch's own choice: the per-tensor path on a CPU
+    if torch.cuda.is_available():
+        both = adamw([torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2, device="cuda"))], lr=1)
+        assert both.defaults["fused"] is None
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_adamw_is_fused_and_steps_like_the_unfused_one() -> None:
+    from raycl.train.optim import adamw
+
+    torch.manual_seed(0)
+    w = torch.randn(5, 3, device="cuda")
+    a, b = torch.nn.Parameter(w.clone()), torch.nn.Parameter(w.clone())
+    fused, plain = adamw([a], lr=0.1, weight_decay=0.01), torch.optim.AdamW([b], lr=0.1, weight_decay=0.01)
+    assert fused.defaults["fused"] is True
+    for _ in range(3):
+        for p, opt in ((a, fused), (b, plain)):
+            p.grad = torch.ones_like(p) * p.detach().sum()
+            opt.step()
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.gpu
 @gpu
 def test_gpu_nccl_all_reduce_of_a_count(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
@@ -14,8 +15,21 @@ def build_optimizer(
 ) -> torch.optim.Optimizer:
     """AdamW (= Adam when ``weight_decay`` is 0, which is GEC-PD's setting; GEC-BART uses 0.01)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    return adamw(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+
+def adamw(params: Iterable[Any], *, lr: float, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
+          weight_decay: float = 0.0) -> torch.optim.AdamW:  # fmt: skip
+    """AdamW over ``params`` (tensors or parameter groups), with PyTorch's fused kernel where every parameter is on
+    a CUDA device in a floating dtype: a few kernels an update for the whole model, where the per-tensor
+    implementation launches several per parameter and the multi-tensor one several per group of them. The
+    arithmetic is AdamW's either way; a checkpoint's optimizer state loads into both."""
+    params = list(params)
+    tensors = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
+    fused = bool(tensors) and all(p.is_cuda and p.is_floating_point() for p in tensors)
     b1, b2 = betas
-    return torch.optim.AdamW(params, lr=lr, betas=(b1, b2), eps=eps, weight_decay=weight_decay)
+    return torch.optim.AdamW(params, lr=lr, betas=(b1, b2), eps=eps, weight_decay=weight_decay,
+                             fused=True if fused else None)  # fmt: skip
 
 
 def build_scheduler(

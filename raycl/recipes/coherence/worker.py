@@ -51,6 +51,7 @@ from raycl.train.loop import (
     Worker,
     updates_in,
 )
+from raycl.train.optim import adamw
 
 Negs = list[tuple[str, ...]]
 
@@ -181,7 +182,7 @@ class CoherenceTask(TaskBase):
 
     def build(self, model: CoherenceScorer, w: Worker, progress: dict[str, Any] | None) -> CoherenceState:
         c, o = self.cfg, self.cfg.optim
-        optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, eps=o.eps, weight_decay=o.weight_decay)
+        optimizer = adamw(model.parameters(), lr=o.lr, eps=o.eps, weight_decay=o.weight_decay)
         extras: dict[str, Any] = {"queue": NegativeQueue(int(model.encoder.config.hidden_size),
                                                          size=c.momentum.queue_size, num_negs=c.mining.num_negs
                                                          ).to(w.device)}  # fmt: skip

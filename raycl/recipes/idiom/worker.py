@@ -48,7 +48,7 @@ from raycl.train.loop import (
     Worker,
     updates_in,
 )
-from raycl.train.optim import build_scheduler
+from raycl.train.optim import adamw, build_scheduler
 
 BEST_MODEL = "best_model"
 
@@ -110,8 +110,8 @@ class IdiomTask(TaskBase):
         cfg, o, a = self.cfg, self.cfg.optim, self.cfg.adversarial
         examples = train_examples(cfg, self.setting)
         total = max(updates_in([self._steps(len(examples), w)] * o.epochs, o.update_freq), 1)
-        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=o.lr, eps=o.eps,
-                                      weight_decay=o.weight_decay)  # fmt: skip
+        optimizer = adamw([p for p in model.parameters() if p.requires_grad], lr=o.lr, eps=o.eps,
+                          weight_decay=o.weight_decay)  # fmt: skip
         scheduler = build_scheduler(optimizer, "polynomial", warmup=math.ceil(o.warmup_ratio * total), total=total)
         extras = {"ema": EMA(model, decay=cfg.ema.decay)} if cfg.ema.enabled else {}
         adversary = build_adversarial(a.method, model, epsilon=a.epsilon, alpha=a.alpha, steps=a.steps,

@@ -35,6 +35,7 @@ from raycl.losses.mse_cosine import MSECosineLoss
 from raycl.memory.moco import MoCoKeyEncoder
 from raycl.models.sentence_encoder import SentenceEncoder
 from raycl.recipes.sts import evaluation
+from raycl.train import optim as optimizers
 from raycl.train.checkpoint import seed_everything
 from raycl.train.loop import (
     Batch,
@@ -131,7 +132,7 @@ def adamw(model: torch.nn.Module, *, lr: float, weight_decay: float) -> torch.op
     no_decay = [p for n, p in named if "bias" in n or "LayerNorm" in n]
     decay = [p for n, p in named if not ("bias" in n or "LayerNorm" in n)]
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, eps=1e-6)
+    return optimizers.adamw(groups, lr=lr, eps=1e-6)
 
 
 @dataclass(frozen=True)
