@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import torch
 
 from raycl.data.gec import GecExample
-from raycl.train.loop import Call
+from raycl.train.prefetch import Call
 
 Batch = tuple[list[GecExample], list[list[str]]]
 

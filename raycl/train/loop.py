@@ -36,7 +36,7 @@ import functools
 import math
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -52,7 +52,7 @@ from raycl.train.chaos import crash_switch
 from raycl.train.checkpoint import MODEL_DIR, STATE_FILE, load_state, save_state, seed_everything
 from raycl.train.data_parallel import all_gather_floats, average_gradients
 from raycl.train.precision import Precision, enable_tf32, inference
-from raycl.train.prefetch import Prefetcher
+from raycl.train.prefetch import Call, Prefetcher
 from raycl.train.progress import ProgressWriter
 
 
@@ -92,14 +92,6 @@ class Batch:
     optimizer: int = 0
     ends_step: bool = True  # False: a micro-batch of another optimizer follows in the same step (alternation)
     progress: dict[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class Call:
-    """A point in an epoch's batches where ``fn`` must run in the training thread, between the batches before and
-    after it (weights published to the miners at a chunk's start): the feed waits for it."""
-
-    fn: Callable[[], None]
 
 
 @dataclass

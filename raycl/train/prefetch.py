@@ -6,7 +6,7 @@ background thread ``depth`` batches ahead (fairseq's ``BufferedIterator``, PyTor
 on a GPU each collated batch is put in pinned memory there, and the training thread copies it to the device with
 ``non_blocking=True`` (the copy overlaps the previous step's kernels). Tokenisers release the GIL while encoding.
 
-A feed may hold :class:`~raycl.train.loop.Call` points — work that must run in the training thread between two
+A feed may hold :class:`Call` points — work that must run in the training thread between two
 batches, such as publishing the weights at the start of a chunk that the miners will rank with them: the thread
 stops there until the training thread has run it, so nothing after the point is read with the state before it.
 Order is kept (one thread), so a collate that draws random numbers draws them in the batches' order.
@@ -28,6 +28,14 @@ from typing import Any
 import torch
 
 _END = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """A point in an epoch's batches where ``fn`` must run in the training thread, between the batches before and
+    after it (weights published to the miners at a chunk's start): the feed waits for it."""
+
+    fn: Callable[[], None]
 
 
 def move(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -95,8 +103,6 @@ class Prefetcher:
                 self._thread.join(timeout=0.05)
 
     def __iter__(self) -> Iterator[Any]:
-        from raycl.train.loop import Call
-
         source = self._threaded() if self._thread is not None else self._inline()
         for item in source:
             if isinstance(item, _Pending):
@@ -121,8 +127,6 @@ class Prefetcher:
             self.first_wait_s += waited
 
     def _inline(self) -> Iterator[Any]:
-        from raycl.train.loop import Call
-
         it = iter(self.items)
         while True:
             t0 = time.perf_counter()
@@ -154,8 +158,6 @@ class Prefetcher:
             yield batch
 
     def _fill(self) -> None:
-        from raycl.train.loop import Call
-
         try:
             for item in self.items:
                 if self._stop.is_set():
