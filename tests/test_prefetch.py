@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from raycl.train.loop import Batch, Call
-from raycl.train.prefetch import Prefetcher, move
+from raycl.train.loop import Batch
+from raycl.train.prefetch import Call, Prefetcher, move
 
 
 def _collate(seen_threads: list[str]) -> Any:

@@ -73,7 +73,7 @@ def token_groups(sizes: Sequence[int], max_tokens: int) -> list[list[int]]:
 
 class Feed(Protocol):
     """An epoch's ``(examples, negatives)`` pools of this rank, read ahead of the step (a background thread); a
-    :class:`~raycl.train.loop.Call` where something must run in the training thread first (a publication)."""
+    :class:`~raycl.train.prefetch.Call` where something must run in the training thread first (a publication)."""
 
     def batches(self, epoch: int, model: torch.nn.Module) -> Iterator[Batch | Call]: ...
     def after_step(self, step: int, model: torch.nn.Module) -> None: ...
