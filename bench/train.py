@@ -44,7 +44,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from train_steps import PAPER_BATCH, Recipe, gec_micro_batches, gec_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its helpers beside it, however it is run (runpy too)
+from train_steps import PAPER_BATCH, Recipe, gec_micro_batches, gec_model  # noqa: E402
 
 STEP_MICRO_BATCHES = {"sts": 2}  # STS's released schedule: an MSE batch, then a contrastive one, per step
 
