@@ -1,11 +1,12 @@
 """Exactly-once under chaos (issue 3): ``python bench/chaos.py --json``.
 
-A mining run on three logical Ray nodes on this machine (``ray.cluster_utils.Cluster`` with fast health checks,
-RAY_NOTES §3): the head holds the negative stream and the weight store, two worker nodes hold ``--miners`` real
-``gec_beam`` miners (an untrained smoke-preset model, beam search capped at ``--max-new-tokens``). Two trainer
-ranks (threads of this driver) consume ``--epochs`` epochs of ``--per-rank`` built-in sentences each, rank 0
-publishing new weights every ``--sync-every`` batches. While they consume, ``--kills`` miner actors are killed
-(``ray.kill``, Ray restarts them) and one worker node is removed without grace (its miners move to the other).
+A mining run on three logical Ray nodes on this machine (``ray.cluster_utils.Cluster`` with fast health checks: a
+removed node is seen dead in ~3 s, not ~15 s): the head holds the negative stream and the weight store, two worker
+nodes hold ``--miners`` real ``gec_beam`` miners (an untrained smoke-preset model, beam search capped at
+``--max-new-tokens``). Two trainer ranks (threads of this driver) consume ``--epochs`` epochs of ``--per-rank``
+built-in sentences each, rank 0 publishing new weights every ``--sync-every`` batches. While they consume,
+``--kills`` miner actors are killed (``ray.kill``, Ray restarts them) and one worker node is removed without grace
+(its miners move to the other).
 
 Prints one JSON object: ``miner_kills``, ``node_kills``, ``lost`` (ids of an epoch never delivered to their
 rank), ``duplicated`` (ids delivered more than once in an epoch), ``completed`` (every epoch ended and every

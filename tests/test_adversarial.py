@@ -1,4 +1,4 @@
-"""Adversarial training parts (SPEC §3.1) against naive references written here, on a tiny float64 model.
+"""Adversarial training parts (ZhichunRoad) against naive references written here, on a tiny float64 model.
 
 The references never touch the module under test: they re-run the model functionally on a perturbed copy of
 the embedding matrix, with the global Frobenius norm computed in a plain Python loop.

@@ -1,4 +1,4 @@
-"""Beam-search negative mining (SPEC §1.3): selection rule, miner invariants, Parquet I/O and the CLI."""
+"""Beam-search negative mining (docs/mining.md): selection rule, miner invariants, Parquet I/O and the CLI."""
 
 from __future__ import annotations
 

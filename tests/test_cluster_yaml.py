@@ -83,7 +83,7 @@ def test_ray_validates_the_cluster_and_rejects_a_broken_copy(cluster: dict[str, 
     trainers = [t for t in types.values() if t["resources"].get("trainer")]
     assert trainers and all("InstanceMarketOptions" not in t["node_config"] for t in trainers)  # on-demand
     broken = copy.deepcopy(_raw())
-    broken["available_node_types"]["miner_g5"]["min_worker"] = 1  # the typo RAY_NOTES §3 saw it catch
+    broken["available_node_types"]["miner_g5"]["min_worker"] = 1  # a misspelt key the offline check must catch
     with pytest.raises(Exception, match="min_worker"):
         validate_config(prepare_config(broken))
     too_many = copy.deepcopy(_raw())

@@ -1,4 +1,4 @@
-"""Coherence data (SPEC §2): strict readers, the paper's permuted sets, safe pickles, the built-in corpus."""
+"""Coherence data: strict readers, the paper's permuted sets, safe pickles, the built-in corpus."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Coherence losses (SPEC §2.2) against plain-Python loops; the negative queue rule and the momentum update."""
+"""Coherence losses (paper §3) against plain-Python loops; the negative queue rule and the momentum update."""
 
 from __future__ import annotations
 

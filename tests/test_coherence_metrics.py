@@ -1,4 +1,4 @@
-"""Coherence metrics (SPEC §2.3) against naive references, and ``raycl.eval coherence`` with a fake scorer."""
+"""Coherence metrics against naive references, and ``raycl.eval coherence`` with a fake scorer."""
 
 from __future__ import annotations
 

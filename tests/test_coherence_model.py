@@ -1,4 +1,4 @@
-"""Coherence scorer (SPEC §2.1): the paper's XLNet input, padding (in)variance, save/load, presets, EMA copy."""
+"""Coherence scorer (paper §3.1): the paper's XLNet input, padding (in)variance, save/load, presets, EMA copy."""
 
 from __future__ import annotations
 

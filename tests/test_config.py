@@ -19,7 +19,7 @@ def test_paper_spaces_carry_the_papers_settings() -> None:
     assert (pd.config.loss.margin, bart.config.loss.margin) == (0.25, 0.85)
     assert pd.config.loss.trade_off == bart.config.loss.trade_off == 0.5
     assert pd.config.mining.k == bart.config.mining.k == 3
-    assert (pd.config.eval.beam, bart.config.eval.beam) == (5, 1)  # GEC-BART decodes greedily (SPEC §1.6)
+    assert (pd.config.eval.beam, bart.config.eval.beam) == (5, 1)  # GEC-BART decodes greedily (released scripts)
     assert pd.config.optim.betas == [0.9, 0.98] and bart.config.optim.betas == [0.9, 0.999]
     assert pd.search["mining.k"] == {"grid": [2, 3, 4]}
 

@@ -1,5 +1,5 @@
 """Two data-parallel shards give the global loss: gradients summed over 2 gloo workers, each loss scaled by
-its share of the tokens, equal the single-process gradient of the whole batch (SPEC §1.2 normalisation)."""
+its share of the tokens, equal the single-process gradient of the whole batch (fairseq's per-token scaling)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""EMA (SPEC §3.1): shadow updates against a plain-Python recurrence, swaps, checkpoints, degenerate decays."""
+"""EMA (ZhichunRoad): shadow updates against a plain-Python recurrence, swaps, checkpoints, degenerate decays."""
 
 from __future__ import annotations
 

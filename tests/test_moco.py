@@ -1,4 +1,4 @@
-"""MoCo key encoder and queue (SPEC §3.2): momentum limits, ring-buffer order, Q = 0 as in-batch InfoNCE."""
+"""MoCo key encoder and queue (ZhichunRoad): momentum limits, ring-buffer order, Q = 0 as in-batch InfoNCE."""
 
 from __future__ import annotations
 

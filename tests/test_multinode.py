@@ -1,4 +1,4 @@
-"""Several logical Ray nodes on one machine (``ray.cluster_utils.Cluster``, fast health checks, RAY_NOTES §3):
+"""Several logical Ray nodes on one machine (``ray.cluster_utils.Cluster``, fast health checks):
 miners pinned to a worker node keep an epoch exactly-once while one of them is killed and then the whole node
 is removed; on the two nodes left, ``raycl.mine_negatives`` refuses data specs without ``out`` (its temp folder
 is the driver's, which miners on the other node cannot write). The cluster runs in a child process (this file

@@ -1,4 +1,4 @@
-"""PermutationMiner (SPEC §2.2 hard negatives): ranking equals a naive per-candidate loop, top-N, ties, skips."""
+"""PermutationMiner (the paper's Algorithm 1): ranking equals a naive per-candidate loop, top-N, ties, skips."""
 
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ def _free_ports(n: int) -> list[int]:
 
 
 def _node_args(temp_dir: Path) -> list[str]:
-    """Every port a node listens on, free, and its own temp dir (RAY_NOTES §15: other Rays run on this host)."""
+    """Every port a node listens on, free, and its own temp dir (other Rays may run on this host)."""
     names = ["--node-manager-port", "--object-manager-port", "--metrics-export-port", "--runtime-env-agent-port",
              "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port"]  # fmt: skip
     ports = [a for name, port in zip(names, _free_ports(len(names)), strict=True) for a in (name, str(port))]

@@ -1,4 +1,4 @@
-"""SemEval-2022 Task 2 CSV readers/writers, MWE tokens and the built-in set (SPEC §3.2, §3.3)."""
+"""SemEval-2022 Task 2 CSV readers/writers, MWE tokens and the built-in set."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Official SemEval-2022 Task 2 scores (SPEC §3.4) against naive references, and alignment/uniformity.
+"""Official SemEval-2022 Task 2 scores against naive references, and alignment/uniformity.
 
 The references are written here from the evaluators' rules with plain loops: macro-F1 from per-class counts,
 Spearman as the Pearson correlation of average ranks. Files are random submissions with ties and GL rows.

@@ -1,4 +1,4 @@
-"""Subtask B encoder (SPEC §3.2): cross-attention against a naive per-head loop, pooling, presets, save/load."""
+"""Subtask B encoder (ZhichunRoad): cross-attention against a naive per-head loop, pooling, presets, save/load."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Local BPE tokenizer, model presets and the summed-log-prob sequence scorer (SPEC §1.2)."""
+"""Local BPE tokenizer, model presets and the summed-log-prob sequence scorer (Cao et al. 2021, Eq. 4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Subtask B losses (SPEC §3.2) against naive per-example loops: MSE-cosine, InfoNCE + queue, the joint sum."""
+"""Subtask B losses (ZhichunRoad) against naive per-example loops: MSE-cosine, InfoNCE + queue, the joint sum."""
 
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ Every method perturbs the **whole word-embedding matrix** E in place along its g
 **global Frobenius norm** ‖g‖_F of the entire matrix gradient (one norm per batch, not per token or example;
 rows of tokens absent from the batch have zero gradient), runs extra forward/backward passes that *add* to
 ``.grad``, and restores E bit-exactly afterwards. A method never calls ``optimizer.step()`` or
-``optimizer.zero_grad()``: the caller owns the clean forward/backward and the step (SPEC §3.1).
+``optimizer.zero_grad()``: the caller owns the clean forward/backward and the step, as in the released
+training loop.
 
 Calling convention (one batch)::
 
@@ -21,7 +22,8 @@ no extra pass runs and ``.grad`` is left exactly as the clean backward left it, 
 gradient; nobody runs that, and "off" is what a sweep including ε = 0 means.)
 
 References:
-    SPEC §3.1 (the released ``subtaskA/utils.py`` FGM/PGD/FreeLB classes and the commented training loop).
+    Cui, Xiong, Wang. "ZhichunRoad at SemEval-2022 Task 2." SemEval 2022, §3.2 ("Adversarial Training"); the
+    released ``subtaskA/utils.py`` FGM/PGD/FreeLB classes and its commented training loop; docs/recipes/idiom.md.
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ def stable_kl(logits: Tensor, target: Tensor, *, epsilon: float = 1e-6) -> Tenso
 
     References:
         Jiang et al., "SMART", ACL 2020, §3 (the KL divergence of its regularisers); MT-DNN
-        ``mt_dnn/perturbation.py`` (``stable_kl``); SPEC §3.1.
+        ``mt_dnn/perturbation.py`` (``stable_kl``), which the released ``subtaskA`` code copies.
     """
     dtype = torch.promote_types(logits.dtype, torch.float32)  # the code's .float(), without downcasting fp64
     logits = logits.reshape(-1, logits.size(-1)).to(dtype)  # (B, C)

@@ -4,7 +4,8 @@ E_adv = E + ε·g/‖g‖_F, g = ∂L/∂E (global Frobenius norm);  ∇θ ← �
 
 References:
     Miyato, Dai, Goodfellow. "Adversarial Training Methods for Semi-Supervised Text Classification."
-    ICLR 2017, Eq. 5 (r_adv = −ε·g/‖g‖₂); Goodfellow et al., ICLR 2015 (FGSM). SPEC §3.1 ("FGM").
+    ICLR 2017, Eq. 5 (r_adv = −ε·g/‖g‖₂); Goodfellow et al., ICLR 2015 (FGSM). The released
+    ``subtaskA/utils.py`` ``FGM`` class (docs/recipes/idiom.md).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 References:
     Zhu et al. "FreeLB: Enhanced Adversarial Training for Natural Language Understanding." ICLR 2020,
     Algorithm 1 — with the code's gradient-based first step instead of the paper's random init of δ₀,
-    and the clean gradient added back (SPEC §3.1 "FreeLB", §3.5 item 3).
+    and the clean gradient added back, as the released ``subtaskA/utils.py`` does (docs/recipes/idiom.md).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@
 
 References:
     Madry et al. "Towards Deep Learning Models Resistant to Adversarial Attacks." ICLR 2018, Eq. 2
-    (the projected steps; here with the ℓ2 step normalised by the global norm). SPEC §3.1 ("PGD").
+    (the projected steps; here with the ℓ2 step normalised by the global norm, as the
+    released ``subtaskA/utils.py`` ``PGD`` class).
 """
 
 from __future__ import annotations

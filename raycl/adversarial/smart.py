@@ -7,7 +7,8 @@ References:
     Jiang et al. "SMART: Robust and Efficient Fine-Tuning for Pre-trained Natural Language Models through
     Principled Regularized Optimization." ACL 2020 — but as the ZhichunRoad code runs it ("SMART w/o
     smoothness-inducing regularisation"): the μ-term is a KL to the *clean* logits of this batch, not a
-    Bregman proximal term to the previous iterate, and the paper's λ = 0.5 is unused (SPEC §3.1, §3.5 item 2).
+    Bregman proximal term to the previous iterate, and the paper's λ = 0.5 is unused
+    (docs/recipes/idiom.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""The coherence recipe's config (SPEC §2; Jwalapuram, Joty & Lin, ACL 2022): ``tune_spaces/coherence.yaml``."""
+"""The coherence recipe's config (Jwalapuram, Joty & Lin, ACL 2022): ``tune_spaces/coherence.yaml``.
+
+See docs/recipes/coherence.md.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ class CoherenceModelSection:
 
 @dataclass
 class PermuteSection:
-    """How documents become training items (the paper's WSJ set, SPEC §2.4 / paper §2.1)."""
+    """How documents become training items (the paper's WSJ permuted set, paper §2.1)."""
 
     copies: int = 20  # times each positive appears; negatives are never repeated across its copies
     min_sentences: int = 4  # shorter documents are dropped

@@ -1,4 +1,7 @@
-"""The GEC recipe's config (SPEC §1): ``tune_spaces/gec_pd.yaml`` and ``gec_bart.yaml`` fill it."""
+"""The GEC recipe's config (Cao, Yang & Ng, Findings of EMNLP 2021): ``tune_spaces/gec_pd.yaml``, ``gec_bart``.
+
+See docs/recipes/gec.md.
+"""
 
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ class GecDataSection:
 
 @dataclass
 class GecLossSection:
-    trade_off: float = 0.5  # λ: (1-λ)·CE + λ·CL, as the released code (SPEC §1.2)
+    trade_off: float = 0.5  # λ: (1-λ)·CE + λ·CL, as the released code (paper: NLL + CL)
     margin: float = 0.25  # γ
     label_smoothing: float = 0.1  # on CE only
     # joint: one forward over the positives and every real negative, each row its own source copy and dropout

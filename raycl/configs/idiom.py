@@ -1,4 +1,6 @@
-"""The SemEval-2022 Task 2 Subtask A recipe's config (SPEC §3.1, §4; ZhichunRoad): ``tune_spaces/idiom.yaml``.
+"""The SemEval-2022 Task 2 Subtask A recipe's config (ZhichunRoad): ``tune_spaces/idiom.yaml``.
+
+See docs/recipes/idiom.md.
 
 ``data.setting`` picks what a run trains: ``zero_shot`` (train_zero_shot, the text "Previous Target Next"),
 ``one_shot`` (train_one_shot + train_zero_shot, the pair (Target, MWE)), or ``both`` (the default: one training
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 from raycl.config import LoopOptions, ScalingSection, TuneSection, require
 
 SETTINGS = ("zero_shot", "one_shot")
-BATCH_SIZE = {"zero_shot": 16, "one_shot": 32}  # the released scripts (SPEC §3.1)
+BATCH_SIZE = {"zero_shot": 16, "one_shot": 32}  # the released subtaskA scripts
 SEED = {"zero_shot": 0, "one_shot": 1}
 METHODS = ("none", "fgm", "pgd", "freelb", "smart")
 

@@ -1,4 +1,4 @@
-"""The SemEval-2022 Task 2 Subtask B recipe's config (SPEC §3.2, §4; ZhichunRoad): ``tune_spaces/sts.yaml``.
+"""The SemEval-2022 Task 2 Subtask B recipe's config (ZhichunRoad; docs/recipes/sts.md): ``tune_spaces/sts.yaml``.
 
 Data keys left empty are filled with the built-in set (``raycl.data.semeval_corpus``), written under the run
 folder. The official files come in groups: ``dev``, ``dev_gold`` and ``dev_submission_format`` are all given or
@@ -39,7 +39,7 @@ class StsDataSection:
     eval: str = ""
     eval_gold: str = ""  # empty with a user's eval: no test scores (the real data has no eval gold)
     eval_submission_format: str = ""
-    upstream_quirk: bool = True  # sentence 2 rewritten with MWE1's pattern, the MWE as a raw regex (SPEC §3.2)
+    upstream_quirk: bool = True  # sentence 2 rewritten with MWE1's pattern, the MWE as a raw regex, as upstream
     builtin: BuiltinStsSection = field(default_factory=BuiltinStsSection)
 
 

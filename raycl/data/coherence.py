@@ -1,4 +1,6 @@
-"""Coherence data (Jwalapuram, Joty, Lin, ACL 2022; SPEC §2): documents, permuted sets, pairs files.
+"""Coherence data (Jwalapuram, Joty, Lin, ACL 2022): documents, permuted sets, pairs files.
+
+See docs/recipes/coherence.md.
 
 * Documents: a text file with one sentence per line and a blank line between documents (ids
   ``"<stem>:<n>"``, n from 0), or JSONL with ``{"id": str, "sentences": [str, ...]}`` per line.

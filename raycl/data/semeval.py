@@ -1,18 +1,19 @@
-"""SemEval-2022 Task 2 CSV files (SPEC §3.3): readers, row types, the MWE token and submission writers.
+"""SemEval-2022 Task 2 CSV files, official layouts: readers, row types, the MWE token and submission writers.
 
 Subtask A (idiomaticity detection) and Subtask B (idiomatic STS) ship as comma-separated files with a header
 line, parsed with :mod:`csv` (fields may be quoted and span lines). Every reader here checks the header
 exactly, the field count of every row and the label values, and reports a mistake as one line
 ``file:LINE: ...`` (LINE is where the row starts). Labels of Subtask A: 0 = idiomatic, 1 = non-idiomatic.
 
-Model inputs (SPEC §3.1): zero-shot = the single text ``"Previous Target Next"`` (no MWE); one-shot = the pair
-``(Target, MWE)``; the one-shot model trains on train_one_shot followed by train_zero_shot.
+Model inputs (the organisers' baseline; docs/recipes/idiom.md): zero-shot = the single text
+``"Previous Target Next"`` (no MWE); one-shot = the pair ``(Target, MWE)``; the one-shot model trains on
+train_one_shot followed by train_zero_shot.
 
 The organisers' Subtask B models see every MWE as one new token ``mwe_token(mwe)``, written into the
-sentences by a case-insensitive regex replacement. Upstream quirk (SPEC §3.2), kept by default: the MWE is
-used as a raw regex (not escaped), and sentence 2 is rewritten with MWE1's *pattern* and MWE2's token (so
-only when MWE2 is not ``None``; in the released data it always is). ``upstream_quirk=False`` escapes the MWE
-and rewrites sentence 2 with MWE2's own pattern.
+sentences by a case-insensitive regex replacement. Upstream quirk of ZhichunRoad's code, kept by default
+(docs/recipes/sts.md): the MWE is used as a raw regex (not escaped), and sentence 2 is rewritten with MWE1's
+*pattern* and MWE2's token (so only when MWE2 is not ``None``; in the released data it always is).
+``upstream_quirk=False`` escapes the MWE and rewrites sentence 2 with MWE2's own pattern.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class StsPair:
     """A Subtask B sentence pair: a dev/eval input row, or a train row (``sim`` and alternatives set).
 
     Train ``sim`` is 1 (sentence_2 is the correct paraphrase) or None: then the target is the model's own
-    similarity of ``(alternative_1, alternative_2)`` (SPEC §3.2).
+    similarity of ``(alternative_1, alternative_2)``, as in ZhichunRoad's fine-tuning.
     """
 
     id: str

@@ -1,4 +1,4 @@
-"""A small built-in SemEval-2022 Task 2 set, written for raycl, in the official CSV layouts (SPEC §3.3).
+"""A small built-in SemEval-2022 Task 2 set, written for raycl, in the official CSV layouts.
 
 25 English and 6 Portuguese multiword expressions, each with two idiomatic and two literal target sentences
 (``{m}`` marks the MWE, ``{p}`` a person's name) and its idiomatic and literal meanings. As in the real data,

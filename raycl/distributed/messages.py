@@ -1,6 +1,6 @@
 """The records that cross process boundaries between trainers, the negative stream, miners and the weight store.
 
-Each is a frozen dataclass that carries the model version that made it (STYLE habit 7; RLlib's
+Each is a frozen dataclass that carries the model version that made it (RLlib's
 ``WEIGHTS_SEQ_NO``, veRL's per-sample ``param_version``), so a trainer can bound staleness per item.
 """
 

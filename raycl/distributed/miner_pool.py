@@ -1,10 +1,10 @@
 """The miner pool: M restartable Ray actors, each wrapping a plain miner (``BeamSearchMiner`` for GEC).
 
 A ``MinerActor`` builds its plain miner from a small picklable :class:`MinerFactory` (never big object refs as
-constructor arguments: restarts re-run ``__init__``, RAY_NOTES §4) and runs one loop: take a task from the
+constructor arguments: restarts re-run ``__init__``; ray-project/ray#53727) and runs one loop: take a task from the
 negative stream → pull newer weights → mine → hand the batch back. Actors have ``max_restarts=-1,
 max_task_retries=-1``: after a crash Ray restarts the actor and re-submits ``run``; the restarted miner asks the
-stream again, which reclaims the task it held (RAY_NOTES §2.3). ``MinerPool.map`` serves standalone mining.
+stream again, which reclaims the task it held (docs/architecture.md). ``MinerPool.map`` serves standalone mining.
 Chaos switches for tests and benchmarks (RLlib's ``CartPoleCrashing``), read from ``MinerFactory.options``
 and honoured in an actor's first life only, by the miners listed in ``chaos_miners`` (default: all):
 ``fail_after_tasks`` (``os._exit`` after mining that many tasks, before handing the last back) and ``stall_s``

@@ -31,7 +31,8 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
     With no address and no ``RAY_ADDRESS`` this starts an embedded local Ray (``address="local"``: never another
     process's Ray on the same machine; ``--address auto`` joins a cluster), which ``ray[default]`` gives a
     dashboard: Train V2 needs its State API to release the placement groups of trials that Tune stops early
-    (RAY_NOTES 2.2). A cluster that refuses us ends in one line (:func:`check_cluster`). Never calls ``ray stop``.
+    (ray-project/ray#54305). A cluster that refuses us ends in one line (:func:`check_cluster`). Never calls
+    ``ray stop``.
     """
     import ray
 

@@ -1,7 +1,7 @@
 """What a training worker asks of Ray Train: its rank, DDP wrapping, reporting, the checkpoint to resume.
 
-The recipe loops call these functions and never import Ray themselves (STYLE habit 6). With
-``scaling.num_workers=0`` Ray Train runs the loop in-process (local mode) and the same calls work.
+The recipe loops call these functions and never import Ray themselves, so they run and test in one process without
+it. With ``scaling.num_workers=0`` Ray Train runs the loop in-process (local mode) and the same calls work.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """The negative stream: a bounded, ordered buffer between miner actors and trainer workers (one async actor).
 
 Miners ask for tasks (``next_task``) and hand back results (``put``); trainers ``take`` their rank's items.
-Back-pressure is by credits, not drops (OpenRLHF's slot semaphore, RAY_NOTES recommendation 5): a miner
-waits in ``next_task`` while mined-but-undelivered items plus ids out with miners would exceed ``capacity``,
-so memory stays bounded however fast miners are. The :class:`~raycl.distributed.ledger.Ledger` underneath
-delivers every example exactly once per epoch, also when miners die, stall or restart. Every accepted item is
-also cached (id → newest item) so a later epoch can reuse negatives instead of re-mining them.
+Back-pressure is by credits, not drops (OpenRLHF's slot semaphore; RLlib's APPO, pacing with an unbounded deque,
+starved its learner: ray-project/ray#59544): a miner waits in ``next_task`` while mined-but-undelivered items plus
+ids out with miners would exceed ``capacity``, so memory stays bounded however fast miners are. The
+:class:`~raycl.distributed.ledger.Ledger` underneath delivers every example exactly once per epoch, also when
+miners die, stall or restart. Every accepted item is also cached (id → newest item) so a later epoch can reuse
+negatives instead of re-mining them.
 """
 
 from __future__ import annotations

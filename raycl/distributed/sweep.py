@@ -114,8 +114,8 @@ def grid(values: list[Any]) -> Any:
 
 
 def trial_run_name(trial_id: str | None = None) -> str:
-    """The stable Train run name of a trial, by default the current one (RAY_NOTES 2.2: no timestamps, one per
-    trial)."""
+    """The stable Train run name of a trial, by default the current one (Ray's Train-in-Tune pattern: no
+    timestamps, one per trial, so re-running a trial resumes its run)."""
     return f"train-trial_id={trial_id or tune.get_context().get_trial_id()}"
 
 

@@ -40,8 +40,8 @@ def fit(
     A worker that dies restarts the worker group from the last reported checkpoint, up to
     ``scaling.max_failures`` times; a worker group that cannot start ends the run in one line after
     ``scaling.start_timeout_s`` (:func:`_failure_config`). Inside a Tune trial the documented Train-in-Tune
-    pattern applies (RAY_NOTES 2.2): a stable run name per trial (re-using it resumes that trial's run) and a
-    ``TuneReportCallback`` forwarding rank 0's metrics.
+    pattern applies (Ray Train's hyperparameter-optimization guide): a stable run name per trial (re-using it
+    resumes that trial's run) and a ``TuneReportCallback`` forwarding rank 0's metrics.
     """
     where, filesystem = ray_storage(storage_path)  # a staged run's Ray storage is the object store itself
     callbacks: list[Any] = []

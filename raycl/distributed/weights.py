@@ -1,9 +1,9 @@
 """Versioned weights: rank 0 publishes a flat CPU buffer once per sync; miners pull only newer versions.
 
-RLlib's ``EnvRunnerStateServer`` pattern (RAY_NOTES §1, recommendation 2): one ``WeightStore`` actor holds
-the latest ``(version, [ref], manifest)``; ``pull_if_newer(v)`` returns it only when its version is > v, so a
-miner never goes back to older weights. A flat numpy buffer is put in 2–14 ms and read zero-copy in < 1 ms,
-where a dict of tensors costs 16–38 ms / 4–5 ms (RAY_NOTES §2.5).
+RLlib's ``EnvRunnerStateServer`` pattern (Ray 2.60's default for IMPALA/APPO): one ``WeightStore`` actor holds the
+latest ``(version, [ref], manifest)``; ``pull_if_newer(v)`` returns it only when its version is > v, so a miner
+never goes back to older weights. A flat numpy buffer is put in 2–14 ms and read zero-copy in < 1 ms, where a dict
+of tensors costs 16–38 ms / 4–5 ms (a 10.5 MB state dict on Ray 2.60, measured on a 2-core machine).
 """
 
 from __future__ import annotations

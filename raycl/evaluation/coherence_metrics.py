@@ -1,4 +1,4 @@
-"""Coherence metrics (Jwalapuram, Joty, Lin, ACL 2022; SPEC §2.3): pairwise accuracy and LMvLM agreement.
+"""Coherence metrics (Jwalapuram, Joty, Lin, ACL 2022): pairwise accuracy and LMvLM agreement.
 
 Accuracy is the code's ``eval.py``: an item is right iff its positive scores *strictly* higher than every
 negative. LMvLM agreement appends the model as one more coder to the human label lists and computes

@@ -4,7 +4,7 @@
 organisers' ``SubTask1Evaluator.py`` prints it from commit b415bf9 (2021-09-03) on, its latest f647c08 included;
 ``--average weighted|micro|binary`` gives the three columns its first commits (4b9946f, 381fec5) printed.
 ``sts`` (Subtask B): Spearman ρ over ALL, Idiom and STS rows per setting (pre_train, fine_tune) and languages.
-Same numbers as the organisers' ``SubTask1Evaluator.py`` / ``SubTask2Evaluator.py`` (SPEC §3.4); settings
+Same numbers as the organisers' ``SubTask1Evaluator.py`` / ``SubTask2Evaluator.py``; settings
 absent from the submission are skipped. ``raycl/eval.py`` wires these in with ``add_idiom_parser(sub)``.
 """
 

@@ -1,4 +1,4 @@
-"""The official SemEval-2022 Task 2 scores (SPEC §3.4), computed as the organisers' evaluators compute them.
+"""The official SemEval-2022 Task 2 scores, computed as the organisers' evaluators compute them.
 
 Subtask A (``SubTask1Evaluator.py``): for each setting (zero_shot, one_shot) and languages EN, PT, EN+PT,
 take the submission rows of that setting and languages, take the gold rows whose IDs (compared as integers)

@@ -2,12 +2,12 @@
 
 L = −log( e^{f(x⁺)} / (e^{f(x⁺)} + Σ_{j=1..N} e^{f(x⁻_j) − τ}) ) = −log_softmax([f⁻_1−τ, …, f⁻_N−τ, f⁺])[N].
 
-The margin is **subtracted from the negatives**, as the released code does (the easier direction; SPEC §2.2,
-§2.5 pitfall 1, §4). N = 5 in the paper (the script's default is 1).
+The margin is **subtracted from the negatives**, as the released code does (the easier direction;
+docs/recipes/coherence.md). N = 5 in the paper (the script's default is 1).
 
 References:
     Lin Jwalapuram, Shafiq Joty, Xiang Lin. "Rethinking Self-Supervision Objectives for Generalizable
-    Coherence Modeling." ACL 2022, Eq. 2; SPEC §2.2 (contrastive).
+    Coherence Modeling." ACL 2022, §3.3, Eq. 2; the released ``contrastive/`` code.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ References:
     Xuange Cui, Wei Xiong, Songlin Wang. "ZhichunRoad at SemEval-2022 Task 2: Adversarial Training and
     Contrastive Learning for Multiword Representations." SemEval 2022, §3.3, Eq. 4 (L_con) and Eq. 3
     (L_joint). Kaiming He et al. "Momentum Contrast for Unsupervised Visual Representation Learning."
-    CVPR 2020 (the queue). SPEC §3.2 ("Contrastive + MoCo", "Joint training") and §4 (the joint loss).
+    CVPR 2020 (the queue). The released ``MultipleNegativesRankingLoss_MoCo`` (docs/recipes/sts.md).
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ class InfoNCEQueueLoss(nn.Module):
             It is detached here: keys never carry gradient.
 
     Relations: the queue only adds columns to the softmax's denominator; it supplies no positives. The caller
-    enqueues this step's keys *after* computing the loss (SPEC §3.2), so a key never meets its own anchor.
+    enqueues this step's keys *after* computing the loss, as the released code does, so a key never meets its
+    own anchor.
 
     Degenerate case: Q = 0 is sentence-transformers' MultipleNegativesRankingLoss (in-batch InfoNCE, SimCSE).
 
@@ -80,5 +81,5 @@ class InfoNCEQueueLoss(nn.Module):
 
 
 def joint_loss(l_mse: Tensor, l_con: Tensor, *, lam: float = LAMBDA) -> Tensor:
-    """L_joint = L_mse + λ·L_con — Cui et al. (2022) Eq. 3, raycl's default (SPEC §4; ``loss.joint=sum``)."""
+    """L_joint = L_mse + λ·L_con — Cui et al. (2022) Eq. 3, ``loss.joint=sum`` (docs/recipes/sts.md)."""
     return l_mse + lam * l_con

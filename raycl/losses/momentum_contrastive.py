@@ -4,7 +4,8 @@ L_m = −log( e^{cos(q, k⁺)} / (e^{cos(q, k⁺)} + Σ_{k∈Q} e^{cos(q, k) −
 L   = λ·L_c + (1 − λ)·L_m   (λ = 0.85, τ = 0.1).
 
 q is the main encoder's document rep of x⁺ (with gradient), k⁺ the momentum encoder's rep of the
-length-invariance slice of x⁺, Q the queue of momentum reps of *negative* documents (SPEC §2.2, pitfall 7).
+length-invariance slice of x⁺, Q the queue of momentum reps of *negative* documents only (paper §3.4;
+the released code never enqueues a positive).
 The similarity is the plain cosine, **no temperature**; the margin is subtracted from the queue terms, as the
 code does. The queue is updated *before* the loss, so it holds the current item's negatives too.
 

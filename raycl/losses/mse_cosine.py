@@ -6,7 +6,7 @@ References:
     Xuange Cui, Wei Xiong, Songlin Wang. "ZhichunRoad at SemEval-2022 Task 2: Adversarial Training and
     Contrastive Learning for Multiword Representations." SemEval 2022, §3.3, Eq. 3 (L_mse).
     sentence-transformers' ``CosineSimilarityLoss`` (MSE of the cosine), which the released code uses on the
-    cross-attended pair embeddings. SPEC §3.2 ("Supervised loss").
+    cross-attended pair embeddings (docs/recipes/sts.md).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ L = max(0, τ − f(x⁺) + f(x⁻)), with f the coherence score and τ the marg
 
 References:
     Lin Jwalapuram, Shafiq Joty, Xiang Lin. "Rethinking Self-Supervision Objectives for Generalizable
-    Coherence Modeling." ACL 2022, Eq. 1 (after Collobert et al. 2011). SPEC §2.2 (pairwise; the released
-    ``pairwise/train.py`` uses ``negs[0]`` and crashes on ``args.num_negs``).
+    Coherence Modeling." ACL 2022, §3.2, Eq. 1 (after Collobert et al. 2011). The released
+    ``pairwise/train.py`` uses ``negs[0]`` and crashes on ``args.num_negs`` (docs/recipes/coherence.md).
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """Exponential moving average of the trainable parameters, evaluated and saved in place of the live weights.
 
-θ_s ← (1 − η)·θ + η·θ_s after each optimizer step, η = 0.999 (SPEC §3.1 "EMA").
+θ_s ← (1 − η)·θ + η·θ_s after each optimizer step, η = 0.999 (the released ``subtaskA`` code).
 
 The shadow copy is taken at construction (the code takes it after ``accelerator.prepare``), from every
 parameter with ``requires_grad``. Evaluation and saving run inside :meth:`EMA.applied`, so the saved best
 checkpoint holds the EMA weights; the live weights come back bit-exactly afterwards.
 
 References:
-    Cui, Xiong, Wang. "ZhichunRoad at SemEval-2022 Task 2." SemEval 2022, §3.1 ("Exponential Moving
-    Average"); the ``EMA`` class of the released ``subtaskA/utils.py``.
+    Cui, Xiong, Wang. "ZhichunRoad at SemEval-2022 Task 2." SemEval 2022, §3.2, Eq. 1 ("Exponential
+    Moving Average"); the ``EMA`` class of the released ``subtaskA/utils.py``.
 """
 
 from __future__ import annotations

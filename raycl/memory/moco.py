@@ -1,4 +1,4 @@
-"""MoCo's key encoder and key queue for the Subtask B contrastive loss (SPEC §3.2, "Contrastive + MoCo").
+"""MoCo's key encoder and key queue for the Subtask B contrastive loss (ZhichunRoad; docs/recipes/sts.md).
 
 θ_k ← m·θ_k + (1 − m)·θ_q (no gradient into θ_k); the queue is a ring buffer of the last Q keys
 k = mean-pool(f_k(x)) of SimCSE view 1, enqueued after the loss, and used only as negatives.

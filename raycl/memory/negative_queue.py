@@ -1,4 +1,4 @@
-"""The global queue of negative document reps of the full coherence model (SPEC §2.2, as the code runs it).
+"""The global queue of negative document reps of the full coherence model, as the released code runs it.
 
 A FIFO of momentum-encoder reps of **negative documents only** (never positives). Per training item, *before*
 the loss: if the queue holds ≥ ``size`` reps, drop the oldest ``num_negs``; then append the item's reps.

@@ -1,10 +1,10 @@
-"""GEC hard negatives by beam search: the model's own best wrong corrections (SPEC §1.3, §4).
+"""GEC hard negatives by beam search: the model's own best wrong corrections (docs/mining.md).
 
 For each (s, t): decode an n-best list with beam ≥ k+1; drop outputs equal to t after whitespace
 normalisation (and empty ones), dedupe, keep the top-k by S(t~|s); append s itself iff s ≠ t and s is not
 already among them (CL). CL⁻ (``source_negative=False``) never adds the source. Every score is the summed
 log-prob S(t~|s) of the mining model, the quantity the margin loss compares (Cao et al. 2021, Eq. 4).
-The released code ships only the mined data (beam size and dedupe unknown, SPEC §1.3); this is raycl's rule.
+The released code ships only the mined data (its beam size and dedupe are unknown); this is raycl's rule.
 
 Records are written to and read from Parquet (``id, source, target, negatives, scores, model_version,
 references``; ``references``: every annotator's correction, so that a file can be filtered again later):

@@ -1,4 +1,4 @@
-"""Coherence hard negatives: rank an item's candidate permutations by the current model (SPEC §2.2, §4).
+"""Coherence hard negatives: rank an item's candidate permutations by the current model (docs/mining.md).
 
 For each item, score its first ``num_rank`` candidate negative documents (the pickle's ``negs``, permutations
 of ``pos``) with the scorer, in eval mode without gradients, sort them by f descending (highest = hardest,

@@ -54,7 +54,8 @@ def shard_files(out_dir: str | Path) -> list[Path]:
 def next_shard_index(out_dir: str | Path) -> int:
     """The index after the highest shard in ``out_dir`` (never over a kept shard, whichever one was lost)."""
     existing = shard_files(out_dir)
-    return int(_SHARD.match(existing[-1].name)[1]) + 1 if existing else 0  # type: ignore[index]
+    last = _SHARD.match(existing[-1].name) if existing else None  # shard_files keeps only names that match
+    return int(last[1]) + 1 if last else 0
 
 
 def prepare_out_dir(out_dir: Path) -> None:

@@ -1,4 +1,4 @@
-"""Subtask-A idiomaticity classifier presets: sequence classifiers written as HF folders (SPEC §3.1).
+"""Subtask-A idiomaticity classifier presets: sequence classifiers written as HF folders (docs/recipes/idiom.md).
 
 ``build_classifier(preset, out_dir, texts=...)`` writes a folder that ``AutoModelForSequenceClassification``
 and ``AutoTokenizer`` load with ``from_pretrained``. Inputs are one text (zero-shot: "Previous Target Next")
@@ -56,7 +56,7 @@ _SMOKE = dict(
 CLASSIFIER_PRESETS: dict[str, ClassifierPreset] = {
     "smoke": ClassifierPreset("tiny RoBERTa-style classifier (hidden 64, 2 layers), local BPE", 64, _SMOKE, 800),
     "small": ClassifierPreset("offline MiniLM-L6 (H 384) encoder + fresh head", 128, pretrained=MINILM),
-    "paper": ClassifierPreset("microsoft/infoxlm-base (SPEC §3.1)", 128, pretrained="microsoft/infoxlm-base"),
+    "paper": ClassifierPreset("microsoft/infoxlm-base (the paper's)", 128, pretrained="microsoft/infoxlm-base"),
 }
 
 

@@ -1,15 +1,15 @@
 """The coherence scorer of Jwalapuram, Joty & Lin (2022): any HF encoder + Linear(H, 1) on the document rep.
 
-f(x) = wᵀ h_doc(x) + b, where h_doc is the hidden state of the document token (SPEC §2.1):
+f(x) = wᵀ h_doc(x) + b, where h_doc is the hidden state of the document token (paper §3.1):
 - XLNet-like encoders (``pooling="last"``): the paper's input — the space-joined sentences are tokenised,
   truncated to ``max_len`` ids, and ``<sep> <cls>`` appended; the score is read at ``<cls>``, the last position.
 - BERT-like encoders (``pooling="first"``): the tokenizer's own ``[CLS] … [SEP]``, read at ``[CLS]``.
 
-``mask_padding=True`` (raycl's default, SPEC §4) passes a real attention mask; XLNet inputs are then padded on
-the *left*, so ``<cls>`` stays last and (with relative positions) a document scores the same whatever the
-batch's padding. ``mask_padding=False`` reproduces the released code: every input is padded to a fixed length
-(XLNet: ``max_len`` pads *before* ``<sep><cls>``, total ``max_len + 2``) and no mask is passed, so pads are
-attended.
+``mask_padding=True`` (raycl's default; docs/recipes/coherence.md) passes a real attention mask; XLNet inputs
+are then padded on the *left*, so ``<cls>`` stays last and (with relative positions) a document scores the same
+whatever the batch's padding. ``mask_padding=False`` reproduces the released code: every input is padded to a
+fixed length (XLNet: ``max_len`` pads *before* ``<sep><cls>``, total ``max_len + 2``) and no mask is passed, so
+pads are attended.
 
 The momentum encoder of the full model (``MomentumEncoder``) is a second copy of the encoder with no linear
 layer: it gives detached document reps (the ``<cls>`` state, 768-d for XLNet-base).
@@ -38,7 +38,8 @@ POOLINGS = ("first", "last")
 
 
 def prefix_slice(sentences: Sequence[str], rng: random.Random) -> tuple[str, ...]:
-    """The length-invariance positive ``doc[:e]``, e uniform in {4..len−1} (SPEC §2.2).
+    """The length-invariance positive ``doc[:e]``, e uniform in {4..len−1} (paper §3.4, "Length Invariance
+    Training"; the released code takes this prefix).
 
     Documents of ≤ 4 sentences are kept whole (and draw nothing from ``rng``); 5-sentence documents give their
     first 4 (e ∈ {4..4}).

@@ -1,4 +1,4 @@
-"""Coherence model presets (SPEC §2.1): a tiny XLNet for CPU tests, an offline MiniLM, and the paper's XLNet.
+"""Coherence model presets: a tiny XLNet for CPU tests, an offline MiniLM, and the paper's XLNet (paper §3.1).
 
 ``build_coherence_model(preset, out_dir, texts=...)`` writes a folder that ``CoherenceScorer.from_pretrained``
 loads. ``smoke`` never downloads: it is an ``XLNetConfig`` built here with a byte-level BPE trained on ``texts``

@@ -1,4 +1,4 @@
-"""The cross-attention layer of ZhichunRoad's SemEval-2022 Task 2 Subtask B model, and mean pooling (SPEC §3.2).
+"""The cross-attention layer of ZhichunRoad's SemEval-2022 Task 2 Subtask B model, and mean pooling.
 
 One multi-head attention layer whose queries come from one sentence and keys/values from the other:
 A' = softmax(Q_A K_Bᵀ/√d + M_B)·V_B and B' = softmax(Q_B K_Aᵀ/√d + M_A)·V_A, with the same Q/K/V weights
@@ -8,7 +8,7 @@ LayerNorm: the pooled output is the attention read-out alone. Each side is then 
 References:
     Xuange Cui, Wei Xiong, Songlin Wang. "ZhichunRoad at SemEval-2022 Task 2: Adversarial Training and
     Contrastive Learning for Multiword Representations." SemEval 2022, §3.3 and Figure 1 (cross-attention).
-    SPEC §3.2 ("CrossAttention").
+    The released ``subtaskB`` ``CrossAttention`` module (docs/recipes/sts.md).
 """
 
 from __future__ import annotations

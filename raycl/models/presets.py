@@ -1,4 +1,4 @@
-"""Model presets for GEC: tiny CPU models built from configs, and the papers' models (SPEC §1.4).
+"""Model presets for GEC: tiny CPU models built from configs, and the papers' models (docs/recipes/gec.md).
 
 ``build_model(preset, out_dir=...)`` writes an HF folder (model + tokenizer) that
 ``Seq2SeqScorer.from_pretrained(out_dir)`` loads. Config presets never download anything: their

@@ -1,4 +1,4 @@
-"""The Subtask B sentence encoder: an HF encoder, mean pooling and the pairwise cross-attention (SPEC §3.2).
+"""The Subtask B sentence encoder: an HF encoder, mean pooling and the pairwise cross-attention (ZhichunRoad).
 
 Upstream is a sentence-transformers pipeline [Transformer (max_seq_length 64) → CrossAttention → MoCoBuilder →
 mean Pooling]. Here the same parts are one module with three read-outs:

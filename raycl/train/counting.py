@@ -42,6 +42,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 import torch
@@ -254,9 +255,9 @@ def _names_cpu(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
 
 def _call_site() -> str:
     """The innermost Python frame outside torch and this module, as ``path:line in function``."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None and any(s in frame.f_code.co_filename for s in _SKIP_FRAMES):
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back
     if frame is None:
         return "?"
     return f"{_short(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}"

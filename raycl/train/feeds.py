@@ -2,7 +2,7 @@
 
 :class:`StaticFeed`: negatives known before training (pre-mined Parquet, or none: pretraining, NLL), in a
 seeded shuffle. :class:`StreamFeed`: negatives mined *while* training, pulled from the negative stream, so
-fine-tuning starts as soon as the first task is mined (DESIGN.md "The pipeline"). Both yield
+fine-tuning starts as soon as the first task is mined (docs/architecture.md). Both yield
 ``(examples, negatives)`` batches and the same number of batches on every data-parallel rank.
 """
 

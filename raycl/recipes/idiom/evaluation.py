@@ -31,7 +31,7 @@ ModelInput = str | tuple[str, str]
 
 
 def model_input(example: IdiomExample, setting: str) -> ModelInput:
-    """SPEC §3.1: zero-shot reads the context and target without the MWE; one-shot the (Target, MWE) pair."""
+    """As the organisers' baseline: zero-shot reads context and target without the MWE; one-shot (Target, MWE)."""
     return example.zero_shot_text() if setting == "zero_shot" else example.one_shot_pair()
 
 

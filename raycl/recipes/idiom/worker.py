@@ -54,7 +54,7 @@ BEST_MODEL = "best_model"
 
 
 def train_examples(cfg: IdiomConfig, setting: str) -> list[IdiomExample]:
-    """The setting's training rows: one-shot trains on train_one_shot + train_zero_shot (SPEC §3.1)."""
+    """The setting's training rows: one-shot trains on train_one_shot + train_zero_shot, as upstream."""
     zero = read_idiom_train(cfg.data.train_zero_shot)
     return read_idiom_train(cfg.data.train_one_shot) + zero if setting == "one_shot" else zero
 

@@ -114,7 +114,7 @@ def pretrain_pairs(cfg: StsConfig, split: str) -> list[Pair]:
 
 def finetune_pairs(cfg: StsConfig, encoder: SentenceEncoder) -> list[Pair]:
     """train_data.csv as (tokenised s1, tokenised s2, label): sim, or the pre-trained model's cosine of the two
-    alternatives when sim is 'None' (SPEC §3.2)."""
+    alternatives when sim is 'None', as upstream."""
     rows = read_sts_train(cfg.data.train_data)
     todo = [r for r in rows if r.sim is None]
     alt = [StsPair(r.id, r.language, None, None, r.alternative_1, r.alternative_2) for r in todo]
