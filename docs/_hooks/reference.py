@@ -63,7 +63,8 @@ def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
 # ---------------------------------------------------------------------------------------------- --help
 def help_text(verb: list[str]) -> str:
     """``python -m raycl.VERB … --help`` of this checkout, as a code block."""
-    env = {**os.environ, "COLUMNS": "110", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "COLUMNS": "110", "PYTHONPATH": path}
     cmd = [sys.executable, "-m", f"raycl.{verb[0]}", *verb[1:], "--help"]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
@@ -183,7 +184,7 @@ def _task_reference(task: str) -> list[str]:
     top = [f for f in dataclasses.fields(cls) if not dataclasses.is_dataclass(hints[f.name])]
     out += [f"Top-level keys: {', '.join(f'`{f.name}` (`{_value(getattr(default, f.name))}`)' for f in top)}.", ""]
     for f in dataclasses.fields(cls):
-        section = hints[f.name]
+        section: type = hints[f.name]
         if not dataclasses.is_dataclass(section):
             continue
         out += [f"### `{task}`: `{f.name}`", "", f"`{section.__module__}.{section.__name__}`"]
@@ -214,5 +215,6 @@ def spaces_table() -> str:
         search = "<br>".join(_code(f"{k}: {_value(v)}") for k, v in (raw.get("search") or {}).items())
         baselines = "<br>".join(_code(f"{k}: {_value(v)}") for k, v in (raw.get("baselines") or {}).items())
         presets = ", ".join(f"`{p}`" for p in raw.get("presets") or {})
-        out.append(f"| `tune_spaces/{path.name}` | `{raw.get('task', 'gec')}` | {presets} | {search} | {baselines} |")
+        task = raw.get("task", "gec")
+        out.append(f"| `tune_spaces/{path.name}` | `{task}` | {presets} | {search} | {baselines} |")
     return "\n".join(out)
