@@ -52,12 +52,15 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
 
 
 ROLE = re.compile(r":(?:func|mod|class|meth|attr|data|obj):(?=<code>)")
+CODE = re.compile(r"<code>(.*?)</code>", re.S)
 
 
 def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
-    """Docstrings cite code with Sphinx roles (``:func:`x` ``); mkdocstrings renders the name as code and leaves
-    the role's text in front of it, which this removes."""
-    return ROLE.sub("", html)
+    """Two renderings mended in the HTML: docstrings cite code with Sphinx roles (``:func:`x` ``), whose text
+    mkdocstrings leaves in front of the name; a ``|`` inside code in a table cell is written ``\\|`` (as GitHub
+    wants it too), and Python-Markdown keeps the backslash inside code."""
+    html = ROLE.sub("", html)
+    return CODE.sub(lambda m: "<code>" + m[1].replace("\\|", "|") + "</code>", html)
 
 
 # ---------------------------------------------------------------------------------------------- --help
