@@ -7,7 +7,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install test test-cluster test-gpu gpu-check test-equivalence mutate lint demo bench clean
+.PHONY: install test test-cluster test-gpu gpu-check test-equivalence mutate lint docs demo bench clean
 
 install: $(STAMP)
 
@@ -51,8 +51,13 @@ test-equivalence: install
 mutate: install
 	$(PY) bench/mutate.py
 
+# the documentation site (MkDocs, Material theme) into site/; --strict: a broken link or anchor, a docstring
+# mkdocstrings cannot read or a generated part that fails (docs/_hooks/reference.py) fails the build. Offline.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 demo: install
 	$(PY) -m raycl.tune $(SPACE) --preset smoke
 
 clean:
-	rm -rf runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf runs site .pytest_cache .mypy_cache .ruff_cache

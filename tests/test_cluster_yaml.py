@@ -1,6 +1,6 @@
-"""`cluster.yaml` (issue 3 item 6): Ray's own validator accepts it, and the README's job fits on its nodes; every
-`ray start` requires Ray's auth token and keeps the dashboard on localhost, the shared folder is the cluster
-user's (issue 22 item 1)."""
+"""`cluster.yaml` (issue 3 item 6): Ray's own validator accepts it, and the job docs/cluster.md documents fits on
+its nodes; every `ray start` requires Ray's auth token and keeps the dashboard on localhost, the shared folder is
+the cluster user's (issue 22 item 1)."""
 
 from __future__ import annotations
 
@@ -34,9 +34,10 @@ def cluster() -> dict[str, Any]:
     return cfg
 
 
-def _readme_job(cluster_file: str = "cluster.yaml") -> list[str]:
-    """The argv of ``python -m raycl.tune ...`` in the README's ``ray job submit`` example on ``cluster_file``."""
-    text = (ROOT / "README.md").read_text()
+def _documented_job(cluster_file: str = "cluster.yaml") -> list[str]:
+    """The argv of ``python -m raycl.tune ...`` in docs/cluster.md's ``ray job submit`` example on ``cluster_file``
+    (the page's "Cluster" section and its subsections)."""
+    text = (ROOT / "docs" / "cluster.md").read_text()
     section = text.split("\n## Cluster\n", 1)[1].split("\n## ", 1)[0]
     block = next(b for b in re.findall(r"```bash\n(.*?)```", section, re.S)
                  if "ray job submit" in b and f"ray up {cluster_file}" in b)
@@ -109,7 +110,7 @@ def check_job_fits(args: Any, cluster: dict[str, Any]) -> None:
     fit on the cluster scaled out."""
     assert args.address == "auto"
     cfg = load_space(args.space, preset=args.preset, overrides=args.overrides).config
-    validate(cfg, where="README")
+    validate(cfg, where="docs/cluster.md")
     types = cluster["available_node_types"]
     shapes = _shapes(cfg)
     for name, shape in shapes.items():
@@ -124,8 +125,8 @@ def check_job_fits(args: Any, cluster: dict[str, Any]) -> None:
     assert _fits({k: trials * v for k, v in per_trial.items()}, _capacity(cluster)), (trials, per_trial)
 
 
-def test_every_resource_the_readme_job_asks_for_exists_on_some_node_type(cluster: dict[str, Any]) -> None:
-    args = cli.space_parser("python -m raycl.tune", "").parse_args(_readme_job())
+def test_every_resource_the_documented_job_asks_for_exists_on_some_node_type(cluster: dict[str, Any]) -> None:
+    args = cli.space_parser("python -m raycl.tune", "").parse_args(_documented_job())
     assert str(args.out).startswith("/mnt/raycl/")  # on the shared file system
     check_job_fits(args, cluster)
 
@@ -254,7 +255,7 @@ def test_a_world_writable_shared_folder_fails(mode: str) -> None:
 
 def test_the_s3_cluster_has_the_same_shapes_and_its_runs_in_the_bucket() -> None:
     """``cluster-s3.yaml``: Ray's validator accepts it; cluster.yaml's node types, token and image; no EFS; every
-    node reaches the bucket through an instance profile; the README's S3 job fits and writes to ``s3://``."""
+    node reaches the bucket through an instance profile; the documented S3 job fits and writes to ``s3://``."""
     raw = _raw("cluster-s3.yaml")
     cfg = prepare_config(copy.deepcopy(raw))
     validate_config(cfg)
@@ -264,7 +265,7 @@ def test_the_s3_cluster_has_the_same_shapes_and_its_runs_in_the_bucket() -> None
     assert cfg["docker"]["image"] == IMAGE and _auth_problems(cfg) == []
     assert "/mnt/raycl" not in yaml.safe_dump(raw)  # nothing mounted: runs live in the bucket
     assert all("IamInstanceProfile" in t["node_config"] for t in raw["available_node_types"].values())
-    args = cli.space_parser("python -m raycl.tune", "").parse_args(_readme_job("cluster-s3.yaml"))
+    args = cli.space_parser("python -m raycl.tune", "").parse_args(_documented_job("cluster-s3.yaml"))
     assert args.out.startswith("s3://YOUR_BUCKET/")
     check_job_fits(args, cfg)
     copied = re.search(r"copy_files\('(s3://[^']+)', '([^']+)'\)", " ".join(raw["setup_commands"]))

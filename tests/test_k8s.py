@@ -1,5 +1,5 @@
 """`k8s/rayjob.yaml` (issue 20 §6, issue 22 §1): a KubeRay RayJob whose every field KubeRay v1 and Kubernetes know,
-whose groups have `cluster.yaml`'s shapes and hold the README's job, with token authentication and no public
+whose groups have `cluster.yaml`'s shapes and hold docs/cluster.md's job, with token authentication and no public
 dashboard."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import ray
 import yaml
 from ray.autoscaler._private.kuberay.autoscaling_config import _derive_autoscaling_config_from_ray_cr
-from test_cluster_yaml import IMAGE, _raw, _readme_job, check_job_fits
+from test_cluster_yaml import IMAGE, _documented_job, _raw, check_job_fits
 
 from raycl import cli
 
@@ -215,7 +215,7 @@ def test_a_misspelt_or_misplaced_field_fails(mistake: str) -> None:
     assert any(expected in p for p in problems), problems
 
 
-def test_the_groups_have_the_shapes_of_cluster_yaml_and_hold_the_readme_job() -> None:
+def test_the_groups_have_the_shapes_of_cluster_yaml_and_hold_the_documented_job() -> None:
     job = _manifest()
     k8s = _autoscaling_config(job)  # Ray's validate_config ran on it
     aws = _raw()
@@ -238,13 +238,13 @@ def test_the_groups_have_the_shapes_of_cluster_yaml_and_hold_the_readme_job() ->
             limits, requests = c["resources"]["limits"], c["resources"]["requests"]
             assert limits.get("nvidia.com/gpu") == requests.get("nvidia.com/gpu")  # Kubernetes requires it
             assert float(requests["cpu"]) <= float(limits["cpu"])
-    # The entrypoint is the README's `ray job submit` job, with its run on S3 instead of the shared file system.
+    # The entrypoint is docs/cluster.md's `ray job submit` job, its run on S3 instead of the shared file system.
     argv = shlex.split(job["spec"]["entrypoint"])
     assert argv[:3] == ["python", "-m", "raycl.tune"]
-    readme = _readme_job()
+    documented = _documented_job()
     out = argv.index("--out") + 1
     assert argv[out].startswith("s3://") and argv[3:out] + argv[out + 1 :] == \
-           readme[: readme.index("--out") + 1] + readme[readme.index("--out") + 2 :]  # fmt: skip
+           documented[: documented.index("--out") + 1] + documented[documented.index("--out") + 2 :]  # fmt: skip
     args = cli.space_parser("python -m raycl.tune", "").parse_args(argv[3:])
     check_job_fits(args, k8s)
     assert job["spec"]["shutdownAfterJobFinishes"] is True

@@ -81,7 +81,7 @@ def test_worker_output_reaches_the_driver_unless_turned_off(monkeypatch) -> None
     assert runtime._propagated_env()["RAYCL_PROGRESS"] == "lines"  # the driver's choice, for its workers
 
 
-def test_every_environment_variable_raycl_reads_is_in_the_readme_table() -> None:
+def test_every_environment_variable_raycl_reads_is_in_the_documented_table() -> None:
     root = Path(__file__).resolve().parents[1]
     code = "\n".join(p.read_text(encoding="utf-8") for p in (root / "raycl").rglob("*.py"))
     read = set(re.findall(r"""(?:environ\.get|getenv)\(\s*["']([A-Z_][A-Z0-9_]*)["']""", code))
@@ -89,8 +89,8 @@ def test_every_environment_variable_raycl_reads_is_in_the_readme_table() -> None
     keep = re.search(r"keep = \(([^)]*)\)", (root / "raycl/distributed/runtime.py").read_text(encoding="utf-8"))
     assert keep is not None
     read |= set(re.findall(r'"([A-Z_][A-Z0-9_]*)"', keep.group(1)))  # passed on to the workers
-    readme = (root / "README.md").read_text(encoding="utf-8")
-    table = readme.split("### Environment variables", 1)[1].split("\n#", 1)[0]
+    page = (root / "docs" / "commands.md").read_text(encoding="utf-8")  # its "Environment variables" table
+    table = page.split("\n## Environment variables\n", 1)[1].split("\n#", 1)[0]
     named = set(re.findall(r"`([A-Z_][A-Z0-9_]*)`", "\n".join(r.split("|")[1] for r in table.splitlines()
                                                                 if r.startswith("| `"))))  # fmt: skip
     assert read - {"RAY_AIR_NEW_OUTPUT", "RAY_TRAIN_V2_ENABLED"} <= named, sorted(read - named)
