@@ -76,8 +76,9 @@ def _pytest_counts(stdout: str) -> dict[str, Any]:
 
 def _bench_train(stdout: str) -> dict[str, Any]:
     got = _last_json(stdout)
-    keep = ("step_s", "tokens_per_s", "peak_memory_gib", "max_batch")
-    return {"shape": got.get("shape"), "batch": got.get("fp32", {}).get("batch"),
+    keep = ("step_s", "tokens_per_s", "peak_memory_gib", "mfu", "largest_batch", "at_largest_batch")
+    return {"shape": got.get("shape"), "batch": got.get("fp32", {}).get("batch"), "device": got.get("device"),
+            "bf16_speedup": got.get("bf16_speedup"),
             **{p: {k: got[p].get(k) for k in keep if k in got[p]} for p in ("fp32", "bf16") if p in got}}
 
 
@@ -107,7 +108,7 @@ def _mine_cmd(engines: str) -> Callable[[Path], list[str]]:
 PARTS = [
     Part("gpu-tests", (*LOOP, "pytest"), 150, lambda tmp: ["-m", "pytest", "-m", "gpu", "-q", "-p",
          "no:cacheprovider", "tests"], _pytest_counts, "pytest -m gpu tests"),  # fmt: skip
-    Part("bench-train", LOOP, 120, lambda tmp: ["bench/train.py", "--json", "--max-batch", "256"], _bench_train,
+    Part("bench-train", LOOP, 200, lambda tmp: ["bench/train.py", "--json", "--max-batch", "256"], _bench_train,
          "bench/train.py --json --max-batch 256"),
     Part("smoke-idiom", TRAIN, 100, _train("idiom", "--set", "data.setting=zero_shot", "--set", "optim.epochs=4"),
          _train_summary, "raycl.train idiom --preset smoke, bf16, zero-shot, 4 epochs"),
@@ -152,7 +153,8 @@ def plan(parts: list[Part], *, have: dict[str, bool], cuda: bool) -> dict[str, O
 _MISSING = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
 
 
-def run_part(part: Part, *, timeout_s: float, tmp: Path, python: str = sys.executable) -> Outcome:
+def run_part(part: Part, *, timeout_s: float, tmp: Path, python: str = sys.executable,
+             logs: Path | None = None) -> Outcome:
     """The part as a subprocess in the repository root; a missing module it did not list is ``missing``."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
            "RAY_ADDRESS": "", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "RAYCL_PROGRESS": "lines"}
@@ -160,13 +162,22 @@ def run_part(part: Part, *, timeout_s: float, tmp: Path, python: str = sys.execu
     try:
         done = subprocess.run([python, *part.argv(tmp)], cwd=ROOT, env=env, capture_output=True, text=True,
                               timeout=timeout_s)  # fmt: skip
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as err:
+        if logs is not None:
+            out = [b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+                   for b in (err.stdout, err.stderr)]  # fmt: skip
+            (logs / f"{part.name}.log").write_text(f"--- stdout\n{out[0]}\n--- stderr\n{out[1]}", encoding="utf-8")
         return Outcome("timeout", f"over {timeout_s:.0f} s", time.monotonic() - t0)
     seconds = time.monotonic() - t0
     result = part.read(done.stdout)
     if done.returncode == 0:
         return Outcome("passed", "", seconds, result)
-    missing = _MISSING.findall(done.stderr + done.stdout)
+    if logs is not None:
+        (logs / f"{part.name}.log").write_text(f"$ {' '.join(part.argv(tmp))}\n--- stdout\n{done.stdout}\n"
+                                                f"--- stderr\n{done.stderr}", encoding="utf-8")
+    # A module this Python lacks is a package still to arrive; one it has, missing in a subprocess, is a failure.
+    roots = [m.split(".")[0] for m in _MISSING.findall(done.stderr + done.stdout)]
+    missing = [m for m in roots if not present((m,))[m]]
     if missing:
         return Outcome("missing", f"not installed: {missing[-1]}", seconds, result)
     tail = (done.stderr.strip().splitlines() or [""])[-1][:300]
@@ -203,14 +214,25 @@ def rows(outcomes: dict[str, Outcome], info: dict[str, Any]) -> list[str]:
     return out
 
 
+def _bench_figures(precision: str, row: dict[str, Any]) -> str:
+    text = (f"; {precision}: {row.get('step_s', 0):.3f} s a step, {row.get('tokens_per_s', 0):,.0f} tok/s, "
+            f"{row.get('peak_memory_gib', 0):.1f} GiB")
+    if row.get("mfu") is not None:
+        text += f", MFU {row['mfu']:.0%}"
+    big = row.get("at_largest_batch") or {}
+    if "step_s" in big:
+        text += (f"; at batch {big['batch']}: {big.get('tokens_per_s', 0):,.0f} tok/s"
+                 + (f", MFU {big['mfu']:.0%}" if big.get("mfu") is not None else ""))
+    return text
+
+
 def _figures(name: str, o: Outcome) -> str:
     r = o.result
     if name == "gpu-tests":
         return ": " + ", ".join(f"{v} {k}" for k, v in r.items())
     if name == "bench-train":
-        return "".join(f"; {p}: {r[p].get('step_s', 0):.3f} s a step, {r[p].get('tokens_per_s', 0):,.0f} tok/s, "
-                       f"{r[p].get('peak_memory_gib', 0):.1f} GiB, largest batch {r[p].get('max_batch')}"
-                       for p in ("fp32", "bf16") if p in r)  # fmt: skip
+        return "".join(_bench_figures(p, r[p]) for p in ("fp32", "bf16") if p in r) + (
+            f"; bf16 {r['bf16_speedup']:.2f}× fp32" if r.get("bf16_speedup") else "")
     if name.startswith("mine"):
         return "".join(f"; {engine}: {row.get('negatives_per_miner_s')} negatives per miner-busy second"
                        for engine, row in r.items())  # fmt: skip
@@ -224,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--part", default="", help=f"comma-separated parts (default all): {', '.join(NAMES)}")
     p.add_argument("--budget", type=float, default=600, help="seconds for all parts together (default 600)")
     p.add_argument("--json", action="store_true", help="only the JSON object, on stdout")
+    p.add_argument("--logs", type=Path, default=None, help="a folder for each part's whole output (PART.log)")
     args = p.parse_args(argv)
     wanted = [n.strip() for n in args.part.split(",") if n.strip()] or NAMES
     unknown = [n for n in wanted if n not in NAMES]
@@ -232,7 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     parts = [part for part in PARTS if part.name in wanted]
     info = device_info()
     have = present(tuple(m for part in parts for m in part.needs))
-    outcomes = _run_all(parts, plan(parts, have=have, cuda=bool(info.get("available"))), args.budget)
+    if args.logs is not None:
+        args.logs.mkdir(parents=True, exist_ok=True)
+    outcomes = _run_all(parts, plan(parts, have=have, cuda=bool(info.get("available"))), args.budget, args.logs)
     summary = {"gpu_check": info, "packages": have, "parts": {n: vars(o) for n, o in outcomes.items()},
                "skipped": sorted(n for n, o in outcomes.items() if o.status in ("skipped", "missing")),
                "ok": not any(o.status in ("failed", "timeout") for o in outcomes.values()),
@@ -243,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if summary["ok"] else 1
 
 
-def _run_all(parts: list[Part], planned: dict[str, Outcome | None], budget: float) -> dict[str, Outcome]:
+def _run_all(parts: list[Part], planned: dict[str, Outcome | None], budget: float,
+             logs: Path | None = None) -> dict[str, Outcome]:
     deadline, out = time.monotonic() + budget, {}
     with tempfile.TemporaryDirectory(prefix="raycl-gpu-check-") as tmp:
         for part in parts:
@@ -252,7 +278,7 @@ def _run_all(parts: list[Part], planned: dict[str, Outcome | None], budget: floa
             if skip is None:
                 print(f"[gpu-check] {part.name} (≤ {min(part.timeout_s, left):.0f} s)", file=sys.stderr,
                       flush=True)  # fmt: skip
-            out[part.name] = skip or run_part(part, timeout_s=min(part.timeout_s, left), tmp=Path(tmp))
+            out[part.name] = skip or run_part(part, timeout_s=min(part.timeout_s, left), tmp=Path(tmp), logs=logs)
             print(f"[gpu-check] {part.name}: {out[part.name].status} {out[part.name].why}".rstrip(),
                   file=sys.stderr, flush=True)  # fmt: skip
     return out

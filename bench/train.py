@@ -43,7 +43,9 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import torch
+# Before CUDA starts: growable segments, so that the largest-batch search's freed blocks do not fragment the card.
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its helpers beside it, however it is run (runpy too)
 from train_steps import PAPER_BATCH, Recipe, gec_micro_batches, gec_model  # noqa: E402
@@ -119,6 +121,9 @@ def step_flops(runner: Any, batches: list[Any]) -> int:
 def peak_tflops(precision: str, device: torch.device) -> float:
     """The card's matmul rate at this precision (TF32 where on for fp32): the best of several timed square
     matmuls (a shared machine's other load only slows some of them down)."""
+    from raycl.train.precision import enable_tf32
+
+    enable_tf32(device)  # as the step runs: its fp32 matmuls are TF32 ones, so is the peak they are held against
     n = 8192 if device.type == "cuda" else 1024
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
@@ -183,6 +188,23 @@ def largest_batch(recipe: Any, precision: str, args: argparse.Namespace, device:
             break
         b = b * 2 if bad is None else (ok + bad) // 2
     return ok
+
+
+def measure_largest(recipe: Any, largest: int, precision: str, args: argparse.Namespace, device: torch.device,
+                    peak: float | None) -> dict[str, Any]:
+    """The full measurement at the largest batch the search found, an eighth smaller each time the card runs out
+    of memory (several timed steps and the counted ones hold more than the search's single step)."""
+    keys = ("batch", "step_s", "tokens_per_s", "peak_memory_gib", "achieved_tflops", "mfu")
+    batch = largest
+    for _ in range(4):
+        try:
+            big = measure(recipe.case(batch), precision, args, device, peak=peak)
+            return {k: big[k] for k in keys if k in big} | {"searched": largest}
+        except torch.OutOfMemoryError:
+            recipe.model.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            batch = max(args.batch, batch - max(batch // 8, 1))
+    return {"searched": largest, "error": "out of memory at every batch tried"}
 
 
 def count_only(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
@@ -383,9 +405,7 @@ def timing(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
         if device.type == "cuda":
             row["largest_batch"] = largest = largest_batch(recipe, precision, args, device)
             if largest and largest != args.batch:
-                big = measure(recipe.case(largest), precision, args, device, peak=peak)
-                keys = ("batch", "step_s", "tokens_per_s", "peak_memory_gib", "achieved_tflops", "mfu")
-                row["at_largest_batch"] = {k: big[k] for k in keys if k in big}
+                row["at_largest_batch"] = measure_largest(recipe, largest, precision, args, device, peak)
         out[precision] = row
     if "fp32" in out and "bf16" in out:
         out["bf16_speedup"] = out["fp32"]["step_s"] / out["bf16"]["step_s"]
