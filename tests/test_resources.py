@@ -246,12 +246,13 @@ def test_on_a_one_gpu_cluster_1_plus_half_is_refused_and_half_plus_half_schedule
 
 
 HALF_A_GPU = """
-import json, sys
+import json, os, sys
 import ray, torch
 from raycl.distributed.resources import cap_gpu_memory
 
+path = os.pathsep.join(filter(None, [sys.argv[1], os.environ.get("PYTHONPATH")]))  # Ray itself may be on it
 ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False,
-         runtime_env={"env_vars": {"PYTHONPATH": sys.argv[1]}})
+         runtime_env={"env_vars": {"PYTHONPATH": path}})
 
 
 @ray.remote(num_cpus=0, num_gpus=0.5)
@@ -277,8 +278,28 @@ print(json.dumps(ray.get(half.remote())))
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
 def test_gpu_a_process_on_half_a_gpu_cannot_take_more_than_half_its_memory() -> None:
     pytest.importorskip("ray")
-    env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": str(ROOT)}
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # Ray may live on it
+    env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": path}
     done = subprocess.run([sys.executable, "-c", HALF_A_GPU, str(ROOT)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=240)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"share": 0.5, "over_half": "refused"}
+
+
+def test_a_share_is_capped_on_the_device_index_even_where_the_device_names_none(monkeypatch) -> None:
+    """A miner's options name its device "cuda" (no index); torch's memory fraction takes only an indexed device
+    or an integer (seen on an H100: ``ValueError: Expected a torch.device with a specified index``). Torch's CUDA
+    calls stand in here (no GPU in CI); the index must be the current device's."""
+    import torch
+
+    from raycl.distributed import resources
+
+    calls: list[tuple[float, object]] = []
+    monkeypatch.setattr(resources, "gpu_share", lambda: 0.5)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: calls.append((f, d)))
+    assert resources.cap_gpu_memory(torch.device("cuda")) == 0.5
+    assert resources.cap_gpu_memory(torch.device("cuda", 1)) == 0.5
+    assert resources.cap_gpu_memory(torch.device("cpu")) is None
+    assert calls == [(0.5, 3), (0.5, 1)]

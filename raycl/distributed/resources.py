@@ -266,6 +266,7 @@ def cap_gpu_memory(device: Any) -> float | None:
 
     share = gpu_share() if getattr(device, "type", "") == "cuda" and torch.cuda.is_available() else None
     if share is not None:  # (a logical GPU on a machine without CUDA, as in tests, has no memory to cap)
-        torch.cuda.set_per_process_memory_fraction(share, device)
+        index = device.index if device.index is not None else torch.cuda.current_device()  # "cuda" names no index
+        torch.cuda.set_per_process_memory_fraction(share, index)
     return share
 
