@@ -258,7 +258,7 @@ def conversions(models: list[Path]) -> dict[str, dict[str, int]]:
 
     got: Counter[tuple[str, str]] = Counter()
     for model in models:
-        log = _cache_root(model) / CONVERSIONS_LOG  # this user's cache of the model (README, "Mining engines")
+        log = _cache_root(model) / CONVERSIONS_LOG  # this user's cache of the model (docs/mining.md: engines)
         for line in log.read_text().splitlines() if log.is_file() else []:
             row = json.loads(line)
             got[row["host"], f"{model.name}/{row['folder']}"] += 1

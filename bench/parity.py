@@ -115,7 +115,7 @@ def train(out: Path, pairs: list[tuple[str, str]], dev: list[GecExample], args: 
 
     from raycl.models.presets import build_model
     from raycl.models.seq2seq import Seq2SeqScorer
-    from raycl.train.optim import build_optimizer, build_scheduler
+    from raycl.training.optim import build_optimizer, build_scheduler
 
     scratch = out.with_name(f".{out.name}.tmp")
     build_model("smoke", out_dir=scratch, texts=[t for p in pairs[:20_000] for t in p], seed=args.seed, **SHAPE)

@@ -41,7 +41,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def _space(tmp: Path, args: argparse.Namespace, *extra: str) -> Any:
-    from raycl.config import load_space
+    from raycl.configs import load_space
 
     return load_space("gec_pd", preset="smoke", overrides=[
         f"data.builtin.n_train={args.train}", f"data.builtin.n_finetune={args.finetune}", "data.builtin.n_dev=50",
@@ -168,7 +168,7 @@ def _coherence_run(run: Any, out: Path, *, staleness: int, miners: int) -> dict[
 def coherence_main(args: argparse.Namespace) -> dict[str, Any]:
     """The coherence recipe (smoke preset): mine_wait with the paper's schedule (staleness 0) against 1."""
     from raycl import driver
-    from raycl.config import load_space
+    from raycl.configs import load_space
     from raycl.recipes import recipe_for
 
     ms = [int(m) for m in args.miners.split(",")]

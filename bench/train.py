@@ -1,9 +1,9 @@
-"""Benchmark: one training step of a recipe through the one training loop (``raycl.train.loop``), at fp32 and bf16,
-on its paper's model built from a config (random weights: nothing is downloaded). Prints one JSON object: per
+"""Benchmark: one training step of a recipe through the one training loop (``raycl.training.loop``), at fp32 and
+bf16, on its paper's model built from a config (random weights: nothing is downloaded). Prints one JSON object: per
 precision, step time, tokens/s, peak memory; the step's aten ops, host–device syncs (by kind and call site) and
-casts (``raycl.train.counting``: the forward and backward, the update apart); its model FLOPs and MFU against the
-card's peak (``--peak-tflops``, or a large matmul measured at that precision); on a GPU the largest batch that fits
-and the same figures there.
+casts (``raycl.training.counting``: the forward and backward, the update apart); its model FLOPs and MFU against
+the card's peak (``--peak-tflops``, or a large matmul measured at that precision); on a GPU the largest batch that
+fits and the same figures there.
 
 ``--recipe gec`` (default): a GEC-CL step, batch 16 sentences × (48 source + 5 × 48 target-line tokens: the
 target and 4 negatives), BART-large's shape on a GPU, a small BART on a CPU; tokens are counted as fairseq's
@@ -26,7 +26,7 @@ included); ``--shape smoke`` counts the recipe's own smoke steps (its preset, bu
 
 ``--workers N`` runs the same GEC-CL step in N processes (gloo on a CPU, NCCL on GPUs), batch B per worker, one
 thread each, three ways: ``none`` (no gradient exchange: the compute alone), ``sum`` (the loop's path: backward,
-then the bucketed all-reduce of :func:`raycl.train.data_parallel.sum_gradients`) and ``ddp`` (the step's forward
+then the bucketed all-reduce of :func:`raycl.collectives.sum_gradients`) and ``ddp`` (the step's forward
 through DDP, whose bucketed all-reduce overlaps the backward). It prints tokens/s of N workers against 1 and each
 exchange's overhead per step over ``none``.
 """
@@ -72,8 +72,8 @@ class CountedTask:
 
 
 def _runner(case: Any, precision: str, device: torch.device) -> tuple[Any, CountedTask]:
-    from raycl.train import loop
-    from raycl.train.precision import Precision, enable_tf32
+    from raycl.training import loop
+    from raycl.training.precision import Precision, enable_tf32
 
     enable_tf32(device)
     task = CountedTask(case.task)
@@ -93,7 +93,7 @@ def _run(runner: Any, batches: list[Any]) -> None:
 
 def count_step(runner: Any, task: CountedTask, batches: list[Any], device: torch.device) -> dict[str, Any]:
     """Aten ops, syncs (by kind and call site) and casts of one step's forward and backward; the update's apart."""
-    from raycl.train.counting import Counts, count_ops
+    from raycl.training.counting import Counts, count_ops
 
     with count_ops(cpu_as_device=device.type == "cpu") as c:
         task.counter, task.calls = c, 0
@@ -260,9 +260,9 @@ def _worker_step(rank: int, world: int, port: int, mode: str, args: argparse.Nam
 
     import torch.distributed as dist
 
+    from raycl.collectives import average_gradients
     from raycl.losses.gec_margin import GecContrastiveLoss
-    from raycl.train.data_parallel import average_gradients
-    from raycl.train.gec_step import gec_loss
+    from raycl.recipes.gec.step import gec_loss
 
     torch.set_num_threads(args.threads_per_worker)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -25,11 +25,11 @@ OVERRIDES = {"idiom": ["data.setting=zero_shot"], "gec": [], "sts": [], "coheren
 def smoke_batches(recipe: str, device: torch.device, tmp: Path, n: int, *, phase: str = "finetune"
                   ) -> tuple[Any, Any, list[Any]]:  # fmt: skip
     """(task, state, the stream's first ``n`` micro-batches) of ``recipe``'s smoke run, prepared in ``tmp``."""
-    from raycl.config import load_space
+    from raycl.configs import load_space
     from raycl.driver import Run
     from raycl.recipes import recipe_for
-    from raycl.train import loop
-    from raycl.train.precision import Precision
+    from raycl.training import loop
+    from raycl.training.precision import Precision
 
     rec = recipe_for(recipe)
     space = load_space(SPACES[recipe], preset="smoke", overrides=OVERRIDES[recipe])
@@ -46,8 +46,8 @@ def smoke_batches(recipe: str, device: torch.device, tmp: Path, n: int, *, phase
 
 
 def _first(task: Any, st: Any, batches: Any, n: int, device: torch.device) -> list[Any]:
-    from raycl.train.loop import Batch
-    from raycl.train.prefetch import to_device
+    from raycl.training.loop import Batch
+    from raycl.training.prefetch import to_device
 
     first = list(islice((b for b in batches if isinstance(b, Batch)), n))
     return [dataclasses.replace(b, data=to_device(task.collate(st, b.data), device)) for b in first]
@@ -76,8 +76,8 @@ def _task(recipe: str, rec: Any, run: Any, phase: str) -> Any:
 
 
 def _gec_task(cfg: Any, phase: str) -> Any:
+    from raycl.recipes.gec.feeds import StaticFeed
     from raycl.recipes.gec.worker import GecTask
-    from raycl.train.feeds import StaticFeed
 
     @dataclasses.dataclass(frozen=True)
     class SmokeGecTask(GecTask):

@@ -60,9 +60,9 @@ PAPER_LEN = {"idiom": 128, "sts": 64, "coherence": 600}  # tokens of an input (c
 class Case:
     """One training step of a recipe, ready for the loop: its task, state and micro-batches."""
 
-    task: Any  # a raycl.train.loop Task
+    task: Any  # a raycl.training.loop Task
     state: Any  # its TrainState
-    batches: list[Any]  # the step's raycl.train.loop.Batch list (STS alternates two objectives: two)
+    batches: list[Any]  # the step's raycl.training.loop.Batch list (STS alternates two objectives: two)
     tokens: int  # input tokens of the trained passes (GEC: fairseq's num_tokens: source + whole target line)
     items: int  # examples a step
 
@@ -93,8 +93,8 @@ def gec_model(shape: str, device: torch.device) -> Any:
 
 def gec_micro_batches(b: int, args: Any, vocab: int, device: torch.device) -> list[Any]:
     """What the GEC step receives: a collated batch of ``b`` sentences, ``args.negatives`` each."""
-    from raycl.train.gec_step import GecBatch
-    from raycl.train.loop import Batch
+    from raycl.recipes.gec.step import GecBatch
+    from raycl.training.loop import Batch
 
     g = torch.Generator().manual_seed(b)
 
@@ -148,7 +148,7 @@ def idiom_model(shape: str, device: torch.device, tmp: Path) -> tuple[Any, Any]:
 def idiom_micro_batches(b: int, seed: int = 0) -> list[Any]:
     """What the idiom step receives: ``b`` zero-shot rows (previous, target, next), most over 128 tokens."""
     from raycl.data.semeval import IdiomExample
-    from raycl.train.loop import Batch
+    from raycl.training.loop import Batch
 
     rng, vocab = random.Random(seed), words()
     rows = [IdiomExample(f"r{i}", "EN", "big fish", sentence(rng, vocab, 10, 40), sentence(rng, vocab, 8, 30),
@@ -192,7 +192,7 @@ def sts_model(shape: str, device: torch.device, tmp: Path) -> Any:
 def sts_micro_batches(b: int, seed: int = 0) -> list[Any]:
     """What the STS steps receive: the released schedule (``loss.joint=alternate``) — ``b`` pairs for the MSE
     objective (optimizer 0), then ``b`` sentences for InfoNCE with the MoCo queue (optimizer 1)."""
-    from raycl.train.loop import Batch
+    from raycl.training.loop import Batch
 
     rng, vocab = random.Random(seed), words()
     pairs = [(sentence(rng, vocab, 6, 40), sentence(rng, vocab, 6, 40), rng.random()) for _ in range(b)]
@@ -219,10 +219,11 @@ def coherence_model(shape: str, device: torch.device, tmp: Path) -> Any:
     from transformers import XLNetConfig, XLNetModel
 
     from raycl.models.coherence import CoherenceScorer
-    from raycl.models.coherence_presets import train_xlnet_tokenizer
+    from raycl.models.tokenizer import XLNET, train_bpe_tokenizer
 
     # the step truncates each text to 600 ids itself: no length warning for the long documents
-    tokenizer = train_xlnet_tokenizer(words(), tmp / "coh-tok", vocab_size=1000, model_max_length=10**6)
+    tokenizer = train_bpe_tokenizer(words(), tmp / "coh-tok", vocab_size=1000, model_max_length=10**6,
+                                    layout=XLNET)
     torch.manual_seed(0)
     encoder = XLNetModel(XLNetConfig(**ENCODER_SHAPES["coherence"][shape]))
     return CoherenceScorer(encoder, tokenizer, max_len=PAPER_LEN["coherence"]).to(device)
@@ -232,7 +233,7 @@ def coherence_micro_batches(b: int, negatives: int, seed: int = 0) -> list[Any]:
     """What the coherence step receives: ``b`` documents (longer than 600 tokens) and ``negatives`` sentence
     permutations of each."""
     from raycl.data.coherence import CoherenceItem
-    from raycl.train.loop import Batch
+    from raycl.training.loop import Batch
 
     rng, vocab = random.Random(seed), words()
     items, negs = [], []
@@ -264,7 +265,7 @@ def coherence_case(model: Any, b: int, args: Any, device: torch.device) -> Case:
 # ---------------------------------------------------------------------------------------------- the recipes
 def collated(case: Case, device: torch.device) -> Case:
     """The case's batches collated by its task and on ``device``: what the loop's prefetcher hands a step."""
-    from raycl.train.prefetch import pinned, to_device
+    from raycl.training.prefetch import pinned, to_device
 
     ready = [dataclasses.replace(b, data=to_device(pinned(case.task.collate(case.state, b.data), device), device))
              for b in case.batches]  # fmt: skip

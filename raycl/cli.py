@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raycl.config import Space, load_space, to_dict
+from raycl.config import Space, to_dict
+from raycl.configs import load_space
 from raycl.errors import UserError, summary_out
 from raycl.storage import check_uri, is_uri, push, remote_of, stage
 
@@ -184,9 +185,28 @@ def finish(summary: dict[str, Any], *, as_json: bool) -> None:
 def quiet_ray() -> None:
     """Keep the terminal readable: Ray's own progress tables off unless RAYCL_VERBOSE=1; raycl's progress as a bar
     on a terminal, else as lines — decided here, from this process's stderr, for Ray's workers too."""
-    from raycl.train.progress import mode
+    from raycl.progress import mode
 
     os.environ["RAYCL_PROGRESS"] = mode()
     if os.environ.get("RAYCL_VERBOSE") != "1":
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
         os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+
+
+def space_verb(verb: str, doc: str, argv: list[str] | None, *, sweep: bool) -> None:
+    """``python -m raycl.tune`` (``sweep``) and ``python -m raycl.train``: parse, load the space, check the inputs
+    and the resources before Ray starts (Ray is started for a sweep, and for a training on Ray Train workers:
+    ``scaling.num_workers=0`` asks nothing of Ray), run the driver, print the summary."""
+    args = space_parser(f"python -m raycl.{verb}", doc, sweep=sweep).parse_args(argv)
+    space, run_dir = load(args)
+    on_ray = sweep or space.config.scaling.num_workers > 0
+    if on_ray:
+        space = check_resources(space, sweep=sweep, address=args.address, connected=False)
+    check_inputs(space, run_dir)
+    quiet_ray()
+    if on_ray:
+        from raycl.distributed.runtime import cpus_of_a_run, init_ray, local_cpus
+
+        init_ray(args.address, num_cpus=local_cpus(cpus_of_a_run(space.config)))
+        space = check_resources(space, sweep=sweep, address=args.address, connected=True)
+    finish(run(space, run_dir, sweep=sweep, track=args.track), as_json=args.json)

@@ -58,7 +58,7 @@ ENGINES = ("auto", "hf", "ctranslate2")  # beam search: raycl.models.ct2_engine.
 
 @dataclass
 class LoopOptions:
-    """What the one training loop (``raycl/train/loop.py``) takes from every recipe's ``optim`` section."""
+    """What the one training loop (``raycl/training/loop.py``) takes from every recipe's ``optim`` section."""
 
     precision: str = "fp32"  # fp32 | bf16 | fp16: autocast (fp16 with a gradient scaler), training and evaluation
     update_freq: int = 1  # batches whose gradients are summed into one update (fairseq's --update-freq)
@@ -367,8 +367,8 @@ def resolve_space_path(space: str) -> Path:
     return path
 
 
-def load_space(space: str, *, preset: str | None = None, overrides: list[str] | None = None) -> Space:
-    """Load a space file, apply ``--preset`` then ``--set`` overrides, validate config, search and baselines."""
+def read_space(space: str, *, preset: str | None = None) -> tuple[Path, dict[str, Any], Any, Any]:
+    """A space file's path and its config keys with ``--preset`` merged in, its ``search`` and ``baselines``."""
     path = resolve_space_path(space)
     where = str(path)
     raw = _read_yaml(path)
@@ -380,27 +380,20 @@ def load_space(space: str, *, preset: str | None = None, overrides: list[str] | 
         if "search" in chosen:  # a preset's search replaces the base grid, it does not extend it
             raw["search"] = chosen.pop("search")
         raw = _merge(raw, chosen)
-    search = raw.pop("search", {}) or {}
-    baselines = raw.pop("baselines", {}) or {}
-    from raycl.configs import TASK_CONFIGS, task_config
+    return path, raw, raw.pop("search", {}) or {}, raw.pop("baselines", {}) or {}
 
-    task = raw.get("task", "gec")
-    cls = task_config(task) if isinstance(task, str) else None
-    if cls is None:
-        raise UserError(f"{where}: config key 'task': expected one of {', '.join(TASK_CONFIGS)}, "
-                        f"got {shown(task)}")
+
+def build_space(path: Path, cls: type, raw: dict[str, Any], *, search: Any, baselines: Any, preset: str | None,
+                overrides: list[str] | None) -> Space:  # fmt: skip
+    """The space of a task's config class ``cls``: built from ``raw``, validated, ``--set`` overrides applied, its
+    search and baselines checked against it (``raycl.configs.load_space`` finds ``cls`` from the ``task:`` key)."""
+    where = str(path)
     config = _build(cls, raw, "", where)
     validate(config, where=where)
     if overrides:
         config = set_dotted(config, parse_set(overrides), where="--set", raw=True)
-    return Space(
-        name=path.stem,
-        source=where,
-        config=config,
-        search=_check_search(config, search, where),
-        baselines=_check_baselines(config, baselines, where),
-        preset=preset,
-    )
+    return Space(name=path.stem, source=where, config=config, search=_check_search(config, search, where),
+                 baselines=_check_baselines(config, baselines, where), preset=preset)  # fmt: skip
 
 
 def _check_search(config: Any, search: Any, where: str) -> dict[str, dict[str, list[Any]]]:

@@ -2,7 +2,7 @@
 
 ``python -m raycl.tune SPACE`` is :func:`run_tune`, ``python -m raycl.train SPACE`` is :func:`run_train`; the
 space's ``task:`` picks the :class:`Recipe` (``raycl.recipes.recipe_for``). A recipe supplies what differs — its
-data, its base model, how one point trains (a ``TorchTrainer`` over :func:`raycl.train.loop.run`), which trial
+data, its base model, how one point trains (a ``TorchTrainer`` over :func:`raycl.training.loop.run`), which trial
 is best, what it exports and its report — and the driver owns the order and the bookkeeping of a run: the run
 folder, ``config.yaml``, timings, the sweep, the baselines at the best point, the run's record (:class:`Run`).
 """
@@ -22,14 +22,14 @@ from raycl.config import MiningSection, Space, dump_yaml, set_dotted
 from raycl.distributed.miner_pool import MinerFactory
 from raycl.distributed.mining_service import MiningService
 from raycl.distributed.resources import waiting_line
-from raycl.distributed.sweep import TrialOutcome, grid, report_again, run_sweep, to_param_space, trial_run_name
+from raycl.distributed.sweep import grid, report_again, run_sweep, to_param_space, trial_run_name
 from raycl.distributed.tracking import log_training
 from raycl.distributed.trainer import fit, has_checkpoint
-from raycl.records import is_done, mark_done, read_history
-from raycl.report import best_trial, say
+from raycl.progress import follow, say
+from raycl.records import TrialOutcome, is_done, mark_done, read_history
+from raycl.report import best_trial
 from raycl.storage import publish, push
-from raycl.train import loop
-from raycl.train.progress import follow
+from raycl.training import loop
 
 
 @dataclass

@@ -130,7 +130,7 @@ def _run_gec(args: argparse.Namespace) -> dict[str, Any]:
     miner = build_beam_miner(args.model, {**_miner_options(args), "device": args.device})
     mined: list[Any] = [None] * len(examples)
     n_neg, t0 = 0, time.perf_counter()
-    from raycl.train.progress import bar as progress_bar
+    from raycl.progress import bar as progress_bar
 
     with progress_bar(len(examples), desc="mining", unit="sent") as bar:
         for idx in length_chunks([ex.source for ex in examples], args.batch_size):

@@ -11,11 +11,23 @@ import json
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from raycl.errors import UserError, at
 from raycl.storage import mirror
+
+
+@dataclass
+class TrialOutcome:
+    """What a recipe needs from a finished trial of a sweep: its point, every report it made, and any error."""
+
+    trial_id: str
+    params: dict[str, Any]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+
 
 HISTORY = "history.jsonl"
 DONE = "done.json"  # a training that ended: a resumed run keeps it as it is

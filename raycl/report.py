@@ -1,16 +1,17 @@
-"""What every recipe's driver and report share: messages, picking the best report of a sweep, and the report
-helpers (percentages, Markdown tables, timings, plots); the run's files are :mod:`raycl.records`."""
+"""What every recipe's report shares: picking the best report of a sweep and the report helpers (percentages,
+Markdown tables, timings, plots); the run's files are :mod:`raycl.records`, its lines :mod:`raycl.progress`."""
 
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from raycl.progress import say  # noqa: F401  (what a recipe's driver says)
 from raycl.records import (  # noqa: F401  (the recipes' reports write through these)
+    TrialOutcome,
     append_history,
     atomic_write,
     copy_atomic,
@@ -18,15 +19,6 @@ from raycl.records import (  # noqa: F401  (the recipes' reports write through t
     save_png,
     write_csv,
 )
-from raycl.train.progress import said
-
-if TYPE_CHECKING:
-    from raycl.distributed.sweep import TrialOutcome
-
-
-def say(msg: str) -> None:
-    print(f"[raycl] {msg}", file=sys.stderr, flush=True)
-    said()  # a progress bar's heartbeat counts from this line
 
 
 # ---------------------------------------------------------------------------------------------- selection

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from raycl.errors import UserError, at
 from raycl.records import atomic_write, refuse_foreign_dir
-from raycl.train.checkpoint import check_checkpoints
+from raycl.training.checkpoint import check_checkpoints
 
 MARKER = "raycl_run.json"
 

@@ -19,7 +19,7 @@ from raycl.adversarial.freelb import FreeLB
 from raycl.adversarial.pgd import PGD
 from raycl.adversarial.smart import SMART
 from raycl.errors import UserError
-from raycl.train.counting import count_ops
+from raycl.training.counting import count_ops
 
 V, H, C = 9, 4, 3
 IDS = torch.tensor([[1, 2, 3, 2], [4, 1, 5, 6]])  # rows 0, 7, 8 of E never appear: zero gradient there

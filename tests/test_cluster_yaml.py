@@ -16,7 +16,8 @@ import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
 from raycl import cli
-from raycl.config import load_space, validate
+from raycl.config import validate
+from raycl.configs import load_space
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "rayproject/ray:2.60.0-py311-gpu"

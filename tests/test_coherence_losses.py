@@ -13,7 +13,7 @@ from raycl.losses.momentum_contrastive import momentum_contrastive_loss, total_l
 from raycl.losses.pairwise_margin import pairwise_margin_loss
 from raycl.memory.momentum import momentum_update
 from raycl.memory.negative_queue import NegativeQueue
-from raycl.train.counting import count_ops
+from raycl.training.counting import count_ops
 
 TAU = 0.1
 

@@ -145,8 +145,8 @@ def test_the_momentum_encoder_trains_with_dropout_as_the_scorer(smoke_dir: Path,
     from raycl.configs.coherence import CoherenceConfig
     from raycl.data.coherence import CoherenceItem, write_pairs_jsonl
     from raycl.recipes.coherence.worker import CoherenceTask
-    from raycl.train import loop
-    from raycl.train.precision import Precision
+    from raycl.training import loop
+    from raycl.training.precision import Precision
 
     scorer = CoherenceScorer.from_pretrained(smoke_dir)  # from_pretrained leaves it in eval mode
     items = tmp_path / "items.jsonl"

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from raycl import driver
-from raycl.config import load_space
+from raycl.configs import load_space
 from raycl.data.coherence import read_pairs
 from raycl.recipes import recipe_for
 from raycl.report import read_history
@@ -151,7 +151,7 @@ def test_pairwise_and_contrastive_baselines_read_items_in_file_order(tmp_path: P
     """The released pairwise and contrastive scripts do not shuffle the training pairs; the momentum one does.
     Each trial orders the run's items (written once, in file order) by its own config."""
     from raycl.config import set_dotted
-    from raycl.data.coherence_inputs import in_training_order, training_items
+    from raycl.recipes.coherence.inputs import in_training_order, training_items
 
     space = load_space("coherence", preset="smoke", overrides=TINY)
     cfg, _ = COHERENCE.with_data(space.config, tmp_path / "data")
@@ -173,7 +173,7 @@ class _Started(Exception):
     pass
 
 
-@pytest.mark.parametrize("entry", ["raycl.train.__main__", "raycl.tune"])
+@pytest.mark.parametrize("entry", ["raycl.train", "raycl.tune"])
 def test_the_embedded_ray_has_the_cpus_two_workers_and_a_miner_reserve(tmp_path: Path, monkeypatch, entry: str
                                                                         ) -> None:  # fmt: skip
     """``raycl.train coherence --preset smoke --set scaling.num_workers=2`` on a 2-core laptop: 2 workers of 1 CPU

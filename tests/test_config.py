@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from raycl.config import expand_values, from_dict, load_space, parse_set, set_dotted, to_dict
+from raycl.config import expand_values, from_dict, parse_set, set_dotted, to_dict
+from raycl.configs import load_space
 from raycl.configs.gec import GecConfig
 from raycl.distributed.sweep import to_param_space
 from raycl.errors import UserError

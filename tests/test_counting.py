@@ -1,6 +1,6 @@
-"""The op/sync/cast counter (``raycl.train.counting``) on a CPU: each kind of host–device sync planted in a small
-step is counted once, with the line that asked for it; arithmetic and its backward count none; autocast's casts
-are counted, an integer cast is not; regions split the totals."""
+"""The op/sync/cast counter (``raycl.training.counting``) on a CPU: each kind of host–device sync planted in a
+small step is counted once, with the line that asked for it; arithmetic and its backward count none; autocast's
+casts are counted, an integer cast is not; regions split the totals."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from raycl.train.counting import count_ops
+from raycl.training.counting import count_ops
 
 X = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
 

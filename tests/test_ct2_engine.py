@@ -17,7 +17,7 @@ from raycl.models.ct2_engine import CT2Seq2Seq, resolve_engine
 from raycl.models.presets import build_model
 from raycl.models.seq2seq import Seq2SeqScorer
 
-TOP1, SAME_SET = 0.99, 0.99  # measured 1.0 and 1.0 on the 300 (README "Mining engines")
+TOP1, SAME_SET = 0.99, 0.99  # measured 1.0 and 1.0 on the 300 (docs/mining.md, "Mining engines")
 PAIRS = [(m.source, _target(m, 0)) for _, m in generate_pairs(860, error_rate=0.9, edits_per_error=1.6, seed=0)]
 TRAIN, HELD_OUT = PAIRS[:560], [s for s, _ in PAIRS[560:]]  # 300 held-out sentences
 
@@ -62,8 +62,9 @@ KW = dict(num_beams=5, num_return_sequences=5, max_new_tokens=200, drop_cut=True
 
 
 def test_fp32_finds_the_same_candidates_with_the_same_summed_scores(trained: Path) -> None:
-    """Parity on 300 held-out sentences (make test; measured: see README "Mining engines"): the same search in
-    both engines (raycl.models.decoding) and S counted the same way, the forced <s>'s log-prob included."""
+    """Parity on 300 held-out sentences (make test; measured: see docs/mining.md, "Mining engines"): the same
+    search in both engines (raycl.models.decoding) and S counted the same way, the forced <s>'s log-prob
+    included."""
     hf = Seq2SeqScorer.from_pretrained(trained).eval()
     ct2 = CT2Seq2Seq.from_pretrained(trained, precision="fp32")
     a, b = hf.generate(HELD_OUT, **KW), ct2.generate(HELD_OUT, **KW)  # type: ignore[arg-type]
@@ -109,7 +110,7 @@ def test_int8_runs_and_keeps_many_top1(trained: Path) -> None:
     hf = Seq2SeqScorer.from_pretrained(trained).eval()
     ct2 = CT2Seq2Seq.from_pretrained(trained, precision="int8")
     stats = _compare(hf.generate(HELD_OUT[:40], **KW), ct2.generate(HELD_OUT[:40], **KW))  # type: ignore[arg-type]
-    assert stats["top1"] >= 0.2, stats  # a 64-wide model loses much to int8 weights (measured 0.44): README
+    assert stats["top1"] >= 0.2, stats  # a 64-wide model loses much to int8 weights (measured 0.44): docs/mining
 
 
 def _folders(cache: Path) -> list[Path]:

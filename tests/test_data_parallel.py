@@ -11,12 +11,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import BartConfig, BartForConditionalGeneration
 
+from raycl.collectives import average_gradients
 from raycl.data.gec import GecExample
 from raycl.losses.gec_margin import GecContrastiveLoss
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.models.tokenizer import train_bpe_tokenizer
-from raycl.train.data_parallel import average_gradients
-from raycl.train.gec_step import collate, gec_loss
+from raycl.recipes.gec.step import collate, gec_loss
 
 EXAMPLES = [
     GecExample("a", "He do n't like it .", "He does n't like it ."),
@@ -78,7 +78,7 @@ def test_one_worker_is_the_plain_backward(tmp_path: Path) -> None:
 
 
 def test_shards_have_equal_length_and_cover_every_example() -> None:
-    from raycl.train.feeds import shard
+    from raycl.recipes.gec.feeds import shard
 
     for n, world in [(999, 2), (17, 2), (10, 3), (4, 4), (1, 2)]:
         examples = [GecExample(str(i), "s", "t") for i in range(n)]

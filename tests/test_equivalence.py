@@ -1,7 +1,7 @@
 """N workers train exactly as one: for every recipe, 2 Ray Train workers (gloo) with batch B, one worker with batch
 2B and one worker with batch B and ``optim.update_freq=2`` end with the same weights, step and learning rate, and
-every rank of the 2-worker run holds the same weights, optimizer, schedule, scaler and step (README, "Workers and
-accumulation").
+every rank of the 2-worker run holds the same weights, optimizer, schedule, scaler and step (docs/training.md,
+"Workers and accumulation").
 
 The models' dropout is switched off (its masks depend on the batch's shape), and the data sizes are chosen so that
 the ranks' shares are uneven: an odd number of coherence documents, idiom rows and STS pairs not divisible by 2B,
@@ -33,7 +33,8 @@ import torch
 from conftest import GEC_TINY
 
 from raycl import driver
-from raycl.config import load_space, set_dotted
+from raycl.config import set_dotted
+from raycl.configs import load_space
 from raycl.data.gec import load_examples
 from raycl.distributed.trainer import fit
 from raycl.miners.beam_search import MinedNegatives, write_negatives_parquet
@@ -42,7 +43,7 @@ from raycl.recipes.coherence.worker import CoherenceTask
 from raycl.recipes.gec.worker import GecTask
 from raycl.recipes.idiom.worker import IdiomTask, train_examples
 from raycl.recipes.sts.worker import StsTask
-from raycl.train import loop
+from raycl.training import loop
 
 pytestmark = [pytest.mark.equivalence, pytest.mark.slow]
 
@@ -79,7 +80,7 @@ def _prepare(space: str, overrides: list[str], tmp: Path, *, dropout: bool = Fal
 def _train(run: driver.Run, task: Any, out: Path, *, workers: int, kill: dict[str, Any] | None = None
            ) -> list[dict[str, Any]]:  # fmt: skip
     """One training on ``workers`` Ray Train workers (0: in-process); every rank's final state. ``kill``: a rank's
-    process exits at a step (``raycl.train.chaos``) and the worker group resumes from the last checkpoint."""
+    process exits at a step (``raycl.training.chaos``) and the worker group resumes from the last checkpoint."""
     chaos = {**kill, "marker": str(out / "killed")} if kill else None
     job = loop.Job(task, str(run.base_model), str(out), probe=str(out / "probe"), use_gpu=False, chaos=chaos)
     scaling = dataclasses.replace(task.cfg.scaling, num_workers=workers, cpus_per_worker=0.5, use_gpu=False,

@@ -134,7 +134,7 @@ def test_parquet_keeps_the_references(examples: list[GecExample], tmp_path: Path
 
 
 def test_config_keeps_them_in_every_paper_preset_and_refuses_a_bad_value() -> None:
-    from raycl.config import load_space
+    from raycl.configs import load_space
     from raycl.errors import UserError
 
     for name in ("gec_pd", "gec_bart"):
@@ -180,7 +180,7 @@ def test_a_miner_pools_selections_carry_their_counts_to_the_trials_file(tmp_path
     ``drop`` too, where the negatives it trained on no longer hold the refuted ones."""
     import json
 
-    from raycl.config import load_space
+    from raycl.configs import load_space
     from raycl.distributed.messages import MinedBatch, MineTask
     from raycl.miners.beam_search import BeamSearchMiner, MinedNegatives
     from raycl.recipes.gec.recipe import FN_FILE, _write_negatives

@@ -20,7 +20,7 @@ from raycl.losses.gec_margin import GecContrastiveLoss, margin_loss
 from raycl.losses.label_smoothed_nll import label_smoothed_nll
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.models.tokenizer import train_bpe_tokenizer
-from raycl.train.gec_step import GecBatch, collate, gec_loss
+from raycl.recipes.gec.step import GecBatch, collate, gec_loss
 
 EPS = 0.1
 LAMBDA = 0.5
@@ -433,7 +433,7 @@ def test_no_full_vocabulary_fp32_tensor_is_kept_for_the_backward(scorer: Seq2Seq
 
 
 def test_every_preset_runs_the_joint_pass_and_a_bad_value_is_one_line() -> None:
-    from raycl.config import load_space
+    from raycl.configs import load_space
     from raycl.configs.gec import GecConfig
     from raycl.errors import UserError
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 from conftest import GEC_TINY
 
 from raycl import driver
-from raycl.config import load_space
+from raycl.configs import load_space
 from raycl.data.m2 import read_m2
 from raycl.recipes import recipe_for
 from raycl.recipes.gec.report import FN_DROPPED

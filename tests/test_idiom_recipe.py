@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from raycl import driver
-from raycl.config import load_space
+from raycl.configs import load_space
 from raycl.errors import UserError
 from raycl.evaluation.semeval_metrics import evaluate_idiom
 from raycl.models.classifier import load_classifier
@@ -144,8 +144,8 @@ def test_subtask_a_adamw_eps_and_the_papers_batch_grid(tmp_path: Path) -> None:
     """The released code's transformers.AdamW has eps 1e-6; the paper's batch grid is {16, 32, 64}."""
     from raycl.config import set_dotted
     from raycl.recipes.idiom.worker import IdiomTask
-    from raycl.train import loop
-    from raycl.train.precision import Precision
+    from raycl.training import loop
+    from raycl.training.precision import Precision
 
     space = load_space("idiom")
     assert space.config.optim.eps == 1e-6 and space.search["optim.batch_size"] == {"grid": [16, 32, 64]}

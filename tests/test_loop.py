@@ -1,4 +1,4 @@
-"""The one training loop (``raycl.train.loop``), in-process with a fake Ray Train session: the order of things
+"""The one training loop (``raycl.training.loop``), in-process with a fake Ray Train session: the order of things
 (device before optimizer), gradient accumulation (N batches of B = one of N·B, GEC's token normalisation
 exact), precision (bf16 and fp32 losses agree; the losses that must stay fp32 do), checkpoint and resume (a run
 killed at a report ends where an uninterrupted one does), and the GPU bugs' CPU-visible halves: collective
@@ -20,19 +20,19 @@ from test_data_parallel import EXAMPLES, NEGATIVES
 from torch import nn
 
 import raycl
+from raycl.collectives import collective_device
 from raycl.configs.gec import GecConfig
 from raycl.distributed import session
 from raycl.losses.gec_margin import GecContrastiveLoss
 from raycl.losses.infonce_queue import InfoNCEQueueLoss
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.models.tokenizer import train_bpe_tokenizer
+from raycl.recipes.gec.step import collate, gec_loss
 from raycl.recipes.gec.worker import GecState, GecTask
 from raycl.records import read_history
-from raycl.train import loop
-from raycl.train.data_parallel import collective_device
-from raycl.train.gec_step import collate, gec_loss
-from raycl.train.loop import Batch, Job, Keep, LoopSettings, Report, TaskBase, TrainState
-from raycl.train.precision import Precision
+from raycl.training import loop
+from raycl.training.loop import Batch, Job, Keep, LoopSettings, Report, TaskBase, TrainState
+from raycl.training.precision import Precision
 
 
 # ---------------------------------------------------------------------------------------------- a fake session
@@ -323,7 +323,7 @@ def test_collectives_use_the_backends_device() -> None:
     home = root / "train" / "data_parallel.py"
     outside = [f"{path.relative_to(root)}:{c.lineno} {ast.unparse(c.func)}" for path in sorted(root.rglob("*.py"))
                if path != home for c in _collective_calls(ast.parse(path.read_text(encoding="utf-8")))]
-    assert outside == [], f"collectives outside raycl/train/data_parallel.py: {outside}"
+    assert outside == [], f"collectives outside raycl/collectives.py: {outside}"
     checked = 0
     for fn in (n for n in ast.walk(ast.parse(home.read_text(encoding="utf-8"))) if isinstance(n, ast.FunctionDef)):
         assigned = {t.id: ast.unparse(n.value) for n in ast.walk(fn) if isinstance(n, ast.Assign)
@@ -385,7 +385,7 @@ def test_a_miner_without_a_gpu_share_stays_on_the_cpu(monkeypatch) -> None:
 
 
 def test_unknown_settings_are_refused_with_the_key() -> None:
-    from raycl.config import load_space
+    from raycl.configs import load_space
     from raycl.errors import UserError
 
     with pytest.raises(UserError, match="optim.precision"):
@@ -470,7 +470,7 @@ def test_gpu_low_precision_run(tmp_path: Path, monkeypatch, precision: str) -> N
 
 
 def test_adamw_is_fused_only_where_every_parameter_is_on_a_gpu() -> None:
-    from raycl.train.optim import adamw
+    from raycl.training.optim import adamw
 
     cpu = adamw([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
     assert cpu.defaults["fused"] is None  # PyTorch's own choice: the per-tensor path on a CPU
@@ -482,7 +482,7 @@ def test_adamw_is_fused_only_where_every_parameter_is_on_a_gpu() -> None:
 @pytest.mark.gpu
 @gpu
 def test_gpu_adamw_is_fused_and_steps_like_the_unfused_one() -> None:
-    from raycl.train.optim import adamw
+    from raycl.training.optim import adamw
 
     torch.manual_seed(0)
     w = torch.randn(5, 3, device="cuda")
@@ -503,7 +503,7 @@ def test_gpu_nccl_all_reduce_of_a_count(tmp_path: Path) -> None:
 
     import torch.distributed as dist
 
-    from raycl.train.data_parallel import all_reduce_sum
+    from raycl.collectives import all_reduce_sum
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29611")
     dist.init_process_group("nccl", rank=0, world_size=1)
@@ -534,7 +534,7 @@ def test_gpu_miner_with_a_gpu_share_uses_it(monkeypatch) -> None:
 def test_token_batches_keep_fairseqs_budget_over_the_whole_target_line(tmp_path: Path) -> None:
     import random
 
-    from raycl.train.feeds import token_batches
+    from raycl.recipes.gec.feeds import token_batches
 
     scorer = _scorer(tmp_path)
     st = GecState(scorer, [], [], {})
@@ -556,7 +556,7 @@ def test_token_batches_keep_fairseqs_budget_over_the_whole_target_line(tmp_path:
 
 
 def test_the_paper_presets_batch_by_tokens() -> None:
-    from raycl.config import load_space
+    from raycl.configs import load_space
 
     pd, bart = load_space("gec_pd").config, load_space("gec_bart").config
     assert (pd.optim.max_tokens, pd.optim.update_freq) == (4096, 1)

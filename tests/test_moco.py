@@ -14,7 +14,7 @@ from raycl.losses.infonce_queue import InfoNCEQueueLoss
 from raycl.memory.moco import MoCoKeyEncoder
 from raycl.models.cross_attention import mean_pool
 from raycl.models.sentence_encoder import SentenceEncoder, build_sentence_encoder
-from raycl.train.counting import count_ops
+from raycl.training.counting import count_ops
 
 DIM = 6
 

@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch import nn
 
+from raycl.collectives import scale_gradients
 from raycl.memory.ema import EMA
 from raycl.memory.moco import MoCoKeyEncoder
 from raycl.memory.momentum import momentum_update
 from raycl.memory.multi_tensor import grouped
-from raycl.train.counting import count_ops
-from raycl.train.data_parallel import scale_gradients
+from raycl.training.counting import count_ops
 
 LAYERS = 12  # 2 parameters a layer: 24 tensors, far more than the op bounds below
 

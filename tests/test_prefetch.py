@@ -1,7 +1,7 @@
-"""Batches prepared ahead of the step (``raycl.train.prefetch``): the same batches in the same order as the step's
-own thread would make them, collated in the background, calls run in the training thread at their place (nothing
-read past a call before it ran), errors surfacing where the step runs, the thread gone when the epoch is left, and
-tensors moved inside the containers a task collates into."""
+"""Batches prepared ahead of the step (``raycl.training.prefetch``): the same batches in the same order as the
+step's own thread would make them, collated in the background, calls run in the training thread at their place
+(nothing read past a call before it ran), errors surfacing where the step runs, the thread gone when the epoch is
+left, and tensors moved inside the containers a task collates into."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from raycl.train.loop import Batch
-from raycl.train.prefetch import Call, Prefetcher, move
+from raycl.training.loop import Batch
+from raycl.training.prefetch import Call, Prefetcher, move
 
 
 def _collate(seen_threads: list[str]) -> Any:

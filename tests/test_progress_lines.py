@@ -11,8 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from raycl.report import say
-from raycl.train.progress import LineBar, said
+from raycl.progress import LineBar, said, say
 
 MIN_S, MAX_S = 0.5, 1.0  # a smoke epoch takes well under a second on an idle machine
 

@@ -32,11 +32,11 @@ from raycl.models.coherence import CoherenceScorer, MomentumEncoder, prefix_slic
 from raycl.models.coherence_presets import build_coherence_model
 from raycl.models.cross_attention import mean_pool
 from raycl.models.sentence_encoder import SentenceEncoder, build_sentence_encoder
+from raycl.recipes.coherence.step import coherence_loss, collate
 from raycl.recipes.coherence.worker import CoherenceTask
 from raycl.recipes.sts.worker import StsState, StsTask
-from raycl.train.coherence_step import coherence_loss, collate
-from raycl.train.loop import Job, StepContext, Worker
-from raycl.train.precision import Precision
+from raycl.training.loop import Job, StepContext, Worker
+from raycl.training.precision import Precision
 
 SENTENCES = [
     "the cat sat on the mat", "a dog barked all night", "rain fell on the town", "she read the old letter",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from raycl.config import load_space
+from raycl.configs import load_space
 from raycl.distributed import resources
 from raycl.distributed.resources import Cluster, check, plan
 from raycl.errors import UserError
@@ -45,7 +45,7 @@ def test_a_whole_gpu_worker_and_half_a_gpu_miner_are_refused_on_one_gpu_in_one_l
 
 
 def test_each_mining_papers_one_gpu_preset_fits_one_gpu_and_idiom_and_sts_fit_as_they_are() -> None:
-    """The one-GPU settings of the README: trainer and miners share the GPU (0.5 + 0.5); the paper presets
+    """The one-GPU settings of docs/cluster.md: trainer and miners share the GPU (0.5 + 0.5); the paper presets
     themselves do not fit (gec_bart: 4 GPU workers; coherence: 1 + 0.5); idiom and sts ask one GPU."""
     for name in ("coherence", "gec_pd", "gec_bart"):
         p = _plan(name, "one_gpu", sweep=True)
@@ -108,7 +108,7 @@ def test_the_start_bound_becomes_ray_trains_controller_failure_limit() -> None:
 def test_a_gpu_asked_where_there_is_none_ends_in_one_line_before_ray_starts(tmp_path: Path, capsys) -> None:  # noqa: ANN001
     """``raycl.train idiom --preset smoke --set scaling.use_gpu=true`` on a machine without a GPU (this one; the
     session's Ray, if up, has none either)."""
-    from raycl.train.__main__ import main
+    from raycl.train import main
 
     with pytest.raises(SystemExit) as ended:
         main(["idiom", "--preset", "smoke", "--set", "scaling.use_gpu=true", "--out", str(tmp_path / "run")])
@@ -120,7 +120,7 @@ def test_a_gpu_asked_where_there_is_none_ends_in_one_line_before_ray_starts(tmp_
 
 def test_the_progress_line_says_what_a_training_waits_for_until_it_moves(tmp_path: Path, monkeypatch,
                                                                           capsys) -> None:  # noqa: ANN001
-    from raycl.train.progress import follow
+    from raycl.progress import follow
 
     monkeypatch.setenv("RAYCL_PROGRESS", "lines")
     monkeypatch.setenv("RAYCL_PROGRESS_MIN_S", "0.2")
@@ -160,7 +160,7 @@ ONE_GPU_CLUSTER = """
 import json, sys
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
-from raycl.config import load_space
+from raycl.configs import load_space
 from raycl.distributed import resources
 from raycl.distributed.miner_pool import MinerFactory, MinerPool
 from raycl.distributed.runtime import init_ray

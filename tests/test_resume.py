@@ -26,7 +26,7 @@ from raycl.miners.beam_search import MinedNegatives, write_negatives_parquet
 from raycl.recipes.gec.worker import GecTask
 from raycl.recipes.idiom.worker import IdiomTask
 from raycl.recipes.sts.worker import StsTask
-from raycl.train import loop
+from raycl.training import loop
 
 
 def _run(run: Any, task: Any, out: Path, monkeypatch: pytest.MonkeyPatch, *, crash_after: int | None = None

@@ -76,7 +76,8 @@ def test_credentials_stay_out_of_the_run_folder_and_its_output(smoke: Any, tmp_p
 
 
 def test_config_yaml_hides_a_uri_password(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from raycl.config import dump_yaml, load_space
+    from raycl.config import dump_yaml
+    from raycl.configs import load_space
 
     monkeypatch.setenv("HF_TOKEN", SECRETS["HF_TOKEN"])
     space = load_space("idiom", preset="smoke", overrides=[
@@ -121,7 +122,7 @@ def test_a_planted_state_pt_is_refused_before_any_worker_starts(smoke: Any, tmp_
 
 def test_checkpoints_of_earlier_versions_still_load(tmp_path: Path) -> None:
     """Before, state.pt held np.random.get_state() pickled: its ndarray alone is allowed (NumPy 1 and 2 paths)."""
-    from raycl.train.checkpoint import load_state
+    from raycl.training.checkpoint import load_state
 
     np.random.seed(5)
     old = {"rng": {"numpy": np.random.get_state(), "python": ("x", 1)}, "progress": {"step": 3}}
@@ -140,7 +141,7 @@ def _main(verb: str, argv: list[str], capsys: pytest.CaptureFixture[str]) -> str
     import importlib
 
     with pytest.raises(SystemExit) as exit_:
-        importlib.import_module("raycl.train.__main__" if verb == "train" else f"raycl.{verb}").main(argv)
+        importlib.import_module("raycl.train" if verb == "train" else f"raycl.{verb}").main(argv)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1, err
     return err
@@ -182,7 +183,7 @@ def test_yaml_aliases_and_deep_nesting_are_refused_in_one_line(tmp_path: Path, c
 
 
 def test_a_long_value_in_a_message_is_cut() -> None:
-    from raycl.config import load_space
+    from raycl.configs import load_space
 
     with pytest.raises(UserError) as err:
         load_space("idiom", overrides=[f"optim.lr=[{', '.join(['x' * 1000] * 1000)}]"])

@@ -19,7 +19,7 @@ from raycl.distributed.miner_pool import MinerFactory
 from raycl.distributed.nbest import nbest_records, shared_nbest, start_nbest_stream
 from raycl.miners.beam_search import GEC_BEAM, build_beam_miner, select_from_nbest
 from raycl.models.presets import build_model
-from raycl.train.feeds import NBestFeed, global_batches
+from raycl.recipes.gec.feeds import NBestFeed, global_batches
 
 WORDS = "the a cat dog sat ran on under mat house is are was were big small".split()
 EXAMPLES = [GecExample(f"d:{i}", " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(3 + i % 4)) + " .",

@@ -1,9 +1,9 @@
 """Every recipe's real step as the loop runs it — the task's ``collate`` on the CPU, the batch moved to the
 worker's device, the task's ``step`` and its update hooks there — held to what a GPU needs of it:
 
-- **no host–device sync**: counted by a dispatch mode (:mod:`raycl.train.counting`) around the step, the gradient
-  averaging and the task's update hooks (EMA, momentum encoder, MoCo keys): none of raycl's own in any recipe,
-  none at all in the encoder recipes (masks go to the models in their attention's form), and in GEC's only
+- **no host–device sync**: counted by a dispatch mode (:mod:`raycl.training.counting`) around the step, the
+  gradient averaging and the task's update hooks (EMA, momentum encoder, MoCo keys): none of raycl's own in any
+  recipe, none at all in the encoder recipes (masks go to the models in their attention's form), and in GEC's only
   Hugging Face's check of BART's causal decoder mask (≤ 2). A ``.item()`` planted back in a step fails here.
 - **nothing left on the CPU**: the same step with the worker's device set to ``meta`` (a device that holds shapes
   only): a tensor a step builds on the CPU and mixes with the model's fails with "not on the expected device", and
@@ -30,10 +30,10 @@ from raycl.recipes.coherence.worker import CoherenceTask
 from raycl.recipes.gec.worker import GecTask
 from raycl.recipes.idiom.worker import IdiomTask
 from raycl.recipes.sts.worker import StsTask
-from raycl.train import loop
-from raycl.train.counting import count_ops
-from raycl.train.precision import Precision
-from raycl.train.prefetch import to_device
+from raycl.training import loop
+from raycl.training.counting import count_ops
+from raycl.training.precision import Precision
+from raycl.training.prefetch import to_device
 
 RECIPES = ("gec", "idiom", "sts", "coherence")
 
@@ -145,7 +145,7 @@ def test_a_step_on_another_device_leaves_nothing_on_the_cpu(recipe: str, prepare
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
-    from raycl.train.prefetch import move
+    from raycl.training.prefetch import move
 
     found: list[torch.Tensor] = []
     move(obj, lambda t: found.append(t) or t)

@@ -283,7 +283,7 @@ def test_a_checkpoint_and_negatives_given_as_uris_are_fetched_to_the_nodes_cache
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from raycl.config import load_space
+    from raycl.configs import load_space
     from raycl.driver import Run
     from raycl.errors import UserError
     from raycl.miners.shards import read_negatives, schema
@@ -344,7 +344,7 @@ def _refused(verb: str, argv: list[str], capsys: pytest.CaptureFixture[str]) -> 
     """``python -m raycl.VERB`` in this process: exit status 2 and one line on stderr, which is returned."""
     import importlib
 
-    module = importlib.import_module("raycl.train.__main__" if verb == "train" else f"raycl.{verb}")
+    module = importlib.import_module("raycl.train" if verb == "train" else f"raycl.{verb}")
     with pytest.raises(SystemExit) as exit_:
         module.main(argv)
     out, err = capsys.readouterr()

@@ -104,7 +104,7 @@ def test_bad_temperature_is_refused() -> None:
 def test_the_losses_and_their_gradients_never_wait_for_the_device() -> None:
     """MSE-cosine and InfoNCE with a queue, forward and backward, under bf16 autocast as in training: 0 syncs (the
     CPU stands in for the device)."""
-    from raycl.train.counting import count_ops
+    from raycl.training.counting import count_ops
 
     u, v = (_rand(6, 8, seed=s).float().requires_grad_(True) for s in (0, 1))
     queue = _rand(5, 8, seed=2).float()

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from raycl import driver
-from raycl.config import load_space
+from raycl.configs import load_space
 from raycl.data.semeval import read_sts_train
 from raycl.evaluation.semeval_metrics import evaluate_sts
 from raycl.models.sentence_encoder import SentenceEncoder, build_sentence_encoder
@@ -168,8 +168,8 @@ def test_a_rank_that_cannot_see_the_pre_trained_model_stops_naming_the_path(tmp_
     that folder used to start silently from the initial model. It stops, naming the path (issue 18 f)."""
     from raycl.configs.sts import StsConfig
     from raycl.recipes.sts.worker import StsTask
-    from raycl.train.loop import Job, Worker
-    from raycl.train.precision import Precision
+    from raycl.training.loop import Job, Worker
+    from raycl.training.precision import Precision
 
     cpu = torch.device("cpu")
     w = Worker(1, 2, cpu, Precision("fp32", cpu), tmp_path / "run", Job(None, str(tmp_path / "init"), ""))

@@ -14,7 +14,7 @@ import yaml
 from test_coherence_recipe import TINY, check_a_mined_run, check_the_sweep, sweep_space
 
 from raycl import cli
-from raycl.config import load_space
+from raycl.configs import load_space
 from raycl.distributed.tracking import safe_params
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-raycl-test"

@@ -10,7 +10,7 @@ from pathlib import Path
 from conftest import GEC_TINY
 
 from raycl import driver
-from raycl.config import load_space
+from raycl.configs import load_space
 from raycl.recipes import recipe_for
 from raycl.records import read_history
 

@@ -140,7 +140,8 @@ def _code(text: str) -> str:
 # ---------------------------------------------------------------------------------------------- config
 def _spaces_of(task: str) -> dict[str, Any]:
     """Space name → its config as the file writes it (no preset), for every space file of ``task``."""
-    from raycl.config import SPACES_DIR, load_space, safe_yaml
+    from raycl.config import SPACES_DIR, safe_yaml
+    from raycl.configs import load_space
 
     out = {}
     for path in sorted(SPACES_DIR.glob("*.yaml")):

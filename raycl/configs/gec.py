@@ -13,7 +13,7 @@ from raycl.config import MiningSection, OptimSection, ScalingSection, TuneSectio
 from raycl.miners.false_negatives import MODES as FN_MODES
 from raycl.models.decoding import MAX_LEN_A, MAX_LEN_B
 
-PASSES = ("joint", "per_slot")  # loss.passes: how the GEC-CL step runs its forward passes (raycl.train.gec_step)
+PASSES = ("joint", "per_slot")  # loss.passes: how the GEC-CL step runs its forward passes (raycl.recipes.gec.step)
 
 
 @dataclass

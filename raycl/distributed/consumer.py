@@ -16,9 +16,9 @@ from typing import Any
 import ray
 import torch
 
+from raycl.collectives import broadcast_int
 from raycl.distributed import metrics
 from raycl.distributed.weights import publish_weights
-from raycl.train.data_parallel import broadcast_int
 
 
 @dataclass

@@ -409,7 +409,7 @@ def _user_error(err: BaseException) -> UserError | None:
 
 
 def _bar(total: int, progress: bool) -> Any:
-    from raycl.train.progress import bar
+    from raycl.progress import bar
 
     return bar(total, desc="mining", unit="sent", enabled=progress)
 

@@ -200,7 +200,7 @@ def check_run(space: Any, *, sweep: bool, recipe: Any, cluster_: Cluster | None 
     it can never fit); returns the config, ``tune.max_concurrent_trials`` lowered (and said) where more trials at
     once would hold what their own workers wait for. ``cluster_``: the cluster, when not the connected Ray's."""
     from raycl.config import set_dotted
-    from raycl.report import say
+    from raycl.progress import say
 
     cfg = space.config
     mining, shared = recipe.mining_plan(cfg, space)

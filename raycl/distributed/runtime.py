@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 # merges that runtime env with its own argument's and refuses any key both set (ray/_private/worker.py).
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 TOKEN_HELP = ("give this shell the cluster's token: RAY_AUTH_MODE=token with RAY_AUTH_TOKEN=TOKEN or "
-              "RAY_AUTH_TOKEN_PATH=FILE (README: Cluster authentication)")  # fmt: skip
+              "RAY_AUTH_TOKEN_PATH=FILE (docs/cluster.md: Cluster authentication)")  # fmt: skip
 
 
 def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:

@@ -8,7 +8,6 @@ domains through a whitelist, never ``eval``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +17,9 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from raycl.config import TuneSection, expand_values
 from raycl.distributed import tracking, tune_state
 from raycl.distributed.trainer import has_checkpoint
-from raycl.records import is_done, read_history
-from raycl.report import say
+from raycl.progress import bar, say
+from raycl.records import TrialOutcome, is_done, read_history
 from raycl.storage import ray_storage, remote_of
-from raycl.train.progress import bar
-
-
-@dataclass
-class TrialOutcome:
-    """What the recipe needs from a finished trial: its point, every report it made, and any error."""
-
-    trial_id: str
-    params: dict[str, Any]
-    history: list[dict[str, Any]] = field(default_factory=list)
-    error: str | None = None
 
 
 class _TrialProgress(tune.Callback):

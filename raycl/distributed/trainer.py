@@ -34,7 +34,7 @@ def fit(
     score_attribute: str | None = None,
     score_mode: str = "max",
 ) -> ray.train.Result:
-    """Run ``train_fn`` (``functools.partial(raycl.train.loop.run, job)``: the job travels with the function,
+    """Run ``train_fn`` (``functools.partial(raycl.training.loop.run, job)``: the job travels with the function,
     typed) on ``scaling.num_workers`` workers and return Ray's ``Result``.
 
     A worker that dies restarts the worker group from the last reported checkpoint, up to

@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from raycl.errors import UserError
 from raycl.models import masks
+from raycl.models.folders import save_encoder_folder
 
 HEAD_FILE = "coherence_head.safetensors"
 CONFIG_FILE = "coherence_config.json"
@@ -182,18 +183,8 @@ class CoherenceScorer(nn.Module):
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """An HF folder: encoder + tokenizer + ``coherence_head.safetensors`` + ``coherence_config.json``."""
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        self.encoder.save_pretrained(str(out))
-        self.tokenizer.save_pretrained(str(out))
-        head = {k: v.detach().cpu().contiguous() for k, v in self.head.state_dict().items()}
-        tmp = out / f".{HEAD_FILE}.tmp"
-        save_file(head, str(tmp))
-        tmp.replace(out / HEAD_FILE)
-        tmp = out / f".{CONFIG_FILE}.tmp"
-        tmp.write_text(json.dumps(self.settings(), indent=2) + "\n")
-        tmp.replace(out / CONFIG_FILE)
-        return out
+        return save_encoder_folder(out_dir, self.encoder, self.tokenizer, extra=self.head, extra_file=HEAD_FILE,
+                                   settings=self.settings(), settings_file=CONFIG_FILE)  # fmt: skip
 
     @classmethod
     def from_pretrained(

@@ -16,14 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerFast, XLNetConfig, XLNetModel
+from transformers import AutoModel, AutoTokenizer, XLNetConfig, XLNetModel
 
 from raycl.errors import UserError
 from raycl.models.coherence import CONFIG_FILE, CoherenceScorer
-
-# XLNet's special-token ids (xlnet-base-cased's spiece model): a config with XLNet's defaults fits them.
-XLNET_SPECIALS = ("<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>")
+from raycl.models.tokenizer import XLNET, train_bpe_tokenizer
 
 
 @dataclass(frozen=True)
@@ -49,31 +46,6 @@ COHERENCE_PRESETS: dict[str, CoherencePreset] = {
 }  # fmt: skip
 
 
-def train_xlnet_tokenizer(
-    texts: Iterable[str], out_dir: str | Path, *, vocab_size: int = 1000, model_max_length: int = 1024
-) -> PreTrainedTokenizerFast:
-    """A byte-level BPE on ``texts`` with XLNet's special tokens and ids; ``text <sep> <cls>`` like XLNet's."""
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(XLNET_SPECIALS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )  # fmt: skip
-    backend.train_from_iterator(texts, trainer)
-    sep, cls = backend.token_to_id("<sep>"), backend.token_to_id("<cls>")
-    backend.post_processor = processors.TemplateProcessing(
-        single="$A <sep> <cls>", pair="$A <sep> $B <sep> <cls>", special_tokens=[("<sep>", sep), ("<cls>", cls)]
-    )
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>", cls_token="<cls>",
-        sep_token="<sep>", pad_token="<pad>", mask_token="<mask>", padding_side="left",
-        clean_up_tokenization_spaces=False, model_max_length=model_max_length,
-    )  # fmt: skip
-    tokenizer.save_pretrained(str(out_dir))
-    return tokenizer
-
-
 def build_coherence_model(
     preset: str,
     out_dir: str | Path,
@@ -97,9 +69,8 @@ def build_coherence_model(
     else:
         if texts is None:
             raise UserError(f"model.preset={preset!r} trains its tokenizer locally: pass the training texts")
-        tokenizer = train_xlnet_tokenizer(
-            texts, out, vocab_size=spec.vocab_size, model_max_length=spec.max_len + 2
-        )
+        tokenizer = train_bpe_tokenizer(texts, out, vocab_size=spec.vocab_size, model_max_length=spec.max_len + 2,
+                                        layout=XLNET)  # fmt: skip
         config = XLNetConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **spec.config)
         scorer = CoherenceScorer(XLNetModel(config), tokenizer, max_len=spec.max_len)
     return scorer.save_pretrained(out)

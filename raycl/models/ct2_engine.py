@@ -1,7 +1,7 @@
 """CTranslate2 as the beam-search engine of the GEC miner (``mining.engine: ctranslate2``).
 
 A miner only proposes candidates — the trainer rescores every negative under its current weights with gradients
-(``raycl.train.gec_step``) — so the fastest engine that finds the same n-best is the right one. CTranslate2 runs
+(``raycl.recipes.gec.step``) — so the fastest engine that finds the same n-best is the right one. CTranslate2 runs
 BART/mBART/Marian/T5 beam search in C++ with int8 weights on CPU and fp16/bf16 on GPU. :class:`CT2Seq2Seq` gives
 it the decoding interface of :class:`~raycl.models.seq2seq.Seq2SeqScorer` (``generate``, ``score_texts``): the
 same tokenizer (HF's, or the fairseq BPE of a converted checkpoint), the same search (:mod:`raycl.models.decoding`:
@@ -320,7 +320,7 @@ class CT2Seq2Seq:
     """A CTranslate2 ``Translator`` over an HF seq2seq folder with ``Seq2SeqScorer``'s decoding interface.
 
     The search and the scores are HF ``generate``'s (:mod:`raycl.models.decoding`); float32 kernels differ, so
-    near-ties in the beam may resolve the other way (README, "Mining engines")."""
+    near-ties in the beam may resolve the other way (docs/mining.md, "Mining engines")."""
 
     training = False  # never trained: the miner's eval-mode switch has nothing to do
 

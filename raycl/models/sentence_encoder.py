@@ -16,15 +16,12 @@ A saved folder is an HF model folder (``AutoModel`` + tokenizer) plus ``cross_at
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
-from safetensors.torch import save as safetensors_bytes
 from torch import Tensor, nn
 from transformers import (
     AutoConfig,
@@ -39,6 +36,7 @@ from transformers import (
 from raycl.errors import UserError, at
 from raycl.models import masks
 from raycl.models.cross_attention import CrossAttention, mean_pool
+from raycl.models.folders import save_encoder_folder
 from raycl.models.tokenizer import train_bpe_tokenizer
 
 MAX_SEQ_LENGTH = 64
@@ -146,16 +144,10 @@ class SentenceEncoder(nn.Module):
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """Write the HF folder, the cross-attention weights and the JSON config (last: its presence means done)."""
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        self.encoder.save_pretrained(str(out))
-        self.tokenizer.save_pretrained(str(out))
-        state = {k: v.detach().cpu().contiguous() for k, v in self.cross_attention.state_dict().items()}
-        _write_atomic(out / CROSS_ATTENTION_FILE, safetensors_bytes(state))
         ca = self.cross_attention
         meta = dict(hidden=ca.hidden, heads=ca.heads, dropout=ca.dropout.p, max_seq_length=self.max_seq_length)
-        _write_atomic(out / CONFIG_FILE, (json.dumps(meta, indent=2) + "\n").encode())
-        return out
+        return save_encoder_folder(out_dir, self.encoder, self.tokenizer, extra=ca,
+                                   extra_file=CROSS_ATTENTION_FILE, settings=meta, settings_file=CONFIG_FILE)
 
 
 def build_sentence_encoder(
@@ -236,10 +228,3 @@ def _read_meta(path: Path) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise UserError(f"{at(path, 1)}: expected a JSON object with the sentence-encoder config")
     return meta
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    Path(tmp).replace(path)

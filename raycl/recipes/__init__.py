@@ -1,7 +1,7 @@
 """The recipes: one package per task (``gec``, ``coherence``, ``idiom``, ``sts``), each holding only what differs —
 ``recipe.py`` (the driver's side: data, base model, one training, report's selection), ``worker.py`` (the loop's
 side: state, feed, step), ``evaluation.py`` (its scores, used by both) and ``report.py`` (its tables and plots) —
-composed by the one driver (:mod:`raycl.driver`) and the one loop (:mod:`raycl.train.loop`)."""
+composed by the one driver (:mod:`raycl.driver`) and the one loop (:mod:`raycl.training.loop`)."""
 
 from __future__ import annotations
 

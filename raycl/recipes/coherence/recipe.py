@@ -28,20 +28,20 @@ from typing import Any
 from raycl import storage
 from raycl.config import Space
 from raycl.configs.coherence import CoherenceConfig
-from raycl.data import coherence_inputs
 from raycl.data.coherence import (
     CoherenceItem,
     write_pairs_jsonl,
 )  # fmt: skip
 from raycl.distributed.miner_pool import MinerFactory
 from raycl.distributed.mining_service import trial_resources
-from raycl.distributed.sweep import TrialOutcome
 from raycl.driver import RecipeBase, Run, TrainPoint, fit_job, miners
 from raycl.miners.permutation import COHERENCE_RANK
 from raycl.models.coherence_presets import build_coherence_model
+from raycl.recipes.coherence import inputs as coherence_inputs
 from raycl.recipes.coherence import report
 from raycl.recipes.coherence.worker import CoherenceTask
-from raycl.train.loop import Job
+from raycl.records import TrialOutcome
+from raycl.training.loop import Job
 
 
 class CoherenceRecipe(RecipeBase):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raycl.distributed.sweep import TrialOutcome
+from raycl.records import TrialOutcome
 from raycl.report import (
     best_row,
     best_trial,

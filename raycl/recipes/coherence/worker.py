@@ -1,4 +1,4 @@
-"""The coherence recipe's side of the one training loop (``raycl.train.loop``), fed by the miner pool.
+"""The coherence recipe's side of the one training loop (``raycl.training.loop``), fed by the miner pool.
 
 Per epoch (the paper: one pass) this rank's items are consumed in ``optim.batch_size`` steps. Negatives come from
 the item itself (its first ``mining.num_negs``; pairwise uses one) — or, with ``mining.hard_negatives``, after
@@ -26,18 +26,18 @@ from typing import Any
 import torch
 from torch.optim.swa_utils import SWALR
 
+from raycl.collectives import all_gather_floats
 from raycl.configs.coherence import CoherenceConfig
 from raycl.data.coherence import CoherenceItem, read_pairs
-from raycl.data.coherence_inputs import in_training_order
 from raycl.distributed.consumer import StreamConsumer
 from raycl.memory.momentum import momentum_update
 from raycl.memory.negative_queue import NegativeQueue
 from raycl.miners.permutation import decode_doc
 from raycl.models.coherence import CoherenceScorer, MomentumEncoder
 from raycl.recipes.coherence.evaluation import Evaluator
-from raycl.train.coherence_step import CoherenceBatch, coherence_loss, collate
-from raycl.train.data_parallel import all_gather_floats
-from raycl.train.loop import (
+from raycl.recipes.coherence.inputs import in_training_order
+from raycl.recipes.coherence.step import CoherenceBatch, coherence_loss, collate
+from raycl.training.loop import (
     Batch,
     Call,
     Epoch,
@@ -51,7 +51,7 @@ from raycl.train.loop import (
     Worker,
     updates_in,
 )
-from raycl.train.optim import adamw
+from raycl.training.optim import adamw
 
 Negs = list[tuple[str, ...]]
 

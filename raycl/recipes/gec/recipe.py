@@ -26,26 +26,25 @@ from typing import Any
 from raycl import storage
 from raycl.config import Space
 from raycl.configs.gec import GecConfig
-from raycl.data import gec_inputs
 from raycl.data.gec import load_examples
 from raycl.distributed.miner_pool import MinerFactory
 from raycl.distributed.mining_service import trial_resources
 from raycl.distributed.nbest import nbest_records, shared_nbest
 from raycl.distributed.resources import waiting_line
-from raycl.distributed.sweep import TrialOutcome
 from raycl.driver import RecipeBase, Run, TrainPoint, fit_job, miners
 from raycl.errors import UserError
 from raycl.miners.beam_search import GEC_BEAM, select_from_nbest, write_negatives_parquet
 from raycl.miners.false_negatives import FalseNegativeCounts
 from raycl.models.ct2_engine import resolve_on_driver
 from raycl.models.presets import build_model
+from raycl.progress import follow, say
+from raycl.recipes.gec import inputs as gec_inputs
 from raycl.recipes.gec import report
 from raycl.recipes.gec.report import FN_FILE
 from raycl.recipes.gec.worker import GecTask
-from raycl.records import atomic_write
-from raycl.report import copy_atomic, say
-from raycl.train.loop import Job
-from raycl.train.progress import follow
+from raycl.records import TrialOutcome, atomic_write
+from raycl.report import copy_atomic
+from raycl.training.loop import Job
 
 
 class GecRecipe(RecipeBase):
@@ -113,7 +112,7 @@ class GecRecipe(RecipeBase):
                   chaos: dict[str, Any] | None = None) -> Any:  # fmt: skip
         """Steps 2–3 for one point: miners mine D_F with the base model (version 0) while the trainers consume
         it — the run's shared n-best when there is one, else this trial's own miner pool. ``chaos``: a trainer
-        crash switch for tests and benchmarks (``raycl.train.chaos``)."""
+        crash switch for tests and benchmarks (``raycl.training.chaos``)."""
         job = Job(GecTask(cfg, "finetune"), str(run.base_model), str(out_dir), chaos=chaos)
         if not mines_while_training(cfg):
             return fit_job(run, cfg, job, name=name, in_tune=in_tune)

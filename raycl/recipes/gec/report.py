@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 from raycl.data.gec import load_references
 from raycl.data.gec_corpus import stats as corpus_stats
 from raycl.data.specs import parse_spec
-from raycl.distributed.sweep import TrialOutcome
 from raycl.miners.false_negatives import KINDS, rate_text
+from raycl.records import TrialOutcome
 from raycl.report import best_row, best_trial, failed, figure, md_table, num, pct, write_run_files
 
 if TYPE_CHECKING:

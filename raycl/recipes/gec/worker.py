@@ -1,4 +1,4 @@
-"""The GEC recipe's side of the one training loop (``raycl.train.loop``): its state, feed and step.
+"""The GEC recipe's side of the one training loop (``raycl.training.loop``): its state, feed and step.
 
 One task serves both training phases of Algorithm 1: ``pretrain`` (step 1: label-smoothed NLL on D_T) and
 ``finetune`` (step 3: Eq. 5 on D_F with the mined negatives). A step's backward is of its *summed* loss (weight =
@@ -29,8 +29,7 @@ from raycl.miners.shards import read_negatives, without_false_negatives
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.recipes.gec import evaluation
 from raycl.recipes.gec.evaluation import HYPS_DIR
-from raycl.records import save_dir_atomic
-from raycl.train.feeds import (
+from raycl.recipes.gec.feeds import (
     Feed,
     NBestFeed,
     StaticFeed,
@@ -40,8 +39,9 @@ from raycl.train.feeds import (
     token_batches,
     token_groups,
 )
-from raycl.train.gec_step import GecBatch, collate, gec_loss
-from raycl.train.loop import (
+from raycl.recipes.gec.step import GecBatch, collate, gec_loss
+from raycl.records import save_dir_atomic
+from raycl.training.loop import (
     Batch,
     Call,
     Epoch,
@@ -55,7 +55,7 @@ from raycl.train.loop import (
     Worker,
     updates_in,
 )
-from raycl.train.optim import build_optimizer, build_scheduler
+from raycl.training.optim import build_optimizer, build_scheduler
 
 
 @dataclass(frozen=True)

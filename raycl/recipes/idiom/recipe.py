@@ -29,26 +29,26 @@ from typing import Any
 from raycl import storage
 from raycl.config import Space
 from raycl.configs.idiom import SETTINGS, IdiomConfig
-from raycl.data import semeval_inputs
 from raycl.data.semeval import (
     read_idiom_inputs,
     read_idiom_train,
 )  # fmt: skip
-from raycl.distributed.sweep import TrialOutcome, grid, to_param_space
+from raycl.distributed.sweep import grid, to_param_space
 from raycl.driver import RecipeBase, Run, TrainPoint, fit_job
 from raycl.errors import UserError
 from raycl.models.classifier import build_classifier
-from raycl.recipes.idiom import report
+from raycl.recipes.idiom import inputs, report
 from raycl.recipes.idiom.worker import IdiomTask
-from raycl.train.loop import Job
+from raycl.records import TrialOutcome
+from raycl.training.loop import Job
 
 
 class IdiomRecipe(RecipeBase):
     task = "idiom"
     group_key: str | None = "data.setting"
 
-    with_data = staticmethod(semeval_inputs.idiom_with_data)
-    check_data = staticmethod(semeval_inputs.idiom_check_data)
+    with_data = staticmethod(inputs.idiom_with_data)
+    check_data = staticmethod(inputs.idiom_check_data)
 
     # ------------------------------------------------------------------------------------------ 2. model
     def base_model(self, run: Run) -> None:

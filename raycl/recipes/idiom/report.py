@@ -17,8 +17,8 @@ from raycl.report import closing_lines, failed, figure, num, pct, write_run_file
 if TYPE_CHECKING:
     from raycl.config import Space
     from raycl.configs.idiom import IdiomConfig
-    from raycl.distributed.sweep import TrialOutcome
     from raycl.driver import Run
+    from raycl.records import TrialOutcome
 
 METHOD_NAMES = {"fgm": "FGM", "pgd": "PGD", "freelb": "FreeLB", "smart": "SMART"}
 SETTING_NAMES = {"zero_shot": "zero-shot", "one_shot": "one-shot"}

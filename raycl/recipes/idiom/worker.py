@@ -1,4 +1,4 @@
-"""Subtask A's side of the one training loop (``raycl.train.loop``): one setting, EMA, adversarial training.
+"""Subtask A's side of the one training loop (``raycl.training.loop``): one setting, EMA, adversarial training.
 
 A trial trains one setting (``data.setting`` is ``zero_shot`` or ``one_shot`` here): the zero-shot model reads
 "Previous Target Next" of train_zero_shot, the one-shot model the (Target, MWE) pairs of train_one_shot followed
@@ -35,7 +35,7 @@ from raycl.memory.ema import EMA
 from raycl.models.classifier import encode_batch, load_classifier
 from raycl.models.masks import prepared
 from raycl.recipes.idiom.evaluation import Evaluator, model_input
-from raycl.train.loop import (
+from raycl.training.loop import (
     Batch,
     Epoch,
     Keep,
@@ -48,7 +48,7 @@ from raycl.train.loop import (
     Worker,
     updates_in,
 )
-from raycl.train.optim import adamw, build_scheduler
+from raycl.training.optim import adamw, build_scheduler
 
 BEST_MODEL = "best_model"
 

@@ -25,26 +25,25 @@ from typing import Any
 from raycl import storage
 from raycl.config import Space
 from raycl.configs.sts import StsConfig
-from raycl.data import semeval_inputs
 from raycl.data.semeval import (
     read_sts_inputs,
     read_sts_pretrain,
     read_sts_train,
 )  # fmt: skip
-from raycl.distributed.sweep import TrialOutcome
 from raycl.driver import RecipeBase, Run, TrainPoint, fit_job
 from raycl.models.sentence_encoder import CONFIG_FILE, build_sentence_encoder
-from raycl.recipes.sts import report
+from raycl.recipes.sts import inputs, report
 from raycl.recipes.sts.worker import StsTask, fits
+from raycl.records import TrialOutcome
 from raycl.report import copy_atomic
-from raycl.train.loop import Job
+from raycl.training.loop import Job
 
 
 class StsRecipe(RecipeBase):
     task = "sts"
 
-    with_data = staticmethod(semeval_inputs.sts_with_data)
-    check_data = staticmethod(semeval_inputs.sts_check_data)
+    with_data = staticmethod(inputs.sts_with_data)
+    check_data = staticmethod(inputs.sts_check_data)
 
     # ------------------------------------------------------------------------------------------ 2. model
     def base_model(self, run: Run) -> None:
@@ -64,7 +63,7 @@ class StsRecipe(RecipeBase):
             rows = read_sts_train(d.train_data) + read_sts_inputs(d.dev) + read_sts_inputs(d.eval)
             texts = [s for p in pretrain for s in (p.sentence1, p.sentence2)]
             texts += [s for p in rows for s in (p.sentence1, p.sentence2, p.alternative_1, p.alternative_2) if s]
-        build_sentence_encoder(m.preset, run.base_model, texts=texts, extra_tokens=semeval_inputs.mwe_tokens(cfg),
+        build_sentence_encoder(m.preset, run.base_model, texts=texts, extra_tokens=inputs.mwe_tokens(cfg),
                                seed=m.seed, checkpoint=checkpoint, max_seq_length=m.max_seq_length)  # fmt: skip
 
     # ------------------------------------------------------------------------------------------ 3–5.

@@ -13,8 +13,8 @@ from raycl.report import closing_lines, failed, figure, num, pct, write_run_file
 
 if TYPE_CHECKING:
     from raycl.config import Space
-    from raycl.distributed.sweep import TrialOutcome
     from raycl.driver import Run
+    from raycl.records import TrialOutcome
 
 SETTINGS = ("pre_train", "fine_tune")
 LADDER = (("mse_only", "MSE only"), ("cross_attention", "+ cross-attention"),

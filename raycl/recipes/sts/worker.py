@@ -1,4 +1,4 @@
-"""Subtask B's side of the one training loop (``raycl.train.loop``): pre-train on STS pairs, then fine-tune.
+"""Subtask B's side of the one training loop (``raycl.training.loop``): pre-train on STS pairs, then fine-tune.
 
 A trial is a list of *fits*, as the released code calls sentence-transformers' ``fit``: one pre-training fit of
 ``pretrain.epochs`` epochs, then ``finetune.epochs`` fits of one epoch each (warm-up recomputed each time). Each
@@ -35,9 +35,9 @@ from raycl.losses.mse_cosine import MSECosineLoss
 from raycl.memory.moco import MoCoKeyEncoder
 from raycl.models.sentence_encoder import SentenceEncoder
 from raycl.recipes.sts import evaluation
-from raycl.train import optim as optimizers
-from raycl.train.checkpoint import seed_everything
-from raycl.train.loop import (
+from raycl.training import optim as optimizers
+from raycl.training.checkpoint import seed_everything
+from raycl.training.loop import (
     Batch,
     Epoch,
     Keep,
@@ -50,7 +50,7 @@ from raycl.train.loop import (
     Worker,
     updates_in,
 )
-from raycl.train.optim import build_scheduler
+from raycl.training.optim import build_scheduler
 
 Pair = tuple[str, str, float]  # (sentence 1, sentence 2, label in [0, 1])
 
@@ -362,5 +362,6 @@ class StsTask(TaskBase):
         ran = (self.cfg.pretrain.epochs if setting == "pre_train" else self.cfg.finetune.epochs) > 0
         if ran:
             raise RuntimeError(f"{path}: the model that {setting} kept is not there on rank {w.rank} (the run "
-                               "folder must be on a file system every worker shares; see scaling in the README)")
+                               "folder must be on a file system every worker shares; see docs/cluster.md: a "
+                               "cluster without a shared file system)")
         return Path(w.job.init_model)

@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 PROGRESS = "progress.json"
-_last_line = [time.monotonic()]  # when this process last printed a ``[raycl]`` line (a bar's, or report.say's)
+_last_line = [time.monotonic()]  # when this process last printed a ``[raycl]`` line (a bar's, or say's)
+
+
+def say(msg: str) -> None:
+    """One ``[raycl]`` line on stderr: what a run tells a person between its progress lines."""
+    print(f"[raycl] {msg}", file=sys.stderr, flush=True)
+    said()  # a progress bar's heartbeat counts from this line
 
 
 def said() -> None:

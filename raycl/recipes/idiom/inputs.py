@@ -1,6 +1,6 @@
-"""The SemEval-2022 Task 2 runs' inputs: empty data keys filled with the built-in set (official layouts, written
-into the run's ``data/``) and every file read once by the driver before Ray starts — Subtask A (``idiom_*``) and
-Subtask B (``sts_*``) — so a malformed CSV ends in one line (file:line), not inside a Ray worker."""
+"""Subtask A's inputs: empty data keys filled with the built-in set (the official layout, written into the run's
+``data/``) and every file read once by the driver before Ray starts, so that a malformed CSV ends in one line
+(file:line), not inside a Ray worker."""
 
 from __future__ import annotations
 
@@ -9,20 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from raycl.configs.idiom import IdiomConfig
-from raycl.configs.sts import StsConfig
 from raycl.data.semeval import (
     A_SUBMISSION_HEADER,
-    B_GOLD_HEADER,
-    B_SUBMISSION_HEADER,
     IdiomExample,
-    mwe_token,
     read_idiom_gold,
     read_idiom_inputs,
     read_idiom_train,
     read_rows,
-    read_sts_inputs,
-    read_sts_pretrain,
-    read_sts_train,
     with_gold,
 )
 from raycl.data.semeval_corpus import write_builtin_semeval
@@ -81,53 +74,3 @@ def _check_format(path: str, examples: list[IdiomExample], settings: tuple[str, 
             if (e.id, s) not in rows:
                 raise UserError(f"{at(path)}: no row for ID {e.id} setting {s}; expected the IDs of "
                                 f"data.{key.removesuffix('_submission_format')}")  # fmt: skip
-
-
-# ---------------------------------------------------------------------------------------------- Subtask B
-B_KEYS = {"train_data": "b.train_data", "dev": "b.dev", "dev_gold": "b.dev_gold",
-             "dev_submission_format": "b.dev_submission_format", "eval": "b.eval", "eval_gold": "b.eval_gold",
-             "eval_submission_format": "b.eval_submission_format"}  # fmt: skip
-
-
-def sts_with_data(cfg: StsConfig, data_dir: Path) -> tuple[StsConfig, list[str]]:
-    """Fill every empty ``data`` key with the built-in set (written once into ``data_dir``)."""
-    d = cfg.data
-    empty = [k for k in B_KEYS if not getattr(d, k) and not (k == "eval_gold" and d.eval)]
-    if not d.sts_pretrain:
-        empty.append("sts_pretrain")
-    if not empty:
-        return cfg, []
-    files = write_builtin_semeval(data_dir, seed=d.builtin.seed)
-    fill: dict[str, Any] = {k: str(files[B_KEYS[k]]) for k in empty if k in B_KEYS}
-    if "sts_pretrain" in empty:
-        fill["sts_pretrain"] = [str(files["b.sts_pretrain"])]
-    return dataclasses.replace(cfg, data=dataclasses.replace(d, **fill)), empty
-
-def sts_check_data(cfg: StsConfig) -> dict[str, int]:
-    """Read every file in the driver: a malformed one fails here (one line, exit 2), not in a worker."""
-    d = cfg.data
-    pretrain = [p for spec in d.sts_pretrain for p in read_sts_pretrain(spec)]
-    counts = {f"sts_{s}": sum(p.split == s for p in pretrain) for s in ("train", "dev", "test")}
-    if counts["sts_train"] < 2 and cfg.pretrain.epochs:
-        raise UserError(f"data.sts_pretrain: {', '.join(d.sts_pretrain)} has {counts['sts_train']} train "
-                        "pairs, expected at least 2 (or pretrain.epochs: 0)")  # fmt: skip
-    train = read_sts_train(d.train_data)
-    for pair in train:
-        pair.tokenised(upstream_quirk=d.upstream_quirk)  # an MWE missing from its sentence ends here
-    counts["train_data"] = len(train)
-    for split in ("dev", "eval"):
-        pairs = read_sts_inputs(getattr(d, split))
-        for pair in pairs:
-            pair.tokenised(upstream_quirk=d.upstream_quirk)
-        counts[split] = len(pairs)
-        list(read_rows(getattr(d, f"{split}_submission_format"), B_SUBMISSION_HEADER))
-    counts["dev_gold"] = len(list(read_rows(d.dev_gold, B_GOLD_HEADER)))
-    if d.eval_gold:
-        counts["eval_gold"] = len(list(read_rows(d.eval_gold, B_GOLD_HEADER)))
-    return counts
-
-def mwe_tokens(cfg: StsConfig) -> list[str]:
-    """The organisers' single tokens of every MWE in train, dev and eval (the "tokenised" mBERT's new words)."""
-    d = cfg.data
-    pairs = read_sts_train(d.train_data) + read_sts_inputs(d.dev) + read_sts_inputs(d.eval)
-    return sorted({mwe_token(m) for p in pairs for m in (p.mwe1, p.mwe2) if m is not None})

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import torch
 
 from raycl.data.gec import GecExample
-from raycl.train.prefetch import Call
+from raycl.training.prefetch import Call
 
 Batch = tuple[list[GecExample], list[list[str]]]
 
@@ -73,7 +73,7 @@ def token_groups(sizes: Sequence[int], max_tokens: int) -> list[list[int]]:
 
 class Feed(Protocol):
     """An epoch's ``(examples, negatives)`` pools of this rank, read ahead of the step (a background thread); a
-    :class:`~raycl.train.prefetch.Call` where something must run in the training thread first (a publication)."""
+    :class:`~raycl.training.prefetch.Call` where something must run in the training thread first (publishing)."""
 
     def batches(self, epoch: int, model: torch.nn.Module) -> Iterator[Batch | Call]: ...
     def after_step(self, step: int, model: torch.nn.Module) -> None: ...

@@ -25,7 +25,7 @@ by the weight summed over its micro-batches and every worker, so ``update_freq``
 one batch N·B, and W workers are one worker on the union of their shards (fairseq's ``ntokens`` normalisation for
 GEC; the mean of per-batch means with the default weight 1). Tasks whose forward runs through ``forward`` use
 DDP (``LoopSettings.ddp``: its bucketed all-reduce overlaps the backward; ``no_sync`` while accumulating);
-the others sum gradients after the backward (:mod:`raycl.train.data_parallel`).
+the others sum gradients after the backward (:mod:`raycl.collectives`).
 """
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ import torch
 from torch import nn
 
 from raycl import storage
+from raycl.collectives import all_gather_floats, average_gradients
 from raycl.distributed import session
+from raycl.progress import ProgressWriter
 from raycl.records import append_history, append_start, save_dir_atomic
-from raycl.train.chaos import crash_switch
-from raycl.train.checkpoint import MODEL_DIR, STATE_FILE, load_state, save_state, seed_everything
-from raycl.train.data_parallel import all_gather_floats, average_gradients
-from raycl.train.precision import Precision, enable_tf32, inference
-from raycl.train.prefetch import Call, Prefetcher
-from raycl.train.progress import ProgressWriter
+from raycl.training.chaos import crash_switch
+from raycl.training.checkpoint import MODEL_DIR, STATE_FILE, load_state, save_state, seed_everything
+from raycl.training.precision import Precision, enable_tf32, inference
+from raycl.training.prefetch import Call, Prefetcher
 
 
 # ---------------------------------------------------------------------------------------------- what a task gives
@@ -241,7 +241,7 @@ class Job:
     stream: Any = None  # the negative stream's actor handle, when negatives are mined while training
     store: Any = None  # the weight store's actor handle
     nbest: Any = None  # the run's shared n-best (``raycl.distributed.nbest``), when negatives are version 0
-    chaos: dict[str, Any] | None = None  # a trainer crash switch for tests and benchmarks (raycl.train.chaos)
+    chaos: dict[str, Any] | None = None  # a trainer crash switch for tests and benchmarks (raycl.training.chaos)
     use_gpu: bool = True  # False: the CPU even where Ray's local mode (0 workers) would hand out a GPU
     probe: str | None = None  # a folder where every rank writes its final training state (rank<r>.pt; tests)
 

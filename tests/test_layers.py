@@ -1,0 +1,129 @@
+"""raycl's modules stand on floors (docs/architecture.md): a module imports only from its own floor or the floors
+below it — at the top of a file, inside a function, or for type checking alone — and no group of modules imports
+each other in a circle. An import planted the other way round fails here, naming the file, the line and both
+floors."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import raycl
+
+ROOT = Path(raycl.__file__).parent
+
+# bottom to top; a module's floor is the first entry that names it or a package above it
+FLOORS: list[tuple[str, tuple[str, ...]]] = [
+    ("base", ("errors", "storage", "records", "progress", "report", "config")),
+    ("algebra", ("losses", "adversarial")),
+    ("models", ("models",)),
+    ("memory", ("memory",)),
+    ("data", ("data",)),
+    ("mining and scoring", ("miners", "evaluation")),
+    ("task configs", ("configs",)),
+    ("collectives", ("collectives",)),
+    ("Ray", ("distributed",)),
+    ("training loop", ("training",)),
+    ("driver", ("driver", "run_folder")),
+    ("recipes", ("recipes",)),
+    ("entry points", ("cli", "tune", "train", "mine", "eval", "convert", "__init__")),
+]
+
+
+def floor_of(module: str) -> int:
+    """The floor of ``raycl.<module>`` (dotted, without ``raycl.``)."""
+    head = module.split(".")[0] or "__init__"
+    for i, (_, names) in enumerate(FLOORS):
+        if head in names:
+            return i
+    raise AssertionError(f"raycl.{module} stands on no floor: add it to tests/test_layers.py and the architecture")
+
+
+def module_of(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, source: str | None = None) -> Iterator[tuple[str, int]]:
+    """Every raycl module ``path`` (or ``source``, as if it stood there) imports, dotted without ``raycl.``, with
+    its line — wherever the import stands. ``from raycl import x`` names the module ``x`` where there is one."""
+    here = module_of(path)
+    for node in ast.walk(ast.parse(source if source is not None else path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from ((a.name.removeprefix("raycl.") if a.name != "raycl" else "", node.lineno)
+                        for a in node.names if a.name == "raycl" or a.name.startswith("raycl."))  # fmt: skip
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the importing module's package
+                package = here.split(".")[: -node.level] if path.name != "__init__.py" else here.split(".")
+                base = ".".join([*package, base] if base else package)
+            elif base != "raycl" and not base.startswith("raycl."):
+                continue
+            base = base.removeprefix("raycl").removeprefix(".")
+            for a in node.names:
+                sub = f"{base}.{a.name}" if base else a.name
+                is_module = (ROOT / sub.replace(".", "/")).with_suffix(".py").exists() or (
+                    ROOT / sub.replace(".", "/") / "__init__.py").exists()
+                yield (sub if is_module else base), node.lineno
+
+
+def _sources() -> list[Path]:
+    return sorted(ROOT.rglob("*.py"))
+
+
+def test_every_import_stays_on_its_floor_or_goes_down() -> None:
+    up = []
+    for path in _sources():
+        mine = floor_of(module_of(path))
+        for target, line in imports(path):
+            theirs = floor_of(target)
+            if theirs > mine:
+                up.append(f"{path.relative_to(ROOT.parent)}:{line} imports raycl.{target}: "
+                          f"{FLOORS[mine][0]} -> {FLOORS[theirs][0]}")  # fmt: skip
+    assert up == [], "imports that run back up a floor:\n" + "\n".join(up)
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    graph = {module_of(p): {t for t, _ in imports(p) if t != module_of(p)} for p in _sources()}
+    graph = {m: {t for t in ts if t in graph} for m, ts in graph.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(m: str) -> None:  # Tarjan's strongly connected components
+        index[m] = low[m] = len(index)
+        stack.append(m)
+        for t in graph[m]:
+            if t not in index:
+                visit(t)
+                low[m] = min(low[m], low[t])
+            elif t in stack:
+                low[m] = min(low[m], index[t])
+        if low[m] == index[m]:
+            group = []
+            while True:
+                t = stack.pop()
+                group.append(t)
+                if t == m:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    assert circles == [], f"modules that import each other in a circle: {circles}"
+
+
+def test_the_floors_cover_every_module_and_a_planted_import_up_is_seen() -> None:
+    for path in _sources():
+        floor_of(module_of(path))  # every module stands somewhere
+    errors = ROOT / "errors.py"
+    planted = errors.read_text(encoding="utf-8") + (
+        "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from raycl.training.loop import run\n"
+        "def f() -> None:\n    from raycl import driver\n")
+    seen = {t for t, _ in imports(errors, planted)}
+    assert {"training.loop", "driver"} <= seen  # a type-only import and one inside a function are both seen
+    assert all(floor_of(t) > floor_of("errors") for t in ("training.loop", "driver"))
