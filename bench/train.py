@@ -121,7 +121,7 @@ def step_flops(runner: Any, batches: list[Any]) -> int:
 def peak_tflops(precision: str, device: torch.device) -> float:
     """The card's matmul rate at this precision (TF32 where on for fp32): the best of several timed square
     matmuls (a shared machine's other load only slows some of them down)."""
-    from raycl.train.precision import enable_tf32
+    from raycl.training.precision import enable_tf32
 
     enable_tf32(device)  # as the step runs: its fp32 matmuls are TF32 ones, so is the peak they are held against
     n = 8192 if device.type == "cuda" else 1024
