@@ -89,6 +89,22 @@ def test_top_n_order_ties_and_skips() -> None:
         )
 
 
+def test_an_item_with_exactly_num_negs_candidates_gets_them_all() -> None:
+    negs = _permutations(DOC, 4)
+    scorer = FixedScorer(dict(zip(negs, [0.2, 0.7, 0.1, 0.4], strict=True)))
+    items = [Item("exact", DOC, negs[:3]), Item("one_short", DOC, negs[:2]), Item("more", DOC, negs)]
+    mined = PermutationMiner(scorer, num_rank=3, num_negs=3).mine(items)
+    # exactly num_negs candidates: all three kept, reordered by score; one fewer: none; more: the first num_rank
+    assert [decode_doc(n) for n in mined[0].negatives] == [negs[1], negs[0], negs[2]]
+    assert mined[0].scores == (0.7, 0.2, 0.1)
+    assert mined[1] == MinedPermutations("one_short", (), ())
+    assert mined[2] == MinedPermutations("more", mined[0].negatives, mined[0].scores)
+    assert scorer.calls == [(6, False, False)]
+    # num_rank = num_negs = 1 (the smallest miner) keeps the best candidate of the first one
+    assert PermutationMiner(scorer, num_rank=1, num_negs=1).mine([Item("1", DOC, negs)])[0].scores == (0.2,)
+    assert PermutationMiner(FixedScorer({}), num_rank=2, num_negs=2).mine([]) == []
+
+
 def test_scorer_mode_is_restored() -> None:
     scorer = FixedScorer({n: 0.0 for n in _permutations(DOC, 5)})
     scorer.train()
@@ -115,3 +131,7 @@ def test_ranking_equals_naive_loop_with_real_scorer(smoke_scorer: CoherenceScore
 def test_rejects_bad_sizes() -> None:
     with pytest.raises(ValueError):
         PermutationMiner(FixedScorer({}), num_rank=3, num_negs=5)
+    with pytest.raises(ValueError):
+        PermutationMiner(FixedScorer({}), num_rank=3, num_negs=0)
+    PermutationMiner(FixedScorer({}), num_rank=3, num_negs=3)  # the bounds themselves are fine
+    PermutationMiner(FixedScorer({}), num_rank=1, num_negs=1)
