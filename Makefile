@@ -7,7 +7,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install test test-cluster test-gpu gpu-check test-equivalence mutate lint demo bench clean
+.PHONY: install test test-cluster test-gpu gpu-check test-equivalence mutate mutate-units lint demo bench clean
 
 install: $(STAMP)
 
@@ -51,8 +51,16 @@ test-equivalence: install
 mutate: install
 	$(PY) bench/mutate.py
 
+# operator mutation (mutmut) of the pure modules — losses, token batching, schedules, memory, adversarial steps, the
+# miners' selection, false negatives, metrics, config validation — each mutant against the unit tests that call its
+# function; writes runs/mutate-units.json and one summary line (not in `make test`). MODULES=optim,feeds: only the
+# files of pyproject's [tool.mutmut] only_mutate whose path contains one of the words
+MODULES ?=
+mutate-units: install
+	$(PY) bench/mutate_units.py $(if $(MODULES),--modules $(MODULES))
+
 demo: install
 	$(PY) -m raycl.tune $(SPACE) --preset smoke
 
 clean:
-	rm -rf runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf runs mutants .pytest_cache .mypy_cache .ruff_cache

@@ -56,6 +56,8 @@ def test_token_batches_keep_examples_with_their_negatives_in_a_seeded_order() ->
     random.Random(3).shuffle(groups)
     assert got == [([exs[i] for i in g], [negs[i] for i in g]) for g in groups]
     assert len(got) > 1 and sorted(ex.id for b, _ in got for ex in b) == sorted(ex.id for ex in exs)
+    with pytest.raises(ValueError):  # examples and their negatives, one to one
+        token_batches((exs, negs[:-1]), max_tokens=10, size=size, rng=random.Random(3))
 
 
 @pytest.mark.parametrize(("n", "world"), [(7, 2), (6, 3), (1, 2), (5, 1)])

@@ -11,11 +11,12 @@ from raycl.train.optim import build_optimizer, build_scheduler
 LR = 0.5
 
 
-def _rates(kind: str, *, warmup: int, total: int, end_factor: float = 0.0, updates: int) -> list[float]:
-    """The learning rate each of the first ``updates`` optimizer steps runs at, read as the loop reads it."""
+def _rates(kind: str, *, warmup: int, total: int, updates: int, **end_factor: float) -> list[float]:
+    """The learning rate each of the first ``updates`` optimizer steps runs at, read as the loop reads it
+    (``end_factor`` passed on only where given, so that the default is what runs otherwise)."""
     param = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([param], lr=LR)
-    sched = build_scheduler(opt, kind, warmup=warmup, total=total, end_factor=end_factor)
+    sched = build_scheduler(opt, kind, warmup=warmup, total=total, **end_factor)
     rates = []
     for _ in range(updates):
         rates.append(opt.param_groups[0]["lr"])  # the rate this update uses
@@ -36,7 +37,7 @@ def _naive(kind: str, u: int, *, warmup: int, total: int, end_factor: float = 0.
 
 
 @pytest.mark.parametrize("kind", ["fixed", "polynomial"])
-@pytest.mark.parametrize(("warmup", "total"), [(0, 6), (1, 6), (3, 8), (4, 4), (5, 3)])
+@pytest.mark.parametrize(("warmup", "total"), [(0, 6), (1, 6), (3, 8), (2, 3), (4, 4), (5, 3)])
 def test_every_update_runs_at_the_rate_of_the_formula(kind: str, warmup: int, total: int) -> None:
     got = _rates(kind, warmup=warmup, total=total, updates=total + 3)
     want = [_naive(kind, u, warmup=warmup, total=total) for u in range(1, total + 4)]
@@ -53,6 +54,7 @@ def test_the_first_updates_of_a_warm_up() -> None:
 
 
 def test_polynomial_ends_at_end_factor() -> None:
+    assert _rates("polynomial", warmup=0, total=4, updates=6)[4:] == [0.0, 0.0]  # by default: decays to 0
     got = _rates("polynomial", warmup=0, total=5, end_factor=0.25, updates=8)
     want = [_naive("polynomial", u, warmup=0, total=5, end_factor=0.25) for u in range(1, 9)]
     assert got == pytest.approx(want, abs=1e-12)
