@@ -18,6 +18,7 @@ Usage::
 
     .venv/bin/python bench/mutate_units.py                     # every module of only_mutate
     .venv/bin/python bench/mutate_units.py --modules optim,feeds  # the files whose path contains a word
+    .venv/bin/python bench/mutate_units.py --survivors            # only what the last run left alive
 """
 
 from __future__ import annotations
@@ -71,9 +72,20 @@ def _added(diff: str) -> list[str]:
     return [ln[1:].strip() for ln in diff.splitlines() if ln.startswith("+")]
 
 
-def run_mutmut(modules: list[str], max_children: int) -> int:
+def _unkilled(files: list[Path]) -> list[str]:
+    """The mutants of ``files`` that the last run left alive (survived or no tests), by name."""
+    out = []
+    for path in files:
+        meta_path = ROOT / "mutants" / f"{path}.meta"
+        if meta_path.exists():
+            codes = json.loads(meta_path.read_text())["exit_code_by_key"]
+            out += [n for n, c in codes.items() if STATUS.get(c) in ("survived", "no tests")]
+    return out
+
+
+def run_mutmut(names: list[str], max_children: int) -> int:
+    """``names``: mutmut's mutant names or globs (module.function__mutmut_N, module.*)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-    names = [f"{m}.*" for m in modules]  # mutmut's mutant names: module.function__mutmut_N
     cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children), *names]
     # mutmut's progress line goes to stderr: stdout is this script's summary line
     return subprocess.run(cmd, cwd=ROOT, env=env, stdout=sys.stderr).returncode
@@ -124,6 +136,8 @@ def main() -> None:
     p.add_argument("--max-children", type=int, default=os.cpu_count() or 2, help="mutants run at once")
     p.add_argument("--out", default="runs/mutate-units.json", help="the JSON report")
     p.add_argument("--report-only", action="store_true", help="report the last run's results, run nothing")
+    p.add_argument("--survivors", action="store_true",
+                   help="run again only the mutants the last run left alive (after adding tests)")
     args = p.parse_args()
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     files = _files(pyproject["tool"]["mutmut"]["only_mutate"])
@@ -135,7 +149,8 @@ def main() -> None:
     cfg = tomllib.loads((ROOT / "bench" / "mutate_units.toml").read_text(encoding="utf-8"))
     t0 = time.perf_counter()
     if not args.report_only:
-        code = run_mutmut([_module(f) for f in files], args.max_children)
+        names = _unkilled(files) if args.survivors else [f"{_module(f)}.*" for f in files]
+        code = run_mutmut(names, args.max_children) if names else 0
         if code != 0:
             sys.exit(f"mutate-units: mutmut exited with {code} (run `python -m mutmut run` to see why)")
     out = report(files, cfg, time.perf_counter() - t0)
