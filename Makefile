@@ -7,7 +7,7 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install test test-cluster test-gpu gpu-check test-equivalence mutate lint docs demo bench clean
+.PHONY: install test test-cluster test-gpu gpu-check test-equivalence mutate mutate-units lint docs demo bench clean
 
 install: $(STAMP)
 
@@ -56,8 +56,16 @@ mutate: install
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
+# operator mutation (mutmut) of the pure modules — losses, token batching, schedules, memory, adversarial steps, the
+# miners' selection, false negatives, metrics, config validation — each mutant against the unit tests that call its
+# function; writes runs/mutate-units.json and one summary line (not in `make test`). MODULES=optim,feeds: only the
+# files of pyproject's [tool.mutmut] only_mutate whose path contains one of the words
+MODULES ?=
+mutate-units: install
+	$(PY) bench/mutate_units.py $(if $(MODULES),--modules $(MODULES))
+
 demo: install
 	$(PY) -m raycl.tune $(SPACE) --preset smoke
 
 clean:
-	rm -rf runs site .pytest_cache .mypy_cache .ruff_cache
+	rm -rf runs site mutants .pytest_cache .mypy_cache .ruff_cache

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from raycl.adversarial import build_adversarial
-from raycl.adversarial.base import ADVERSARIAL, ascend, project, stable_kl
+from raycl.adversarial.base import ADVERSARIAL, NoAdversarial, ascend, project, stable_kl
 from raycl.adversarial.fgm import FGM
 from raycl.adversarial.freelb import FreeLB
 from raycl.adversarial.pgd import PGD
@@ -271,6 +271,21 @@ def test_loss_scale_scales_only_the_adversarial_terms() -> None:
     assert_grads_close(grads_of(model), add(g0, g_adv, 0.25))
 
 
+@pytest.mark.parametrize(("cls", "steps"), [(PGD, 2), (SMART, 1)])
+def test_pgd_and_smart_scale_their_adversarial_passes_by_the_loss_scale(cls: type, steps: int) -> None:
+    """Their ascent steps along g/‖g‖_F of gradients the scale does not change (PGD zeroes the adversarial ones,
+    a one-step SMART has only the clean one): the added gradient, KL term included, scales with loss_scale."""
+    clean = Tiny()
+    clean_backward(clean)
+    g0 = grads_of(clean)
+    _, g1 = run(cls, alpha=0.4, steps=steps)
+    model = Tiny()
+    logits = clean_backward(model)
+    cls(model, alpha=0.4, steps=steps).attack_and_backward(lambda: model(IDS, LABELS), clean_logits=logits,
+                                                           loss_scale=0.25)  # fmt: skip
+    assert_grads_close(grads_of(model), add(g0, {k: g1[k] - g0[k] for k in g0}, 0.25))
+
+
 def test_stable_kl_matches_naive_loop_and_flows_only_through_p() -> None:
     torch.manual_seed(1)
     logits = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
@@ -288,10 +303,18 @@ def test_stable_kl_matches_naive_loop_and_flows_only_through_p() -> None:
     assert abs(float(same)) < 1e-9  # KL(p ‖ p) = 0
 
 
+def test_stable_kl_of_half_precision_logits_is_computed_in_fp32() -> None:
+    torch.manual_seed(2)
+    logits, target = torch.randn(4, 3).bfloat16(), torch.randn(4, 3).bfloat16()
+    got = stable_kl(logits, target)
+    assert got.dtype == torch.float32
+    assert float(got) == pytest.approx(float(stable_kl(logits.float(), target.float())), rel=1e-6)
+
+
 def test_smart_needs_clean_logits() -> None:
     model = Tiny()
     clean_backward(model)
-    with pytest.raises(ValueError, match="clean_logits"):
+    with pytest.raises(ValueError, match=r"^SMART needs clean_logits: pass the logits of the caller's clean forw"):
         SMART(model).attack_and_backward(lambda: model(IDS, LABELS))
 
 
@@ -307,6 +330,17 @@ def test_build_adversarial_defaults_and_user_errors() -> None:
         build_adversarial("fgm", model, epsilon=-1.0)
     with pytest.raises(UserError, match=r"^adversarial\.steps"):
         build_adversarial("pgd", model, steps=0)
+    for key, kw, symbol in (("epsilon", {"epsilon": -0.5}, "ε ≥ 0"), ("alpha", {"alpha": -0.5}, "α ≥ 0"),
+                            ("steps", {"steps": 0}, "K ≥ 1"), ("smart_mu", {"smart_mu": -0.5}, "μ ≥ 0")):
+        bad = next(iter(kw.values()))
+        with pytest.raises(UserError, match=rf"^adversarial\.{key}: expected {symbol}, got {bad}$"):
+            build_adversarial("smart", model, **kw)
+    # the bounds themselves are accepted: ε = α = μ = 0, K = 1
+    edge = build_adversarial("smart", model, epsilon=0.0, alpha=0.0, steps=1, smart_mu=0.0)
+    assert (edge.epsilon, edge.alpha, edge.steps, edge.mu) == (0.0, 0.0, 1, 0.0)
+    for name, cls in (("none", NoAdversarial), ("fgm", FGM), ("pgd", PGD), ("freelb", FreeLB)):
+        got = build_adversarial(name, model, epsilon=0.5, alpha=0.1, steps=2)
+        assert type(got) is cls and (got.epsilon, got.alpha, got.steps) == (0.5, 0.1, 2), name
 
 
 def test_hf_model_embedding_is_found_and_restored_under_dropout() -> None:

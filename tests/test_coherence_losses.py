@@ -39,6 +39,16 @@ def _naive_momentum(q: list[float], k_pos: list[float], queue: list[list[float]]
     return -math.log(num / denom)
 
 
+def test_pairwise_default_margin_and_shapes() -> None:
+    f_pos, f_neg = torch.tensor([0.0, 1.0]), torch.tensor([0.0, 0.5])
+    per, _ = pairwise_margin_loss(f_pos, f_neg)
+    assert per.tolist() == pytest.approx([0.1, 0.0])  # τ = 0.1, the paper's
+    for a, b in ((torch.zeros(2, 1), torch.zeros(2, 1)), (torch.zeros(2), torch.zeros(3))):
+        with pytest.raises(ValueError) as err:
+            pairwise_margin_loss(a, b)
+        assert str(err.value).endswith(f"must both be (B,), got {tuple(a.shape)} and {tuple(b.shape)}")
+
+
 def test_pairwise_matches_loop() -> None:
     f_pos = [0.15, -1.2, 2.0, 0.05]
     f_neg = [0.1, -1.0, -0.5, 0.0]  # inside the margin, wrong order, zero, inside the margin
@@ -180,6 +190,20 @@ def test_queue_size_zero_stays_empty() -> None:
     queue = NegativeQueue(3, size=0, num_negs=5)
     queue.enqueue(torch.randn(5, 3))
     assert queue.entries().shape == (0, 3) and len(queue) == 0
+
+
+def test_queue_slots_the_checkpoint_holds_and_its_bounds() -> None:
+    """size + num_negs − 1 slots (the most ever held), none for size 0; the paper's 1000 and 5 by default."""
+    assert NegativeQueue(3, size=10, num_negs=5).keys.shape == (14, 3)
+    assert NegativeQueue(3, size=1, num_negs=2).keys.shape == (2, 3)
+    assert NegativeQueue(3, size=0, num_negs=5).keys.shape == (0, 3)
+    default = NegativeQueue(4)
+    assert (default.size, default.num_negs, default.keys.shape) == (1000, 5, (1004, 4))
+    assert default.fill.dtype == torch.long and default.fill.shape == ()
+    assert NegativeQueue(2, size=3, num_negs=1).num_negs == 1  # the bounds are accepted
+    for size, num_negs in ((-1, 5), (10, 0)):
+        with pytest.raises(ValueError, match=rf"^queue size must be ≥ 0 and num_negs ≥ 1, got {size}, {num_negs}"):
+            NegativeQueue(2, size=size, num_negs=num_negs)
 
 
 def test_queue_rejects_partial_items() -> None:

@@ -109,6 +109,20 @@ def test_state_dict_round_trip_and_mismatch() -> None:
         resumed.load_state_dict(state)
 
 
+def test_a_loaded_shadow_takes_the_models_dtype_and_device_and_the_default_decay() -> None:
+    assert EMA(tiny()).decay == 0.999  # the paper's η
+    state = EMA(tiny(), 0.3).state_dict()  # fp32 CPU copies
+    half = tiny().half()
+    ema = EMA(half, 0.9)
+    ema.load_state_dict(state)
+    assert {t.dtype for t in ema.shadow.values()} == {torch.float16}
+    with torch.device("meta"):
+        on_meta = tiny()
+    ema = EMA(on_meta, 0.9)
+    ema.load_state_dict(state)
+    assert {t.device.type for t in ema.shadow.values()} == {"meta"}
+
+
 @pytest.mark.parametrize("decay", [-0.1, 1.5])
 def test_decay_out_of_range_is_a_user_error(decay: float) -> None:
     with pytest.raises(UserError, match=r"^ema\.decay: expected a value in \[0, 1\]"):

@@ -351,6 +351,22 @@ def test_evaluate_gec_rows_average_and_combined(bench: dict[str, Any], monkeypat
     assert len(calls) == 1
 
 
+def test_the_average_over_references_is_the_mean_of_each_files_average(bench: dict[str, Any]) -> None:
+    """Two reference files that score differently (the second keeps one annotator's edits, and drops a third of
+    its sentences' edits): the top-level average is the mean of the two files' averages, not either one."""
+    refs = bench["refs"]
+    thinned = [M2Sentence(s.source, tuple(e for e in s.edits if e.annotator == 0) if i % 3 else ())
+               for i, s in enumerate(refs)]  # fmt: skip
+    res = evaluate_gec(HypothesisEdits(bench["hyps"]), {"both.m2": refs, "thinned.m2": thinned})
+    a, b = res["refs"]["both.m2"]["average"], res["refs"]["thinned.m2"]["average"]
+    assert list(res["refs"]["thinned.m2"]["annotators"]) == ["0"]
+    for k in ("p", "r", "f0.5", "oe", "ie"):
+        assert a[k] != pytest.approx(b[k]), k  # the files disagree on every key, so a wrong mean shows
+        assert res["average"][k] == pytest.approx((a[k] + b[k]) / 2), k
+    three = evaluate_gec(HypothesisEdits(bench["hyps"]), {"x": refs, "y": thinned, "z": thinned})["average"]
+    assert three == pytest.approx({k: (a[k] + 2 * b[k]) / 3 for k in a})
+
+
 def test_hypothesis_count_mismatch_names_file_and_counts(bench: dict[str, Any]) -> None:
     system = HypothesisEdits(bench["hyps"][:-2], name="out.txt")
     with pytest.raises(UserError, match=rf"^out\.txt: {len(bench['hyps']) - 2} hypothesis lines, but ref\.m2 has "

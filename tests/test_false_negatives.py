@@ -12,7 +12,7 @@ import pytest
 from raycl.data.gec import GecExample, load_examples
 from raycl.data.m2 import Edit, M2Sentence, write_m2
 from raycl.miners.beam_search import select_negatives, write_negatives_parquet
-from raycl.miners.false_negatives import FalseNegativeCounts
+from raycl.miners.false_negatives import FalseNegativeCounts, rate_text, refuted_set
 
 # Hand-made: each sentence one case of the list. The n-best of each is written by hand below.
 SENTS = [
@@ -198,3 +198,21 @@ def test_a_miner_pools_selections_carry_their_counts_to_the_trials_file(tmp_path
     written = json.loads((tmp_path / FN_FILE).read_text())
     assert written == {"mode": mode, **_naive(examples, k=2, source_negative=True, refill=False)}
     assert written["source"]["refuted"] == 1 and written["beam"]["refuted"] == 2  # the two cases of the M2
+
+
+def test_the_refuted_set_leaves_out_the_targets_own_text_after_normalising() -> None:
+    refs = ["He goes  home .", "He went home .", " He goes home . ", "He  is home ."]
+    assert refuted_set(refs, "He goes home .") == {"He went home .", "He is home ."}
+    assert refuted_set(["A b ."], " A  b . ") == frozenset()  # one annotator: nothing refuted
+
+
+def test_counts_merge_another_or_their_printed_form_and_print_rates() -> None:
+    a = FalseNegativeCounts()
+    a.add(["s", "x", "y"], source=" s ", refuted=frozenset({"s", "y"}))
+    assert a.as_dict() == {"source": {"selected": 1, "refuted": 1}, "beam": {"selected": 2, "refuted": 1}}
+    b = FalseNegativeCounts.of_flat([2, 0, 5, 3])
+    merged = FalseNegativeCounts().merge(a).merge(b.as_dict())  # a counts object, then its JSON form
+    assert merged.flat() == [3, 1, 7, 4]
+    assert rate_text(merged.as_dict(), "beam") == "4/7 (57.1%)"
+    assert rate_text(merged.as_dict(), "source") == "1/3 (33.3%)"
+    assert rate_text(FalseNegativeCounts().as_dict(), "beam") == "0/0 (–)"

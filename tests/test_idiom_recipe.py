@@ -159,3 +159,35 @@ def test_subtask_a_adamw_eps_and_the_papers_batch_grid(tmp_path: Path) -> None:
     task = IdiomTask(cfg)
     st = task.build(task.load_model(run.base_model), w, None)
     assert st.optimizers[0].defaults["eps"] == 1e-6
+
+
+class _DevScores:
+    """Rank 0's evaluator at its boundary: ``dev_scores(model, tokenizer)``, here scoring the weights it is handed
+    (their sum), so that which weights were evaluated is read off the score, not left to a tiny model's F1."""
+
+    def dev_scores(self, model: torch.nn.Module, tokenizer: object) -> dict[str, float]:
+        return {"dev_f1": float(sum(p.detach().double().sum() for p in model.parameters()))}
+
+
+@pytest.mark.parametrize("ema", [True, False])
+def test_dev_is_scored_with_the_ema_weights_and_the_live_ones_come_back(ema: bool) -> None:
+    """The shadow is set far from the live weights (all 1 against all 0): the dev score of an evaluation with the
+    EMA applied is the shadow's sum, without EMA the live weights' (0); the live weights are back afterwards."""
+    from raycl.configs.idiom import IdiomConfig
+    from raycl.memory.ema import EMA
+    from raycl.recipes.idiom.worker import IdiomState, IdiomTask
+
+    model = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    extras: dict[str, object] = {}
+    if ema:
+        shadow = EMA(model, decay=0.5)
+        for t in shadow.shadow.values():
+            t.fill_(1.0)
+        extras["ema"] = shadow
+    st = IdiomState(model, [], [], {}, extras, evals=_DevScores())  # type: ignore[arg-type]
+    scores = IdiomTask(IdiomConfig()).evaluate(st, None, None)  # type: ignore[arg-type]
+    assert scores == {"dev_f1": (3 * 2 + 2) * 1.0 if ema else 0.0}
+    assert all(bool((p == 0).all()) for p in model.parameters())  # the live weights, back bit-exactly

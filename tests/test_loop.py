@@ -180,6 +180,39 @@ def test_accumulating_two_batches_is_one_batch_twice_the_size(tmp_path: Path, mo
         torch.testing.assert_close(results[1][k], results[0][k], rtol=1e-6, atol=1e-7)
 
 
+@dataclasses.dataclass(frozen=True)
+class ScriptedDev(ToyTask):
+    """The toy task whose dev score is a script, one value an epoch (None: undefined); each evaluated model's
+    weights are recorded, so the kept one is known without relying on how a tiny model happens to score."""
+
+    script: tuple[float | None, ...] = ()
+    seen: list[dict[str, torch.Tensor]] = dataclasses.field(default_factory=list)
+
+    def evaluate(self, st: TrainState, rep: Report, w: loop.Worker) -> dict[str, Any]:
+        self.seen.append({k: v.detach().clone() for k, v in st.model.state_dict().items()})
+        return {"dev": self.script[len(self.seen) - 1]}
+
+
+# the reports that keep their model: the first, then each that beats the best so far (an undefined score never
+# does; ties keep the earlier), written out by hand
+@pytest.mark.parametrize(("script", "flags"), [((0.1, 0.5, 0.5, 0.2), (1, 1, None, None)),
+                                               ((None, 0.3, 0.2, 0.4), (1, 1, None, 1)),
+                                               ((0.3, None, 0.2, 0.3), (1, None, None, None)),
+                                               ((-1.0, -2.0, -0.5, -0.5), (1, None, 1, None))])
+def test_the_best_epoch_is_the_first_with_the_highest_dev_score(tmp_path: Path, monkeypatch, script: tuple,
+                                                                flags: tuple) -> None:  # fmt: skip
+    fake = FakeSession(tmp_path)
+    fake.install(monkeypatch)
+    task = ScriptedDev(epochs=4, script=script)
+    _run(task, tmp_path / "run", fake)
+    assert [r.get("kept") for r in fake.reports] == list(flags)
+    weights = [seen["weight"] for seen in task.seen]
+    assert len(weights) == 4 and all(not torch.equal(weights[i], weights[j]) for i in range(4) for j in range(i))
+    kept = max(i for i, f in enumerate(flags) if f)
+    best = torch.load(tmp_path / "run" / "best_model" / "w.pt")
+    assert all(torch.equal(best[k], task.seen[kept][k]) for k in best), f"kept another epoch than {kept + 1}"
+
+
 # ---------------------------------------------------------------------------------------------- GEC's step
 def _scorer(tmp: Path) -> Seq2SeqScorer:
     from transformers import BartConfig, BartForConditionalGeneration

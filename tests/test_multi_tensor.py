@@ -14,7 +14,7 @@ from raycl.collectives import scale_gradients
 from raycl.memory.ema import EMA
 from raycl.memory.moco import MoCoKeyEncoder
 from raycl.memory.momentum import momentum_update
-from raycl.memory.multi_tensor import grouped
+from raycl.memory.multi_tensor import grouped, scale_
 from raycl.training.counting import count_ops
 
 LAYERS = 12  # 2 parameters a layer: 24 tensors, far more than the op bounds below
@@ -43,6 +43,12 @@ def test_grouped_splits_by_dtype_and_keeps_order() -> None:
     groups = grouped([a, b, c], [c, a, b])
     assert [[t.shape for t in g[0]] for g in groups] == [[(2,), (4,)], [(3,)]]
     assert groups[0][1][0] is c and groups[0][1][1] is b and groups[1][1][0] is a
+
+
+def test_scale_takes_sparse_tensors_one_by_one() -> None:
+    dense, sparse = torch.tensor([1.0, -2.0]), torch.tensor([[0.0, 3.0], [4.0, 0.0]]).to_sparse()
+    scale_([dense, sparse], 0.5)
+    assert dense.tolist() == [0.5, -1.0] and sparse.to_dense().tolist() == [[0.0, 1.5], [2.0, 0.0]]
 
 
 def test_scale_gradients_equals_a_multiplication_per_gradient_in_two_ops() -> None:

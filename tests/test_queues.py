@@ -50,6 +50,14 @@ def _cos(a: list[float], b: list[float]) -> float:
     return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
 
 
+def _far_from(module: torch.nn.Module) -> None:
+    """Move every weight of a momentum / key encoder by a fixed ±0.5 ramp: far from the live encoder from the first
+    step, so keys taken from the wrong encoder change every rep (not only by chance of how far a step moved)."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.linspace(-0.5, 0.5, p.numel()).view_as(p))
+
+
 # ---------------------------------------------------------------------------------------------- STS: MoCo ring
 def _sts(tmp: Path) -> tuple[StsTask, StsState, Any]:
     folder = build_sentence_encoder("smoke", tmp / "enc", texts=SENTENCES * 4, seed=3)
@@ -68,6 +76,7 @@ def test_sts_moco_step_against_a_naive_ring(tmp_path: Path) -> None:
     task, st, _ = _sts(tmp_path)
     moco, model, tau, m = st.moco, st.model, task.cfg.loss.temperature, task.cfg.moco.m
     assert moco is not None
+    _far_from(moco.encoder_k)
     ring = [row.tolist() for row in moco.queue.t()]  # (K, H) the initial random keys
     ptr, key_params = 0, {n: p.detach().clone() for n, p in moco.encoder_k.named_parameters()}
     for step, batch in enumerate([SENTENCES[0:3], SENTENCES[3:6], SENTENCES[6:9]]):
@@ -109,6 +118,7 @@ def test_coherence_momentum_step_against_a_naive_fifo(tmp_path: Path) -> None:
     scorer = CoherenceScorer.from_pretrained(folder)
     momentum, queue = MomentumEncoder(scorer), NegativeQueue(int(scorer.encoder.config.hidden_size), size=4,
                                                              num_negs=2)  # fmt: skip
+    _far_from(momentum.encoder)
     cfg = CoherenceConfig()
     cfg = replace(cfg, momentum=replace(cfg.momentum, m=0.5))  # a move large enough to see
     task = CoherenceTask(cfg, "")

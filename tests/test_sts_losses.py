@@ -44,6 +44,11 @@ def test_mse_cosine_matches_naive_loop() -> None:
     torch.testing.assert_close(out.per_example, torch.tensor(expected, dtype=torch.float64))
     assert out.loss.item() == pytest.approx(sum(expected) / len(expected), rel=1e-12)
     assert out.per_example[2].item() == pytest.approx((1 - 0.4) ** 2, rel=1e-12)
+    torch.testing.assert_close(out.cos, torch.cosine_similarity(u, v, dim=1))
+    # labels of another dtype are compared in the embeddings' (a float64 label does not promote an fp32 loss)
+    out32 = MSECosineLoss()(u.float(), v.float(), labels)
+    assert out32.per_example.dtype == out32.loss.dtype == torch.float32
+    torch.testing.assert_close(out32.per_example, out.per_example.float())
 
 
 def test_mse_cosine_gradient_flows_to_both_sides() -> None:
@@ -71,6 +76,16 @@ def test_empty_queue_is_in_batch_infonce() -> None:
         out = InfoNCEQueueLoss()(h, h_pos, queue)
         torch.testing.assert_close(out.per_example, expected)
         assert out.logits.shape == (5, 5)
+
+
+def test_infonce_of_half_precision_inputs_is_computed_in_fp32_on_their_device() -> None:
+    h, h_pos, queue = _rand(4, 6, seed=12), _rand(4, 6, seed=13), _rand(1, 6, seed=14)  # a queue of one key
+    want = InfoNCEQueueLoss()(h.bfloat16().float(), h_pos.bfloat16().float(), queue.bfloat16().float())
+    got = InfoNCEQueueLoss()(h.bfloat16(), h_pos.bfloat16(), queue.bfloat16())
+    assert got.logits.dtype == got.per_example.dtype == torch.float32 and got.logits.shape == (4, 5)
+    torch.testing.assert_close(got.per_example, want.per_example)
+    on_meta = InfoNCEQueueLoss()(h.to("meta"), h_pos.to("meta"), queue.to("meta"))  # the labels follow h
+    assert on_meta.loss.device.type == "meta"
 
 
 def test_queue_only_adds_negatives() -> None:

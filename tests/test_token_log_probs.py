@@ -72,3 +72,4 @@ def test_from_log_probs_reads_the_same_quantities() -> None:
     want = token_log_probs(logits, target)
     torch.testing.assert_close(got.target, want.target)
     torch.testing.assert_close(got.total, want.total)
+    assert got.vocab_size == want.vocab_size == V and logits.size(1) != V  # the last dimension, not another

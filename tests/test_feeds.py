@@ -1,0 +1,104 @@
+"""Token-budget batching and the static feed's batches, against rules written out here: a budget met exactly, the
+last short global batch, padding copies, every rank's share of one shuffle."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from raycl.data.gec import GecExample
+from raycl.recipes.gec.feeds import StaticFeed, global_batches, shard, token_batches, token_groups
+
+
+def _naive_groups(sizes: list[int], max_tokens: int) -> list[list[int]]:
+    """Sorted by size (ties by index); a group grows while its count × its largest size fits the budget."""
+    out: list[list[int]] = []
+    for i in sorted(range(len(sizes)), key=lambda j: (sizes[j], j)):
+        if out and (len(out[-1]) + 1) * max(sizes[j] for j in [*out[-1], i]) <= max_tokens:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def test_a_budget_met_exactly_fills_the_group() -> None:
+    assert token_groups([3, 3, 3, 3], 9) == [[0, 1, 2], [3]]  # 3 × 3 = 9 tokens: within the budget
+    assert token_groups([3, 3, 3, 3], 8) == [[0, 1], [2, 3]]
+    assert token_groups([2, 4], 8) == [[0, 1]]  # 2 × 4 = 8, the larger size counts
+    assert token_groups([5, 1, 4], 8) == [[1, 2], [0]]  # sorted: 1, 4 (2 × 4 = 8) then 5 alone
+    assert token_groups([], 8) == []
+
+
+def test_a_sentence_longer_than_the_budget_is_a_batch_of_its_own() -> None:
+    assert token_groups([20, 1, 1], 8) == [[1, 2], [0]]
+    assert token_groups([9, 9], 8) == [[0], [1]]
+
+
+def test_groups_equal_the_naive_rule_on_random_sizes() -> None:
+    rng = random.Random(0)
+    for _ in range(200):
+        sizes = [rng.randint(1, 12) for _ in range(rng.randint(1, 15))]
+        budget = rng.randint(1, 40)
+        assert token_groups(sizes, budget) == _naive_groups(sizes, budget), (sizes, budget)
+
+
+def _examples(n: int) -> list[GecExample]:
+    return [GecExample(f"f:{i}", f"src {i}", "t " * (i + 1)) for i in range(n)]
+
+
+def test_token_batches_keep_examples_with_their_negatives_in_a_seeded_order() -> None:
+    exs = _examples(6)
+    negs = [[f"n{i}"] * (i % 3) for i in range(6)]
+    size = lambda ex, ng: len(ex.target.split()) + len(ng)  # noqa: E731 – 1+0, 2+1, 3+2, 4+0, 5+1, 6+2
+    got = token_batches((exs, negs), max_tokens=10, size=size, rng=random.Random(3))
+    groups = token_groups([size(e, n) for e, n in zip(exs, negs, strict=True)], 10)
+    random.Random(3).shuffle(groups)
+    assert got == [([exs[i] for i in g], [negs[i] for i in g]) for g in groups]
+    assert len(got) > 1 and sorted(ex.id for b, _ in got for ex in b) == sorted(ex.id for ex in exs)
+    with pytest.raises(ValueError):  # examples and their negatives, one to one
+        token_batches((exs, negs[:-1]), max_tokens=10, size=size, rng=random.Random(3))
+
+
+@pytest.mark.parametrize(("n", "world"), [(7, 2), (6, 3), (1, 2), (5, 1)])
+def test_shard_pads_by_wrapping_around_with_their_own_ids(n: int, world: int) -> None:
+    exs = _examples(n)
+    per_rank = -(-n // world)
+    padded = [*exs, *[GecExample(e.id + "#pad", e.source, e.target) for e in exs][: per_rank * world - n]]
+    shards = [shard(exs, r, world) for r in range(world)]
+    assert shards == [padded[r::world] for r in range(world)]
+    assert {len(s) for s in shards} == {per_rank}
+    ids = [e.id for s in shards for e in s]
+    assert len(ids) == len(set(ids))
+
+
+def test_global_batches_are_strided_shares_of_one_shuffle() -> None:
+    order = list(range(11))
+    random.Random(5).shuffle(order)
+    # world 2, batch 2: global batches of 4 from the shuffle, the last one short (3 left)
+    assert global_batches(11, batch_size=2, seed=5, rank=0, world_size=2) == [
+        order[0:4:2], order[4:8:2], order[8:11:2]]  # fmt: skip
+    assert global_batches(11, batch_size=2, seed=5, rank=1, world_size=2) == [
+        order[1:4:2], order[5:8:2], order[9:11:2]]  # fmt: skip
+    # one example left for 2 ranks: rank 1's share of the last global batch is empty, and left out
+    assert global_batches(5, batch_size=2, seed=5, rank=1, world_size=2)[-1] != []
+    assert len(global_batches(5, batch_size=2, seed=5, rank=0, world_size=2)) == 2
+    assert len(global_batches(5, batch_size=2, seed=5, rank=1, world_size=2)) == 1
+    assert global_batches(0, batch_size=2, seed=5, rank=0, world_size=1) == []
+
+
+def test_static_feed_batches_carry_the_negatives_of_their_base_ids() -> None:
+    exs = [*_examples(5), GecExample("f:0#pad", "src 0", "t ")]
+    negatives = {"f:0": ["a", "b"], "f:3": ["c"]}
+    feed = StaticFeed(exs, negatives, batch_size=2, seed=7, rank=1, world_size=2)
+    got = list(feed.batches(3, model=None))  # type: ignore[arg-type]
+    idx = global_batches(6, batch_size=2, seed=7 * 1000 + 3, rank=1, world_size=2)
+    assert [b for b, _ in got] == [[exs[i] for i in share] for share in idx]
+    assert [n for _, n in got] == [[negatives.get(exs[i].id.removesuffix("#pad"), []) for i in s] for s in idx]
+    assert list(feed.batches(4, model=None)) != got  # type: ignore[arg-type]  # another epoch, another shuffle
+    one = StaticFeed(exs, negatives, batch_size=4, seed=7).batches(0, None)  # type: ignore[arg-type]
+    pairs = sorted((ex.id, ng) for chunk, negs in one for ex, ng in zip(chunk, negs, strict=True))
+    assert pairs == [("f:0", ["a", "b"]), ("f:0#pad", ["a", "b"]), ("f:1", []), ("f:2", []), ("f:3", ["c"]),
+                     ("f:4", [])]  # fmt: skip  # a padding copy has its base example's negatives
+    assert feed.metrics() == {"timing/mine_wait": 0.0, "timing/mine_wait_first": 0.0}
+    assert feed.state() == {}
