@@ -4,6 +4,8 @@ Parts, each a subprocess bounded by its own timeout and all within ``--budget`` 
 
 - ``gpu-tests``: ``pytest -m gpu tests`` (torch, transformers, Ray — the loop's session imports it —, pytest);
 - ``bench-train``: ``bench/train.py --json`` (torch, transformers, Ray): BART-large's shape, fp32 and bf16;
+- ``bench-compile``: the same step at batch 16 through ``optim.compile``'s torch.compile with CUDA graphs
+  (``--compile reduce-overhead``): the launches that bound the eager step at batch 16;
 - ``smoke-idiom``, ``smoke-sts``, ``smoke-coherence``, ``smoke-gec``: each recipe's smoke training on the GPU at
   bf16 (``raycl.train``: Ray; GEC's evaluation needs ERRANT and spaCy's model);
 - ``shared-gpu``: one run whose trainer and miner share the GPU (coherence smoke, 0.5 + 0.5);
@@ -110,6 +112,9 @@ PARTS = [
          "no:cacheprovider", "tests"], _pytest_counts, "pytest -m gpu tests"),  # fmt: skip
     Part("bench-train", LOOP, 200, lambda tmp: ["bench/train.py", "--json", "--max-batch", "256"], _bench_train,
          "bench/train.py --json --max-batch 256"),
+    Part("bench-compile", LOOP, 300, lambda tmp: ["bench/train.py", "--json", "--compile", "reduce-overhead",
+         "--max-batch", "16", "--warmup", "3", "--no-counts"], _bench_train,
+         "bench/train.py --json --compile reduce-overhead (optim.compile's step with CUDA graphs, batch 16)"),
     Part("smoke-idiom", TRAIN, 100, _train("idiom", "--set", "data.setting=zero_shot", "--set", "optim.epochs=4"),
          _train_summary, "raycl.train idiom --preset smoke, bf16, zero-shot, 4 epochs"),
     Part("smoke-sts", TRAIN, 120, _train("sts"), _train_summary, "raycl.train sts --preset smoke, bf16"),

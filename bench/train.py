@@ -71,14 +71,23 @@ class CountedTask:
             return self._task.step(st, data, ctx)  # type: ignore[no-any-return]
 
 
+COMPILE: str | None = None  # --compile MODE: the task's modules through torch.compile, as optim.compile does
+
+
 def _runner(case: Any, precision: str, device: torch.device) -> tuple[Any, CountedTask]:
+    import dataclasses
+
     from raycl.training import loop
     from raycl.training.precision import Precision, enable_tf32
 
     enable_tf32(device)
     task = CountedTask(case.task)
     w = loop.Worker(0, 1, device, Precision(precision, device), None, loop.Job(None, "", ""))  # type: ignore[arg-type]
-    return loop._Loop(task, case.state, w), task
+    runner = loop._Loop(task, case.state, w)
+    if COMPILE:  # the loop's own compile (optim.compile=true, optim.compile_mode=MODE); warm-up steps compile
+        runner.s = dataclasses.replace(runner.s, compile=True, compile_mode=COMPILE)
+        runner.compile()
+    return runner, task
 
 
 def _sync(device: torch.device) -> None:
@@ -357,11 +366,16 @@ def main() -> None:
     p.add_argument("--precisions", default="fp32,bf16")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="the card's peak (default: measured per "
                                                                    "precision on a large matmul)")
+    p.add_argument("--compile", default=None, metavar="MODE",
+                   help="torch.compile the step's model as optim.compile does: default, reduce-overhead (CUDA "
+                        "graphs) or max-autotune; the warm-up steps compile (give --warmup 3 or more)")
     p.add_argument("--no-counts", action="store_true", help="timing only (no counted or FLOP-counted step)")
     p.add_argument("--max-batch", type=int, default=1024, help="largest batch tried on a GPU")
     p.add_argument("--workers", type=int, default=0, help="GEC data-parallel processes against 1 (0: off)")
     p.add_argument("--threads-per-worker", type=int, default=1)
     args = p.parse_args()
+    global COMPILE
+    COMPILE = args.compile
     gpu = torch.cuda.is_available()
     args.warmup = args.warmup if args.warmup is not None else 1 if args.count_only else 2
     if args.workers:
@@ -374,6 +388,7 @@ def main() -> None:
     args.batch = args.batch or (4 if args.recipe == "gec" and not gpu and not args.count_only
                                 else PAPER_BATCH[args.recipe])  # fmt: skip
     out = count_only(args, device) if args.count_only else timing(args, device)
+    out["compile"] = args.compile
     print(json.dumps(out, indent=2 if args.json else None))
 
 

@@ -28,12 +28,12 @@ def _planned(have: dict[str, bool], cuda: bool = True) -> dict[str, str | None]:
 def test_with_torch_transformers_and_ray_only_the_tests_and_the_benchmark_run() -> None:
     have = {**{m: False for m in EVERYTHING}, "torch": True, "transformers": True, "ray": True, "pytest": True}
     got = _planned(have)
-    assert got["gpu-tests"] is None and got["bench-train"] is None
+    assert got["gpu-tests"] is None and got["bench-train"] is None and got["bench-compile"] is None
     assert got["smoke-idiom"] is not None and "pyarrow" in got["smoke-idiom"]
     without_ray = _planned({**have, "ray": False})
     assert all(why is not None and "ray" in why for why in without_ray.values())  # all skipped, and said
     assert all(why is not None and why.startswith("not installed: ") for n, why in got.items()
-               if n not in ("gpu-tests", "bench-train"))  # fmt: skip
+               if n not in ("gpu-tests", "bench-train", "bench-compile"))  # fmt: skip
 
 
 def test_without_errant_every_part_but_gecs_smoke_runs() -> None:
