@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from raycl.training.optim import build_optimizer, build_scheduler
+from raycl.training import optim
+from raycl.training.optim import adamw, build_optimizer, build_scheduler, fusable
 
 LR = 0.5
 
@@ -71,3 +72,42 @@ def test_adamw_takes_the_trainable_parameters_and_the_settings() -> None:
     assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (0.01, (0.8, 0.95), 1e-6, 0.1)
     defaults = build_optimizer(model, 0.02).param_groups[0]
     assert (defaults["betas"], defaults["eps"], defaults["weight_decay"]) == ((0.9, 0.98), 1e-8, 0.0)
+
+
+class _Tensor:
+    """What ``fusable`` reads of a parameter: its device kind and dtype kind (no GPU in CI)."""
+
+    def __init__(self, cuda: bool, floating: bool = True) -> None:
+        self.is_cuda, self._floating = cuda, floating
+
+    def is_floating_point(self) -> bool:
+        return self._floating
+
+
+def test_fused_adamw_only_where_every_parameter_is_a_floating_cuda_tensor() -> None:
+    gpu, cpu, ints = _Tensor(True), _Tensor(False), _Tensor(True, floating=False)
+    assert fusable([gpu, gpu]) and fusable([{"params": [gpu]}, {"params": [gpu, gpu]}])  # groups read through
+    assert not fusable([]) and not fusable([{"params": []}])  # nothing to fuse
+    assert not fusable([gpu, cpu]) and not fusable([{"params": [gpu]}, {"params": [cpu]}])
+    assert not fusable([gpu, ints])
+
+
+def test_adamw_asks_the_fused_kernel_exactly_when_the_parameters_allow_it(monkeypatch) -> None:  # noqa: ANN001
+    params = [torch.nn.Parameter(torch.ones(2))]
+    assert adamw(params, lr=0.1).defaults["fused"] is None  # CPU tensors: PyTorch's own choice
+    monkeypatch.setattr(optim, "fusable", lambda p: True)  # as on a GPU (PyTorch fuses on CPUs too)
+    assert adamw(params, lr=0.1).defaults["fused"] is True
+
+
+def test_adamw_defaults_step_as_pytorchs_adamw() -> None:
+    """Without settings, one update equals torch's AdamW with its documented defaults, eps 1e-8 and no decay."""
+    torch.manual_seed(0)
+    a, b = (torch.nn.Parameter(torch.randn(4)) for _ in range(2))
+    b.data.copy_(a.data)
+    ours, ref = adamw([{"params": [a]}], lr=0.1), torch.optim.AdamW([b], lr=0.1, weight_decay=0.0)
+    (group,) = ours.param_groups
+    assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.9, 0.999), 1e-8, 0.0)
+    for p, opt in ((a, ours), (b, ref)):
+        p.grad = torch.full_like(p, 1e-9)  # a gradient near eps: eps's value shows in the update
+        opt.step()
+    torch.testing.assert_close(a.data, b.data, rtol=0, atol=0)

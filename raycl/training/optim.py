@@ -25,11 +25,16 @@ def adamw(params: Iterable[Any], *, lr: float, betas: Sequence[float] = (0.9, 0.
     implementation launches several per parameter and the multi-tensor one several per group of them. The
     arithmetic is AdamW's either way; a checkpoint's optimizer state loads into both."""
     params = list(params)
-    tensors = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
-    fused = bool(tensors) and all(p.is_cuda and p.is_floating_point() for p in tensors)
     b1, b2 = betas
     return torch.optim.AdamW(params, lr=lr, betas=(b1, b2), eps=eps, weight_decay=weight_decay,
-                             fused=True if fused else None)  # fmt: skip
+                             fused=True if fusable(params) else None)  # fmt: skip
+
+
+def fusable(params: Sequence[Any]) -> bool:
+    """Whether PyTorch's fused AdamW takes ``params`` (tensors or parameter groups): some, every one of them on a
+    CUDA device and floating point."""
+    tensors = [p for g in params for p in (g["params"] if isinstance(g, dict) else [g])]
+    return bool(tensors) and all(p.is_cuda and p.is_floating_point() for p in tensors)
 
 
 def build_scheduler(
