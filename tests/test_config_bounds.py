@@ -1,0 +1,365 @@
+"""Every range and consistency check of the configs' validation, pinned at its boundary.
+
+Each row sets one key of a task's default config (``dataclasses.replace`` down the sections) and runs the real
+``raycl.config.validate``: the value at the edge must pass, the value just beyond it must fail with the one-line
+message that names the key and says what was expected, word for word. A check whose operator, constant, key or
+text changes fails a row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from raycl.config import validate
+from raycl.configs import task_config
+from raycl.errors import UserError, shown
+from raycl.miners.false_negatives import MODES as FN_MODES
+from raycl.models.classifier import CLASSIFIER_PRESETS
+from raycl.models.coherence_presets import COHERENCE_PRESETS
+from raycl.models.presets import PRESETS as GEC_PRESETS
+from raycl.models.sentence_encoder import PRESETS as STS_PRESETS
+
+WHERE = "x"
+_BAD = object()  # "the message shows the rejected value itself"
+SMOKE_MAX_LEN = CLASSIFIER_PRESETS["smoke"].max_len
+
+
+def _replaced(obj: Any, dotted: str, value: Any) -> Any:
+    """A copy of the dataclass ``obj`` with the dotted key set (each section on the way copied, none shared)."""
+    head, _, rest = dotted.partition(".")
+    return dataclasses.replace(obj, **{head: _replaced(getattr(obj, head), rest, value) if rest else value})
+
+
+def _config(space: str, values: dict[str, Any]) -> Any:
+    cls = task_config(space)
+    assert cls is not None
+    cfg = cls()
+    for key, value in values.items():
+        cfg = _replaced(cfg, key, value)
+    return cfg
+
+
+def _message(key: str, expected: str, got: Any) -> str:
+    return f"{WHERE}: config key '{key}': expected {expected}, got {shown(got)}"
+
+
+def _refused(cfg: Any) -> str:
+    with pytest.raises(UserError) as err:
+        validate(cfg, where=WHERE)
+    return str(err.value)
+
+
+def edge(space: str, key: str, ok: Any, bad: Any, expected: str, *, msg_key: str | None = None, got: Any = _BAD,
+         base: dict[str, Any] | None = None, tag: str = "") -> Any:  # fmt: skip
+    """One row: ``key=ok`` passes, ``key=bad`` fails naming ``msg_key`` (default ``key``) with ``expected``;
+    ``base`` is set first in both; ``got`` is what the message shows when it is not ``bad`` itself."""
+    row = (space, key, ok, bad, msg_key or key, expected, bad if got is _BAD else got, base or {})
+    return pytest.param(*row, id=f"{space}-{key}-{tag or repr(bad)}")
+
+
+def pair(space: str, ok: dict[str, Any], bad: dict[str, Any], msg_key: str, expected: str, got: Any) -> Any:
+    """A row of several keys: the settings ``ok`` pass, the settings ``bad`` fail (a consistency check)."""
+    return pytest.param(space, "", ok, bad, msg_key, expected, got, {}, id=f"{space}-{msg_key}-{sorted(bad)}")
+
+
+# ---------------------------------------------------------------------------------------------- raycl/config.py
+COMMON = [
+    edge("gec", "scaling.num_workers", 0, -1, "an integer ≥ 0"),
+    edge("gec", "scaling.collective_timeout_s", 1, 0, "a number of seconds > 0"),
+    edge("gec", "scaling.cpus_per_worker", 0.01, 0.0, "> 0"),
+    edge("gec", "scaling.max_failures", -1, -2, "an integer ≥ -1 (-1: retry forever)"),
+    edge("gec", "scaling.start_timeout_s", 0.0, -0.5, "seconds ≥ 0 (0: wait for ever)"),
+    edge("gec", "scaling.gpus_per_worker", 0.01, 0.0, "a fraction in (0, 1] or whole GPUs"),
+    edge("gec", "scaling.gpus_per_worker", 1.0, 1.5, "a fraction in (0, 1] or whole GPUs"),
+    edge("gec", "scaling.gpus_per_worker", 2.0, 2.5, "a fraction in (0, 1] or whole GPUs"),
+    edge("gec", "tune.scheduler", "fifo", "median", "fifo or asha"),
+    edge("gec", "tune.scheduler", "asha", "ASHA", "fifo or asha"),
+    edge("gec", "tune.mode", "max", "maximum", "max or min"),
+    edge("gec", "tune.mode", "min", "", "max or min"),
+    edge("gec", "tune.num_samples", 1, 0, "an integer ≥ 1"),
+    edge("gec", "tune.max_concurrent_trials", 1, 0, "≥ 1"),
+    edge("gec", "tune.driver_cpus", 0.01, 0.0, "> 0 (Tune rejects 0)"),
+    # LoopOptions: every recipe's optim section
+    edge("gec", "optim.precision", "fp32", "fp8", "fp32 | bf16 | fp16"),
+    edge("gec", "optim.precision", "bf16", "int8", "fp32 | bf16 | fp16"),
+    edge("gec", "optim.precision", "fp16", "FP16", "fp32 | bf16 | fp16"),
+    edge("gec", "optim.update_freq", 1, 0, "an integer ≥ 1"),
+    edge("gec", "optim.prefetch", 0, -1, "an integer ≥ 0 (0: no background thread)"),
+    *[edge("gec", "optim.compile_mode", mode, "fast", "default | reduce-overhead | max-autotune | "
+           "max-autotune-no-cudagraphs", tag=mode)
+      for mode in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")],  # fmt: skip
+    # OptimSection (GEC's)
+    edge("gec", "optim.lr", 1e-12, 0.0, "> 0"),
+    edge("gec", "optim.betas", [0.0, 0.999], [0.9, 1.0], "two numbers in [0, 1)"),
+    edge("gec", "optim.betas", [0.0, 0.999], [-0.1, 0.9], "two numbers in [0, 1)"),
+    edge("gec", "optim.betas", [0.9, 0.98], [0.9], "two numbers in [0, 1)"),
+    edge("gec", "optim.betas", [0.9, 0.98], [0.9, 0.98, 0.5], "two numbers in [0, 1)"),
+    edge("gec", "optim.scheduler", "fixed", "linear", "fixed or polynomial"),
+    edge("gec", "optim.scheduler", "polynomial", "Fixed", "fixed or polynomial"),
+    edge("gec", "optim.batch_size", 1, 0, "an integer ≥ 1"),
+    edge("gec", "optim.max_tokens", 0, -1, "an integer ≥ 0 (0 = batches by sentences)"),
+    edge("gec", "optim.epochs", 0, -1, "an integer ≥ 0"),
+    edge("gec", "optim.clip_norm", 0.0, -0.01, "≥ 0 (0 = no clipping)"),
+    # MiningSection (GEC's and coherence's)
+    edge("gec", "mining.num_miners", 1, 0, "an integer ≥ 1"),
+    edge("gec", "mining.cpus_per_miner", 0.0, -0.01, "non-negative resources", got=(-0.01, 0.0)),
+    edge("gec", "mining.gpus_per_miner", 0.0, -0.01, "non-negative resources", msg_key="mining.cpus_per_miner",
+         got=(1.0, -0.01)),
+    edge("gec", "mining.gpus_per_miner", 0.5, 1.5, "a fraction in [0, 1] or whole GPUs"),
+    edge("gec", "mining.gpus_per_miner", 1.0, 1.01, "a fraction in [0, 1] or whole GPUs"),
+    edge("gec", "mining.gpus_per_miner", 2.0, 2.5, "a fraction in [0, 1] or whole GPUs"),
+    edge("gec", "mining.max_staleness", 0, -1, "an integer ≥ 0"),
+    edge("gec", "mining.sync_every", 0, -1, "an integer ≥ 0"),
+    edge("gec", "mining.refresh_every", 0, -1, "an integer ≥ 0"),
+    edge("gec", "mining.task_size", 1, 0, "an integer ≥ 1"),
+    edge("gec", "mining.queue_size", 32, 31, "≥ mining.task_size = 32"),
+    edge("gec", "mining.queue_size", 7, 6, "≥ mining.task_size = 7", base={"mining.task_size": 7}, tag="task7"),
+    edge("gec", "mining.lease_s", 0.001, 0.0, "> 0 seconds"),
+    *[edge("gec", "mining.engine", engine, "vllm", "auto | hf | ctranslate2", tag=engine)
+      for engine in ("auto", "hf", "ctranslate2")],
+    *[edge("gec", "mining.precision", "int8", "int4", "fp32 | bf16 | fp16 | int8", base={"mining.engine": engine},
+           tag=engine) for engine in ("auto", "ctranslate2")],  # fmt: skip
+    edge("gec", "mining.precision", "bf16", "int8", "fp32 | bf16 | fp16 (int8 with mining.engine=ctranslate2 or "
+         "auto)", base={"mining.engine": "hf"}, tag="hf"),  # fmt: skip
+    # a miner without an engine (coherence's) is an hf one
+    edge("coherence", "mining.precision", "fp16", "int8", "fp32 | bf16 | fp16 (int8 with mining.engine="
+         "ctranslate2 or auto)"),  # fmt: skip
+    edge("coherence", "mining.num_miners", 1, 0, "an integer ≥ 1"),
+]
+
+# ---------------------------------------------------------------------------------------------- the tasks' own
+GEC = [
+    *[edge("gec", "model.preset", p, "base", f"one of {', '.join(GEC_PRESETS)}", tag=p) for p in GEC_PRESETS],
+    edge("gec", "model.max_length", 8, 7, "an integer ≥ 8"),
+    edge("gec", "loss.trade_off", 0.0, -0.01, "a number in [0, 1]"),
+    edge("gec", "loss.trade_off", 1.0, 1.01, "a number in [0, 1]"),
+    edge("gec", "loss.margin", 0.0, -0.01, "a number ≥ 0"),
+    edge("gec", "loss.label_smoothing", 0.0, -0.01, "a number in [0, 1)"),
+    edge("gec", "loss.label_smoothing", 0.99, 1.0, "a number in [0, 1)"),
+    edge("gec", "loss.passes", "joint", "both", "joint | per_slot"),
+    edge("gec", "loss.passes", "per_slot", "per-slot", "joint | per_slot"),
+    edge("gec", "mining.k", 1, 0, "an integer ≥ 1"),
+    edge("gec", "mining.beam", 4, 3, "≥ mining.k + 1 = 4"),
+    edge("gec", "mining.beam", 2, 1, "≥ mining.k + 1 = 2", base={"mining.k": 1}, tag="k1"),
+    edge("gec", "mining.rank_by", "beam", "score", "beam | sum_logprob"),
+    edge("gec", "mining.rank_by", "sum_logprob", "Beam", "beam | sum_logprob"),
+    *[edge("gec", "mining.false_negatives", mode, "ignore", " | ".join(FN_MODES), tag=mode) for mode in FN_MODES],
+    edge("gec", "mining.max_len_a", 0.0, -0.01, "a number ≥ 0"),
+    edge("gec", "mining.max_len_b", 1, 0, "an integer ≥ 1"),
+    edge("gec", "eval.beam", 1, 0, "an integer ≥ 1"),
+    edge("gec", "data.annotator", 0, -1, "an integer ≥ 0"),
+    *[edge("gec", f"data.builtin.{n}", 1, 0, "positive sizes", msg_key="data.builtin", tag=n,
+           got={"n_train": 6000, "n_finetune": 1500, "n_dev": 300, "n_test": 300, "seed": 1, n: 0})
+      for n in ("n_train", "n_finetune", "n_dev", "n_test")],  # fmt: skip
+]
+
+IDIOM = [
+    *[edge("idiom", "model.preset", p, "base", f"one of {', '.join(CLASSIFIER_PRESETS)}", tag=p,
+           base={"model.max_len": SMOKE_MAX_LEN}) for p in CLASSIFIER_PRESETS],  # a length every preset takes
+    edge("idiom", "model.max_len", 8, 7, "an integer in [8, 512]"),
+    edge("idiom", "model.max_len", 512, 513, "an integer in [8, 512]"),
+    edge("idiom", "model.max_len", 512, 513, "an integer in [8, 512]", base={"model.preset": "small"},
+         tag="small"),  # fmt: skip
+    edge("idiom", "model.max_len", SMOKE_MAX_LEN, SMOKE_MAX_LEN + 1, f"an integer in [8, {SMOKE_MAX_LEN}]",
+         base={"model.preset": "smoke"}, tag="smoke"),  # fmt: skip
+    edge("idiom", "model.max_len", 8, 7, f"an integer in [8, {SMOKE_MAX_LEN}]", base={"model.preset": "smoke"},
+         tag="smoke-low"),  # fmt: skip
+    *[edge("idiom", "data.setting", s, "few_shot", "zero_shot, one_shot or both", tag=s)
+      for s in ("zero_shot", "one_shot", "both")],
+    edge("idiom", "optim.lr", 1e-12, 0.0, "a number > 0"),
+    edge("idiom", "optim.weight_decay", 0.0, -0.01, "a number ≥ 0"),
+    edge("idiom", "optim.eps", 1e-12, 0.0, "a number > 0"),
+    edge("idiom", "optim.warmup_ratio", 0.0, -0.01, "a number in [0, 1)"),
+    edge("idiom", "optim.warmup_ratio", 0.99, 1.0, "a number in [0, 1)"),
+    edge("idiom", "optim.batch_size", 1, 0, "an integer ≥ 1 (or null: the setting's)"),
+    edge("idiom", "optim.batch_size", None, -1, "an integer ≥ 1 (or null: the setting's)", tag="null"),
+    edge("idiom", "optim.epochs", 0, -1, "an integer ≥ 0"),
+    edge("idiom", "ema.decay", 0.0, -0.01, "a number in [0, 1]"),
+    edge("idiom", "ema.decay", 1.0, 1.01, "a number in [0, 1]"),
+    *[edge("idiom", "adversarial.method", m, "vat", "one of none, fgm, pgd, freelb, smart", tag=m)
+      for m in ("none", "fgm", "pgd", "freelb", "smart")],
+    edge("idiom", "adversarial.epsilon", 0.0, -0.01, "a number ≥ 0 (0 = off)"),
+    edge("idiom", "adversarial.alpha", 0.0, -0.01, "a number ≥ 0"),
+    edge("idiom", "adversarial.steps", 1, 0, "an integer ≥ 1"),
+    edge("idiom", "adversarial.smart_mu", 0.0, -0.01, "a number ≥ 0"),
+    edge("idiom", "ladder.settings", [], ["both"], "a list of zero_shot, one_shot", tag="empty"),
+    edge("idiom", "ladder.settings", ["zero_shot", "one_shot"], ["zero_shot", "few_shot"],
+         "a list of zero_shot, one_shot"),  # fmt: skip
+    edge("idiom", "eval.batch_size", 1, 0, "an integer ≥ 1"),
+    # the official files come with their partners
+    edge("idiom", "data.dev", "", "dev.tsv", "data.dev and data.dev_gold both given or both empty (built-in)",
+         msg_key="data.dev_gold", got=""),  # fmt: skip
+    edge("idiom", "data.dev_gold", "", "gold.csv", "data.dev and data.dev_gold both given or both empty "
+         "(built-in)"),  # fmt: skip
+    edge("idiom", "data.dev_gold", "gold.csv", "", "data.dev and data.dev_gold both given or both empty "
+         "(built-in)", base={"data.dev": "dev.tsv"}, tag="with-dev"),  # fmt: skip
+    pair("idiom", {"data.dev": "dev.tsv", "data.dev_gold": "gold.csv", "data.dev_submission_format": "f.csv"},
+         {"data.dev_submission_format": "f.csv"}, "data.dev_submission_format", "data.dev given with it", "f.csv"),
+    edge("idiom", "data.eval", "eval.tsv", "", "data.eval given with it", msg_key="data.eval_submission_format",
+         got="f.csv", base={"data.eval_submission_format": "f.csv"}, tag="format"),
+    edge("idiom", "data.eval", "eval.tsv", "", "data.eval given with it", msg_key="data.eval_gold",
+         got="gold.csv", base={"data.eval_gold": "gold.csv"}, tag="gold"),
+]
+
+STS = [
+    *[edge("sts", "model.preset", p, "base", f"one of {', '.join(STS_PRESETS)}", tag=p) for p in STS_PRESETS],
+    edge("sts", "model.max_seq_length", 8, 7, "an integer ≥ 8"),
+    edge("sts", "loss.joint", "sum", "both", "sum or alternate"),
+    edge("sts", "loss.joint", "alternate", "alternating", "sum or alternate"),
+    edge("sts", "loss.lam", 0.0, -0.01, "a number ≥ 0"),
+    edge("sts", "loss.temperature", 1e-6, 0.0, "a number > 0"),
+    edge("sts", "moco.queue_size", 0, -1, "an integer ≥ 0"),
+    edge("sts", "moco.m", 0.0, -0.01, "a number in [0, 1]"),
+    edge("sts", "moco.m", 1.0, 1.01, "a number in [0, 1]"),
+    *[row for phase in ("pretrain", "finetune") for row in (
+        edge("sts", f"{phase}.epochs", 0, -1, "an integer ≥ 0"),
+        edge("sts", f"{phase}.eval_every", 1, 0, "an integer ≥ 1"))],  # fmt: skip
+    edge("sts", "optim.lr", 1e-12, 0.0, "a number > 0"),
+    edge("sts", "optim.weight_decay", 0.0, -0.01, "a number ≥ 0"),
+    edge("sts", "optim.clip_norm", 0.0, -0.01, "a number ≥ 0 (0 = no clipping)"),
+    edge("sts", "optim.warmup_ratio", 0.0, -0.01, "a number in [0, 1)"),
+    edge("sts", "optim.warmup_ratio", 0.99, 1.0, "a number in [0, 1)"),
+    edge("sts", "optim.warmup", "released", "linear", "released | steps"),
+    edge("sts", "optim.warmup", "steps", "Steps", "released | steps"),
+    # each objective steps its own optimiser every batch with loss.joint=alternate, unless there is one objective
+    edge("sts", "optim.update_freq", 1, 2, "1 with loss.joint=alternate (each objective steps its own optimiser "
+         "every batch)"),  # fmt: skip
+    edge("sts", "loss.joint", "sum", "alternate", "1 with loss.joint=alternate (each objective steps its own "
+         "optimiser every batch)", msg_key="optim.update_freq", got=2, base={"optim.update_freq": 2},
+         tag="update_freq2"),  # fmt: skip
+    edge("sts", "loss.lam", 0.0, 0.01, "1 with loss.joint=alternate (each objective steps its own optimiser "
+         "every batch)", msg_key="optim.update_freq", got=2, base={"optim.update_freq": 2}, tag="update_freq2"),
+    edge("sts", "optim.batch_size", 2, 1, "an integer ≥ 2 (in-batch negatives)"),
+    edge("sts", "eval.batch_size", 2, 1, "an integer ≥ 2"),
+]
+_DEV = {"data.dev": "dev.csv", "data.dev_gold": "gold.csv", "data.dev_submission_format": "f.csv"}
+_DEV_TEXT = "data.dev, data.dev_gold, data.dev_submission_format all given or all empty (built-in)"
+for _key in _DEV:  # each of the three left out of the others
+    _given = {k: v for k, v in _DEV.items() if k != _key}
+    STS.append(edge("sts", _key, _DEV[_key], "", _DEV_TEXT, msg_key="data.dev", base=_given, tag="missing",
+                    got={k.removeprefix("data."): _given.get(k, "") for k in _DEV}))  # fmt: skip
+    STS.append(edge("sts", _key, "", _DEV[_key], _DEV_TEXT, msg_key="data.dev", tag="alone",
+                    got={k.removeprefix("data."): v if k == _key else "" for k, v in _DEV.items()}))  # fmt: skip
+_EVAL_TEXT = "data.eval, data.eval_submission_format all given or all empty (built-in)"
+STS += [
+    edge("sts", "data.eval", "eval.csv", "", _EVAL_TEXT, msg_key="data.eval", tag="missing",
+         got={"eval": "", "eval_submission_format": "f.csv"}, base={"data.eval_submission_format": "f.csv"}),
+    edge("sts", "data.eval", "", "eval.csv", _EVAL_TEXT, msg_key="data.eval", tag="alone",
+         got={"eval": "eval.csv", "eval_submission_format": ""}),  # fmt: skip
+    edge("sts", "data.eval_gold", "", "gold.csv", "data.eval given with it"),
+    pair("sts", {"data.eval": "eval.csv", "data.eval_submission_format": "f.csv", "data.eval_gold": "gold.csv"},
+         {"data.eval_gold": "gold.csv"}, "data.eval_gold", "data.eval given with it", "gold.csv"),
+]
+
+COHERENCE = [
+    *[edge("coherence", "model.preset", p, "xlnet", f"one of {', '.join(COHERENCE_PRESETS)}", tag=p)
+      for p in COHERENCE_PRESETS],
+    edge("coherence", "model.max_len", 0, -1, "an integer ≥ 0 (0 = the preset's)"),
+    *[edge("coherence", "loss.kind", k, "margin", "pairwise or contrastive or momentum", tag=k)
+      for k in ("pairwise", "contrastive", "momentum")],
+    edge("coherence", "loss.margin", 0.0, -0.01, "a number ≥ 0"),
+    edge("coherence", "loss.lam", 0.0, -0.01, "a number in [0, 1]"),
+    edge("coherence", "loss.lam", 1.0, 1.01, "a number in [0, 1]"),
+    edge("coherence", "momentum.m", 0.0, -0.01, "a number in [0, 1]"),
+    edge("coherence", "momentum.m", 1.0, 1.01, "a number in [0, 1]"),
+    edge("coherence", "momentum.queue_size", 0, -1, "an integer ≥ 0"),
+    edge("coherence", "mining.num_negs", 1, 0, "an integer ≥ 1"),
+    edge("coherence", "mining.num_rank", 5, 4, "≥ mining.num_negs = 5"),
+    edge("coherence", "mining.num_rank", 1, 0, "≥ mining.num_negs = 1", base={"mining.num_negs": 1}, tag="negs1"),
+    edge("coherence", "mining.rank_every", 1, 0, "an integer ≥ 1"),
+    edge("coherence", "optim.lr", 1e-12, 0.0, "learning rates > 0", got=(0.0, 1e-6)),
+    edge("coherence", "optim.swa_lr", 1e-12, 0.0, "learning rates > 0", msg_key="optim.lr", got=(5e-6, 0.0)),
+    edge("coherence", "optim.anneal_epochs", 1, 0, "an integer ≥ 1"),
+    edge("coherence", "optim.eval_every", 1, 0, "an integer ≥ 1"),
+    edge("coherence", "optim.batch_size", 1, 0, "an integer ≥ 1"),
+    edge("coherence", "optim.epochs", 0, -1, "an integer ≥ 0"),
+    edge("coherence", "eval.num_negs", 1, 0, "an integer ≥ 1"),
+    edge("coherence", "data.permute.copies", 1, 0, "copies ≥ 1, min_sentences ≥ 2, block_size ≥ 2",
+         msg_key="data.permute", got=(0, 4, 10)),  # fmt: skip
+    edge("coherence", "data.permute.min_sentences", 2, 1, "copies ≥ 1, min_sentences ≥ 2, block_size ≥ 2",
+         msg_key="data.permute", got=(20, 1, 10)),  # fmt: skip
+    edge("coherence", "data.permute.block_size", 2, 1, "copies ≥ 1, min_sentences ≥ 2, block_size ≥ 2",
+         msg_key="data.permute", got=(20, 4, 1)),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize(("space", "key", "ok", "bad", "msg_key", "expected", "got", "base"),
+                         [*COMMON, *GEC, *IDIOM, *STS, *COHERENCE])  # fmt: skip
+def test_edge_passes_and_beyond_is_refused_naming_the_key(space: str, key: str, ok: Any, bad: Any, msg_key: str,
+                                                          expected: str, got: Any, base: dict[str, Any]) -> None:
+    def settings(value: Any) -> dict[str, Any]:
+        return {**base, **({key: value} if key else value)}  # no key: a pair() row, the value is the settings
+
+    validate(_config(space, settings(ok)), where=WHERE)
+    message = _refused(_config(space, settings(bad)))
+    assert message == _message(msg_key, expected, got)
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("space", ["gec", "idiom", "sts", "coherence"])
+def test_every_task_default_passes_and_gets_the_common_checks(space: str) -> None:
+    validate(_config(space, {}), where=WHERE)
+    message = _refused(_config(space, {"scaling.num_workers": -1}))
+    assert message == _message("scaling.num_workers", "an integer ≥ 0", -1)
+    message = _refused(_config(space, {"optim.update_freq": 0}))
+    assert message == _message("optim.update_freq", "an integer ≥ 1", 0)
+
+
+def _two_rank_text(workers: int, gpus: float) -> str:
+    return (f"{WHERE}: config key 'scaling.gpus_per_worker': expected > 0.5 with scaling.num_workers={workers} "
+            f"GPU workers (Ray may put two workers of {gpus:g} GPU on one GPU, and NCCL refuses two ranks of one "
+            f"run on one GPU), got {gpus:g}; share a GPU with one worker, or give each worker a GPU")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("use_gpu", "workers", "gpus", "refused"),
+    [
+        (True, 2, 0.5, True),  # two ranks of 0.5 GPU may land on one GPU
+        (True, 3, 0.25, True),
+        (True, 2, 0.51, False),  # two such workers never fit one GPU
+        (True, 1, 0.5, False),  # one worker may share a GPU (with miners, other trials)
+        (False, 2, 0.5, False),  # no GPUs asked for
+    ],
+)
+def test_gpu_workers_of_one_run_never_share_a_gpu(use_gpu: bool, workers: int, gpus: float, refused: bool) -> None:
+    cfg = _config("gec", {"scaling.use_gpu": use_gpu, "scaling.num_workers": workers,
+                          "scaling.gpus_per_worker": gpus})  # fmt: skip
+    if refused:
+        assert _refused(cfg) == _two_rank_text(workers, gpus)
+    else:
+        validate(cfg, where=WHERE)
+
+
+def test_validate_runs_through_set_dotted_too() -> None:
+    """A ``--set`` / Tune point goes through the same checks (the path users meet)."""
+    from raycl.config import set_dotted
+
+    cfg = _config("idiom", {})
+    assert set_dotted(cfg, {"optim.warmup_ratio": 0.0}, where=WHERE).optim.warmup_ratio == 0.0
+    with pytest.raises(UserError) as err:
+        set_dotted(cfg, {"optim.warmup_ratio": 1.0}, where=WHERE)
+    assert str(err.value) == _message("optim.warmup_ratio", "a number in [0, 1)", 1.0)
+
+
+@pytest.mark.parametrize(
+    ("setting", "batch_size", "seed", "expected"),
+    [
+        ("both", None, None, {"zero_shot": (16, 0), "one_shot": (32, 1)}),  # the released scripts' values
+        ("one_shot", None, None, {"one_shot": (32, 1)}),
+        ("zero_shot", 8, 5, {"zero_shot": (8, 5)}),  # given values win over the setting's
+    ],
+)
+def test_idiom_settings_and_their_released_batch_sizes_and_seeds(
+    setting: str, batch_size: int | None, seed: int | None, expected: dict[str, tuple[int, int]]
+) -> None:
+    cfg = _config("idiom", {"data.setting": setting, "optim.batch_size": batch_size, "optim.seed": seed})
+    assert cfg.settings == tuple(expected)
+    assert {s: (cfg.batch_size(s), cfg.seed(s)) for s in cfg.settings} == expected
+
+
+def test_sts_trial_ends_in_fine_tuning_unless_it_has_no_epochs() -> None:
+    assert _config("sts", {"finetune.epochs": 1}).final_setting == "fine_tune"
+    assert _config("sts", {"finetune.epochs": 0}).final_setting == "pre_train"
