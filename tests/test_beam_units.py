@@ -300,8 +300,9 @@ def test_select_takes_another_k_and_rule_and_refuses_foreign_records() -> None:
     assert [m.negatives for m in miner.select(nbests, EXS, source_negative=False)][0] == ("w", "v")  # k = 2
     with pytest.raises(AssertionError, match="n-best 'e:1' does not belong to example 'e:0'"):
         miner.select(nbests[1:2], EXS[:1])
-    with pytest.raises(ValueError):
-        miner.select(nbests[:2], EXS[:3])  # one record short
+    for records, examples in ((nbests[:2], EXS[:3]), (nbests[:3], EXS[:2])):  # one record short, one too many
+        with pytest.raises(ValueError):
+            miner.select(records, examples)
 
 
 def test_mine_selects_or_keeps_the_raw_nbest_with_the_source() -> None:
@@ -367,6 +368,8 @@ def test_written_rows_carry_versions_references_and_the_schema(tmp_path: Path) -
     assert sorted(p.name for p in path.parent.iterdir()) == ["m.parquet", "n.parquet"]  # no temp file left
     with pytest.raises(ValueError, match="^mined record 'b' is not for example 'a'$"):
         write_negatives_parquet(tmp_path / "z.parquet", exs, mined[::-1], model_version=0)
+    with pytest.raises(ValueError):  # a record short
+        write_negatives_parquet(tmp_path / "z.parquet", exs, mined[:1], model_version=0)
     assert not (tmp_path / "z.parquet").exists()
 
 
