@@ -305,9 +305,10 @@ def test_select_takes_another_k_and_rule_and_refuses_foreign_records() -> None:
             miner.select(records, examples)
 
 
-def test_mine_selects_or_keeps_the_raw_nbest_with_the_source() -> None:
+def test_mine_selects_or_keeps_the_raw_nbest_with_the_source(capfd: pytest.CaptureFixture[str]) -> None:
     engine = Scripted(HYPS)
     got = BeamSearchMiner(engine, k=1, beam=3, batch_size=4).mine(EXS)  # type: ignore[arg-type]
+    assert "beam search" not in capfd.readouterr().err  # a miner in an actor draws no progress bar
     assert [m.negatives for m in got] == [("w", "one two three"), ("x", "a"), (), ("p q",), ("m", "m n o p q")]
     engine.calls.clear()
     raw = BeamSearchMiner(engine, k=1, beam=3, batch_size=4, nbest=True).mine(EXS)  # type: ignore[arg-type]
