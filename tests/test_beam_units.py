@@ -191,16 +191,16 @@ class Scripted(nn.Module):
         self.hyps = hyps
         self.calls: list[tuple[str, Any]] = []
 
-        self.short = False  # a broken engine: one answer short
+        self.short = ""  # a broken engine: "generate" or "score" answers one source short
 
     def generate(self, sources: list[str], **kw: Any) -> list[list[tuple[str, float]]]:
         self.calls.append(("generate", (list(sources), kw, self.training, torch.is_grad_enabled())))
-        return [list(self.hyps.get(s, [])) for s in sources][: len(sources) - self.short]
+        return [list(self.hyps.get(s, [])) for s in sources][: len(sources) - (self.short == "generate")]
 
     def score_texts(self, sources: list[str], targets: list[str], **kw: Any) -> list[float]:
         self.calls.append(("score", (list(sources), list(targets), kw, self.training, torch.is_grad_enabled())))
         scores = [-(len(s) + 0.5 * len(t)) for s, t in zip(sources, targets, strict=True)]
-        return scores[: len(sources) - self.short]
+        return scores[: len(sources) - (self.short == "score")]
 
 
 def s_of(source: str, target: str) -> float:
@@ -330,10 +330,11 @@ def test_what_does_not_pair_up_is_refused_not_cut() -> None:
     with pytest.raises(ValueError):
         BeamSearchMiner(Scripted(HYPS), k=2).select([bad], EXS[1:2])  # type: ignore[arg-type]
     engine = Scripted(HYPS)
-    engine.short = True
     miner = BeamSearchMiner(engine, k=1, batch_size=8)  # type: ignore[arg-type]
+    engine.short = "generate"
     with pytest.raises(ValueError):
         miner.nbest(EXS)
+    engine.short = "score"
     good = BeamSearchMiner(Scripted(HYPS), k=1).nbest(EXS)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         miner.select(good, EXS)  # the appended sources' scores
