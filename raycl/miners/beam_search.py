@@ -289,7 +289,8 @@ def read_negatives_parquet(path: str | Path) -> dict[str, MinedNegatives]:
             if id_ in out or negs is None or len(negs) != len(scores or []):
                 raise UserError(f"{at(path)}: row {row} (id {id_!r}): expected a unique id and one score per "
                                 "negative")  # fmt: skip
-            out[id_] = MinedNegatives(id_, tuple(negs), tuple(math.nan if s is None else s for s in scores))
+            # scores: null with no negatives is none at all; a null score is one never computed (NaN)
+            out[id_] = MinedNegatives(id_, tuple(negs), tuple(math.nan if s is None else s for s in scores or ()))
             row += 1
     return out
 
