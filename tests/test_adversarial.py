@@ -411,3 +411,45 @@ def test_attacks_never_wait_for_the_device_and_report_their_losses(name: str) ->
     assert all(isinstance(v, Tensor) and v.dim() == 0 for v in stats.values())
     adv = {"fgm": losses[0], "pgd": losses[-1], "freelb": sum(losses) / 3, "smart": sum(losses[:3]) / 3}[name]
     assert float(stats["adv/loss"]) == pytest.approx(float(adv), rel=1e-12)
+
+
+def test_defaults_are_the_papers_and_an_embedding_given_is_the_one_perturbed() -> None:
+    model = Tiny()
+    pgd, smart = PGD(model), SMART(model)
+    assert (pgd.epsilon, pgd.alpha, pgd.steps) == (1.0, 0.3, 3)
+    assert (smart.epsilon, smart.alpha, smart.steps, smart.mu) == (1.0, 0.3, 3, 0.2)
+    other = nn.Embedding(V, H)
+    assert SMART(nn.Module(), embedding=other).weight is other.weight  # no get_input_embeddings needed
+    assert PGD(nn.Module(), embedding=other).weight is other.weight
+
+
+def test_an_embedding_without_a_weight_parameter_is_refused_by_name() -> None:
+    class NoWeight(nn.Module):
+        weight = torch.zeros(2)
+
+    with pytest.raises(TypeError, match=r"^NoWeight.weight is not a Parameter: not an embedding module$"):
+        PGD(Tiny(), embedding=NoWeight())
+
+
+def test_grad_norm_of_no_gradient_is_a_zero_scalar_on_the_weights_device() -> None:
+    from raycl.adversarial.base import grad_norm
+
+    norm = grad_norm(nn.Parameter(torch.ones(3, 2, device="meta")))  # meta stands in for an accelerator
+    assert norm.shape == () and norm.device.type == "meta"
+    assert grad_norm(nn.Parameter(torch.ones(3, 2))).item() == 0.0
+
+
+def test_backup_and_restore_keep_missing_gradients_missing_and_skip_unknown_names() -> None:
+    from raycl.adversarial.base import backup_grads, restore_grads
+
+    model = Tiny()
+    model.out.weight.grad = torch.ones_like(model.out.weight)
+    backup = backup_grads(model)
+    assert backup["emb.weight"] is None and torch.equal(backup["out.weight"], model.out.weight.grad)
+    model.emb.weight.grad = torch.ones_like(model.emb.weight)
+    model.out.weight.grad = None
+    restore_grads(model, backup)  # a gradient absent when backed up is absent again
+    assert model.emb.weight.grad is None and torch.equal(model.out.weight.grad, torch.ones_like(model.out.weight))
+    model.out.weight.grad = None
+    restore_grads(model, {"out.weight": backup["out.weight"]}, add=True)  # emb.weight, first, not in it: skipped
+    assert model.emb.weight.grad is None and torch.equal(model.out.weight.grad, torch.ones_like(model.out.weight))

@@ -257,3 +257,50 @@ def test_the_coherence_losses_and_their_gradients_never_wait_for_the_device() ->
         _, l_m = momentum_contrastive_loss(q, k_pos, queue)
         (total_loss(l_c, l_m) + l_p).backward()
     assert c.syncs == 0, c.sync_sites
+
+
+def test_contrastive_default_margin_is_the_papers() -> None:
+    f_pos, f_neg = [0.3, -0.2], [[0.1, 0.4], [-0.5, 0.0]]
+    pos_t, neg_t = torch.tensor(f_pos, dtype=torch.float64), torch.tensor(f_neg, dtype=torch.float64)
+    per, loss = contrastive_margin_loss(pos_t, neg_t)
+    want = [_naive_contrastive(p, n, 0.1) for p, n in zip(f_pos, f_neg, strict=True)]  # τ = 0.1
+    assert per.tolist() == pytest.approx(want, abs=1e-12)
+    assert loss.item() == pytest.approx(sum(want) / 2, abs=1e-12)
+
+
+Shape = tuple[int, ...]
+BAD_SCORE_SHAPES = [((3, 1), (3, 2)), ((3,), (3, 2, 1)), ((3,), (2, 2)), ((3,), (3, 0))]
+
+
+# each breaks exactly one clause of the shape check: f_pos not (B,), f_neg not 2-D, batch sizes differ, N = 0
+@pytest.mark.parametrize("pos_shape, neg_shape", BAD_SCORE_SHAPES)
+def test_contrastive_refuses_each_bad_shape_naming_both(pos_shape: Shape, neg_shape: Shape) -> None:
+    with pytest.raises(ValueError) as err:
+        contrastive_margin_loss(torch.zeros(pos_shape), torch.zeros(neg_shape))
+    assert str(err.value) == f"expected f_pos (B,) and f_neg (B, N≥1), got {pos_shape}, {neg_shape}"
+
+
+def test_momentum_default_margin_is_the_papers() -> None:
+    q, k_pos, queue = [[1.0, 2.0, -1.0]], [[0.5, 1.0, 0.0]], [[1.0, 0.0, 0.0], [-1.0, 1.0, 2.0]]
+    per, _ = momentum_contrastive_loss(*(torch.tensor(x, dtype=torch.float64) for x in (q, k_pos, queue)))
+    assert per.item() == pytest.approx(_naive_momentum(q[0], k_pos[0], queue, 0.1), abs=1e-12)  # τ = 0.1
+
+
+# each breaks exactly one clause: k_pos's shape, q not 2-D, the queue not 2-D, the queue's width
+@pytest.mark.parametrize(
+    "shapes",
+    [((2, 4), (3, 4), (5, 4)), ((2, 4, 1), (2, 4, 1), (5, 4)), ((2, 4), (2, 4), (5, 4, 1))]
+    + [((2, 4), (2, 4), (5, 3))],
+)
+def test_momentum_refuses_each_bad_shape(shapes: tuple[Shape, ...]) -> None:
+    q, k_pos, queue = (torch.ones(s) for s in shapes)
+    with pytest.raises(ValueError, match=r"^expected q, k_pos \(B, H\) and queue \(K, H\); got torch.Size"):
+        momentum_contrastive_loss(q, k_pos, queue)
+
+
+def test_total_loss_accepts_both_ends_of_lambda_and_names_a_bad_one() -> None:
+    l_c, l_m = torch.tensor(2.0), torch.tensor(5.0)
+    assert total_loss(l_c, l_m, lam=0.0).item() == 5.0  # λ = 0: the momentum loss alone
+    assert total_loss(l_c, l_m, lam=1.0).item() == 2.0
+    with pytest.raises(ValueError, match=r"^λ must be in \[0, 1\], got 1.5$"):
+        total_loss(l_c, l_m, lam=1.5)

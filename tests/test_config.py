@@ -117,3 +117,16 @@ def test_cli_bad_space_value_exits_2_with_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
     assert str(path) in proc.stderr and "loss.margin" in proc.stderr
+
+
+def test_a_space_without_a_task_is_a_gec_space_and_keeps_its_preset(tmp_path: Path) -> None:
+    space = load_space(str(_space(tmp_path, "loss: {margin: 0.3}\n")))
+    assert type(space.config).__name__ == "GecConfig" and space.config.loss.margin == 0.3
+    assert load_space("gec_pd", preset="smoke").preset == "smoke"
+
+
+def test_a_task_that_is_not_a_name_is_one_line_listing_every_task(tmp_path: Path) -> None:
+    path = _space(tmp_path, "task: [gec]\n")  # a list: not a name, and not hashable either
+    with pytest.raises(UserError) as err:
+        load_space(str(path))
+    assert str(err.value) == f"{path}: config key 'task': expected one of gec, coherence, idiom, sts, got ['gec']"

@@ -448,3 +448,50 @@ def test_every_preset_runs_the_joint_pass_and_a_bad_value_is_one_line() -> None:
     assert "\n" not in str(err.value)
     with pytest.raises(UserError, match="loss.stack_negatives"):  # the old key is gone, not silently ignored
         load_space("gec_pd", preset="smoke", overrides=["loss.stack_negatives=true"])
+
+
+def _token_scores(B: int = 2, T: int = 3, V: int = 5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    lprobs = torch.log_softmax(torch.randn(B, T, V, generator=g, dtype=torch.double), dim=-1)  # (B, T, V)
+    target = torch.randint(0, V, (B, T), generator=g)  # (B, T)
+    keep = torch.tensor([[True, True, True], [True, True, False]])  # (B, T) one pad
+    return lprobs, target, keep
+
+
+def test_gec_loss_defaults_and_every_output_field_equal_a_naive_loop() -> None:
+    from raycl.losses.token_log_probs import TokenLogProbs
+
+    lprobs, target, keep = _token_scores()
+    s_neg, n_neg = torch.tensor([[-9.0, -1.0], [-4.0, 0.0]], dtype=torch.double), torch.tensor([2, 1])
+    pos, loss_fn = TokenLogProbs.from_log_probs(lprobs, target), GecContrastiveLoss(margin=0.5)
+    out = loss_fn(pos, keep, s_neg, n_neg, ntokens=5)
+    nll = ce = 0.0
+    s_pos = [0.0, 0.0]
+    for b in range(2):
+        for t in range(3):
+            if keep[b, t]:
+                lp = lprobs[b, t, int(target[b, t])].item()
+                nll, s_pos[b] = nll - lp, s_pos[b] + lp
+                ce += 0.9 * -lp + (0.1 / 5) * -lprobs[b, t].sum().item()  # ε = 0.1 by default
+    hinges = [[max(0.0, 0.5 - s_pos[b] + s_neg[b, j].item()) for j in range(int(n_neg[b]))] for b in range(2)]
+    h = [sum(row) / len(row) for row in hinges]
+    assert out.nll.item() == pytest.approx(nll, rel=1e-12) and out.ce.item() == pytest.approx(ce, rel=1e-12)
+    assert out.s_pos.tolist() == pytest.approx(s_pos, rel=1e-12) and out.h.tolist() == pytest.approx(h, rel=1e-12)
+    assert out.mml.item() == pytest.approx(sum(h), rel=1e-12)
+    assert out.loss.item() == pytest.approx((0.5 * ce + 0.5 * sum(h)) / 5, rel=1e-12)  # λ = 0.5 by default
+    empty = loss_fn(pos, keep, s_neg, n_neg, ntokens=0)
+    assert empty.loss.item() == pytest.approx(0.5 * ce + 0.5 * sum(h), rel=1e-12)  # ntokens = 0 divides by 1
+
+
+def test_gec_loss_refuses_a_trade_off_outside_the_unit_interval() -> None:
+    GecContrastiveLoss(margin=0.5, trade_off=1.0)
+    for bad in (1.5, -0.1):
+        with pytest.raises(ValueError, match=rf"^trade_off λ must be in \[0, 1\], got {bad}$"):
+            GecContrastiveLoss(margin=0.5, trade_off=bad)
+
+
+def test_margin_loss_stays_on_its_inputs_device() -> None:
+    # the meta device stands in for an accelerator: slots made on the CPU would not compare with meta counts
+    s_pos, s_neg = torch.zeros(3, device="meta"), torch.zeros(3, 4, device="meta")
+    h = margin_loss(s_pos, s_neg, torch.zeros(3, dtype=torch.long, device="meta"), margin=0.5)
+    assert h.device.type == "meta" and h.shape == (3,) and h.dtype == torch.float32

@@ -201,3 +201,16 @@ def test_update_schedule_step_or_every_forward(sentence_encoder: Path, every_for
     moco.momentum_update(model)  # the per-step update, in both schedules
     assert _params(moco.encoder_k) != start
     assert moco.keys(*model.tokenize(["a cat ."])).shape == (1, model.hidden_size)
+
+
+def test_default_schedule_leaves_the_key_encoder_alone_on_a_query_forward_and_the_pointer_is_one_long() -> None:
+    """Without update_every_forward the released once-a-step cadence holds: a query forward moves nothing."""
+    query = TokenEncoder()
+    moco = MoCoKeyEncoder(query, dim=DIM, m=0.5)
+    with torch.no_grad():
+        for p in query.parameters():
+            p.add_(0.1)  # an optimizer step on θ_q
+        start = _params(moco.encoder_k)
+        query(torch.tensor([[1, 2]]), torch.ones(1, 2))
+    assert _params(moco.encoder_k) == start
+    assert moco.queue_ptr.dtype == torch.long and moco.queue_ptr.tolist() == [0]  # a (1,) integer index

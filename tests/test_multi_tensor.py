@@ -14,7 +14,7 @@ from raycl.collectives import scale_gradients
 from raycl.memory.ema import EMA
 from raycl.memory.moco import MoCoKeyEncoder
 from raycl.memory.momentum import momentum_update
-from raycl.memory.multi_tensor import grouped, scale_
+from raycl.memory.multi_tensor import grouped, momentum_, scale_
 from raycl.training.counting import count_ops
 
 LAYERS = 12  # 2 parameters a layer: 24 tensors, far more than the op bounds below
@@ -113,3 +113,42 @@ def test_moco_momentum_update_equals_the_formula_in_a_few_ops() -> None:
     for n, p in moco.encoder_k.named_parameters():
         want = [m * k + (1 - m) * x for k, x in zip(before[n], theta[n], strict=True)]
         assert p.flatten().tolist() == pytest.approx(want, rel=1e-6, abs=1e-7), n
+
+
+def test_grouped_refuses_lists_of_unequal_length() -> None:
+    a, b = torch.zeros(2), torch.zeros(3)
+    for lists in (([a, b], [a]), ([a], [a, b])):
+        with pytest.raises(ValueError, match="zip"):
+            grouped(*lists)
+
+
+def test_momentum_refuses_more_sources_than_targets() -> None:
+    target = torch.zeros(2)
+    with pytest.raises(ValueError, match="zip"):
+        momentum_([target], [torch.ones(2), torch.ones(2)], 0.5)
+    assert target.tolist() == [0.0, 0.0]  # refused before anything moved
+
+
+def test_momentum_casts_a_source_to_its_targets_dtype_before_the_update() -> None:
+    # fp64 sources rounded to fp32 first, then the fp32 update: not the update done in fp64 and rounded once
+    g = torch.Generator().manual_seed(0)
+    target = torch.randn(1000, generator=g)  # fp32
+    source = torch.randn(1000, generator=g, dtype=torch.float64)
+    want = target.clone().mul_(0.9).add_(source.to(torch.float32), alpha=0.1)
+    momentum_([target], [source], 0.9)
+    assert target.dtype == torch.float32 and torch.equal(target, want)
+
+
+def test_momentum_moves_a_source_to_its_targets_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the meta device stands in for an accelerator (it accepts a CPU operand where a GPU would refuse it, so the
+    # sources handed to the fused add are recorded): a CPU source must be moved to its target's device first
+    seen: list[str] = []
+    real = torch._foreach_add_
+    def add_(targets: list[torch.Tensor], sources: list[torch.Tensor], **kw: float) -> None:
+        seen.extend(s.device.type for s in sources)
+        real(targets, sources, **kw)
+
+    monkeypatch.setattr(torch, "_foreach_add_", add_)
+    target = torch.zeros(4, device="meta")
+    momentum_([target], [torch.ones(4)], 0.5)
+    assert seen == ["meta"] and target.device.type == "meta"

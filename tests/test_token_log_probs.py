@@ -73,3 +73,31 @@ def test_from_log_probs_reads_the_same_quantities() -> None:
     torch.testing.assert_close(got.target, want.target)
     torch.testing.assert_close(got.total, want.total)
     assert got.vocab_size == want.vocab_size == V and logits.size(1) != V  # the last dimension, not another
+
+
+@pytest.mark.parametrize(
+    "chunk_bytes, chunks", [(1, 5), (4 * V, 5), (4 * V * 2, 3), (4 * V * 2 - 1, 5), (1 << 28, 1)]
+)
+def test_rows_a_chunk_are_chunk_bytes_over_four_bytes_a_logit(
+    monkeypatch: pytest.MonkeyPatch, chunk_bytes: int, chunks: int
+) -> None:
+    # 5 rows of V fp32 logits: one chunk holds chunk_bytes // (4·V) rows, at least one
+    calls = []
+    real = torch.logsumexp
+    monkeypatch.setattr(torch, "logsumexp", lambda x, **kw: calls.append(x.size(0)) or real(x, **kw))
+    logits, target = _inputs(torch.float32, rows=5, T=1)
+    got = token_log_probs(logits, target, chunk_bytes=chunk_bytes)
+    assert len(calls) == chunks and sum(calls) == 5  # every row once, no chunk overlaps another
+    torch.testing.assert_close(got.target, _reference(logits, target)[0], rtol=1e-6, atol=1e-5)
+
+
+def test_autocast_off_turns_a_cpu_autocast_off_and_is_a_no_op_without_one() -> None:
+    from raycl.losses.full_precision import autocast_off
+
+    a = torch.ones(2, 2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert (a @ a).dtype == torch.bfloat16
+        with autocast_off("cpu"):
+            assert (a @ a).dtype == torch.float32
+    with autocast_off("meta"):  # no autocast on meta: nothing to turn off, and no error
+        assert (a @ a).dtype == torch.float32
