@@ -347,9 +347,10 @@ def _on_backend_device(name: str, assigned: dict[str, str], seen: frozenset[str]
 def test_collectives_use_the_backends_device() -> None:
     """NCCL accepts CUDA tensors only: a token count all-reduced under NCCL must be built on the GPU. On a CPU
     machine every tensor is on the CPU, so what runs cannot show a collective handed a CPU tensor under NCCL; what
-    can be checked is the code: every collective raycl makes is in ``raycl/collectives.py``, and each tensor it hands one
-    is built on ``collective_device(backend)`` (``device=device`` or ``.to(device)``), or is ``empty_like`` such a
-    tensor. A collective anywhere else, or one handed a tensor built without that device, fails here."""
+    can be checked is the code: every collective raycl makes is in ``raycl/collectives.py``, and each tensor it
+    hands one is built on ``collective_device(backend)`` (``device=device`` or ``.to(device)``), or is
+    ``empty_like`` such a tensor. A collective anywhere else, or one handed a tensor built without that device,
+    fails here."""
     assert collective_device("nccl").type == "cuda"
     assert collective_device("gloo") == torch.device("cpu")
     root = Path(raycl.__file__).parent
