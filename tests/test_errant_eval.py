@@ -306,6 +306,8 @@ def test_overlap_closed_intervals_on_hand_cases() -> None:
     empty = overlap_ratios([[]], [ref], annotator=1)  # 0/0 = 0 on both sides
     assert (empty.oe, empty.ie) == (0.0, 0.0)
     assert naive_overlap([hyp], [ref], 0) == (o.oe, o.ie)
+    with pytest.raises(ValueError, match="zip"):  # one hypothesis list per reference sentence, never truncated
+        overlap_ratios([hyp], [ref, ref], annotator=0)
 
 
 def test_sign_test_p_matches_scipy_binomial() -> None:
