@@ -69,14 +69,16 @@ def test_pairwise_accuracy_matches_a_loop_and_ties_are_wrong() -> None:
     assert pairwise_accuracy([1.0, 2.0, 0.0], [0.5, 2.0, math.nan]) == pytest.approx(1 / 3)  # scalar negatives
     assert pairwise_accuracy(torch.tensor([1.0, 2.0]).tolist(), torch.tensor([[0.0], [3.0]])) == 0.5
     assert math.isnan(pairwise_accuracy([], []))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^1 positive scores but 2 negative-score entries$"):
         pairwise_accuracy([1.0], [[0.0], [0.0]])
-    with pytest.raises(ValueError, match="no negative"):
-        pairwise_accuracy([1.0], [[]])
+    with pytest.raises(ValueError, match=r"^item 1 has no negative scores$"):  # names the item at fault
+        pairwise_accuracy([1.0, 1.0], [[0.0], []])
 
 
 def test_model_labels() -> None:
     assert model_labels([2.0, 1.0, 1.5], [1.0, 2.0, 1.5]) == ["0", "1", None]
+    with pytest.raises(ValueError, match=r"^2 positive scores but 1 negative scores$"):
+        model_labels([2.0, 1.0], [1.0])
 
 
 # ---------------------------------------------------------------- Krippendorff's alpha
@@ -110,6 +112,9 @@ def test_alpha_degenerate_cases() -> None:
     assert krippendorff_alpha_nominal([["1", "1", "1"], ["1", "1", "1"]]) == 1.0  # one value: D_o = D_e = 0
     assert math.isnan(krippendorff_alpha_nominal([["0", None], [None, "1"]]))  # nothing pairable
     assert math.isnan(krippendorff_alpha_nominal([]))
+    # two coders of different lengths are refused, however few distinct lengths there are
+    with pytest.raises(ValueError, match=r"^coders label different numbers of units: \[2, 1\]$"):
+        krippendorff_alpha_nominal([["0", "1"], ["0"]])
     # values are compared as floats, and a unit with a single value does not count
     assert krippendorff_alpha_nominal([["0", "1", "0"], ["0.0", "1", "1"]]) == pytest.approx(
         krippendorff_alpha_nominal([["0", "1", "0", "1"], ["0", "1", "1", None]]))

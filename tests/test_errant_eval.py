@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import errant
+import numpy as np
 import pytest
 from errant.commands import compare_m2, parallel_to_m2
 from scipy.stats import binomtest
@@ -306,6 +307,8 @@ def test_overlap_closed_intervals_on_hand_cases() -> None:
     empty = overlap_ratios([[]], [ref], annotator=1)  # 0/0 = 0 on both sides
     assert (empty.oe, empty.ie) == (0.0, 0.0)
     assert naive_overlap([hyp], [ref], 0) == (o.oe, o.ie)
+    with pytest.raises(ValueError, match="zip"):  # one hypothesis list per reference sentence, never truncated
+        overlap_ratios([hyp], [ref, ref], annotator=0)
 
 
 def test_sign_test_p_matches_scipy_binomial() -> None:
@@ -426,3 +429,89 @@ def test_fewer_false_positives_break_an_f_tie(tmp_path: Path) -> None:
     assert (ours.tp, ours.fp, ours.fn) == (2, 0, 4)
     assert (ours.tp, ours.fp, ours.fn, ours.p, ours.r, ours.f) == overall(
         errant_compare(tmp_path / "hyp.m2", tmp_path / "ref.m2"))
+
+
+# ------------------------------------------------------------ bootstrap against a plain loop, pass-through
+def naive_errant_f(tp: int, fp: int, fn: int, beta: float) -> float:
+    """errant's computeFScore: P = 1 without false positives, R = 1 without false negatives, all to 4 dp."""
+    p = tp / (tp + fp) if fp else 1.0
+    r = tp / (tp + fn) if fn else 1.0
+    return round((1 + beta**2) * p * r / (beta**2 * p + r), 4) if p + r else 0.0
+
+
+def toy_corpus(seed: int) -> tuple[list[M2Sentence], list[tuple[Edit, ...]], list[tuple[Edit, ...]]]:
+    """Two annotators with different edits on every sentence; system A makes few edits (precise), B makes many
+    on its first two sentences and copies A elsewhere (so that a resample without those two is a tie)."""
+    rng = random.Random(seed)
+    refs, sys_a, sys_b = [], [], []
+    for _ in range(12):
+        spans = rng.sample(range(20), 8)
+        gold = [Edit(s, s + 1, "R:NOUN", f"g{s}", a) for a, group in ((0, spans[:3]), (1, spans[2:5]))
+                for s in group]  # spans[2]: the same edit from both annotators
+        refs.append(M2Sentence(" ".join(["w"] * 22), tuple(gold)))
+        pool = [Edit(s, s + 1, "R:NOUN", f"g{s}", 0) for s in spans[:5]] + [
+            Edit(s, s + 1, "R:NOUN", "x", 0) for s in spans[5:]]  # 5 distinct gold edits, 3 wrong ones
+        sys_a.append(tuple(rng.sample(pool[:3], rng.randint(0, 2)) + rng.sample(pool[5:], rng.randint(0, 1))))
+        sys_b.append(tuple(rng.sample(pool, rng.randint(3, 7))) if len(sys_b) < 2 else sys_a[-1])
+    return refs, sys_a, sys_b
+
+
+def naive_bootstrap(a: list[tuple[Edit, ...]], b: list[tuple[Edit, ...]], refs: list[M2Sentence], *, samples: int,
+                    seed: int, annotator: int, beta: float) -> dict[str, float | int]:
+    """One annotator: each sentence's counts are fixed (no reference to choose), a sample's are their sum."""
+    def counts(hyp: tuple[Edit, ...], ref: M2Sentence) -> tuple[int, int, int]:
+        gold = {(e.start, e.end, e.correction) for e in ref.edits if e.annotator == annotator}
+        tp = sum((e.start, e.end, e.correction) in gold for e in hyp)
+        return tp, len(hyp) - tp, len(gold) - tp
+
+    per_a = [counts(h, r) for h, r in zip(a, refs, strict=True)]
+    per_b = [counts(h, r) for h, r in zip(b, refs, strict=True)]
+    rng, wins, losses = np.random.default_rng(seed), 0, 0
+    for _ in range(samples):
+        idx = rng.integers(0, len(refs), size=len(refs))
+        f = [naive_errant_f(*(sum(per[i][k] for i in idx) for k in range(3)), beta) for per in (per_a, per_b)]
+        wins, losses = wins + (f[0] > f[1]), losses + (f[0] < f[1])
+    return {"wins": wins, "losses": losses, "ties": samples - wins - losses,
+            "p_value": float(binomtest(wins, wins + losses, 0.5, "greater").pvalue) if wins + losses else 1.0}
+
+
+def test_bootstrap_sign_test_equals_a_plain_loop_and_its_defaults() -> None:
+    refs, sys_a, sys_b = toy_corpus(1)
+    got = bootstrap_sign_test(sys_a, sys_b, refs, annotator=0)  # defaults: 100 samples, seed 1, F0.5
+    want = naive_bootstrap(sys_a, sys_b, refs, samples=100, seed=1, annotator=0, beta=0.5)
+    assert got == {**want, "p_value": pytest.approx(want["p_value"])}
+    assert all(want[k] > 0 for k in ("wins", "losses", "ties"))  # every count exercised
+    for kw in ({"seed": 2}, {"beta": 1.5}, {"samples": 60}, {"annotator": 1}):  # each setting changes the outcome
+        args: dict[str, Any] = {"samples": 100, "seed": 1, "annotator": 0, "beta": 0.5, **kw}
+        other = naive_bootstrap(sys_a, sys_b, refs, **args)
+        got_other = bootstrap_sign_test(sys_a, sys_b, refs, **args)
+        assert got_other == {**other, "p_value": pytest.approx(other["p_value"])}
+        assert other != want, kw
+
+
+def test_evaluate_gec_passes_beta_tokenize_and_names_through(bench: dict[str, Any]) -> None:
+    refs, hyps = bench["refs"], bench["hyps"]
+    with pytest.raises(ValueError, match=r"^evaluate_gec needs at least one reference$"):
+        evaluate_gec(hyps, {})
+    with pytest.raises(UserError, match=rf"^hypotheses: 2 hypothesis lines, but r\.m2 has {len(refs)} sentences"):
+        HypothesisEdits(hyps[:2]).for_ref("r.m2", refs)  # the default name
+    res = evaluate_gec(hyps, {"r.m2": refs}, beta=1.0, annotator=0)["refs"]["r.m2"]  # a plain list of lines
+    for key, annotator in (("annotators", 0), ("combined", 0)):
+        row = res[key] if key == "combined" else res[key]["0"]
+        s = score_corpus(bench["edits"], refs, annotator=annotator, beta=1.0)
+        assert (row["tp"], row["p"], row["r"], row["f1"]) == (s.tp, s.p, s.r, s.f) and s.f != score_corpus(
+            bench["edits"], refs, annotator=annotator).f
+    default = gec_metrics.score_reference(bench["edits"], refs, annotators=[1])  # beta 0.5 by default
+    assert default["combined"]["f0.5"] == score_corpus(bench["edits"], refs, annotator=1).f
+    # tokenize: raw lines are split by spaCy first, for the HypothesisEdits built inside evaluate_gec too
+    sources, raw = ("Its a nice day .", "He did n't go .", "I am here ."), ["It's a nice day.", "He didn't go.",
+                                                                              "I am here ."]
+    toy = [M2Sentence(s, (Edit(0, 1, "R:ORTH", "It 's", 0),)) for s in sources]
+    tok, plain = (annotate_hypotheses(raw, sources, tokenize=t) for t in (True, False))
+    assert tok != plain
+    assert HypothesisEdits(raw, tokenize=True).for_ref("t.m2", toy) == tok
+    for kw, edits in (({"tokenize": True}, tok), ({}, plain)):
+        got = evaluate_gec(raw, {"t.m2": toy}, **kw)["refs"]["t.m2"]["combined"]
+        s = score_corpus(edits, toy)
+        assert (got["tp"], got["fp"], got["fn"]) == (s.tp, s.fp, s.fn), kw
+    assert score_corpus(tok, toy).fp != score_corpus(plain, toy).fp

@@ -347,13 +347,153 @@ def test_alignment_uniformity_degenerate_cases() -> None:
     assert uniformity(antipodal).item() == pytest.approx(-8.0)  # ‖x−y‖² = 4, t = 2
 
 
-def test_plot_writes_png(tmp_path: Path) -> None:
-    out = plot_alignment_uniformity({"mBERT": (0.08, -0.44), "joint": (0.16, -2.9)}, tmp_path / "fig" / "au.png")
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert not list(out.parent.glob(".*.tmp"))
+def test_plot_writes_png(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The figure as drawn: ℓ_uniform on x, ℓ_align on y, one marker and one label per model; a 5×4 in, 120 dpi
+    PNG written atomically into a directory made on demand (and reused); no figure left open."""
+    import matplotlib.pyplot as plt
+
+    drawn, open_before = [], plt.get_fignums()
+    subplots = plt.subplots
+    monkeypatch.setattr(plt, "subplots", lambda *a, **k: drawn.append(subplots(*a, **k)) or drawn[-1])
+    points = {"mBERT": (0.08, -0.44), "joint": (0.16, -2.9)}
+    out = plot_alignment_uniformity(points, tmp_path / "fig" / "sub" / "au.png")
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")) == (600, 480)  # IHDR w, h
+    assert not list(out.parent.glob(".*.tmp")) and plt.get_fignums() == open_before
+    fig, ax = drawn[0]
+    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == (
+        r"$\ell_{uniform}$", r"$\ell_{align}$", "alignment vs uniformity")
+    markers = [(c.get_offsets().tolist(), c.get_sizes().tolist()) for c in ax.collections]
+    assert markers == [([[u, a]], [40.0]) for a, u in points.values()]
+    labels = [(t.get_text(), t.xy, t.xyann, t.anncoords, t.get_fontsize()) for t in ax.texts]
+    assert labels == [(k, (u, a), (5, 5), "offset points", 8.0) for k, (a, u) in points.items()]
+    assert {line.get_alpha() for line in ax.xaxis.get_gridlines() + ax.yaxis.get_gridlines()} == {0.3}
+    again = plot_alignment_uniformity({"x": (0.1, -1.0)}, out, title="run 2")  # the directory exists by now
+    assert again == out and drawn[1][1].get_title() == "run 2" and plt.get_fignums() == open_before
 
 
 def test_csv_helper_roundtrip(tmp_path: Path) -> None:
     p = _csv(tmp_path / "x.csv", A_SUB, [["1", "EN", "zero_shot", ""]])
     with open(p, encoding="utf-8", newline="") as f:
         assert list(csv.reader(f)) == [A_SUB, ["1", "EN", "zero_shot", ""]]
+
+
+# ------------------------------------------------------------------------ error messages and edge rows
+def _ab(tmp: Path, name: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> Path:
+    return _csv(tmp / name, header, rows)
+
+
+def test_idiom_bad_values_name_their_file_and_line(tmp_path: Path) -> None:
+    gold_rows = [["1", "d.EN.1.1", "EN", "0"], ["2", "d.EN.1.2", "EN", "1"]]
+    gold = _ab(tmp_path, "g.csv", A_GOLD, gold_rows)
+    good = [["1", "EN", "zero_shot", "0"], ["2", "EN", "zero_shot", "1"]]
+    cases = [  # (submission rows, gold rows or None for the good gold, the whole message)
+        ([good[0], ["x2", "EN", "zero_shot", "1"]], None, "{s}:3: ID 'x2', expected an integer"),
+        (good, [gold_rows[0], ["2b", "d.EN.1.2", "EN", "1"]], "{g}:3: ID '2b', expected an integer"),
+        ([good[0], ["2", "EN", "zero_shot", "yes"]], None, "{s}:3: Label 'yes', expected an integer (0 or 1)"),
+        (good, [gold_rows[0], ["2", "d.EN.1.2", "EN", "one"]], "{g}:3: Label 'one', expected an integer (0 or 1)"),
+        ([good[0], ["2", "EN", "zero-shot", "1"]], None, "{s}:3: Setting 'zero-shot', expected one of zero_shot, "
+                                                          "one_shot"),
+        ([], None, "{s}: no rows, expected Setting zero_shot or one_shot"),
+    ]
+    for k, (sub_rows, g_rows, message) in enumerate(cases):
+        s = _ab(tmp_path, f"s{k}.csv", A_SUB, sub_rows)
+        g = gold if g_rows is None else _ab(tmp_path, f"g{k}.csv", A_GOLD, g_rows)
+        with pytest.raises(UserError) as err:
+            evaluate_idiom(s, g)
+        assert str(err.value) == message.format(s=s, g=g), k
+
+
+def test_idiom_id_mismatch_messages(tmp_path: Path) -> None:
+    """The first differing position, its submission line (the last row when the submission runs out first),
+    the languages of the cell joined by a comma."""
+    gold = _ab(tmp_path, "g.csv", A_GOLD, [["1", "d.EN.1.1", "EN", "0"], ["2", "d.EN.1.2", "EN", "1"],
+                                           ["3", "d.EN.1.3", "EN", "0"], ["3", "d.EN.1.3", "EN", "0"]])
+    sub = _ab(tmp_path, "s.csv", A_SUB, [["1", "EN", "one_shot", "0"], ["2", "EN", "one_shot", "1"],
+                                         ["3", "EN", "one_shot", "0"]])
+    tail = "(the gold file's IDs, in its order, each once)"
+    with pytest.raises(UserError) as err:  # gold repeats ID 3: the submission ends first, at its line 4
+        evaluate_idiom(sub, gold)
+    assert str(err.value) == f"{sub}:4: one_shot EN IDs do not match {gold}: found ID none, expected ID 3 {tail}"
+    gold2 = _ab(tmp_path, "g2.csv", A_GOLD, [["2", "d.PT.1.1", "PT", "0"], ["1", "d.EN.1.1", "EN", "1"]])
+    sub2 = _ab(tmp_path, "s2.csv", A_SUB, [["1", "EN", "one_shot", "1"], ["2", "PT", "one_shot", "0"]])
+    with pytest.raises(UserError) as err:  # EN alone and PT alone agree; the pooled cell's order does not
+        evaluate_idiom(sub2, gold2)
+    assert str(err.value) == f"{sub2}:2: one_shot EN,PT IDs do not match {gold2}: found ID 1, expected ID 2 {tail}"
+
+
+def test_score_idiom_default_average_is_macro_and_others_are_refused(tmp_path: Path) -> None:
+    from raycl.evaluation.semeval_metrics import score_idiom
+
+    gold = [(k + 2, [str(k), f"d.EN.1.{k}", "EN", t]) for k, t in enumerate("0001112")]
+    sub = [(k + 2, [str(k), "EN", "zero_shot", p]) for k, p in enumerate("0110122")]
+    y_true, y_pred = [int(r[3]) for _, r in gold], [int(r[3]) for _, r in sub]
+    scores = {a: naive_f1(y_true, y_pred, a) for a in ("macro", "weighted", "micro")}
+    assert len(set(scores.values())) == 3  # the averages differ here, so the default shows
+    got = score_idiom(sub, gold, setting="zero_shot", languages=["EN"])
+    assert got == pytest.approx(scores["macro"])
+    with pytest.raises(UserError) as err:
+        score_idiom(sub, gold, setting="zero_shot", languages=["EN"], average="samples")
+    assert str(err.value) == "average 'samples', expected one of macro, weighted, micro, binary"
+
+
+def test_sts_bad_values_name_their_file_and_line(tmp_path: Path) -> None:
+    gold_rows = [["10", "d.EN.1.1", "EN", "1", ""], ["11", "d.EN.1.2", "EN", "", "12"],
+                 ["20", "d.EN.sts.1", "EN", "0.4", ""]]
+    gold = _ab(tmp_path, "g.csv", B_GOLD, gold_rows)
+    good = [["10", "EN", "pre_train", "0.9"], ["11", "EN", "pre_train", "0.2"], ["12", "EN", "pre_train", "0.3"],
+            ["20", "EN", "pre_train", "0.5"]]
+    cases = [  # (submission rows, gold rows or None, the whole message)
+        ([*good[:3], ["20", "EN", "pre_train", "high"]], None, "{s}:5: similarity 'high', expected a number"),
+        (good, [*gold_rows[:2], ["20", "d.EN.sts.1", "EN", "0,4", ""]],
+         "{g}:4: similarity '0,4', expected a number"),
+        (good[:3], None,
+         "{s}: no pre_train prediction for ID 20 (needed by {g}:4); expected a row for every ID of the split"),
+        ([*good, ["", "EN", "pre_train", "0.1"]], None, "{s}:6: ID '', expected an integer"),
+        ([*good, ["13", "EN", "pre_train", "0.1"]], None, "{s}:6: ID 13 is not in {g} (a submission for another "
+                                                          "split?); expected the IDs of the gold file"),
+        ([good[0], ["11", "EN", "pretrain", "0.1"]], None, "{s}:3: Setting 'pretrain', expected one of pre_train, "
+                                                            "fine_tune"),
+        ([], None, "{s}: no rows, expected Setting pre_train or fine_tune"),
+    ]
+    for k, (sub_rows, g_rows, message) in enumerate(cases):
+        s = _ab(tmp_path, f"s{k}.csv", B_SUB, sub_rows)
+        g = gold if g_rows is None else _ab(tmp_path, f"g{k}.csv", B_GOLD, g_rows)
+        with pytest.raises(UserError) as err:
+            evaluate_sts(s, g)
+        assert str(err.value) == message.format(s=s, g=g), k
+
+
+def test_sts_ids_compare_as_integers_or_as_written(tmp_path: Path) -> None:
+    """A submission ID is known if the gold file has it as written (a non-integer ID too) or as the same
+    integer (sign included); the scores are those of the rows the gold file looks up."""
+    gold_rows = [["-3", "d.EN.1.1", "EN", "0.2", ""], ["X7", "d.EN.1.2", "EN", "", "8"],
+                 ["5", "d.EN.1.3", "EN", "0.9", ""], ["6", "d.EN.1.4", "EN", "0.5", ""]]
+    sub_rows = [["-3", "EN", "fine_tune", "0.1"], ["X7", "EN", "fine_tune", "0.6"],
+                ["8", "EN", "fine_tune", "0.7"], ["5", "EN", "fine_tune", "0.8"], ["6", "EN", "fine_tune", "0.95"],
+                ["-03", "EN", "fine_tune", "0.0"]]  # the integer −3 again: known, never looked up
+    got = evaluate_sts(_ab(tmp_path, "s.csv", B_SUB, sub_rows), _ab(tmp_path, "g.csv", B_GOLD, gold_rows))
+    rho = naive_spearman([0.2, 0.7, 0.9, 0.5], [0.1, 0.6, 0.8, 0.95])  # X7's target: the prediction for 8
+    assert rho == pytest.approx(0.4)  # 1 − 6·Σd²/(n(n²−1)) with rank differences 0, 1, 1, −2
+    en = {"ALL": rho, "Idiom": rho, "STS": None}
+    assert _close(got, {"fine_tune": {"EN": en, "PT": dict.fromkeys(["ALL", "Idiom", "STS"]), "EN,PT": en}})
+
+
+def test_sts_subsets_by_the_third_dataid_field_only(tmp_path: Path) -> None:
+    """STS rows are those whose DataID has a third field equal to 'sts' (however many fields follow); shorter
+    DataIDs are Idiom rows. Constant columns give None, not NaN."""
+    gold_rows = [["1", "a.sts", "EN", "0.1", ""], ["2", "b.EN", "EN", "0.5", ""],
+                 ["3", "x.EN.sts", "EN", "0.3", ""], ["4", "y.EN.sts.9.9", "EN", "0.8", ""],
+                 ["5", "z.EN.sts", "EN", "0.6", ""]]
+    sub_rows = [["1", "EN", "pre_train", "0.2"], ["2", "EN", "pre_train", "0.1"], ["3", "EN", "pre_train", "0.9"],
+                ["4", "EN", "pre_train", "0.4"], ["5", "EN", "pre_train", "0.95"]]
+    sub, gold = _ab(tmp_path, "s.csv", B_SUB, sub_rows), _ab(tmp_path, "g.csv", B_GOLD, gold_rows)
+    got = evaluate_sts(sub, gold)["pre_train"]
+    gold_sim, pred = [float(r[3]) for r in gold_rows], [float(r[3]) for r in sub_rows]
+    expected = {"ALL": naive_spearman(gold_sim, pred), "Idiom": naive_spearman(gold_sim[:2], pred[:2]),
+                "STS": naive_spearman(gold_sim[2:], pred[2:])}
+    assert len(set(expected.values())) == 3 and _close(got["EN"], expected)
+    flat = [r[:3] + ["0.5"] for r in sub_rows]  # every prediction equal: ρ undefined
+    got = evaluate_sts(_ab(tmp_path, "f.csv", B_SUB, flat), gold)["pre_train"]
+    assert got["EN"] == {"ALL": None, "Idiom": None, "STS": None}
