@@ -596,3 +596,21 @@ def test_the_paper_presets_batch_by_tokens() -> None:
     assert (pd.optim.max_tokens, pd.optim.update_freq) == (4096, 1)
     assert (bart.optim.max_tokens, bart.optim.update_freq, bart.scaling.num_workers) == (1400, 4, 4)
     assert load_space("gec_pd", preset="smoke").config.optim.max_tokens == 0  # the demo keeps sentence batches
+
+
+@dataclasses.dataclass(frozen=True)
+class EveryThreeTask(ToyTask):
+    """ToyTask with a report every 3 updates of each epoch (4 updates an epoch: 3 does not divide it)."""
+
+    def epoch(self, st: TrainState, w: loop.Worker, epoch: int, start: int) -> loop.Epoch:
+        return dataclasses.replace(super().epoch(st, w, epoch, start), eval_every=3)
+
+
+def test_reports_fall_every_n_updates_of_each_epoch_and_at_its_end(tmp_path: Path, monkeypatch) -> None:
+    """``eval_every`` counts the epoch's own updates (the papers' code validates every N updates of an epoch):
+    epochs of 4 updates report at 3 and 4, then at 4 + 3 = 7 and 8 — not at the 6th update, as a count over the
+    whole run would."""
+    fake = FakeSession(tmp_path / "s")
+    fake.install(monkeypatch)
+    _run(EveryThreeTask(epochs=2), tmp_path / "run", fake)
+    assert [r["step"] for r in fake.reports] == [3, 4, 7, 8]
