@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from test_engine_fallback import patch_cuda13
 from torch import nn
 
 from raycl.data.gec import GecExample
@@ -41,7 +42,6 @@ from raycl.models.ct2_engine import CT2Seq2Seq
 from raycl.models.presets import build_model
 from raycl.models.seq2seq import Seq2SeqScorer
 
-CUBLAS_ERROR = "Library libcublas.so.12 is not found or cannot be loaded"  # CTranslate2 4.8.5's words
 CUBLAS_WHY = ("CTranslate2 cannot load libcublas.so.12 on cuda (CTranslate2's CUDA build needs cuBLAS 12: "
               "pip install nvidia-cublas-cu12)")  # fmt: skip
 
@@ -437,22 +437,9 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture
 def cuda13(monkeypatch: pytest.MonkeyPatch) -> None:
     """A GPU machine where CTranslate2 lists its CUDA compute types but cannot open cuBLAS 12 to load a model."""
-    import ctranslate2
-
     from raycl.models import ct2_engine
 
-    real_types, real_translator = ctranslate2.get_supported_compute_types, ctranslate2.Translator
-
-    def types(device: str, *args: object) -> set[str]:
-        return {"float32", "float16", "bfloat16", "int8_float16"} if device == "cuda" else real_types(device)
-
-    def translator(path: str, device: str = "cpu", **kwargs: object) -> object:
-        if device == "cuda":
-            raise RuntimeError(CUBLAS_ERROR)
-        return real_translator(path, device=device, **kwargs)
-
-    monkeypatch.setattr(ctranslate2, "get_supported_compute_types", types)
-    monkeypatch.setattr(ctranslate2, "Translator", translator)
+    patch_cuda13(monkeypatch)
     monkeypatch.setattr(ct2_engine, "_dlopen", lambda name: None)  # the library probe finds it; the load fails
 
 

@@ -41,6 +41,11 @@ def no_ctranslate2(monkeypatch: pytest.MonkeyPatch) -> None:
 def cuda13(monkeypatch: pytest.MonkeyPatch) -> None:
     """A GPU machine with CUDA 13's libraries only: CTranslate2 imports and lists its CUDA compute types, and
     fails to open libcublas.so.12 when a model is loaded on the GPU."""
+    patch_cuda13(monkeypatch)
+
+
+def patch_cuda13(monkeypatch: pytest.MonkeyPatch) -> None:
+    """:func:`cuda13`'s stand-ins, for other modules' fixtures (tests/test_beam_units.py)."""
     import ctranslate2
 
     real_types, real_translator = ctranslate2.get_supported_compute_types, ctranslate2.Translator

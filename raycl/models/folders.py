@@ -22,6 +22,7 @@ def save_encoder_folder(out_dir: str | Path, encoder: Any, tokenizer: Any, *, ex
     out.mkdir(parents=True, exist_ok=True)
     encoder.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
+    # a folder written after training, off the step: safetensors serialises host tensors
     state = {k: v.detach().cpu().contiguous() for k, v in extra.state_dict().items()}
     write_atomic(out / extra_file, safetensors_bytes(state))
     write_atomic(out / settings_file, (json.dumps(settings, indent=2) + "\n").encode())
