@@ -78,7 +78,8 @@ def _pytest_counts(stdout: str) -> dict[str, Any]:
 
 def _bench_train(stdout: str) -> dict[str, Any]:
     got = _last_json(stdout)
-    keep = ("step_s", "tokens_per_s", "peak_memory_gib", "mfu", "largest_batch", "at_largest_batch")
+    keep = ("step_s", "first_step_s", "tokens_per_s", "peak_memory_gib", "mfu", "compiled", "largest_batch",
+            "at_largest_batch")
     return {"shape": got.get("shape"), "batch": got.get("fp32", {}).get("batch"), "device": got.get("device"),
             "bf16_speedup": got.get("bf16_speedup"),
             **{p: {k: got[p].get(k) for k in keep if k in got[p]} for p in ("fp32", "bf16") if p in got}}

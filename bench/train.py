@@ -72,6 +72,7 @@ class CountedTask:
 
 
 COMPILE: str | None = None  # --compile MODE: the task's modules through torch.compile, as optim.compile does
+COMPILE_BACKEND = "inductor"  # --compile-backend: aot_eager traces without generating code (a quick CPU check)
 
 
 def _runner(case: Any, precision: str, device: torch.device) -> tuple[Any, CountedTask]:
@@ -85,9 +86,32 @@ def _runner(case: Any, precision: str, device: torch.device) -> tuple[Any, Count
     w = loop.Worker(0, 1, device, Precision(precision, device), None, loop.Job(None, "", ""))  # type: ignore[arg-type]
     runner = loop._Loop(task, case.state, w)
     if COMPILE:  # the loop's own compile (optim.compile=true, optim.compile_mode=MODE); warm-up steps compile
-        runner.s = dataclasses.replace(runner.s, compile=True, compile_mode=COMPILE)
+        runner.s = dataclasses.replace(runner.s, compile=True, compile_mode=COMPILE,
+                                       compile_backend=COMPILE_BACKEND)  # fmt: skip
         runner.compile()
     return runner, task
+
+
+def compile_stats() -> dict[str, Any]:
+    """What torch.compile made of the step since the counters were last cleared: graphs (a CUDA graph each under
+    reduce-overhead), graph breaks (each splits the step into pieces launched from Python) with their reasons, and
+    frames compiled (more than the graphs' owners: recompilations for new shapes), and the kernels inductor
+    generated for them (forward and backward, after fusion: what the step launches besides its matmuls)."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import metrics
+
+    breaks = counters["graph_break"]
+    return {"graphs": counters["stats"]["unique_graphs"], "frames": counters["frames"]["total"],
+            "graph_breaks": sum(breaks.values()), "break_reasons": sorted(breaks)[:5],
+            "generated_kernels": metrics.generated_kernel_count}  # fmt: skip
+
+
+def _clear_compile_stats() -> None:
+    from torch._dynamo.utils import counters
+    from torch._inductor import metrics
+
+    counters.clear()
+    metrics.reset()
 
 
 def _sync(device: torch.device) -> None:
@@ -153,10 +177,11 @@ def measure(case: Any, precision: str, args: argparse.Namespace, device: torch.d
             peak: float | None = None) -> dict[str, Any]:  # fmt: skip
     """Median step time over ``args.steps`` (after ``args.warmup``), tokens/s, peak memory; then, untimed, the
     step's counts and FLOPs (MFU against ``peak`` TFLOP/s)."""
+    _clear_compile_stats()
     runner, task = _runner(case, precision, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    times = []
+    times, first = [], 0.0
     for i in range(args.warmup + args.steps):
         _sync(device)
         t0 = time.perf_counter()
@@ -164,12 +189,17 @@ def measure(case: Any, precision: str, args: argparse.Namespace, device: torch.d
         _sync(device)
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
+        elif i == 0:
+            first = time.perf_counter() - t0  # the first step: kernels loaded (and compiled with --compile)
     step_s = sorted(times)[len(times) // 2]
     peak_mem = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
                 else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # fmt: skip
     row = {"batch": case.items, "step_s": step_s, "tokens_per_s": case.tokens / step_s,
            "items_per_s": case.items / step_s, "tokens_per_step": case.tokens, "peak_memory_gib": peak_mem / 2**30,
-           "peak_memory_kind": "cuda allocated" if device.type == "cuda" else "process max RSS"}  # fmt: skip
+           "peak_memory_kind": "cuda allocated" if device.type == "cuda" else "process max RSS",
+           "first_step_s": first}  # fmt: skip
+    if COMPILE:
+        row["compiled"] = compile_stats()
     if args.no_counts:
         return row
     flops = step_flops(runner, case.batches)
@@ -177,6 +207,8 @@ def measure(case: Any, precision: str, args: argparse.Namespace, device: torch.d
     if peak:
         row.update(peak_tflops=peak, mfu=flops / step_s / 1e12 / peak)
     row["counts"] = count_step(runner, task, case.batches, device)
+    if COMPILE:  # torch.compile runs eagerly under the counter's dispatch mode: the counts are the eager step's
+        row["counts"]["counts_of"] = "eager"
     return row
 
 
@@ -233,10 +265,13 @@ def count_only(args: argparse.Namespace, device: torch.device) -> dict[str, Any]
 
 
 def _counts(case: Any, precision: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    _clear_compile_stats()
     runner, task = _runner(case, precision, device)
     for _ in range(args.warmup):
         _run(runner, case.batches)
-    return count_step(runner, task, case.batches, device)
+    out = count_step(runner, task, case.batches, device)
+    # torch.compile runs eagerly under the counter's dispatch mode: the counts are the eager step's
+    return {**out, "counts_of": "eager", "compiled": compile_stats()} if COMPILE else out
 
 
 def smoke_counts(args: argparse.Namespace, precision: str, device: torch.device) -> dict[str, Any]:
@@ -369,13 +404,15 @@ def main() -> None:
     p.add_argument("--compile", default=None, metavar="MODE",
                    help="torch.compile the step's model as optim.compile does: default, reduce-overhead (CUDA "
                         "graphs) or max-autotune; the warm-up steps compile (give --warmup 3 or more)")
+    p.add_argument("--compile-backend", default="inductor",
+                   help="with --compile: torch.compile's backend (aot_eager: traced, no code generated)")
     p.add_argument("--no-counts", action="store_true", help="timing only (no counted or FLOP-counted step)")
     p.add_argument("--max-batch", type=int, default=1024, help="largest batch tried on a GPU")
     p.add_argument("--workers", type=int, default=0, help="GEC data-parallel processes against 1 (0: off)")
     p.add_argument("--threads-per-worker", type=int, default=1)
     args = p.parse_args()
-    global COMPILE
-    COMPILE = args.compile
+    global COMPILE, COMPILE_BACKEND
+    COMPILE, COMPILE_BACKEND = args.compile, args.compile_backend
     gpu = torch.cuda.is_available()
     args.warmup = args.warmup if args.warmup is not None else 1 if args.count_only else 2
     if args.workers:

@@ -265,8 +265,11 @@ def test_gec_update_freq_two_equals_one_batch_of_twice_the_size(tmp_path: Path) 
 def test_a_compiled_step_equals_the_eager_one(tmp_path: Path) -> None:
     """``optim.compile``: the GEC step's model runs through torch.compile (graphs captured: the recording backend
     saw them) and the update's gradients equal eager ones. The backend traces (dynamo + AOT autograd) without
-    generating code, which a CPU test can afford; inductor is the default on GPUs."""
+    generating code, which a CPU test can afford; inductor is the default on GPUs. The model's forward is one
+    graph per shape, with no graph break: under ``compile_mode: reduce-overhead`` each graph is one CUDA graph
+    replayed, while a break (a host read, an unsupported call) would leave the pieces launched from Python."""
     import torch._dynamo
+    from torch._dynamo.utils import counters
 
     graphs: list[Any] = []
 
@@ -277,9 +280,12 @@ def test_a_compiled_step_equals_the_eager_one(tmp_path: Path) -> None:
 
     eager = _gec_grads(tmp_path, [[0, 1, 2, 3], [1, 2]], freq=2)
     torch._dynamo.reset()
+    counters.clear()
     compiled = _gec_grads(tmp_path, [[0, 1, 2, 3], [1, 2]], freq=2, compile=True,
                           compile_backend="raycl_test_recording")  # fmt: skip
     assert graphs, "nothing went through torch.compile"
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert len(graphs) <= 2, len(graphs)  # the two batches' shapes (lengths padded to multiples of 8), no more
     assert compiled.keys() == eager.keys() and len(eager) > 10  # the state dict keeps its names
     for n, g in eager.items():
         torch.testing.assert_close(compiled[n], g, rtol=1e-4, atol=1e-6, msg=n)
