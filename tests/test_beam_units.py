@@ -367,7 +367,15 @@ def test_written_rows_carry_versions_references_and_the_schema(tmp_path: Path) -
     ]  # fmt: skip
     again = write_negatives_parquet(str(tmp_path / "x" / "y" / "m.parquet"), exs, mined, model_version=2)
     assert pq.read_table(again).column("model_version").to_pylist() == [2, 2]
-    assert sorted(p.name for p in path.parent.iterdir()) == ["m.parquet", "n.parquet"]  # no temp file left
+    # a shard where the model found no negative at all, and an empty one, keep the types (not lists of nulls):
+    # a directory of shards reads as one table
+    none = [MinedNegatives("a", (), ()), MinedNegatives("b", (), ())]
+    for name, rows in (("o.parquet", (exs, none)), ("p.parquet", ([], []))):
+        assert pq.read_table(write_negatives_parquet(path.parent / name, *rows, model_version=1)).schema == \
+            negatives_schema()  # fmt: skip
+    assert pq.read_table(path.parent).num_rows == 6
+    assert sorted(p.name for p in path.parent.iterdir()) == ["m.parquet", "n.parquet", "o.parquet",
+                                                             "p.parquet"]  # no temp file left
     with pytest.raises(ValueError, match="^mined record 'b' is not for example 'a'$"):
         write_negatives_parquet(tmp_path / "z.parquet", exs, mined[::-1], model_version=0)
     with pytest.raises(ValueError):  # a record short
