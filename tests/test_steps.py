@@ -150,3 +150,26 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
     move(obj, lambda t: found.append(t) or t)
     return found
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_a_compiled_step_traces_whole_graphs(recipe: str, prepared: dict[str, Any], tmp_path: Path) -> None:
+    """``optim.compile``: the modules a recipe compiles (``Task.compiled_modules``) trace, in its real step with
+    dropout on, into whole graphs without a graph break (dynamo's own backend: traced, not code-generated). Under
+    ``compile_mode: reduce-overhead`` each graph is replayed as one CUDA graph; a break (a host read, a call dynamo
+    cannot trace) would leave its pieces launched op by op from Python."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    run, task = prepared[recipe]
+    s = _stepper(run, task, torch.device("cpu"), tmp_path)
+    torch._dynamo.reset()
+    counters.clear()
+    modules = task.compiled_modules(s.st)  # coherence's momentum loss: the scorer and the momentum encoder
+    for module in modules:
+        module.compile(backend="eager")
+    for _ in range(2):
+        s.step(s.next_batch())
+    assert len(modules) == (2 if recipe == "coherence" else 1)
+    assert counters["stats"]["unique_graphs"] >= len(modules), f"{recipe}: a module's forward was not compiled"
+    assert not counters["graph_break"], f"{recipe}: {dict(counters['graph_break'])}"

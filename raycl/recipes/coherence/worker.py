@@ -229,6 +229,10 @@ class CoherenceTask(TaskBase):
         batches = _batches(self.cfg, feed.items(epoch, done, st.model), feed.need, done, rng)
         return Epoch(batches, eval_every=self.cfg.optim.eval_every, report_at_end=False)
 
+    def compiled_modules(self, st: CoherenceState) -> list[Any]:
+        """The scorer and, under the momentum loss, the momentum encoder: a step runs both forwards."""
+        return [st.model, *([st.momentum] if st.momentum is not None else [])]
+
     def collate(self, st: CoherenceState, data: Any) -> CoherenceBatch:
         items, negs, rng = data
         pad = 16 if self.cfg.optim.compile else None
