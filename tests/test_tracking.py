@@ -154,9 +154,10 @@ def _wandb_records(path: Path) -> list[Any]:
     return out
 
 
-def _ended_records(path: Path, timeout: float = 60.0) -> list[Any]:
+def _ended_records(path: Path, timeout: float = 240.0) -> list[Any]:
     """The records of a run once its ``exit`` record is written: W&B's service process of a logging actor that Ray
-    has killed may still be writing the file when the sweep returns."""
+    has killed may still be writing the file when the sweep returns (on a loaded 2-core machine, for over a minute:
+    a run read before its exit record lacked the trial's config update, which comes last)."""
     deadline = time.monotonic() + timeout
     while True:
         records = _wandb_records(path)
