@@ -85,10 +85,23 @@ def _bench_train(stdout: str) -> dict[str, Any]:
             **{p: {k: got[p].get(k) for k in keep if k in got[p]} for p in ("fp32", "bf16") if p in got}}
 
 
+START = ("timing/worker_boot", "timing/start", "timing/first_step", "timing/step", "timing/eval")
+
+
 def _train_summary(stdout: str) -> dict[str, Any]:
+    """The run's timings, and where its training's time went: each trial's first report (start-up, the first
+    step, a step, an evaluation) and its number of steps — a smoke run's steps are a second or two of its
+    ``train_s``; the rest is starting."""
     got = _last_json(stdout)
-    return {"timings": got.get("timings", {}), "failed_trials": got.get("failed_trials"),
-            "run_dir": got.get("run_dir")}  # fmt: skip
+    out = {"timings": got.get("timings", {}), "failed_trials": got.get("failed_trials"),
+           "run_dir": got.get("run_dir")}  # fmt: skip
+    if got.get("run_dir") and Path(got["run_dir"]).is_dir():
+        for trial in sorted((Path(got["run_dir"]) / "trials").glob("*/history.jsonl")):
+            rows = [r for line in trial.read_text().splitlines() if line and "report" in (r := json.loads(line))]
+            if rows:
+                first = {k.split("/")[1]: rows[0][k] for k in START if isinstance(rows[0].get(k), (int, float))}
+                out.setdefault("trials", {})[trial.parent.name] = {**first, "steps": rows[-1].get("step")}
+    return out
 
 
 def _mine(stdout: str) -> dict[str, Any]:
@@ -243,7 +256,11 @@ def _figures(name: str, o: Outcome) -> str:
         return "".join(f"; {engine}: {row.get('negatives_per_miner_s')} negatives per miner-busy second"
                        for engine, row in r.items())  # fmt: skip
     timings = r.get("timings") or {}
-    return "".join(f"; {k} {v:.1f}" for k, v in timings.items() if isinstance(v, (int, float)))
+    text = "".join(f"; {k} {v:.1f}" for k, v in timings.items() if isinstance(v, (int, float)))
+    for trial, t in (r.get("trials") or {}).items():
+        text += f"; {trial}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                           for k, v in t.items())  # fmt: skip
+    return text
 
 
 # ---------------------------------------------------------------------------------------------- main

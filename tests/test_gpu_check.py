@@ -80,6 +80,25 @@ def test_readme_rows_name_the_card_and_each_part() -> None:
     assert rows[3] == "| not run | smoke-gec (not installed: errant) |"
 
 
+def test_a_smoke_run_row_says_where_its_training_time_went(tmp_path: Path) -> None:
+    """Each trial's first report (start-up, first step, a step, an evaluation) and its steps, read from the run's
+    histories: a smoke run's steps are a small part of its ``train_s``."""
+    trial = tmp_path / "trials" / "zero_shot"
+    trial.mkdir(parents=True)
+    rows = [{"start": 1, "resumed": False},
+            {"report": 1, "step": 9, "timing/worker_boot": 7.5, "timing/start": 0.25, "timing/first_step": 0.5,
+             "timing/step": 0.03, "timing/eval": 0.75},
+            {"report": 2, "step": 36, "timing/step": 0.04, "timing/eval": 0.02}]  # fmt: skip
+    (trial / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = json.dumps({"timings": {"prepare_s": 0.1, "train_s": 24.5}, "run_dir": str(tmp_path)})
+    got = gc._train_summary(f"some log\n{out}\n")
+    assert got["trials"] == {"zero_shot": {"worker_boot": 7.5, "start": 0.25, "first_step": 0.5, "step": 0.03,
+                                           "eval": 0.75, "steps": 36}}  # fmt: skip
+    row = gc.rows({"smoke-idiom": gc.Outcome("passed", "", 30.0, got)}, {"gpu": "X"})[2]
+    assert row.endswith("train_s 24.5; zero_shot: worker_boot 7.50, start 0.25, first_step 0.50, step 0.03, "
+                        "eval 0.75, steps 36 |"), row  # fmt: skip
+
+
 def test_the_command_runs_here_and_reports_every_gpu_part_skipped() -> None:
     done = subprocess.run([sys.executable, "bench/gpu_check.py", "--json"], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)  # fmt: skip

@@ -167,6 +167,38 @@ def test_a_run_killed_after_a_report_resumes_to_the_same_end(tmp_path: Path, mon
     assert all(torch.equal(a[k], b[k]) for k in a)  # optimizer moments and RNG restored: the same weights
 
 
+def test_a_process_first_report_says_what_its_start_cost(tmp_path: Path, monkeypatch) -> None:
+    """``timing/start`` (``run``'s entry to the first step), ``timing/first_step`` and ``timing/worker_boot`` in
+    each worker process's first report only — again after a restart, whose start-up is paid again — and the
+    first step's time is the first step's, not the whole first interval's."""
+    import time as clock
+
+    fake = FakeSession(tmp_path)
+    fake.install(monkeypatch)
+    build = ToyTask.build
+
+    def slow_build(self: Any, *a: Any, **k: Any) -> Any:
+        clock.sleep(0.5)  # a start-up that costs something measurable
+        return build(self, *a, **k)
+
+    monkeypatch.setattr(ToyTask, "build", slow_build)
+    fake.crash_after = 2
+    with pytest.raises(SystemExit):
+        _run(ToyTask(epochs=3), tmp_path / "r", fake)
+    fake.crash_after = None
+    _run(ToyTask(epochs=3), tmp_path / "r", fake)
+    rows = read_history(tmp_path / "r")
+    keys = ("timing/start", "timing/first_step", "timing/worker_boot")
+    assert [h["report"] for h in rows] == [1, 2, 3]
+    firsts = [h for h in rows if "timing/start" in h]
+    assert [h["report"] for h in firsts] == [1, 3]  # the first process's first report, the restarted one's
+    for h in firsts:
+        assert all(k in h for k in keys), h
+        assert h["timing/start"] >= 0.5 and 0 < h["timing/first_step"] < h["timing/start"]  # the build apart
+        assert h["timing/worker_boot"] > 0
+    assert not any(k in h for h in rows if h not in firsts for k in keys)
+
+
 def test_accumulating_two_batches_is_one_batch_twice_the_size(tmp_path: Path, monkeypatch) -> None:
     results = []
     for batch, freq in ((4, 1), (2, 2)):

@@ -324,6 +324,7 @@ class Window:
 # ---------------------------------------------------------------------------------------------- the loop
 def run(job: Job) -> None:
     """Ray Train entry point (``functools.partial(run, job)``): one worker's whole training run."""
+    entered, boot = time.perf_counter(), _process_age()
     task = job.task
     s: LoopSettings = task.settings
     rank, world_size = session.world()
@@ -341,6 +342,8 @@ def run(job: Job) -> None:
         model.to(device)  # before any optimizer is built on its parameters or loads state onto them
         st = task.build(model, w, saved["progress"] if saved else None)
     loop = _Loop(task, st, w)
+    loop.entered = entered
+    loop.start_times = {} if boot is None else {"timing/worker_boot": boot}
     if saved is not None:
         loop.restore(saved)
     task.start(st, w, resumed=saved is not None)
@@ -352,6 +355,17 @@ def run(job: Job) -> None:
     if job.probe:
         Path(job.probe).mkdir(parents=True, exist_ok=True)
         torch.save(loop.state(), Path(job.probe) / f"rank{rank}.pt")
+
+
+def _process_age() -> float | None:
+    """Seconds since this process started (a Ray Train worker: Ray's worker, imports, the process group), or None
+    where psutil (which comes with Ray) is missing."""
+    try:
+        import psutil
+
+        return max(time.time() - psutil.Process().create_time(), 0.0)
+    except (ImportError, OSError):
+        return None
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:
@@ -381,6 +395,13 @@ class _Loop:
         self.on_step = crash_switch(w.job.chaos, rank=w.rank)
         self.bar: ProgressWriter | None = None
         self.current = Epoch(())  # the epoch being trained (its evaluation rule, its reports' info)
+        # start-up, in this process's first report: what a run pays before its steps (on a GPU, CUDA's start):
+        # ``timing/start`` from ``run``'s entry to the first step (the model loaded and moved, the state built,
+        # restored, compiled), ``timing/first_step`` the first micro-batch and its update (kernels loaded on first
+        # use), ``timing/worker_boot`` the worker process's age at ``run``'s entry
+        self.entered: float | None = None  # set by ``run``: when it was entered
+        self.first_t0: float | None = None  # while the first micro-batch runs: when it began
+        self.start_times: dict[str, float] | None = None
         for key, value in {"epoch": 0, "batch": 0, "epoch_step": 0, "step": 0, "report": 0, "best": {},
                            "reported_step": -1}.items():  # fmt: skip
             st.progress.setdefault(key, value)
@@ -490,6 +511,8 @@ class _Loop:
         ddp = isinstance(self.ctx.module, nn.parallel.DistributedDataParallel)
         quiet = ddp and not last  # accumulate locally; the group's last backward all-reduces the sum
         t0 = time.perf_counter()
+        if self.entered is not None and self.start_times is not None:
+            self.start_times["timing/start"], self.entered, self.first_t0 = t0 - self.entered, None, t0
         self.st.train(True)
         with self.ctx.module.no_sync() if quiet else contextlib.nullcontext():  # type: ignore[operator]
             with self.w.precision.autocast():
@@ -503,6 +526,12 @@ class _Loop:
             self.window.step_s += time.perf_counter() - t1
             if self.bar is not None:  # the loss is read only when the bar writes (at most once a second)
                 self.bar.update(self.st.progress["step"], loss=out.get("loss", float("nan")), phase="train")
+        self._first_step_done()
+
+    def _first_step_done(self) -> None:
+        if self.first_t0 is not None and self.start_times is not None:
+            self.start_times["timing/first_step"] = time.perf_counter() - self.first_t0
+        self.first_t0 = None
 
     def join(self) -> None:
         """Uneven inputs (token-budget batches, shards one item longer): a rank whose part of the epoch is over
@@ -590,6 +619,10 @@ class _Loop:
             metrics.update({"fp16/skipped": self.window.skipped, "fp16/scale": self.scaler.get_scale()})
         metrics.update({"timing/data_wait": self.window.wait_s,
                         "timing/data_wait_fraction": self.window.wait_s / max(self.window.wall(), 1e-9)})
+        self._first_step_done()  # (a report in the first update: the step so far)
+        if self.start_times and self.entered is None:  # this process's first report only
+            metrics.update(self.start_times)
+            self.start_times = None
         if w.rank == 0:
             self.show(phase="eval")
             metrics.update(self.evaluate(rep, metrics))
