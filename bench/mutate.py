@@ -241,6 +241,15 @@ MUTANTS = [
     Mutant("a_queue_left_on_the_cpu", "raycl/recipes/coherence/worker.py",
            replace("CoherenceTask.build", "extras: dict[str, Any] = {\"queue\"", ").to(w.device)", ")"),
            ("tests/test_steps.py",)),
+    # compiled steps: a host read inside a compiled forward breaks its graph; a module of the step left eager
+    Mutant("a_host_read_in_a_compiled_forward", "raycl/models/coherence.py",
+           insert_after("CoherenceScorer.forward", "mask = attention_mask if self.mask_padding",
+                        "if float(input_ids.sum()) < 0:\n    mask = None\n"),
+           ("tests/test_steps.py::test_a_compiled_step_traces_whole_graphs",)),
+    Mutant("the_momentum_encoder_left_eager", "raycl/recipes/coherence/worker.py",
+           replace("CoherenceTask.compiled_modules", "return [st.model", ", *([st.momentum] if st.momentum is not "
+                   "None else [])", ""),
+           ("tests/test_steps.py::test_a_compiled_step_traces_whole_graphs",)),
     # issue 19's defects: a directory resumed with other settings, a second run on it, a range that stops the job
     Mutant("a_resume_with_other_settings_mixes_the_directory", "raycl/distributed/corpus_mining.py",
            replace("mine_corpus", "settings=mining_settings(", "mining_settings(model, options, engine)", "{}"),
