@@ -192,6 +192,17 @@ def test_inside_a_job_workers_get_only_what_the_jobs_runtime_env_lacks(monkeypat
     assert "HF_HUB_OFFLINE" not in env and env["PYTHONPATH"] == "/x" and env["TOKENIZERS_PARALLELISM"] == "false"
 
 
+def test_train_controllers_poll_their_workers_twice_a_second_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray Train's 2 s default makes every training's end wait for polls; raycl's workers (the controllers among
+    them) get 0.5 s, or the driver's own setting."""
+    monkeypatch.delenv(runtime.TRAIN_POLL_ENV, raising=False)
+    assert runtime._propagated_env()[runtime.TRAIN_POLL_ENV] == "0.5"
+    monkeypatch.setenv(runtime.TRAIN_POLL_ENV, "3")
+    assert runtime._propagated_env()[runtime.TRAIN_POLL_ENV] == "3"
+    _in_job(monkeypatch, {runtime.TRAIN_POLL_ENV: "1"})  # a job that sets it: its workers have it already
+    assert runtime.TRAIN_POLL_ENV not in runtime._propagated_env()
+
+
 def test_inside_a_job_a_relative_or_default_out_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
                                                            ) -> None:  # fmt: skip
     assert cli.run_folder(Path("runs/x"), "idiom") == Path("runs/x").resolve()  # outside a job: as before

@@ -108,16 +108,24 @@ def _log_to_driver() -> bool:
     return os.environ.get("RAYCL_WORKER_LOGS", "1") != "0"
 
 
+# How often a Ray Train controller polls its workers (Ray's default: 2 s). A training's end, a report and a
+# worker's death are seen at the next poll, and a training ends after about two of them: at 2 s a smoke
+# training's start and end cost seconds more than its steps. A poll is one small actor call per worker.
+TRAIN_POLL_ENV, TRAIN_POLL_S = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5"
+
+
 def _propagated_env() -> dict[str, str]:
     """What workers get from the driver's environment. Inside a Ray job, only what the job's runtime env lacks:
     its workers inherit the job's env_vars, and ray.init refuses a key set twice (even to the same value), so
     RAY_OVERRIDE_JOB_RUNTIME_ENV is not needed. ``RAYCL_CACHE_DIR``: a staged run (raycl.storage) is at the same
-    path in every process."""
+    path in every process. Ray Train's controllers poll their workers every ``TRAIN_POLL_S`` unless the
+    driver's environment says otherwise."""
     keep = ("PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "RAYCL_WORKER_LOGS",
-            "RAYCL_CACHE_DIR", "RAYCL_PROGRESS", "RAYCL_PROGRESS_MIN_S", "RAYCL_PROGRESS_MAX_S")
+            "RAYCL_CACHE_DIR", "RAYCL_PROGRESS", "RAYCL_PROGRESS_MIN_S", "RAYCL_PROGRESS_MAX_S", TRAIN_POLL_ENV)
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "0"))
+    env.setdefault(TRAIN_POLL_ENV, TRAIN_POLL_S)
     job = job_env_vars()
     return {k: v for k, v in env.items() if k not in job}
 
