@@ -652,3 +652,35 @@ def test_reports_fall_every_n_updates_of_each_epoch_and_at_its_end(tmp_path: Pat
     fake.install(monkeypatch)
     _run(EveryThreeTask(epochs=2), tmp_path / "run", fake)
     assert [r["step"] for r in fake.reports] == [3, 4, 7, 8]
+
+
+def test_an_intervals_sums_do_not_alias_a_steps_output() -> None:
+    """Under CUDA graphs (``compile_mode: reduce-overhead``) a step's outputs live in buffers the next step's
+    replay overwrites: the report interval keeps copies, so what it reads is what the steps returned."""
+    window = loop.Window()
+    out = torch.tensor(2.0)
+    window.add({"loss": out, "n": 1.0}, 0.0)
+    out.fill_(100.0)  # the next replay writes the same memory
+    window.add({"loss": torch.tensor(3.0), "n": 1.0}, 0.0)
+    assert window.sums == {"loss": 5.0, "n": 2.0}
+
+
+def test_a_micro_batch_under_cuda_graphs_marks_a_new_step(tmp_path: Path, monkeypatch) -> None:
+    """``compile_mode: reduce-overhead`` on a CUDA device: each micro-batch tells CUDA graph trees that a new
+    iteration begins (a step with several forwards — FGM's, the momentum encoder's — would otherwise leave it to
+    their heuristic); nothing is marked on a CPU or in another mode. (The worker's device is only named here:
+    the toy step runs on the CPU.)"""
+    marks: list[str] = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append("mark"))
+    task = ToyTask()
+    cpu = torch.device("cpu")
+    cases = (("cpu", "reduce-overhead", 0), ("cuda", "default", 0), ("cuda", "reduce-overhead", 3))
+    for device, mode, want in cases:
+        st = task.build(task.load_model(tmp_path / "none"), None, None)  # type: ignore[arg-type]
+        w = loop.Worker(0, 1, torch.device(device), Precision("fp32", cpu), tmp_path, Job(None, "", ""))
+        runner = loop._Loop(task, st, w)
+        runner.s = dataclasses.replace(runner.s, compile=True, compile_mode=mode)
+        marks.clear()
+        for rows in (slice(0, 2), slice(2, 4), slice(4, 6)):
+            runner.micro_batch(Batch(task.collate(st, rows)))
+        assert len(marks) == want, (device, mode)

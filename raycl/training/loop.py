@@ -289,7 +289,10 @@ class Window:
         self.step_s += seconds
         for k, v in out.items():
             v = v.detach() if isinstance(v, torch.Tensor) else float(v)
-            self._sums[k] = self._sums[k] + v if k in self._sums else v
+            if k in self._sums:
+                self._sums[k] = self._sums[k] + v  # a new tensor
+            else:  # a step's output may live in memory the next step writes (a CUDA graph replays into the
+                self._sums[k] = v.clone() if isinstance(v, torch.Tensor) else v  # same buffers): copied
 
     def add_skipped(self, skipped: Any) -> None:
         self._skipped = self._skipped + skipped
@@ -511,6 +514,8 @@ class _Loop:
         ddp = isinstance(self.ctx.module, nn.parallel.DistributedDataParallel)
         quiet = ddp and not last  # accumulate locally; the group's last backward all-reduces the sum
         t0 = time.perf_counter()
+        if self.s.compile and self.s.compile_mode == "reduce-overhead" and self.w.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()  # a new micro-batch: the last one's graph outputs are free
         if self.entered is not None and self.start_times is not None:
             self.start_times["timing/start"], self.entered, self.first_t0 = t0 - self.entered, None, t0
         self.st.train(True)
