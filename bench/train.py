@@ -137,6 +137,8 @@ def count_step(runner: Any, task: CountedTask, batches: list[Any], device: torch
     step = c.regions.get("step", Counts())
     # the update's syncs are not given: on a CPU run its optimizer's step counters (CPU tensors on a GPU too) count
     out = {**step.summary(), "update_ops": c.ops - step.ops}
+    if COMPILE:  # torch.compile runs eagerly under the counter's dispatch mode: the counts are the eager step's
+        out["counts_of"] = "eager"
     if len(batches) > 1:
         out["micro_batches"] = [c.regions[f"micro_batch {i + 1}"].summary() for i in range(len(batches))]
     return out
@@ -207,8 +209,6 @@ def measure(case: Any, precision: str, args: argparse.Namespace, device: torch.d
     if peak:
         row.update(peak_tflops=peak, mfu=flops / step_s / 1e12 / peak)
     row["counts"] = count_step(runner, task, case.batches, device)
-    if COMPILE:  # torch.compile runs eagerly under the counter's dispatch mode: the counts are the eager step's
-        row["counts"]["counts_of"] = "eager"
     return row
 
 
@@ -270,8 +270,7 @@ def _counts(case: Any, precision: str, args: argparse.Namespace, device: torch.d
     for _ in range(args.warmup):
         _run(runner, case.batches)
     out = count_step(runner, task, case.batches, device)
-    # torch.compile runs eagerly under the counter's dispatch mode: the counts are the eager step's
-    return {**out, "counts_of": "eager", "compiled": compile_stats()} if COMPILE else out
+    return {**out, "compiled": compile_stats()} if COMPILE else out
 
 
 def smoke_counts(args: argparse.Namespace, precision: str, device: torch.device) -> dict[str, Any]:

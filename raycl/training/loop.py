@@ -345,8 +345,7 @@ def run(job: Job) -> None:
         model.to(device)  # before any optimizer is built on its parameters or loads state onto them
         st = task.build(model, w, saved["progress"] if saved else None)
     loop = _Loop(task, st, w)
-    loop.entered = entered
-    loop.start_times = {} if boot is None else {"timing/worker_boot": boot}
+    loop.startup = StartUp(entered, boot)
     if saved is not None:
         loop.restore(saved)
     task.start(st, w, resumed=saved is not None)
@@ -369,6 +368,32 @@ def _process_age() -> float | None:
         return max(time.time() - psutil.Process().create_time(), 0.0)
     except (ImportError, OSError):
         return None
+
+
+class StartUp:
+    """What a worker process paid before its steps (on a GPU, CUDA's start), for its first report:
+    ``timing/worker_boot`` the process's age when ``run`` was entered, ``timing/start`` from there to the first
+    step (the model loaded and moved, the state built, restored, compiled), ``timing/first_step`` the first
+    micro-batch and its update (kernels loaded on first use)."""
+
+    def __init__(self, entered: float, boot: float | None) -> None:
+        self.entered: float | None = entered  # until the first step begins
+        self.first_t0: float | None = None  # while the first micro-batch runs
+        self.times = {} if boot is None else {"timing/worker_boot": boot}
+
+    def step_begins(self, t0: float) -> None:
+        if self.entered is not None:
+            self.times["timing/start"], self.entered, self.first_t0 = t0 - self.entered, None, t0
+
+    def step_ends(self) -> None:
+        if self.first_t0 is not None:
+            self.times["timing/first_step"] = time.perf_counter() - self.first_t0
+            self.first_t0 = None
+
+    def taken(self) -> dict[str, float] | None:
+        """The times, once a step has begun (a report in the first update: that step so far); None before."""
+        self.step_ends()
+        return None if self.entered is not None else self.times
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:
@@ -398,13 +423,7 @@ class _Loop:
         self.on_step = crash_switch(w.job.chaos, rank=w.rank)
         self.bar: ProgressWriter | None = None
         self.current = Epoch(())  # the epoch being trained (its evaluation rule, its reports' info)
-        # start-up, in this process's first report: what a run pays before its steps (on a GPU, CUDA's start):
-        # ``timing/start`` from ``run``'s entry to the first step (the model loaded and moved, the state built,
-        # restored, compiled), ``timing/first_step`` the first micro-batch and its update (kernels loaded on first
-        # use), ``timing/worker_boot`` the worker process's age at ``run``'s entry
-        self.entered: float | None = None  # set by ``run``: when it was entered
-        self.first_t0: float | None = None  # while the first micro-batch runs: when it began
-        self.start_times: dict[str, float] | None = None
+        self.startup: StartUp | None = None  # set by ``run``; gone once this process's first report holds it
         for key, value in {"epoch": 0, "batch": 0, "epoch_step": 0, "step": 0, "report": 0, "best": {},
                            "reported_step": -1}.items():  # fmt: skip
             st.progress.setdefault(key, value)
@@ -516,8 +535,8 @@ class _Loop:
         t0 = time.perf_counter()
         if self.s.compile and self.s.compile_mode == "reduce-overhead" and self.w.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # a new micro-batch: the last one's graph outputs are free
-        if self.entered is not None and self.start_times is not None:
-            self.start_times["timing/start"], self.entered, self.first_t0 = t0 - self.entered, None, t0
+        if self.startup is not None:
+            self.startup.step_begins(t0)
         self.st.train(True)
         with self.ctx.module.no_sync() if quiet else contextlib.nullcontext():  # type: ignore[operator]
             with self.w.precision.autocast():
@@ -531,12 +550,8 @@ class _Loop:
             self.window.step_s += time.perf_counter() - t1
             if self.bar is not None:  # the loss is read only when the bar writes (at most once a second)
                 self.bar.update(self.st.progress["step"], loss=out.get("loss", float("nan")), phase="train")
-        self._first_step_done()
-
-    def _first_step_done(self) -> None:
-        if self.first_t0 is not None and self.start_times is not None:
-            self.start_times["timing/first_step"] = time.perf_counter() - self.first_t0
-        self.first_t0 = None
+        if self.startup is not None:
+            self.startup.step_ends()
 
     def join(self) -> None:
         """Uneven inputs (token-budget batches, shards one item longer): a rank whose part of the epoch is over
@@ -624,10 +639,9 @@ class _Loop:
             metrics.update({"fp16/skipped": self.window.skipped, "fp16/scale": self.scaler.get_scale()})
         metrics.update({"timing/data_wait": self.window.wait_s,
                         "timing/data_wait_fraction": self.window.wait_s / max(self.window.wall(), 1e-9)})
-        self._first_step_done()  # (a report in the first update: the step so far)
-        if self.start_times and self.entered is None:  # this process's first report only
-            metrics.update(self.start_times)
-            self.start_times = None
+        if self.startup is not None and (times := self.startup.taken()) is not None:  # this process's first
+            metrics.update(times)
+            self.startup = None
         if w.rank == 0:
             self.show(phase="eval")
             metrics.update(self.evaluate(rep, metrics))
