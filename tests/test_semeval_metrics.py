@@ -11,7 +11,7 @@ import csv
 import json
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -384,6 +384,17 @@ def _ab(tmp: Path, name: str, header: Sequence[str], rows: Sequence[Sequence[str
     return _csv(tmp / name, header, rows)
 
 
+def _each_refused(tmp_path: Path, cases: list[tuple[list[list[str]], list[list[str]] | None, str]], gold: Path,
+                  headers: tuple[Sequence[str], Sequence[str]], evaluate: Callable[[Path, Path], object]) -> None:
+    """Each case — (submission rows, gold rows or None for ``gold``, the whole message with {s} and {g}) —
+    refused by ``evaluate`` with exactly its message."""
+    for k, (sub_rows, g_rows, message) in enumerate(cases):
+        s = _ab(tmp_path, f"s{k}.csv", headers[0], sub_rows)
+        g = gold if g_rows is None else _ab(tmp_path, f"g{k}.csv", headers[1], g_rows)
+        with pytest.raises(UserError) as err:
+            evaluate(s, g)
+        assert str(err.value) == message.format(s=s, g=g), k
+
 def test_idiom_bad_values_name_their_file_and_line(tmp_path: Path) -> None:
     gold_rows = [["1", "d.EN.1.1", "EN", "0"], ["2", "d.EN.1.2", "EN", "1"]]
     gold = _ab(tmp_path, "g.csv", A_GOLD, gold_rows)
@@ -397,12 +408,7 @@ def test_idiom_bad_values_name_their_file_and_line(tmp_path: Path) -> None:
                                                           "one_shot"),
         ([], None, "{s}: no rows, expected Setting zero_shot or one_shot"),
     ]
-    for k, (sub_rows, g_rows, message) in enumerate(cases):
-        s = _ab(tmp_path, f"s{k}.csv", A_SUB, sub_rows)
-        g = gold if g_rows is None else _ab(tmp_path, f"g{k}.csv", A_GOLD, g_rows)
-        with pytest.raises(UserError) as err:
-            evaluate_idiom(s, g)
-        assert str(err.value) == message.format(s=s, g=g), k
+    _each_refused(tmp_path, cases, gold, (A_SUB, A_GOLD), evaluate_idiom)
 
 
 def test_idiom_id_mismatch_messages(tmp_path: Path) -> None:
@@ -457,12 +463,7 @@ def test_sts_bad_values_name_their_file_and_line(tmp_path: Path) -> None:
                                                             "fine_tune"),
         ([], None, "{s}: no rows, expected Setting pre_train or fine_tune"),
     ]
-    for k, (sub_rows, g_rows, message) in enumerate(cases):
-        s = _ab(tmp_path, f"s{k}.csv", B_SUB, sub_rows)
-        g = gold if g_rows is None else _ab(tmp_path, f"g{k}.csv", B_GOLD, g_rows)
-        with pytest.raises(UserError) as err:
-            evaluate_sts(s, g)
-        assert str(err.value) == message.format(s=s, g=g), k
+    _each_refused(tmp_path, cases, gold, (B_SUB, B_GOLD), evaluate_sts)
 
 
 def test_sts_ids_compare_as_integers_or_as_written(tmp_path: Path) -> None:
