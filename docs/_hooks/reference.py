@@ -140,14 +140,14 @@ def _code(text: str) -> str:
 # ---------------------------------------------------------------------------------------------- config
 def _spaces_of(task: str) -> dict[str, Any]:
     """Space name → its config as the file writes it (no preset), for every space file of ``task``."""
-    from raycl.config import SPACES_DIR, safe_yaml
+    from raycl.config import safe_yaml, space_names, spaces_dir
     from raycl.configs import load_space
 
     out = {}
-    for path in sorted(SPACES_DIR.glob("*.yaml")):
-        raw = safe_yaml(path.read_text(encoding="utf-8")) or {}
+    for name in space_names():
+        raw = safe_yaml(spaces_dir().joinpath(f"{name}.yaml").read_text(encoding="utf-8")) or {}
         if raw.get("task", "gec") == task:
-            out[path.stem] = load_space(path.stem).config
+            out[name] = load_space(name).config
     return out
 
 
@@ -211,14 +211,14 @@ def config_reference() -> str:
 
 # ---------------------------------------------------------------------------------------------- spaces
 def spaces_table() -> str:
-    from raycl.config import SPACES_DIR, safe_yaml
+    from raycl.config import safe_yaml, space_names, spaces_dir
 
     out = ["| space file | task | presets | search | baselines |", "|---|---|---|---|---|"]
-    for path in sorted(SPACES_DIR.glob("*.yaml")):
-        raw = safe_yaml(path.read_text(encoding="utf-8")) or {}
+    for name in space_names():
+        raw = safe_yaml(spaces_dir().joinpath(f"{name}.yaml").read_text(encoding="utf-8")) or {}
         search = "<br>".join(_code(f"{k}: {_value(v)}") for k, v in (raw.get("search") or {}).items())
         baselines = "<br>".join(_code(f"{k}: {_value(v)}") for k, v in (raw.get("baselines") or {}).items())
         presets = ", ".join(f"`{p}`" for p in raw.get("presets") or {})
         task = raw.get("task", "gec")
-        out.append(f"| `tune_spaces/{path.name}` | `{task}` | {presets} | {search} | {baselines} |")
+        out.append(f"| `tune_spaces/{name}.yaml` | `{task}` | {presets} | {search} | {baselines} |")
     return "\n".join(out)
