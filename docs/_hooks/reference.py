@@ -6,7 +6,8 @@ A page asks for a generated part with an HTML comment on a line of its own:
   (``raycl/config.py``, ``raycl/configs/<task>.py``) with its type, its default, the value each space file of
   ``tune_spaces/`` gives it where that differs, and the comment written beside it in the code;
 - ``<!-- raycl:spaces -->``: the tune spaces: task, presets, search block and baselines of each file;
-- ``<!-- raycl:help VERB [SUBVERB] -->``: ``python -m raycl.VERB [SUBVERB] --help`` as the checkout prints it.
+- ``<!-- raycl:help VERB [SUBVERB] -->``: ``python -m raycl.VERB [SUBVERB] --help`` as the checkout prints it
+  (``<!-- raycl:help -->``: ``raycl --help``, the verbs).
 
 The code is imported from this checkout (the repository root is put first on ``sys.path`` and ``PYTHONPATH``),
 never from an installed copy. A marker that cannot be filled fails the build.
@@ -65,10 +66,10 @@ def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
 
 # ---------------------------------------------------------------------------------------------- --help
 def help_text(verb: list[str]) -> str:
-    """``python -m raycl.VERB … --help`` of this checkout, as a code block."""
+    """``python -m raycl.VERB … --help`` of this checkout (no verb: ``raycl --help``), as a code block."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "COLUMNS": "110", "PYTHONPATH": path}
-    cmd = [sys.executable, "-m", f"raycl.{verb[0]}", *verb[1:], "--help"]
+    cmd = [sys.executable, "-m", f"raycl.{verb[0]}" if verb else "raycl", *verb[1:], "--help"]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr[-2000:]}")
