@@ -67,8 +67,8 @@ mutate-units: install
 # the package as an index would hold it: the sdist and the wheel (python -m build, isolated: pyproject's build
 # requirements alone; the wheel built from the sdist), their metadata (twine check --strict), then the wheel installed
 # in a fresh venv outside the checkout (torch==2.13.0 first, not editable) and run from a folder elsewhere: every tune
-# space loads from the package, `raycl` lists its verbs, a one-epoch training runs, each extra resolves
-# (bench/dist_check.py: about 3 minutes on 2 cores). .ci/run runs it.
+# space loads from the package, `raycl` lists its verbs, a one-epoch training runs, the extras resolve
+# (bench/dist_check.py: about 5 minutes on 2 cores). .ci/run runs it.
 dist: install
 	rm -rf dist
 	$(PY) -m build --outdir dist .
