@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED := 1
 install: $(STAMP)
 
 # torch first, pinned: 2.13.0 is the CPU build on this machine's disk; an unpinned torch would pull CUDA (GBs).
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
