@@ -2,7 +2,7 @@
 
 The spaces are package data: a wheel carries them in ``raycl/tune_spaces/`` and a checkout (on ``PYTHONPATH``,
 or installed editable) has them in its top-level ``tune_spaces/`` — one folder in the repository, mapped into the
-package when it is built (``package-dir`` in ``setup.py``); :func:`spaces_dir` finds whichever this raycl has.
+package when it is built (``package_dir`` in ``setup.py``); :func:`spaces_dir` finds whichever this raycl has.
 
 A space file has the sections of its task's config (``model``, ``data``, ``loss`` ...), a ``search:`` block
 over dotted keys, optional ``baselines:`` (named dotted overrides, run after the sweep at the best point) and
@@ -365,7 +365,8 @@ def spaces_dir() -> Traversable:
     """The tune spaces of this raycl: ``tune_spaces/`` inside the installed package (where a wheel puts them),
     else the checkout's top-level ``tune_spaces/`` beside the package (a clone on ``PYTHONPATH``, an editable
     install: the repository's one copy, read as it is edited). Found from this module's own package, never by
-    importing ``raycl.tune_spaces``: that name can resolve to another checkout's editable install."""
+    importing ``raycl.tune_spaces``: an editable install does not make that name importable, and where one did, it
+    could be another checkout's."""
     packaged = importlib.resources.files("raycl").joinpath("tune_spaces")
     if packaged.is_dir():
         return packaged
