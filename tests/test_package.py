@@ -10,7 +10,9 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
+from importlib.metadata import distributions
 from pathlib import Path
 
 import pytest
@@ -119,10 +121,12 @@ def test_raycl_lists_its_verbs_and_runs_each_as_python_m_raycl_verb(tmp_path: Pa
 
 
 def test_the_installed_raycl_script_is_the_command() -> None:
-    """``raycl`` as an install puts it beside this Python (``make install``: the editable install)."""
-    script = Path(sys.executable).parent / "raycl"
-    if not script.exists():
-        pytest.skip(f"no raycl script beside {sys.executable}: raycl is not installed in this environment")
+    """``raycl`` as an install puts it in this Python's scripts folder (``make install``: the editable install)."""
+    installed = [d for d in distributions(path=[sysconfig.get_path("purelib")]) if d.metadata["Name"] == "raycl"]
+    if not [e for d in installed for e in d.entry_points if (e.group, e.name) == ("console_scripts", "raycl")]:
+        pytest.skip("raycl is not installed in this environment, or was installed before it had the command")
+    script = Path(sysconfig.get_path("scripts")) / "raycl"
+    assert script.is_file(), f"the installed raycl declares the command, but {script} is missing"
     done = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "COLUMNS": "200"})  # fmt: skip
     assert done.returncode == 0 and done.stdout.startswith("usage: raycl ")
