@@ -7,12 +7,12 @@ export TOKENIZERS_PARALLELISM := false
 export HF_HUB_OFFLINE := 1
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install test test-cluster test-gpu gpu-check test-equivalence mutate mutate-units lint docs demo bench clean
+.PHONY: install test test-cluster test-gpu gpu-check test-equivalence mutate mutate-units lint docs dist demo bench clean
 
 install: $(STAMP)
 
 # torch first, pinned: 2.13.0 is the CPU build on this machine's disk; an unpinned torch would pull CUDA (GBs).
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
@@ -64,8 +64,19 @@ MODULES ?=
 mutate-units: install
 	$(PY) bench/mutate_units.py $(if $(MODULES),--modules $(MODULES))
 
+# the package as an index would hold it: the sdist and the wheel (python -m build, isolated: pyproject's build
+# requirements alone; the wheel built from the sdist), their metadata (twine check --strict), then the wheel installed
+# in a fresh venv outside the checkout (torch==2.13.0 first, not editable) and run from a folder elsewhere: every tune
+# space loads from the package, `raycl` lists its verbs, a one-epoch training runs, the extras resolve
+# (bench/dist_check.py: about 5 minutes on 2 cores). .ci/run runs it.
+dist: install
+	rm -rf dist
+	$(PY) -m build --outdir dist .
+	$(VENV)/bin/twine check --strict dist/*
+	$(PY) bench/dist_check.py dist/*.whl
+
 demo: install
 	$(PY) -m raycl.tune $(SPACE) --preset smoke
 
 clean:
-	rm -rf runs site mutants .pytest_cache .mypy_cache .ruff_cache
+	rm -rf runs site mutants dist build .pytest_cache .mypy_cache .ruff_cache

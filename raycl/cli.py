@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raycl.config import Space, to_dict
+from raycl.config import Space, space_names, to_dict
 from raycl.configs import load_space
 from raycl.errors import UserError, summary_out
 from raycl.storage import check_uri, is_uri, push, remote_of, stage
@@ -28,7 +28,8 @@ def parse_track(text: str) -> tuple[str, ...]:
 
 def space_parser(prog: str, description: str, *, sweep: bool = False) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("space", help="a tune space name (tune_spaces/SPACE.yaml) or a path to a YAML file")
+    p.add_argument("space", help=f"a tune space of this raycl — {', '.join(space_names()) or 'none'} — or a path "
+                   "to a YAML file")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a dotted config key, e.g. --set loss.margin=0.3 (repeatable)")
     p.add_argument("--preset", default=None, help="a preset of the space: smoke | small | paper")
@@ -193,11 +194,12 @@ def quiet_ray() -> None:
         os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
 
 
-def space_verb(verb: str, doc: str, argv: list[str] | None, *, sweep: bool) -> None:
-    """``python -m raycl.tune`` (``sweep``) and ``python -m raycl.train``: parse, load the space, check the inputs
-    and the resources before Ray starts (Ray is started for a sweep, and for a training on Ray Train workers:
-    ``scaling.num_workers=0`` asks nothing of Ray), run the driver, print the summary."""
-    args = space_parser(f"python -m raycl.{verb}", doc, sweep=sweep).parse_args(argv)
+def space_verb(verb: str, doc: str, argv: list[str] | None, *, sweep: bool, prog: str | None = None) -> None:
+    """``python -m raycl.tune`` (``sweep``) and ``python -m raycl.train`` (as ``raycl tune``, ``raycl train``:
+    ``prog``): parse, load the space, check the inputs and the resources before Ray starts (Ray is started for a
+    sweep, and for a training on Ray Train workers: ``scaling.num_workers=0`` asks nothing of Ray), run the driver,
+    print the summary."""
+    args = space_parser(prog or f"python -m raycl.{verb}", doc, sweep=sweep).parse_args(argv)
     space, run_dir = load(args)
     on_ray = sweep or space.config.scaling.num_workers > 0
     if on_ray:

@@ -1,5 +1,9 @@
 """Nested dataclass config: loaded from ``tune_spaces/<SPACE>.yaml``, typed ``--set`` overrides, validated once.
 
+The spaces are package data: a wheel carries them in ``raycl/tune_spaces/`` and a checkout (on ``PYTHONPATH``,
+or installed editable) has them in its top-level ``tune_spaces/`` — one folder in the repository, mapped into the
+package when it is built (``package_dir`` in ``setup.py``); :func:`spaces_dir` finds whichever this raycl has.
+
 A space file has the sections of its task's config (``model``, ``data``, ``loss`` ...), a ``search:`` block
 over dotted keys, optional ``baselines:`` (named dotted overrides, run after the sweep at the best point) and
 ``presets:`` (named partial configs merged over the base by ``--preset``). Every key is checked against the
@@ -10,17 +14,20 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.resources
 import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePath
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from raycl.errors import UserError, redact, shown
 
-SPACES_DIR = Path(__file__).resolve().parent.parent / "tune_spaces"
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
 SEARCH_KINDS = ("grid", "choice", "uniform", "loguniform", "qrange")
 
 
@@ -338,7 +345,7 @@ def safe_yaml(text: str) -> Any:
         loader.dispose()
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _read_yaml(path: Traversable) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
@@ -354,20 +361,41 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def resolve_space_path(space: str) -> Path:
+def spaces_dir() -> Traversable:
+    """The tune spaces of this raycl: ``tune_spaces/`` inside the installed package (where a wheel puts them),
+    else the checkout's top-level ``tune_spaces/`` beside the package (a clone on ``PYTHONPATH``, an editable
+    install: the repository's one copy, read as it is edited). Found from this module's own package, never by
+    importing ``raycl.tune_spaces``: an editable install does not make that name importable, and where one did, it
+    could be another checkout's."""
+    packaged = importlib.resources.files("raycl").joinpath("tune_spaces")
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "tune_spaces"
+
+
+def space_names() -> list[str]:
+    """The names of the tune spaces this raycl has (``coherence``, ``gec_pd``, …), sorted."""
+    root = spaces_dir()
+    if not root.is_dir():
+        return []
+    return sorted(p.name.removesuffix(".yaml") for p in root.iterdir() if p.name.endswith(".yaml") and p.is_file())
+
+
+def resolve_space_path(space: str) -> Traversable:
+    """A space's file: a path to a ``.yaml``/``.yml`` file as given, else the space of that name of this raycl."""
     path = Path(space)
     if path.suffix in (".yaml", ".yml"):
         if not path.exists():
             raise UserError(f"{path}: no such tune space file")
         return path
-    path = SPACES_DIR / f"{space}.yaml"
-    if not path.exists():
-        known = ", ".join(sorted(p.stem for p in SPACES_DIR.glob("*.yaml")))
+    found = spaces_dir().joinpath(f"{space}.yaml")
+    if Path(space).name != space or not found.is_file():  # a name, not a path out of the folder
+        known = ", ".join(space_names()) or "none"
         raise UserError(f"unknown tune space '{space}' (known: {known}; or give a path to a .yaml file)")
-    return path
+    return found
 
 
-def read_space(space: str, *, preset: str | None = None) -> tuple[Path, dict[str, Any], Any, Any]:
+def read_space(space: str, *, preset: str | None = None) -> tuple[Traversable, dict[str, Any], Any, Any]:
     """A space file's path and its config keys with ``--preset`` merged in, its ``search`` and ``baselines``."""
     path = resolve_space_path(space)
     where = str(path)
@@ -383,8 +411,8 @@ def read_space(space: str, *, preset: str | None = None) -> tuple[Path, dict[str
     return path, raw, raw.pop("search", {}) or {}, raw.pop("baselines", {}) or {}
 
 
-def build_space(path: Path, cls: type, raw: dict[str, Any], *, search: Any, baselines: Any, preset: str | None,
-                overrides: list[str] | None) -> Space:  # fmt: skip
+def build_space(path: Traversable, cls: type, raw: dict[str, Any], *, search: Any, baselines: Any,
+                preset: str | None, overrides: list[str] | None) -> Space:  # fmt: skip
     """The space of a task's config class ``cls``: built from ``raw``, validated, ``--set`` overrides applied, its
     search and baselines checked against it (``raycl.configs.load_space`` finds ``cls`` from the ``task:`` key)."""
     where = str(path)
@@ -392,8 +420,9 @@ def build_space(path: Path, cls: type, raw: dict[str, Any], *, search: Any, base
     validate(config, where=where)
     if overrides:
         config = set_dotted(config, parse_set(overrides), where="--set", raw=True)
-    return Space(name=path.stem, source=where, config=config, search=_check_search(config, search, where),
-                 baselines=_check_baselines(config, baselines, where), preset=preset)  # fmt: skip
+    return Space(name=PurePath(path.name).stem, source=where, config=config,
+                 search=_check_search(config, search, where), baselines=_check_baselines(config, baselines, where),
+                 preset=preset)  # fmt: skip
 
 
 def _check_search(config: Any, search: Any, where: str) -> dict[str, dict[str, list[Any]]]:

@@ -19,8 +19,8 @@ from pathlib import Path
 from raycl.errors import cli_entry, summary_out
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m raycl.convert", description=__doc__,
+def parser(prog: str = "python -m raycl.convert") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     sub = p.add_subparsers(dest="kind", required=True)
     f = sub.add_parser("fairseq-transformer", help="a fairseq transformer checkpoint → an HF (FSMT) model folder")
@@ -37,8 +37,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 @cli_entry
-def main(argv: list[str] | None = None) -> None:
-    args = parser().parse_args(argv)
+def main(argv: list[str] | None = None, *, prog: str = "python -m raycl.convert") -> None:
+    args = parser(prog).parse_args(argv)
     from raycl.models.fairseq_convert import convert_fairseq_transformer
 
     summary = convert_fairseq_transformer(args.checkpoint, dict_dir=args.dict_dir, bpe_codes=args.bpe_codes,

@@ -102,8 +102,8 @@ def format_gec_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m raycl.eval", description="Score a system's output.")
+def build_parser(prog: str = "python -m raycl.eval") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Score a system's output.")
     sub = parser.add_subparsers(dest="task", required=True, metavar="TASK")
     _add_gec(sub)
     from raycl.evaluation.coherence_eval import add_coherence_parser
@@ -116,8 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @cli_entry
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m raycl.eval") -> int:
+    args = build_parser(prog).parse_args(argv)
     return int(args.run(args))
 
 

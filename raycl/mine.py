@@ -200,16 +200,16 @@ def _run_staged(args: argparse.Namespace) -> dict[str, Any]:
     return {**summary, "out": uri}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m raycl.mine", description="Mine hard negatives to Parquet.")
+def build_parser(prog: str = "python -m raycl.mine") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Mine hard negatives to Parquet.")
     sub = parser.add_subparsers(dest="task", required=True, metavar="TASK")
     _add_gec(sub)
     return parser
 
 
 @cli_entry
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m raycl.mine") -> int:
+    args = build_parser(prog).parse_args(argv)
     if is_uri(args.out):
         summary = _run_staged(args)
     else:

@@ -7,8 +7,8 @@ from raycl.errors import cli_entry
 
 
 @cli_entry
-def main(argv: list[str] | None = None) -> None:
-    cli.space_verb("tune", __doc__ or "", argv, sweep=True)
+def main(argv: list[str] | None = None, *, prog: str | None = None) -> None:
+    cli.space_verb("tune", __doc__ or "", argv, sweep=True, prog=prog)
 
 
 if __name__ == "__main__":

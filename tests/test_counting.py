@@ -4,12 +4,17 @@ casts are counted, an integer cast is not; regions split the totals."""
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
+import shutil
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from raycl.training import counting
 from raycl.training.counting import count_ops
 
 X = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
@@ -66,6 +71,36 @@ def test_each_planted_sync_is_counted_once_with_its_line(name: str) -> None:
     (event,) = c.sync_events
     assert event.kind == KIND.get(name, name)
     assert event.site.startswith(f"tests/test_counting.py:{_line(step)} in ")
+
+
+@pytest.mark.parametrize("checkout", ["raycl", "a folder with spaces/raycl", "a/b/c/d/e/f/g/raycl-main",
+                                      "torch/raycl", "tests"])
+def test_a_site_is_shown_from_the_checkout_whatever_its_folder_is_called(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checkout: str
+) -> None:
+    """The counter as a checkout in ``checkout`` holds it (a copy of the module, imported from there): a line of
+    its tests and a file of its package are shown from the checkout's root — also when the checkout is called
+    ``raycl`` (a path cut at its last ``/raycl/`` kept ``raycl/tests/…``) or lies in a folder named ``torch``
+    (whose frames were skipped as torch's own)."""
+    root = tmp_path / checkout
+    copy = root / "raycl" / "training" / "counting.py"
+    copy.parent.mkdir(parents=True)
+    shutil.copy(counting.__file__, copy)
+    spec = importlib.util.spec_from_file_location("_counting_in_a_checkout", copy)
+    assert spec is not None and spec.loader is not None
+    moved = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, moved)  # its dataclasses look their module up
+    spec.loader.exec_module(moved)
+    planted = root / "tests" / "test_planted.py"
+    planted.parent.mkdir()
+    planted.write_text(source := "def step(t):\n    return t.sum().item()\n", encoding="utf-8")
+    scope: dict[str, object] = {}
+    exec(compile(source, str(planted), "exec"), scope)
+    with moved.count_ops() as c:
+        scope["step"](X)  # type: ignore[operator]
+    assert [e.site for e in c.sync_events] == ["tests/test_planted.py:2 in step"]
+    assert moved._short(str(root / "raycl" / "training" / "loop.py")) == "raycl/training/loop.py"
+    assert moved._short(torch.__file__) == "torch/__init__.py"  # the environment's site-packages
 
 
 def test_moves_within_the_device_and_given_sizes_are_not_syncs() -> None:

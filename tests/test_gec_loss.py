@@ -4,6 +4,7 @@ and a tiny random BART; the joint pass's dropout, its host syncs and what it kee
 from __future__ import annotations
 
 import copy
+import os
 import statistics
 import traceback
 from pathlib import Path
@@ -11,10 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import BartConfig, BartForConditionalGeneration
 
+import raycl
 from raycl.data.gec import GecExample as Example
 from raycl.losses.gec_margin import GecContrastiveLoss, margin_loss
 from raycl.losses.label_smoothed_nll import label_smoothed_nll
@@ -351,13 +354,18 @@ def test_layerdrop_refuses_a_joint_pass(scorer: Seq2SeqScorer) -> None:
 SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "equal"}
 
 
+# the packages' own folders, not folder names: a checkout may be called raycl, or lie in a folder named torch
+_HOME = {name: str(Path(module.__file__).parent) + os.sep for name, module in
+         (("torch", torch), ("transformers", transformers), ("raycl", raycl))}  # fmt: skip
+
+
 def _origin() -> str:
     """Who asked: the innermost frame outside torch and this file ('transformers', 'raycl' or a path)."""
     for frame in reversed(traceback.extract_stack()):
-        path = frame.filename.replace("\\", "/")
-        if "/torch/" in path or path == __file__.replace("\\", "/"):
+        path = frame.filename
+        if path.startswith(_HOME["torch"]) or path == __file__:
             continue
-        return "transformers" if "/transformers/" in path else "raycl" if "/raycl/" in path else path
+        return next((name for name in ("transformers", "raycl") if path.startswith(_HOME[name])), path)
     return "?"
 
 

@@ -284,7 +284,7 @@ def test_the_image_build_context_leaves_out_runs_tracking_stores_and_credentials
     root = Path(__file__).resolve().parents[1]
     kept = [p.relative_to(root).as_posix() for d in ("raycl", "tune_spaces") for p in (root / d).rglob("*")
             if p.is_file() and "__pycache__" not in p.parts]  # fmt: skip
-    kept += ["pyproject.toml", "README.md"]
+    kept += ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE"]  # what `pip install` reads
     out = ["mlflow.db", "mlruns/0/meta.yaml", "wandb/offline-run-1/run-1.wandb", "runs/idiom/20250101/report.md",
            "my-run/raycl_run.json", "negs/part-00000.parquet", "neg.parquet", ".env", ".env.local", "prod.env",
            "raycl/.env", "tune_spaces/mlflow.db", "raycl/wandb/debug.log", ".aws/credentials", "credentials.json",

@@ -6,7 +6,8 @@ A page asks for a generated part with an HTML comment on a line of its own:
   (``raycl/config.py``, ``raycl/configs/<task>.py``) with its type, its default, the value each space file of
   ``tune_spaces/`` gives it where that differs, and the comment written beside it in the code;
 - ``<!-- raycl:spaces -->``: the tune spaces: task, presets, search block and baselines of each file;
-- ``<!-- raycl:help VERB [SUBVERB] -->``: ``python -m raycl.VERB [SUBVERB] --help`` as the checkout prints it.
+- ``<!-- raycl:help VERB [SUBVERB] -->``: ``python -m raycl.VERB [SUBVERB] --help`` as the checkout prints it
+  (``<!-- raycl:help -->``: ``raycl --help``, the verbs).
 
 The code is imported from this checkout (the repository root is put first on ``sys.path`` and ``PYTHONPATH``),
 never from an installed copy. A marker that cannot be filled fails the build.
@@ -65,10 +66,10 @@ def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
 
 # ---------------------------------------------------------------------------------------------- --help
 def help_text(verb: list[str]) -> str:
-    """``python -m raycl.VERB … --help`` of this checkout, as a code block."""
+    """``python -m raycl.VERB … --help`` of this checkout (no verb: ``raycl --help``), as a code block."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "COLUMNS": "110", "PYTHONPATH": path}
-    cmd = [sys.executable, "-m", f"raycl.{verb[0]}", *verb[1:], "--help"]
+    cmd = [sys.executable, "-m", f"raycl.{verb[0]}" if verb else "raycl", *verb[1:], "--help"]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr[-2000:]}")
@@ -140,14 +141,14 @@ def _code(text: str) -> str:
 # ---------------------------------------------------------------------------------------------- config
 def _spaces_of(task: str) -> dict[str, Any]:
     """Space name → its config as the file writes it (no preset), for every space file of ``task``."""
-    from raycl.config import SPACES_DIR, safe_yaml
+    from raycl.config import safe_yaml, space_names, spaces_dir
     from raycl.configs import load_space
 
     out = {}
-    for path in sorted(SPACES_DIR.glob("*.yaml")):
-        raw = safe_yaml(path.read_text(encoding="utf-8")) or {}
+    for name in space_names():
+        raw = safe_yaml(spaces_dir().joinpath(f"{name}.yaml").read_text(encoding="utf-8")) or {}
         if raw.get("task", "gec") == task:
-            out[path.stem] = load_space(path.stem).config
+            out[name] = load_space(name).config
     return out
 
 
@@ -211,14 +212,14 @@ def config_reference() -> str:
 
 # ---------------------------------------------------------------------------------------------- spaces
 def spaces_table() -> str:
-    from raycl.config import SPACES_DIR, safe_yaml
+    from raycl.config import safe_yaml, space_names, spaces_dir
 
     out = ["| space file | task | presets | search | baselines |", "|---|---|---|---|---|"]
-    for path in sorted(SPACES_DIR.glob("*.yaml")):
-        raw = safe_yaml(path.read_text(encoding="utf-8")) or {}
+    for name in space_names():
+        raw = safe_yaml(spaces_dir().joinpath(f"{name}.yaml").read_text(encoding="utf-8")) or {}
         search = "<br>".join(_code(f"{k}: {_value(v)}") for k, v in (raw.get("search") or {}).items())
         baselines = "<br>".join(_code(f"{k}: {_value(v)}") for k, v in (raw.get("baselines") or {}).items())
         presets = ", ".join(f"`{p}`" for p in raw.get("presets") or {})
         task = raw.get("task", "gec")
-        out.append(f"| `tune_spaces/{path.name}` | `{task}` | {presets} | {search} | {baselines} |")
+        out.append(f"| `tune_spaces/{name}.yaml` | `{task}` | {presets} | {search} | {baselines} |")
     return "\n".join(out)

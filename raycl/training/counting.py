@@ -36,12 +36,15 @@ thread-local; autograd's backward threads inherit it), so a prefetching thread's
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+import sysconfig
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -69,7 +72,9 @@ _BOOL_INDEX = {aten.index.Tensor, aten.index_put.default, aten.index_put_.defaul
 _COPIES = {aten._to_copy.default, aten.copy_.default}
 # Tensor methods that read a CPU tensor on the host without any aten op (seen only by the function mode)
 _HOST_READS = {"tolist": "tolist", "numpy": "numpy", "__array__": "numpy", "cpu": "cpu", "to": "cpu"}
-_SKIP_FRAMES = (os.sep + "torch" + os.sep, __file__)
+# frames of torch itself and of this module are never the call site: matched by torch's own folder (a checkout
+# inside a folder named ``torch`` must not be skipped)
+_SKIP_FRAMES = (os.path.dirname(torch.__file__) + os.sep, __file__)
 
 
 @dataclass(frozen=True)
@@ -263,11 +268,24 @@ def _call_site() -> str:
     return f"{_short(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
 
 
+@functools.cache
+def _roots() -> list[Path]:
+    """The folders a call site's path is shown from, the deepest first: the one holding the ``raycl`` package (a
+    checkout's root, with its ``tests/`` and ``bench/``, or site-packages) and the environment's site-packages
+    (``transformers/…`` when raycl is a checkout). Taken from where the modules are, never from a folder's name:
+    a checkout may itself be called ``raycl``, ``tests`` or ``torch``."""
+    found = {Path(__file__).resolve().parents[2], Path(torch.__file__).resolve().parents[1]}
+    found |= {Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib")}
+    return sorted(found, key=lambda p: len(p.parts), reverse=True)
+
+
+@functools.lru_cache(maxsize=1024)
 def _short(path: str) -> str:
-    """A path from the package root (``raycl/…``, ``transformers/…``) rather than the machine's."""
-    for marker in ("site-packages" + os.sep, os.sep + "raycl" + os.sep, os.sep + "tests" + os.sep,
-                   os.sep + "bench" + os.sep):  # fmt: skip
-        i = path.rfind(marker)
-        if i >= 0:
-            return path[i + len(marker) :] if marker.startswith("site") else path[i + 1 :]
+    """A path from the package root (``raycl/…``, ``tests/…``, ``transformers/…``) rather than the machine's."""
+    if not os.path.isabs(path):  # <string>, <frozen …>: no file
+        return path
+    full = Path(path).resolve()
+    for root in _roots():
+        if full.is_relative_to(root):
+            return full.relative_to(root).as_posix()
     return path
