@@ -6,7 +6,7 @@ sentence-transformers' names, dashed).
 
 It prints a summary line (queries, negatives written, candidates dropped by each filter, queries left short,
 seconds) or, with ``--json``, the summary as JSON on stdout; OUT holds the Parquet shards in
-sentence-transformers' columns, ``report.json`` and ``scores.png``. Bad input ends in one line, exit 2.
+sentence-transformers' columns, ``_report.json`` and ``_scores.png``. Bad input ends in one line, exit 2.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ def add_dense(sub: Any) -> None:
     p.add_argument("--data", required=True, help="the (anchor, positive) pairs: .parquet, .jsonl or .csv")
     p.add_argument("--corpus", default=None, help="more candidates: .parquet, .jsonl, .csv or .txt (one a line)")
     p.add_argument("--corpus-column", default=None, help="the corpus' text column (default: text, or its only)")
+    p.add_argument("--cross-encoder", default=None, help="a cross-encoder folder (one label) that rescores the "
+                   "candidates and positives where a margin or score bound is set")  # fmt: skip
     p.add_argument("--out", required=True, help="a folder or object-store prefix for the shards (resumes)")
     p.add_argument("--anchor-column-name", default=None, help="default: the first column")
     p.add_argument("--positive-column-name", default=None, help="default: the second column")
@@ -77,12 +79,12 @@ def run_dense_cli(args: argparse.Namespace) -> dict[str, Any]:
     check_dense_args(args)
     from raycl.distributed.dense_api import run_dense
 
-    names = ("anchor_column_name", "positive_column_name", "range_min", "range_max", "max_score", "min_score",
-             "absolute_margin", "relative_margin", "num_negatives", "sampling_strategy", "query_prompt_name",
-             "query_prompt", "corpus_prompt_name", "corpus_prompt", "include_positives", "output_format",
-             "output_scores", "batch_size", "num_miners", "device", "precision", "seed", "index", "corpus_column",
-             "corpus_shard_size", "query_block_size", "cpus_per_miner", "gpus_per_miner", "address",
-             "overwrite")  # fmt: skip
+    names = ("cross_encoder", "anchor_column_name", "positive_column_name", "range_min", "range_max", "max_score",
+             "min_score", "absolute_margin", "relative_margin", "num_negatives", "sampling_strategy",
+             "query_prompt_name", "query_prompt", "corpus_prompt_name", "corpus_prompt", "include_positives",
+             "output_format", "output_scores", "batch_size", "num_miners", "device", "precision", "seed", "index",
+             "corpus_column", "corpus_shard_size", "query_block_size", "cpus_per_miner", "gpus_per_miner",
+             "address", "overwrite")  # fmt: skip
     summary, _ = run_dense(dataset=args.data, model=args.model, corpus=args.corpus, out=str(args.out),
                            verbose=True, chaos=None, **{k: getattr(args, k) for k in names})  # fmt: skip
     return summary

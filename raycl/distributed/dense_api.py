@@ -46,6 +46,7 @@ def mine_dense_negatives(
     anchor_column_name: str | None = None,
     positive_column_name: str | None = None,
     corpus: Sequence[str] | str | Path | None = None,
+    cross_encoder: str | Path | None = None,
     range_min: int = 0,
     range_max: int | None = None,
     max_score: float | None = None,
@@ -101,7 +102,7 @@ def mine_dense_negatives(
     ``device`` (default: ``cuda`` where Ray gives the actor a GPU) and ``precision`` (``fp32``, ``bf16``,
     ``fp16``); ``index``: ``exact`` (blockwise matmul and top-k per corpus shard) or ``usearch`` (an HNSW index
     per corpus shard, approximate; ``pip install raycl[ann]``). ``out``: a folder or object-store prefix where
-    the shards, embeddings, ``report.json`` and ``scores.png`` stay; a rerun with the same ``out`` resumes (other
+    the shards, embeddings, ``_report.json`` and ``_scores.png`` stay; a rerun with the same ``out`` resumes (other
     settings: a one-line error; ``overwrite`` starts afresh). Returns a ``datasets.Dataset``.
     """
     summary, ds = run_dense(**{k: v for k, v in locals().items()})
@@ -125,8 +126,9 @@ def run_dense(**kw: Any) -> tuple[dict[str, Any], Any]:
         max_positives=max_pos, sampling_strategy=kw["sampling_strategy"], max_score=kw["max_score"],
         min_score=kw["min_score"], absolute_margin=kw["absolute_margin"], relative_margin=kw["relative_margin"],
         include_positives=kw["include_positives"], output_format=kw["output_format"],
-        output_scores=kw["output_scores"], seed=kw["seed"])  # fmt: skip
-    encoding, pool = _encoding(kw), _pool(kw)
+        output_scores=kw["output_scores"], seed=kw["seed"], cross_encoder=kw["cross_encoder"] is not None)
+    filtered = any(kw[k] is not None for k in ("absolute_margin", "relative_margin", "max_score", "min_score"))
+    encoding, pool = _encoding(kw, rescore=filtered), _pool(kw)
     if kw["index"] not in INDEXES:
         raise UserError(f"index: expected exact or usearch, got {kw['index']!r}")
     for key in ("corpus_shard_size", "query_block_size", "batch_size"):
@@ -173,16 +175,24 @@ def _dataset(data: Any) -> Any:
                     f"{type(data).__name__}")  # fmt: skip
 
 
-def _encoding(kw: dict[str, Any]) -> Encoding:
+def _encoding(kw: dict[str, Any], *, rescore: bool) -> Encoding:
+    """How actors embed (and rescore: a cross-encoder is used, as sentence-transformers uses it, only where a
+    margin or a score bound reads the scores)."""
+    from raycl.models.cross_scorer import check_cross_encoder
     from raycl.models.dense_encoder import check_encoder_folder, resolve_model, resolve_prompt
 
     folder = resolve_model(kw["model"])
     check_encoder_folder(folder)
     if kw["precision"] not in ("fp32", "bf16", "fp16"):
         raise UserError(f"precision: expected fp32, bf16 or fp16, got {kw['precision']!r}")
+    cross = None
+    if kw["cross_encoder"] is not None:
+        cross = resolve_model(kw["cross_encoder"])
+        check_cross_encoder(cross)
     return Encoding(str(folder), query_prompt=resolve_prompt(folder, kw["query_prompt"], kw["query_prompt_name"]),
                     corpus_prompt=resolve_prompt(folder, kw["corpus_prompt"], kw["corpus_prompt_name"]),
-                    batch_size=int(kw["batch_size"]), device=kw["device"], precision=kw["precision"])  # fmt: skip
+                    batch_size=int(kw["batch_size"]), device=kw["device"], precision=kw["precision"],
+                    cross_encoder=str(cross) if cross is not None and rescore else None)  # fmt: skip
 
 
 def parse_miners(value: int | tuple[int, int] | str) -> int | tuple[int, int]:

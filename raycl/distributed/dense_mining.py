@@ -5,7 +5,7 @@ Two stages, each an actor pool (``num_miners`` actors, or ``(min, max)`` to auto
 each) over items that are all-or-nothing::
 
     embed    a range of ``corpus_shard_size`` corpus rows (read from Parquet by the actor) or of the pairs'
-             positives → OUT/embeddings/part-<range>.parquet (text, 64-bit text key, normalised embedding) and,
+             positives → OUT/_embeddings/part-<range>.parquet (text, 64-bit text key, normalised embedding) and,
              with ``index="usearch"``, part-<range>.usearch (an HNSW index of the shard)
     mine     a block of ``query_block_size`` unique queries: embedded, then every embedding shard read in turn —
              exact: one matmul per shard and the top ``2·window`` kept per query, merged with the best so far;
@@ -64,15 +64,27 @@ class Encoding:
     batch_size: int = 32
     device: str | None = None
     precision: str = "fp32"
+    cross_encoder: str | None = None  # rescores the candidates and positives (only where a filter reads scores)
+
+    def where(self) -> str:
+        return self.device or ("cuda" if ray.is_initialized() and ray.get_gpu_ids() else "cpu")
 
     def encoder(self) -> Any:
         from raycl.models.dense_encoder import DenseEncoder
 
-        device = self.device or ("cuda" if ray.is_initialized() and ray.get_gpu_ids() else "cpu")
-        return DenseEncoder(self.model, device=device, precision=self.precision)
+        return DenseEncoder(self.model, device=self.where(), precision=self.precision)
+
+    def scorer(self) -> Any:
+        from raycl.models.cross_scorer import CrossScorer
+
+        return None if self.cross_encoder is None else CrossScorer(self.cross_encoder, device=self.where())
 
 
-def _chaos(chaos: dict[str, Any]) -> Chaos:
+def _chaos(chaos: dict[str, Any], stage: str) -> Chaos:
+    """Crash/stall switches for tests (``raycl.distributed.miner_pool.Chaos``), in the ``stages`` named (default
+    both: ``embed``, ``mine``)."""
+    if stage not in chaos.get("stages", ("embed", "mine")):
+        return Chaos()
     return Chaos.of({k: v for k, v in chaos.items() if k in CHAOS_KEYS}, 0, first_life=_first_life())
 
 
@@ -82,7 +94,7 @@ class CorpusEmbedder:
     def __init__(self, encoding: Encoding, out_dir: str, index: str, chaos: dict[str, Any]) -> None:
         self.encoding, self.encoder = encoding, encoding.encoder()
         self.out_dir, self.index = storage.on_node(out_dir) / EMBEDDINGS, index
-        self.chaos, self.done = _chaos(chaos), 0
+        self.chaos, self.done = _chaos(chaos, "embed"), 0
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
         out: dict[str, list[Any]] = {"index": [], "rows": [], "seconds": []}
@@ -118,9 +130,9 @@ class QueryMiner:
 
     def __init__(self, encoding: Encoding, out_dir: str, options: DenseOptions, columns: tuple[str, str],
                  index: str, chaos: dict[str, Any]) -> None:  # fmt: skip
-        self.encoding, self.encoder = encoding, encoding.encoder()
+        self.encoding, self.encoder, self.scorer = encoding, encoding.encoder(), encoding.scorer()
         self.out_dir, self.options, self.columns, self.index = storage.on_node(out_dir), options, columns, index
-        self.chaos, self.done = _chaos(chaos), 0
+        self.chaos, self.done = _chaos(chaos, "mine"), 0
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
         out: dict[str, list[Any]] = {"index": [], "rows": [], "stats": [], "seconds": []}
@@ -142,6 +154,8 @@ class QueryMiner:
         q = self.encoder.encode(queries, batch_size=self.encoding.batch_size, prompt=self.encoding.query_prompt)
         pos_keys = [keys_of(p) for p in positives]
         cands, pos_scores = self._search(q, pos_keys)
+        if self.scorer is not None:
+            pos_scores = self._rescore(queries, positives, cands)
         stats = Stats()
         chosen = select(cands, pos_keys, pos_scores, self.options, int(block["first"]), stats)
         rows = format_rows(mined(queries, positives, pos_scores, cands, chosen), self.options, *self.columns)
@@ -167,6 +181,21 @@ class QueryMiner:
                     found[(i, int(keys[row]))] = float(np.float32(q[i] @ emb[row]))
         pos_scores = [[found.get((i, int(k)), float("nan")) for k in keys] for i, keys in enumerate(pos_keys)]
         return best.distinct(window), pos_scores
+
+    def _rescore(self, queries: list[str], positives: list[list[str]], cands: Candidates) -> list[list[float]]:
+        """The cross-encoder's scores in place of the cosines: every candidate's (in ``cands``) and every
+        positive's (returned)."""
+        rows, cols = np.nonzero(np.isfinite(cands.scores))
+        batch = self.encoding.batch_size
+        got = self.scorer.score([queries[i] for i in rows], [str(t) for t in cands.texts[rows, cols]],
+                                batch_size=batch)  # fmt: skip
+        cands.scores[rows, cols] = got
+        flat = [(i, p) for i, ps in enumerate(positives) for p in ps]
+        scores = self.scorer.score([queries[i] for i, _ in flat], [p for _, p in flat], batch_size=batch)
+        out: list[list[float]] = [[] for _ in positives]
+        for (i, _), s in zip(flat, scores, strict=True):
+            out[i].append(float(s))
+        return out
 
     def _top(self, q: np.ndarray, emb: np.ndarray, path: Path, k: int) -> tuple[np.ndarray, np.ndarray]:
         k = min(k, len(emb))
@@ -234,8 +263,11 @@ def run_stage(cls: type, items: list[dict[str, Any]], kwargs: dict[str, Any], po
 
 def settings(encoding: Encoding, options: DenseOptions, **more: Any) -> dict[str, Any]:
     """What makes the negatives, as the manifest records it (not the batch size, device or miners)."""
-    model = "sha256:" + hash_folder(hashlib.sha256(), Path(encoding.model)).hexdigest()
-    return {"model": model, "query_prompt": encoding.query_prompt, "corpus_prompt": encoding.corpus_prompt,
+    def digest(folder: str | None) -> str | None:
+        return None if folder is None else "sha256:" + hash_folder(hashlib.sha256(), Path(folder)).hexdigest()
+
+    return {"model": digest(encoding.model), "cross_encoder": digest(encoding.cross_encoder),
+            "query_prompt": encoding.query_prompt, "corpus_prompt": encoding.corpus_prompt,
             "precision": encoding.precision, **dataclasses.asdict(options), **more}  # fmt: skip
 
 
@@ -256,7 +288,7 @@ def check_settings(out_dir: Path, new: dict[str, Any]) -> None:
 def clear_dense(out_dir: Path) -> None:
     """``overwrite``: the output shards, manifest and embeddings removed, nothing else."""
     clear_mining(out_dir)
-    for path in [*(out_dir / EMBEDDINGS).glob("part-*"), out_dir / "report.json", out_dir / "scores.png"]:
+    for path in [*(out_dir / EMBEDDINGS).glob("part-*"), out_dir / "_report.json", out_dir / "_scores.png"]:
         path.unlink(missing_ok=True)
     storage.remove(out_dir, only=lambda rel: rel.startswith(f"{EMBEDDINGS}/"))
 

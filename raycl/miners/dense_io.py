@@ -1,11 +1,13 @@
 """Files of dense mining (Ray-free): the pairs and corpus readers, embedding shards, the per-run report.
 
 A dense mining's OUT holds ``part-<block>.parquet`` (one block of unique queries each, in
-sentence-transformers' columns, the block's filter counts in the footer, :data:`STATS_KEY`), ``embeddings/``
+sentence-transformers' columns, the block's filter counts in the footer, :data:`STATS_KEY`), ``_embeddings/``
 (``part-<range>.parquet``: ``text``, ``key``, ``embedding`` of a range of the corpus; ``part-<range>.usearch``
 beside it with the approximate index), ``_mining.json`` (the settings; a rerun with others is refused),
-``report.json`` and ``scores.png``. A corpus given as JSON lines, CSV or text is first copied, streamed, to
-``OUT/corpus.parquet``, so that miners read ranges of rows from Parquet and no process holds the corpus.
+``_report.json`` and ``_scores.png``. A corpus given as JSON lines, CSV or text is first copied, streamed, to
+``OUT/_corpus.parquet``, so that miners read ranges of rows from Parquet and no process holds the corpus.
+Every name but the negatives' starts with ``_`` or ``.``, which Parquet readers of a folder skip:
+``pyarrow.parquet.read_table(OUT)`` and ``datasets.load_dataset("parquet", data_dir=OUT)`` read the negatives.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from raycl.miners.dense import BINS, FILTERS, Stats
 from raycl.miners.shards import shard_files
 
 STATS_KEY = b"raycl.dense_stats"
-EMBEDDINGS = "embeddings"
+EMBEDDINGS = "_embeddings"
 FORMATS = (".parquet", ".jsonl", ".json", ".csv", ".txt")
 _BATCH = 8192
 
@@ -38,17 +40,20 @@ def _suffix(path: Path, what: str) -> str:
 
 
 def read_pairs(path: str | Path) -> Any:
-    """A pairs file (Parquet, JSON lines, CSV) as a ``datasets.Dataset``."""
+    """A pairs file (Parquet, JSON lines, CSV) as a ``datasets.Dataset`` (read by pyarrow: no cache, no bar)."""
     import datasets
+    import pyarrow.csv as pacsv
+    import pyarrow.json as pajson
+    import pyarrow.parquet as pq
 
     path = Path(path)
     suffix = _suffix(path, "the pairs")
-    kind = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}.get(suffix)
-    if kind is None:
+    readers = {".parquet": pq.read_table, ".jsonl": pajson.read_json, ".json": pajson.read_json,
+               ".csv": pacsv.read_csv}  # fmt: skip
+    if suffix not in readers:
         raise UserError(f"{at(path)}: the pairs as text, expected Parquet, JSON lines or CSV with two columns")
     try:
-        return datasets.Dataset.from_parquet(str(path)) if kind == "parquet" else \
-            datasets.load_dataset(kind, data_files=str(path), split="train")  # fmt: skip
+        return datasets.Dataset(readers[suffix](path))
     except Exception as err:  # the readers' errors are many; the user needs the file and the reason
         raise UserError(f"{at(path)}: cannot read the pairs ({type(err).__name__}: "
                         f"{str(err).splitlines()[0][:200]})") from None  # fmt: skip
@@ -69,7 +74,7 @@ def check_columns(names: Sequence[str], anchor: str | None, positive: str | None
 # ---------------------------------------------------------------------------------------------- the corpus
 def corpus_parquet(path: str | Path, out_dir: Path, column: str | None) -> tuple[Path, str]:
     """The corpus as a Parquet file and its text column: a Parquet file as it is, any other format streamed to
-    ``out_dir/corpus.parquet`` (once: a rerun reuses it while its source is unchanged)."""
+    ``out_dir/_corpus.parquet`` (once: a rerun reuses it while its source is unchanged)."""
     import pyarrow.parquet as pq
 
     path = Path(path)
@@ -77,7 +82,7 @@ def corpus_parquet(path: str | Path, out_dir: Path, column: str | None) -> tuple
     if suffix == ".parquet":
         names = pq.read_schema(path).names
         return path, _text_column(names, column, path)
-    dst = out_dir / "corpus.parquet"
+    dst = out_dir / "_corpus.parquet"
     stamp = out_dir / ".corpus.source"
     source = json.dumps([str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns, column])
     if dst.is_file() and stamp.is_file() and stamp.read_text(encoding="utf-8") == source:
@@ -224,12 +229,12 @@ def read_stats(out_dir: Path) -> Stats:
 
 
 def write_report(out_dir: Path, stats: Stats, *, summary: dict[str, Any]) -> dict[str, Any]:
-    """``report.json`` (the summary, every filter's drops, the score histograms) and ``scores.png``."""
+    """``_report.json`` (the summary, every filter's drops, the score histograms) and ``_scores.png``."""
     from raycl.records import atomic_write
 
     report = {**summary, **stats.as_dict(), "bins": [float(b) for b in BINS]}
-    atomic_write(out_dir / "report.json", json.dumps(report, indent=1))
-    _plot(out_dir / "scores.png", stats)
+    atomic_write(out_dir / "_report.json", json.dumps(report, indent=1))
+    _plot(out_dir / "_scores.png", stats)
     return report
 
 

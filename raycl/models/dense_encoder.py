@@ -108,7 +108,9 @@ class DenseEncoder:
     """Normalised embeddings of texts, float32 numpy (N, D), in the input order."""
 
     def __init__(self, name_or_path: str | Path, *, device: str = "cpu", precision: str = "fp32") -> None:
-        from transformers import AutoModel, AutoTokenizer
+        from transformers import AutoTokenizer
+
+        from raycl.models.sentence_encoder import _load_encoder as load_encoder  # BERT without its unused pooler
 
         if precision not in _DTYPES:
             raise UserError(f"precision: expected one of {sorted(_DTYPES)}, got {precision!r}")
@@ -122,7 +124,8 @@ class DenseEncoder:
         self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
         limit = st.get("max_seq_length", meta.get("max_seq_length"))
         self.max_len = int(limit) if limit else min(int(getattr(self.tokenizer, "model_max_length", 512)), 512)
-        self.model = AutoModel.from_pretrained(str(folder)).to(self.device).eval()
+        model: Any = load_encoder(str(folder))
+        self.model = model.to(self.device).eval()
         self.accepts = frozenset(inspect.signature(self.model.forward).parameters)  # DistilBERT: no token types
 
     @staticmethod
