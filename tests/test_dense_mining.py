@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import S3_BUCKET
 
 from raycl.data.docstring_pairs import docstring_pairs
 from raycl.errors import UserError
@@ -284,3 +285,23 @@ def test_cross_encoder_rescores_as_sentence_transformers(tiny: str, minilm: str,
         negs = [r["negative_1"], r["negative_2"]]
         want = scorer.score([r["anchor"]] * 3, [r["positive"], *negs])
         assert np.allclose(r["scores"], want, atol=1e-5) and max(r["scores"][1:]) <= bound
+
+
+def test_an_object_store_out_resumes_from_the_store(s3: dict[str, str], tiny: str, tmp_path: Path) -> None:
+    """out=s3://…: shards, embeddings and manifest land in the store (moto's S3 server); a rerun from another
+    machine (no local staging) finds them there and mines nothing again."""
+    import shutil
+
+    import raycl
+    from raycl import storage
+
+    uri = f"s3://{S3_BUCKET}/dense"
+    pairs, kw = docstring_pairs(30, max_chars=200), _tiny_kw(tmp_path)
+    first = raycl.mine_dense_negatives(pairs, tiny, num_miners=0, out=uri, **kw)
+    objects = storage.listing(uri)
+    assert {"_mining.json", "part-00000.parquet", "part-00002.parquet", "_embeddings/part-00004.parquet",
+            "_report.json"} <= set(objects)  # fmt: skip
+    shutil.rmtree(storage.stage_dir(uri))
+    again = raycl.mine_dense_negatives(pairs, tiny, num_miners=0, out=uri, **kw)
+    report = json.loads(storage.read_text(f"{uri}/_report.json"))
+    assert (report["blocks_written"], report["ranges_written"]) == (0, 0) and again.to_list() == first.to_list()

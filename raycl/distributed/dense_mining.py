@@ -122,6 +122,7 @@ def _save_index(path: Path, emb: np.ndarray) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     index.save(str(tmp))
     tmp.replace(path)
+    storage.mirror(path)  # an object-store OUT: uploaded before the shard that says the range is done
 
 
 class QueryMiner:
@@ -132,6 +133,7 @@ class QueryMiner:
                  index: str, chaos: dict[str, Any]) -> None:  # fmt: skip
         self.encoding, self.encoder, self.scorer = encoding, encoding.encoder(), encoding.scorer()
         self.out_dir, self.options, self.columns, self.index = storage.on_node(out_dir), options, columns, index
+        storage.refresh(self.out_dir / EMBEDDINGS)  # an object-store OUT: the shards other nodes embedded
         self.chaos, self.done = _chaos(chaos, "mine"), 0
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
