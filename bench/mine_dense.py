@@ -8,7 +8,8 @@ One run prints one JSON object with
   mining call alone (the model loaded before), ``st_with_load_s`` with its load; ``raycl_s`` the whole command
   (Ray's start, the actors loading the model, both stages). ``ratio`` = ``st_s / raycl_s`` (> 1: raycl faster);
   ``queries_per_s`` and ``embeddings_per_s`` (queries + corpus texts embedded) are raycl's; ``agreement`` the
-  share of queries whose negatives are the same in both.
+  share of queries whose negatives are the same in both; ``load_average``: the machine's 1-minute load before
+  each side and after both (other jobs share the machine: read the ratio with it).
 - ``driver_rss``: the driver's peak RSS (VmHWM of a fresh process) mining the same 200 queries against a
   Parquet corpus of N, 10 N, 100 N texts (``--rss-base`` N, ``--rss-scales``) with a tiny encoder built from a
   config (1 layer, width 32, MiniLM's tokenizer) on 2 miners; ``growth_10x`` = RSS at 10 N / RSS at N.
@@ -82,12 +83,15 @@ def speed(work: Path, model: str, n_pairs: int, miners: int) -> dict[str, Any]:
     rows = docstring_pairs(n_pairs)
     pq.write_table(pa.table({"anchor": [r["anchor"] for r in rows], "positive": [r["positive"] for r in rows]}),
                    work / "pairs.parquet")  # fmt: skip
+    load = [round(os.getloadavg()[0], 1)]  # the machine's load average before each side and after both
     st, _ = _run([sys.executable, "-c", ST_SNIPPET, model, str(work / "pairs.parquet"), str(work / "st.parquet")])
+    load.append(round(os.getloadavg()[0], 1))
     out = work / "raycl-out"
     summary, wall = _run([sys.executable, "-m", "raycl.mine", "dense", "--model", model, "--data",
                           str(work / "pairs.parquet"), "--out", str(out), "--num-miners", str(miners),
                           "--cpus-per-miner", "1", "--output-format", "n-tuple", "--query-block-size",
                           str(max(1, len(rows) // (2 * miners))), "--overwrite", "--json"])  # fmt: skip
+    load.append(round(os.getloadavg()[0], 1))
     ours = {r["anchor"]: [r[f"negative_{i}"] for i in (1, 2, 3)] for r in pq.read_table(out).to_pylist()}
     theirs = {r["anchor"]: [r[f"negative_{i}"] for i in (1, 2, 3)] for r in pq.read_table(work / "st.parquet")
               .to_pylist()}  # fmt: skip
@@ -100,7 +104,8 @@ def speed(work: Path, model: str, n_pairs: int, miners: int) -> dict[str, Any]:
             "embed_s": summary["embed_s"], "mine_s": summary["mine_s"],
             "queries_per_s": round(summary["queries"] / seconds, 1),
             "embeddings_per_s": round((summary["queries"] + summary["embedded"]) / seconds, 1),
-            "agreement": round(sum(ours.get(k) == theirs.get(k) for k in keys) / len(keys), 4)}  # fmt: skip
+            "agreement": round(sum(ours.get(k) == theirs.get(k) for k in keys) / len(keys), 4),
+            "load_average": load}  # fmt: skip
 
 
 def tiny_encoder(work: Path, minilm: str) -> str:

@@ -305,3 +305,12 @@ def test_an_object_store_out_resumes_from_the_store(s3: dict[str, str], tiny: st
     again = raycl.mine_dense_negatives(pairs, tiny, num_miners=0, out=uri, **kw)
     report = json.loads(storage.read_text(f"{uri}/_report.json"))
     assert (report["blocks_written"], report["ranges_written"]) == (0, 0) and again.to_list() == first.to_list()
+
+
+def test_num_miners_fixed_or_a_range_to_autoscale() -> None:
+    from raycl.distributed.dense_api import parse_miners
+
+    assert parse_miners("2-8") == (2, 8) and parse_miners((1, 3)) == (1, 3) and parse_miners("0") == 0
+    for bad in ("8-2", "x", -1, "0-2"):
+        with pytest.raises(UserError, match="num_miners"):
+            parse_miners(bad)  # type: ignore[arg-type]
