@@ -314,3 +314,14 @@ def test_num_miners_fixed_or_a_range_to_autoscale() -> None:
     for bad in ("8-2", "x", -1, "0-2"):
         with pytest.raises(UserError, match="num_miners"):
             parse_miners(bad)  # type: ignore[arg-type]
+
+
+def test_texts_longer_than_the_position_embeddings_are_cut(tiny: str) -> None:
+    """A plain HF folder whose tokenizer allows 512 tokens but whose model has 128 positions: cut at 128
+    (the tokenizer's limit alone crashed the embedding)."""
+    from raycl.models.dense_encoder import DenseEncoder
+
+    encoder = DenseEncoder(tiny)
+    assert encoder.max_len == 128
+    got = encoder.encode(["a long docstring " * 200, "short"])
+    assert got.shape == (2, 32) and np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)

@@ -122,9 +122,10 @@ class DenseEncoder:
         self.lower = bool(st.get("do_lower_case", False))
         self.pooling = self._pooling(folder)
         self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        limit = st.get("max_seq_length", meta.get("max_seq_length"))
-        self.max_len = int(limit) if limit else min(int(getattr(self.tokenizer, "model_max_length", 512)), 512)
         model: Any = load_encoder(str(folder))
+        limit = st.get("max_seq_length", meta.get("max_seq_length"))
+        self.max_len = min(int(limit) if limit else int(getattr(self.tokenizer, "model_max_length", 512)),
+                           _positions(model.config))  # fmt: skip
         self.model = model.to(self.device).eval()
         self.accepts = frozenset(inspect.signature(self.model.forward).parameters)  # DistilBERT: no token types
 
@@ -165,6 +166,12 @@ class DenseEncoder:
             states = self.model(**inputs).last_hidden_state
         pooled = pool(states.float(), enc["attention_mask"], self.pooling)
         return torch.nn.functional.normalize(pooled, p=2, dim=1).cpu().numpy()
+
+
+def _positions(config: Any) -> int:
+    """The longest input the model's position embeddings allow (RoBERTa's reserve the padding offset)."""
+    n = int(getattr(config, "max_position_embeddings", 512) or 512)
+    return n - 2 if "roberta" in str(getattr(config, "model_type", "")) else n
 
 
 def pool(states: Tensor, mask: Tensor, mode: str) -> Tensor:
