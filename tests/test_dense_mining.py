@@ -325,3 +325,25 @@ def test_texts_longer_than_the_position_embeddings_are_cut(tiny: str) -> None:
     assert encoder.max_len == 128
     got = encoder.encode(["a long docstring " * 200, "short"])
     assert got.shape == (2, 32) and np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["triplet", "n-tuple", "labeled-pair", "labeled-list"])
+def test_every_format_row_for_row_as_sentence_transformers(tiny: str, fmt: str) -> None:
+    """Queries with several positives (and a repeated row), in each output format with scores: the very rows of
+    mine_hard_negatives, in its order, scores within float noise."""
+    st = pytest.importorskip("sentence_transformers")
+    import datasets
+    from sentence_transformers.util import mine_hard_negatives
+
+    import raycl
+
+    rows = docstring_pairs(40, max_chars=200)
+    extra = [{"anchor": rows[i]["anchor"], "positive": rows[i + 1]["positive"]} for i in range(0, 12, 3)]
+    pairs = datasets.Dataset.from_list(rows + extra + [rows[5]])
+    kw: dict[str, Any] = {"num_negatives": 2, "output_format": fmt, "output_scores": True}
+    ours = raycl.mine_dense_negatives(pairs, tiny, num_miners=0, verbose=False, **kw).to_list()
+    theirs = mine_hard_negatives(pairs, st.SentenceTransformer(tiny, device="cpu"), verbose=False, **kw).to_list()
+    score = "score" if fmt == "labeled-pair" else "scores"
+    strip = [[{k: v for k, v in r.items() if k != score} for r in rs] for rs in (ours, theirs)]
+    assert len(ours) > 0 and strip[0] == strip[1]
+    assert np.allclose(np.hstack([r[score] for r in ours]), np.hstack([r[score] for r in theirs]), atol=1e-5)

@@ -122,7 +122,7 @@ class DenseEncoder:
         self.lower = bool(st.get("do_lower_case", False))
         self.pooling = self._pooling(folder)
         self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        model: Any = load_encoder(str(folder))
+        model: Any = _quietly(load_encoder, str(folder))
         limit = st.get("max_seq_length", meta.get("max_seq_length"))
         self.max_len = min(int(limit) if limit else int(getattr(self.tokenizer, "model_max_length", 512)),
                            _positions(model.config))  # fmt: skip
@@ -166,6 +166,23 @@ class DenseEncoder:
             states = self.model(**inputs).last_hidden_state
         pooled = pool(states.float(), enc["attention_mask"], self.pooling)
         return torch.nn.functional.normalize(pooled, p=2, dim=1).cpu().numpy()
+
+
+def _quietly(load: Any, folder: str) -> Any:
+    """``load(folder)`` without transformers' load report (BERT's pooler, left out on purpose, listed as
+    unexpected on every miner's stderr) and its progress bar."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        return load(folder)
+    finally:
+        hf_logging.set_verbosity(level)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def _positions(config: Any) -> int:
