@@ -347,3 +347,24 @@ def test_every_format_row_for_row_as_sentence_transformers(tiny: str, fmt: str) 
     strip = [[{k: v for k, v in r.items() if k != score} for r in rs] for rs in (ours, theirs)]
     assert len(ours) > 0 and strip[0] == strip[1]
     assert np.allclose(np.hstack([r[score] for r in ours]), np.hstack([r[score] for r in theirs]), atol=1e-5)
+
+
+def test_a_corpus_in_any_format_mines_the_same(tiny: str, tmp_path: Path) -> None:
+    """The corpus as a list, Parquet, JSON lines, CSV or text (streamed into Parquet first): the same rows."""
+    import csv
+
+    import raycl
+
+    texts = [r["positive"] for r in docstring_pairs(None, max_chars=200)][-120:]
+    pq.write_table(pa.table({"text": texts}), tmp_path / "c.parquet")
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    (tmp_path / "c.txt").write_text("".join(t.replace("\n", " ") + "\n" for t in texts))
+    with open(tmp_path / "c.csv", "w", newline="") as f:
+        csv.writer(f).writerows([["text"], *([t] for t in texts)])
+    pairs = docstring_pairs(20, max_chars=200)
+    kw: dict[str, Any] = {"num_negatives": 2, "num_miners": 0, "verbose": False, "corpus_shard_size": 50}
+    want = raycl.mine_dense_negatives(pairs, tiny, corpus=texts, **kw).to_list()
+    assert len(want) == 40
+    for name in ("c.parquet", "c.jsonl", "c.txt", "c.csv"):
+        got = raycl.mine_dense_negatives(pairs, tiny, corpus=tmp_path / name, out=tmp_path / f"o-{name}", **kw)
+        assert got.to_list() == want, name
