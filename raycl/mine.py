@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from raycl.errors import UserError, at, cli_entry, summary_out
+from raycl.mine_dense import add_dense
 from raycl.miners.false_negatives import rate_text
 from raycl.storage import check_uri, is_uri, push, stage
 
@@ -204,19 +205,26 @@ def build_parser(prog: str = "python -m raycl.mine") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="Mine hard negatives to Parquet.")
     sub = parser.add_subparsers(dest="task", required=True, metavar="TASK")
     _add_gec(sub)
+    add_dense(sub)
     return parser
 
 
 @cli_entry
 def main(argv: Sequence[str] | None = None, *, prog: str = "python -m raycl.mine") -> int:
     args = build_parser(prog).parse_args(argv)
-    if is_uri(args.out):
+    if args.task == "dense":  # an object-store OUT is staged by the library call itself
+        summary = args.run(args)
+    elif is_uri(args.out):
         summary = _run_staged(args)
     else:
         args.out = Path(args.out)
         summary = args.run(args)
     if args.json:
         print(json.dumps(summary), file=summary_out())
+    elif args.task == "dense":
+        from raycl.distributed.dense_api import summary_line
+
+        print(summary_line(summary))
     else:
         print(f"wrote {summary['examples']} sentences, {summary['negatives']} negatives "
               f"({summary['negatives_per_s']} negatives/s) to {summary['out']}")  # fmt: skip

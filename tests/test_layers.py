@@ -27,7 +27,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("training loop", ("training",)),
     ("driver", ("driver", "run_folder")),
     ("recipes", ("recipes",)),
-    ("entry points", ("cli", "tune", "train", "mine", "eval", "convert", "__init__", "__main__")),
+    ("entry points", ("cli", "tune", "train", "mine", "mine_dense", "eval", "convert", "__init__", "__main__")),
 ]
 
 

@@ -1,0 +1,260 @@
+"""Files of dense mining (Ray-free): the pairs and corpus readers, embedding shards, the per-run report.
+
+A dense mining's OUT holds ``part-<block>.parquet`` (one block of unique queries each, in
+sentence-transformers' columns, the block's filter counts in the footer, :data:`STATS_KEY`), ``_embeddings/``
+(``part-<range>.parquet``: ``text``, ``key``, ``embedding`` of a range of the corpus; ``part-<range>.usearch``
+beside it with the approximate index), ``_mining.json`` (the settings; a rerun with others is refused),
+``_report.json`` and ``_scores.png``. A corpus given as JSON lines, CSV or text is first copied, streamed, to
+``OUT/_corpus.parquet``, so that miners read ranges of rows from Parquet and no process holds the corpus.
+Every name but the negatives' starts with ``_`` or ``.``, which Parquet readers of a folder skip:
+``pyarrow.parquet.read_table(OUT)`` and ``datasets.load_dataset("parquet", data_dir=OUT)`` read the negatives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from raycl.errors import UserError, at
+from raycl.miners.dense import BINS, FILTERS, Stats
+from raycl.miners.shards import shard_files
+
+STATS_KEY = b"raycl.dense_stats"
+EMBEDDINGS = "_embeddings"
+FORMATS = (".parquet", ".jsonl", ".json", ".csv", ".txt")
+_BATCH = 8192
+
+
+def _suffix(path: Path, what: str) -> str:
+    suffix = path.suffix.lower()
+    if suffix not in FORMATS:
+        raise UserError(f"{at(path)}: {what} in an unknown format, expected {', '.join(FORMATS)}")
+    if not path.is_file():
+        raise UserError(f"{at(path)}: no such file ({what})")
+    return suffix
+
+
+def read_pairs(path: str | Path) -> Any:
+    """A pairs file (Parquet, JSON lines, CSV) as a ``datasets.Dataset`` (read by pyarrow: no cache, no bar)."""
+    import datasets
+    import pyarrow.csv as pacsv
+    import pyarrow.json as pajson
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    suffix = _suffix(path, "the pairs")
+    readers = {".parquet": pq.read_table, ".jsonl": pajson.read_json, ".json": pajson.read_json,
+               ".csv": pacsv.read_csv}  # fmt: skip
+    if suffix not in readers:
+        raise UserError(f"{at(path)}: the pairs as text, expected Parquet, JSON lines or CSV with two columns")
+    try:
+        return datasets.Dataset(readers[suffix](path))
+    except Exception as err:  # the readers' errors are many; the user needs the file and the reason
+        raise UserError(f"{at(path)}: cannot read the pairs ({type(err).__name__}: "
+                        f"{str(err).splitlines()[0][:200]})") from None  # fmt: skip
+
+
+def check_columns(names: Sequence[str], anchor: str | None, positive: str | None, where: str) -> tuple[str, str]:
+    """sentence-transformers' defaults (the first and second columns); a named column that is not there is an
+    error here (sentence-transformers falls back to the first columns silently)."""
+    if len(names) < 2 and (anchor is None or positive is None):
+        raise UserError(f"{where}: columns {list(names)}, expected at least two (anchor, positive)")
+    anchor, positive = anchor or names[0], positive or names[1]
+    for key, col in (("anchor_column_name", anchor), ("positive_column_name", positive)):
+        if col not in names:
+            raise UserError(f"{where}: no column {col!r} ({key}), expected one of {list(names)}")
+    return anchor, positive
+
+
+# ---------------------------------------------------------------------------------------------- the corpus
+def corpus_parquet(path: str | Path, out_dir: Path, column: str | None) -> tuple[Path, str]:
+    """The corpus as a Parquet file and its text column: a Parquet file as it is, any other format streamed to
+    ``out_dir/_corpus.parquet`` (once: a rerun reuses it while its source is unchanged)."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    suffix = _suffix(path, "the corpus")
+    if suffix == ".parquet":
+        names = pq.read_schema(path).names
+        return path, _text_column(names, column, path)
+    dst = out_dir / "_corpus.parquet"
+    stamp = out_dir / ".corpus.source"
+    source = json.dumps([str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns, column])
+    if dst.is_file() and stamp.is_file() and stamp.read_text(encoding="utf-8") == source:
+        return dst, "text"
+    import pyarrow as pa
+
+    tmp = out_dir / ".corpus.parquet.tmp"
+    with pq.ParquetWriter(tmp, pa.schema([("text", pa.string())])) as writer:
+        for batch in _text_batches(path, suffix, column):
+            writer.write_table(pa.table({"text": pa.array(batch, pa.string())}))
+    tmp.replace(dst)
+    stamp.write_text(source, encoding="utf-8")
+    return dst, "text"
+
+
+def _text_column(names: Sequence[str], column: str | None, path: Path) -> str:
+    if column is not None and column not in names:
+        raise UserError(f"{at(path)}: no column {column!r}, expected one of {list(names)} (corpus column)")
+    if column is None and "text" not in names and len(names) != 1:
+        raise UserError(f"{at(path)}: columns {list(names)}, expected a 'text' column or one column (corpus)")
+    return column or ("text" if "text" in names else names[0])
+
+
+def _text_batches(path: Path, suffix: str, column: str | None) -> Iterator[list[str]]:
+    if suffix == ".csv":
+        import pyarrow.csv as pacsv
+
+        reader = pacsv.open_csv(path)
+        name = _text_column(reader.schema.names, column, path)
+        for part in reader:
+            yield [str(t) for t in part.column(name).to_pylist()]
+        return
+    batch: list[str] = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if suffix == ".txt":
+                batch.append(line.rstrip("\n"))
+            elif line.strip():
+                batch.append(_json_text(line, column, path, lineno))
+            if len(batch) >= _BATCH:
+                yield batch
+                batch = []
+    yield batch
+
+
+def _json_text(line: str, column: str | None, path: Path, lineno: int) -> str:
+    try:
+        row = json.loads(line)
+    except ValueError:
+        raise UserError(f"{at(path, lineno)}: not a JSON object, expected one per line (corpus)") from None
+    if isinstance(row, str):
+        return row
+    if not isinstance(row, dict):
+        raise UserError(f"{at(path, lineno)}: expected a JSON object or string (corpus)")
+    name = _text_column(list(row), column, path)
+    return str(row[name])
+
+
+def corpus_ranges(path: Path, column: str, size: int) -> list[dict[str, Any]]:
+    """Ranges of ``size`` rows of a Parquet corpus (footer only: no row is read here)."""
+    import pyarrow.parquet as pq
+
+    rows = pq.ParquetFile(path).metadata.num_rows
+    return [{"path": str(path), "column": column, "start": s, "stop": min(s + size, rows)}
+            for s in range(0, rows, size)]  # fmt: skip
+
+
+def read_corpus_range(path: str, column: str, start: int, stop: int) -> list[str]:
+    """Rows ``start``…``stop``−1 of a Parquet corpus: only the row groups that hold them are read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    f = pq.ParquetFile(path)
+    first, groups = 0, []
+    for g in range(f.metadata.num_row_groups):
+        n = f.metadata.row_group(g).num_rows
+        if first < stop and first + n > start:
+            groups.append((g, first))
+        first += n
+    if not groups:
+        return []
+    table = f.read_row_groups([g for g, _ in groups], columns=[column])
+    col = table.column(column).slice(start - groups[0][1], stop - start)
+    return [("" if t is None else str(t)) for t in pa.chunked_array(col).to_pylist()]
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def texts_digest(*columns: Sequence[Any]) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for col in columns:
+        for t in col:
+            h.update(json.dumps(t).encode("utf-8") + b"\n")
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------- embeddings
+def embedding_table(texts: Sequence[str], keys: np.ndarray, emb: np.ndarray) -> Any:
+    import pyarrow as pa
+
+    flat = pa.array(np.ascontiguousarray(emb, np.float32).reshape(-1))
+    return pa.table({"text": pa.array(list(texts), pa.string()), "key": pa.array(keys, pa.int64()),
+                     "embedding": pa.FixedSizeListArray.from_arrays(flat, emb.shape[1])})  # fmt: skip
+
+
+def read_embeddings(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An embedding shard: texts (object array), keys (int64), embeddings (N, D) float32."""
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(path)
+    emb = t.column("embedding").combine_chunks()
+    dim = emb.type.list_size
+    matrix = np.array(emb.values.to_numpy(zero_copy_only=False).reshape(-1, dim), np.float32)  # writable: torch
+    texts = np.array(t.column("text").to_pylist(), dtype=object)
+    return texts, t.column("key").to_numpy(), matrix
+
+
+def embedding_shards(out_dir: Path) -> list[Path]:
+    return shard_files(out_dir / EMBEDDINGS)
+
+
+# ---------------------------------------------------------------------------------------------- the report
+def with_stats(table: Any, stats: Stats) -> Any:
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), STATS_KEY: json.dumps(stats.as_dict())})
+
+
+def read_stats(out_dir: Path) -> Stats:
+    """The filter counts of every output shard of ``out_dir`` (resumed ones included), from the footers."""
+    import pyarrow.parquet as pq
+
+    total = Stats()
+    for path in shard_files(out_dir):
+        got = (pq.read_schema(path).metadata or {}).get(STATS_KEY)
+        if got is not None:
+            total.merge(json.loads(got))
+    return total
+
+
+def write_report(out_dir: Path, stats: Stats, *, summary: dict[str, Any]) -> dict[str, Any]:
+    """``_report.json`` (the summary, every filter's drops, the score histograms) and ``_scores.png``."""
+    from raycl.records import atomic_write
+
+    report = {**summary, **stats.as_dict(), "bins": [float(b) for b in BINS]}
+    atomic_write(out_dir / "_report.json", json.dumps(report, indent=1))
+    _plot(out_dir / "_scores.png", stats)
+    return report
+
+
+def _plot(path: Path, stats: Stats) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from raycl.records import save_png
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    mids = (BINS[:-1] + BINS[1:]) / 2
+    for name, color in (("positive", "tab:green"), ("kept", "tab:blue"), ("dropped", "tab:red")):
+        counts = np.asarray(stats.hist[name], float)
+        total = counts.sum()
+        ax.step(mids, counts / max(total, 1.0), where="mid", color=color, label=f"{name} ({int(total):,})")
+    dropped = ", ".join(f"{k} {stats.dropped.get(k, 0):,}" for k in FILTERS)
+    ax.set(xlabel="score s(q, ·)", ylabel="share of its kind", title=f"dropped: {dropped}")
+    ax.title.set_fontsize(8)
+    ax.legend()
+    save_png(fig, path)
+    plt.close(fig)
