@@ -44,6 +44,10 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
     kwargs: dict[str, object] = {"ignore_reinit_error": True, "log_to_driver": _log_to_driver()}
     if address is None and num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
+    if address is None:  # this machine is the head: the driver side asks for a share of the head-only resource
+        from raycl.distributed.resources import HEAD_RESOURCE
+
+        kwargs["resources"] = {HEAD_RESOURCE: 1.0}
     # Workers import raycl from this checkout even when it is not installed (a fresh clone, `make demo`).
     kwargs["runtime_env"] = {"env_vars": _propagated_env(), **_setup_hook()}
     ray.init(address=address or "local", **kwargs)  # type: ignore[arg-type]
