@@ -90,7 +90,7 @@ def _from_kuberay(manifest: dict[str, Any], source: str) -> dict[str, Any]:
     if manifest.get("kind") == "RayService":
         cluster = spec.get("rayClusterConfig", {})
     try:
-        cr = {"spec": cluster, "metadata": manifest.get("metadata")}
+        cr = {"spec": cluster, "metadata": {"namespace": "default", **(manifest.get("metadata") or {})}}
         return dict(_derive_autoscaling_config_from_ray_cr(cr))
     except Exception as err:  # Ray's translation names what it missed
         raise UserError(f"{at(source)}: not a RayCluster spec Ray can read: {err}") from None

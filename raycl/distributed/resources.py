@@ -186,6 +186,8 @@ def check(p: Plan, cluster: Cluster) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- the cluster
+_CHECKED: list[Cluster] = []  # the cluster the last run was checked against (for its progress line)
+
 def cluster(config: str | None = None, *, fixed: bool = False) -> Cluster:
     """The connected Ray's resources: the alive nodes', or, where the autoscaler's node types are known
     (:func:`raycl.distributed.autoscaler.node_types`; ``config``: ``--cluster-config``), the most it may start —
@@ -235,6 +237,7 @@ def check_run(space: Any, *, sweep: bool, recipe: Any, cluster_: Cluster | None 
     mining, shared = recipe.mining_plan(cfg, space)
     p = plan(cfg, sweep=sweep, mining=mining, shared=shared)
     have = cluster_ or cluster(config)
+    _CHECKED[:] = [have]
     if have.unknown and (line := unknown_line(p, have, cfg)):
         say(line)
     trials = check(p, have)
@@ -286,7 +289,11 @@ def waiting_line(scaling: Any) -> str | None:
     if ask is None:
         return None
     bound = f"the run ends after {scaling.start_timeout_s:g} s" if scaling.start_timeout_s else "no time limit"
-    return f"{ask.label()} to start ({bound})"
+    types = _CHECKED[-1].types if _CHECKED else None
+    names = types.holding(ask.bundle) if types is not None else []
+    kinds = " or ".join(n for n in names if n != "ray.head.default")
+    autoscaler = f" — the autoscaler starts a {kinds} node for it if none is up" if kinds else ""
+    return f"{ask.label()} to start{autoscaler} ({bound})"
 
 
 def start_attempts_limit(start_timeout_s: float, attempt_s: float) -> int:
@@ -308,6 +315,25 @@ def gpu_share() -> float | None:
     except AssertionError:  # the driver (Ray Train's local mode): no assigned resources
         return None
     return share if 0 < share < 1 else None
+
+
+def gpu_problem(who: str, setting: str, *, nccl: bool = False) -> str | None:
+    """On a Ray worker given a GPU: why it cannot use it — torch on this node has no CUDA (or, with ``nccl``, no
+    NCCL) — as one line naming the node, the setting and the fix; None where it can."""
+    import os
+
+    import ray
+    import torch
+
+    if torch.cuda.is_available() and (not nccl or torch.distributed.is_nccl_available()):
+        return None
+    lacks = "NCCL" if torch.cuda.is_available() else "CUDA"
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "?"
+    kind = os.environ.get("RAY_NODE_TYPE_NAME")
+    where = f"node {node} ({f'type {kind}, ' if kind else ''}{ray.util.get_node_ip_address()})"
+    return (f"{who} was given a GPU ({setting}) on {where}, but torch {torch.__version__} there has no {lacks}: "
+            f"give that node type an image with a CUDA build of torch (cluster.yaml's docker image and "
+            f"setup_commands), or run without the GPU")
 
 
 def cap_gpu_memory(device: Any) -> float | None:
