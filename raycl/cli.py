@@ -153,13 +153,16 @@ def check_resources(space: Space, *, sweep: bool, address: str | None, connected
 
     import ray
 
-    from raycl.distributed.resources import check_run, cluster, embedded_cluster
+    from raycl.distributed.autoscaler import before_connecting
+    from raycl.distributed.resources import check_run, cluster, embedded_cluster, of_types
 
-    embedded = not (address or os.environ.get("RAY_ADDRESS"))
+    joined = address or os.environ.get("RAY_ADDRESS")
     if connected and ray.is_initialized():
-        have = cluster(cluster_config, fixed=embedded)
-    elif not connected and not (address or os.environ.get("RAY_ADDRESS")):
+        have = cluster(cluster_config, fixed=not joined)
+    elif not connected and not joined:
         have = embedded_cluster(space.config)
+    elif joined and (types := before_connecting(joined, cluster_config)) is not None:
+        have = of_types(types)  # a shape no node type holds: refused before Ray connects
     else:
         return space  # a cluster's: known once connected
     cfg = check_run(space, sweep=sweep, recipe=recipe(space), cluster_=have)
@@ -207,7 +210,8 @@ def space_verb(verb: str, doc: str, argv: list[str] | None, *, sweep: bool) -> N
     space, run_dir = load(args)
     on_ray = sweep or space.config.scaling.num_workers > 0
     if on_ray:
-        space = check_resources(space, sweep=sweep, address=args.address, connected=False)
+        space = check_resources(space, sweep=sweep, address=args.address, connected=False,
+                                cluster_config=args.cluster_config)
     check_inputs(space, run_dir)
     quiet_ray()
     if on_ray:

@@ -140,6 +140,22 @@ def _from_gcs() -> NodeTypes | None:
                       for g in config.node_group_configs], "the GCS's cluster config")  # fmt: skip
 
 
+def before_connecting(address: str, explicit: str | None = None) -> NodeTypes | None:
+    """The node types of the cluster at ``address`` that can be read before joining it (``--cluster-config``, or
+    the config its autoscaler process on this machine was started with), so that a shape no node type holds is
+    refused before Ray connects; None where they cannot (they are looked for again once connected)."""
+    if explicit:
+        return read(explicit)
+    from ray._private.services import canonicalize_bootstrap_address_or_die
+
+    try:
+        gcs = canonicalize_bootstrap_address_or_die(address)
+    except (ConnectionError, ValueError):
+        return None  # said by the connection itself
+    found = monitor_config(gcs)
+    return read(found) if found else None
+
+
 def node_types(explicit: str | None = None) -> NodeTypes | str:
     """The connected cluster's node types (:class:`NodeTypes`), :data:`FIXED` or :data:`UNKNOWN` (module doc)."""
     import ray

@@ -82,7 +82,8 @@ class Cluster:
         if self.embedded:
             return f"the embedded Ray on this machine has {{{fmt(self.total)}}}{gpus}"
         shapes = "; ".join(f"{{{s}}}" for s in sorted({fmt(n) for n in self.nodes})[:4])
-        most = f" at most (its autoscaler's maximum, {self.types.source})" if self.types else " in all"
+        source = f", {self.types.source}" if self.types is not None else ""
+        most = f" at most (its autoscaler's maximum{source})" if self.autoscaling else " in all"
         n = len(self.nodes)
         return f"the cluster has {{{fmt(self.total)}}}{gpus}{most}, on {n} node{'s' * (n != 1)} ({shapes})"
 
@@ -188,6 +189,7 @@ def check(p: Plan, cluster: Cluster) -> int:
 # ---------------------------------------------------------------------------------------------- the cluster
 _CHECKED: list[Cluster] = []  # the cluster the last run was checked against (for its progress line)
 
+
 def cluster(config: str | None = None, *, fixed: bool = False) -> Cluster:
     """The connected Ray's resources: the alive nodes', or, where the autoscaler's node types are known
     (:func:`raycl.distributed.autoscaler.node_types`; ``config``: ``--cluster-config``), the most it may start —
@@ -205,6 +207,12 @@ def cluster(config: str | None = None, *, fixed: bool = False) -> Cluster:
     shapes = [t.resources for t in found.types if t.max_count > 0]
     return Cluster({k: max(total.get(k, 0.0), most.get(k, 0.0)) for k in {*total, *most}}, nodes + shapes,
                    autoscaling=True, types=found)  # fmt: skip
+
+
+def of_types(found: Any) -> Cluster:
+    """What an autoscaler's node types (``NodeTypes``) may start, before the alive nodes are known."""
+    return Cluster(found.most(), [t.resources for t in found.types if t.max_count > 0], autoscaling=True,
+                   types=found)  # fmt: skip
 
 
 def unknown_line(p: Plan, have: Cluster, cfg: Any) -> str | None:
