@@ -11,18 +11,17 @@ import pytest
 from raycl.distributed.resources import HEAD_RESOURCE, HEAD_SHARE, driver_bundle, head_share, on_head
 
 
-def _trial(config: dict[str, Any]) -> None:
-    import ray
-    from ray import tune
-
-    tune.report({"assigned": ray.get_runtime_context().get_assigned_resources().get(HEAD_RESOURCE, 0.0)})
-
-
 @pytest.mark.slow
 def test_tune_accepts_a_trial_bundle_of_cpu_plus_a_share_of_the_head_resource(ray_local: Any, tmp_path: Any
                                                                                ) -> None:  # fmt: skip
     from ray import tune
     from ray.tune.execution.placement_groups import PlacementGroupFactory
+
+    def _trial(config: dict[str, Any]) -> None:  # defined here: pickled by value (this module is not importable)
+        import ray
+        from ray import tune
+
+        tune.report({"assigned": ray.get_runtime_context().get_assigned_resources().get("raycl_head", 0.0)})
 
     assert ray_local.cluster_resources()[HEAD_RESOURCE] == 1.0  # init_ray's embedded Ray is the head
     bundle = driver_bundle(0.25)

@@ -85,6 +85,8 @@ class Cluster:
         source = f", {self.types.source}" if self.types is not None else ""
         most = f" at most (its autoscaler's maximum{source})" if self.autoscaling else " in all"
         n = len(self.nodes)
+        if self.autoscaling:  # the alive nodes and the node types the autoscaler may start, as one list of shapes
+            return f"the cluster has {{{fmt(self.total)}}}{gpus}{most}, its node types and nodes: {shapes}"
         return f"the cluster has {{{fmt(self.total)}}}{gpus}{most}, on {n} node{'s' * (n != 1)} ({shapes})"
 
 
