@@ -80,7 +80,7 @@ from ray.util.state import list_actors, list_nodes
 ray.init(address="{address}", log_to_driver=False)
 kinds = {{n.node_id: sorted(k for k in n.resources_total if k in ("raycl_head", "miner", "trainer"))
          for n in list_nodes(limit=100)}}
-print(json.dumps([[a.class_name, a.state, kinds.get(a.node_id)]
+print(json.dumps([[a.class_name, a.state, kinds.get(a.node_id), a.required_resources]
                   for a in list_actors(limit=1000, detail=True)]))
 """
 
@@ -98,10 +98,12 @@ def test_a_pinned_cpu_run_finishes_with_its_driver_side_on_the_head_then_nodes_s
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().endswith(f"report: {out / 'report.md'}")
     actors = cluster.python(STATE.format(address=cluster.address))
-    print("\n" + "\n".join(f"{name:28} {state:6} {kinds}" for name, state, kinds in actors))
-    where = {name: {tuple(k) for n, _, k in actors if n == name} for name, _, _ in actors}
+    print("\n" + "\n".join(f"{name:28} {state:6} {kinds} {asked}" for name, state, kinds, asked in actors))
+    where = {name: {tuple(k) for n, _, k, _ in actors if n == name} for name, *_ in actors}
     for driver_side in ("NegativeStream", "WeightStore", "TrainController"):
         assert where[driver_side] == {("raycl_head",)}, (driver_side, where[driver_side])
+    for pinned in ("NegativeStream", "WeightStore"):  # by asking for the head, not by Ray's choice of the moment
+        assert all(asked.get("raycl_head") == 0.001 for n, _, _, asked in actors if n == pinned), actors
     assert where["MinerActor"] == {("miner",)}
     assert ("trainer",) in where["RayTrainWorker"]
     # the worker nodes idle out (idle_timeout_minutes: 0.1 here)
