@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from raycl.distributed.runtime import HEAD_RESOURCE
 from raycl.errors import UserError
 
 Bundle = dict[str, float]
@@ -24,7 +25,7 @@ EPS = 1e-9
 # the driver side (trial drivers — and so Ray Train's controllers, which Ray places on their driver's node —, the
 # negative stream, the weight store) asks for a share of it, so that it stays on the on-demand head. Ray counts a
 # custom resource down to 1e-4: a share of 1e-3 of the head's 1 allows 1000 such actors at once.
-HEAD_RESOURCE, HEAD_SHARE = "raycl_head", 0.001
+HEAD_SHARE = 0.001  # of HEAD_RESOURCE (raycl.distributed.runtime)
 
 
 @dataclass(frozen=True)
