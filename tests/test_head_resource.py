@@ -34,16 +34,19 @@ def test_tune_accepts_a_trial_bundle_of_cpu_plus_a_share_of_the_head_resource(ra
 
 @pytest.mark.slow
 def test_the_stream_and_the_store_outside_a_trial_ask_for_the_head(ray_local: Any) -> None:
+    from ray.util.state import list_actors
+
     from raycl.distributed.stream import start_stream
     from raycl.distributed.weights import start_weight_store
 
     assert on_head() == {"resources": {HEAD_RESOURCE: HEAD_SHARE}}
-    before = ray_local.available_resources().get(HEAD_RESOURCE, 0.0)
     store = start_weight_store(**on_head())
     stream = start_stream(world_size=1, capacity=4, task_size=2, **on_head())
     ray_local.get(stream.stats.remote())
     ray_local.get(store.pull_if_newer.remote(-1))
-    assert ray_local.available_resources().get(HEAD_RESOURCE, 0.0) == pytest.approx(before - 2 * HEAD_SHARE)
+    ids = {stream._actor_id.hex(), store._actor_id.hex()}
+    asked = [a.required_resources for a in list_actors(detail=True, limit=1000) if a.actor_id in ids]
+    assert asked == [{HEAD_RESOURCE: HEAD_SHARE}] * 2, asked
     ray_local.kill(stream)
     ray_local.kill(store)
 
