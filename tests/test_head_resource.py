@@ -45,7 +45,8 @@ def test_the_stream_and_the_store_outside_a_trial_ask_for_the_head(ray_local: An
     ray_local.get(stream.stats.remote())
     ray_local.get(store.pull_if_newer.remote(-1))
     ids = {stream._actor_id.hex(), store._actor_id.hex()}
-    asked = [a.required_resources for a in list_actors(detail=True, limit=1000) if a.actor_id in ids]
+    gcs = ray_local.get_runtime_context().gcs_address  # (other Rays may run on this machine)
+    asked = [a.required_resources for a in list_actors(address=gcs, detail=True, limit=1000) if a.actor_id in ids]
     assert asked == [{HEAD_RESOURCE: HEAD_SHARE}] * 2, asked
     ray_local.kill(stream)
     ray_local.kill(store)
