@@ -35,6 +35,9 @@ def space_parser(prog: str, description: str, *, sweep: bool = False) -> argpars
     p.add_argument("--preset", default=None, help="a preset of the space: smoke | small | paper")
     p.add_argument("--address", default=None, help="Ray address (auto, HOST:PORT); default: RAY_ADDRESS or "
                    "an embedded local Ray")
+    p.add_argument("--cluster-config", default=None, metavar="FILE",
+                   help="the autoscaler's node types to check a run against: a `ray up` cluster YAML or a KubeRay "
+                        "RayCluster/RayJob manifest (default: found on the head, docs/cluster.md)")
     p.add_argument("--out", default=None,
                    help="run folder (default runs/SPACE/TIMESTAMP; inside a Ray job an absolute one is required), "
                         "or an object store URI (s3://bucket/prefix, gs://…); an earlier run's is resumed, any "
@@ -141,7 +144,8 @@ def check_inputs(space: Space, run_dir: Path) -> None:
     check(recipe(space), space, run_dir)
 
 
-def check_resources(space: Space, *, sweep: bool, address: str | None, connected: bool) -> Space:
+def check_resources(space: Space, *, sweep: bool, address: str | None, connected: bool,
+                    cluster_config: str | None = None) -> Space:
     """Before anything starts on Ray: a run that can never fit the cluster ends in one line; a sweep runs no more
     trials at once than can all start (``raycl.distributed.resources``). Called before Ray starts (``connected``
     false) — the embedded Ray's resources are known then, and a refusal costs no Ray start — and again once it is
@@ -150,15 +154,20 @@ def check_resources(space: Space, *, sweep: bool, address: str | None, connected
 
     import ray
 
-    from raycl.distributed.resources import check_run, embedded_cluster
+    from raycl.distributed.autoscaler import before_connecting
+    from raycl.distributed.resources import check_run, cluster, embedded_cluster, of_types
 
+    joined = address or os.environ.get("RAY_ADDRESS")
     if connected and ray.is_initialized():
-        have = None
-    elif not connected and not (address or os.environ.get("RAY_ADDRESS")):
+        have = cluster(cluster_config, fixed=not joined)
+    elif not connected and not joined:
         have = embedded_cluster(space.config)
+    elif joined and (types := before_connecting(joined, cluster_config)) is not None:
+        have = of_types(types)  # a shape no node type holds: refused before Ray connects
     else:
         return space  # a cluster's: known once connected
-    return dataclasses.replace(space, config=check_run(space, sweep=sweep, recipe=recipe(space), cluster_=have))
+    cfg = check_run(space, sweep=sweep, recipe=recipe(space), cluster_=have)
+    return dataclasses.replace(space, config=cfg)
 
 
 def run(space: Space, run_dir: Path, *, sweep: bool, track: tuple[str, ...] | None = None) -> dict[str, Any]:
@@ -203,12 +212,14 @@ def space_verb(verb: str, doc: str, argv: list[str] | None, *, sweep: bool, prog
     space, run_dir = load(args)
     on_ray = sweep or space.config.scaling.num_workers > 0
     if on_ray:
-        space = check_resources(space, sweep=sweep, address=args.address, connected=False)
+        space = check_resources(space, sweep=sweep, address=args.address, connected=False,
+                                cluster_config=args.cluster_config)
     check_inputs(space, run_dir)
     quiet_ray()
     if on_ray:
         from raycl.distributed.runtime import cpus_of_a_run, init_ray, local_cpus
 
         init_ray(args.address, num_cpus=local_cpus(cpus_of_a_run(space.config)))
-        space = check_resources(space, sweep=sweep, address=args.address, connected=True)
+        space = check_resources(space, sweep=sweep, address=args.address, connected=True,
+                                cluster_config=args.cluster_config)
     finish(run(space, run_dir, sweep=sweep, track=args.track), as_json=args.json)

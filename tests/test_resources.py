@@ -240,8 +240,8 @@ def test_on_a_one_gpu_cluster_1_plus_half_is_refused_and_half_plus_half_schedule
     assert got["halves_checked"] == "fits"
     assert got["halves"] == {"scheduled": True, "worker_share": 0.5, "miner_share": 0.5}
     # where an autoscaler may add GPU nodes, its maximum counts: 1 + 0.5 GPUs can come
-    assert got["autoscaling"] == ("the cluster has {CPU 24, GPU 3} at most (its autoscaler's maximum), on 2 nodes "
-                                  "({CPU 4, GPU 1}; {CPU 8, GPU 1})")  # fmt: skip
+    assert got["autoscaling"] == ("the cluster has {CPU 24, GPU 3} at most (its autoscaler's maximum, the GCS's "
+                                  "cluster config), its node types and nodes: {CPU 4, GPU 1}; {CPU 8, GPU 1}")
     assert got["whole_checked_autoscaling"] == "fits"
 
 

@@ -139,7 +139,12 @@ def _build_miner(model: str, options: dict[str, Any]) -> Any:
     from raycl.miners.registry import miner_device
 
     opts = {k: v for k, v in options.items() if k not in CHAOS_KEYS}
-    opts.setdefault("device", miner_device(ray.get_gpu_ids() if ray.is_initialized() else []))
+    gpus = ray.get_gpu_ids() if ray.is_initialized() else []
+    opts.setdefault("device", miner_device(gpus))
+    if gpus and opts["device"] == "cpu":
+        from raycl.distributed.miner_pool import said_gpu_fallback
+
+        said_gpu_fallback()
     cap_gpu_memory(torch.device(opts["device"]))  # a share of a GPU (--gpus-per-miner < 1): its memory capped
     return build_beam_miner(model, opts)
 

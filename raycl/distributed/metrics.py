@@ -40,6 +40,8 @@ _METRICS: dict[str, tuple[type, str, tuple[str, ...]]] = {
     "raycl_trainer_staleness": (Gauge, "largest staleness (versions) of the items a rank last took", ("rank",)),
     "raycl_trainer_refused": (Counter, "items refused by a trainer rank as too stale", ("rank",)),
     "raycl_weight_version": (Gauge, "the weight version a holder has (store, miner<i>, rank<r>)", ("holder",)),
+    "raycl_miner_gpu_fallback": (Counter, "miners given a GPU share that run on the CPU (no CUDA on the node)",
+                                 ("node",)),
 }  # fmt: skip
 _made: dict[str, Any] = {}
 
@@ -80,6 +82,11 @@ def took(rank: int, *, waited: float, staleness: Sequence[int], refused: int) ->
     _inc("raycl_trainer_refused", refused, rank=str(rank))
     if staleness:
         _set("raycl_trainer_staleness", max(staleness), rank=str(rank))
+
+
+def gpu_fallback(node: str) -> None:
+    """A miner was given a GPU share on a node whose torch has no CUDA, and runs on the CPU."""
+    _inc("raycl_miner_gpu_fallback", 1, node=node)
 
 
 def weight_version(holder: str, version: int) -> None:

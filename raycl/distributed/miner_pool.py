@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -98,10 +99,24 @@ class MinerFactory:
         opts = {k: v for k, v in self.options.items() if k not in ACTOR_KEYS}
         gpus = ray.get_gpu_ids() if ray.is_initialized() else []
         opts.setdefault("device", miner_device(gpus))
+        if gpus and opts["device"] == "cpu":
+            said_gpu_fallback()
         return self.spec().build(self.model_path, opts)
 
     def load(self, miner: Any, state_dict: Mapping[str, torch.Tensor], *, version: int) -> None:
         self.spec().load(miner, state_dict, version=version)
+
+
+def said_gpu_fallback() -> None:
+    """A miner given a GPU share on a node without CUDA runs on the CPU — never silently: a warning naming the
+    node, the setting and the fix (on the driver's terminal: Ray forwards the actor's stderr), and a Ray metric
+    (``raycl_miner_gpu_fallback``)."""
+    from raycl.distributed.resources import gpu_problem
+
+    line = gpu_problem("a miner", "mining.gpus_per_miner") or "a miner was given a GPU it cannot use"
+    print(f"raycl: warning: {line}; it mines on the CPU, much slower", file=sys.stderr, flush=True)
+    log.warning("%s; it mines on the CPU", line)
+    metrics.gpu_fallback(ray.get_runtime_context().get_node_id()[:12])
 
 
 # ---------------------------------------------------------------------------------------------- the actor

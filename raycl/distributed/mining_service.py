@@ -2,7 +2,8 @@
 
 In a Tune trial the miners go into the trial's own placement group (bundle 0 is the trial driver, bundles
 1…M the miners), so they are reserved with the trial and die with it; outside Tune they take plain resources.
-The store and the stream reserve no CPU and sit with the driver that owns them (fate-shared with it).
+The store and the stream reserve no CPU and sit with the driver that owns them (fate-shared with it): in its
+bundle in a trial, else on the head (a share of ``raycl_head``, where the cluster has it).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raycl.config import MiningSection
 from raycl.distributed.miner_pool import MinerFactory, MinerPool
+from raycl.distributed.resources import driver_bundle, on_head
 from raycl.distributed.stream import StreamItem, start_stream
 from raycl.distributed.weights import start_weight_store
 
@@ -28,7 +30,7 @@ def trial_resources(driver_cpus: float, mining: MiningSection | None) -> Placeme
          **mining.resources}
         for _ in range(mining.num_miners)
     ]  # fmt: skip
-    return PlacementGroupFactory([{"CPU": driver_cpus}, *miners])
+    return PlacementGroupFactory([driver_bundle(driver_cpus), *miners])
 
 
 @dataclass
@@ -40,7 +42,7 @@ class MiningService:
     @classmethod
     def start(cls, factory: MinerFactory, mining: MiningSection, *, world_size: int, seed: int) -> MiningService:
         pg = get_current_placement_group()
-        near_driver: dict[str, Any] = {}
+        near_driver: dict[str, Any] = on_head() if pg is None else {}  # outside Tune: on the head where it is one
         if pg is not None:
             near_driver["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, 0)
         store = start_weight_store(**near_driver)

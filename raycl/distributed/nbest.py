@@ -134,11 +134,15 @@ def start_nbest_stream(*, out_dir: str | Path, **kwargs: Any) -> Any:
     there."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    from raycl.distributed.resources import on_head
+
     where = storage.portable(out_dir)
     options: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 1000}
     if not storage.is_uri(where):
         node = ray.get_runtime_context().get_node_id()
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+    else:  # on the head, where the cluster has a head-only resource
+        options.update(on_head())
     cls: Any = ray.remote(NBestStream)
     return cls.options(**options).remote(out_dir=where, **kwargs)
 

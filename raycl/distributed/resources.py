@@ -16,10 +16,16 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from raycl.distributed.runtime import HEAD_RESOURCE
 from raycl.errors import UserError
 
 Bundle = dict[str, float]
 EPS = 1e-9
+# The head-only resource: cluster.yaml's head, the KubeRay manifest's head group and the embedded Ray provide it;
+# the driver side (trial drivers — and so Ray Train's controllers, which Ray places on their driver's node —, the
+# negative stream, the weight store) asks for a share of it, so that it stays on the on-demand head. Ray counts a
+# custom resource down to 1e-4: a share of 1e-3 of the head's 1 allows 1000 such actors at once.
+HEAD_SHARE = 0.001  # of HEAD_RESOURCE (raycl.distributed.runtime)
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,8 @@ class Cluster:
     nodes: list[Bundle]
     autoscaling: bool = False
     embedded: bool = False  # the local Ray raycl starts on this machine
+    unknown: bool = False  # an autoscaler whose node types raycl cannot see: what it may start is not known
+    types: Any = None  # the autoscaler's NodeTypes (raycl.distributed.autoscaler), where known
 
     def __str__(self) -> str:
         """``the cluster has {CPU 8, GPU 1} in all, on 2 nodes ({CPU 4}; {CPU 4, GPU 1})`` and the like."""
@@ -75,8 +83,11 @@ class Cluster:
         if self.embedded:
             return f"the embedded Ray on this machine has {{{fmt(self.total)}}}{gpus}"
         shapes = "; ".join(f"{{{s}}}" for s in sorted({fmt(n) for n in self.nodes})[:4])
-        most = " at most (its autoscaler's maximum)" if self.autoscaling else " in all"
+        source = f", {self.types.source}" if self.types is not None else ""
+        most = f" at most (its autoscaler's maximum{source})" if self.autoscaling else " in all"
         n = len(self.nodes)
+        if self.autoscaling:  # the alive nodes and the node types the autoscaler may start, as one list of shapes
+            return f"the cluster has {{{fmt(self.total)}}}{gpus}{most}, its node types and nodes: {shapes}"
         return f"the cluster has {{{fmt(self.total)}}}{gpus}{most}, on {n} node{'s' * (n != 1)} ({shapes})"
 
 
@@ -160,6 +171,8 @@ def short(need: Bundle, have: Bundle) -> Bundle:
 def check(p: Plan, cluster: Cluster) -> int:
     """How many trials may run at once (≤ ``p.trials``), every one with its workers; a run that cannot start even
     alone is a :class:`UserError` naming the settings and what the cluster has."""
+    if cluster.unknown:  # what an autoscaler may start is not known here: the request waits for it (check_run)
+        return p.trials
     for ask in p.asks():
         if cluster.nodes and not any(fits(ask.bundle, node) for node in cluster.nodes):
             raise UserError(f"one {ask.what} asks {{{fmt(ask.bundle)}}} ({ask.settings}), more than any node "
@@ -177,35 +190,67 @@ def check(p: Plan, cluster: Cluster) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- the cluster
-def cluster() -> Cluster:
-    """The connected Ray's resources: the alive nodes', or, where an autoscaler is configured, the most it may
-    start (each resource its maximum; node types as node shapes) — what Ray Train checks its worker group against
-    (``ray._private.state.state.get_max_resources_from_cluster_config``)."""
+_CHECKED: list[Cluster] = []  # the cluster the last run was checked against (for its progress line)
+
+
+def cluster(config: str | None = None, *, fixed: bool = False) -> Cluster:
+    """The connected Ray's resources: the alive nodes', or, where the autoscaler's node types are known
+    (:func:`raycl.distributed.autoscaler.node_types`; ``config``: ``--cluster-config``), the most it may start —
+    each node type a node shape. ``fixed``: the embedded Ray raycl started (its nodes are all it has)."""
     import ray
-    from ray._private.state import state as ray_state
+
+    from raycl.distributed.autoscaler import UNKNOWN, NodeTypes, node_types
 
     nodes = [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
     total = dict(ray.cluster_resources())
-    config = ray_state.get_cluster_config()
-    most = ray_state.get_max_resources_from_cluster_config() if config is not None else None
-    if not most:
-        return Cluster(total, nodes)
-    shapes = [dict(g.resources) for g in config.node_group_configs if g.max_count != 0]
-    return Cluster({k: max(total.get(k, 0.0), float(most.get(k, 0))) for k in {*total, *most}}, nodes + shapes,
-                   autoscaling=True)  # fmt: skip
+    found = None if fixed and not config else node_types(config)
+    if not isinstance(found, NodeTypes):
+        return Cluster(total, nodes, unknown=found == UNKNOWN)
+    most = found.most()
+    shapes = [t.resources for t in found.types if t.max_count > 0]
+    return Cluster({k: max(total.get(k, 0.0), most.get(k, 0.0)) for k in {*total, *most}}, nodes + shapes,
+                   autoscaling=True, types=found)  # fmt: skip
 
 
-def check_run(space: Any, *, sweep: bool, recipe: Any, cluster_: Cluster | None = None) -> Any:
+def of_types(found: Any) -> Cluster:
+    """What an autoscaler's node types (``NodeTypes``) may start, before the alive nodes are known."""
+    return Cluster(found.most(), [t.resources for t in found.types if t.max_count > 0], autoscaling=True,
+                   types=found)  # fmt: skip
+
+
+def unknown_line(p: Plan, have: Cluster, cfg: Any) -> str | None:
+    """The one line said where the autoscaler's node types are unknown and the alive nodes cannot hold the run:
+    it waits for the autoscaler, for as long as ``scaling.start_timeout_s`` lets a worker group wait."""
+    alive = Cluster(have.total, have.nodes)
+    try:
+        check(p, alive)
+        return None
+    except UserError:
+        pass
+    bound = (f"up to scaling.start_timeout_s={cfg.scaling.start_timeout_s:g} s" if cfg.scaling.start_timeout_s
+             else "with no time limit (scaling.start_timeout_s=0)")
+    asks = " + ".join(a.label() for a in p.asks())
+    return (f"the autoscaler's node types are not known here (no autoscaling config on this machine; give "
+            f"--cluster-config CLUSTER.yaml to check against them): {asks} waits for the autoscaler to start "
+            f"nodes that hold it, {bound}; the alive nodes have {{{fmt(have.total)}}}")
+
+
+def check_run(space: Any, *, sweep: bool, recipe: Any, cluster_: Cluster | None = None,
+              config: str | None = None) -> Any:
     """Before a run starts on the connected Ray: its request checked against the cluster (a :class:`UserError` if
     it can never fit); returns the config, ``tune.max_concurrent_trials`` lowered (and said) where more trials at
-    once would hold what their own workers wait for. ``cluster_``: the cluster, when not the connected Ray's."""
+    once would hold what their own workers wait for. ``cluster_``: the cluster, when not the connected Ray's;
+    ``config``: ``--cluster-config``, the autoscaler's node types."""
     from raycl.config import set_dotted
     from raycl.progress import say
 
     cfg = space.config
     mining, shared = recipe.mining_plan(cfg, space)
     p = plan(cfg, sweep=sweep, mining=mining, shared=shared)
-    have = cluster_ or cluster()
+    have = cluster_ or cluster(config)
+    _CHECKED[:] = [have]
+    if have.unknown and (line := unknown_line(p, have, cfg)):
+        say(line)
     trials = check(p, have)
     if trials == p.trials:
         return cfg
@@ -228,13 +273,38 @@ def embedded_cluster(cfg: Any) -> Cluster:
     return Cluster(node, [node], embedded=True)
 
 
+def head_share() -> Bundle:
+    """``{raycl_head: 0.001}`` where the connected cluster provides :data:`HEAD_RESOURCE`, else ``{}`` (a user's
+    own cluster: the driver side runs wherever Ray puts it)."""
+    import ray
+
+    have = ray.is_initialized() and ray.cluster_resources().get(HEAD_RESOURCE, 0.0) > 0
+    return {HEAD_RESOURCE: HEAD_SHARE} if have else {}
+
+
+def driver_bundle(driver_cpus: float) -> Bundle:
+    """A trial's first bundle, its driver's: ``tune.driver_cpus`` CPU and, where the head provides it, a share of
+    the head-only resource (Tune rejects a bundle of no CPU, not one of CPU and a custom resource)."""
+    return {"CPU": float(driver_cpus), **head_share()}
+
+
+def on_head() -> dict[str, Any]:
+    """``.options()`` of a driver-side actor outside a placement group: a share of the head-only resource."""
+    share = head_share()
+    return {"resources": share} if share else {}
+
+
 def waiting_line(scaling: Any) -> str | None:
     """What a training's progress line says until its workers report: the worker group it waits for."""
     ask = workers_ask(scaling)
     if ask is None:
         return None
     bound = f"the run ends after {scaling.start_timeout_s:g} s" if scaling.start_timeout_s else "no time limit"
-    return f"{ask.label()} to start ({bound})"
+    types = _CHECKED[-1].types if _CHECKED else None
+    names = types.holding(ask.bundle) if types is not None else []
+    kinds = " or ".join(n for n in names if n != "ray.head.default")
+    autoscaler = f" — the autoscaler starts a {kinds} node for it if none is up" if kinds else ""
+    return f"{ask.label()} to start{autoscaler} ({bound})"
 
 
 def start_attempts_limit(start_timeout_s: float, attempt_s: float) -> int:
@@ -256,6 +326,25 @@ def gpu_share() -> float | None:
     except AssertionError:  # the driver (Ray Train's local mode): no assigned resources
         return None
     return share if 0 < share < 1 else None
+
+
+def gpu_problem(who: str, setting: str, *, nccl: bool = False) -> str | None:
+    """On a Ray worker given a GPU: why it cannot use it — torch on this node has no CUDA (or, with ``nccl``, no
+    NCCL) — as one line naming the node, the setting and the fix; None where it can."""
+    import os
+
+    import ray
+    import torch
+
+    if torch.cuda.is_available() and (not nccl or torch.distributed.is_nccl_available()):
+        return None
+    lacks = "NCCL" if torch.cuda.is_available() else "CUDA"
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "?"
+    kind = os.environ.get("RAY_NODE_TYPE_NAME")
+    where = f"node {node} ({f'type {kind}, ' if kind else ''}{ray.util.get_node_ip_address()})"
+    return (f"{who} was given a GPU ({setting}) on {where}, but torch {torch.__version__} there has no {lacks}: "
+            f"give that node type an image with a CUDA build of torch (cluster.yaml's docker image and "
+            f"setup_commands), or run without the GPU")
 
 
 def cap_gpu_memory(device: Any) -> float | None:

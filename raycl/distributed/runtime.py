@@ -21,6 +21,9 @@ log = logging.getLogger(__name__)
 # Ray's job supervisor gives a job's entry point its JobConfig (the job's runtime env) in this variable; ray.init
 # merges that runtime env with its own argument's and refuses any key both set (ray/_private/worker.py).
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+# The head-only custom resource of raycl's driver side (raycl.distributed.resources.head_share): cluster.yaml's
+# head, the KubeRay manifest's head group and the embedded Ray below provide it.
+HEAD_RESOURCE = "raycl_head"
 TOKEN_HELP = ("give this shell the cluster's token: RAY_AUTH_MODE=token with RAY_AUTH_TOKEN=TOKEN or "
               "RAY_AUTH_TOKEN_PATH=FILE (docs/cluster.md: Cluster authentication)")  # fmt: skip
 
@@ -44,6 +47,8 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
     kwargs: dict[str, object] = {"ignore_reinit_error": True, "log_to_driver": _log_to_driver()}
     if address is None and num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
+    if address is None:  # this machine is the head: the driver side asks for a share of the head-only resource
+        kwargs["resources"] = {HEAD_RESOURCE: 1.0}
     # Workers import raycl from this checkout even when it is not installed (a fresh clone, `make demo`).
     kwargs["runtime_env"] = {"env_vars": _propagated_env(), **_setup_hook()}
     ray.init(address=address or "local", **kwargs)  # type: ignore[arg-type]

@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import ray.tune as tune
+from ray.tune.execution.placement_groups import PlacementGroupFactory
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from raycl.config import TuneSection, expand_values
 from raycl.distributed import tracking, tune_state
+from raycl.distributed.resources import driver_bundle
 from raycl.distributed.trainer import has_checkpoint
 from raycl.progress import bar, say
 from raycl.records import TrialOutcome, is_done, read_history
@@ -145,7 +147,7 @@ def run_sweep(
         else FIFOScheduler()
     )
     trainable = tune.with_resources(tune.with_parameters(trial_fn, **trial_kwargs),
-                                    resources or {"cpu": tune_cfg.driver_cpus})  # fmt: skip
+                                    resources or PlacementGroupFactory([driver_bundle(tune_cfg.driver_cpus)]))
     where, filesystem = ray_storage(storage_path)  # a staged run's Ray storage is the object store itself
     path = f"{where.rstrip('/')}/{name}"
     total = _count(param_space, tune_cfg.num_samples)

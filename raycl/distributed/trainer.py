@@ -9,9 +9,10 @@ from typing import Any
 
 import ray.train
 from ray.train.torch import TorchConfig, TorchTrainer
+from ray.train.torch.config import _TorchBackend
 
 from raycl.config import ScalingSection
-from raycl.distributed.resources import cluster, start_attempts_limit, worker_bundle, workers_ask
+from raycl.distributed.resources import cluster, gpu_problem, start_attempts_limit, worker_bundle, workers_ask
 from raycl.errors import UserError
 from raycl.storage import ray_storage
 
@@ -52,7 +53,7 @@ def fit(
     trainer = TorchTrainer(
         train_fn,
         # a collective that never completes (ranks that disagree on what comes next) fails the run after this long
-        torch_config=TorchConfig(timeout_s=scaling.collective_timeout_s),
+        torch_config=CheckedTorchConfig(timeout_s=scaling.collective_timeout_s),
         scaling_config=ray.train.ScalingConfig(
             num_workers=scaling.num_workers,
             use_gpu=scaling.use_gpu,
@@ -74,6 +75,9 @@ def fit(
     try:
         return trainer.fit()
     except ray.train.ControllerError as err:
+        said = _user_error(err.controller_failure)
+        if said is not None:  # a worker's node cannot run it (CheckedTorchConfig): its one line
+            raise said from None
         if not _did_not_start(err):
             raise
         raise UserError(f"the Ray Train worker group did not start within scaling.start_timeout_s="
@@ -105,3 +109,33 @@ def _did_not_start(err: ray.train.ControllerError) -> bool:
     from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
 
     return isinstance(err.controller_failure, WorkerGroupStartupTimeoutError)
+
+
+def _gpu_node_problem() -> str | None:
+    return gpu_problem("a Ray Train worker", "scaling.use_gpu=true", nccl=True)
+
+
+class _CheckedTorchBackend(_TorchBackend):  # type: ignore[misc]
+    """Ray Train's torch backend, which first asks every worker given a GPU whether its node can use it: without
+    CUDA (or NCCL) there, ``init_process_group("nccl")`` ends the run in an NCCL traceback instead."""
+
+    def on_start(self, worker_group: Any, backend_config: Any) -> None:
+        if worker_group.get_resources_per_worker().get("GPU", 0) > 0:
+            problems = [p for p in worker_group.execute(_gpu_node_problem) if p]
+            if problems:
+                raise UserError(problems[0])
+        super().on_start(worker_group, backend_config)
+
+
+class CheckedTorchConfig(TorchConfig):  # type: ignore[misc]
+    """``TorchConfig`` with :class:`_CheckedTorchBackend`."""
+
+    @property
+    def backend_cls(self) -> type[_TorchBackend]:
+        return _CheckedTorchBackend
+
+
+def _user_error(err: BaseException | None) -> UserError | None:
+    """The :class:`UserError` a Ray worker raised, as the driver's own (its message, without Ray's traceback)."""
+    cause = getattr(err, "cause", err)  # a RayTaskError holds the worker's exception
+    return UserError(str(cause)) if isinstance(cause, UserError) else None
