@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from raycl.errors import UserError, redact, shown
+from raycl.files import write_atomic
 
 SPACES_DIR = Path(__file__).resolve().parent.parent / "tune_spaces"
 SEARCH_KINDS = ("grid", "choice", "uniform", "loguniform", "qrange")
@@ -558,6 +559,4 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 def dump_yaml(config: Any, path: Path) -> None:
     """Write the resolved config atomically, credentials hidden (a URI's password, a secret's value)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(redact(yaml.safe_dump(to_dict(config), sort_keys=False)), encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, redact(yaml.safe_dump(to_dict(config), sort_keys=False)))
