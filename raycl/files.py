@@ -164,21 +164,20 @@ def check_ours(root: Path, *, what: str, hint: str) -> None:
     symbolic link under ``root`` that leads out of it is refused too. ``root`` need not exist yet (a fresh
     ``--out``): then whoever can write the folders above it could replace it, so those are checked. One line
     naming the path, ``what`` ``root`` is and ``hint`` (how to proceed), exit status 2."""
-    root = Path(os.path.abspath(root))
-    for path in (*reversed(root.parents), root):
+    real = Path(os.path.realpath(root))  # the folders it really is in, links above it resolved
+    for path in (*reversed(real.parents), real):
         try:
-            st = os.stat(path)  # a folder above: where a link leads (its own owner and mode are checked below)
-        except FileNotFoundError:
+            st = os.lstat(path)
+        except FileNotFoundError:  # a fresh --out: what is above it was checked
             break
         _refuse(path, foreign(path, st), what, hint)
-    if root.is_dir():
-        real = root.resolve()
-        for path in _walk(root):
+    if real.is_dir():
+        for path in _walk(real):
             st = os.lstat(path)
             if stat.S_ISLNK(st.st_mode):
                 target = path.resolve()
                 if not target.is_relative_to(real):
-                    _refuse(path, f"a symbolic link to {target}, outside {root}", what, hint)
+                    _refuse(path, f"a symbolic link to {target}, outside {real}", what, hint)
                 continue
             _refuse(path, foreign(path, st), what, hint)
 

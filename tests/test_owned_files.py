@@ -11,7 +11,6 @@ import http.server
 import json
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 import threading
@@ -95,8 +94,8 @@ def test_a_run_folder_another_user_owns_is_not_restored(tmp_path: Path) -> None:
     before = _snapshot(tmp_path)
     done = _tune(run)
     assert done.returncode == 2, done.stderr[-3000:]
-    assert done.stderr.splitlines() == [f"raycl: error: {run}: owned by uid {FOREIGN}, not by this user (uid 0) or "
-                                        f"root: {REFUSED}"]  # fmt: skip
+    assert done.stderr.splitlines() == [f"raycl: error: {run}: owned by uid {FOREIGN}, not by this user (uid 0) "
+                                        f"or root: {REFUSED}"]  # fmt: skip
     assert not marker.exists() and _snapshot(tmp_path) == before
 
 
@@ -142,7 +141,8 @@ def test_a_folder_of_the_users_own_passes_and_trust_out_takes_another(tmp_path: 
         open_run_folder(run, space="idiom", trusted=True)
 
 
-def test_mine_refuses_a_shard_directory_others_can_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_mine_refuses_a_shard_directory_others_can_write(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     shards = tmp_path / "negs"
     shards.mkdir()
     (shards / "part-00000.parquet").write_bytes(b"PAR1")
@@ -213,7 +213,7 @@ def _writers() -> dict[str, tuple[str, Callable[[Path], None]]]:
     from raycl.progress import ProgressWriter
     from raycl.training.checkpoint import save_state
 
-    pid = os.getpid()
+    pid, thread = os.getpid(), threading.get_ident()
     return {  # target → (old temp name, writer)
         "history.jsonl": (".history.jsonl.tmp", lambda p: records.atomic_write(p, "{}")),
         "results.csv": (".results.csv.tmp", lambda p: records.write_csv(p, [{"a": 1}])),
@@ -230,7 +230,7 @@ def _writers() -> dict[str, tuple[str, Callable[[Path], None]]]:
         "train.csv": (".train.csv.tmp", lambda p: write_csv(p, ["a"], [["1"]])),
         "docs.jsonl": (".docs.jsonl.tmp", lambda p: write_documents([Document("d", ("s .",))], p)),
         "geometry.png": (".geometry.png.tmp", lambda p: plot_alignment_uniformity({"m": (-1.0, 0.5)}, p)),
-        "tune_state": (f".{{record}}.{pid}.{threading.get_ident()}.tmp", lambda p: _remember("s3://b/r", "x", "d")),
+        "tune_state": (f".{{record}}.{pid}.{thread}.tmp", lambda p: _remember("s3://b/r", "x", "d")),
         "input": (f".{{input}}.{pid}.pull", _fetch),
         "input record": (f".{{input}}.json.{pid}.tmp", _fetch),
     }
@@ -330,10 +330,10 @@ def test_http_and_other_schemes_are_refused_before_any_request(
     url = f"{base}/latest/meta-data/iam/security-credentials/role"
     err = _refused("train", ["idiom", "--preset", "smoke", "--set", f"model.checkpoint={url}", "--out",
                              str(tmp_path / "run")], capsys)  # fmt: skip
-    assert err.endswith(f"idiom.yaml: config key 'model.checkpoint': {url}: not a storage raycl "
-                   "reads or writes, refused before any request; expected a local path or a URI of file://, s3://, "
-                   "s3a://, gs://, gcs://, hdfs://, abfs://, abfss://, az:// (fsspec's chained '::' URIs, http(s) "
-                   "and other schemes are not storage)")  # fmt: skip
+    assert err.endswith(f"idiom.yaml: config key 'model.checkpoint': {url}: not a storage raycl reads or writes, "
+                        "refused before any request; expected a local path or a URI of file://, s3://, s3a://, "
+                        "gs://, gcs://, hdfs://, abfs://, abfss://, az:// (fsspec's chained '::' URIs, http(s) "
+                        "and other schemes are not storage)")  # fmt: skip
     for verb, argv in (("tune", ["idiom", "--preset", "smoke", "--out", url]),
                        ("train", ["gec_pd", "--set", f"mining.negatives=https{base[4:]}/negs.parquet"]),
                        ("mine", ["gec", "--model", str(model), "--data", "x.m2", "--out", f"{base}/negs"])):
