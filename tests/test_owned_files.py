@@ -41,7 +41,8 @@ def _plant_sweep(folder: Path, marker: Path) -> None:
     """A Tune experiment folder as ``Tuner.can_restore`` finds one: ``tuner.pkl`` and an experiment state."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "tuner.pkl").write_bytes(pickle.dumps(Payload(marker)))
-    (folder / "experiment_state-2026-01-01_00-00-00.json").write_text("{}")
+    (folder / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps({"trial_data": [],
+                                                                                 "runner_data": {}}))
 
 
 def _run_folder(root: Path) -> Path:
