@@ -90,7 +90,10 @@ def uri_credentials(uri: str) -> bool:
     return ("@" in authority and (store or ":" in authority.rsplit("@", 1)[0])) or redact_uri(uri) != uri
 
 
-_AZURE = re.compile(r"(?i)^(abfss?|az)://[a-z0-9](?:[a-z0-9-]{1,61}[a-z0-9])?@[a-z0-9]{3,24}\.(dfs|blob)\.core\.[a-z0-9.-]+(/|$)")
+# adlfs' CONTAINER@ACCOUNT.dfs.core.windows.net (or .blob., or a sovereign cloud's core.<domain>): Azure's rules
+# for a container's name (3-63 lowercase letters, digits, dashes) and an account's (3-24 letters, digits)
+_AZURE = re.compile(r"^(abfss?|az)://[a-z0-9](?:[a-z0-9-]{1,61}[a-z0-9])@[a-z0-9]{3,24}"
+                    r"\.(dfs|blob)\.core\.[a-z0-9.-]+(/|$)", re.IGNORECASE)
 
 
 def azure_container(uri: str) -> bool:
