@@ -46,6 +46,12 @@ def space_parser(prog: str, description: str, *, sweep: bool = False) -> argpars
     p.add_argument("--track", type=parse_track, default=None, metavar="mlflow|wandb|mlflow,wandb",
                    help="log every trial's (or training's) params and reports, and the run's report, to MLflow "
                    "(MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME) and/or W&B (WANDB_MODE, WANDB_PROJECT, …)")
+    p.add_argument("--trust-out", action="store_true",
+                   help="use a local --out that is not yours alone (another user owns or can write it or a folder "
+                        "above it, or a link leads out of it), which raycl otherwise refuses. RISK: a resumed run "
+                        "reads back what the folder holds, and a sweep's restore unpickles Ray Tune's state: "
+                        "anyone who can write it can run code as you; give it only for a folder whose writers you "
+                        "trust")
     if sweep:
         p.add_argument("--trust-store", action="store_true",
                        help="with --out on an object store: restore the sweep's Ray Tune state from the store "
@@ -88,7 +94,7 @@ def check_uris(space: Space) -> None:
             check_uri(value, key=f"{space.source}: config key '{key.split('.', 1)[1]}'")
     for var in STORE_ENDPOINTS:
         if is_uri(os.environ.get(var, "")):
-            check_uri(os.environ[var], key=f"environment variable {var}")
+            check_uri(os.environ[var], key=f"environment variable {var}", endpoint=True)
 
 
 def _strings(tree: Any, key: str = "") -> list[tuple[str, str]]:
@@ -131,14 +137,14 @@ def recipe(space: Space) -> Any:
     return recipe_for(space.config.task)
 
 
-def check_inputs(space: Space, run_dir: Path) -> None:
+def check_inputs(space: Space, run_dir: Path, *, trust_out: bool = False) -> None:
     """Read every input file before Ray starts: a malformed file ends in one line and exit status 2 with nothing
-    started."""
+    started. The run folder first: the user's alone (or ``trust_out``: ``--trust-out``)."""
     from raycl.distributed.tune_state import check_run
     from raycl.driver import check_inputs as check
     from raycl.run_folder import open_run_folder
 
-    open_run_folder(run_dir, space=space.name)  # not a folder of the user's; an earlier run's checkpoints are data
+    open_run_folder(run_dir, space=space.name, trusted=trust_out)  # the user's; an earlier run's checkpoints: data
     check_run(run_dir)  # a staged run: the sweep state in the store is what raycl wrote, or trusted
     say_resumed(run_dir)
     check(recipe(space), space, run_dir)
@@ -214,7 +220,7 @@ def space_verb(verb: str, doc: str, argv: list[str] | None, *, sweep: bool, prog
     if on_ray:
         space = check_resources(space, sweep=sweep, address=args.address, connected=False,
                                 cluster_config=args.cluster_config)
-    check_inputs(space, run_dir)
+    check_inputs(space, run_dir, trust_out=args.trust_out)
     quiet_ray()
     if on_ray:
         from raycl.distributed.runtime import cpus_of_a_run, init_ray, local_cpus

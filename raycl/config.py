@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from raycl.errors import UserError, redact, shown
+from raycl.files import write_atomic
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -587,6 +588,4 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 def dump_yaml(config: Any, path: Path) -> None:
     """Write the resolved config atomically, credentials hidden (a URI's password, a secret's value)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(redact(yaml.safe_dump(to_dict(config), sort_keys=False)), encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, redact(yaml.safe_dump(to_dict(config), sort_keys=False)))

@@ -86,8 +86,20 @@ def uri_credentials(uri: str) -> bool:
     if len(head) != 2:
         return False
     authority = head[1].split("/", 1)[0]
-    store = head[0].lower() in OBJECT_STORES
+    store = head[0].lower() in OBJECT_STORES and not azure_container(uri)
     return ("@" in authority and (store or ":" in authority.rsplit("@", 1)[0])) or redact_uri(uri) != uri
+
+
+# adlfs' CONTAINER@ACCOUNT.dfs.core.windows.net (or .blob., or a sovereign cloud's core.<domain>): Azure's rules
+# for a container's name (3-63 lowercase letters, digits, dashes) and an account's (3-24 letters, digits)
+_AZURE = re.compile(r"^(abfss?|az)://[a-z0-9](?:[a-z0-9-]{1,61}[a-z0-9])@[a-z0-9]{3,24}"
+                    r"\.(dfs|blob)\.core\.[a-z0-9.-]+(/|$)", re.IGNORECASE)
+
+
+def azure_container(uri: str) -> bool:
+    """Whether ``uri`` names an Azure container in adlfs' form, ``abfs://CONTAINER@ACCOUNT.dfs.core.windows.net/…``:
+    its user part is the container (a name, never a key: no ``:``, lowercase letters, digits and dashes)."""
+    return bool(_AZURE.match(uri))
 
 
 def redact(text: str) -> str:

@@ -33,6 +33,7 @@ from typing import Any
 
 from raycl.errors import UserError, at, cli_entry, summary_out
 from raycl.mine_dense import add_dense
+from raycl.files import TRUST_HINT, check_ours
 from raycl.miners.false_negatives import rate_text
 from raycl.storage import check_uri, is_uri, push, stage
 
@@ -71,6 +72,10 @@ def _add_gec(sub: Any) -> None:
                    help="a .parquet file (mined in this process), or a directory of Parquet shards; an object "
                         "store URI (s3://bucket/prefix, gs://…) is always a shard directory")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    p.add_argument("--trust-out", action="store_true",
+                   help="use a local --out that is not yours alone (another user owns or can write it or a folder "
+                        "above it, or a link leads out of it), which raycl otherwise refuses: a resumed shard "
+                        "directory is read back; give it only for a folder whose writers you trust")  # fmt: skip
     g = p.add_argument_group("streamed, sharded mining (any of these makes OUT a shard directory)")
     g.add_argument("--shards", action="store_true", help="write OUT as a shard directory even if named *.parquet")
     g.add_argument("--num-miners", type=_miners, default=None, metavar="N|MIN-MAX",
@@ -218,6 +223,8 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m raycl.mine
         summary = _run_staged(args)
     else:
         args.out = Path(args.out)
+        if not args.trust_out:  # a resumed shard directory is read back; a new file's folder nobody else can swap
+            check_ours(args.out, what="an output of raycl.mine", hint=TRUST_HINT)
         summary = args.run(args)
     if args.json:
         print(json.dumps(summary), file=summary_out())

@@ -22,6 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from raycl.files import write_atomic
+
 PROGRESS = "progress.json"
 _last_line = [time.monotonic()]  # when this process last printed a ``[raycl]`` line (a bar's, or say's)
 
@@ -64,10 +66,8 @@ class ProgressWriter:
         if not force and now - self._last < self.interval:
             return
         self._last = now
-        tmp = self.path.with_name(f".{PROGRESS}.tmp")
         info = {k: float(v) if hasattr(v, "item") else v for k, v in self.info.items()}  # a device loss: read now
-        tmp.write_text(json.dumps({"step": step, "total": self.total, **info}))
-        tmp.replace(self.path)
+        write_atomic(self.path, json.dumps({"step": step, "total": self.total, **info}), durable=False)
 
 
 def _fmt(v: Any) -> str:

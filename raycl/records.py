@@ -1,6 +1,6 @@
 """A run's records on disk: ``history.jsonl`` (one line per report) and atomic writes of texts, tables, plots and
-model folders — a run killed mid-write never leaves half a file behind; texts and shards are ``fsync``ed before
-the rename (and the folder after it), so a power cut cannot leave a renamed but empty file either. In a run
+model folders (:mod:`raycl.files`: a fresh temp file nobody can plant, ``fsync``ed, renamed, the folder synced) — a
+run killed mid-write never leaves half a file behind, and a power cut no renamed but empty file either. In a run
 staged for an object store (``--out s3://…``, :mod:`raycl.storage`) each write is uploaded as soon as it is
 renamed into place."""
 
@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from raycl.errors import UserError, at
+from raycl.files import atomic_dir, atomic_file, write_atomic
+from raycl.files import copy_atomic as copy_file
 from raycl.storage import mirror
 
 
@@ -64,27 +64,8 @@ def append_start(out_dir: Path, **info: Any) -> None:
 
 
 def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text + "\n")
-        sync(f)
-    replace_synced(tmp, path)
-
-
-def sync(f: Any) -> None:
-    """An open file's bytes on the disk (a rename may reach the disk before the data it names)."""
-    f.flush()
-    os.fsync(f.fileno())
-
-
-def replace_synced(tmp: Path, path: Path) -> None:
-    """``tmp`` (already synced) renamed to ``path``, and the rename itself synced with the folder."""
-    tmp.replace(path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """``text`` and a newline to ``path``, atomically (:func:`raycl.files.atomic_file`), then mirrored."""
+    write_atomic(path, text + "\n")
     mirror(path)
 
 
@@ -105,30 +86,24 @@ def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     keys: list[str] = []
     for r in rows:
         keys += [k for k in r if k not in keys]
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
+    with atomic_file(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=keys)
         writer.writeheader()
         writer.writerows(rows)
-    tmp.replace(path)
     mirror(path)
 
 
 def save_png(fig: Any, path: Path) -> Path:
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    tmp.replace(path)
+    with atomic_file(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=120)
     mirror(path)
     return path
 
 
 def save_dir_atomic(save: Callable[[Path], Any], out: Path) -> None:
     """``save(tmp)`` writes a folder (``model.save_pretrained``), which then replaces ``out`` in one rename."""
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.replace(out)
+    with atomic_dir(out) as tmp:
+        save(tmp)
     mirror(out)
 
 
@@ -140,7 +115,5 @@ def refuse_foreign_dir(out: Path, *, marker: str, what: str, hint: str) -> None:
 
 
 def copy_atomic(src: Path, dst: Path) -> None:
-    tmp = dst.with_name(f".{dst.name}.tmp")
-    shutil.copyfile(src, tmp)
-    tmp.replace(dst)
+    copy_file(src, dst)
     mirror(dst)

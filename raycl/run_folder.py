@@ -5,65 +5,44 @@
   or ``ray/``). Any other existing folder is refused in one line, exit status 2.
 * An earlier run's checkpoints are read as a resumed worker would read them (``weights_only``), so one that holds
   anything but data is refused here, in one line, rather than as a worker's retried traceback.
-* Ray Tune's experiment state, which a sweep's restore reads, is a pickle (Ray's own format): a folder that users
-  other than its owner can write is not restored.
+* Ray Tune's experiment state, which a sweep's restore reads, is a pickle (Ray's own format), and checkpoints and
+  n-best shards are read back too: a folder that another user owns or can write, or that a link leads out of, is
+  refused before anything in it is read — and a fresh ``--out`` that others could replace before anything is
+  written — unless the user trusts it (``--trust-out``).
 """
 
 from __future__ import annotations
 
-import grp
 import json
-import os
-import pwd
-import stat
 from pathlib import Path
 
-from raycl.errors import UserError, at
+from raycl.files import TRUST_HINT, check_ours
 from raycl.records import atomic_write, refuse_foreign_dir
 from raycl.training.checkpoint import check_checkpoints
 
 MARKER = "raycl_run.json"
 
 
-def open_run_folder(run_dir: Path, *, space: str) -> None:
-    """``run_dir`` claimed for a run of ``space``: made (with its marker), or an earlier run's, checked."""
+def open_run_folder(run_dir: Path, *, space: str, trusted: bool = False) -> None:
+    """``run_dir`` claimed for a run of ``space``: made (with its marker), or an earlier run's, checked — first
+    that it is the user's (:func:`check_private`), unless ``trusted`` (``--trust-out``)."""
+    if not trusted:
+        check_private(run_dir)
     legacy = (run_dir / "config.yaml").is_file() and ((run_dir / "trials").is_dir() or (run_dir / "ray").is_dir())
     if not legacy:
         refuse_foreign_dir(run_dir, marker=MARKER, what="a raycl run folder",
                            hint="expected a new or empty folder, or an earlier run's: choose another --out")
     if (run_dir / "ray").is_dir():
-        check_private(run_dir)
         check_checkpoints(run_dir / "ray")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)  # never writable by others, whatever the umask
     if not (run_dir / MARKER).is_file():
         atomic_write(run_dir / MARKER, json.dumps({"space": space}))
 
 
 def check_private(run_dir: Path) -> None:
-    """``run_dir`` and everything under ``run_dir/ray`` writable by their owner alone (or a group of no one else):
-    Tune unpickles its experiment state when a sweep is restored."""
-    for path in (run_dir, *_walk(run_dir / "ray")):
-        st = os.lstat(path)
-        if stat.S_ISLNK(st.st_mode):
-            continue
-        if st.st_mode & stat.S_IWOTH or (st.st_mode & stat.S_IWGRP and _group_shared(st.st_gid, st.st_uid)):
-            mode = stat.filemode(st.st_mode)
-            raise UserError(f"{at(path)}: writable by users other than its owner (mode {mode}), expected a run "
-                            "folder only its owner can write: Ray Tune's restore unpickles what is in it (chmod -R"
-                            " go-w the folder if you trust its contents)")  # fmt: skip
-
-
-def _walk(root: Path) -> list[Path]:
-    out: list[Path] = []
-    for dirpath, dirs, files in os.walk(root):
-        out += [Path(dirpath) / n for n in (*dirs, *files)]
-    return [root, *out] if root.exists() else []
-
-
-def _group_shared(gid: int, uid: int) -> bool:
-    """Whether group ``gid`` has a member other than user ``uid`` (a user-private group has none)."""
-    try:
-        group, owner = grp.getgrgid(gid), pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return True
-    return bool(set(group.gr_mem) - {owner}) or any(u.pw_gid == gid and u.pw_uid != uid for u in pwd.getpwall())
+    """``run_dir``, the folders above it and everything under it owned by this user (or root), writable by no one
+    else, with no link out of it (:func:`raycl.files.check_ours`): what a run folder holds is read back — resumed
+    checkpoints, n-best shards, and Ray Tune's experiment state, which a sweep's restore unpickles. Before anything
+    is read or written; a fresh ``--out`` is checked too (whoever can write the folder above it could replace
+    it)."""
+    check_ours(run_dir, what="a run folder", hint=TRUST_HINT)

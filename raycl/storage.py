@@ -1,4 +1,5 @@
-"""Run folders on an object store: ``--out s3://bucket/prefix`` (``gs://…``, any pyarrow or fsspec URI).
+"""Run folders on an object store: ``--out s3://bucket/prefix`` (``gs://…``, ``hdfs://…``, ``abfs://…``:
+:data:`SCHEMES`, read through pyarrow or fsspec; any other scheme refused before a request).
 
 A remote run is *staged*: it lives in a local folder whose name is its URI, quoted
 (``$RAYCL_CACHE_DIR/stage/<quoted URI>``, default ``~/.cache/raycl``), so that any process on any node maps a
@@ -36,7 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
-from raycl.errors import UserError, at, redact_uri, uri_credentials
+from raycl.errors import UserError, at, azure_container, redact_uri, uri_credentials
+from raycl.files import atomic_file, check_owner, write_atomic
 
 if TYPE_CHECKING:
     import pyarrow.fs as pafs
@@ -65,6 +67,10 @@ _CREDENTIAL_VARS = {
 _CREDENTIAL_VARS.update(s3a=_CREDENTIAL_VARS["s3"], gcs=_CREDENTIAL_VARS["gs"], abfss=_CREDENTIAL_VARS["abfs"],
                         az=_CREDENTIAL_VARS["abfs"])  # fmt: skip
 _CHUNK = 8 << 20
+# the only schemes raycl hands to pyarrow or fsspec (docs/storage.md): a local file, the object stores and HDFS. An
+# http(s) URL would make the driver fetch whatever it points at (a cloud's metadata endpoint, a host of the
+# cluster's network), and fsspec has dozens of other schemes (ftp, ssh, github, zip, chained ``a::b`` …)
+SCHEMES = ("file", "s3", "s3a", "gs", "gcs", "hdfs", "abfs", "abfss", "az")
 _BUCKETS = ("S3FileSystem", "GcsFileSystem")  # pyarrow's object stores: a path is bucket/key
 
 
@@ -74,14 +80,17 @@ def is_uri(text: str | Path) -> bool:
 
 
 def hide(uri: str) -> str:
-    """``uri`` as a message shows it: its user part (an object store's access key) and credentials hidden."""
-    return _USERINFO.sub(r"\1***@", redact_uri(uri))
+    """``uri`` as a message shows it: its user part (an object store's access key; not an Azure container) and
+    credentials hidden."""
+    return redact_uri(uri) if azure_container(uri) else _USERINFO.sub(r"\1***@", redact_uri(uri))
 
 
-def check_uri(uri: str, *, key: str = "") -> str:
+def check_uri(uri: str, *, key: str = "", endpoint: bool = False) -> str:
     """``uri`` as raycl may read, write and name a cache folder after it, or one line (exit 2): a URI that carries
     credentials (``user:password@``, an object store's ``KEY@``, ``?X-Amz-Signature=…``, ``&sig=…``) points to
-    the store's own credential variables; a path with a ``.``, ``..`` or empty segment is not a plain key."""
+    the store's own credential variables; a scheme that is not storage raycl knows (:data:`SCHEMES`: http(s),
+    fsspec's other schemes) is refused before any request — unless it is a store's ``endpoint`` (an http(s) URL
+    by nature); a path with a ``.``, ``..`` or empty segment is not a plain key."""
     where = f"{key}: " if key else ""
     scheme, _, rest = uri.partition("://")
     if uri_credentials(uri):
@@ -94,6 +103,10 @@ def check_uri(uri: str, *, key: str = "") -> str:
         raise UserError(f"{where}{hide(uri)}: credentials in a URI are refused (they would show in process lists, "
                         f"logs, Ray's job information and cache folder names); give the URI without them and the "
                         f"credentials through {how}")  # fmt: skip
+    if not endpoint and (scheme.lower() not in SCHEMES or "::" in uri):
+        raise UserError(f"{where}{hide(uri)}: not a storage raycl reads or writes, refused before any request; "
+                        f"expected a local path or a URI of {', '.join(s + '://' for s in SCHEMES)} (fsspec's "
+                        "chained '::' URIs, http(s) and other schemes are not storage)")  # fmt: skip
     segments = rest.split("?", 1)[0].rstrip("/").split("/")[1:]  # after the bucket or host
     if any(s in ("", ".", "..") for s in segments):
         raise UserError(f"{where}{uri}: a '.', '..' or empty path segment, expected a plain prefix "
@@ -145,12 +158,8 @@ def private_dir(path: Path) -> Path:
     """``path`` made (mode 0700) and checked to be this user's: what raycl's cache holds is read back as the
     store's objects, so no other user may have put anything there (a shared ``RAYCL_CACHE_DIR``)."""
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = path.stat()
-    if st.st_uid != os.getuid():
-        raise UserError(f"{at(path)}: a raycl cache folder owned by uid {st.st_uid}, not by this user (uid "
-                        f"{os.getuid()}): refused, expected this user's own cache (set RAYCL_CACHE_DIR to a "
-                        "folder of your own)")  # fmt: skip
-    if stat.S_IMODE(st.st_mode) != 0o700:
+    check_owner(path, what="a raycl cache folder", hint="set RAYCL_CACHE_DIR to a folder of your own")
+    if stat.S_IMODE(path.stat().st_mode) != 0o700:
         path.chmod(0o700)
     return path
 
@@ -477,7 +486,7 @@ def fetch(text: str | Path) -> str:
         return str(text)
     import pyarrow.fs as pafs
 
-    uri = str(text).rstrip("/")
+    uri = check_uri(str(text).rstrip("/"))  # before anything is made or requested
     local = cache_dir(INPUTS) / _named(uri)
     record = _Record(local.with_name(f".{local.name}.json"))
     try:
@@ -513,9 +522,7 @@ class _Record:
             return 0
         dst.parent.mkdir(parents=True, exist_ok=True)
         self.objects[rel] = {"version": version, "sha256": _get(fs, info.path, dst)}
-        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"objects": self.objects}, indent=1, sort_keys=True))
-        tmp.replace(self.path)
+        write_atomic(self.path, json.dumps({"objects": self.objects}, indent=1, sort_keys=True))
         return 1
 
 
@@ -544,11 +551,9 @@ def _input_of(path: Path) -> str | None:
 
 def _get(fs: pafs.FileSystem, src: str, dst: Path) -> str:
     """One object to ``dst``, through a temp name: complete or absent. Returns the sha256 of what was written."""
-    tmp = dst.with_name(f".{dst.name}.{os.getpid()}.pull")
     h = hashlib.sha256()
-    with fs.open_input_stream(src) as f, open(tmp, "wb") as out:
+    with fs.open_input_stream(src) as f, atomic_file(dst, "wb") as out:
         while chunk := f.read(_CHUNK):
             out.write(chunk)
             h.update(chunk)
-    tmp.replace(dst)
     return h.hexdigest()

@@ -206,6 +206,6 @@ def test_the_conversion_cache_is_this_users_own(tmp_path: Path, monkeypatch: pyt
     root = _cache_root(model)
     assert root.is_relative_to(tmp_path / "cache" / "raycl" / "ct2") and not (model / ".ct2").exists()
     assert all((p.stat().st_mode & 0o777) == 0o700 for p in (root, root.parent, root.parent.parent))
-    monkeypatch.setattr(os, "getuid", lambda: 4242)  # another user finds the folder: not theirs
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)  # another user finds the folder: not theirs
     with pytest.raises(UserError, match=r"owned by uid \d+, not by this user \(uid 4242\)"):
         _cache_root(model)

@@ -15,7 +15,7 @@ ROOT = Path(raycl.__file__).parent
 
 # bottom to top; a module's floor is the first entry that names it or a package above it
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("errors", "storage", "records", "progress", "report", "config")),
+    ("base", ("errors", "files", "storage", "records", "progress", "report", "config")),
     ("algebra", ("losses", "adversarial")),
     ("models", ("models",)),
     ("memory", ("memory",)),

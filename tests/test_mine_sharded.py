@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -331,24 +332,26 @@ def test_shards_and_manifest_are_synced_before_their_rename(tmp_path: Path,
     from raycl.records import atomic_write
 
     events: list[str] = []
-    fsync, replace = os.fsync, Path.replace
+    fsync, replace = os.fsync, os.replace
 
     def spy_fsync(fd: int) -> None:
         events.append("sync " + os.readlink(f"/proc/self/fd/{fd}").rsplit("/", 1)[-1])
         fsync(fd)
 
-    def spy_replace(self: Path, target: Any) -> Any:
-        events.append(f"rename {self.name}")
-        return replace(self, target)
+    def spy_replace(src: Any, dst: Any) -> None:
+        events.append(f"rename {Path(src).name}")
+        replace(src, dst)
 
     monkeypatch.setattr(os, "fsync", spy_fsync)
-    monkeypatch.setattr(Path, "replace", spy_replace)
-    write_shard(tmp_path, 7, negatives_table([], []))
-    tmp = f".part-00007.parquet.{os.getpid()}.tmp"
-    assert events == [f"sync {tmp}", f"rename {tmp}", f"sync {tmp_path.name}"]  # data, rename, folder entry
-    events.clear()
-    atomic_write(tmp_path / "_mining.json", "{}")
-    assert events == ["sync ._mining.json.tmp", "rename ._mining.json.tmp", f"sync {tmp_path.name}"]
+    monkeypatch.setattr(os, "replace", spy_replace)
+    writes = {"part-00007.parquet": lambda: write_shard(tmp_path, 7, negatives_table([], [])),
+              "_mining.json": lambda: atomic_write(tmp_path / "_mining.json", "{}")}
+    for name, write in writes.items():
+        events.clear()
+        write()
+        tmp = events[0].removeprefix("sync ")  # a fresh name nobody could guess (raycl.files)
+        assert re.fullmatch(rf"\.{re.escape(name)}\.[0-9a-f]{{12}}\.tmp", tmp), tmp
+        assert events == [f"sync {tmp}", f"rename {tmp}", f"sync {tmp_path.name}"]  # data, rename, folder entry
 
 
 def test_a_failing_range_is_recorded_and_the_rerun_mines_only_it(

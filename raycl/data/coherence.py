@@ -26,6 +26,7 @@ from typing import IO, Any
 
 from raycl.data.m2 import iter_lines
 from raycl.errors import UserError, at
+from raycl.files import write_atomic
 
 PICKLE_SUFFIXES = (".pkl", ".pickle")
 MAX_DOCUMENT = 1 << 24  # characters of a JSONL line: one document, or one item with its negatives (WSJ: ~20 k)
@@ -126,9 +127,7 @@ def write_documents(documents: Iterable[Document], path: str | Path) -> None:
 
 def _atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
+    write_atomic(path, data)
 
 
 # ---------------------------------------------------------------- permuted sets

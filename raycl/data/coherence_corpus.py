@@ -31,6 +31,7 @@ from raycl.data.coherence import (
     write_documents,
     write_pairs_pickle,
 )
+from raycl.files import write_atomic
 
 DEFAULT_SIZES = {"train": 400, "dev": 40, "test": 60, "intrusion": 60, "lmvlm": 60}  # documents per split
 TEST_COPIES = 4  # permutations per test document (the WSJ test set has about 20)
@@ -253,7 +254,5 @@ def write_builtin_corpus(out_dir: str | Path, *, seed: int = 0,
     write_pairs_pickle(intrusion_pairs(split["intrusion"], seed=seed), paths["intrusion"])
     lmvlm, coders = lmvlm_pairs(split["lmvlm"], seed=seed)
     write_pairs_pickle(lmvlm, paths["lmvlm"])
-    tmp = paths["lmvlm_annotations"].with_name(".lmvlm_annotations.pkl.tmp")
-    tmp.write_bytes(pickle.dumps(coders, protocol=3))
-    tmp.replace(paths["lmvlm_annotations"])
+    write_atomic(paths["lmvlm_annotations"], pickle.dumps(coders, protocol=3))
     return paths

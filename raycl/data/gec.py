@@ -14,6 +14,7 @@ from pathlib import Path
 from raycl.data.m2 import NOOP, Edit, M2Sentence, iter_lines, iter_m2
 from raycl.data.specs import Spec, parse_spec
 from raycl.errors import UserError, at
+from raycl.files import atomic_file
 
 
 @dataclass(frozen=True)
@@ -130,13 +131,8 @@ def write_parallel(path: str | Path, lines: Iterable[str]) -> None:
     """Write one sentence per line (hypotheses, sources), atomically (temp file + rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for line in lines:
-                if "\n" in line:
-                    raise ValueError(f"line {line!r} contains a newline; one sentence per line expected")
-                f.write(line + "\n")
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)  # only left over when writing failed
+    with atomic_file(path, "w", encoding="utf-8") as f:
+        for line in lines:
+            if "\n" in line:
+                raise ValueError(f"line {line!r} contains a newline; one sentence per line expected")
+            f.write(line + "\n")

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from raycl.errors import UserError, at
+from raycl.files import atomic_file
 
 NOOP = "noop"
 DELETION = "-NONE-"  # some corpora write a deletion's correction so; ERRANT writes ''
@@ -78,11 +79,9 @@ def write_m2(path: str | Path, sentences: Iterable[M2Sentence]) -> None:
     """Write ``sentences`` as M2 (blank line after each block), atomically (temp file + rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_file(path, "w", encoding="utf-8") as f:
         for sent in sentences:
             f.write(sent.to_block() + "\n\n")
-    tmp.replace(path)
 
 
 _A_FIELDS = "span|||type|||correction|||required|||comment|||annotator"

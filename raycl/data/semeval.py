@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from raycl.errors import UserError, at
+from raycl.files import atomic_file
 
 A_TRAIN_HEADER = ("DataID", "Language", "MWE", "Setting", "Previous", "Target", "Next", "Label")
 A_INPUT_HEADER = ("ID", "Language", "MWE", "Previous", "Target", "Next")
@@ -297,15 +298,10 @@ def write_csv(path: str | Path, header: Sequence[str], rows: Iterable[Sequence[o
     """Write a header and rows with :mod:`csv` (as upstream: minimal quoting, ``\\r\\n``), atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(header)
-            writer.writerows(rows)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)  # only left over when writing failed
+    with atomic_file(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
     return path
 
 

@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from raycl.errors import UserError
+from raycl.files import write_atomic
 from raycl.storage import RAY_DIR, cache_dir, filesystem, remote_of
 
 RECORDS = "tune_state"  # the cache folder of the records
@@ -67,9 +68,7 @@ def _remember(uri: str, name: str, digest: str) -> None:
     versions = [d for d in files.get(name, []) if d != digest] + [digest]
     files[name] = versions[-KEEP:]
     path = _record(uri)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps({"uri": uri, "files": files}, indent=1, sort_keys=True), encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, json.dumps({"uri": uri, "files": files}, indent=1, sort_keys=True))
 
 
 # ---------------------------------------------------------------------------------------------- the check

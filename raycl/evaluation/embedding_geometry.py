@@ -17,6 +17,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from raycl.files import atomic_file
+
 
 def _batches(n: int, batch_size: int | None) -> list[slice]:
     step = n if batch_size is None else batch_size
@@ -74,11 +76,9 @@ def plot_alignment_uniformity(points: Mapping[str, tuple[float, float]], path: s
     ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        fig.savefig(tmp, format="png")
-        tmp.replace(path)
+        with atomic_file(path, "wb") as f:
+            fig.savefig(f, format="png")
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
     return path

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from raycl.errors import UserError, at
+from raycl.files import atomic_file
 from raycl.miners.base_miner import BaseMiner, inference
 from raycl.miners.false_negatives import MODES, FalseNegativeCounts, normalize, refuted_set
 from raycl.miners.registry import load_module, register_miner
@@ -257,9 +258,8 @@ def write_negatives_parquet(
     }, schema=negatives_schema())  # fmt: skip
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(table, tmp)
-    tmp.replace(path)
+    with atomic_file(path, "wb") as f:
+        pq.write_table(table, f)
     return path
 
 

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from raycl.errors import UserError, at
+from raycl.files import atomic_file
 from raycl.miners.beam_search import MinedNegatives, negatives_schema, read_negatives_parquet
 from raycl.miners.false_negatives import FalseNegativeCounts, normalize, refuted_set
 from raycl.miners.parquet_input import batches, column_names
-from raycl.records import replace_synced, sync
-from raycl.storage import LOCK
+from raycl.storage import LOCK, mirror
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -98,11 +98,9 @@ def write_shard(out_dir: Path, index: int, table: pa.Table) -> Path:
     import pyarrow.parquet as pq
 
     path = out_dir / shard_name(index)
-    tmp = out_dir / f".{path.name}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
+    with atomic_file(path, "wb") as f:
         pq.write_table(table, f)
-        sync(f)
-    replace_synced(tmp, path)
+    mirror(path)
     return path
 
 

@@ -38,7 +38,8 @@ from typing import Any, TypeVar
 import torch
 
 from raycl.config import ENGINES
-from raycl.errors import UserError, at
+from raycl.errors import UserError
+from raycl.files import check_owner
 from raycl.models.decoding import Decoding, ct2_options, keep
 
 T = TypeVar("T")
@@ -183,7 +184,7 @@ def converted(out_dir: Path, make_hf: Callable[[Path], Path], *, quantization: s
     root.mkdir(parents=True, exist_ok=True)
     with _flock(root / f".{out_dir.name}.lock"):
         if (out_dir / "model.bin").is_file():
-            _check_owned(out_dir)
+            check_owner(out_dir, what=CACHE, hint=CACHE_HINT)
         else:
             for stale in root.glob(f".{out_dir.name}.tmp-*"):
                 shutil.rmtree(stale, ignore_errors=True)
@@ -289,6 +290,9 @@ def folder_digest(hf_dir: Path) -> str:
     return h.hexdigest()
 
 
+CACHE, CACHE_HINT = "a CTranslate2 cache folder", "remove it, or set XDG_CACHE_HOME"
+
+
 def _cache_root(hf_dir: Path) -> Path:
     """This user's conversion cache of ``hf_dir`` (mode 0700, owned by this user, or refused); where the home
     folder cannot be written, a fresh private temp folder (conversion per process, never a predictable path)."""
@@ -297,23 +301,14 @@ def _cache_root(hf_dir: Path) -> Path:
     try:
         for d in (base, base / "ct2"):
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
-            _check_owned(d)
+            check_owner(d, what=CACHE, hint=CACHE_HINT)
             d.chmod(0o700)
     except OSError:
         return Path(tempfile.mkdtemp(prefix="raycl-ct2-"))
     root = base / "ct2" / digest
     root.mkdir(mode=0o700, exist_ok=True)
-    _check_owned(root)
+    check_owner(root, what=CACHE, hint=CACHE_HINT)
     return root
-
-
-def _check_owned(path: Path) -> None:
-    """A cache folder is used only if this user owns it."""
-    owner = path.stat().st_uid
-    if owner != os.getuid():
-        raise UserError(f"{at(path)}: a CTranslate2 cache folder owned by uid {owner}, not by this user "
-                        f"(uid {os.getuid()}): refused, expected this user's own cache (remove it, or set "
-                        "XDG_CACHE_HOME)")  # fmt: skip
 
 
 class CT2Seq2Seq:

@@ -5,13 +5,13 @@ temporary name and renamed, the JSON last, so a folder that has it is whole."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from safetensors.torch import save as safetensors_bytes
 from torch import nn
+
+from raycl.files import write_atomic
 
 
 def save_encoder_folder(out_dir: str | Path, encoder: Any, tokenizer: Any, *, extra: nn.Module, extra_file: str,
@@ -28,10 +28,3 @@ def save_encoder_folder(out_dir: str | Path, encoder: Any, tokenizer: Any, *, ex
     write_atomic(out / settings_file, (json.dumps(settings, indent=2) + "\n").encode())
     return out
 
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """``data`` to ``path`` through a temporary file in its folder, renamed into place."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    Path(tmp).replace(path)

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from raycl.errors import UserError, at
+from raycl.files import atomic_file
 
 STATE_FILE = "state.pt"
 MODEL_DIR = "model"
@@ -45,9 +46,8 @@ def save_state(state: dict[str, Any], path: Path) -> None:
         rng = {**rng, "numpy": {"bit_generator": name, "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
                                 "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
         state = {**state, "rng": rng}
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
-    tmp.replace(path)
+    with atomic_file(path, "wb") as f:
+        torch.save(state, f)
 
 
 def load_state(path: Path, *, mmap: bool = False) -> dict[str, Any]:
