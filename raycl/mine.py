@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from raycl.errors import UserError, at, cli_entry, summary_out
-from raycl.mine_dense import add_dense
 from raycl.files import TRUST_HINT, check_ours
+from raycl.mine_dense import add_dense
 from raycl.miners.false_negatives import rate_text
 from raycl.storage import check_uri, is_uri, push, stage
 
