@@ -20,6 +20,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Literal, TypeVar
 
+from raycl.data.m2 import MAX_LINE
 from raycl.errors import UserError
 
 T = TypeVar("T")
@@ -111,7 +112,7 @@ def parse_spec(spec: str, *, must_exist: bool = True) -> Spec:
 def _sniff(path: Path, spec: str) -> Format | None:
     """M2 if the first non-blank line starts with ``S ``, TSV if it has a tab; None otherwise."""
     with open(path, "rb") as f:
-        for raw in f:
+        while raw := f.readline(MAX_LINE):  # a line of a sentence's length at most: the reader refuses longer
             line = raw.decode("utf-8", errors="replace").strip("\r\n")
             if line.strip():
                 return "m2" if line.startswith("S ") else ("tsv" if "\t" in line else None)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from raycl.errors import UserError, at
 from raycl.miners.beam_search import MinedNegatives, negatives_schema, read_negatives_parquet
 from raycl.miners.false_negatives import FalseNegativeCounts, normalize, refuted_set
-from raycl.miners.parquet_input import batches, column_names
+from raycl.miners.parquet_input import batches, column_names, footer_metadata
 from raycl.records import replace_synced, sync
 from raycl.storage import LOCK
 
@@ -113,14 +113,16 @@ def with_counts(table: pa.Table, counts: FalseNegativeCounts) -> pa.Table:
 
 
 def shard_counts(out_dir: str | Path) -> FalseNegativeCounts:
-    """The false-negative counts of every shard of ``out_dir`` (from each file's footer; none: zero)."""
-    import pyarrow.parquet as pq
-
+    """The false-negative counts of every shard of ``out_dir`` (from each file's checked footer; none: zero)."""
     total = FalseNegativeCounts()
     for path in shard_files(out_dir):
-        got = (pq.read_schema(path).metadata or {}).get(FN_KEY)
+        got = footer_metadata(path).get(FN_KEY)
         if got is not None:
-            total.merge(json.loads(got))
+            try:
+                total.merge(json.loads(got))
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+                raise UserError(f"{at(path)}: its footer's {FN_KEY.decode()} is not the counts raycl writes, "
+                                "expected a shard written by raycl") from None
     return total
 
 
@@ -184,14 +186,9 @@ def _files_of(path: Path) -> list[Path]:
 
 def check_references(path: str | Path) -> None:
     """``mining.false_negatives=drop`` on pre-mined negatives needs each row's ``references`` (every annotator's
-    correction): a file or shard mined without them is a one-line error (read from the footers only)."""
-    import pyarrow.parquet as pq
-
+    correction): a file or shard mined without them is a one-line error (read from the checked footers only)."""
     for file in _files_of(Path(path)):
-        try:
-            names = pq.read_schema(file).names
-        except (OSError, ValueError) as err:
-            raise UserError(f"{at(file)}: cannot read a negatives Parquet file ({err})") from None
+        names = column_names(file)
         if "references" not in names or "target" not in names:
             raise UserError(f"{at(file)}: no 'references' column, expected one for mining.false_negatives=drop "
                             "(mine the file again with this raycl, or keep its false negatives)")  # fmt: skip
