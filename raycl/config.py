@@ -375,7 +375,8 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
-        raise UserError(f"{path}{line}: invalid YAML ({getattr(err, 'problem', err)})") from None
+        why = " ".join(str(getattr(err, "problem", None) or err).split())  # a reader error spans two lines
+        raise UserError(f"{path}{line}: invalid YAML ({why})") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping of config sections at the top level")
     return data

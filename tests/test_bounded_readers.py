@@ -165,3 +165,29 @@ def test_a_csv_line_is_held_to_its_length(tmp_path: Path) -> None:
     assert str(err.value) == f"{path}:3: a line longer than 1,048,576 characters, expected one CSV row per line"
     path.write_text("a,b\n1,2\n\"x\ny\",3\n", encoding="utf-8")  # a quoted field across lines is still one row
     assert list(read_rows(path, ["a", "b"])) == [(2, ["1", "2"]), (3, ["x\ny", "3"])]
+
+
+def test_what_the_fuzz_test_found_in_parquet_is_one_line_each(tmp_path: Path) -> None:
+    """Found by tests/test_fuzz_readers.py: a string column that is not UTF-8 (``UnicodeDecodeError`` from
+    ``to_pylist``), a row without negatives read by id (``TypeError``), pyarrow's multi-line messages."""
+    from raycl.miners.shards import read_negatives
+
+    ids = pa.array([b"\xc3\x28", b"ok"], pa.binary()).view(pa.string())  # not UTF-8, labelled a string
+    bad = _write(tmp_path / "utf8.parquet", pa.table({"id": ids, "negatives": [["a"], ["b"]],
+                                                      "scores": [[0.0], [0.0]]}))  # fmt: skip
+    for wanted in (None, ["ok"]):
+        with pytest.raises(UserError) as err:
+            read_negatives(bad, ids=wanted)
+        why = "In column 0: Invalid: Invalid UTF8 sequence at string index 0"
+        assert str(err.value) == f"{bad}: cannot read a Parquet file ({why})"
+    nulls = _write(tmp_path / "nulls.parquet", pa.table({"id": ["a", "b"], "negatives": pa.array(
+        [["x"], None], pa.list_(pa.string())), "scores": pa.array([[0.0], None], pa.list_(pa.float64()))}))
+    with pytest.raises(UserError) as err:
+        read_negatives(nulls, ids=["b"])
+    assert str(err.value) == f"{nulls}: id 'b': expected one score per negative"
+    assert read_negatives(nulls, ids=["a"])["a"].negatives == ("x",)
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(nulls.read_bytes()[:-30])  # a footer cut short
+    with pytest.raises(UserError) as err:
+        read_negatives(cut)
+    assert str(err.value).startswith(f"{cut}: cannot read a Parquet file (") and "\n" not in str(err.value)

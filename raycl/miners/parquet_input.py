@@ -51,7 +51,7 @@ def open_checked(path: str | Path, *, dictionaries: bool = False) -> pq.ParquetF
             leaves = [c.path for c in file.schema if c.physical_type in ("BYTE_ARRAY", "FIXED_LEN_BYTE_ARRAY")]
             file = pq.ParquetFile(path, read_dictionary=leaves) if leaves else file
     except (OSError, ValueError, KeyError, pa.ArrowException) as err:
-        raise UserError(f"{at(path)}: cannot read a Parquet file ({err})") from None
+        raise UserError(f"{at(path)}: cannot read a Parquet file ({_one_line(err)})") from None
     meta = file.metadata
     if meta.num_rows > MAX_ROWS:
         raise UserError(f"{at(path)}: {meta.num_rows} rows, expected at most {MAX_ROWS:,} in one file")
@@ -62,6 +62,12 @@ def open_checked(path: str | Path, *, dictionaries: bool = False) -> pq.ParquetF
         raise UserError(f"{at(path)}: {packed:,} bytes decode to {raw:,} ({raw // packed:,}x), expected at most "
                         f"{MAX_RATIO}x (a decompression bomb): refused before decompressing it")  # fmt: skip
     return file
+
+
+def _one_line(err: Exception) -> str:
+    """pyarrow's message on one line (a corrupt file's spans several), cut to a few hundred characters."""
+    text = " ".join(str(err).split())
+    return text if len(text) <= 300 else text[:300] + "…"
 
 
 def _size(path: str | Path) -> int:
@@ -110,9 +116,10 @@ def batches(path: str | Path, columns: Sequence[str],
         for batch in file.iter_batches(batch_size=BATCH_ROWS, columns=list(columns)):
             decoded += _check_batch(path, batch, budget - decoded)
             batch = batch.cast(target)  # decoded now: it was measured
+            batch.validate(full=True)  # strings that are UTF-8, offsets inside their buffers: else ArrowInvalid
             yield batch if wanted is None else batch.filter(pc.is_in(batch.column("id"), value_set=wanted))
     except (OSError, ValueError, pa.ArrowException) as err:
-        raise UserError(f"{at(path)}: cannot read a Parquet file ({err})") from None
+        raise UserError(f"{at(path)}: cannot read a Parquet file ({_one_line(err)})") from None
 
 
 def _check_batch(path: str | Path, batch: pa.RecordBatch, room: int) -> int:
@@ -171,7 +178,7 @@ def read_columns(path: str | Path, columns: Sequence[str], schema: pa.Schema | N
         return table.cast(schema)
     except (ValueError, pa.ArrowException) as err:
         raise UserError(f"{at(path)}: expected the columns {schema.names} of types {schema.types} "
-                        f"({err})") from None
+                        f"({_one_line(err)})") from None
 
 
 def column_names(path: str | Path) -> list[str]:

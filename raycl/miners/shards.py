@@ -174,9 +174,10 @@ def _read_ids(path: Path, ids: list[str]) -> dict[str, MinedNegatives]:
         raise UserError(f"{at(path)}: cannot read a negatives Parquet file (no column {lacking[0]!r})")
     out = {}
     for batch in batches(path, ["id", "negatives", "scores"], ids=ids):
-        cols = (batch.column(c).to_pylist() for c in ("id", "negatives", "scores"))
-        out.update({i: MinedNegatives(i, tuple(n), tuple(math.nan if x is None else x for x in sc))
-                    for i, n, sc in zip(*cols, strict=True)})  # fmt: skip
+        for i, n, sc in zip(*(batch.column(c).to_pylist() for c in ("id", "negatives", "scores")), strict=True):
+            if n is None or len(n) != len(sc or []):  # as read_negatives_parquet checks every row
+                raise UserError(f"{at(path)}: id {i!r}: expected one score per negative")
+            out[i] = MinedNegatives(i, tuple(n), tuple(math.nan if x is None else x for x in sc or ()))
     return out
 
 
