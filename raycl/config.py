@@ -331,19 +331,7 @@ class _BoundedLoader(yaml.SafeLoader):
             self._depth -= 1
 
     def construct_document(self, node: Any) -> Any:
-        sizes: dict[int, int] = {}
-
-        def size(n: Any) -> int:  # nodes of the tree the aliases make (a node reached twice counts twice)
-            if id(n) not in sizes:
-                kids = [c for pair in n.value for c in pair] if isinstance(n, yaml.MappingNode) else (
-                    n.value if isinstance(n, yaml.SequenceNode) else [])  # fmt: skip
-                sizes[id(n)] = 1 + sum(size(c) for c in kids)
-                if sizes[id(n)] > MAX_YAML_NODES:
-                    raise yaml.composer.ComposerError(None, None, f"aliases expand to more than {MAX_YAML_NODES} "
-                                                      "nodes", n.start_mark)  # fmt: skip
-            return sizes[id(n)]
-
-        size(node)
+        _measure(node, 1, {}, set())
         return super().construct_document(node)
 
     def construct_yaml_int(self, node: Any) -> Any:
@@ -354,6 +342,33 @@ class _BoundedLoader(yaml.SafeLoader):
 
 
 _BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
+
+
+def _measure(n: Any, depth: int, done: dict[int, tuple[int, int]], open_: set[int]) -> tuple[int, int]:
+    """(nodes, height) of the tree that ``n``'s aliases make (a node reached twice counts twice), refused past
+    :data:`MAX_YAML_NODES` nodes or :data:`MAX_YAML_DEPTH` levels — aliases of aliases nest deeper than the text
+    does — or when an alias refers to a node that holds it (``&a [*a]``: a tree without end). Recurses at most
+    :data:`MAX_YAML_DEPTH` deep."""
+    if id(n) not in done:
+        if id(n) in open_:
+            raise yaml.composer.ComposerError(None, None, "an alias refers to a node that holds it", n.start_mark)
+        if depth > MAX_YAML_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"aliases nest deeper than {MAX_YAML_DEPTH} levels",
+                                              n.start_mark)  # fmt: skip
+        kids = [c for pair in n.value for c in pair] if isinstance(n, yaml.MappingNode) else (
+            n.value if isinstance(n, yaml.SequenceNode) else [])  # fmt: skip
+        open_.add(id(n))
+        parts = [_measure(c, depth + 1, done, open_) for c in kids]
+        open_.discard(id(n))
+        done[id(n)] = (1 + sum(p[0] for p in parts), 1 + max((p[1] for p in parts), default=0))
+    nodes, height = done[id(n)]
+    if nodes > MAX_YAML_NODES:
+        raise yaml.composer.ComposerError(None, None, f"aliases expand to more than {MAX_YAML_NODES} nodes",
+                                          n.start_mark)  # fmt: skip
+    if depth + height - 1 > MAX_YAML_DEPTH:
+        raise yaml.composer.ComposerError(None, None, f"aliases nest deeper than {MAX_YAML_DEPTH} levels",
+                                          n.start_mark)  # fmt: skip
+    return nodes, height
 
 
 def safe_yaml(text: str) -> Any:

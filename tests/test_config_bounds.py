@@ -497,3 +497,16 @@ def test_the_cli_refuses_an_unbounded_number_in_one_line_before_ray_starts(tmp_p
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("raycl: error: --set: config key "), proc.stderr
     assert setting.split("=")[0] in proc.stderr
     assert not out.exists() or not any(out.rglob("*"))
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("a: &a [*a]\n", "an alias refers to a node that holds it"),  # found by tests/test_fuzz_readers.py
+    ("a: &a {b: *a}\n", "an alias refers to a node that holds it"),
+    ("".join(f"a{i}: &a{i} [*a{i - 1}]\n" if i else "a0: &a0 [x]\n" for i in range(70)),
+     "aliases nest deeper than 64 levels"),
+])  # fmt: skip
+def test_yaml_aliases_that_nest_without_end_are_one_line(tmp_path: Path, text: str, why: str) -> None:
+    """A recursive alias made the alias counter recurse until RecursionError; aliases of aliases nest deeper than
+    the text's own nesting, which the loader bounds."""
+    path = _space_file(tmp_path, "task: idiom\n" + text)
+    assert _load_refused(str(path)).startswith(f"{path}:") and f"invalid YAML ({why})" in _load_refused(str(path))

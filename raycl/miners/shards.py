@@ -168,6 +168,23 @@ def read_negatives(path: str | Path, ids: Iterable[str] | None = None) -> dict[s
     return out
 
 
+def check_negatives(path: str | Path) -> None:
+    """``mining.negatives=PATH`` read once through the bounded reader on the driver, nothing kept: a file that is
+    not a negatives file, or that decodes past the limits (:mod:`raycl.miners.parquet_input`), ends the run in
+    one line before Ray starts, not in a training worker."""
+    path = Path(path)
+    files = _files_of(path)
+    if path.is_dir() and not files:
+        raise UserError(f"{at(path)}: no {SHARD_GLOB} files, expected a negatives file or shard directory")
+    for file in files:
+        names = column_names(file)
+        lacking = [c for c in ("id", "negatives", "scores") if c not in names]
+        if lacking:
+            raise UserError(f"{at(file)}: cannot read a negatives Parquet file (no column {lacking[0]!r})")
+        for _ in batches(file, ["id", "negatives", "scores"]):
+            pass
+
+
 def _read_ids(path: Path, ids: list[str]) -> dict[str, MinedNegatives]:
     lacking = [c for c in ("id", "negatives", "scores") if c not in column_names(path)]
     if lacking:
