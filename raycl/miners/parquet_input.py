@@ -36,7 +36,7 @@ MAX_VALUE_BYTES = 16 << 20  # decoded bytes of one string (a sentence, a documen
 MAX_BATCH_BYTES = 256 << 20  # decoded bytes of one batch of BATCH_ROWS rows, dictionaries expanded
 MAX_RATIO = 100  # decoded / compressed bytes (text compresses 2-10x)
 RATIO_FROM = 16 << 20  # ... checked for chunks and files of at least this many decoded bytes
-BATCH_ROWS = 1024
+BATCH_ROWS = 16_384  # rows measured, then decoded, at a time (a batch repeats its dictionary: not too small)
 
 
 def open_checked(path: str | Path, *, dictionaries: bool = False) -> pq.ParquetFile:
@@ -55,8 +55,9 @@ def open_checked(path: str | Path, *, dictionaries: bool = False) -> pq.ParquetF
     meta = file.metadata
     if meta.num_rows > MAX_ROWS:
         raise UserError(f"{at(path)}: {meta.num_rows} rows, expected at most {MAX_ROWS:,} in one file")
+    shown = at(path)  # once: it redacts against the environment, and a file may hold thousands of row groups
     for g in range(meta.num_row_groups):
-        _check_row_group(path, g, meta.row_group(g))
+        _check_row_group(shown, g, meta.row_group(g))
     raw, packed = sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)), _size(path)
     if raw >= RATIO_FROM and raw / packed > MAX_RATIO:  # many small chunks, each under the per-chunk check
         raise UserError(f"{at(path)}: {packed:,} bytes decode to {raw:,} ({raw // packed:,}x), expected at most "
@@ -77,8 +78,8 @@ def _size(path: str | Path) -> int:
         return 1
 
 
-def _check_row_group(path: str | Path, g: int, rg: Any) -> None:
-    where = f"{at(path)}: row group {g}"
+def _check_row_group(shown: str, g: int, rg: Any) -> None:
+    where = f"{shown}: row group {g}"
     size, rows = rg.total_byte_size, max(rg.num_rows, 1)
     if size > MAX_ROW_GROUP_BYTES or size / rows > MAX_ROW_BYTES:
         raise UserError(f"{where} decodes to {size:,} bytes for {rg.num_rows} rows, expected at most "
@@ -113,11 +114,14 @@ def batches(path: str | Path, columns: Sequence[str],
     target = pa.schema([plain.field(c) for c in columns])
     decoded, budget = 0, max(RATIO_FROM, MAX_RATIO * _size(path))
     try:
-        for batch in file.iter_batches(batch_size=BATCH_ROWS, columns=list(columns)):
-            decoded += _check_batch(path, batch, budget - decoded)
-            batch = batch.cast(target)  # decoded now: it was measured
-            batch.validate(full=True)  # strings that are UTF-8, offsets inside their buffers: else ArrowInvalid
-            yield batch if wanted is None else batch.filter(pc.is_in(batch.column("id"), value_set=wanted))
+        for g in range(file.metadata.num_row_groups):  # a reader per row group: its dictionaries start afresh
+            for batch in file.iter_batches(batch_size=BATCH_ROWS, row_groups=[g], columns=list(columns)):
+                decoded += _check_batch(path, batch, budget - decoded)
+                if wanted is not None:  # rows chosen while still encoded: only they are decoded
+                    batch = batch.filter(pc.is_in(batch.column("id"), value_set=wanted))
+                batch = batch.cast(target)  # decoded now: it was measured
+                batch.validate(full=True)  # strings that are UTF-8, offsets inside buffers: else ArrowInvalid
+                yield batch
     except (OSError, ValueError, pa.ArrowException) as err:
         raise UserError(f"{at(path)}: cannot read a Parquet file ({_one_line(err)})") from None
 
