@@ -15,9 +15,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib.resources
+import math
 import types
 import typing
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
 SEARCH_KINDS = ("grid", "choice", "uniform", "loguniform", "qrange")
+MAX_SEARCH_VALUES = 1_000  # values one search key expands to (grid, choice, qrange)
+MAX_TRIALS = 10_000  # trials a search expands to: the grid's points × tune.num_samples
 
 
 # ---------------------------------------------------------------------------------------------- sections
@@ -269,9 +273,22 @@ def _parse_raw(raw: str, tp: Any) -> Any:
     if typing.get_origin(bare[0]) is list and typing.get_args(bare[0])[0] is str:
         return _split_top(raw)
     try:
-        return safe_yaml(raw) if raw else None
+        value = safe_yaml(raw) if raw else None
     except yaml.YAMLError:
         return raw
+    return _number(raw, bare[0]) if isinstance(value, str) and bare[0] in (int, float) else value
+
+
+def _number(raw: str, tp: type) -> Any:
+    """``1e-5`` for a number key (YAML 1.1 reads it as a string): the number, an integral one as an integer for an
+    integer key (``1e15`` epochs is then refused by its bound, not as a string); anything else stays the string."""
+    try:
+        number = float(raw) if len(raw) <= MAX_YAML_INT else None
+    except ValueError:
+        return raw
+    if number is None:
+        return raw
+    return int(number) if tp is int and math.isfinite(number) and number.is_integer() else number
 
 
 def set_dotted(config: Any, dotted: dict[str, Any], *, where: str, raw: bool = False) -> Any:
@@ -300,6 +317,7 @@ def get_dotted(config: Any, key: str) -> Any:
 # ---------------------------------------------------------------------------------------------- loading
 MAX_YAML_DEPTH = 64  # nesting levels (a tune space has 4); Python's recursion would end much deeper in a traceback
 MAX_YAML_NODES = 10_000  # nodes once aliases are expanded (a tune space has a few hundred): no "billion laughs"
+MAX_YAML_INT = 40  # characters of a YAML integer (int() of 4,300 digits raises ValueError, not a YAML error)
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -321,20 +339,44 @@ class _BoundedLoader(yaml.SafeLoader):
             self._depth -= 1
 
     def construct_document(self, node: Any) -> Any:
-        sizes: dict[int, int] = {}
-
-        def size(n: Any) -> int:  # nodes of the tree the aliases make (a node reached twice counts twice)
-            if id(n) not in sizes:
-                kids = [c for pair in n.value for c in pair] if isinstance(n, yaml.MappingNode) else (
-                    n.value if isinstance(n, yaml.SequenceNode) else [])  # fmt: skip
-                sizes[id(n)] = 1 + sum(size(c) for c in kids)
-                if sizes[id(n)] > MAX_YAML_NODES:
-                    raise yaml.composer.ComposerError(None, None, f"aliases expand to more than {MAX_YAML_NODES} "
-                                                      "nodes", n.start_mark)  # fmt: skip
-            return sizes[id(n)]
-
-        size(node)
+        _measure(node, 1, {}, set())
         return super().construct_document(node)
+
+    def construct_yaml_int(self, node: Any) -> Any:
+        if len(node.value) > MAX_YAML_INT:
+            too_long = f"an integer of {len(node.value):,} characters, expected at most {MAX_YAML_INT}"
+            raise yaml.constructor.ConstructorError(None, None, too_long, node.start_mark)
+        return super().construct_yaml_int(node)
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
+
+
+def _measure(n: Any, depth: int, done: dict[int, tuple[int, int]], open_: set[int]) -> tuple[int, int]:
+    """(nodes, height) of the tree that ``n``'s aliases make (a node reached twice counts twice), refused past
+    :data:`MAX_YAML_NODES` nodes or :data:`MAX_YAML_DEPTH` levels — aliases of aliases nest deeper than the text
+    does — or when an alias refers to a node that holds it (``&a [*a]``: a tree without end). Recurses at most
+    :data:`MAX_YAML_DEPTH` deep."""
+    if id(n) not in done:
+        if id(n) in open_:
+            raise yaml.composer.ComposerError(None, None, "an alias refers to a node that holds it", n.start_mark)
+        if depth > MAX_YAML_DEPTH:
+            raise yaml.composer.ComposerError(None, None, f"aliases nest deeper than {MAX_YAML_DEPTH} levels",
+                                              n.start_mark)  # fmt: skip
+        kids = [c for pair in n.value for c in pair] if isinstance(n, yaml.MappingNode) else (
+            n.value if isinstance(n, yaml.SequenceNode) else [])  # fmt: skip
+        open_.add(id(n))
+        parts = [_measure(c, depth + 1, done, open_) for c in kids]
+        open_.discard(id(n))
+        done[id(n)] = (1 + sum(p[0] for p in parts), 1 + max((p[1] for p in parts), default=0))
+    nodes, height = done[id(n)]
+    if nodes > MAX_YAML_NODES:
+        raise yaml.composer.ComposerError(None, None, f"aliases expand to more than {MAX_YAML_NODES} nodes",
+                                          n.start_mark)  # fmt: skip
+    if depth + height - 1 > MAX_YAML_DEPTH:
+        raise yaml.composer.ComposerError(None, None, f"aliases nest deeper than {MAX_YAML_DEPTH} levels",
+                                          n.start_mark)  # fmt: skip
+    return nodes, height
 
 
 def safe_yaml(text: str) -> Any:
@@ -356,7 +398,8 @@ def _read_yaml(path: Traversable) -> dict[str, Any]:
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
-        raise UserError(f"{path}{line}: invalid YAML ({getattr(err, 'problem', err)})") from None
+        why = " ".join(str(getattr(err, "problem", None) or err).split())  # a reader error spans two lines
+        raise UserError(f"{path}{line}: invalid YAML ({why})") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping of config sections at the top level")
     return data
@@ -430,6 +473,7 @@ def _check_search(config: Any, search: Any, where: str) -> dict[str, dict[str, l
     if not isinstance(search, dict):
         raise UserError(f"{where}: 'search' must map dotted config keys to {{kind: values}}")
     out: dict[str, dict[str, list[Any]]] = {}
+    points = 1  # grid points: Tune runs every combination of the grid and qrange keys, num_samples times each
     for key, spec in search.items():
         tp = _field_type(type(config), key, f"{where}: search")
         if not isinstance(spec, dict) or len(spec) != 1 or next(iter(spec)) not in SEARCH_KINDS:
@@ -439,10 +483,15 @@ def _check_search(config: Any, search: Any, where: str) -> dict[str, dict[str, l
             )
         kind, values = next(iter(spec.items()))
         values = _check_search_values(kind, values, key, where)
+        points *= int(search_count(kind, values)) if kind in ("grid", "qrange") else 1  # each ≤ the cap now
         for v in expand_values(kind, values) if kind in ("grid", "choice", "qrange") else values:
             _coerce(v, tp, key, f"{where}: search")
             set_dotted(config, {key: v}, where=f"{where}: search value for '{key}'")
         out[key] = {kind: values}
+    trials = points * config.tune.num_samples
+    if trials > MAX_TRIALS:
+        raise UserError(f"{where}: 'search' expands to {trials:,} trials ({points:,} grid points × "
+                        f"tune.num_samples = {config.tune.num_samples}), expected at most {MAX_TRIALS:,}")
     return out
 
 
@@ -454,9 +503,14 @@ def _check_search_values(kind: str, values: Any, key: str, where: str) -> list[A
     if kind == "loguniform" and min(values) <= 0:
         raise UserError(f"{where}: search key '{key}': 'loguniform' bounds must be > 0, got {shown(values)}")
     if kind == "qrange":
-        if len(values) != 3 or not all(_is_num(v) for v in values) or values[2] <= 0 or values[1] < values[0]:
-            raise UserError(f"{where}: search key '{key}': 'qrange' expects [start, stop, step>0], "
-                            f"got {shown(values)}")
+        if len(values) != 3 or not all(_is_num(v) and math.isfinite(v) for v in values) or values[2] <= 0 \
+                or values[1] < values[0]:
+            raise UserError(f"{where}: search key '{key}': 'qrange' expects [start, stop, step>0] of finite "
+                            f"numbers, got {shown(values)}")  # fmt: skip
+    count = search_count(kind, values)
+    if count > MAX_SEARCH_VALUES:
+        raise UserError(f"{where}: search key '{key}': '{kind}' {shown(values)} expands to {count:,} values, "
+                        f"expected at most {MAX_SEARCH_VALUES:,}")  # fmt: skip
     return values
 
 
@@ -464,15 +518,33 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def search_count(kind: str, values: list[Any]) -> float:
+    """How many values a checked spec expands to (a qrange's counted, not built; uniform and loguniform: 1)."""
+    if kind == "qrange":
+        start, stop, step = values
+        n = (stop - start) / step  # finite numbers, step > 0: at worst inf, never an error
+        return math.inf if not math.isfinite(n) else int(round(n)) + 1
+    return len(values) if kind in ("grid", "choice") else 1
+
+
 def expand_values(kind: str, values: list[Any]) -> list[Any]:
     """The discrete values of a ``grid``/``choice``/``qrange`` spec (qrange is inclusive, rounded to the step)."""
     if kind != "qrange":
         return list(values)
     start, stop, step = values
-    n = int(round((stop - start) / step)) + 1
-    decimals = max(0, len(repr(float(step)).split(".")[1].rstrip("0")))
+    n = int(search_count(kind, values))
+    decimals = _decimals(step)
     vals = [round(start + i * step, decimals) for i in range(n)]
     return [int(v) for v in vals] if all(isinstance(x, int) for x in values) else vals
+
+
+def _decimals(step: float) -> int:
+    """Decimal places of ``step`` as written (``0.05`` → 2, ``1e-10`` → 10, ``5`` → 0)."""
+    try:
+        exponent = Decimal(repr(float(step))).normalize().as_tuple().exponent
+    except InvalidOperation:
+        return 0
+    return max(0, -exponent) if isinstance(exponent, int) else 0
 
 
 def _check_baselines(config: Any, baselines: Any, where: str) -> dict[str, dict[str, Any]]:
@@ -491,8 +563,51 @@ def require(ok: bool, where: str, key: str, expected: str, value: Any) -> None:
         raise UserError(f"{where}: config key '{key}': expected {expected}, got {shown(value)}")
 
 
+# upper bounds of every number, by the kind of key (the lower bounds are the sections' own checks below)
+MAX_SECONDS = 7 * 24 * 3600  # a key in seconds (*_s): a week; a wait longer than that is a stuck run
+MAX_RESOURCES = 1024  # CPUs, GPUs or custom resource units that one worker, miner or trial driver asks for
+MAX_EPOCHS = 100_000  # any *epochs key
+MAX_SEED = 2**32 - 1  # a seed: what numpy's generators take
+MAX_INT = 2**31 - 1  # every other integer (sizes, counts, steps): what torch's and Arrow's int32 indices hold
+MAX_FLOAT = 1e6  # every other number (rates, margins, weights, ratios), in magnitude
+
+
+def number_bound(key: str, value: int | float) -> tuple[float, str]:
+    """The upper bound of the number at the dotted ``key`` and what the refusal says is expected."""
+    leaf = key.rsplit(".", 2)
+    if leaf[-1].endswith("_s"):
+        return MAX_SECONDS, f"a finite number of seconds ≤ {MAX_SECONDS:,} (7 days)"
+    if leaf[-1].startswith(("cpus_", "gpus_")) or leaf[-1] == "driver_cpus" or "resources" in leaf[:-1]:
+        return MAX_RESOURCES, f"a finite amount ≤ {MAX_RESOURCES:,}"
+    if leaf[-1].endswith("epochs"):
+        return MAX_EPOCHS, f"an integer ≤ {MAX_EPOCHS:,}"
+    if leaf[-1] == "seed":
+        return MAX_SEED, f"an integer ≤ {MAX_SEED:,}"
+    if isinstance(value, int):
+        return MAX_INT, f"an integer of magnitude ≤ {MAX_INT:,}"
+    return MAX_FLOAT, f"a finite number of magnitude ≤ {MAX_FLOAT:,.0f}"
+
+
+def _check_numbers(node: Any, key: str, where: str) -> None:
+    """Every number of the config ``node`` finite and within :func:`number_bound` (what Ray, torch and the clock
+    would otherwise refuse after Ray starts, in a traceback, or never)."""
+    if dataclasses.is_dataclass(node):
+        for f in dataclasses.fields(node):
+            _check_numbers(getattr(node, f.name), f"{key}.{f.name}" if key else f.name, where)
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            _check_numbers(v, f"{key}.{k}", where)
+    elif isinstance(node, list | tuple):
+        for v in node:
+            _check_numbers(v, key, where)
+    elif isinstance(node, int | float) and not isinstance(node, bool):
+        bound, expected = number_bound(key, node)
+        require(math.isfinite(node) and abs(node) <= bound, where, key, expected, node)
+
+
 def validate(config: Any, *, where: str) -> None:
     """Range and consistency checks that types alone cannot express."""
+    _check_numbers(config, "", where)
     _validate_common(config, where)
     check = getattr(config, "validate", None)
     if check is not None:  # the task's own checks (raycl/configs/<task>.py)

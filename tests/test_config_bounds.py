@@ -9,6 +9,8 @@ text changes fails a row.
 from __future__ import annotations
 
 import dataclasses
+import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -128,6 +130,43 @@ COMMON = [
     edge("coherence", "mining.precision", "fp16", "int8", "fp32 | bf16 | fp16 (int8 with mining.engine="
          "ctranslate2 or auto)"),  # fmt: skip
     edge("coherence", "mining.num_miners", 1, 0, "an integer ≥ 1"),
+]
+
+# ---------------------------------------------------------------------------------------------- upper bounds
+# every number finite and bounded by the kind of its key (raycl.config.number_bound): seconds, resources, epochs,
+# seeds, other integers, other numbers; a row per kind and section, the bound itself passing
+SECONDS = "a finite number of seconds ≤ 604,800 (7 days)"
+AMOUNT = "a finite amount ≤ 1,024"
+INT = "an integer of magnitude ≤ 2,147,483,647"
+NUMBER = "a finite number of magnitude ≤ 1,000,000"
+UPPER = [
+    edge("gec", "scaling.cpus_per_worker", 1024.0, 1024.5, AMOUNT),
+    edge("gec", "scaling.cpus_per_worker", 1024.0, math.inf, AMOUNT, tag="inf"),
+    edge("gec", "scaling.gpus_per_worker", 1024.0, 1025.0, AMOUNT),
+    edge("gec", "scaling.resources", {"trainer": 1024.0}, {"trainer": math.inf}, AMOUNT,
+         msg_key="scaling.resources.trainer", got=math.inf),  # fmt: skip
+    edge("gec", "tune.driver_cpus", 1024.0, 1e9, AMOUNT),
+    edge("gec", "mining.cpus_per_miner", 1024.0, 2048.0, AMOUNT),
+    edge("gec", "mining.resources", {"miner": 1.0}, {"miner": -math.inf}, AMOUNT, msg_key="mining.resources.miner",
+         got=-math.inf),  # fmt: skip
+    edge("gec", "scaling.start_timeout_s", 604_800.0, 604_800.5, SECONDS),
+    edge("gec", "scaling.start_timeout_s", 604_800.0, math.inf, SECONDS, tag="inf"),
+    edge("gec", "scaling.collective_timeout_s", 604_800, 10**20, SECONDS),
+    edge("gec", "mining.lease_s", 604_800.0, math.nan, SECONDS),
+    *[edge(space, "optim.epochs", 100_000, 10**15, "an integer ≤ 100,000", tag=space)
+      for space in ("gec", "idiom", "coherence")],  # fmt: skip
+    edge("sts", "pretrain.epochs", 100_000, 100_001, "an integer ≤ 100,000"),
+    edge("coherence", "optim.anneal_epochs", 100_000, 100_001, "an integer ≤ 100,000"),
+    edge("gec", "optim.seed", 2**32 - 1, 2**32, "an integer ≤ 4,294,967,295"),
+    edge("gec", "optim.batch_size", 2**31 - 1, 2**31, INT),
+    edge("gec", "mining.queue_size", 2**31 - 1, 2**63, INT),
+    edge("gec", "tune.num_samples", 2**31 - 1, 2**31, INT),
+    edge("idiom", "eval.batch_size", 2**31 - 1, 2**31, INT),
+    edge("gec", "optim.lr", 1e6, 1.5e6, NUMBER),
+    edge("gec", "optim.lr", 1e6, math.inf, NUMBER, tag="inf"),
+    edge("gec", "optim.betas", [0.9, 0.98], [0.9, math.nan], NUMBER, got=math.nan),
+    edge("sts", "loss.temperature", 1e6, 1e300, NUMBER),
+    edge("coherence", "loss.margin", 1e6, math.inf, NUMBER),
 ]
 
 # ---------------------------------------------------------------------------------------------- the tasks' own
@@ -287,7 +326,7 @@ COHERENCE = [
 
 
 @pytest.mark.parametrize(("space", "key", "ok", "bad", "msg_key", "expected", "got", "base"),
-                         [*COMMON, *GEC, *IDIOM, *STS, *COHERENCE])  # fmt: skip
+                         [*COMMON, *UPPER, *GEC, *IDIOM, *STS, *COHERENCE])  # fmt: skip
 def test_edge_passes_and_beyond_is_refused_naming_the_key(space: str, key: str, ok: Any, bad: Any, msg_key: str,
                                                           expected: str, got: Any, base: dict[str, Any]) -> None:
     def settings(value: Any) -> dict[str, Any]:
@@ -363,3 +402,111 @@ def test_idiom_settings_and_their_released_batch_sizes_and_seeds(
 def test_sts_trial_ends_in_fine_tuning_unless_it_has_no_epochs() -> None:
     assert _config("sts", {"finetune.epochs": 1}).final_setting == "fine_tune"
     assert _config("sts", {"finetune.epochs": 0}).final_setting == "pre_train"
+
+
+# ---------------------------------------------------------------------------------------------- at the edge
+def _space_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "space.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _load_refused(space: str, overrides: list[str] | None = None) -> str:
+    from raycl.configs import load_space
+
+    with pytest.raises(UserError) as err:
+        load_space(space, overrides=overrides)
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+def test_a_search_space_is_counted_before_it_is_expanded(tmp_path: Path) -> None:
+    """A qrange of 1e11 values is refused with its count, in milliseconds and without building the list; one
+    step of 1e-10 expands (its decimals read from the number, not from its repr's '.'); a grid of more trials
+    than the cap, counted over keys, is refused too."""
+    from raycl.config import MAX_SEARCH_VALUES, expand_values
+    from raycl.configs import load_space
+
+    path = _space_file(tmp_path, "task: idiom\nsearch:\n  optim.lr: {qrange: [0.00001, 1000000, 0.00001]}\n")
+    assert _load_refused(str(path)) == (f"{path}: search key 'optim.lr': 'qrange' [1e-05, 1000000, 1e-05] expands "
+                                        f"to 100,000,000,000 values, expected at most {MAX_SEARCH_VALUES:,}")
+    path = _space_file(tmp_path, "task: idiom\nsearch:\n  optim.warmup_ratio: {qrange: [0.0, 1.0e-9, 1.0e-10]}\n")
+    assert load_space(str(path)).search["optim.warmup_ratio"] == {"qrange": [0.0, 1e-9, 1e-10]}
+    assert expand_values("qrange", [0.0, 1e-9, 1e-10]) == [round(i * 1e-10, 10) for i in range(11)]
+    path = _space_file(tmp_path, "task: idiom\nsearch:\n  optim.warmup_ratio: {qrange: [0.0, 0.5, 1.0e-320]}\n")
+    assert "expands to inf values" in _load_refused(str(path))  # (stop - start) / step overflows: counted as inf
+    path = _space_file(tmp_path, "task: idiom\nsearch:\n  optim.warmup_ratio: {qrange: [0.0, 0.5, .inf]}\n")
+    assert "of finite numbers" in _load_refused(str(path))
+    grid = "task: idiom\ntune: {num_samples: 2}\nsearch:\n  optim.warmup_ratio: {qrange: [0.0, 0.5, 0.001]}\n" \
+           "  optim.weight_decay: {grid: [0.0, 0.01, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]}\n"  # fmt: skip
+    path = _space_file(tmp_path, grid)
+    assert _load_refused(str(path)) == (f"{path}: 'search' expands to 10,020 trials (5,010 grid points × "
+                                        "tune.num_samples = 2), expected at most 10,000")  # fmt: skip
+    assert load_space(str(_space_file(tmp_path, grid.replace("num_samples: 2", "num_samples: 1")))).search
+
+
+def test_numbers_from_the_command_line_and_yaml_are_read_and_bounded() -> None:
+    """``--set`` reads scientific notation as the number it is (YAML 1.1 reads it as a string), so ``1e15``
+    epochs meets the bound that names it; a YAML integer of 5,000 digits is refused as one line, not a
+    ValueError from ``int()``; infinities and NaN are refused by the bounds."""
+    from raycl.configs import load_space
+
+    assert load_space("idiom", overrides=["optim.lr=2e-5"]).config.optim.lr == 2e-5
+    assert _load_refused("idiom", ["optim.epochs=1e15"]) == ("--set: config key 'optim.epochs': expected an "
+                                                             "integer ≤ 100,000, got 1000000000000000")
+    assert _load_refused("idiom", ["scaling.start_timeout_s=.inf"]) == (
+        f"--set: config key 'scaling.start_timeout_s': expected {SECONDS}, got inf")
+    assert _load_refused("idiom", ["scaling.cpus_per_worker=.inf"]) == (
+        f"--set: config key 'scaling.cpus_per_worker': expected {AMOUNT}, got inf")
+    digits = "9" * 5000
+    assert _load_refused("idiom", [f"optim.epochs={digits}"]).startswith(
+        "--set: config key 'optim.epochs': expected an integer, got '999")
+    one_and_a_half = _load_refused("idiom", ["optim.epochs=1.5"])
+    assert one_and_a_half == "--set: config key 'optim.epochs': expected an integer, got 1.5"
+
+
+def test_a_yaml_integer_of_thousands_of_digits_names_the_file_and_line(tmp_path: Path) -> None:
+    path = _space_file(tmp_path, f"task: idiom\noptim:\n  epochs: {'9' * 5000}\n")
+    expected = "invalid YAML (an integer of 5,000 characters, expected at most 40)"
+    assert _load_refused(str(path)) == f"{path}:3: {expected}"
+
+
+@pytest.mark.parametrize("bound", ["1" + "0" * 30, "9" * 5000, "-1000000000001"])
+def test_a_data_slice_bound_is_an_integer_of_at_most_a_trillion(bound: str) -> None:
+    from raycl.data.specs import MAX_BOUND, parse_spec
+
+    with pytest.raises(UserError) as err:
+        parse_spec(f"a.m2[{bound}:]", must_exist=False)
+    assert "\n" not in str(err.value)
+    assert str(err.value).endswith(f", expected an integer of magnitude at most {MAX_BOUND:,} (sentences)")
+    assert parse_spec(f"a.m2[-{MAX_BOUND}:{MAX_BOUND}]", must_exist=False).stop == MAX_BOUND
+
+
+@pytest.mark.parametrize("setting", ["scaling.cpus_per_worker=.inf", "scaling.collective_timeout_s=1e20",
+                                     "optim.epochs=1e15"])  # fmt: skip
+def test_the_cli_refuses_an_unbounded_number_in_one_line_before_ray_starts(tmp_path: Path, setting: str) -> None:
+    """As the issue ran them: exit status 2, one line naming the key, nothing under ``--out`` (Ray never
+    started: its session folder and the run folder's ``ray/`` are made only after the checks)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "raycl.tune", "idiom", "--preset", "smoke", "--set", setting,
+                           "--out", str(out)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("raycl: error: --set: config key "), proc.stderr
+    assert setting.split("=")[0] in proc.stderr
+    assert not out.exists() or not any(out.rglob("*"))
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("a: &a [*a]\n", "an alias refers to a node that holds it"),  # found by tests/test_fuzz_readers.py
+    ("a: &a {b: *a}\n", "an alias refers to a node that holds it"),
+    ("".join(f"a{i}: &a{i} [*a{i - 1}]\n" if i else "a0: &a0 [x]\n" for i in range(70)),
+     "aliases nest deeper than 64 levels"),
+])  # fmt: skip
+def test_yaml_aliases_that_nest_without_end_are_one_line(tmp_path: Path, text: str, why: str) -> None:
+    """A recursive alias made the alias counter recurse until RecursionError; aliases of aliases nest deeper than
+    the text's own nesting, which the loader bounds."""
+    path = _space_file(tmp_path, "task: idiom\n" + text)
+    assert _load_refused(str(path)).startswith(f"{path}:") and f"invalid YAML ({why})" in _load_refused(str(path))

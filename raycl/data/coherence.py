@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from raycl.data.bounded import json_value, read_json_file
 from raycl.data.m2 import iter_lines
 from raycl.errors import UserError, at
 from raycl.files import write_atomic
@@ -66,10 +67,7 @@ def _check_sentence(where: str, sentence: object) -> str:
 
 def _document_from_json(path: Path, lineno: int, line: str) -> Document:
     where = at(path, lineno)
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise UserError(f"{where}: invalid JSON ({err.msg}), expected one object per line") from None
+    obj = json_value(where, line, "expected one object per line")
     if not isinstance(obj, dict) or "id" not in obj or "sentences" not in obj:
         raise UserError(f'{where}: expected an object with keys "id" and "sentences"')
     if not isinstance(obj["id"], str):
@@ -302,11 +300,7 @@ def read_pairs(path: str | Path) -> list[CoherenceItem]:
         items = []
         for lineno, line in iter_lines(path, max_line=MAX_DOCUMENT):
             if line.strip():
-                try:
-                    raw = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise UserError(f"{at(path, lineno)}: invalid JSON ({err.msg}), expected one object per "
-                                    "line") from None
+                raw = json_value(at(path, lineno), line, "expected one object per line")
                 items.append(_item(at(path, lineno), raw, f"{path.stem}:{len(items)}"))
     else:
         raise UserError(f"{at(path)}: not a pickle (no 0x80 protocol byte) and not .jsonl, expected a pairs "
@@ -344,10 +338,7 @@ def read_annotations(path: str | Path) -> list[list[str | None]]:
     if _is_pickle(path):
         data = load_builtins_pickle(path)
     else:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise UserError(f"{at(path)}: cannot read as JSON ({err}), expected a list of label lists") from None
+        data = read_json_file(path, "expected a list of label lists")
     if not isinstance(data, list | tuple) or not data or not all(isinstance(c, list | tuple) for c in data):
         raise UserError(f"{at(path)}: expected a non-empty list of coders' label lists")
     coders = [[_label(path, i, j, v) for j, v in enumerate(c)] for i, c in enumerate(data)]

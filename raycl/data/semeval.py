@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from raycl.data.bounded import MAX_CSV_LINE, bounded_lines
 from raycl.errors import UserError, at
 from raycl.files import atomic_file
 
@@ -175,7 +176,7 @@ def read_rows(path: str | Path, header: Sequence[str]) -> Iterator[tuple[int, li
     except OSError as err:
         raise UserError(f"{at(path)}: cannot read ({err.strerror or err})") from None
     with f:
-        reader = csv.reader(f)
+        reader = csv.reader(bounded_lines(f, path))
         try:
             first = next(reader, None)
             if first != list(header):
@@ -198,7 +199,7 @@ def read_rows(path: str | Path, header: Sequence[str]) -> Iterator[tuple[int, li
 def _first_line(path: str | Path) -> str:
     try:
         with open(path, encoding="utf-8-sig") as f:
-            return f.readline()
+            return f.readline(MAX_CSV_LINE)
     except (OSError, UnicodeDecodeError) as err:
         raise UserError(f"{at(path)}: cannot read ({getattr(err, 'strerror', None) or err})") from None
 

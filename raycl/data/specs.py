@@ -20,7 +20,8 @@ from itertools import islice
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from raycl.errors import UserError
+from raycl.data.m2 import MAX_LINE
+from raycl.errors import UserError, shown
 
 T = TypeVar("T")
 Format = Literal["m2", "tsv", "pair"]
@@ -28,6 +29,7 @@ Format = Literal["m2", "tsv", "pair"]
 _SLICED = re.compile(r"^(?P<files>.*)\[(?P<start>[^\[\]:]*):(?P<stop>[^\[\]:]*)\]$")
 _INT = re.compile(r"^[+-]?\d+$")
 _EXPECTED = "expected PATH or PATH[START:STOP] with integer bounds"
+MAX_BOUND = 10**12  # a slice bound, in sentences (BEA-2019's training data has 1.2 million)
 
 
 @dataclass(frozen=True)
@@ -77,6 +79,9 @@ def _bound(text: str, spec: str) -> int | None:
         return None
     if not _INT.match(text):
         raise UserError(f"data spec {spec!r}: {_EXPECTED}")
+    if len(text.lstrip("+-")) > len(str(MAX_BOUND)) or abs(int(text)) > MAX_BOUND:  # digits counted first
+        raise UserError(f"data spec {shown(spec)}: slice bound {shown(text)}, expected an integer of magnitude at "
+                        f"most {MAX_BOUND:,} (sentences)")  # fmt: skip
     return int(text)
 
 
@@ -111,7 +116,7 @@ def parse_spec(spec: str, *, must_exist: bool = True) -> Spec:
 def _sniff(path: Path, spec: str) -> Format | None:
     """M2 if the first non-blank line starts with ``S ``, TSV if it has a tab; None otherwise."""
     with open(path, "rb") as f:
-        for raw in f:
+        while raw := f.readline(MAX_LINE):  # a line of a sentence's length at most: the reader refuses longer
             line = raw.decode("utf-8", errors="replace").strip("\r\n")
             if line.strip():
                 return "m2" if line.startswith("S ") else ("tsv" if "\t" in line else None)

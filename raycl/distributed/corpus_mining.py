@@ -74,6 +74,7 @@ from raycl.miners.corpus import (
     scan_specs,
 )
 from raycl.miners.false_negatives import FalseNegativeCounts, rate_text
+from raycl.miners.parquet_input import batches, read_columns
 from raycl.miners.shards import (
     done_ids,
     locked_out_dir,
@@ -619,10 +620,11 @@ def _in_order(ds: Any, order: list[str]) -> Any:
 
 
 def _read_shards(out_dir: Path) -> Any:
+    """The shards of ``out_dir`` as one table, in range order; each read in batches bounded before they decode
+    (:mod:`raycl.miners.parquet_input`): a shard a resumed run finds is not trusted to be the one it wrote."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    parts = [pq.read_table(p, schema=schema()) for p in shard_files(out_dir)]  # in range order
+    parts = [read_columns(p, schema().names, schema()) for p in shard_files(out_dir)]
     return pa.concat_tables(parts) if parts else schema().empty_table()
 
 
@@ -633,14 +635,21 @@ def _dataset(table: Any) -> Any:
 
 
 def _stream_shards(out_dir: Path) -> Any:
-    """The shards as a ``datasets.IterableDataset``: read where they are, never copied into an Arrow cache."""
+    """The shards as a ``datasets.IterableDataset``: read where they are, never copied into an Arrow cache, each
+    in batches bounded before they decode (:mod:`raycl.miners.parquet_input`), one shard per dataset shard."""
     import datasets
 
     files = [str(p) for p in shard_files(out_dir)]
     if not files:
         return _dataset(schema().empty_table())
-    return datasets.load_dataset("parquet", data_files=files, split="train", streaming=True,
-                                 features=datasets.Features.from_arrow_schema(schema()))  # fmt: skip
+    return datasets.IterableDataset.from_generator(_shard_rows, gen_kwargs={"files": files},
+                                                   features=datasets.Features.from_arrow_schema(schema()))
+
+
+def _shard_rows(files: list[str]) -> Iterator[dict[str, Any]]:
+    for file in files:
+        for batch in batches(file, schema().names):
+            yield from batch.to_pylist()
 
 
 def _example(e: Any) -> dict[str, Any]:

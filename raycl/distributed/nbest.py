@@ -37,7 +37,9 @@ from raycl import storage
 from raycl.distributed.messages import MinedBatch, StreamItem
 from raycl.distributed.miner_pool import MinerFactory, MinerPool
 from raycl.distributed.stream import NegativeStream
+from raycl.errors import UserError, at
 from raycl.miners.beam_search import MinedNegatives, split_nbest
+from raycl.miners.parquet_input import batches
 from raycl.miners.shards import next_shard_index, prepare_out_dir, shard_files, write_shard
 from raycl.records import atomic_write, hash_folder
 
@@ -56,14 +58,18 @@ def content_key(model_dir: str | Path, examples: Sequence[Any], options: dict[st
 def read_nbest_shards(out_dir: str | Path) -> dict[str, StreamItem]:
     """The records of the complete shards of ``out_dir`` (temp files of an interrupted write are not shards). A
     staged run's folder, or its URI (a reader on another node), first gets the shards the store holds that this
-    node lacks (:func:`raycl.storage.refresh`), which stay here as the node's cache."""
-    import pyarrow.parquet as pq
-
+    node lacks (:func:`raycl.storage.refresh`), which stay here as the node's cache. Each shard is read in small
+    batches, bounded before it decodes (:mod:`raycl.miners.parquet_input`): a shard planted in a run's ``nbest/``
+    cannot make this process decode gigabytes."""
     out: dict[str, StreamItem] = {}
     for path in shard_files(storage.refresh(storage.on_node(out_dir))):
-        table = pq.read_table(path, columns=list(NBEST_COLUMNS))
-        for id_, negs, scores, version in zip(*(table.column(c).to_pylist() for c in NBEST_COLUMNS), strict=True):
-            out[id_] = StreamItem(id_, tuple(negs), tuple(scores), int(version), -1)
+        for batch in batches(path, NBEST_COLUMNS):
+            for id_, negs, scores, version in zip(*(batch.column(c).to_pylist() for c in NBEST_COLUMNS),
+                                                  strict=True):  # fmt: skip
+                if id_ is None or negs is None or scores is None or version is None:
+                    raise UserError(f"{at(path)}: a row with a null id, negatives, scores or model_version, "
+                                    "expected an n-best shard written by raycl")  # fmt: skip
+                out[id_] = StreamItem(id_, tuple(negs), tuple(scores), int(version), -1)
     return out
 
 

@@ -27,7 +27,7 @@ from raycl.errors import UserError, at
 from raycl.files import atomic_file
 from raycl.miners.beam_search import MinedNegatives, negatives_schema, read_negatives_parquet
 from raycl.miners.false_negatives import FalseNegativeCounts, normalize, refuted_set
-from raycl.miners.parquet_input import batches, column_names
+from raycl.miners.parquet_input import batches, column_names, footer_metadata
 from raycl.storage import LOCK, mirror
 
 if TYPE_CHECKING:
@@ -111,14 +111,16 @@ def with_counts(table: pa.Table, counts: FalseNegativeCounts) -> pa.Table:
 
 
 def shard_counts(out_dir: str | Path) -> FalseNegativeCounts:
-    """The false-negative counts of every shard of ``out_dir`` (from each file's footer; none: zero)."""
-    import pyarrow.parquet as pq
-
+    """The false-negative counts of every shard of ``out_dir`` (from each file's checked footer; none: zero)."""
     total = FalseNegativeCounts()
     for path in shard_files(out_dir):
-        got = (pq.read_schema(path).metadata or {}).get(FN_KEY)
+        got = footer_metadata(path).get(FN_KEY)
         if got is not None:
-            total.merge(json.loads(got))
+            try:
+                total.merge(json.loads(got))
+            except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+                raise UserError(f"{at(path)}: its footer's {FN_KEY.decode()} is not the counts raycl writes, "
+                                "expected a shard written by raycl") from None
     return total
 
 
@@ -164,15 +166,33 @@ def read_negatives(path: str | Path, ids: Iterable[str] | None = None) -> dict[s
     return out
 
 
+def check_negatives(path: str | Path) -> None:
+    """``mining.negatives=PATH`` read once through the bounded reader on the driver, nothing kept: a file that is
+    not a negatives file, or that decodes past the limits (:mod:`raycl.miners.parquet_input`), ends the run in
+    one line before Ray starts, not in a training worker."""
+    path = Path(path)
+    files = _files_of(path)
+    if path.is_dir() and not files:
+        raise UserError(f"{at(path)}: no {SHARD_GLOB} files, expected a negatives file or shard directory")
+    for file in files:
+        names = column_names(file)
+        lacking = [c for c in ("id", "negatives", "scores") if c not in names]
+        if lacking:
+            raise UserError(f"{at(file)}: cannot read a negatives Parquet file (no column {lacking[0]!r})")
+        for _ in batches(file, ["id", "negatives", "scores"]):
+            pass
+
+
 def _read_ids(path: Path, ids: list[str]) -> dict[str, MinedNegatives]:
     lacking = [c for c in ("id", "negatives", "scores") if c not in column_names(path)]
     if lacking:
         raise UserError(f"{at(path)}: cannot read a negatives Parquet file (no column {lacking[0]!r})")
     out = {}
     for batch in batches(path, ["id", "negatives", "scores"], ids=ids):
-        cols = (batch.column(c).to_pylist() for c in ("id", "negatives", "scores"))
-        out.update({i: MinedNegatives(i, tuple(n), tuple(math.nan if x is None else x for x in sc))
-                    for i, n, sc in zip(*cols, strict=True)})  # fmt: skip
+        for i, n, sc in zip(*(batch.column(c).to_pylist() for c in ("id", "negatives", "scores")), strict=True):
+            if n is None or len(n) != len(sc or []):  # as read_negatives_parquet checks every row
+                raise UserError(f"{at(path)}: id {i!r}: expected one score per negative")
+            out[i] = MinedNegatives(i, tuple(n), tuple(math.nan if x is None else x for x in sc or ()))
     return out
 
 
@@ -182,14 +202,9 @@ def _files_of(path: Path) -> list[Path]:
 
 def check_references(path: str | Path) -> None:
     """``mining.false_negatives=drop`` on pre-mined negatives needs each row's ``references`` (every annotator's
-    correction): a file or shard mined without them is a one-line error (read from the footers only)."""
-    import pyarrow.parquet as pq
-
+    correction): a file or shard mined without them is a one-line error (read from the checked footers only)."""
     for file in _files_of(Path(path)):
-        try:
-            names = pq.read_schema(file).names
-        except (OSError, ValueError) as err:
-            raise UserError(f"{at(file)}: cannot read a negatives Parquet file ({err})") from None
+        names = column_names(file)
         if "references" not in names or "target" not in names:
             raise UserError(f"{at(file)}: no 'references' column, expected one for mining.false_negatives=drop "
                             "(mine the file again with this raycl, or keep its false negatives)")  # fmt: skip

@@ -5,13 +5,20 @@ pairs file as given)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 from pathlib import Path
 from typing import Any
 
 from raycl.configs.coherence import CoherenceConfig
-from raycl.data.coherence import CoherenceItem, build_permuted_set, read_annotations, read_documents, read_pairs
+from raycl.data.bounded import json_value
+from raycl.data.coherence import (
+    MAX_DOCUMENT,
+    CoherenceItem,
+    build_permuted_set,
+    read_annotations,
+    read_documents,
+    read_pairs,
+)
 from raycl.data.coherence_corpus import write_builtin_corpus
 from raycl.errors import UserError, at
 
@@ -44,11 +51,12 @@ def _is_documents(path: Path) -> bool:
         with open(path, "rb") as f:
             return f.read(1) != b"\x80"
     with open(path, encoding="utf-8", errors="replace") as f:
-        first = next((line for line in f if line.strip()), "{}")
+        first = next((line for line in iter(lambda: f.readline(MAX_DOCUMENT + 1), "") if line.strip()), "{}")
     try:
-        return "sentences" in json.loads(first)
-    except json.JSONDecodeError:
+        value = json_value(str(path), first, "expected one object per line")
+    except UserError:
         return True  # read_documents names the line
+    return isinstance(value, dict) and "sentences" in value
 
 
 def training_items(cfg: CoherenceConfig, *, shuffle: bool | None = None) -> list[CoherenceItem]:

@@ -12,7 +12,7 @@ from raycl.configs.gec import GecConfig
 from raycl.data.gec import load_examples, load_references
 from raycl.data.gec_corpus import write_builtin_corpus
 from raycl.errors import UserError
-from raycl.miners.shards import check_references
+from raycl.miners.shards import check_negatives, check_references
 
 
 def with_data(cfg: GecConfig, data_dir: Path) -> tuple[GecConfig, list[str]]:
@@ -42,6 +42,8 @@ def check_data(cfg: GecConfig) -> dict[str, int]:
             counts[f"{split}/{name}"] = len(refs)
     if counts["finetune"] == 0:
         raise UserError(f"data.finetune: {', '.join(cfg.data.finetune)} holds no sentences, expected D_F")
+    if cfg.mining.negatives:
+        check_negatives(cfg.mining.negatives)  # bounded as it decodes, before Ray starts
     if cfg.mining.negatives and cfg.mining.false_negatives == "drop":
         check_references(cfg.mining.negatives)  # drop re-filters a mined file by its references column
     return counts
