@@ -71,7 +71,6 @@ def check_dense_args(args: argparse.Namespace) -> None:
     from raycl.miners.dense import FLOAT_BOUNDS, INT_BOUNDS, check_numbers
     from raycl.storage import check_uri, is_uri
 
-    check_numbers(**{k: getattr(args, k) for k in (*INT_BOUNDS, *FLOAT_BOUNDS) if k != "num_miners"})
     for key in ("out", "data", "corpus", "model", "cross_encoder"):
         value = getattr(args, key)
         if value is not None and is_uri(str(value)):
@@ -86,6 +85,12 @@ def check_dense_args(args: argparse.Namespace) -> None:
         path = getattr(args, key)
         if path is not None and not is_uri(str(path)) and not Path(path).is_file():
             raise UserError(f"{at(path)}: no such file (--{key})")
+    numbers = {k: getattr(args, k) for k in (*INT_BOUNDS, *FLOAT_BOUNDS) if k != "num_miners"}
+    try:  # MIN-MAX or N; anything else is parse_miners' one line
+        numbers["num_miners"] = tuple(int(v) for v in str(args.num_miners).split("-", 1))
+    except ValueError:
+        pass
+    check_numbers(flags=True, **numbers)
 
 
 def run_dense_cli(args: argparse.Namespace) -> dict[str, Any]:

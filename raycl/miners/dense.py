@@ -73,20 +73,21 @@ FLOAT_BOUNDS = {"max_score": 1e6, "min_score": 1e6, "absolute_margin": 1e6, "rel
                 "cpus_per_miner": 1e4, "gpus_per_miner": 1e4}  # |value| at most; finite always
 
 
-def check_numbers(**numbers: Any) -> None:
+def check_numbers(*, flags: bool = False, **numbers: Any) -> None:
     """Each of ``numbers`` (None: unset) within :data:`INT_BOUNDS` (an integer) or :data:`FLOAT_BOUNDS` (a finite
-    number); ``num_miners`` may be a (min, max) pair. Else one line naming it."""
+    number); ``num_miners`` may be a (min, max) pair. Else one line naming it (``flags``: as ``--the-option``)."""
     for key, value in numbers.items():
+        shown = f"--{key.replace('_', '-')}" if flags else key
         for v in value if isinstance(value, tuple) else (value,):
             if v is None:
                 continue
             if key in INT_BOUNDS:
                 lo, hi = INT_BOUNDS[key]
                 if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
-                    raise UserError(f"{key}: expected an integer from {lo:,} to {hi:,}, got {_shown(v)}")
+                    raise UserError(f"{shown}: expected an integer from {lo:,} to {hi:,}, got {_shown(v)}")
             elif isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not (
                     abs(_float(v)) <= FLOAT_BOUNDS[key]):  # fmt: skip
-                raise UserError(f"{key}: expected a finite number of at most {FLOAT_BOUNDS[key]:g} in magnitude, "
+                raise UserError(f"{shown}: expected a finite number of magnitude at most {FLOAT_BOUNDS[key]:g}, "
                                 f"got {_shown(v)}")  # fmt: skip
 
 
