@@ -77,13 +77,13 @@ def read_pairs(path: str | Path) -> Any:
 
 
 def _json_rows(path: Path, expected: str) -> list[dict[str, Any]]:
-    rows = []
+    rows, shown = [], at(path)  # once: at() redacts against the environment, too slow for a million lines
     with _text(path) as f:
         for lineno, line in enumerate(bounded_lines(f, path, MAX_LINE, expected="one JSON value per line"), 1):
             if line.strip():
-                row = json_value(at(path, lineno), line, expected)
+                row = json_value(f"{shown}:{lineno}", line, expected)
                 if not isinstance(row, dict):
-                    raise UserError(f"{at(path, lineno)}: a JSON {type(row).__name__}, {expected}")
+                    raise UserError(f"{shown}:{lineno}: a JSON {type(row).__name__}, {expected}")
                 rows.append(row)
     return rows
 
@@ -169,25 +169,25 @@ def _text_batches(path: Path, suffix: str, column: str | None) -> Iterator[list[
                 batch = []
         yield batch
         return
-    batch = []
+    batch, shown = [], at(path)  # once: at() redacts against the environment
     with _text(path) as f:
         for lineno, line in enumerate(bounded_lines(f, path, MAX_LINE, expected="one text per line"), 1):
             if suffix == ".txt":
                 batch.append(line.rstrip("\r\n"))
             elif line.strip():
-                batch.append(_json_text(line, column, path, lineno))
+                batch.append(_json_text(line, column, path, f"{shown}:{lineno}"))
             if len(batch) >= _BATCH:
                 yield batch
                 batch = []
     yield batch
 
 
-def _json_text(line: str, column: str | None, path: Path, lineno: int) -> str:
-    row = json_value(at(path, lineno), line, "expected a JSON object or string per line (corpus)")
+def _json_text(line: str, column: str | None, path: Path, where: str) -> str:
+    row = json_value(where, line, "expected a JSON object or string per line (corpus)")
     if isinstance(row, str):
         return row
     if not isinstance(row, dict):
-        raise UserError(f"{at(path, lineno)}: expected a JSON object or string (corpus)")
+        raise UserError(f"{where}: expected a JSON object or string (corpus)")
     name = _text_column(list(row), column, path)
     return str(row[name])
 
