@@ -31,6 +31,10 @@ def add_dense(sub: Any) -> None:
     p.add_argument("--cross-encoder", default=None, help="a cross-encoder folder (one label) that rescores the "
                    "candidates and positives where a margin or score bound is set")  # fmt: skip
     p.add_argument("--out", required=True, help="a folder or object-store prefix for the shards (resumes)")
+    p.add_argument("--trust-out", action="store_true",
+                   help="use a local --out that is not yours alone (another user owns or can write it or a folder "
+                        "above it, or a link leads out of it), which raycl otherwise refuses: a resumed shard "
+                        "directory is read back; give it only for a folder whose writers you trust")  # fmt: skip
     p.add_argument("--anchor-column-name", default=None, help="default: the first column")
     p.add_argument("--positive-column-name", default=None, help="default: the second column")
     p.add_argument("--range-min", type=int, default=0)
@@ -62,7 +66,15 @@ def add_dense(sub: Any) -> None:
 
 
 def check_dense_args(args: argparse.Namespace) -> None:
-    """The checks that need no model or data loaded: a typo fails at once."""
+    """The checks that need no model or data loaded: a typo fails at once (numbers within bounds, a URI that is
+    storage raycl knows: http(s) refused before any request)."""
+    from raycl.miners.dense import FLOAT_BOUNDS, INT_BOUNDS, check_numbers
+    from raycl.storage import check_uri, is_uri
+
+    for key in ("out", "data", "corpus", "model", "cross_encoder"):
+        value = getattr(args, key)
+        if value is not None and is_uri(str(value)):
+            check_uri(str(value), key=f"--{key.replace('_', '-')}")
     if args.range_max is not None and args.range_min > args.range_max:
         raise UserError(f"--range-min {args.range_min} > --range-max {args.range_max}: expected range_min ≤ "
                         "range_max")  # fmt: skip
@@ -71,13 +83,20 @@ def check_dense_args(args: argparse.Namespace) -> None:
             raise UserError(f"--{key.replace('_', '-')}: expected an integer ≥ 1, got {getattr(args, key)}")
     for key in ("data", "corpus"):
         path = getattr(args, key)
-        if path is not None and not Path(path).is_file():
+        if path is not None and not is_uri(str(path)) and not Path(path).is_file():
             raise UserError(f"{at(path)}: no such file (--{key})")
+    numbers = {k: getattr(args, k) for k in (*INT_BOUNDS, *FLOAT_BOUNDS) if k != "num_miners"}
+    try:  # MIN-MAX or N; anything else is parse_miners' one line
+        numbers["num_miners"] = tuple(int(v) for v in str(args.num_miners).split("-", 1))
+    except ValueError:
+        pass
+    check_numbers(flags=True, **numbers)
 
 
 def run_dense_cli(args: argparse.Namespace) -> dict[str, Any]:
     check_dense_args(args)
     from raycl.distributed.dense_api import run_dense
+    from raycl.files import TRUST_HINT
 
     names = ("cross_encoder", "anchor_column_name", "positive_column_name", "range_min", "range_max", "max_score",
              "min_score", "absolute_margin", "relative_margin", "num_negatives", "sampling_strategy",
@@ -86,5 +105,6 @@ def run_dense_cli(args: argparse.Namespace) -> dict[str, Any]:
              "corpus_column", "corpus_shard_size", "query_block_size", "cpus_per_miner", "gpus_per_miner",
              "address", "overwrite")  # fmt: skip
     summary, _ = run_dense(dataset=args.data, model=args.model, corpus=args.corpus, out=str(args.out),
-                           verbose=True, chaos=None, **{k: getattr(args, k) for k in names})  # fmt: skip
+                           verbose=True, chaos=None, trust_out=args.trust_out, trust_hint=TRUST_HINT,
+                           **{k: getattr(args, k) for k in names})  # fmt: skip
     return summary

@@ -70,16 +70,21 @@ def read_json_file(path: str | Path, expected: str) -> Any:
     return json_value(at(path), text, expected)
 
 
-def bounded_lines(f: IO[str], path: str | Path, max_line: int = MAX_CSV_LINE) -> Iterator[str]:
+def bounded_lines(f: IO[str], path: str | Path, max_line: int = MAX_CSV_LINE, *,
+                  expected: str = "one CSV row per line") -> Iterator[str]:  # fmt: skip
     """The lines of the text file ``f`` (newlines kept, as ``csv.reader`` wants them), none longer than
-    ``max_line`` characters: a longer one is refused when ``max_line + 1`` of its characters are read."""
+    ``max_line`` characters: a longer one is refused when ``max_line + 1`` of its characters are read; bytes that
+    are not UTF-8 are one line too."""
     lineno = 0
     while True:
-        line = f.readline(max_line + 1)
+        try:
+            line = f.readline(max_line + 1)
+        except UnicodeDecodeError as err:
+            raise UserError(f"{at(path, lineno + 1)}: not UTF-8 ({err.reason}), expected {expected}") from None
         if not line:
             return
         lineno += 1
         if len(line.rstrip("\r\n")) > max_line:
-            raise UserError(f"{at(path, lineno)}: a line longer than {max_line:,} characters, expected one CSV "
-                            "row per line")  # fmt: skip
+            raise UserError(f"{at(path, lineno)}: a line longer than {max_line:,} characters, expected "
+                            f"{expected}")  # fmt: skip
         yield line

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from raycl import storage
 from raycl.distributed.dense_mining import (
     Encoding,
     OutDir,
@@ -24,7 +25,8 @@ from raycl.distributed.dense_mining import (
     settings,
 )
 from raycl.errors import UserError
-from raycl.miners.dense import FILTERS, arrow_schema, dense_options, group_pairs
+from raycl.files import TRUST_HINT, check_ours
+from raycl.miners.dense import FILTERS, arrow_schema, check_numbers, dense_options, group_pairs
 from raycl.miners.dense_io import (
     check_columns,
     corpus_parquet,
@@ -35,6 +37,7 @@ from raycl.miners.dense_io import (
     texts_digest,
     write_report,
 )
+from raycl.miners.parquet_input import open_checked
 from raycl.miners.shards import locked_out_dir, shard_files
 
 INDEXES = ("exact", "usearch")
@@ -78,6 +81,7 @@ def mine_dense_negatives(
     gpus_per_miner: float = 0.0,
     address: str | None = None,
     overwrite: bool = False,
+    trust_out: bool = False,
     chaos: dict[str, Any] | None = None,
 ) -> Any:
     """Hard negatives for (anchor, positive) pairs from a dense encoder: sentence-transformers'
@@ -103,7 +107,11 @@ def mine_dense_negatives(
     ``fp16``); ``index``: ``exact`` (blockwise matmul and top-k per corpus shard) or ``usearch`` (an HNSW index
     per corpus shard, approximate; ``pip install raycl[ann]``). ``out``: a folder or object-store prefix where
     the shards, embeddings, ``_report.json`` and ``_scores.png`` stay; a rerun with the same ``out`` resumes (other
-    settings: a one-line error; ``overwrite`` starts afresh). Returns a ``datasets.Dataset``.
+    settings: a one-line error; ``overwrite`` starts afresh). A local ``out`` must be yours alone (nobody else can
+    write it or a folder above it, no link leads out of it: :func:`raycl.files.check_ours`) unless ``trust_out``;
+    a URI (``out``, ``dataset``, ``corpus``, ``model``, ``cross_encoder``) must be storage raycl knows
+    (:func:`raycl.storage.check_uri`: http(s) is refused before any request), an input one is fetched to this
+    node's cache. Returns a ``datasets.Dataset``.
     """
     summary, ds = run_dense(**{k: v for k, v in locals().items()})
     if verbose:
@@ -114,6 +122,9 @@ def mine_dense_negatives(
 def run_dense(**kw: Any) -> tuple[dict[str, Any], Any]:
     """:func:`mine_dense_negatives`' work: the summary and the dataset."""
     t0 = time.perf_counter()
+    check_numbers(**{k: kw[k] for k in NUMBERS}, num_miners=parse_miners(kw["num_miners"]))
+    _check_out(kw["out"], trust=bool(kw.get("trust_out")), hint=kw.get("trust_hint") or LIBRARY_HINT)
+    kw = {**kw, **{k: _input(kw[k], k) for k in ("dataset", "corpus", "model", "cross_encoder")}}
     pairs = read_pairs(kw["dataset"]) if isinstance(kw["dataset"], (str, Path)) else _dataset(kw["dataset"])
     where = str(kw["dataset"]) if isinstance(kw["dataset"], (str, Path)) else "dataset"
     anchor, positive = check_columns(pairs.column_names, kw["anchor_column_name"], kw["positive_column_name"],
@@ -160,6 +171,32 @@ def run_dense(**kw: Any) -> tuple[dict[str, Any], Any]:
         write_report(out_dir, stats, summary=summary)
         ds = read_output(out_dir, schema)
     return summary, ds
+
+
+NUMBERS = ("num_negatives", "range_min", "range_max", "max_score", "min_score", "absolute_margin",
+           "relative_margin", "batch_size", "seed", "corpus_shard_size", "query_block_size", "cpus_per_miner",
+           "gpus_per_miner")  # fmt: skip
+LIBRARY_HINT = TRUST_HINT.replace("--out", "out").replace("--trust-out", "trust_out=True")
+
+
+def _check_out(out: str | Path | None, *, trust: bool, hint: str) -> None:
+    """A local ``out`` that others could write is refused (its shards and manifest are read back on a resume);
+    a URI is checked before anything is made or requested."""
+    if out is None:
+        return
+    if storage.is_uri(str(out)):
+        storage.check_uri(str(out), key="out")
+    elif not trust:
+        check_ours(Path(out), what="an output of raycl.mine", hint=hint)
+
+
+def _input(value: Any, key: str) -> Any:
+    """An input given as a URI, checked (http(s) refused before any request) and fetched to this node's cache;
+    anything else as it is."""
+    if isinstance(value, (str, Path)) and storage.is_uri(str(value)):
+        storage.check_uri(str(value), key=key)
+        return storage.fetch(str(value))
+    return value
 
 
 def _dataset(data: Any) -> Any:
@@ -240,9 +277,7 @@ def _corpus(corpus: Any, column: str | None, out_dir: Path, size: int) -> tuple[
 
 
 def _rows(out_dir: Path) -> int:
-    import pyarrow.parquet as pq
-
-    return sum(pq.ParquetFile(p).metadata.num_rows for p in shard_files(out_dir))
+    return sum(open_checked(p).metadata.num_rows for p in shard_files(out_dir))  # footers, checked
 
 
 def _shown(n: int | tuple[int, int]) -> Any:

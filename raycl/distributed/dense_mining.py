@@ -40,6 +40,7 @@ from raycl import storage
 from raycl.distributed.corpus_mining import _pool, _user_error, quiet_ray_data, start_ray
 from raycl.distributed.miner_pool import CHAOS_KEYS, Chaos, _first_life
 from raycl.errors import UserError, at
+from raycl.files import write_atomic
 from raycl.miners.corpus import MANIFEST, check_resume, clear_mining, load_manifest, save_manifest
 from raycl.miners.dense import Candidates, DenseOptions, Stats, arrow_schema, format_rows, keys_of, mined, select
 from raycl.miners.dense_io import (
@@ -49,7 +50,9 @@ from raycl.miners.dense_io import (
     read_corpus_range,
     read_embeddings,
     with_stats,
+    write_embeddings,
 )
+from raycl.miners.parquet_input import read_columns
 from raycl.miners.shards import locked_out_dir, shard_files, shard_name, write_shard
 from raycl.records import hash_folder
 
@@ -108,7 +111,7 @@ class CorpusEmbedder:
             self.chaos.after_task(self.done, 0)
             if self.index == "usearch":
                 _save_index(self.out_dir / f"part-{item['index']:05d}.usearch", emb)
-            write_shard(self.out_dir, int(item["index"]), embedding_table(texts, keys_of(texts), emb))
+            write_embeddings(self.out_dir, int(item["index"]), embedding_table(texts, keys_of(texts), emb))
             for k, v in (("index", item["index"]), ("rows", len(texts)), ("seconds", time.perf_counter() - t0)):
                 out[k].append(v)
         return out
@@ -119,9 +122,7 @@ def _save_index(path: Path, emb: np.ndarray) -> None:
 
     index = Index(ndim=emb.shape[1], metric="ip", dtype="f32")
     index.add(np.arange(len(emb)), emb)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    index.save(str(tmp))
-    tmp.replace(path)
+    write_atomic(path, bytes(index.save() or b""))  # a buffer, through raycl.files' temp names
     storage.mirror(path)  # an object-store OUT: uploaded before the shard that says the range is done
 
 
@@ -351,9 +352,8 @@ def read_output(out_dir: Path, schema: Any) -> Any:
     """The output shards, in block order, as one ``datasets.Dataset`` (copied into memory: the temp OUT goes)."""
     import datasets
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    parts = [pq.read_table(p, schema=schema) for p in shard_files(out_dir)]
+    parts = [read_columns(p, schema.names, schema) for p in shard_files(out_dir)]  # each bounded as it decodes
     table = pa.concat_tables(parts) if parts else schema.empty_table()
     return datasets.Dataset(table.replace_schema_metadata(None))
 

@@ -64,6 +64,47 @@ class DenseOptions:
         return self.range_max + self.max_positives
 
 
+# Bounds of the numbers a mining is given, far above any real use: a typo or a hostile value (1e308, inf, 10**30)
+# is one line at the edge, before a model is loaded or Ray started, not an allocation or a hang deep in an actor.
+INT_BOUNDS = {"num_negatives": (1, 10_000), "range_min": (0, 1_000_000), "range_max": (1, 1_000_000),
+              "batch_size": (1, 1 << 16), "seed": (0, (1 << 63) - 1), "corpus_shard_size": (1, 10_000_000),
+              "query_block_size": (1, 1_000_000), "num_miners": (0, 10_000)}  # fmt: skip
+FLOAT_BOUNDS = {"max_score": 1e6, "min_score": 1e6, "absolute_margin": 1e6, "relative_margin": 1e6,
+                "cpus_per_miner": 1e4, "gpus_per_miner": 1e4}  # |value| at most; finite always
+
+
+def check_numbers(*, flags: bool = False, **numbers: Any) -> None:
+    """Each of ``numbers`` (None: unset) within :data:`INT_BOUNDS` (an integer) or :data:`FLOAT_BOUNDS` (a finite
+    number); ``num_miners`` may be a (min, max) pair. Else one line naming it (``flags``: as ``--the-option``)."""
+    for key, value in numbers.items():
+        shown = f"--{key.replace('_', '-')}" if flags else key
+        for v in value if isinstance(value, tuple) else (value,):
+            if v is None:
+                continue
+            if key in INT_BOUNDS:
+                lo, hi = INT_BOUNDS[key]
+                if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
+                    raise UserError(f"{shown}: expected an integer from {lo:,} to {hi:,}, got {_shown(v)}")
+            elif isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not (
+                    abs(_float(v)) <= FLOAT_BOUNDS[key]):  # fmt: skip
+                raise UserError(f"{shown}: expected a finite number of magnitude at most {FLOAT_BOUNDS[key]:g}, "
+                                f"got {_shown(v)}")  # fmt: skip
+
+
+def _float(value: Any) -> float:
+    """``value`` as a float; NaN and an integer too large for a float as infinite (then refused)."""
+    try:
+        f = float(value)
+    except OverflowError:
+        return math.inf
+    return math.inf if math.isnan(f) else f
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:40]}… ({len(text):,} characters)"
+
+
 def dense_options(*, num_negatives: int = 3, range_min: int = 0, range_max: int | None = None, max_positives: int,
                   cross_encoder: bool = False, **kw: Any) -> DenseOptions:  # fmt: skip
     """The options as sentence-transformers resolves them (``range_max`` by default: ``range_min +

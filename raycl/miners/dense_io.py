@@ -20,14 +20,26 @@ from typing import Any
 
 import numpy as np
 
+from raycl.data.bounded import bounded_lines, json_value
 from raycl.errors import UserError, at
+from raycl.files import atomic_file, write_atomic
 from raycl.miners.dense import BINS, FILTERS, Stats
-from raycl.miners.shards import shard_files
+from raycl.miners.parquet_input import (
+    MAX_VALUE_BYTES,
+    MAX_VALUES,
+    batches,
+    column_names,
+    footer_metadata,
+    open_checked,
+    read_columns,
+)
+from raycl.miners.shards import shard_files, write_shard
 
 STATS_KEY = b"raycl.dense_stats"
 EMBEDDINGS = "_embeddings"
 FORMATS = (".parquet", ".jsonl", ".json", ".csv", ".txt")
 _BATCH = 8192
+MAX_LINE = MAX_VALUE_BYTES  # characters of one JSON-lines, CSV or text line: a Parquet value's bound
 
 
 def _suffix(path: Path, what: str) -> str:
@@ -40,23 +52,65 @@ def _suffix(path: Path, what: str) -> str:
 
 
 def read_pairs(path: str | Path) -> Any:
-    """A pairs file (Parquet, JSON lines, CSV) as a ``datasets.Dataset`` (read by pyarrow: no cache, no bar)."""
+    """A pairs file (Parquet, JSON lines, CSV) as a ``datasets.Dataset`` (no cache, no bar), read within bounds:
+    Parquet batch by batch, each measured before it decodes (:mod:`raycl.miners.parquet_input`); a JSON line
+    within :mod:`raycl.data.bounded`'s depth and digits, any line at most :data:`MAX_LINE` characters."""
     import datasets
-    import pyarrow.csv as pacsv
-    import pyarrow.json as pajson
-    import pyarrow.parquet as pq
+    import pyarrow as pa
 
     path = Path(path)
     suffix = _suffix(path, "the pairs")
-    readers = {".parquet": pq.read_table, ".jsonl": pajson.read_json, ".json": pajson.read_json,
-               ".csv": pacsv.read_csv}  # fmt: skip
-    if suffix not in readers:
+    if suffix == ".txt":
         raise UserError(f"{at(path)}: the pairs as text, expected Parquet, JSON lines or CSV with two columns")
+    if suffix == ".parquet":
+        return datasets.Dataset(read_columns(path, column_names(path)))
+    expected = "expected one JSON object per line (pairs)"
+    rows = list(_csv_rows(path)) if suffix == ".csv" else _json_rows(path, expected)
+    names: dict[str, None] = {}
+    for row in rows:
+        names.update(dict.fromkeys(row))
     try:
-        return datasets.Dataset(readers[suffix](path))
-    except Exception as err:  # the readers' errors are many; the user needs the file and the reason
+        return datasets.Dataset(pa.table({n: [r.get(n) for r in rows] for n in names}))
+    except (ValueError, TypeError, pa.ArrowException) as err:  # a column of mixed types
         raise UserError(f"{at(path)}: cannot read the pairs ({type(err).__name__}: "
                         f"{str(err).splitlines()[0][:200]})") from None  # fmt: skip
+
+
+def _json_rows(path: Path, expected: str) -> list[dict[str, Any]]:
+    rows, shown = [], at(path)  # once: at() redacts against the environment, too slow for a million lines
+    with _text(path) as f:
+        for lineno, line in enumerate(bounded_lines(f, path, MAX_LINE, expected="one JSON value per line"), 1):
+            if line.strip():
+                row = json_value(f"{shown}:{lineno}", line, expected)
+                if not isinstance(row, dict):
+                    raise UserError(f"{shown}:{lineno}: a JSON {type(row).__name__}, {expected}")
+                rows.append(row)
+    return rows
+
+
+def _csv_rows(path: Path) -> Iterator[dict[str, str]]:
+    """The rows of a CSV file with a header, as strings, streamed; a row of another width is one line."""
+    import csv
+
+    with _text(path) as f:
+        reader = csv.reader(bounded_lines(f, path, MAX_LINE))
+        try:
+            header = next(reader, None)
+            if header is None:
+                raise UserError(f"{at(path)}: empty, expected a CSV header and rows")
+            for row in reader:
+                if row and len(row) != len(header):
+                    raise UserError(f"{at(path, reader.line_num)}: {len(row)} fields, expected {len(header)} "
+                                    f"(the header's {header})")  # fmt: skip
+                if row:
+                    yield dict(zip(header, row, strict=True))
+        except csv.Error as err:
+            raise UserError(f"{at(path, reader.line_num)}: not CSV ({err}), expected a header and rows") from None
+
+
+def _text(path: Path) -> Any:
+    """``path`` opened as UTF-8 text (a byte that is not UTF-8: one line, not a traceback)."""
+    return open(path, encoding="utf-8", errors="strict", newline="")
 
 
 def check_columns(names: Sequence[str], anchor: str | None, positive: str | None, where: str) -> tuple[str, str]:
@@ -80,8 +134,7 @@ def corpus_parquet(path: str | Path, out_dir: Path, column: str | None) -> tuple
     path = Path(path)
     suffix = _suffix(path, "the corpus")
     if suffix == ".parquet":
-        names = pq.read_schema(path).names
-        return path, _text_column(names, column, path)
+        return path, _text_column(column_names(path), column, path)
     dst = out_dir / "_corpus.parquet"
     stamp = out_dir / ".corpus.source"
     source = json.dumps([str(path.resolve()), path.stat().st_size, path.stat().st_mtime_ns, column])
@@ -89,12 +142,10 @@ def corpus_parquet(path: str | Path, out_dir: Path, column: str | None) -> tuple
         return dst, "text"
     import pyarrow as pa
 
-    tmp = out_dir / ".corpus.parquet.tmp"
-    with pq.ParquetWriter(tmp, pa.schema([("text", pa.string())])) as writer:
+    with atomic_file(dst, "wb") as f, pq.ParquetWriter(f, pa.schema([("text", pa.string())])) as writer:
         for batch in _text_batches(path, suffix, column):
             writer.write_table(pa.table({"text": pa.array(batch, pa.string())}))
-    tmp.replace(dst)
-    stamp.write_text(source, encoding="utf-8")
+    write_atomic(stamp, source)
     return dst, "text"
 
 
@@ -108,54 +159,52 @@ def _text_column(names: Sequence[str], column: str | None, path: Path) -> str:
 
 def _text_batches(path: Path, suffix: str, column: str | None) -> Iterator[list[str]]:
     if suffix == ".csv":
-        import pyarrow.csv as pacsv
-
-        reader = pacsv.open_csv(path)
-        name = _text_column(reader.schema.names, column, path)
-        for part in reader:
-            yield [str(t) for t in part.column(name).to_pylist()]
+        name = None
+        batch: list[str] = []
+        for row in _csv_rows(path):
+            name = name or _text_column(list(row), column, path)
+            batch.append(row[name])
+            if len(batch) >= _BATCH:
+                yield batch
+                batch = []
+        yield batch
         return
-    batch: list[str] = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    batch, shown = [], at(path)  # once: at() redacts against the environment
+    with _text(path) as f:
+        for lineno, line in enumerate(bounded_lines(f, path, MAX_LINE, expected="one text per line"), 1):
             if suffix == ".txt":
-                batch.append(line.rstrip("\n"))
+                batch.append(line.rstrip("\r\n"))
             elif line.strip():
-                batch.append(_json_text(line, column, path, lineno))
+                batch.append(_json_text(line, column, path, f"{shown}:{lineno}"))
             if len(batch) >= _BATCH:
                 yield batch
                 batch = []
     yield batch
 
 
-def _json_text(line: str, column: str | None, path: Path, lineno: int) -> str:
-    try:
-        row = json.loads(line)
-    except ValueError:
-        raise UserError(f"{at(path, lineno)}: not a JSON object, expected one per line (corpus)") from None
+def _json_text(line: str, column: str | None, path: Path, where: str) -> str:
+    row = json_value(where, line, "expected a JSON object or string per line (corpus)")
     if isinstance(row, str):
         return row
     if not isinstance(row, dict):
-        raise UserError(f"{at(path, lineno)}: expected a JSON object or string (corpus)")
+        raise UserError(f"{where}: expected a JSON object or string (corpus)")
     name = _text_column(list(row), column, path)
     return str(row[name])
 
 
 def corpus_ranges(path: Path, column: str, size: int) -> list[dict[str, Any]]:
     """Ranges of ``size`` rows of a Parquet corpus (footer only: no row is read here)."""
-    import pyarrow.parquet as pq
-
-    rows = pq.ParquetFile(path).metadata.num_rows
+    rows = open_checked(path).metadata.num_rows
     return [{"path": str(path), "column": column, "start": s, "stop": min(s + size, rows)}
             for s in range(0, rows, size)]  # fmt: skip
 
 
 def read_corpus_range(path: str, column: str, start: int, stop: int) -> list[str]:
-    """Rows ``start``…``stop``−1 of a Parquet corpus: only the row groups that hold them are read."""
+    """Rows ``start``…``stop``−1 of a Parquet corpus: only the row groups that hold them are read, each batch
+    measured before it decodes (:func:`raycl.miners.parquet_input.batches`)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    f = pq.ParquetFile(path)
+    f = open_checked(path)
     first, groups = 0, []
     for g in range(f.metadata.num_row_groups):
         n = f.metadata.row_group(g).num_rows
@@ -164,7 +213,8 @@ def read_corpus_range(path: str, column: str, start: int, stop: int) -> list[str
         first += n
     if not groups:
         return []
-    table = f.read_row_groups([g for g, _ in groups], columns=[column])
+    parts = list(batches(path, [column], row_groups=[g for g, _ in groups]))
+    table = pa.Table.from_batches(parts, schema=pa.schema([f.schema_arrow.field(column)]))
     col = table.column(column).slice(start - groups[0][1], stop - start)
     return [("" if t is None else str(t)) for t in pa.chunked_array(col).to_pylist()]
 
@@ -196,15 +246,21 @@ def embedding_table(texts: Sequence[str], keys: np.ndarray, emb: np.ndarray) -> 
 
 
 def read_embeddings(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """An embedding shard: texts (object array), keys (int64), embeddings (N, D) float32."""
-    import pyarrow.parquet as pq
-
-    t = pq.read_table(path)
+    """An embedding shard: texts (object array), keys (int64), embeddings (N, D) float32 (read within the bounds of
+    :mod:`raycl.miners.parquet_input`)."""
+    t = read_columns(path, ["text", "key", "embedding"])
     emb = t.column("embedding").combine_chunks()
     dim = emb.type.list_size
     matrix = np.array(emb.values.to_numpy(zero_copy_only=False).reshape(-1, dim), np.float32)  # writable: torch
     texts = np.array(t.column("text").to_pylist(), dtype=object)
     return texts, t.column("key").to_numpy(), matrix
+
+
+def write_embeddings(folder: Path, index: int, table: Any) -> Path:
+    """An embedding shard in row groups of at most half :data:`~raycl.miners.parquet_input.MAX_VALUES` values, so
+    that :func:`read_embeddings` reads back any width (a 4096-wide embedding: 4,096 rows a group)."""
+    width = table.schema.field("embedding").type.list_size
+    return write_shard(folder, index, table, row_group_size=max(1, MAX_VALUES // 2 // max(width, 1)))
 
 
 def embedding_shards(out_dir: Path) -> list[Path]:
@@ -218,11 +274,9 @@ def with_stats(table: Any, stats: Stats) -> Any:
 
 def read_stats(out_dir: Path) -> Stats:
     """The filter counts of every output shard of ``out_dir`` (resumed ones included), from the footers."""
-    import pyarrow.parquet as pq
-
     total = Stats()
     for path in shard_files(out_dir):
-        got = (pq.read_schema(path).metadata or {}).get(STATS_KEY)
+        got = footer_metadata(path).get(STATS_KEY)
         if got is not None:
             total.merge(json.loads(got))
     return total

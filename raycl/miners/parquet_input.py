@@ -97,11 +97,11 @@ def _check_row_group(shown: str, g: int, rg: Any) -> None:
                             "refused before decompressing it")  # fmt: skip
 
 
-def batches(path: str | Path, columns: Sequence[str],
-            ids: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:  # fmt: skip
+def batches(path: str | Path, columns: Sequence[str], ids: Sequence[str] | None = None, *,
+            row_groups: Sequence[int] | None = None) -> Iterator[pa.RecordBatch]:  # fmt: skip
     """``columns`` of the checked file ``path`` (:func:`open_checked`), :data:`BATCH_ROWS` rows at a time, each
     batch's decoded size checked before it is decoded; with ``ids``, only the rows whose ``id`` is one of them (a
-    training rank's own examples)."""
+    training rank's own examples); with ``row_groups``, only those row groups (a range of a corpus)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -114,7 +114,8 @@ def batches(path: str | Path, columns: Sequence[str],
     target = pa.schema([plain.field(c) for c in columns])
     decoded, budget = 0, max(RATIO_FROM, MAX_RATIO * _size(path))
     try:
-        for g in range(file.metadata.num_row_groups):  # a reader per row group: its dictionaries start afresh
+        groups = range(file.metadata.num_row_groups) if row_groups is None else row_groups
+        for g in groups:  # a reader per row group: its dictionaries start afresh
             for batch in file.iter_batches(batch_size=BATCH_ROWS, row_groups=[g], columns=list(columns)):
                 decoded += _check_batch(path, batch, budget - decoded)
                 if wanted is not None:  # rows chosen while still encoded: only they are decoded

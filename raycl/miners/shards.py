@@ -93,13 +93,13 @@ def locked_out_dir(out_dir: Path) -> Iterator[None]:
         yield
 
 
-def write_shard(out_dir: Path, index: int, table: pa.Table) -> Path:
+def write_shard(out_dir: Path, index: int, table: pa.Table, *, row_group_size: int | None = None) -> Path:
     """``table`` as shard ``index`` of ``out_dir``, written to a temp name and renamed: complete or absent."""
     import pyarrow.parquet as pq
 
     path = out_dir / shard_name(index)
     with atomic_file(path, "wb") as f:
-        pq.write_table(table, f)
+        pq.write_table(table, f, row_group_size=row_group_size)
     mirror(path)
     return path
 
