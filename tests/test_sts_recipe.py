@@ -238,14 +238,15 @@ def test_pre_mined_negatives_in_every_format_and_bad_ones_in_one_line(tmp_path: 
         {"anchor": "a", "positive": "p", "negative": "x", "scores": [0.8, 0.9]},
         {"anchor": "a", "positive": "p", "negative": "y", "scores": [0.8, 0.5]},
         {"anchor": "a", "positive": "q", "negative": "x", "scores": [0.6, 0.9]},  # a second, harder positive
-        {"anchor": "b", "positive": "r", "negative": "z", "scores": [-0.2, -0.3]}])  # fmt: skip
+        {"anchor": "b", "positive": "r", "negative": "z", "scores": [-0.2, -0.21]},
+        {"anchor": "b", "positive": "r", "negative": "w", "scores": [-0.2, -0.4]}])  # fmt: skip
     got = read_negatives(triplets)
     assert got["a"].negatives == ("x", "y") and got["a"].positive_score == pytest.approx(0.6)
     cfg = load_space("sts", overrides=["mining.dense=true", f"mining.negatives={triplets}",
                                        "mining.relative_margin=0.1"]).config  # fmt: skip
-    # a: p = 0.6 keeps s ≤ 0.54 (y only); b: p = −0.2 keeps s ≤ −0.22 (|p|, not p: the threshold stays below p)
-    assert got["a"].select(cfg.mining) == ["y"] and got["b"].select(cfg.mining) == ["z"]
-    for m, a, b in ((0.05, ["y"], ["z"]), (0.15, [], [])):  # keeps s ≤ p − m: a ≤ 0.55 | 0.45, b ≤ −0.25 | −0.35
+    # a: p = 0.6 keeps s ≤ 0.54 (y only); b: p = −0.2 keeps s ≤ −0.22 (|p|, not p: −0.18 would keep z)
+    assert got["a"].select(cfg.mining) == ["y"] and got["b"].select(cfg.mining) == ["w"]
+    for m, a, b in ((0.05, ["y"], ["w"]), (0.15, [], ["w"]), (0.25, [], [])):  # keeps s ≤ p − m
         absolute = dataclasses.replace(cfg.mining, relative_margin=None, absolute_margin=m)
         assert (got["a"].select(absolute), got["b"].select(absolute)) == (a, b)
     assert check_negatives(cfg) == 2

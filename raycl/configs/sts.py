@@ -90,8 +90,7 @@ class StsMiningSection:
     trial keeps, per anchor, the ``num_negatives`` hardest that pass its margins."""
 
     dense: bool = False  # train with dense negatives: those of ``negatives``, or a pool the driver mines
-    negatives: str = ""  # a Parquet file/folder from ``raycl.mine dense`` (anchor = its first column); empty: the
-    # driver mines the pool with the base encoder (anchor sentence 1, positive sentence 2) into <run>/mining/dense
+    negatives: str = ""  # Parquet file/folder of ``raycl.mine dense``; empty: the driver mines <run>/mining/dense
     num_negatives: int = 3  # per anchor, the hardest survivors of the margins (0 = in-batch only)
     relative_margin: float | None = None  # keeps s ≤ p − |p|·r (p: the anchor's hardest positive score)
     absolute_margin: float | None = None  # keeps s ≤ p − m
