@@ -118,7 +118,7 @@ def test_tune_sweep_runs_table_5s_ladder(ray_local, tmp_path: Path) -> None:
     assert "| MSE only |" in report and "| + MoCo queue |" in report
     plain, dense = (100 * summary["table"][i]["dev_spearman"] for i in (1, 3))
     assert f"in-batch only {plain:.2f} → with dense negatives {dense:.2f} ({dense - plain:+.2f})" in report
-    assert (tmp_path / "mining" / "dense" / "_report.json").exists()  # the pool, mined once for the baseline
+    assert [p.parent.name for p in (tmp_path / "mining").glob("*/_report.json")] == ["dense-pool16-score4"]
     assert (tmp_path / "dev.submission.csv").exists() and (tmp_path / "align_uniform.png").exists()
 
 
@@ -192,7 +192,7 @@ def test_a_rank_that_cannot_see_the_pre_trained_model_stops_naming_the_path(tmp_
 
 # ---------------------------------------------------------------------------------------------- dense negatives
 def test_dense_negatives_are_mined_once_and_a_trials_selection_is_mining_with_its_margin(tmp_path: Path) -> None:
-    """``mining.dense``: the driver mines a pool with the base encoder into the run folder, the run trains on it;
+    """``mining.dense``: the training mines a pool with the base encoder into the run folder and trains on it;
     a trial's selection (K, relative margin) from the pool equals ``mine_dense_negatives`` with those settings."""
     from raycl import mine_dense_negatives
     from raycl.recipes.sts.negatives import mining_pairs, read_negatives
@@ -201,8 +201,7 @@ def test_dense_negatives_are_mined_once_and_a_trials_selection_is_mining_with_it
                                                          "mining.dense=true", "mining.pool=8"])  # fmt: skip
     summary = driver.run_train(sts, space, tmp_path)
     assert summary["best"]["dev_spearman"] is not None
-    pool_dir = tmp_path / "mining" / "dense"
-    pool = read_negatives(pool_dir)
+    pool = read_negatives(tmp_path / "mining" / "dense-pool8-score4")
     cfg = space.config
     rows, corpus = mining_pairs(dataclasses.replace(cfg, data=dataclasses.replace(
         cfg.data, sts_pretrain=[str(p) for p in sorted((tmp_path / "data").rglob("*sts*.csv"))])))  # fmt: skip
@@ -308,3 +307,15 @@ def test_a_sweep_over_the_margin_and_the_count_is_checked_like_any_key(tmp_path:
         load_space(str(bad))
     with pytest.raises(UserError, match=r"mining.num_negatives': expected at most mining.pool \(16\)"):
         load_space("sts", overrides=["mining.num_negatives=17"])
+
+
+def test_bad_pre_mined_negatives_end_in_one_line_before_anything_runs(tmp_path: Path) -> None:
+    out, missing = tmp_path / "run", tmp_path / "no_negatives"
+    done = subprocess.run([sys.executable, "-m", "raycl.train", "sts", "--preset", "smoke", "--out", str(out),
+                           "--set", "mining.dense=true", "--set", f"mining.negatives={missing}"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RAY_ADDRESS": ""})  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().count("\n") == 0
+    assert f"mining.negatives: {missing}: expected a Parquet file or a folder of Parquet shards" in done.stderr
+    assert not (out / "ray").exists() and not (out / "base_model").exists()

@@ -95,8 +95,7 @@ class StsMiningSection:
     relative_margin: float | None = None  # keeps s ≤ p − |p|·r (p: the anchor's hardest positive score)
     absolute_margin: float | None = None  # keeps s ≤ p − m
     positive_min_score: float = 4.0  # STS training pairs with score ≥ this are (anchor, positive) pairs to mine
-    pool: int = 16  # candidates mined per anchor, no margin (range_max): every trial's negatives come from them
-    batch_size: int = 64  # the miner's encoding batch
+    pool: int = 16  # candidates mined per anchor, no margin (range_max), eval.batch_size a batch: trials select
 
 
 @dataclass
@@ -170,4 +169,3 @@ class StsConfig:
                 "a number in [0, 2] (cosines) or null", mi.absolute_margin)
         require(0.0 <= mi.positive_min_score <= 5.0, where, "mining.positive_min_score", "an STS score in [0, 5]",
                 mi.positive_min_score)
-        require(mi.batch_size >= 1, where, "mining.batch_size", "an integer ≥ 1", mi.batch_size)

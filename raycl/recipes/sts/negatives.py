@@ -3,13 +3,13 @@
 The pool: ``raycl.mine_dense_negatives`` with the base (pre-trained) encoder on the STS training pairs whose
 score is ≥ ``mining.positive_min_score`` (anchor sentence 1, positive sentence 2; the corpus is every sentence of
 the STS training split), the ``mining.pool`` nearest candidates of each anchor with no margin, in
-sentence-transformers' ``labeled-list`` format with scores — mined once by the driver into ``<run>/mining/dense``
-— or a Parquet file/folder given as ``mining.negatives`` (any of ``raycl.mine dense``'s formats but
-``labeled-pair``). Each trial then keeps, per anchor, the first ``mining.num_negatives`` candidates that pass its
-own margins, with the miner's formulas (:mod:`raycl.miners.dense`; p the anchor's hardest positive score):
-``absolute_margin`` m keeps s ≤ p − m, ``relative_margin`` r keeps s ≤ p − |p|·r. On a pool mined without margins
-that is what mining with the trial's margins and ``range_max = mining.pool`` gives, so a sweep over margins and
-counts mines once.
+sentence-transformers' ``labeled-list`` format with scores — mined once per run, in-process, by the first
+training that needs it, into ``<run>/mining/dense-pool<P>-score<S>/`` — or a Parquet file/folder given as
+``mining.negatives`` (any of ``raycl.mine dense``'s formats but ``labeled-pair``). Each trial then keeps, per
+anchor, the first ``mining.num_negatives`` candidates that pass its own margins, with the miner's formulas
+(:mod:`raycl.miners.dense`; p the anchor's hardest positive score): ``absolute_margin`` m keeps s ≤ p − m,
+``relative_margin`` r keeps s ≤ p − |p|·r. On a pool mined without margins that is what mining with the trial's
+margins and ``range_max = mining.pool`` gives, so a sweep over margins and counts mines once.
 """
 
 from __future__ import annotations
@@ -58,17 +58,37 @@ def mining_pairs(cfg: StsConfig) -> tuple[list[dict[str, str]], list[str]]:
     return rows, corpus
 
 
-def mine_pool(cfg: StsConfig, model: Path, out: Path) -> Path:
-    """The run's pool (a rerun with the same settings resumes it; the miner's manifest refuses other ones)."""
-    from raycl.distributed.dense_api import mine_dense_negatives
-
+def checked_pairs(cfg: StsConfig) -> tuple[list[dict[str, str]], list[str]]:
+    """:func:`mining_pairs`, at least one (the driver checks it before anything runs)."""
     rows, corpus = mining_pairs(cfg)
     if not rows:
         raise UserError(f"mining.positive_min_score: no STS training pair of {', '.join(cfg.data.sts_pretrain)} "
                         f"has a score ≥ {cfg.mining.positive_min_score}, expected at least one to mine for")
+    return rows, corpus
+
+
+def run_pool(cfg: StsConfig, model: Path, mining_dir: Path) -> Path:
+    """The run's pool for ``cfg``'s pool settings, ``<run>/mining/dense-pool<P>-score<S>/``: mined by the first
+    training that needs it; one that comes while it is being mined waits on the lock, then finds it done (the
+    miner resumes a finished output without redoing anything)."""
+    import fcntl
+
+    m = cfg.mining
+    out = mining_dir / f"dense-pool{m.pool}-score{m.positive_min_score:g}"
+    mining_dir.mkdir(parents=True, exist_ok=True)
+    with open(mining_dir / f"{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process dies)
+        return mine_pool(cfg, model, out)
+
+
+def mine_pool(cfg: StsConfig, model: Path, out: Path) -> Path:
+    """A pool (a rerun with the same settings resumes it; the miner's manifest refuses other ones)."""
+    from raycl.distributed.dense_api import mine_dense_negatives
+
+    rows, corpus = checked_pairs(cfg)
     m = cfg.mining
     mine_dense_negatives(rows, str(model), ANCHOR, POSITIVE, corpus=corpus, num_negatives=m.pool,
-                         output_format="labeled-list", output_scores=True, batch_size=m.batch_size,
+                         output_format="labeled-list", output_scores=True, batch_size=cfg.eval.batch_size,
                          verbose=False, num_miners=0, out=out, device="cpu")  # fmt: skip
     return out
 

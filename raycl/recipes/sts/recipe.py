@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +33,6 @@ from raycl.data.semeval import (
 )  # fmt: skip
 from raycl.driver import RecipeBase, Run, TrainPoint, fit_job
 from raycl.models.sentence_encoder import CONFIG_FILE, build_sentence_encoder
-from raycl.progress import say
 from raycl.recipes.sts import inputs, negatives, report
 from raycl.recipes.sts.worker import StsTask, fits
 from raycl.records import TrialOutcome
@@ -75,26 +71,11 @@ class StsRecipe(RecipeBase):
     def train_points(self, run: Run) -> list[TrainPoint]:
         return [TrainPoint("train", {}, "pre-train → fine-tune")]
 
-    @contextmanager
-    def shared(self, run: Run, space: Space) -> Iterator[None]:
-        """The dense-negative pool, mined once by the driver with the base encoder when the run, a baseline or the
-        sweep sets ``mining.dense`` and no ``mining.negatives`` is given (each trial selects its own count and
-        margins from it: ``negatives.py``)."""
-        wanted = run.cfg.mining.dense or "mining.dense" in space.search or any(
-            over.get("mining.dense") for over in space.baselines.values())
-        if wanted and not run.cfg.mining.negatives:
-            t0 = time.perf_counter()
-            run.files["dense_negatives"] = negatives.mine_pool(run.cfg, run.base_model,
-                                                               run.run_dir / "mining" / "dense")  # fmt: skip
-            run.timings["mining_s"] = time.perf_counter() - t0
-            say(f"dense negatives: a pool of {run.cfg.mining.pool} per anchor mined with the base encoder into "
-                f"{run.files['dense_negatives']}")
-        yield
-
     def train_one(self, run: Run, cfg: StsConfig, out_dir: Path, *, name: str, in_tune: bool) -> Any:
-        """Both phases of one point (``scaling.num_workers=0``: in-process); ``mining.dense``: the run's pool."""
-        if cfg.mining.dense and not cfg.mining.negatives:
-            pool = str(run.files["dense_negatives"])
+        """Both phases of one point (``scaling.num_workers=0``: in-process); with ``mining.dense`` and no
+        ``mining.negatives``, the run's pool (mined by the first training that needs it, in its process)."""
+        if cfg.mines_dense and not cfg.mining.negatives:
+            pool = str(negatives.run_pool(cfg, run.base_model, run.run_dir / "mining"))
             cfg = dataclasses.replace(cfg, mining=dataclasses.replace(cfg.mining, negatives=pool))
         return fit_job(run, cfg, Job(StsTask(cfg), str(run.base_model), str(out_dir)), name=name, in_tune=in_tune)
 
