@@ -128,3 +128,55 @@ def test_the_losses_and_their_gradients_never_wait_for_the_device() -> None:
         l_con = InfoNCEQueueLoss()(u, v, queue).loss
         joint_loss(l_mse, l_con).backward()
     assert c.syncs == 0, c.sync_sites
+
+
+def _naive_hard_negative_infonce(h: torch.Tensor, h_pos: torch.Tensor, queue: torch.Tensor,
+                                 negatives: list[list[list[float]]], tau: float) -> list[float]:  # fmt: skip
+    """ℓ_i with anchor i's own mined negatives added to its denominator only (SimCSE's supervised form), one anchor
+    and one negative at a time; ``negatives[i]`` holds anchor i's real negatives (any number, none allowed)."""
+    losses = []
+    for i, anchor in enumerate(h.tolist()):
+        positive = math.exp(_cos(anchor, h_pos[i].tolist()) / tau)
+        denominator = sum(math.exp(_cos(anchor, p) / tau) for p in h_pos.tolist())
+        denominator += sum(math.exp(_cos(anchor, k) / tau) for k in queue.tolist())
+        denominator += sum(math.exp(_cos(anchor, n) / tau) for n in negatives[i])
+        losses.append(-math.log(positive / denominator))
+    return losses
+
+
+@pytest.mark.parametrize("queue_size", [0, 5])
+def test_infonce_with_per_anchor_hard_negatives_matches_naive_loop(queue_size: int) -> None:
+    h, h_pos, queue = _rand(4, 6, seed=20), _rand(4, 6, seed=21), _rand(queue_size, 6, seed=22)
+    negatives = _rand(4, 3, 6, seed=23)  # (B, K, H)
+    negatives[1, 0] = 5.0 * h[1]  # a mined negative as close to its anchor as can be: a large term in row 1 only
+    mask = torch.tensor([[True, True, True], [True, False, False], [False, False, False], [True, True, False]])
+    out = InfoNCEQueueLoss(temperature=0.1)(h, h_pos, queue, negatives, mask)
+    real = [[negatives[i, k].tolist() for k in range(3) if mask[i, k]] for i in range(4)]
+    expected = _naive_hard_negative_infonce(h, h_pos, queue, real, 0.1)
+    torch.testing.assert_close(out.per_example, torch.tensor(expected, dtype=torch.float64))
+    assert out.logits.shape == (4, 4 + queue_size + 3)
+    # row 1's close negative is in row 1's denominator alone: the other rows equal the loss without it
+    other = negatives.clone()
+    other[1, 0] = _rand(6, seed=24)
+    moved = InfoNCEQueueLoss(temperature=0.1)(h, h_pos, queue, other, mask).per_example
+    torch.testing.assert_close(moved[[0, 2, 3]], out.per_example[[0, 2, 3]])
+    assert moved[1] < out.per_example[1]
+
+
+def test_no_mined_negatives_is_the_in_batch_and_queue_infonce_exactly() -> None:
+    h, h_pos, queue = _rand(5, 4, seed=25), _rand(5, 4, seed=26), _rand(3, 4, seed=27)
+    for q in (None, queue):
+        plain = InfoNCEQueueLoss()(h, h_pos, q)
+        for negatives, mask in ((None, None), (torch.empty(5, 0, 4, dtype=torch.float64), None),
+                                (_rand(5, 2, 4, seed=28), torch.zeros(5, 2, dtype=torch.bool))):  # fmt: skip
+            out = InfoNCEQueueLoss()(h, h_pos, q, negatives, mask)
+            assert torch.equal(out.per_example, plain.per_example) and torch.equal(out.loss, plain.loss)
+
+
+def test_mined_negatives_carry_gradient_and_masked_ones_none() -> None:
+    h, h_pos = _rand(3, 4, seed=29).requires_grad_(), _rand(3, 4, seed=30)
+    negatives = _rand(3, 2, 4, seed=31).requires_grad_()
+    mask = torch.tensor([[True, False], [True, True], [False, False]])
+    InfoNCEQueueLoss()(h, h_pos, None, negatives, mask).loss.backward()
+    assert negatives.grad is not None
+    assert bool((negatives.grad[~mask] == 0).all()) and bool((negatives.grad[mask].abs().sum(-1) > 0).all())

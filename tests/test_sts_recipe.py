@@ -110,11 +110,15 @@ def test_tune_sweep_runs_table_5s_ladder(ray_local, tmp_path: Path) -> None:
     del space.baselines["cross_attention"]  # three trials keep the file near its time budget; the demo runs all
     summary = driver.run_tune(sts, space, tmp_path)
     assert not summary["failed_trials"]
-    assert [r["method"] for r in summary["table"]] == ["MSE only", "+ InfoNCE (in-batch)", "+ MoCo queue"]
+    assert [r["method"] for r in summary["table"]] == ["MSE only", "+ InfoNCE (in-batch)", "+ MoCo queue",
+                                                       "+ InfoNCE (in-batch) + dense negatives"]  # fmt: skip
     for row in summary["table"]:  # no fine-tuning: the final setting is pre_train
         assert row["dev_spearman"] == pytest.approx(row["dev/pre_train/EN+PT/ALL"])
     report = (tmp_path / "report.md").read_text()
     assert "| MSE only |" in report and "| + MoCo queue |" in report
+    plain, dense = (100 * summary["table"][i]["dev_spearman"] for i in (1, 3))
+    assert f"in-batch only {plain:.2f} → with dense negatives {dense:.2f} ({dense - plain:+.2f})" in report
+    assert [p.parent.name for p in (tmp_path / "mining").glob("*/_report.json")] == ["dense-pool16-score4"]
     assert (tmp_path / "dev.submission.csv").exists() and (tmp_path / "align_uniform.png").exists()
 
 
@@ -184,3 +188,134 @@ def test_a_rank_that_cannot_see_the_pre_trained_model_stops_naming_the_path(tmp_
                                                                                            epochs=0)))  # fmt: skip
     assert no_pretraining._kept(Worker(1, 2, cpu, Precision("fp32", cpu), tmp_path / "other", w.job),
                                 "pre_train") == tmp_path / "init"  # no pre-training: the initial model
+
+
+# ---------------------------------------------------------------------------------------------- dense negatives
+def test_dense_negatives_are_mined_once_and_a_trials_selection_is_mining_with_its_margin(tmp_path: Path) -> None:
+    """``mining.dense``: the training mines a pool with the base encoder into the run folder and trains on it;
+    a trial's selection (K, relative margin) from the pool equals ``mine_dense_negatives`` with those settings."""
+    from raycl import mine_dense_negatives
+    from raycl.recipes.sts.negatives import mining_pairs, read_negatives
+
+    space = load_space("sts", preset="smoke", overrides=[*TINY, "scaling.num_workers=0", "finetune.epochs=0",
+                                                         "mining.dense=true", "mining.pool=8"])  # fmt: skip
+    summary = driver.run_train(sts, space, tmp_path)
+    assert summary["best"]["dev_spearman"] is not None
+    pool = read_negatives(tmp_path / "mining" / "dense-pool8-score4")
+    cfg = space.config
+    rows, corpus = mining_pairs(dataclasses.replace(cfg, data=dataclasses.replace(
+        cfg.data, sts_pretrain=[str(p) for p in sorted((tmp_path / "data").rglob("*sts*.csv"))])))  # fmt: skip
+    assert rows and set(pool) <= {r["anchor"] for r in rows} and len(pool) > len(rows) // 2
+    assert all(len(v.negatives) <= 8 and v.scores == tuple(sorted(v.scores or (), reverse=True))
+               for v in pool.values())  # fmt: skip
+    m = dataclasses.replace(cfg.mining, num_negatives=2, relative_margin=0.05)
+    direct = mine_dense_negatives(rows, str(tmp_path / "base_model"), "anchor", "positive", corpus=corpus,
+                                  num_negatives=2, relative_margin=0.05, range_max=8, output_format="triplet",
+                                  verbose=False, num_miners=0)  # fmt: skip
+    want: dict[str, list[str]] = {}
+    for r in direct:
+        if r["negative"] not in want.setdefault(r["anchor"], []):
+            want[r["anchor"]].append(r["negative"])
+    got = {a: n for a, v in pool.items() if (n := v.select(m))}
+    assert got == want and any(len(v.select(m)) < len(v.select(dataclasses.replace(m, relative_margin=None)))
+                               for v in pool.values())  # the margin dropped some  # fmt: skip
+
+
+def _negatives_file(path: Path, rows: list[dict[str, object]]) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_pre_mined_negatives_in_every_format_and_bad_ones_in_one_line(tmp_path: Path) -> None:
+    from raycl.errors import UserError
+    from raycl.recipes.sts.negatives import check_negatives, read_negatives
+
+    triplets = _negatives_file(tmp_path / "t.parquet", [
+        {"anchor": "a", "positive": "p", "negative": "x", "scores": [0.8, 0.9]},
+        {"anchor": "a", "positive": "p", "negative": "y", "scores": [0.8, 0.5]},
+        {"anchor": "a", "positive": "q", "negative": "x", "scores": [0.6, 0.9]},  # a second, harder positive
+        {"anchor": "b", "positive": "r", "negative": "z", "scores": [-0.2, -0.21]},
+        {"anchor": "b", "positive": "r", "negative": "w", "scores": [-0.2, -0.4]}])  # fmt: skip
+    got = read_negatives(triplets)
+    assert got["a"].negatives == ("x", "y") and got["a"].positive_score == pytest.approx(0.6)
+    cfg = load_space("sts", overrides=["mining.dense=true", f"mining.negatives={triplets}",
+                                       "mining.relative_margin=0.1"]).config  # fmt: skip
+    # a: p = 0.6 keeps s ≤ 0.54 (y only); b: p = −0.2 keeps s ≤ −0.22 (|p|, not p: −0.18 would keep z)
+    assert got["a"].select(cfg.mining) == ["y"] and got["b"].select(cfg.mining) == ["w"]
+    for m, a, b in ((0.05, ["y"], ["w"]), (0.15, [], ["w"]), (0.25, [], [])):  # keeps s ≤ p − m
+        absolute = dataclasses.replace(cfg.mining, relative_margin=None, absolute_margin=m)
+        assert (got["a"].select(absolute), got["b"].select(absolute)) == (a, b)
+    assert check_negatives(cfg) == 2
+    ntuple = _negatives_file(tmp_path / "n.parquet", [{"anchor": "a", "positive": "p", "negative_1": "x",
+                                                       "negative_2": "y"}])  # fmt: skip
+    listed = _negatives_file(tmp_path / "l.parquet", [{"anchor": "a", "positive": ["p", "x", "y"],
+                                                       "labels": [1, 0, 0]}])  # fmt: skip
+    for path in (ntuple, listed):
+        assert read_negatives(path)["a"].negatives == ("x", "y") and read_negatives(path)["a"].scores is None
+    with pytest.raises(UserError, match=r"n.parquet: no scores, expected them with mining.relative_margin"):
+        check_negatives(dataclasses.replace(cfg, mining=dataclasses.replace(cfg.mining, negatives=str(ntuple))))
+    pairs = _negatives_file(tmp_path / "p.parquet", [{"anchor": "a", "text": "x", "label": 0}])
+    with pytest.raises(UserError, match=r"p.parquet: columns anchor, text, label: expected a negative"):
+        read_negatives(pairs)
+    (tmp_path / "bad.parquet").write_text("not parquet")
+    with pytest.raises(UserError, match=r"bad.parquet: not a readable Parquet file"):
+        read_negatives(tmp_path / "bad.parquet")
+    with pytest.raises(UserError, match=r"mining.negatives: .*nowhere: expected a Parquet file or a folder"):
+        read_negatives(tmp_path / "nowhere")
+
+
+def test_the_step_adds_each_sentences_mined_negatives_to_its_denominator(tmp_path: Path) -> None:
+    """Collate gives each contrastive sentence its own negatives (padded, each text once); the step's L_con is the
+    loss with them (dropout off: the views are equal), strictly above the in-batch one."""
+    from raycl.losses.infonce_queue import InfoNCEQueueLoss
+    from raycl.recipes.sts.worker import StsState, StsTask
+
+    enc = SentenceEncoder.from_pretrained(build_sentence_encoder(
+        "smoke", tmp_path / "m", texts=["a b c", "d e f", "g h", "x y", "z w"] * 4, seed=0)).eval()  # fmt: skip
+    mined = {"a b c": ["x y", "z w"], "g h": ["x y"]}
+    cfg = load_space("sts", preset="smoke", overrides=["moco.queue_size=0"]).config
+    task, st = StsTask(cfg), StsState(enc, [], [], {}, mined=mined)
+    sentences = ["a b c", "d e f", "g h"]
+    batch = task.collate(st, ("con", [], sentences))
+    assert batch.negatives is not None and batch.negatives.index.tolist() == [[0, 1], [-1, -1], [0, -1]]
+    loss, _ = task._contrastive(st, batch)
+    with torch.no_grad():
+        h, n = enc.encode(sentences), enc.encode(["x y", "z w"])
+    negatives = torch.stack([n, n, n])  # (B, K, H), masked where index is −1
+    want = InfoNCEQueueLoss(temperature=cfg.loss.temperature)(h, h, None, negatives, batch.negatives.index >= 0)
+    assert loss.item() == pytest.approx(want.loss.item(), rel=1e-5)
+    plain, _ = task._contrastive(StsState(enc, [], [], {}), task.collate(StsState(enc, [], [], {}),
+                                                                          ("con", [], sentences)))  # fmt: skip
+    assert loss.item() > plain.item()
+
+
+def test_a_sweep_over_the_margin_and_the_count_is_checked_like_any_key(tmp_path: Path) -> None:
+    from raycl.errors import UserError
+
+    text = (Path(__file__).parents[1] / "tune_spaces" / "sts.yaml").read_text(encoding="utf-8")
+    good = tmp_path / "good.yaml"
+    good.write_text(text.replace("search:", "search:\n  mining.relative_margin: {grid: [0.0, 0.05]}\n"
+                                 "  mining.num_negatives: {grid: [1, 3]}", 1))  # fmt: skip
+    space = load_space(str(good), overrides=["mining.dense=true"])
+    assert space.search["mining.num_negatives"] == {"grid": [1, 3]}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("search:", "search:\n  mining.relative_margin: {grid: [0.05, 1.5]}", 1))
+    with pytest.raises(UserError, match=r"relative_margin': expected a number in \[0, 1\] or null, got 1.5"):
+        load_space(str(bad))
+    with pytest.raises(UserError, match=r"mining.num_negatives': expected at most mining.pool \(16\)"):
+        load_space("sts", overrides=["mining.num_negatives=17"])
+
+
+def test_bad_pre_mined_negatives_end_in_one_line_before_anything_runs(tmp_path: Path) -> None:
+    out, missing = tmp_path / "run", tmp_path / "no_negatives"
+    done = subprocess.run([sys.executable, "-m", "raycl.train", "sts", "--preset", "smoke", "--out", str(out),
+                           "--set", "mining.dense=true", "--set", f"mining.negatives={missing}"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "RAY_ADDRESS": ""})  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().count("\n") == 0
+    assert f"mining.negatives: {missing}: expected a Parquet file or a folder of Parquet shards" in done.stderr
+    assert not (out / "ray").exists() and not (out / "base_model").exists()

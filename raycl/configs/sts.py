@@ -84,6 +84,21 @@ class StsEvalSection:
 
 
 @dataclass
+class StsMiningSection:
+    """Dense hard negatives for the contrastive objective (docs/recipes/sts.md#dense-hard-negatives): a pool mined
+    once per run by ``raycl.mine_dense_negatives`` with the base encoder, or a Parquet file/folder of it; each
+    trial keeps, per anchor, the ``num_negatives`` hardest that pass its margins."""
+
+    dense: bool = False  # train with dense negatives: those of ``negatives``, or a pool the driver mines
+    negatives: str = ""  # Parquet file/folder of ``raycl.mine dense``; empty: the driver mines <run>/mining/dense
+    num_negatives: int = 3  # per anchor, the hardest survivors of the margins (0 = in-batch only)
+    relative_margin: float | None = None  # keeps s ≤ p − |p|·r (p: the anchor's hardest positive score)
+    absolute_margin: float | None = None  # keeps s ≤ p − m
+    positive_min_score: float = 4.0  # STS training pairs with score ≥ this are (anchor, positive) pairs to mine
+    pool: int = 16  # candidates mined per anchor, no margin (range_max), eval.batch_size a batch: trials select
+
+
+@dataclass
 class StsConfig:
     task: str = "sts"
     model: StsModelSection = field(default_factory=StsModelSection)
@@ -96,6 +111,14 @@ class StsConfig:
     eval: StsEvalSection = field(default_factory=StsEvalSection)
     scaling: ScalingSection = field(default_factory=ScalingSection)
     tune: TuneSection = field(default_factory=lambda: TuneSection(metric="dev_spearman"))
+    mining: StsMiningSection = field(default_factory=StsMiningSection)
+
+    @property
+    def mines_dense(self) -> bool:
+        """Whether the contrastive objective takes dense negatives (the pool mined, or the file given; λ = 0 has no
+        contrastive objective, so the MSE-only rung of a ladder at a mining point takes none)."""
+        m = self.mining
+        return m.dense and m.num_negatives > 0 and self.loss.lam > 0
 
     @property
     def final_setting(self) -> str:
@@ -131,3 +154,18 @@ class StsConfig:
                     f"{', '.join('data.' + k for k in group)} all given or all empty (built-in)",
                     {k: getattr(d, k) for k in group})  # fmt: skip
         require(not d.eval_gold or bool(d.eval), where, "data.eval_gold", "data.eval given with it", d.eval_gold)
+        self._validate_mining(where)
+
+    def _validate_mining(self, where: str) -> None:
+        mi = self.mining
+        n = mi.num_negatives
+        require(0 <= n <= 64, where, "mining.num_negatives", "an integer in [0, 64]", n)
+        require(1 <= mi.pool <= 1024, where, "mining.pool", "an integer in [1, 1024]", mi.pool)
+        require(n <= mi.pool or bool(mi.negatives), where, "mining.num_negatives",
+                f"at most mining.pool ({mi.pool}), the candidates mined per anchor", mi.num_negatives)
+        require(mi.relative_margin is None or 0.0 <= mi.relative_margin <= 1.0, where, "mining.relative_margin",
+                "a number in [0, 1] or null", mi.relative_margin)
+        require(mi.absolute_margin is None or 0.0 <= mi.absolute_margin <= 2.0, where, "mining.absolute_margin",
+                "a number in [0, 2] (cosines) or null", mi.absolute_margin)
+        require(0.0 <= mi.positive_min_score <= 5.0, where, "mining.positive_min_score", "an STS score in [0, 5]",
+                mi.positive_min_score)

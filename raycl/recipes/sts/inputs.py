@@ -20,6 +20,7 @@ from raycl.data.semeval import (
 )
 from raycl.data.semeval_corpus import write_builtin_semeval
 from raycl.errors import UserError
+from raycl.recipes.sts.negatives import check_negatives, checked_pairs
 
 # ---------------------------------------------------------------------------------------------- Subtask B
 B_KEYS = {"train_data": "b.train_data", "dev": "b.dev", "dev_gold": "b.dev_gold",
@@ -62,6 +63,10 @@ def sts_check_data(cfg: StsConfig) -> dict[str, int]:
     counts["dev_gold"] = len(list(read_rows(d.dev_gold, B_GOLD_HEADER)))
     if d.eval_gold:
         counts["eval_gold"] = len(list(read_rows(d.eval_gold, B_GOLD_HEADER)))
+    if cfg.mining.negatives:
+        counts["dense_anchors"] = check_negatives(cfg)
+    elif cfg.mines_dense:
+        counts["dense_anchors"] = len(checked_pairs(cfg)[0])
     return counts
 
 def mwe_tokens(cfg: StsConfig) -> list[str]:

@@ -18,6 +18,7 @@ copied to the run folder.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from raycl.data.semeval import (
 )  # fmt: skip
 from raycl.driver import RecipeBase, Run, TrainPoint, fit_job
 from raycl.models.sentence_encoder import CONFIG_FILE, build_sentence_encoder
-from raycl.recipes.sts import inputs, report
+from raycl.recipes.sts import inputs, negatives, report
 from raycl.recipes.sts.worker import StsTask, fits
 from raycl.records import TrialOutcome
 from raycl.report import copy_atomic
@@ -71,7 +72,11 @@ class StsRecipe(RecipeBase):
         return [TrainPoint("train", {}, "pre-train → fine-tune")]
 
     def train_one(self, run: Run, cfg: StsConfig, out_dir: Path, *, name: str, in_tune: bool) -> Any:
-        """Both phases of one point (``scaling.num_workers=0``: in-process)."""
+        """Both phases of one point (``scaling.num_workers=0``: in-process); with ``mining.dense`` and no
+        ``mining.negatives``, the run's pool (mined by the first training that needs it, in its process)."""
+        if cfg.mines_dense and not cfg.mining.negatives:
+            pool = str(negatives.run_pool(cfg, run.base_model, run.run_dir / "mining"))
+            cfg = dataclasses.replace(cfg, mining=dataclasses.replace(cfg.mining, negatives=pool))
         return fit_job(run, cfg, Job(StsTask(cfg), str(run.base_model), str(out_dir)), name=name, in_tune=in_tune)
 
     def max_t(self, run: Run) -> int:

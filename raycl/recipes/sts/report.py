@@ -19,7 +19,9 @@ if TYPE_CHECKING:
 SETTINGS = ("pre_train", "fine_tune")
 LADDER = (("mse_only", "MSE only"), ("cross_attention", "+ cross-attention"),
           ("infonce", "+ InfoNCE (in-batch)"), (None, "+ MoCo queue"))  # fmt: skip
-SYMBOLS = {"loss.lam": "λ", "loss.temperature": "τ", "moco.queue_size": "Q", "moco.m": "m", "loss.joint": "joint"}
+DENSE = ("dense_negatives", "+ InfoNCE (in-batch) + dense negatives")  # below the ladder: vs its in-batch row
+SYMBOLS = {"loss.lam": "λ", "loss.temperature": "τ", "moco.queue_size": "Q", "moco.m": "m", "loss.joint": "joint",
+           "mining.num_negatives": "K", "mining.relative_margin": "r", "mining.absolute_margin": "m_abs"}
 
 
 def final_row(trial: TrialOutcome) -> dict[str, Any] | None:
@@ -37,7 +39,7 @@ def best_trial(trials: list[TrialOutcome], *, metric: str, mode: str = "max") ->
 
 def _label(trial: TrialOutcome) -> str:
     name = trial.params.get("baseline")
-    return dict(LADDER).get(name, str(name)) if name is not None else dict(LADDER)[None]
+    return dict([*LADDER, DENSE]).get(name, str(name)) if name is not None else dict(LADDER)[None]
 
 
 def _row(trial: TrialOutcome) -> dict[str, Any]:
@@ -78,6 +80,7 @@ def _render(run: Run, space: Space, summary: dict[str, Any], trials: list[TrialO
              "kept on the STS dev split; fine_tune: the one kept on dev). Each row adds one strategy to the row "
              f"above; the last is the sweep's best point (joint loss: {cfg.loss.joint}).", "",
              *_table(rows, "dev"), ""]  # fmt: skip
+    lines += _dense_lines(rows, cfg)
     if any(k.startswith("test/") for r in rows for k in r):
         lines += ["The same on eval (the paper's test):", "", *_table(rows, "test"), ""]
     lines += ["Alignment and uniformity of the mean-pooled embeddings (lower is better, Fig. 5):", "",
@@ -92,6 +95,22 @@ def _render(run: Run, space: Space, summary: dict[str, Any], trials: list[TrialO
         point = ", ".join(f"{SYMBOLS.get(k, k)}={v}" for k, v in t.params.items()) or "default"
         lines.append(f"| {point} | {pct((final_row(t) or {}).get('dev_spearman'))} |")
     return "\n".join(lines + closing_lines(run, summary, plots))
+
+
+def _dense_lines(rows: list[dict[str, Any]], cfg: Any) -> list[str]:
+    """The dense-negative row against the in-batch row it extends (both at the best point, no queue)."""
+    by = {r["method"]: r for r in rows}
+    dense, plain = by.get(DENSE[1]), by.get(dict(LADDER)["infonce"])
+    if dense is None or plain is None:
+        return []
+    m, a, b = cfg.mining, num(plain.get("dev_spearman")), num(dense.get("dev_spearman"))
+    delta = f" ({100 * (b - a):+.2f})" if a is not None and b is not None else ""
+    point = {k: dense.get(f"mining.{k}", getattr(m, k)) for k in ("num_negatives", "relative_margin",
+                                                                  "absolute_margin")}  # fmt: skip
+    settings = ", ".join(f"{k} {v}" for k, v in point.items() if v is not None)
+    source = m.negatives or f"a pool of {m.pool} per anchor mined with the base encoder"
+    return [f"Dense hard negatives (the last row: {settings}; {source}): dev Spearman of the final setting, "
+            f"in-batch only {pct(a)} → with dense negatives {pct(b)}{delta}.", ""]
 
 
 def _plots(run_dir: Path, ladder: list[TrialOutcome]) -> list[Path]:

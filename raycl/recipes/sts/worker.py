@@ -35,6 +35,7 @@ from raycl.losses.mse_cosine import MSECosineLoss
 from raycl.memory.moco import MoCoKeyEncoder
 from raycl.models.sentence_encoder import SentenceEncoder
 from raycl.recipes.sts import evaluation
+from raycl.recipes.sts.negatives import negatives_for
 from raycl.training import optim as optimizers
 from raycl.training.checkpoint import seed_everything
 from raycl.training.loop import (
@@ -160,6 +161,28 @@ class StsBatch:
     sentences: Sentences | None  # the contrastive objective's sentences (SimCSE views of each)
     n_pairs: int
     n_sentences: int
+    negatives: MinedNegatives | None = None  # the sentences' own dense hard negatives (``mining``)
+
+
+@dataclass(frozen=True)
+class MinedNegatives:
+    """The contrastive batch's mined negatives: each distinct text once, and each sentence's columns in them."""
+
+    texts: Sentences  # (N, T)
+    index: torch.Tensor  # (B, K) long: sentence i's k-th negative is row index[i, k] of ``texts``; −1: none
+
+    @classmethod
+    def of(cls, enc: SentenceEncoder, sentences: list[str], mined: dict[str, list[str]], *,
+           pad_to_multiple_of: int | None) -> MinedNegatives | None:  # fmt: skip
+        """None when no sentence of the batch has negatives (the step is then the plain InfoNCE)."""
+        per = [mined.get(s, []) for s in sentences]
+        k = max(map(len, per), default=0)
+        if k == 0:
+            return None
+        texts = list(dict.fromkeys(t for negs in per for t in negs))
+        row = {t: i for i, t in enumerate(texts)}
+        index = torch.tensor([[row[t] for t in negs] + [-1] * (k - len(negs)) for negs in per])  # (B, K)
+        return cls(Sentences.of(enc, texts, pad_to_multiple_of=pad_to_multiple_of), index)
 
 
 @dataclass
@@ -167,6 +190,7 @@ class StsState(TrainState):
     pairs: list[Pair] = field(default_factory=list)  # the current fit's data
     sentences: list[str] = field(default_factory=list)
     evals: evaluation.Evaluator | None = None  # rank 0
+    mined: dict[str, list[str]] = field(default_factory=dict)  # {sentence: its dense hard negatives} (``mining``)
 
     @property
     def moco(self) -> MoCoKeyEncoder | None:
@@ -190,6 +214,7 @@ class StsTask(TaskBase):
         st = StsState(model, [], [], dict(progress or {"fit": 0, "started": False}),
                       per_rank=("moco",))  # its ring holds this rank's keys
         self._key_encoder(st, w)
+        st.mined = negatives_for(self.cfg)  # every rank reads the run's pool (a folder all workers share)
         if progress is not None and progress["started"]:
             self._start_fit(st, fits(self.cfg)[progress["fit"]], w)
         st.total_updates = sum(self._fit_updates(f, n, w) for f, n in zip(fits(self.cfg), self._fit_sizes(),
@@ -285,9 +310,11 @@ class StsTask(TaskBase):
             a = Sentences.of(st.model, list(first), pad_to_multiple_of=pad)
             b = Sentences.of(st.model, list(second), pad_to_multiple_of=pad)
             labels = torch.tensor(y)  # (P,)
+        mined = None
         if sentences:
             con = Sentences.of(st.model, sentences, pad_to_multiple_of=pad)
-        return StsBatch(kind, a, b, labels, con, len(pairs), len(sentences))
+            mined = MinedNegatives.of(st.model, sentences, st.mined, pad_to_multiple_of=pad) if st.mined else None
+        return StsBatch(kind, a, b, labels, con, len(pairs), len(sentences), mined)
 
     def step(self, st: StsState, data: StsBatch, ctx: StepContext) -> dict[str, Any]:
         """The MSE objective, the contrastive one, or their joint sum (backward of the summed loss: the weight is
@@ -296,7 +323,7 @@ class StsTask(TaskBase):
         out: dict[str, Any] = {"n_mse": float(kind != "con"), "n_con": float(kind != "mse")}
         zero = torch.zeros((), device=ctx.device)
         l_mse = self._mse(st, data) if data.a is not None else zero
-        l_con, keys = self._contrastive(st, data.sentences) if data.sentences is not None else (zero, None)
+        l_con, keys = self._contrastive(st, data) if data.sentences is not None else (zero, None)
         if kind == "con":
             ctx.backward(lam * l_con, weight=float(data.n_sentences))  # the released MoCo loss carries the ×λ
         else:
@@ -315,9 +342,11 @@ class StsTask(TaskBase):
             u, v = enc.embed(a.ids, a.mask, padded=a.padded), enc.embed(b.ids, b.mask, padded=b.padded)
         return MSECosineLoss()(u, v, data.labels).loss
 
-    def _contrastive(self, st: StsState, s: Sentences) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """L_con of SimCSE views of the sentences against in-batch positives and the queue; this step's keys."""
-        enc, moco = st.model, st.moco
+    def _contrastive(self, st: StsState, data: StsBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """L_con of SimCSE views of the sentences against in-batch positives, the queue and each sentence's own
+        mined negatives (embedded by the trained encoder, with gradient, as SimCSE's); this step's keys."""
+        enc, moco, s = st.model, st.moco, data.sentences
+        assert s is not None
         h = enc.embed(s.ids, s.mask, padded=s.padded)  # (B, H)
         h_pos = enc.embed(s.ids, s.mask, padded=s.padded)  # (B, H): dropout is the augmentation
         keys, queue = None, None
@@ -325,7 +354,13 @@ class StsTask(TaskBase):
             if not self.cfg.moco.update_every_forward:
                 moco.momentum_update(enc)
             keys, queue = moco.keys(s.ids, s.mask), moco.queued()  # (B, H), (Q, H)
-        return InfoNCEQueueLoss(temperature=self.cfg.loss.temperature)(h, h_pos, queue).loss, keys
+        negatives = mask = None
+        if (mined := data.negatives) is not None:
+            t = mined.texts
+            rows = enc.embed(t.ids, t.mask, padded=t.padded)  # (N, H)
+            negatives, mask = rows[mined.index.clamp(min=0)], mined.index >= 0  # (B, K, H), (B, K)
+        loss = InfoNCEQueueLoss(temperature=self.cfg.loss.temperature)(h, h_pos, queue, negatives, mask).loss
+        return loss, keys
 
     def metrics(self, st: StsState, window: Window, rep: Report, w: Worker) -> dict[str, Any]:
         s, lam = window.sums, self.cfg.loss.lam

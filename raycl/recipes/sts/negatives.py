@@ -1,0 +1,175 @@
+"""Dense hard negatives for the STS recipe's contrastive objective (``mining`` section; docs/recipes/sts.md).
+
+The pool: ``raycl.mine_dense_negatives`` with the base (pre-trained) encoder on the STS training pairs whose
+score is ≥ ``mining.positive_min_score`` (anchor sentence 1, positive sentence 2; the corpus is every sentence of
+the STS training split), the ``mining.pool`` nearest candidates of each anchor with no margin, in
+sentence-transformers' ``labeled-list`` format with scores — mined once per run, in-process, by the first
+training that needs it, into ``<run>/mining/dense-pool<P>-score<S>/`` — or a Parquet file/folder given as
+``mining.negatives`` (any of ``raycl.mine dense``'s formats but ``labeled-pair``). Each trial then keeps, per
+anchor, the first ``mining.num_negatives`` candidates that pass its own margins, with the miner's formulas
+(:mod:`raycl.miners.dense`; p the anchor's hardest positive score): ``absolute_margin`` m keeps s ≤ p − m,
+``relative_margin`` r keeps s ≤ p − |p|·r. On a pool mined without margins that is what mining with the trial's
+margins and ``range_max = mining.pool`` gives, so a sweep over margins and counts mines once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raycl.data.semeval import read_sts_pretrain
+from raycl.errors import UserError
+from raycl.miners.shards import shard_files
+
+if TYPE_CHECKING:
+    from raycl.configs.sts import StsConfig, StsMiningSection
+
+ANCHOR, POSITIVE = "anchor", "positive"
+
+
+@dataclass(frozen=True)
+class AnchorNegatives:
+    """One anchor's mined candidates, hardest first, and its hardest positive's score (None: no scores)."""
+
+    negatives: tuple[str, ...]
+    scores: tuple[float, ...] | None
+    positive_score: float | None
+
+    def select(self, m: StsMiningSection) -> list[str]:
+        """The first ``num_negatives`` that pass the margins (the pool is in descending score)."""
+        keep, p, bounds = list(self.negatives), self.positive_score, []
+        if p is not None and m.absolute_margin is not None:
+            bounds.append(p - m.absolute_margin)
+        if p is not None and m.relative_margin is not None:
+            bounds.append(p - abs(p) * m.relative_margin)
+        if bounds and self.scores is not None:
+            keep = [n for n, s in zip(self.negatives, self.scores, strict=True) if s <= min(bounds)]
+        return keep[: m.num_negatives]
+
+
+def mining_pairs(cfg: StsConfig) -> tuple[list[dict[str, str]], list[str]]:
+    """The (anchor, positive) rows to mine — STS training pairs with score ≥ ``positive_min_score`` — and the
+    corpus: every sentence of the STS training split, each once."""
+    train = [p for spec in cfg.data.sts_pretrain for p in read_sts_pretrain(spec) if p.split == "train"]
+    rows = [{ANCHOR: p.sentence1, POSITIVE: p.sentence2} for p in train
+            if p.score >= cfg.mining.positive_min_score]  # fmt: skip
+    corpus = list(dict.fromkeys(s for p in train for s in (p.sentence1, p.sentence2)))
+    return rows, corpus
+
+
+def checked_pairs(cfg: StsConfig) -> tuple[list[dict[str, str]], list[str]]:
+    """:func:`mining_pairs`, at least one (the driver checks it before anything runs)."""
+    rows, corpus = mining_pairs(cfg)
+    if not rows:
+        raise UserError(f"mining.positive_min_score: no STS training pair of {', '.join(cfg.data.sts_pretrain)} "
+                        f"has a score ≥ {cfg.mining.positive_min_score}, expected at least one to mine for")
+    return rows, corpus
+
+
+def run_pool(cfg: StsConfig, model: Path, mining_dir: Path) -> Path:
+    """The run's pool for ``cfg``'s pool settings, ``<run>/mining/dense-pool<P>-score<S>/``: mined by the first
+    training that needs it; one that comes while it is being mined waits on the lock, then finds it done (the
+    miner resumes a finished output without redoing anything)."""
+    import fcntl
+
+    m = cfg.mining
+    out = mining_dir / f"dense-pool{m.pool}-score{m.positive_min_score:g}"
+    mining_dir.mkdir(parents=True, exist_ok=True)
+    with open(mining_dir / f"{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process dies)
+        return mine_pool(cfg, model, out)
+
+
+def mine_pool(cfg: StsConfig, model: Path, out: Path) -> Path:
+    """A pool (a rerun with the same settings resumes it; the miner's manifest refuses other ones)."""
+    from raycl.distributed.dense_api import mine_dense_negatives
+
+    rows, corpus = checked_pairs(cfg)
+    m = cfg.mining
+    mine_dense_negatives(rows, str(model), ANCHOR, POSITIVE, corpus=corpus, num_negatives=m.pool,
+                         output_format="labeled-list", output_scores=True, batch_size=cfg.eval.batch_size,
+                         verbose=False, num_miners=0, out=out, device="cpu")  # fmt: skip
+    return out
+
+
+def read_negatives(path: str | Path) -> dict[str, AnchorNegatives]:
+    """``{anchor: its candidates}`` from a Parquet file or a folder of shards (bad input: one line)."""
+    import pyarrow.parquet as pq
+
+    p = Path(path)
+    files = [p] if p.is_file() else (shard_files(p) or sorted(p.glob("*.parquet"))) if p.is_dir() else []
+    if not files:
+        raise UserError(f"mining.negatives: {path}: expected a Parquet file or a folder of Parquet shards")
+    rows: list[dict[str, Any]] = []
+    for f in files:
+        try:
+            rows += pq.read_table(f).to_pylist()
+        except Exception as e:  # pyarrow's errors are many types; all mean "not Parquet"
+            raise UserError(f"mining.negatives: {f}: not a readable Parquet file ({type(e).__name__})") from None
+    return group_negatives(rows, where=str(path))
+
+
+def group_negatives(rows: list[dict[str, Any]], *, where: str) -> dict[str, AnchorNegatives]:
+    """Rows of ``triplet``, ``n-tuple`` or ``labeled-list`` (with or without ``scores``), grouped by anchor (the
+    first column): distinct negatives in descending score (row order without scores), the hardest positive."""
+    if not rows:
+        return {}
+    cols = list(rows[0])
+    anchor, second = cols[0], cols[1] if len(cols) > 1 else ""
+    listed = isinstance(rows[0].get(second), list)
+    neg_cols = [c for c in cols if c == "negative" or c.startswith("negative_")]
+    if not listed and not neg_cols:
+        raise UserError(f"mining.negatives: {where}: columns {', '.join(cols)}: expected a negative or "
+                        "negative_1… column (triplet, n-tuple) or a list column (labeled-list)")  # fmt: skip
+    found: dict[str, tuple[dict[str, float | None], list[float]]] = {}
+    for r in rows:
+        negs, pos_score = _row_negatives(r, second, neg_cols, listed)
+        seen, positives = found.setdefault(r[anchor], ({}, []))
+        for text, s in negs:
+            seen.setdefault(text, s)
+        if pos_score is not None:
+            positives.append(pos_score)
+    out = {}
+    for a, (seen, positives) in found.items():
+        scored = all(s is not None for s in seen.values()) and bool(positives)
+        items = sorted(seen.items(), key=lambda kv: -float(kv[1])) if scored else list(seen.items())  # type: ignore[arg-type]
+        out[a] = AnchorNegatives(tuple(t for t, _ in items),
+                                 tuple(float(s) for _, s in items) if scored else None,  # type: ignore[arg-type]
+                                 min(positives) if scored else None)  # fmt: skip
+    return out
+
+
+def _row_negatives(r: dict[str, Any], second: str, neg_cols: list[str], listed: bool
+                   ) -> tuple[list[tuple[str, float | None]], float | None]:  # fmt: skip
+    scores = r.get("scores")
+    if listed:  # labeled-list: [positive, negatives…] with scores, or labels 1 then 0s
+        texts = r[second]
+        if scores is not None:
+            return list(zip(texts[1:], scores[1:], strict=True)), float(scores[0])
+        return [(t, None) for t, lab in zip(texts, r.get("labels") or [], strict=False) if lab == 0], None
+    texts = [r[c] for c in neg_cols]
+    if scores is not None:
+        return list(zip(texts, scores[1:], strict=True)), float(scores[0])
+    return [(t, None) for t in texts], None
+
+
+def check_negatives(cfg: StsConfig) -> int:
+    """The driver's check of ``mining.negatives`` (before Ray starts): readable, and scored where a margin is
+    set. Returns the anchors it holds."""
+    m = cfg.mining
+    found = read_negatives(m.negatives)
+    margin = m.relative_margin is not None or m.absolute_margin is not None
+    if margin and any(v.scores is None for v in found.values()):
+        raise UserError(f"mining.negatives: {m.negatives}: no scores, expected them with mining.relative_margin "
+                        "or mining.absolute_margin (mine with --output-scores)")  # fmt: skip
+    return len(found)
+
+
+def negatives_for(cfg: StsConfig) -> dict[str, list[str]]:
+    """A trial's negatives: ``{anchor: its selected negatives}`` (anchors left with none are left out)."""
+    if not cfg.mines_dense:
+        return {}
+    pool = read_negatives(cfg.mining.negatives)
+    chosen = {a: v.select(cfg.mining) for a, v in pool.items()}
+    return {a: n for a, n in chosen.items() if n}
