@@ -9,7 +9,7 @@ outside the checkout, with nothing of it on the path (no ``PYTHONPATH``), it che
 - the ``raycl`` command lists its verbs;
 - one short training runs to its summary: ``raycl train idiom --preset smoke`` without Ray
   (``scaling.num_workers=0``), one epoch;
-- the wheel declares each extra (``pretrained``, ``mlflow``, ``wandb``, ``tracking``, ``dev``) with its
+- the wheel declares each extra (``pretrained``, ``ann``, ``mlflow``, ``wandb``, ``tracking``, ``dev``) with its
   requirements, and each but ``dev`` resolves on its own (``pip install --dry-run WHEEL[extra]``), unless
   ``--no-extras``; ``dev`` is what ``make install`` installs, and a dry run of it takes pip many minutes.
 
@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-EXTRAS = ("pretrained", "mlflow", "wandb", "tracking", "dev")
-RESOLVED = ("pretrained", "mlflow", "wandb", "tracking")  # dev: make install's own set
+EXTRAS = ("pretrained", "ann", "mlflow", "wandb", "tracking", "dev")
+RESOLVED = ("pretrained", "ann", "mlflow", "wandb", "tracking")  # dev: make install's own set
 VERBS = ("tune", "train", "mine", "eval", "convert")
 
 # run by the installed Python, in the working folder outside the checkout: where raycl and its spaces come from
