@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raycl.records import read_history
+from raycl.records import DONE, read_history
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,4 +56,7 @@ def test_two_sweeps_at_once_on_one_machine_both_finish(tmp_path: Path) -> None:
     for name in ("a", "b"):
         trials = sorted((tmp_path / name / "trials").iterdir())
         reports = [len([r for r in read_history(t) if "epoch" in r and "final" not in r]) for t in trials]
-        assert len(trials) == 3 and sorted(reports) == [1, 2, 2], (name, reports)  # one stopped after a report
+        # ASHA stops the low-lr trial at its first report; the stop reaches a trial this small when it may already
+        # have reported its second epoch (seen once: [2, 2, 2]): the stopped one is told by its missing done.json
+        ended = [(t / DONE).exists() for t in trials]
+        assert len(trials) == 3 and ended == [True, False, True] and reports[1] >= 1, (name, reports, ended)
