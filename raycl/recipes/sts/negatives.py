@@ -14,6 +14,7 @@ margins and ``range_max = mining.pool`` gives, so a sweep over margins and count
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -76,7 +77,9 @@ def run_pool(cfg: StsConfig, model: Path, mining_dir: Path) -> Path:
     m = cfg.mining
     out = mining_dir / f"dense-pool{m.pool}-score{m.positive_min_score:g}"
     mining_dir.mkdir(parents=True, exist_ok=True)
-    with open(mining_dir / f"{out.name}.lock", "w") as lock:
+    # never through a link planted at the lock's name (O_NOFOLLOW), never truncating what is there
+    fd = os.open(mining_dir / f"{out.name}.lock", os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process dies)
         return mine_pool(cfg, model, out)
 
