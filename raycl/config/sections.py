@@ -36,7 +36,7 @@ class TuneSection:
 
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-ENGINES = ("auto", "hf", "ctranslate2")  # beam search: raycl.models.ct2_engine.resolve_engine
+ENGINES = ("auto", "hf", "ctranslate2")  # beam search: raycl.models.engines.choose_engine
 
 
 @dataclass
@@ -85,6 +85,11 @@ class MiningSection:
     task_size: int = 32  # examples per miner task
     lease_s: float = 60.0  # a task not returned within this many seconds is mined again by another miner
     precision: str = "fp32"  # the miners' forward passes: fp32 | bf16 | fp16 (autocast); int8 with ctranslate2
+
+    def miner_options(self) -> dict[str, Any]:
+        """The keyword arguments of this section's miner (``MinerFactory.options``): the one place they are read
+        from the config. Every miner takes these; a task's section adds its miner's own."""
+        return {"batch_size": self.batch_size, "precision": self.precision}
 
 
 
