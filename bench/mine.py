@@ -15,8 +15,8 @@ One run prints one JSON object with
 - ``scan``: the driver's scan (``scan_ranges``: every byte read, records found) of a synthetic M2 of ``--scan-mb``
   MB, in MB/s.
 - ``null_model``: the Ray Data pipeline's own ceiling — ranges read, selected, written as shards, with decoding
-  skipped (``NullEngine``) — in sentences/s for M = 1, 2 at each of ``--null-sentences``, with the driver's peak
-  RSS (a fresh process each).
+  skipped (``raycl.testing.miners.NULL_BEAM``) — in sentences/s for M = 1, 2 at each of ``--null-sentences``,
+  with the driver's peak RSS (a fresh process each).
 - ``conversions_per_node``: CTranslate2 conversions (``conversions.log`` of each model's cache) per host and
   folder: 1 each when miners share them.
 Random models never stop early: every hypothesis runs to ``--max-new-tokens`` (``--max-len-b`` of the miners: a
@@ -228,8 +228,9 @@ NULL_SNIPPET = """
 import json, sys
 from pathlib import Path
 from raycl.distributed.corpus_mining import mine_corpus
+from raycl.testing.miners import NULL_BEAM
 data, out, model, m = sys.argv[1:5]
-s = mine_corpus(model, [data], Path(out), options={"k": 3, "engine": "hf", "null_decoding": True},
+s = mine_corpus(model, [data], Path(out), options={"k": 3, "engine": "hf"}, kind=NULL_BEAM,
                 shard_size=10000, num_miners=int(m), cpus_per_miner=1.0, progress=False)
 hwm = next(int(x.split()[1]) for x in open("/proc/self/status") if x.startswith("VmHWM:")) / 1024
 print(json.dumps({**s, "peak_rss_mib": hwm}))

@@ -8,7 +8,7 @@ __all__ = ["mine_dense_negatives", "mine_negatives"]
 
 def __getattr__(name: str) -> Any:  # PEP 562: ``import raycl`` stays light; the library call loads on first use
     if name == "mine_negatives":
-        from raycl.distributed.corpus_mining import mine_negatives
+        from raycl.distributed.negatives_api import mine_negatives
 
         return mine_negatives
     if name == "mine_dense_negatives":

@@ -21,7 +21,8 @@ from typing import Any, Protocol
 from raycl.config import MiningSection, Space, dump_yaml, set_dotted
 from raycl.distributed.miner_pool import MinerFactory
 from raycl.distributed.mining_service import MiningService
-from raycl.distributed.resources import waiting_line
+from raycl.distributed.nbest import SharedNBest
+from raycl.distributed.resources import MiningPlan, waiting_line
 from raycl.distributed.sweep import grid, report_again, run_sweep, to_param_space, trial_run_name
 from raycl.distributed.tracking import log_training
 from raycl.distributed.trainer import fit, has_checkpoint
@@ -43,7 +44,9 @@ class Run:
     counts: dict[str, int]  # examples per split, as read by the driver
     timings: dict[str, float] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)  # the recipe's other shared artefacts
-    services: dict[str, Any] = field(default_factory=dict)  # run-level actors trials use (GEC: the shared n-best)
+    nbest: SharedNBest | None = None  # the run's shared n-best while its trials train (GEC, mining.share)
+    # a test's or benchmark's crash switch for the trainers (raycl.training.chaos: Job.chaos); none in a run
+    trainer_faults: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,7 @@ class Recipe(Protocol):
     def train_one(self, run: Run, cfg: Any, out_dir: Path, *, name: str, in_tune: bool) -> Any: ...
     def max_t(self, run: Run) -> int: ...
     def trial_resources(self, run: Run) -> Any: ...
-    def mining_plan(self, cfg: Any, space: Space) -> tuple[Any, bool]: ...
+    def mining_plan(self, cfg: Any, space: Space) -> MiningPlan: ...
     def best(self, trials: list[TrialOutcome], cfg: Any) -> dict[Any, TrialOutcome]: ...
     def export(self, run: Run, best: dict[Any, TrialOutcome]) -> None: ...
     def write_report(self, run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]
@@ -99,10 +102,10 @@ class RecipeBase:
     def trial_resources(self, run: Run) -> Any:
         return None
 
-    def mining_plan(self, cfg: Any, space: Space) -> tuple[Any, bool]:
-        """The ``mining`` section of miners that run while ``cfg`` trains (None: none), and whether one pool
-        serves the whole run rather than each training its own (``raycl.distributed.resources``)."""
-        return None, False
+    def mining_plan(self, cfg: Any, space: Space) -> MiningPlan:
+        """The miners that run while ``cfg`` trains, if any, and whether one pool serves the whole run rather than
+        each training its own (``raycl.distributed.resources``): none by default."""
+        return MiningPlan()
 
     def best(self, trials: list[TrialOutcome], cfg: Any) -> dict[Any, TrialOutcome]:
         best = best_trial(trials, metric=cfg.tune.metric, mode=cfg.tune.mode)
@@ -115,7 +118,8 @@ class RecipeBase:
 # ---------------------------------------------------------------------------------------------- one training
 def fit_job(run: Run, cfg: Any, job: loop.Job, *, name: str, in_tune: bool) -> Any:
     """One training (a ``TorchTrainer`` over the one loop; ``scaling.num_workers=0``: in-process); Ray's Result."""
-    job = dataclasses.replace(job, use_gpu=cfg.scaling.use_gpu)  # local mode would take a GPU it sees otherwise
+    job = dataclasses.replace(job, use_gpu=cfg.scaling.use_gpu,  # local mode would take a GPU it sees otherwise
+                              chaos=run.trainer_faults or job.chaos)  # fmt: skip
     publish(Path(job.init_model))  # a staged run: in the store before a worker on another node reads it
     return fit(functools.partial(loop.run, job), scaling=cfg.scaling, name=name, storage_path=run.run_dir / "ray",
                in_tune=in_tune)  # fmt: skip

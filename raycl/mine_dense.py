@@ -105,6 +105,6 @@ def run_dense_cli(args: argparse.Namespace) -> dict[str, Any]:
              "corpus_column", "corpus_shard_size", "query_block_size", "cpus_per_miner", "gpus_per_miner",
              "address", "overwrite")  # fmt: skip
     summary, _ = run_dense(dataset=args.data, model=args.model, corpus=args.corpus, out=str(args.out),
-                           verbose=True, chaos=None, trust_out=args.trust_out, trust_hint=TRUST_HINT,
+                           verbose=True, faults=None, trust_out=args.trust_out, trust_hint=TRUST_HINT,
                            **{k: getattr(args, k) for k in names})  # fmt: skip
     return summary

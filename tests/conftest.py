@@ -82,5 +82,5 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
         from raycl import storage
 
-        storage._filesystem.cache_clear()
+        storage.forget_filesystems()
         server.stop()

@@ -24,10 +24,7 @@ from raycl.miners import parquet_input
 from raycl.miners.beam_search import (
     BeamSearchMiner,
     MinedNegatives,
-    NullEngine,
-    _open_ct2,
     build_beam_miner,
-    in_precision,
     length_chunks,
     load_beam_weights,
     negatives_schema,
@@ -39,8 +36,10 @@ from raycl.miners.beam_search import (
 )
 from raycl.miners.false_negatives import FalseNegativeCounts
 from raycl.models.ct2_engine import CT2Seq2Seq
+from raycl.models.engines import _open_ct2, in_precision
 from raycl.models.presets import build_model
 from raycl.models.seq2seq import Seq2SeqScorer
+from raycl.testing.miners import NULL_BEAM, NullEngine
 
 CUBLAS_WHY = ("CTranslate2 cannot load libcublas.so.12 on cuda (CTranslate2's CUDA build needs cuBLAS 12: "
               "pip install nvidia-cublas-cu12)")  # fmt: skip
@@ -531,11 +530,10 @@ def test_bad_options_are_refused_with_their_message(tiny: Path) -> None:
 
 
 def test_null_decoding_needs_no_model() -> None:
-    m = build_beam_miner("no/such/model", {"null_decoding": True, "device": "cuda", "engine": "ctranslate2",
-                                           "k": 2, "batch_size": 7})  # fmt: skip
+    m = NULL_BEAM.build("no/such/model", {"device": "cuda", "engine": "ctranslate2", "k": 2, "batch_size": 7})
     assert isinstance(m.scorer, NullEngine) and (m.k, m.beam, m.batch_size) == (2, 3, 7)
-    with pytest.raises(UserError, match="got 'fast'$"):  # without it, the engine is resolved
-        build_beam_miner("no/such/model", {"engine": "fast", "null_decoding": False})
+    with pytest.raises(UserError, match="got 'fast'$"):  # the real miner chooses its engine first
+        build_beam_miner("no/such/model", {"engine": "fast"})
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:1"])

@@ -36,7 +36,7 @@ for name in ("negs", "nbest", "shards"):
     (root / name).mkdir()
     pq.write_table(pa.table(columns), root / name / "part-00000.parquet", compression="zstd", store_schema=False)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-from raycl.distributed.corpus_mining import _read_shards, _stream_shards
+from raycl.distributed.negatives_api import _read_shards, _stream_shards
 from raycl.distributed.nbest import read_nbest_shards
 from raycl.miners.shards import read_negatives
 readers = {"read_negatives(ids)": lambda: read_negatives(root / "negs", ids=["id1"]),

@@ -67,7 +67,7 @@ def pair(space: str, ok: dict[str, Any], bad: dict[str, Any], msg_key: str, expe
     return pytest.param(space, "", ok, bad, msg_key, expected, got, {}, id=f"{space}-{msg_key}-{sorted(bad)}")
 
 
-# ---------------------------------------------------------------------------------------------- raycl/config.py
+# ---------------------------------------------------------------------------------------------- raycl/config/
 COMMON = [
     edge("gec", "scaling.num_workers", 0, -1, "an integer ≥ 0"),
     edge("gec", "scaling.collective_timeout_s", 1, 0, "a number of seconds > 0"),

@@ -15,6 +15,7 @@ from raycl.distributed.consumer import StreamConsumer
 from raycl.distributed.miner_pool import MinerFactory, MinerPool
 from raycl.distributed.stream import start_stream
 from raycl.distributed.weights import start_weight_store
+from raycl.testing.miners import ECHO
 
 
 def _epoch_with_a_publication(ray: Any, max_staleness: int, *, before_close: Callable[[], None] = lambda: None
@@ -22,7 +23,7 @@ def _epoch_with_a_publication(ray: Any, max_staleness: int, *, before_close: Cal
     """Take 4 items at version 0, publish twice while the buffer is full of version-0 items, take the rest;
     ``before_close`` runs while the actors are still alive."""
     store, stream = start_weight_store(), start_stream(world_size=1, capacity=8, task_size=2)
-    pool = MinerPool(MinerFactory("echo", options={"k": 1}), num_miners=1, cpus_per_miner=0, weight_store=store)
+    pool = MinerPool(MinerFactory(ECHO, options={"k": 1}), num_miners=1, cpus_per_miner=0, weight_store=store)
     pool.start(stream)
     consumer = StreamConsumer(stream, store, rank=0, world_size=1, max_staleness=max_staleness)
     items = [GecExample(f"x{i}", "s", "t") for i in range(16)]

@@ -13,7 +13,8 @@ from raycl.data.gec import GecExample, _target
 from raycl.data.gec_corpus import generate_pairs
 from raycl.errors import UserError
 from raycl.miners.beam_search import GEC_BEAM, build_beam_miner, normalize
-from raycl.models.ct2_engine import CT2Seq2Seq, resolve_engine
+from raycl.models.ct2_engine import CT2Seq2Seq
+from raycl.models.engines import choose_engine
 from raycl.models.presets import build_model
 from raycl.models.seq2seq import Seq2SeqScorer
 
@@ -158,19 +159,22 @@ def test_two_trials_publishing_their_own_version_1_never_share_a_conversion(trai
 
 def test_auto_picks_ctranslate2_where_it_converts_the_model_and_runs_the_precision(trained: Path,
                                                                                    tmp_path: Path) -> None:
-    assert resolve_engine("auto", trained, device="cpu", precision="fp32")[0] == "ctranslate2"
-    assert resolve_engine("auto", trained, device="cpu", precision="int8")[0] == "ctranslate2"
-    engine, why = resolve_engine("auto", trained, device="cpu", precision="fp16")  # no float16 on CPUs
+    assert choose_engine("auto", trained, device="cpu", precision="fp32").engine == "ctranslate2"
+    assert choose_engine("auto", trained, device="cpu", precision="int8").engine == "ctranslate2"
+    got = choose_engine("auto", trained, device="cpu", precision="fp16")  # no float16 on CPUs
+    engine, why = got.engine, got.why
     assert engine == "hf" and "float16" in why
-    assert resolve_engine("hf", trained, device="cpu", precision="fp32") == ("hf", "as configured")
+    got = choose_engine("hf", trained, device="cpu", precision="fp32")
+    assert (got.engine, got.why) == ("hf", "as configured")
     fsmt = tmp_path / "fsmt"  # GEC-PD's converted fairseq checkpoint is an FSMT folder: no CTranslate2 converter
     fsmt.mkdir()
     (fsmt / "config.json").write_text('{"model_type": "fsmt"}')
-    engine, why = resolve_engine("auto", fsmt, device="cpu", precision="fp32")
+    got = choose_engine("auto", fsmt, device="cpu", precision="fp32")
+    engine, why = got.engine, got.why
     assert engine == "hf" and "FSMTConfig" in why
     for wanted, model in (("auto", fsmt), ("hf", trained)):
         with pytest.raises(UserError) as err:
-            resolve_engine(wanted, model, device="cpu", precision="int8")
+            choose_engine(wanted, model, device="cpu", precision="int8")
         assert str(err.value).startswith("mining.precision: int8") and "\n" not in str(err.value)
 
 

@@ -23,6 +23,7 @@ from conftest import S3_BUCKET
 from raycl.data.docstring_pairs import docstring_pairs
 from raycl.errors import UserError
 from raycl.miners.shards import shard_files
+from raycl.testing.faults import Chaos
 
 N_PAIRS = 200  # real pairs for the equivalence (a few hundred: CI-sized)
 
@@ -126,7 +127,7 @@ def test_killed_miners_rerun_equals_an_unkilled_run(tiny: str, tmp_path: Path, r
     kw = _tiny_kw(tmp_path)
     ref = raycl.mine_dense_negatives(pairs, tiny, num_miners=0, out=tmp_path / "ref", **kw)
     got = raycl.mine_dense_negatives(pairs, tiny, num_miners=2, cpus_per_miner=0.5, out=tmp_path / "killed",
-                                     chaos={"fail_after_tasks": 1}, **kw)  # fmt: skip
+                                     faults=Chaos(fail_after_tasks=1), **kw)  # fmt: skip
     assert len(ref) > 0 and got.to_list() == ref.to_list()
     assert _table(tmp_path / "killed") == _table(tmp_path / "ref")
     assert len(shard_files(tmp_path / "killed")) == 6
@@ -135,9 +136,10 @@ def test_killed_miners_rerun_equals_an_unkilled_run(tiny: str, tmp_path: Path, r
 _DRIVER = """
 import sys, raycl
 from raycl.data.docstring_pairs import docstring_pairs
+from raycl.testing.faults import Chaos
 kw = {kw!r}
 raycl.mine_dense_negatives(docstring_pairs(60, max_chars=200), sys.argv[1], num_miners=0, out=sys.argv[2],
-                           chaos={{"stall_s": 600, "stall_after_tasks": 3, "stages": ["mine"]}}, **kw)
+                           faults=Chaos(stall_s=600, stall_after_tasks=3, stages=("mine",)), **kw)
 """
 
 

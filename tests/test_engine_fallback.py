@@ -14,7 +14,7 @@ from raycl.data.gec import GecExample
 from raycl.errors import UserError
 from raycl.miners.beam_search import build_beam_miner
 from raycl.models import ct2_engine
-from raycl.models.ct2_engine import resolve_engine
+from raycl.models.engines import choose_engine
 from raycl.models.presets import build_model
 from raycl.models.seq2seq import Seq2SeqScorer
 
@@ -84,7 +84,8 @@ def _mine(miner: object) -> None:
 def test_auto_without_ctranslate2_mines_with_hf_and_says_why_in_one_line(
     tiny: Path, no_ctranslate2: None, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    engine, why = resolve_engine("auto", tiny, device="cpu", precision="fp32")
+    got = choose_engine("auto", tiny, device="cpu", precision="fp32")
+    engine, why = got.engine, got.why
     assert engine == "hf" and "ctranslate2 cannot be imported" in why and "pip install ctranslate2" in why
     miner = build_beam_miner(str(tiny), {"k": 1, "beam": 2, "engine": "auto"})
     assert isinstance(miner.scorer, Seq2SeqScorer)
@@ -107,7 +108,7 @@ def test_auto_on_a_gpu_without_cublas_12_falls_back_when_the_model_loads(
 ) -> None:  # fmt: skip
     """The library probe finds cuBLAS 12 (say, another process's), yet the engine's own load fails: HF decodes."""
     monkeypatch.setattr(ct2_engine, "_dlopen", lambda name: None)
-    assert resolve_engine("auto", tiny, device="cuda", precision="bf16")[0] == "ctranslate2"  # what import shows
+    assert choose_engine("auto", tiny, device="cuda", precision="bf16").engine == "ctranslate2"  # as imported
     miner = build_beam_miner(str(tiny), {"k": 1, "beam": 2, "engine": "auto", "device": "cuda"})
     assert isinstance(miner.scorer, Seq2SeqScorer) and hf_on_the_cpu == ["cuda"]
     said = [line for line in capfd.readouterr().err.splitlines() if "mining.engine" in line]
@@ -125,11 +126,12 @@ def test_auto_on_a_gpu_without_cublas_12_is_known_before_the_model_loads(
         raise OSError(f"{name}: cannot open shared object file: No such file or directory")
 
     monkeypatch.setattr(ct2_engine, "_dlopen", absent)
-    engine, why = resolve_engine("auto", tiny, device="cuda", precision="bf16")
+    got = choose_engine("auto", tiny, device="cuda", precision="bf16")
+    engine, why = got.engine, got.why
     assert engine == "hf" and "libcublas.so.12" in why and "nvidia-cublas-cu12" in why
-    assert resolve_engine("auto", tiny, device="cpu", precision="fp32")[0] == "ctranslate2"  # a CPU needs none
+    assert choose_engine("auto", tiny, device="cpu", precision="fp32").engine == "ctranslate2"  # a CPU needs none
     with pytest.raises(UserError) as err:
-        resolve_engine("ctranslate2", tiny, device="cuda", precision="bf16")
+        choose_engine("ctranslate2", tiny, device="cuda", precision="bf16")
     assert "cannot load libcublas.so.12" in str(err.value) and "\n" not in str(err.value)
 
 

@@ -28,6 +28,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("driver", ("driver", "run_folder")),
     ("recipes", ("recipes",)),
     ("entry points", ("cli", "tune", "train", "mine", "mine_dense", "eval", "convert", "__init__", "__main__")),
+    ("test doubles", ("testing",)),  # tests' and benchmarks' alone: the product never imports them (test below)
 ]
 
 
@@ -127,3 +128,14 @@ def test_the_floors_cover_every_module_and_a_planted_import_up_is_seen() -> None
     seen = {t for t, _ in imports(errors, planted)}
     assert {"training.loop", "driver"} <= seen  # a type-only import and one inside a function are both seen
     assert all(floor_of(t) > floor_of("errors") for t in ("training.loop", "driver"))
+
+
+def test_no_product_module_imports_the_test_doubles() -> None:
+    """``raycl.testing`` (miner faults, echo and null miners) plugs into the product's typed seams from tests and
+    benchmarks; a product module that imported it would ship the doubles in a run."""
+    found = [f"{path.relative_to(ROOT.parent)}:{line} imports raycl.{target}"
+             for path in _sources() if floor_of(module_of(path)) != floor_of("testing")
+             for target, line in imports(path) if target.split(".")[0] == "testing"]  # fmt: skip
+    assert found == [], "product modules that import the test doubles:\n" + "\n".join(found)
+    planted = (ROOT / "driver.py").read_text(encoding="utf-8") + "\nfrom raycl.testing.faults import Chaos\n"
+    assert "testing.faults" in {t for t, _ in imports(ROOT / "driver.py", planted)}  # such an import is seen

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -17,6 +18,7 @@ from raycl.errors import UserError
 from raycl.miners.corpus import read_range, scan_ranges
 from raycl.miners.shards import done_ids, read_negatives, shard_files
 from raycl.models.presets import build_model
+from raycl.testing.faults import Chaos
 
 SENTENCES = [
     M2Sentence("He do n't like it .", (Edit(1, 2, "R:VERB:SVA", "does"),)),
@@ -48,6 +50,13 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
     tiny = dict(d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64, encoder_layers=1, decoder_layers=1)
     out = tmp_path_factory.mktemp("model")
     return ending(build_model("smoke", out_dir=out, texts=texts, vocab_size=300, **tiny))
+
+
+def with_faults(monkeypatch: pytest.MonkeyPatch, faults: Chaos) -> None:
+    """``python -m raycl.mine`` from here on gives its range miners ``faults`` (the CLI has no switch for them)."""
+    from raycl.distributed import corpus_mining
+
+    monkeypatch.setattr(corpus_mining, "mine_corpus", functools.partial(corpus_mining.mine_corpus, faults=faults))
 
 
 def _mine(model_dir: Path, corpus: Path, out: Path, *extra: str, capsys: pytest.CaptureFixture[str]) -> dict:
@@ -220,12 +229,9 @@ def test_pool_output_equals_single_file_even_when_miners_crash(
     ray_local: Any, model_dir: Path, corpus: Path, single_file: dict[str, Any], tmp_path: Path,
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    import raycl.mine
-
-    plain = raycl.mine._miner_options
     # Each miner's first life dies (os._exit) after mining its first range, before writing it: Ray restarts the
     # actor, Ray Data retries the range, and the shards still hold every id exactly once.
-    monkeypatch.setattr(raycl.mine, "_miner_options", lambda args: {**plain(args), "fail_after_tasks": 1})
+    with_faults(monkeypatch, Chaos(fail_after_tasks=1))
     out, before = tmp_path / "negs", _miner_actors()
     summary = _mine(model_dir, corpus, out, "--num-miners", "2", "--cpus-per-miner", "0.5", "--shard-size", "4",
                     capsys=capsys)  # fmt: skip
@@ -358,14 +364,11 @@ def test_a_failing_range_is_recorded_and_the_rerun_mines_only_it(
     model_dir: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    import raycl.mine
-
-    plain = raycl.mine._miner_options
     out = tmp_path / "negs"
     argv = ["--model", str(model_dir), "--data", str(corpus), "--out", str(out), *FAST, "--num-miners", "0",
             "--shard-size", "4", "--range-retries", "1"]  # fmt: skip
     with monkeypatch.context() as m:  # range 1 raises every time it is mined
-        m.setattr(raycl.mine, "_miner_options", lambda args: {**plain(args), "raise_in_ranges": [1]})
+        with_faults(m, Chaos(raise_in_ranges=(1,)))
         err = _refused(argv, capsys, status=1)  # default --max-failed-ranges 0: stops at the first
         assert "part-00001.parquet (tiny.m2:14: RuntimeError: chaos: mining range 1 raised)" in err, err
         assert "stopped early" in err
@@ -385,12 +388,9 @@ def test_a_range_whose_miner_dies_every_time_fails_alone_on_ray(
     ray_local: Any, model_dir: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
-    import raycl.mine
-
-    plain = raycl.mine._miner_options
     # range 1 kills its miner (os._exit, as an OOM kill would) in every life: Ray restarts the actor and Ray Data
     # gives it the range again, until the attempts counted in OUT run out
-    monkeypatch.setattr(raycl.mine, "_miner_options", lambda args: {**plain(args), "die_in_ranges": [1]})
+    with_faults(monkeypatch, Chaos(die_in_ranges=(1,)))
     out, before = tmp_path / "negs", _miner_actors()
     err = _refused(["--model", str(model_dir), "--data", str(corpus), "--out", str(out), *FAST, "--num-miners",
                     "1", "--cpus-per-miner", "0.5", "--shard-size", "4", "--range-retries", "1",

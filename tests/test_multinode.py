@@ -57,6 +57,7 @@ def main(out: Path) -> None:
     from raycl.data.gec import GecExample
     from raycl.distributed.miner_pool import MinerFactory, MinerPool
     from raycl.distributed.stream import start_stream
+    from raycl.testing.miners import ECHO
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": FAST_HEALTH})
     worker = cluster.add_node(num_cpus=1)
@@ -66,7 +67,7 @@ def main(out: Path) -> None:
     head = ray.get_runtime_context().get_node_id()
     stream = start_stream(world_size=2, capacity=16, task_size=4, lease_s=20.0, ordered=False,
                           scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False))  # fmt: skip
-    pool = MinerPool(MinerFactory("echo", options={"k": 1, "delay_s": 0.01}), num_miners=3, cpus_per_miner=0.25,
+    pool = MinerPool(MinerFactory(ECHO, options={"k": 1, "delay_s": 0.01}), num_miners=3, cpus_per_miner=0.25,
                      node_ids=[worker.node_id])  # fmt: skip
     on_worker = lambda: sum(n == worker.node_id for n in ray.get([a.node_id.remote() for a in pool.actors()]))  # noqa: E731
     before = on_worker()

@@ -29,8 +29,8 @@ ONE_GPU = Cluster({"CPU": 16.0, "GPU": 1.0}, [{"CPU": 16.0, "GPU": 1.0}])  # the
 
 def _plan(space_name: str, preset: str | None = None, *sets: str, sweep: bool = False) -> resources.Plan:
     space = load_space(space_name, preset=preset, overrides=list(sets))
-    mining, shared = recipe_for(space.config.task).mining_plan(space.config, space)
-    return plan(space.config, sweep=sweep, mining=mining, shared=shared)
+    miners = recipe_for(space.config.task).mining_plan(space.config, space)
+    return plan(space.config, sweep=sweep, mining=miners.mining, shared=miners.shared)
 
 
 # ---------------------------------------------------------------------------------------------- the arithmetic
@@ -164,6 +164,7 @@ from raycl.configs import load_space
 from raycl.distributed import resources
 from raycl.distributed.miner_pool import MinerFactory, MinerPool
 from raycl.distributed.runtime import init_ray
+from raycl.testing.miners import ECHO
 from raycl.errors import UserError
 from raycl.recipes import recipe_for
 
@@ -187,7 +188,7 @@ def checked(s):
 def start(s, timeout):
     # the run's own bundles on Ray: its miner (raycl's pool, echo miners) and its Train worker group's bundle
     cfg = s.config
-    pool = MinerPool.from_config(MinerFactory("echo"), cfg.mining)
+    pool = MinerPool.from_config(MinerFactory(ECHO), cfg.mining)
     pool.ready(timeout=60)
     pg = placement_group([resources.worker_bundle(cfg.scaling)])
     ready = pg.wait(timeout_seconds=timeout)

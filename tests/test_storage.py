@@ -87,7 +87,7 @@ def test_a_pyarrow_or_fsspec_uri_round_trips_like_s3(scheme: str, tmp_path: Path
     has no Azure file system; allowed here for the test, raycl refuses it otherwise) stage, upload and pull
     back."""
     monkeypatch.setenv("RAYCL_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(storage, "SCHEMES", (*storage.SCHEMES, "memory"))
+    monkeypatch.setattr(storage.uris, "SCHEMES", (*storage.SCHEMES, "memory"))
     uri = f"file://{tmp_path}/store/run" if scheme == "file" else f"memory://raycl-{tmp_path.name}/run"
     run = storage.stage(uri)
     (run / "model").mkdir()
@@ -373,7 +373,7 @@ def test_keys_that_climb_out_of_the_cache_are_refused_before_anything_is_written
 
     victim, deep = tmp_path / "victim", "attack/p1/p2/p3/p4/p5"
     out, ckpt = f"s3://{BUCKET}/{deep}/mined", f"s3://{BUCKET}/{deep}/ckpt"
-    inputs = storage.cache_root() / storage.INPUTS / storage._named(ckpt)
+    inputs = storage.cache_root() / storage.INPUTS / storage.cache_name(ckpt)
     keys = [*_climbing(f"{deep}/mined", storage.stage_dir(out), victim / "PWNED_mined"),
             *_climbing(f"{deep}/ckpt", inputs, victim / "PWNED_ckpt")]  # fmt: skip
     for key in keys:

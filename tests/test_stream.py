@@ -22,6 +22,8 @@ from raycl.distributed.weights import publish_weights, start_weight_store
 from raycl.miners.beam_search import GEC_BEAM, build_beam_miner
 from raycl.models.presets import build_model
 from raycl.models.seq2seq import Seq2SeqScorer
+from raycl.testing.faults import Chaos
+from raycl.testing.miners import ECHO
 
 
 def shard(rank: int, n: int) -> list[GecExample]:
@@ -45,8 +47,9 @@ def ids(items: list[StreamItem]) -> list[str]:
     return [i.id for i in items]
 
 
-def echo_pool(n: int, **options: Any) -> MinerPool:
-    return MinerPool(MinerFactory("echo", options={"k": 1, **options}), num_miners=n, cpus_per_miner=0)
+def echo_pool(n: int, faults: Chaos | None = None, **options: Any) -> MinerPool:
+    factory = MinerFactory(ECHO, options={"k": 1, **options}, faults=faults)
+    return MinerPool(factory, num_miners=n, cpus_per_miner=0)
 
 
 def test_back_pressure_keeps_the_buffer_within_capacity(ray_local) -> None:
@@ -127,7 +130,7 @@ def test_refused_items_are_remined_with_the_newer_weights(ray_local) -> None:
     ray = ray_local
     store = start_weight_store()
     stream = start_stream(world_size=1, capacity=8, task_size=2)
-    pool = MinerPool(MinerFactory("echo", options={"k": 1}), num_miners=1, cpus_per_miner=0, weight_store=store)
+    pool = MinerPool(MinerFactory(ECHO, options={"k": 1}), num_miners=1, cpus_per_miner=0, weight_store=store)
     pool.start(stream)
     ray.get(stream.start_epoch.remote(0, [shard(0, 12)]))
     first = ray.get(stream.take.remote(0, 4, timeout=30))
@@ -149,7 +152,7 @@ def test_refused_items_are_remined_with_the_newer_weights(ray_local) -> None:
 def test_crashed_and_killed_miners_restart_and_nothing_is_lost_or_duplicated(ray_local) -> None:
     ray = ray_local
     stream = start_stream(world_size=2, capacity=16, task_size=4, lease_s=30.0)
-    pool = echo_pool(2, delay_s=0.004, fail_after_tasks=2, chaos_miners=[0])  # miner 0 dies holding its 2nd task
+    pool = echo_pool(2, Chaos(fail_after_tasks=2, miners=(0,)), delay_s=0.004)  # miner 0 dies holding its 2nd task
     pool.start(stream)
     pool.ready(timeout=60)
     sched = [shard(0, 60), shard(1, 60)]
@@ -176,7 +179,7 @@ def test_crashed_and_killed_miners_restart_and_nothing_is_lost_or_duplicated(ray
 def test_a_stalled_miners_task_is_mined_again_and_its_late_result_dropped(ray_local) -> None:
     ray = ray_local
     stream = start_stream(world_size=1, capacity=8, task_size=4, lease_s=1.0)
-    pool = echo_pool(2, stall_s=2.5, chaos_miners=[0], delay_s=0.01)
+    pool = echo_pool(2, Chaos(stall_s=2.5, miners=(0,)), delay_s=0.01)
     pool.start(stream)
     pool.ready(timeout=60)  # both miners wait for work: miner 0 surely gets (and sits on) a task
     ray.get(stream.start_epoch.remote(0, [shard(0, 16)]))
@@ -193,7 +196,7 @@ def test_a_stalled_miners_task_is_mined_again_and_its_late_result_dropped(ray_lo
 def test_a_broken_miner_is_reported_not_restarted_forever(ray_local) -> None:
     ray = ray_local
     stream = start_stream(world_size=1, capacity=4, task_size=2)
-    pool = MinerPool(MinerFactory("echo", options={"no_such_option": 1}), num_miners=1, cpus_per_miner=0)
+    pool = MinerPool(MinerFactory(ECHO, options={"no_such_option": 1}), num_miners=1, cpus_per_miner=0)
     pool.start(stream)
     end = time.monotonic() + 30
     while not pool.errors() and time.monotonic() < end:
@@ -215,7 +218,7 @@ def test_miners_take_their_resources_and_placement_group_bundles(ray_local) -> N
     assert opts["max_restarts"] == -1 and opts["max_task_retries"] == -1
     pg = placement_group([{"CPU": 0.1}, {"CPU": 0.25}, {"CPU": 0.25}])
     ray.get(pg.ready(), timeout=30)
-    pool = MinerPool(MinerFactory("echo"), num_miners=2, cpus_per_miner=0.25, placement_group=pg, first_bundle=1)
+    pool = MinerPool(MinerFactory(ECHO), num_miners=2, cpus_per_miner=0.25, placement_group=pg, first_bundle=1)
     assert [miner_options(i, cpus=0.25, gpus=0, placement_group=pg)["scheduling_strategy"]
             .placement_group_bundle_index for i in range(2)] == [1, 2]  # fmt: skip
     assert pool.ready(timeout=30) == [0, 0]

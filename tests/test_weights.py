@@ -15,6 +15,7 @@ from transformers import BartConfig, BartForConditionalGeneration
 from raycl.distributed import weights as W
 from raycl.distributed.messages import MineTask
 from raycl.distributed.miner_pool import MinerActor, MinerFactory
+from raycl.testing.miners import ECHO
 
 
 def _state_dict() -> dict[str, torch.Tensor]:
@@ -109,7 +110,7 @@ def test_publication_is_one_put_kept_alive_by_the_store(ray_local, monkeypatch: 
 
 def test_a_miner_only_moves_to_newer_weights(ray_local) -> None:
     store = W.start_weight_store()
-    miner = MinerActor(0, MinerFactory("echo", options={"k": 1, "version_wait_s": 5.0}), store)
+    miner = MinerActor(0, MinerFactory(ECHO, options={"k": 1, "version_wait_s": 5.0}), store)
     task = MineTask(0, 0, 0, (_Item("a"),))
     assert miner.mine(task).model_version == 0 and miner.version() == 0  # the factory's weights are version 0
     W.publish_weights(store, 2, {"w": torch.tensor([1.0, 2.0])})

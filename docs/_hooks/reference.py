@@ -3,7 +3,7 @@
 A page asks for a generated part with an HTML comment on a line of its own:
 
 - ``<!-- raycl:config -->``: the configuration reference — every key of every task's config dataclasses
-  (``raycl/config.py``, ``raycl/configs/<task>.py``) with its type, its default, the value each space file of
+  (``raycl/config/sections.py``, ``raycl/configs/<task>.py``) with its type, its default, the value each space file of
   ``tune_spaces/`` gives it where that differs, and the comment written beside it in the code;
 - ``<!-- raycl:spaces -->``: the tune spaces: task, presets, search block and baselines of each file;
 - ``<!-- raycl:help VERB [SUBVERB] -->``: ``python -m raycl.VERB [SUBVERB] --help`` as the checkout prints it

@@ -6,6 +6,7 @@ See docs/recipes/coherence.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from raycl.config import LoopOptions, MiningSection, ScalingSection, TuneSection, require
 
@@ -73,6 +74,12 @@ class CoherenceMiningSection(MiningSection):
     num_rank: int = 50  # candidates ranked per item
     num_negs: int = 5  # negatives trained on per item (pairwise uses the first)
     rank_every: int = 200  # items per mining chunk; weights are published at each chunk's start
+
+    def miner_options(self) -> dict[str, Any]:
+        """The ranking miner's keyword arguments (``raycl.miners.permutation``); a task waits (up to its lease) for
+        the weights of its chunk instead of being ranked with older ones."""
+        return {**super().miner_options(), "num_rank": self.num_rank, "num_negs": self.num_negs,
+                "version_wait_s": self.lease_s}  # fmt: skip
 
 
 @dataclass

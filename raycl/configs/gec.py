@@ -56,6 +56,10 @@ class GecLossSection:
     passes: str = "joint"
 
 
+DECODING = ("beam", "rank_by", "engine", "precision", "max_len_a", "max_len_b")  # mining keys that make an n-best
+SELECTION = ("k", "source_negative", "refill", "false_negatives")  # those that choose a trial's negatives from it
+
+
 @dataclass
 class GecMiningSection(MiningSection):
     k: int = 3
@@ -70,6 +74,19 @@ class GecMiningSection(MiningSection):
     # negatives another annotator's correction equals (raycl.miners.false_negatives): keep (the paper) | drop
     # (with refill, the n-best refills); counted either way
     false_negatives: str = "keep"
+
+    def decoding(self) -> dict[str, Any]:
+        """The keys that make an n-best list (:data:`DECODING`)."""
+        return {key: getattr(self, key) for key in DECODING}
+
+    def miner_options(self, *, nbest: bool = False) -> dict[str, Any]:
+        """The beam miner's keyword arguments (``raycl.miners.beam_search.BeamSearchMiner``): the decoding and a
+        trial's selection (:data:`SELECTION`); ``nbest``: the run's shared raw n-best instead, k = beam − 1, from
+        which every trial selects its own k, CL/CL⁻ and false-negative filter."""
+        opts = {**super().miner_options(), **self.decoding()}
+        if nbest:
+            return {**opts, "k": self.beam - 1, "nbest": True}
+        return {**opts, **{key: getattr(self, key) for key in SELECTION}}
 
 
 @dataclass

@@ -24,6 +24,7 @@ from raycl.distributed.dense_mining import (
     read_output,
     settings,
 )
+from raycl.distributed.miner_pool import MinerFaults
 from raycl.errors import UserError
 from raycl.files import TRUST_HINT, check_ours
 from raycl.miners.dense import FILTERS, arrow_schema, check_numbers, dense_options, group_pairs
@@ -82,7 +83,7 @@ def mine_dense_negatives(
     address: str | None = None,
     overwrite: bool = False,
     trust_out: bool = False,
-    chaos: dict[str, Any] | None = None,
+    faults: MinerFaults | None = None,
 ) -> Any:
     """Hard negatives for (anchor, positive) pairs from a dense encoder: sentence-transformers'
     ``mine_hard_negatives`` with the same parameters and output columns, on an actor pool, resumable.
@@ -159,7 +160,7 @@ def run_dense(**kw: Any) -> tuple[dict[str, Any], Any]:
                                          corpus_shard_size=size, query_block_size=int(kw["query_block_size"])))
         blocks = blocks_of(queries, positives, int(kw["query_block_size"]))
         work = mine_blocks(out_dir, encoding=encoding, options=options, columns=(anchor, positive), corpus=corpus,
-                           blocks=blocks, index=kw["index"], pool=pool, chaos=dict(kw["chaos"] or {}))
+                           blocks=blocks, index=kw["index"], pool=pool, faults=kw["faults"])
         stats = read_stats(out_dir)
         schema = arrow_schema(options, anchor, positive)
         rows = _rows(out_dir)

@@ -37,8 +37,8 @@ import numpy as np
 import ray
 
 from raycl import storage
-from raycl.distributed.corpus_mining import _pool, _user_error, quiet_ray_data, start_ray
-from raycl.distributed.miner_pool import CHAOS_KEYS, Chaos, _first_life
+from raycl.distributed.miner_pool import FaultSite, MinerFaults, first_life
+from raycl.distributed.mining_actors import actor_pool, quiet_ray_data, start_ray, user_error
 from raycl.errors import UserError, at
 from raycl.files import write_atomic
 from raycl.miners.corpus import MANIFEST, check_resume, clear_mining, load_manifest, save_manifest
@@ -83,21 +83,13 @@ class Encoding:
         return None if self.cross_encoder is None else CrossScorer(self.cross_encoder, device=self.where())
 
 
-def _chaos(chaos: dict[str, Any], stage: str) -> Chaos:
-    """Crash/stall switches for tests (``raycl.distributed.miner_pool.Chaos``), in the ``stages`` named (default
-    both: ``embed``, ``mine``)."""
-    if stage not in chaos.get("stages", ("embed", "mine")):
-        return Chaos()
-    return Chaos.of({k: v for k, v in chaos.items() if k in CHAOS_KEYS}, 0, first_life=_first_life())
-
-
 class CorpusEmbedder:
     """Ray Data's callable class: a batch of corpus ranges in, each written as an embedding shard."""
 
-    def __init__(self, encoding: Encoding, out_dir: str, index: str, chaos: dict[str, Any]) -> None:
+    def __init__(self, encoding: Encoding, out_dir: str, index: str, faults: MinerFaults | None) -> None:
         self.encoding, self.encoder = encoding, encoding.encoder()
         self.out_dir, self.index = storage.on_node(out_dir) / EMBEDDINGS, index
-        self.chaos, self.done = _chaos(chaos, "embed"), 0
+        self.faults, self.site, self.done = faults, FaultSite(0, first_life(), "embed"), 0
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
         out: dict[str, list[Any]] = {"index": [], "rows": [], "seconds": []}
@@ -108,7 +100,8 @@ class CorpusEmbedder:
             emb = self.encoder.encode(texts, batch_size=self.encoding.batch_size,
                                       prompt=self.encoding.corpus_prompt)  # fmt: skip
             self.done += 1
-            self.chaos.after_task(self.done, 0)
+            if self.faults is not None:  # a test's (raycl.testing.faults)
+                self.faults.after_task(self.done, self.site)
             if self.index == "usearch":
                 _save_index(self.out_dir / f"part-{item['index']:05d}.usearch", emb)
             write_embeddings(self.out_dir, int(item["index"]), embedding_table(texts, keys_of(texts), emb))
@@ -131,11 +124,11 @@ class QueryMiner:
     written as ``part-<block>.parquet``; per block, its summary (rows, negatives, the filters' counts)."""
 
     def __init__(self, encoding: Encoding, out_dir: str, options: DenseOptions, columns: tuple[str, str],
-                 index: str, chaos: dict[str, Any]) -> None:  # fmt: skip
+                 index: str, faults: MinerFaults | None) -> None:  # fmt: skip
         self.encoding, self.encoder, self.scorer = encoding, encoding.encoder(), encoding.scorer()
         self.out_dir, self.options, self.columns, self.index = storage.on_node(out_dir), options, columns, index
         storage.refresh(self.out_dir / EMBEDDINGS)  # an object-store OUT: the shards other nodes embedded
-        self.chaos, self.done = _chaos(chaos, "mine"), 0
+        self.faults, self.site, self.done = faults, FaultSite(0, first_life(), "mine"), 0
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
         out: dict[str, list[Any]] = {"index": [], "rows": [], "stats": [], "seconds": []}
@@ -143,7 +136,8 @@ class QueryMiner:
             t0 = time.perf_counter()
             table, stats = self.mine(block)
             self.done += 1
-            self.chaos.after_task(self.done, 0)
+            if self.faults is not None:  # a test's (raycl.testing.faults)
+                self.faults.after_task(self.done, self.site)
             write_shard(self.out_dir, int(block["index"]), with_stats(table, stats))
             for k, v in (("index", block["index"]), ("rows", len(table)), ("stats", json.dumps(stats.as_dict())),
                          ("seconds", time.perf_counter() - t0)):  # fmt: skip
@@ -253,7 +247,7 @@ def run_stage(cls: type, items: list[dict[str, Any]], kwargs: dict[str, Any], po
         counts = {int(i["index"]): int(i.get("count", 1)) for i in items}
         with quiet_ray_data():
             source = ray.data.from_items([{"item": json.dumps(i)} for i in items], override_num_blocks=len(items))
-            ds = source.map_batches(cls, batch_size=1, compute=_pool(pool.num_miners, len(items)),
+            ds = source.map_batches(cls, batch_size=1, compute=actor_pool(pool.num_miners, len(items)),
                                 num_cpus=pool.cpus_per_miner, num_gpus=pool.gpus_per_miner or None,
                                 fn_constructor_kwargs=kwargs)  # fmt: skip
             try:
@@ -261,7 +255,7 @@ def run_stage(cls: type, items: list[dict[str, Any]], kwargs: dict[str, Any], po
                     b.update(counts[int(row["index"])])
                     yield row
             except Exception as err:
-                raise _user_error(err) or err from None
+                raise user_error(err) or err from None
 
 
 def settings(encoding: Encoding, options: DenseOptions, **more: Any) -> dict[str, Any]:
@@ -298,21 +292,21 @@ def clear_dense(out_dir: Path) -> None:
 
 def mine_blocks(out_dir: Path, *, encoding: Encoding, options: DenseOptions, columns: tuple[str, str],
                 corpus: list[dict[str, Any]], blocks: list[dict[str, Any]], index: str, pool: Pool,
-                chaos: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+                faults: MinerFaults | None) -> dict[str, Any]:  # fmt: skip
     """Both stages over the items whose shard is not in ``out_dir`` yet; a summary of this run's work."""
     (out_dir / EMBEDDINGS).mkdir(parents=True, exist_ok=True)
     portable = storage.portable(out_dir)
     have = {p.name for p in embedding_shards(out_dir)}
     todo = [c for c in corpus if shard_name(int(c["index"])) not in have]
     t0 = time.perf_counter()
-    embed_kw = {"encoding": encoding, "out_dir": portable, "index": index, "chaos": chaos}
+    embed_kw = {"encoding": encoding, "out_dir": portable, "index": index, "faults": faults}
     embedded = sum(int(r["rows"]) for r in run_stage(CorpusEmbedder, todo, embed_kw, pool, "embedding", "text"))
     t1 = time.perf_counter()
     storage.refresh(out_dir)
     have = {p.name for p in shard_files(out_dir)}
     left = [b for b in blocks if shard_name(int(b["index"])) not in have]
     mine_kw = {"encoding": encoding, "out_dir": portable, "options": options, "columns": columns, "index": index,
-               "chaos": chaos}  # fmt: skip
+               "faults": faults}  # fmt: skip
     rows = sum(int(r["rows"]) for r in run_stage(QueryMiner, left, mine_kw, pool, "mining", "query"))
     storage.refresh(out_dir)
     lost = [shard_name(int(b["index"])) for b in left if not (out_dir / shard_name(int(b["index"]))).is_file()]

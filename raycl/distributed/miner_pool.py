@@ -5,22 +5,20 @@ constructor arguments: restarts re-run ``__init__``; ray-project/ray#53727) and 
 negative stream → pull newer weights → mine → hand the batch back. Actors have ``max_restarts=-1,
 max_task_retries=-1``: after a crash Ray restarts the actor and re-submits ``run``; the restarted miner asks the
 stream again, which reclaims the task it held (docs/architecture.md). ``MinerPool.map`` serves standalone mining.
-Chaos switches for tests and benchmarks (RLlib's ``CartPoleCrashing``), read from ``MinerFactory.options``
-and honoured in an actor's first life only, by the miners listed in ``chaos_miners`` (default: all):
-``fail_after_tasks`` (``os._exit`` after mining that many tasks, before handing the last back) and ``stall_s``
-(sleep that long after the ``stall_after_tasks``-th task, default the first).
+Tests and benchmarks break miners through one typed seam, :class:`MinerFaults` (RLlib's ``CartPoleCrashing``
+idea; the switches themselves are ``raycl.testing.faults.Chaos``, which no product module imports): a factory,
+or a Ray Data mining's job, carries it to the actors, which call it around their work.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import ray
 import torch
@@ -29,49 +27,31 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 from raycl.distributed import metrics
 from raycl.distributed.messages import MinedBatch, MineTask, WeightsRef
 from raycl.distributed.weights import fetch_weights
-from raycl.miners.registry import MinerKind, miner_device, miner_kind, register_miner
+from raycl.miners.registry import MinerKind, miner_device, miner_kind
 
 if TYPE_CHECKING:
     from raycl.config import MiningSection
 
 log = logging.getLogger(__name__)
-CHAOS_KEYS = ("fail_after_tasks", "stall_s", "stall_after_tasks", "raise_in_ranges", "die_in_ranges")
-ACTOR_KEYS = (*CHAOS_KEYS, "chaos_miners", "version_wait_s")  # options the actor keeps; the rest go to the miner
+ACTOR_KEYS = ("version_wait_s",)  # options the actor keeps; the rest go to the miner
 
 
-# ---------------------------------------------------------------------------------------------- miner kinds
+# ---------------------------------------------------------------------------------------------- faults
 @dataclass(frozen=True)
-class _EchoRecord:
-    id: str
-    negatives: tuple[str, ...]
-    scores: tuple[float, ...]
+class FaultSite:
+    """Where a miner stands when a test's fault may strike it."""
+
+    miner_id: int
+    first_life: bool  # False in an actor Ray has restarted (a crash switch fires once, not in every life)
+    stage: str = "mine"  # dense mining's two pools: "embed" | "mine"
 
 
-class EchoMiner:
-    """A stand-in miner for tests and benchmarks: k negatives ``"<id>~i"`` scored ``w − i``, where w is the sum
-    of the last loaded weights (0 before any); ``delay_s`` of sleep per item imitates mining time."""
+class MinerFaults(Protocol):
+    """Faults a test or benchmark injects into miner processes (``raycl.testing.faults.Chaos``); a run has none.
+    Picklable: it reaches the actors with their factory or job."""
 
-    def __init__(self, *, k: int = 2, delay_s: float = 0.0) -> None:
-        self.k, self.delay_s, self.weight_sum = k, delay_s, 0.0
-
-    def mine(self, items: Sequence[Any]) -> list[_EchoRecord]:
-        time.sleep(self.delay_s * len(items))
-        return [_EchoRecord(x.id, tuple(f"{x.id}~{i}" for i in range(self.k)),
-                            tuple(self.weight_sum - i for i in range(self.k))) for x in items]  # fmt: skip
-
-    def load(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        self.weight_sum = float(sum(t.double().sum() for t in state_dict.values()))
-
-
-def _build_echo(_path: str, options: dict[str, Any]) -> EchoMiner:
-    return EchoMiner(**{k: v for k, v in options.items() if k not in ("device", "precision")})
-
-
-def _load_echo(miner: Any, state_dict: Mapping[str, torch.Tensor], *, version: int = 0) -> None:
-    miner.load(state_dict)
-
-
-register_miner("echo", build=_build_echo, load=_load_echo)
+    def before_range(self, index: int, site: FaultSite) -> None: ...
+    def after_task(self, done: int, site: FaultSite) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -79,20 +59,22 @@ class MinerFactory:
     """Small and picklable: how to build the plain miner inside an actor (``model_path`` holds version 0).
 
     ``options``: the miner's keyword arguments (``{"k": 3, "beam": 5, "batch_size": 64, ...}`` for
-    ``gec_beam``), plus ``ACTOR_KEYS``, which the actor keeps for itself: the chaos switches and
-    ``version_wait_s`` (how long a task needing newer weights waits for them; default 60).
+    ``gec_beam``), plus ``ACTOR_KEYS``, which the actor keeps for itself: ``version_wait_s`` (how long a task
+    needing newer weights waits for them; default 60). ``faults``: what a test or benchmark breaks in the miners
+    (none in a run).
     """
 
-    kind: str | MinerKind  # a registered name ("gec_beam", "coherence_rank", "echo") or the kind itself
+    kind: str | MinerKind  # a registered name ("gec_beam", "coherence_rank") or the kind itself
     model_path: str = ""
     options: dict[str, Any] = field(default_factory=dict)
+    faults: MinerFaults | None = None
 
     def spec(self) -> MinerKind:
         return self.kind if isinstance(self.kind, MinerKind) else miner_kind(self.kind)
 
     def resolved(self) -> MinerFactory:
         """The same factory carrying its kind (pickled by reference: an actor imports the kind's module)."""
-        return MinerFactory(self.spec(), self.model_path, self.options)
+        return MinerFactory(self.spec(), self.model_path, self.options, self.faults)
 
     def build(self) -> Any:
         """The plain miner, on a GPU only when Ray reserved one for this process (``ray.get_gpu_ids()``)."""
@@ -126,7 +108,7 @@ def _cap_gpu_memory() -> None:
     cap_gpu_memory(torch.device("cuda", 0))  # Ray shows a miner with a GPU share that GPU alone, as cuda:0
 
 
-def _first_life() -> bool:
+def first_life() -> bool:
     """False inside an actor Ray has restarted (chaos switches fire once, not in every life)."""
     if not ray.is_initialized():
         return True
@@ -134,40 +116,6 @@ def _first_life() -> bool:
     with warnings.catch_warnings():  # Ray 2.60's property reads its own deprecated `actor_id`
         warnings.simplefilter("ignore", DeprecationWarning)
         return ctx.get_actor_id() is None or not ctx.was_current_actor_reconstructed
-
-
-@dataclass(frozen=True)
-class Chaos:
-    """Crash/stall switches for tests and the chaos bench (none by default)."""
-
-    fail_after_tasks: int = 0  # os._exit(1) once this many tasks are mined (the last is never handed back)
-    stall_s: float = 0.0  # sleep this long after the stall_after_tasks-th task (its lease may run out)
-    stall_after_tasks: int = 1
-    # corpus mining (RangeMiner), in every life: a range that always raises, or always kills its miner (an OOM)
-    raise_in_ranges: tuple[int, ...] = ()
-    die_in_ranges: tuple[int, ...] = ()
-
-    @classmethod
-    def of(cls, options: Mapping[str, Any], miner_id: int, *, first_life: bool = True) -> Chaos:
-        if miner_id not in options.get("chaos_miners", [miner_id]):
-            return cls()
-        given: dict[str, Any] = {k: options[k] for k in CHAOS_KEYS if k in options}
-        got: Chaos = cls(**{k: tuple(v) if k.endswith("_ranges") else v for k, v in given.items()})  # type: ignore[arg-type]
-        return got if first_life else cls(raise_in_ranges=got.raise_in_ranges, die_in_ranges=got.die_in_ranges)
-
-    def before_range(self, index: int) -> None:
-        if index in self.die_in_ranges:
-            log.warning("chaos crash in range %d", index)
-            os._exit(1)
-        if index in self.raise_in_ranges:
-            raise RuntimeError(f"chaos: mining range {index} raised")
-
-    def after_task(self, done: int, miner_id: int) -> None:
-        if self.fail_after_tasks and done >= self.fail_after_tasks:
-            log.warning("miner %d: chaos crash after %d tasks", miner_id, done)
-            os._exit(1)
-        if self.stall_s and done == self.stall_after_tasks:
-            time.sleep(self.stall_s)
 
 
 class MinerActor:
@@ -180,7 +128,7 @@ class MinerActor:
         self.miner = factory.build()
         self._version = 0  # the factory's model_path holds version 0
         self._done = 0
-        self.chaos = Chaos.of(factory.options, miner_id) if _first_life() else Chaos()
+        self.faults, self.site = factory.faults, FaultSite(miner_id, first_life())
         self.version_wait_s = float(factory.options.get("version_wait_s", 60.0))
 
     def mine(self, task: MineTask) -> MinedBatch:
@@ -192,7 +140,8 @@ class MinerActor:
                               seconds=time.perf_counter() - t0)  # fmt: skip
         self._done += 1
         metrics.mined(self.miner_id, negatives=sum(map(len, batch.negatives)), seconds=batch.seconds)
-        self.chaos.after_task(self._done, self.miner_id)
+        if self.faults is not None:
+            self.faults.after_task(self._done, self.site)
         return batch
 
     def run(self, stream: Any) -> int:

@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,16 @@ class NBestStream(NegativeStream):
                 "complete": len(self.cache) >= self.total}  # fmt: skip
 
 
+@dataclass(frozen=True)
+class SharedNBest:
+    """A run's shared n-best while its trials train: the stream every trial reads its lists from
+    (:class:`NBestStream`, a Ray actor) and the decoding options they were mined with — a trial whose own decoding
+    differs mines its own."""
+
+    stream: Any  # the NBestStream actor's handle
+    decoding: dict[str, Any]
+
+
 def start_nbest_stream(*, out_dir: str | Path, **kwargs: Any) -> Any:
     """The stream as an async actor: on this (the driver's) node, where the run folder is, or — a staged run's
     (``--out s3://…``), given as its URI — on any node, which reads the shards from the store and writes its own
@@ -161,12 +172,12 @@ def shared_nbest(factory: MinerFactory, mining: Any, examples: Sequence[Any], ou
     miner pool of ``mining.num_miners`` that stops once every list is in. Yields the stream's handle.
     The engine (``factory.options["engine"]``, ``auto`` by default) is resolved before the miners start — for
     GPU miners on a GPU — and given to every miner; ``meta.json`` and the key hold what ran and its versions."""
-    from raycl.distributed.corpus_mining import resolve_miners_engine
+    from raycl.distributed.mining_actors import resolve_miners_engine
 
     ran = resolve_miners_engine(str(model_dir), factory.options, gpus_per_miner=float(mining.gpus_per_miner))
     asked = str(factory.options.get("engine", "auto"))
-    factory = dataclasses.replace(factory, options={**factory.options, "engine": ran["engine"]})
-    engine = {"engine": ran["engine"], "engine_versions": ran["versions"], "engine_requested": asked}
+    factory = dataclasses.replace(factory, options={**factory.options, "engine": ran.engine})
+    engine = {"engine": ran.engine, "engine_versions": ran.versions, "engine_requested": asked}
     key = content_key(model_dir, examples, {**options, **engine})
     meta_path = out_dir / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}

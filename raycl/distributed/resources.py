@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raycl.distributed.runtime import HEAD_RESOURCE
 from raycl.errors import UserError
+
+if TYPE_CHECKING:
+    from raycl.config import MiningSection
 
 Bundle = dict[str, float]
 EPS = 1e-9
@@ -45,6 +48,14 @@ class Ask:
 
     def __str__(self) -> str:
         return f"{self.label()} ({self.settings})"
+
+
+@dataclass(frozen=True)
+class MiningPlan:
+    """The miners that run while a config trains, as its recipe plans them (``Recipe.mining_plan``)."""
+
+    mining: MiningSection | None = None  # their section; None: no miners while training
+    shared: bool = False  # one pool serves the whole run (GEC's shared n-best), not one per training
 
 
 @dataclass(frozen=True)
@@ -245,8 +256,8 @@ def check_run(space: Any, *, sweep: bool, recipe: Any, cluster_: Cluster | None 
     from raycl.progress import say
 
     cfg = space.config
-    mining, shared = recipe.mining_plan(cfg, space)
-    p = plan(cfg, sweep=sweep, mining=mining, shared=shared)
+    miners: MiningPlan = recipe.mining_plan(cfg, space)
+    p = plan(cfg, sweep=sweep, mining=miners.mining, shared=miners.shared)
     have = cluster_ or cluster(config)
     _CHECKED[:] = [have]
     if have.unknown and (line := unknown_line(p, have, cfg)):

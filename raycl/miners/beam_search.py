@@ -295,74 +295,19 @@ def read_negatives_parquet(path: str | Path) -> dict[str, MinedNegatives]:
     return out
 
 
-class NullEngine:
-    """A decoding engine that decodes nothing (no hypotheses, S = 0): what is left of mining is the pipeline's own
-    work — reading ranges, selecting, writing shards (``bench/mine.py``'s null-model runs)."""
-
-    training = False
-
-    def generate(self, sources: list[str], **_: Any) -> list[list[tuple[str, float]]]:
-        return [[] for _ in sources]
-
-    def score_texts(self, sources: list[str], targets: list[str], **_: Any) -> list[float]:
-        return [0.0] * len(sources)
-
-
 def build_beam_miner(model_path: str, options: dict[str, Any]) -> BeamSearchMiner:
     """A ``gec_beam`` miner in an actor: the decoding engine over ``model_path`` on ``options["device"]``.
 
     ``options["engine"]``: ``auto`` (default: CTranslate2 where it converts the model and runs the precision on
-    this device, else HF — :func:`raycl.models.ct2_engine.resolve_engine`), ``hf`` (``Seq2SeqScorer``,
-    ``precision`` = autocast) or ``ctranslate2`` (the folder converted once per weight version, cached next to
-    it; ``precision`` → the engine's compute type). The choice is said once on stderr."""
-    import sys
-
-    from raycl.models.ct2_engine import resolve_engine
+    this device, else HF), ``hf`` (``Seq2SeqScorer``, ``precision`` = autocast) or ``ctranslate2`` (the folder
+    converted once per weight version, cached next to it; ``precision`` → the engine's compute type): chosen and
+    opened by :func:`raycl.models.engines.open_decoder`, which says an ``auto`` choice once on stderr."""
+    from raycl.models.engines import open_decoder
 
     opts = dict(options)
     device, wanted = opts.pop("device", "cpu"), opts.pop("engine", "auto")
-    if opts.pop("null_decoding", False):  # bench/mine.py: the pipeline's own ceiling, no model
-        return BeamSearchMiner(NullEngine(), **opts)  # type: ignore[arg-type]
-    precision = opts.get("precision", "fp32")
-    engine, why = resolve_engine(wanted, model_path, device=device, precision=precision)
-    decoder = _open_ct2(model_path, device, precision, auto=wanted == "auto") if engine == "ctranslate2" else None
-    if engine == "ctranslate2" and isinstance(decoder, str):  # auto, and its CUDA libraries would not load
-        engine, why, decoder = "hf", f"auto: {decoder}", None
-    if wanted == "auto":
-        print(f"raycl miner: mining.engine={engine} ({why})", file=sys.stderr)
-    if decoder is not None:
-        return BeamSearchMiner(decoder, **opts)  # type: ignore[arg-type]  # Seq2SeqScorer's decoding interface
-    from raycl.models.seq2seq import Seq2SeqScorer
-
-    scorer = Seq2SeqScorer.from_pretrained(model_path, device=device)
-    return BeamSearchMiner(in_precision(scorer, device, precision), **opts)
-
-
-def in_precision(scorer: Seq2SeqScorer, device: str, precision: str) -> Seq2SeqScorer:
-    """A GPU miner's HF weights in its precision (bf16, fp16) rather than autocast around them: a beam search is
-    driven step by step from the host, and autocast's casts of activations and weights around every op add kernels
-    to each step (bf16 mined 8.9 negatives per miner-busy second against fp32's 25.3 on an H200, BART-large's
-    shape). The scores stay fp32 (the scorer's log-probs are taken in fp32). On a CPU autocast stays."""
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-    if dtype is not None and device.startswith("cuda"):
-        scorer.to(dtype)
-    return scorer
-
-
-def _open_ct2(model_path: str, device: str, precision: str, *, auto: bool) -> Any:
-    """The CTranslate2 engine over ``model_path``; where it cannot load the CUDA libraries it needs, why (with
-    ``auto``: HF decodes instead) or one line naming them (``mining.engine=ctranslate2``)."""
-    from raycl.models.ct2_engine import CT2Seq2Seq, load_failure
-
-    try:
-        return CT2Seq2Seq.from_pretrained(model_path, device=device, precision=precision)
-    except (RuntimeError, OSError) as err:
-        why = load_failure(err, device)
-        if why is None:
-            raise
-        if auto:
-            return why
-        raise UserError(f"mining.engine=ctranslate2: {why}; or set mining.engine=hf (or auto)") from None
+    decoder = open_decoder(model_path, wanted=wanted, device=device, precision=opts.get("precision", "fp32"))
+    return BeamSearchMiner(decoder, **opts)
 
 
 def load_beam_weights(miner: BeamSearchMiner, state_dict: Any, *, version: int = 0) -> None:

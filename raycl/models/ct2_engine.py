@@ -37,7 +37,6 @@ from typing import Any, TypeVar
 
 import torch
 
-from raycl.config import ENGINES
 from raycl.errors import UserError
 from raycl.files import check_owner
 from raycl.models.decoding import Decoding, ct2_options, keep
@@ -118,36 +117,6 @@ def _dlopen(name: str) -> None:
     import ctypes
 
     ctypes.CDLL(name)
-
-
-def resolve_engine(engine: str, model_dir: str | Path, *, device: str, precision: str) -> tuple[str, str]:
-    """``mining.engine`` → (``hf`` | ``ctranslate2``, why). ``auto``: CTranslate2 where it converts the model and
-    runs ``precision`` on ``device`` (its candidates are HF's for the large majority of sentences, faster), else
-    HF; ``int8`` exists only in CTranslate2, so ``auto`` at int8 is CTranslate2 or an error."""
-    if engine not in ENGINES:
-        raise UserError(f"mining.engine: expected one of {' | '.join(ENGINES)}, got {engine!r}")
-    if engine == "hf" and precision == "int8":
-        raise UserError("mining.precision: int8 exists only with mining.engine=ctranslate2 or auto, got hf")
-    if engine == "ctranslate2" and (missing := ct2_missing() or cuda_libraries_missing(device)) is not None:
-        raise UserError(f"mining.engine=ctranslate2: {missing}; or set mining.engine=hf (or auto)")
-    if engine != "auto":
-        return engine, "as configured"
-    why = ct2_unsupported(model_dir, device=device, precision=precision)
-    if why is None:
-        return "ctranslate2", f"auto: CTranslate2 decodes this model at {COMPUTE_TYPES[precision]} on {device}"
-    if precision == "int8":
-        raise UserError(f"mining.precision: int8 needs CTranslate2, which cannot run here ({why})")
-    return "hf", f"auto: {why}"
-
-
-def resolve_on_driver(engine: str, model_dir: str | Path, *, precision: str, gpus_per_miner: float,
-                      device: str = "cpu") -> tuple[str, str] | None:  # fmt: skip
-    """What miners will resolve ``mining.engine`` to, known on the driver when they decode on ``device`` (CPU
-    miners, or this process); None when GPU miners resolve ``auto`` on their own device. An impossible choice
-    (int8 without CTranslate2) raises here, before Ray or any trial starts."""
-    if gpus_per_miner > 0 and engine == "auto":
-        return None
-    return resolve_engine(engine, model_dir, device=device, precision=precision)
 
 
 def compute_type(precision: str, device: str) -> str:

@@ -34,6 +34,7 @@ from raycl.data.coherence import (
 )  # fmt: skip
 from raycl.distributed.miner_pool import MinerFactory
 from raycl.distributed.mining_service import trial_resources
+from raycl.distributed.resources import MiningPlan
 from raycl.driver import RecipeBase, Run, TrainPoint, fit_job, miners
 from raycl.miners.permutation import COHERENCE_RANK
 from raycl.models.coherence_presets import build_coherence_model
@@ -62,19 +63,14 @@ class CoherenceRecipe(RecipeBase):
     def train_points(self, run: Run) -> list[TrainPoint]:
         return [TrainPoint("train", {}, "train ‖ mine")]
 
-    def train_one(self, run: Run, cfg: CoherenceConfig, out_dir: Path, *, name: str, in_tune: bool,
-                  chaos: dict[str, Any] | None = None) -> Any:  # fmt: skip
+    def train_one(self, run: Run, cfg: CoherenceConfig, out_dir: Path, *, name: str, in_tune: bool) -> Any:
         """One training run; with hard negatives, its own miners rank permutations meanwhile."""
         task = CoherenceTask(cfg, str(run.files["train_items"]))
-        job = Job(task, str(run.base_model), str(out_dir), chaos=chaos)
+        job = Job(task, str(run.base_model), str(out_dir))
         if not mines_while_training(cfg):
             return fit_job(run, cfg, job, name=name, in_tune=in_tune)
-        m = cfg.mining
-        # a task waits (up to its lease) for the version of its chunk instead of being ranked with older weights
-        factory = MinerFactory(COHERENCE_RANK, str(run.base_model), {
-            "num_rank": m.num_rank, "num_negs": m.num_negs, "batch_size": m.batch_size,
-            "version_wait_s": m.lease_s, "precision": m.precision})  # fmt: skip
-        with miners(factory, m, world_size=cfg.scaling.num_workers, seed=cfg.optim.seed) as service:
+        factory = MinerFactory(COHERENCE_RANK, str(run.base_model), cfg.mining.miner_options())
+        with miners(factory, cfg.mining, world_size=cfg.scaling.num_workers, seed=cfg.optim.seed) as service:
             return fit_job(run, cfg, dataclasses.replace(job, stream=service.stream, store=service.store),
                            name=name, in_tune=in_tune)  # fmt: skip
 
@@ -87,8 +83,8 @@ class CoherenceRecipe(RecipeBase):
     def trial_resources(self, run: Run) -> Any:
         return trial_resources(run.cfg.tune.driver_cpus, run.cfg.mining if run.cfg.mining.hard_negatives else None)
 
-    def mining_plan(self, cfg: CoherenceConfig, space: Space) -> tuple[Any, bool]:
-        return (cfg.mining if mines_while_training(cfg) else None), False
+    def mining_plan(self, cfg: CoherenceConfig, space: Space) -> MiningPlan:
+        return MiningPlan(cfg.mining if mines_while_training(cfg) else None)
 
     def write_report(self, run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]
                      ) -> dict[str, Any]:  # fmt: skip

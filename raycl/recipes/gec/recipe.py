@@ -25,17 +25,17 @@ from typing import Any
 
 from raycl import storage
 from raycl.config import Space
-from raycl.configs.gec import GecConfig
+from raycl.configs.gec import DECODING, GecConfig
 from raycl.data.gec import load_examples
 from raycl.distributed.miner_pool import MinerFactory
 from raycl.distributed.mining_service import trial_resources
-from raycl.distributed.nbest import nbest_records, shared_nbest
-from raycl.distributed.resources import waiting_line
+from raycl.distributed.nbest import SharedNBest, nbest_records, shared_nbest
+from raycl.distributed.resources import MiningPlan, waiting_line
 from raycl.driver import RecipeBase, Run, TrainPoint, fit_job, miners
 from raycl.errors import UserError
 from raycl.miners.beam_search import GEC_BEAM, select_from_nbest, write_negatives_parquet
 from raycl.miners.false_negatives import FalseNegativeCounts
-from raycl.models.ct2_engine import resolve_on_driver
+from raycl.models.engines import choose_engine
 from raycl.models.presets import build_model
 from raycl.progress import follow, say
 from raycl.recipes.gec import inputs as gec_inputs
@@ -92,41 +92,31 @@ class GecRecipe(RecipeBase):
                 say(f"per-trial mining: the sweep varies {', '.join(sorted(swept))}: trials' n-best lists differ")
             yield
             return
-        m = cfg.mining
         options = decoding_options(cfg)
-        factory = MinerFactory(GEC_BEAM, str(run.base_model), {
-            "k": m.beam - 1, "beam": m.beam, "batch_size": m.batch_size, "max_len_a": m.max_len_a,
-            "max_len_b": m.max_len_b, "precision": m.precision, "rank_by": m.rank_by, "engine": m.engine,
-            "nbest": True})  # fmt: skip
+        factory = MinerFactory(GEC_BEAM, str(run.base_model), cfg.mining.miner_options(nbest=True))
         examples = load_examples(cfg.data.finetune, annotator=cfg.data.annotator)
-        miners_engine(cfg, run.base_model)  # said once; shared_nbest resolves it for its miners and meta.json
-        with shared_nbest(factory, m, examples, run.run_dir / "nbest", options=options, model_dir=run.base_model,
-                          say=say) as stream:  # fmt: skip
-            run.services["nbest"] = (stream, options)
+        say_miners_engine(cfg, run.base_model)  # said once; shared_nbest resolves it for its miners and meta.json
+        with shared_nbest(factory, cfg.mining, examples, run.run_dir / "nbest", options=options,
+                          model_dir=run.base_model, say=say) as stream:  # fmt: skip
+            run.nbest = SharedNBest(stream, options)
             try:
                 yield
             finally:
-                run.services.pop("nbest", None)  # the miners' own time is in nbest/meta.json and the report
+                run.nbest = None  # the miners' own time is in nbest/meta.json and the report
 
-    def train_one(self, run: Run, cfg: GecConfig, out_dir: Path, *, name: str, in_tune: bool,
-                  chaos: dict[str, Any] | None = None) -> Any:  # fmt: skip
+    def train_one(self, run: Run, cfg: GecConfig, out_dir: Path, *, name: str, in_tune: bool) -> Any:
         """Steps 2–3 for one point: miners mine D_F with the base model (version 0) while the trainers consume
-        it — the run's shared n-best when there is one, else this trial's own miner pool. ``chaos``: a trainer
-        crash switch for tests and benchmarks (``raycl.training.chaos``)."""
-        job = Job(GecTask(cfg, "finetune"), str(run.base_model), str(out_dir), chaos=chaos)
+        it — the run's shared n-best when there is one, else this trial's own miner pool."""
+        job = Job(GecTask(cfg, "finetune"), str(run.base_model), str(out_dir))
         if not mines_while_training(cfg):
             return fit_job(run, cfg, job, name=name, in_tune=in_tune)
-        shared = run.services.get("nbest")
-        if shared is not None and shares_nbest(cfg) and shared[1] == decoding_options(cfg):
-            result = fit_job(run, cfg, dataclasses.replace(job, nbest=shared[0]), name=name, in_tune=in_tune)
-            _write_selected(out_dir, cfg, nbest_records(shared[0]))
+        shared = run.nbest
+        if shared is not None and shares_nbest(cfg) and shared.decoding == decoding_options(cfg):
+            result = fit_job(run, cfg, dataclasses.replace(job, nbest=shared.stream), name=name, in_tune=in_tune)
+            _write_selected(out_dir, cfg, nbest_records(shared.stream))
             return result
-        m = cfg.mining
-        factory = MinerFactory(GEC_BEAM, str(run.base_model), {
-            "k": m.k, "beam": m.beam, "source_negative": m.source_negative, "batch_size": m.batch_size,
-            "max_len_a": m.max_len_a, "max_len_b": m.max_len_b, "precision": m.precision, "rank_by": m.rank_by,
-            "refill": m.refill, "engine": m.engine, "false_negatives": m.false_negatives})  # fmt: skip
-        with miners(factory, m, world_size=cfg.scaling.num_workers, seed=cfg.optim.seed) as service:
+        factory = MinerFactory(GEC_BEAM, str(run.base_model), cfg.mining.miner_options())
+        with miners(factory, cfg.mining, world_size=cfg.scaling.num_workers, seed=cfg.optim.seed) as service:
             job = dataclasses.replace(job, stream=service.stream, store=service.store)
             result = fit_job(run, cfg, job, name=name, in_tune=in_tune)
             _write_negatives(out_dir, cfg, service.negatives())
@@ -137,13 +127,13 @@ class GecRecipe(RecipeBase):
         return int(run.cfg.optim.epochs)
 
     def trial_resources(self, run: Run) -> Any:
-        own_miners = mines_while_training(run.cfg) and "nbest" not in run.services
+        own_miners = mines_while_training(run.cfg) and run.nbest is None
         return trial_resources(run.cfg.tune.driver_cpus, run.cfg.mining if own_miners else None)
 
-    def mining_plan(self, cfg: GecConfig, space: Space) -> tuple[Any, bool]:
+    def mining_plan(self, cfg: GecConfig, space: Space) -> MiningPlan:
         if not mines_while_training(cfg):
-            return None, False
-        return cfg.mining, shares_nbest(cfg) and not any(key in DECODING_KEYS for key in space.search)
+            return MiningPlan()
+        return MiningPlan(cfg.mining, shares_nbest(cfg) and not any(key in DECODING_KEYS for key in space.search))
 
     # ------------------------------------------------------------------------------------------ step 4
     def export(self, run: Run, best: dict[Any, TrialOutcome]) -> None:
@@ -180,31 +170,23 @@ def shares_nbest(cfg: GecConfig) -> bool:
     return m.share and m.sync_every == 0 and m.refresh_every == 0
 
 
-def miners_engine(cfg: GecConfig, model_dir: Path) -> str:
-    """What ``mining.engine`` is for the run's miners, said once: resolved here for CPU miners, as each of them
-    resolves it (an impossible choice, such as int8 without CTranslate2, fails before any trial starts); GPU
-    miners resolve ``auto`` on their own device."""
+def say_miners_engine(cfg: GecConfig, model_dir: Path) -> None:
+    """What ``mining.engine`` is for the run's miners, said once (:func:`raycl.models.engines.choose_engine`, as
+    each CPU miner chooses; an impossible choice, such as int8 without CTranslate2, fails before any trial
+    starts); GPU miners choose ``auto`` on their own device."""
     m = cfg.mining
-    got = resolve_on_driver(m.engine, model_dir, precision=m.precision, gpus_per_miner=m.gpus_per_miner)
-    if got is None:
-        say("mining.engine=auto: each GPU miner decodes with CTranslate2 if it converts the model and runs "
-            f"{m.precision} there, else with HF")  # fmt: skip
-        return "auto"
-    engine, why = got
-    if m.engine == "auto":
-        say(f"mining.engine=auto → {engine} ({why.removeprefix('auto: ')})")
-    return engine if m.engine != "auto" else f"{engine} (auto)"
+    line = choose_engine(m.engine, model_dir, device="cpu", precision=m.precision,
+                         gpus_per_miner=m.gpus_per_miner).line(m.precision)  # fmt: skip
+    if line is not None:
+        say(line)
 
 
-DECODING_KEYS = ("mining.beam", "mining.rank_by", "mining.engine", "mining.precision", "mining.max_len_a",
-                 "mining.max_len_b", "model.max_length")
+DECODING_KEYS = (*(f"mining.{key}" for key in DECODING), "model.max_length")
 
 
 def decoding_options(cfg: GecConfig) -> dict[str, Any]:
     """What makes an n-best list: a trial may use the run's n-best only when these are the run's."""
-    m = cfg.mining
-    return {"beam": m.beam, "rank_by": m.rank_by, "engine": m.engine, "precision": m.precision,
-            "max_len_a": m.max_len_a, "max_len_b": m.max_len_b, "max_length": cfg.model.max_length}
+    return {**cfg.mining.decoding(), "max_length": cfg.model.max_length}
 
 
 def _write_selected(out_dir: Path, cfg: GecConfig, records: dict[str, Any]) -> None:
