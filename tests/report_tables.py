@@ -55,3 +55,15 @@ def best_of(history: list[dict[str, Any]], metric: str, *, by: str = "epoch") ->
             best = row
     assert best is not None
     return best
+
+
+def macro_f1(y_true: list[int], y_pred: list[int]) -> float:
+    """Mean over the labels present (gold or predicted) of 2·TP / (2·TP + FP + FN), from counts."""
+    labels = sorted(set(y_true) | set(y_pred))
+    f1s = []
+    for c in labels:
+        tp = sum(1 for t, p in zip(y_true, y_pred, strict=True) if t == c and p == c)
+        fp = sum(1 for t, p in zip(y_true, y_pred, strict=True) if t != c and p == c)
+        fn = sum(1 for t, p in zip(y_true, y_pred, strict=True) if t == c and p != c)
+        f1s.append(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
+    return sum(f1s) / len(f1s)

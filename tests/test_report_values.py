@@ -247,3 +247,92 @@ def test_gec_report_false_negative_rates_and_sign_test(tmp_path: Path) -> None:
         assert float(p) == pytest.approx(naive_tail(w, w + lo), rel=5e-3, abs=1e-300)
         assert float(p_other) == pytest.approx(naive_tail(lo, w + lo), rel=5e-3)
     assert int(found[0][1]) > int(found[0][2])  # the correcting system wins on S (it has errors to fix)
+
+
+# ---------------------------------------------------------------------------------------------- coherence
+COH_TESTS = ("permuted", "lmvlm")
+
+
+def _coh_history(rng: random.Random, reports: int, *, mined: bool = False, tie: bool = False
+                 ) -> list[dict[str, Any]]:  # fmt: skip
+    rows = []
+    for i in range(reports):
+        row: dict[str, Any] = {"step": 40 * (i + 1), "epoch": i // 2, "loss": rng.uniform(0.1, 1.0),
+                               "dev_acc": round(rng.uniform(0.4, 0.9), 4)}
+        row |= {f"test/{t}/acc": round(rng.uniform(0.4, 0.9), 4) for t in COH_TESTS}
+        row |= {"test/lmvlm/alpha": round(rng.uniform(-0.2, 0.8), 4),
+                "test/lmvlm/human_alpha": round(rng.uniform(0.3, 0.7), 4)}
+        if mined:
+            row |= {"stream/version": float(i + 1), "timing/mine_wait": rng.uniform(0.0, 2.0),
+                    "timing/interval": rng.uniform(5.0, 20.0), "stream/staleness_max": float(rng.randrange(0, 5)),
+                    "stream/refused": float(rng.randrange(0, 4))}
+        rows.append(row)
+    if tie:
+        rows[-1]["dev_acc"] = max(r["dev_acc"] for r in rows)
+    return rows
+
+
+def _coh_run(tmp_path: Path) -> tuple[Run, Any, list[TrialOutcome], list[TrialOutcome]]:
+    space = load_space("coherence", preset="smoke")
+    cfg = space.config
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(
+        cfg.data, test={t: [f"{t}.pkl"] for t in COH_TESTS}, annotations={"lmvlm": "lmvlm_annotations.pkl"}))
+    run = Run(cfg=cfg, run_dir=tmp_path / "run", base_model=tmp_path / "base", builtin=["train"],
+              counts={"train": 120, "dev": 30}, timings={"pretrain_s": 3.21, "tune_s": 98.76})
+    run.run_dir.mkdir()
+    rng = random.Random(7)
+    trials = [TrialOutcome("full_a", {"loss.margin": 0.1, "momentum.m": 0.99}, _coh_history(rng, 4, mined=True)),
+              TrialOutcome("full_b", {"loss.margin": 0.3, "momentum.m": 0.9}, _coh_history(rng, 3, mined=True)),
+              TrialOutcome("full_c", {"loss.margin": 0.3, "momentum.m": 0.99}, _coh_history(rng, 3, tie=True))]
+    for row, dev in zip(trials[1].history, (0.91, 0.95, 0.95), strict=True):  # the best, tied at steps 80, 120
+        row["dev_acc"] = dev
+    extra = [TrialOutcome("pw", {"baseline": "pairwise"}, _coh_history(rng, 2)),
+             TrialOutcome("con", {"baseline": "contrastive"}, _coh_history(rng, 3, tie=True)),
+             TrialOutcome("hn", {"baseline": "contrastive_hn"}, _coh_history(rng, 3, mined=True)),
+             TrialOutcome("nohn", {"baseline": "full_no_hn"}, _coh_history(rng, 2))]
+    del extra[3].history[0]["test/lmvlm/alpha"], extra[3].history[1]["test/lmvlm/alpha"]
+    return run, space, trials, extra
+
+
+def test_coherence_report_table_1_sweep_and_mining_lines(tmp_path: Path) -> None:
+    from raycl.recipes.coherence.report import write_all
+
+    run, space, trials, extra = _coh_run(tmp_path)
+    write_all(run, space, trials, extra)
+    text = (run.run_dir / "report.md").read_text()
+    got = tables(text)
+    expected = [("Pairwise", extra[0]), ("Contrastive", extra[1]), ("Full model", trials[1]),
+                ("Contrastive + hard negatives", extra[2]), ("Full model − hard negatives", extra[3])]
+    assert [r["Method"] for r in got["Method"]] == [m for m, _ in expected]
+    for (_, trial), cells in zip(expected, got["Method"], strict=True):
+        row = best_of(trial.history, "dev_acc", by="step")
+        for t in COH_TESTS:
+            assert cells[f"{t} acc"] == percent(row[f"test/{t}/acc"]), (trial.trial_id, t)
+        alpha = row.get("test/lmvlm/alpha")
+        assert cells["lmvlm α"] == ("–" if alpha is None else f"{alpha:.3f}"), trial.trial_id
+        assert cells["dev acc"] == percent(row["dev_acc"])
+    assert best_of(trials[1].history, "dev_acc", by="step")["step"] == 80
+    humans = best_of(extra[0].history, "dev_acc", by="step")["test/lmvlm/human_alpha"]  # the first row's
+    assert f"(annotators alone: {percent(humans)})" in text
+    sweep = got["τ"]
+    assert list(sweep[0]) == ["τ", "m", "dev acc", "permuted acc", "lmvlm acc"]  # the swept keys, sorted
+    for t, cells in zip(trials, sweep, strict=True):
+        row = best_of(t.history, "dev_acc", by="step")
+        assert [cells["τ"], cells["m"]] == [str(t.params["loss.margin"]), str(t.params["momentum.m"])]
+        assert [cells["dev acc"], cells["permuted acc"], cells["lmvlm acc"]] == [
+            percent(row["dev_acc"]), percent(row["test/permuted/acc"]), percent(row["test/lmvlm/acc"])]
+    mining = {r["trial"]: r for r in got["trial"]}
+    names = {"full_a": "Full model τ=0.1, m=0.99", "full_b": "Full model τ=0.3, m=0.9",
+             "hn": "Contrastive + hard negatives"}
+    assert sorted(mining) == sorted(names.values())
+    for t in [*trials, *extra]:
+        mined = [r for r in t.history if "stream/version" in r]
+        if not mined:
+            continue
+        share = 100 * sum(r["timing/mine_wait"] for r in mined) / sum(r["timing/interval"] for r in mined)
+        cells = mining[names[t.trial_id]]
+        assert cells["mine_wait (% of training time)"] == f"{share:.1f}"
+        assert cells["max staleness"] == f"{max(r['stream/staleness_max'] for r in mined):.0f}"
+        assert cells["refused (re-mined)"] == f"{max(r['stream/refused'] for r in mined):.0f}"
+        assert cells["weight versions"] == f"{mined[-1]['stream/version']:.0f}"
+    assert "pretrain 3.2 s, tune 98.8 s" in text and "Data: train 120, dev 30 (built-in: train)." in text
