@@ -254,7 +254,7 @@ COH_TESTS = ("permuted", "lmvlm")
 
 
 def _coh_history(rng: random.Random, reports: int, *, mined: bool = False, tie: bool = False
-                 ) -> list[dict[str, Any]]:  # fmt: skip
+                 ) -> list[dict[str, Any]]:
     rows = []
     for i in range(reports):
         row: dict[str, Any] = {"step": 40 * (i + 1), "epoch": i // 2, "loss": rng.uniform(0.1, 1.0),
