@@ -61,6 +61,13 @@ def _idiom_run(tmp_path: Path) -> tuple[Run, Any, list[TrialOutcome], list[Trial
     run.run_dir.mkdir()
     inputs = {"dev": _ids(cfg.data.dev), "eval": _ids(cfg.data.eval)}
     rng = random.Random(11)
+    for gold in (cfg.data.dev_gold, cfg.data.eval_gold):  # unbalanced labels: macro-F1 ≠ weighted or micro F1
+        with open(gold, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        with open(gold, "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows({**r, "Label": int(rng.random() < 0.3)} for r in rows)
     labels: dict[str, Any] = {}
     trials, extra = [], []
     sweep = [("z1", "zero_shot", 2e-5, 0.7), ("z2", "zero_shot", 3e-5, 0.7), ("z3", "zero_shot", 5e-5, 0.6),
