@@ -6,6 +6,12 @@ naive computations written here.
   log E exp(−2‖f(x) − f(y)‖²) over every sentence of those pairs, both averaged over the paper script's batches),
   and the STS dev Spearman (Pearson correlation of average ranks) of the model's cosine similarities. The
   embeddings are taken one sentence at a time with a real (tiny, locally built) encoder and the formulas are loops.
+- Idiom (``raycl.recipes.idiom.evaluation``): the dev macro-F1 per language set of a real tiny classifier, from
+  per-class counts of its predictions (each example classified alone here) against the gold CSV.
+- Coherence (``raycl.recipes.coherence.evaluation``): pairwise accuracy (ties wrong) on each test set and
+  Krippendorff's α (nominal, from the coincidence matrix) with the model as one more coder, of a real tiny
+  coherence model scoring each document alone.
+- The negative stream's per-epoch counters (``StreamStats``): staleness mean and max, refusals, negatives.
 - Dense mining (``raycl.miners.dense``): the report's candidates, per-filter drops, negatives, short queries and
   score histograms summed over blocks, against a loop over every candidate applying sentence-transformers' rules.
 """
@@ -260,3 +266,118 @@ def test_dense_report_counts_equal_a_loop_over_every_candidate(seed: int) -> Non
         k = next(j for j in range(len(edges) - 1) if s < edges[j + 1] or j == len(edges) - 2)
         naive_hist[k] += 1
     assert stats.hist["kept"] == naive_hist
+
+
+# ---------------------------------------------------------------------------------------------- idiom evaluator
+def _macro_f1(y_true: Sequence[int], y_pred: Sequence[int]) -> float:
+    labels = sorted(set(y_true) | set(y_pred))
+    f1s = []
+    for c in labels:
+        tp = sum(1 for t, p in zip(y_true, y_pred, strict=True) if t == c == p)
+        wrong = sum(1 for t, p in zip(y_true, y_pred, strict=True) if (t == c) != (p == c))
+        f1s.append(2 * tp / (2 * tp + wrong) if tp else 0.0)
+    return sum(f1s) / len(f1s)
+
+
+@pytest.mark.parametrize("setting", ["zero_shot", "one_shot"])
+def test_idiom_dev_macro_f1_per_language_set(tmp_path: Path, setting: str) -> None:
+    from raycl.models.classifier import build_classifier, encode_batch, load_classifier
+    from raycl.recipes.idiom.evaluation import Evaluator, model_input
+
+    space = load_space("idiom", preset="smoke", overrides=["eval.batch_size=3"])
+    cfg, _ = recipe_for("idiom").with_data(space.config, tmp_path / "data")
+    rng = random.Random(1)
+    with open(cfg.data.dev_gold, newline="", encoding="utf-8") as f:
+        gold = list(csv.DictReader(f))
+    with open(cfg.data.dev_gold, "w", newline="", encoding="utf-8") as f:  # unbalanced: macro ≠ micro ≠ weighted
+        w = csv.DictWriter(f, fieldnames=list(gold[0]))
+        w.writeheader()
+        w.writerows(gold := [{**r, "Label": str(int(rng.random() < 0.35))} for r in gold])
+    ev = Evaluator(cfg, setting)
+    model, tok = load_classifier(build_classifier("smoke", tmp_path / "clf", texts=SENTENCES * 3))
+    model.eval()
+
+    def margins() -> dict[str, float]:  # logit 1 − logit 0 of each dev example, classified alone
+        with torch.no_grad():
+            return {e.id: float(logits[1] - logits[0]) for e in ev.dev for logits in
+                    model(**encode_batch(tok, [model_input(e, setting)], max_len=cfg.model.max_len)).logits}
+
+    with torch.no_grad():  # an untrained head says one label for all: amplify it, split at the widest middle gap
+        model.classifier.out_proj.weight.mul_(100.0)
+        m = sorted(margins().values())
+        i = max(range(len(m) // 4, 3 * len(m) // 4), key=lambda j: m[j + 1] - m[j])
+        model.classifier.out_proj.bias[1] -= (m[i] + m[i + 1]) / 2  # far from every margin: batching moves none
+    got = ev.dev_scores(model, tok)
+    pred = {i: int(d > 0) for i, d in margins().items()}
+    assert 0 < sum(pred.values()) < len(pred)  # both labels predicted: no class's F1 is 0 by default
+    for key, langs in (("dev_f1/EN", ("EN",)), ("dev_f1/PT", ("PT",)), ("dev_f1", ("EN", "PT"))):
+        rows = [(int(g["Label"]), pred[g["ID"]]) for g in gold if g["Language"] in langs]
+        want = _macro_f1([t for t, _ in rows], [p for _, p in rows])
+        assert got[key] == pytest.approx(want, abs=1e-12), key
+
+
+# ------------------------------------------------------------------------------------------- coherence evaluator
+def naive_alpha(coders: Sequence[Sequence[str | None]]) -> float:
+    """Krippendorff's nominal α from the coincidence matrix: units with ≥ 2 values; o_ck = Σ_u (pairs c,k in u) /
+    (m_u − 1); α = 1 − (n − 1) Σ_{c≠k} o_ck / Σ_{c≠k} n_c n_k."""
+    units = [[c[u] for c in coders if c[u] is not None] for u in range(len(coders[0]))]
+    o: dict[tuple[str, str], float] = {}
+    for values in (v for v in units if len(v) >= 2):
+        for i, a in enumerate(values):
+            for j, b in enumerate(values):
+                if i != j:
+                    o[(a, b)] = o.get((a, b), 0.0) + 1.0 / (len(values) - 1)
+    n_c: dict[str, float] = {}
+    for (a, _), v in o.items():
+        n_c[a] = n_c.get(a, 0.0) + v
+    n = sum(n_c.values())
+    observed = sum(v for (a, b), v in o.items() if a != b)
+    expected = sum(n_c[a] * n_c[b] for a in n_c for b in n_c if a != b)
+    return 1.0 - (n - 1) * observed / expected
+
+
+def test_coherence_test_accuracy_and_alpha_with_the_model_as_a_coder(tmp_path: Path) -> None:
+    from raycl.data.coherence import read_pairs
+    from raycl.models.coherence import CoherenceScorer
+    from raycl.models.coherence_presets import build_coherence_model
+    from raycl.recipes.coherence.evaluation import Evaluator
+
+    space = load_space("coherence", preset="smoke", overrides=["eval.batch_size=3", "eval.num_negs=2"])
+    cfg, _ = recipe_for("coherence").with_data(space.config, tmp_path / "data")
+    ev = Evaluator(cfg)
+    scorer = CoherenceScorer.from_pretrained(build_coherence_model("smoke", tmp_path / "m", texts=SENTENCES * 5))
+    got = ev.test(scorer)
+
+    for name, specs in cfg.data.test.items():
+        items = [it for spec in specs for it in read_pairs(spec)]
+        # The documents scored in the evaluator's batches (3, in this order): the tiny model's scores of a pos and
+        # its intrusion differ by ~1e-7 or not at all (truncated to the same tokens), so a document scored in
+        # another batch could move by float32 noise across a tie; the rule applied to them is the naive part.
+        docs = [d for it in items for d in (it.pos, *it.negs[:2])]
+        flat = scorer.score_documents(docs, batch_size=3).tolist()
+        pos, negs, k = [], [], 0
+        for it in items:
+            pos.append(flat[k])
+            negs.append(flat[k + 1 : k + 1 + len(it.negs[:2])])
+            k += 1 + len(it.negs[:2])
+        right = sum(1 for p, ns in zip(pos, negs, strict=True) if all(p > x for x in ns))
+        assert got[f"test/{name}/acc"] == pytest.approx(right / len(items), abs=1e-12), name
+        if name in ev.coders:
+            humans = ev.coders[name]
+            labels = ["0" if p > ns[0] else "1" if ns[0] > p else None for p, ns in zip(pos, negs, strict=True)]
+            assert got[f"test/{name}/alpha"] == pytest.approx(naive_alpha([*humans, labels]), abs=1e-9)
+            assert got[f"test/{name}/human_alpha"] == pytest.approx(naive_alpha(humans), abs=1e-9)
+    assert "test/lmvlm/alpha" in got  # the built-in data has an annotated set
+
+
+# ---------------------------------------------------------------------------------------------- stream counters
+def test_stream_counters_as_the_reports_read_them() -> None:
+    from raycl.distributed.consumer import StreamStats
+
+    stats = StreamStats(mine_wait=1.5, first_wait=0.25, refused=3, negatives=17, staleness=[0, 2, 1, 2, 0])
+    m = stats.metrics()
+    assert m["stream/staleness_max"] == 2.0 and m["stream/staleness_mean"] == pytest.approx(5 / 5)
+    assert (m["stream/refused"], m["stream/negatives"]) == (3.0, 17.0)
+    assert (m["timing/mine_wait"], m["timing/mine_wait_first"]) == (1.5, 0.25)
+    empty = StreamStats().metrics()  # no item used this epoch: zeros, not an error
+    assert empty["stream/staleness_max"] == 0.0 and empty["stream/staleness_mean"] == 0.0
