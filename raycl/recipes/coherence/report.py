@@ -78,13 +78,19 @@ def _render(run: Run, space: Space, summary: dict[str, Any], trials: list[TrialO
              "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
     for row in summary["table"]:
         cells = [row["method"], *[pct(row.get(f"test/{t}/acc")) for t in tests],
-                 *[f"{num(row.get(f'test/{a}/alpha')) or 0:.3f}" for a in alphas], pct(row.get("dev_acc"))]
+                 *[_alpha_cell(row.get(f"test/{a}/alpha")) for a in alphas], pct(row.get("dev_acc"))]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", data_line(run.counts, run.builtin), ""]
     lines += _sweep_lines(trials, tests) + _stream_lines(trials + extra)
     lines += ["## Timings", "", timing_line(run.timings), ""]
     lines += [f"![{p.stem}]({p.name})" for p in plots]
     return "\n".join(lines)
+
+
+def _alpha_cell(value: Any) -> str:
+    """α with three decimals; a row without one (no annotated test scored) shows a dash, not 0.000 (chance)."""
+    v = num(value)
+    return "–" if v is None else f"{v:.3f}"
 
 
 def _alpha(summary: dict[str, Any], name: str, key: str) -> Any:
