@@ -30,6 +30,7 @@ from raycl.records import TrialOutcome, is_done, mark_done, read_history
 from raycl.report import best_trial
 from raycl.storage import publish, push
 from raycl.training import loop
+from raycl.training.task import Job
 
 
 @dataclass
@@ -113,7 +114,7 @@ class RecipeBase:
 
 
 # ---------------------------------------------------------------------------------------------- one training
-def fit_job(run: Run, cfg: Any, job: loop.Job, *, name: str, in_tune: bool) -> Any:
+def fit_job(run: Run, cfg: Any, job: Job, *, name: str, in_tune: bool) -> Any:
     """One training (a ``TorchTrainer`` over the one loop; ``scaling.num_workers=0``: in-process); Ray's Result."""
     job = dataclasses.replace(job, use_gpu=cfg.scaling.use_gpu)  # local mode would take a GPU it sees otherwise
     publish(Path(job.init_model))  # a staged run: in the store before a worker on another node reads it

@@ -144,8 +144,8 @@ def test_subtask_a_adamw_eps_and_the_papers_batch_grid(tmp_path: Path) -> None:
     """The released code's transformers.AdamW has eps 1e-6; the paper's batch grid is {16, 32, 64}."""
     from raycl.config import set_dotted
     from raycl.recipes.idiom.worker import IdiomTask
-    from raycl.training import loop
     from raycl.training.precision import Precision
+    from raycl.training.task import Job, Worker
 
     space = load_space("idiom")
     assert space.config.optim.eps == 1e-6 and space.search["optim.batch_size"] == {"grid": [16, 32, 64]}
@@ -154,8 +154,8 @@ def test_subtask_a_adamw_eps_and_the_papers_batch_grid(tmp_path: Path) -> None:
     run = driver.Run(cfg, tmp_path, tmp_path / "base_model", [], {})
     idiom.base_model(run)
     cpu = torch.device("cpu")
-    job = loop.Job(None, str(run.base_model), str(tmp_path))
-    w = loop.Worker(0, 1, cpu, Precision("fp32", cpu), tmp_path, job)
+    job = Job(None, str(run.base_model), str(tmp_path))
+    w = Worker(0, 1, cpu, Precision("fp32", cpu), tmp_path, job)
     task = IdiomTask(cfg)
     st = task.build(task.load_model(run.base_model), w, None)
     assert st.optimizers[0].defaults["eps"] == 1e-6

@@ -172,8 +172,8 @@ def test_a_rank_that_cannot_see_the_pre_trained_model_stops_naming_the_path(tmp_
     that folder used to start silently from the initial model. It stops, naming the path (issue 18 f)."""
     from raycl.configs.sts import StsConfig
     from raycl.recipes.sts.worker import StsTask
-    from raycl.training.loop import Job, Worker
     from raycl.training.precision import Precision
+    from raycl.training.task import Job, Worker
 
     cpu = torch.device("cpu")
     w = Worker(1, 2, cpu, Precision("fp32", cpu), tmp_path / "run", Job(None, str(tmp_path / "init"), ""))

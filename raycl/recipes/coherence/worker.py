@@ -21,7 +21,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch.optim.swa_utils import SWALR
@@ -37,9 +37,10 @@ from raycl.models.coherence import CoherenceScorer, MomentumEncoder
 from raycl.recipes.coherence.evaluation import Evaluator
 from raycl.recipes.coherence.inputs import in_training_order
 from raycl.recipes.coherence.step import CoherenceBatch, coherence_loss, collate
-from raycl.training.loop import (
+from raycl.training.optim import adamw
+from raycl.training.prefetch import Call
+from raycl.training.task import (
     Batch,
-    Call,
     Epoch,
     Keep,
     LoopSettings,
@@ -47,11 +48,10 @@ from raycl.training.loop import (
     StepContext,
     TaskBase,
     TrainState,
-    Window,
     Worker,
     updates_in,
 )
-from raycl.training.optim import adamw
+from raycl.training.timing import Window
 
 Negs = list[tuple[str, ...]]
 
@@ -167,6 +167,7 @@ class CoherenceState(TrainState):
 
 @dataclass(frozen=True)
 class CoherenceTask(TaskBase):
+    shown: ClassVar[tuple[str, ...]] = ("dev_acc", "timing/mine_wait_fraction")  # on rank 0's progress line
     cfg: CoherenceConfig
     train_items: str  # the permuted training set (JSONL), in file order
 

@@ -17,7 +17,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from raycl import storage
 from raycl.configs.gec import GecConfig
@@ -41,9 +41,10 @@ from raycl.recipes.gec.feeds import (
 )
 from raycl.recipes.gec.step import GecBatch, collate, gec_loss
 from raycl.records import save_dir_atomic
-from raycl.training.loop import (
+from raycl.training.optim import build_optimizer, build_scheduler
+from raycl.training.prefetch import Call
+from raycl.training.task import (
     Batch,
-    Call,
     Epoch,
     Keep,
     LoopSettings,
@@ -51,11 +52,10 @@ from raycl.training.loop import (
     StepContext,
     TaskBase,
     TrainState,
-    Window,
     Worker,
     updates_in,
 )
-from raycl.training.optim import build_optimizer, build_scheduler
+from raycl.training.timing import Window
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,7 @@ def _selected(nbest: Any, source_score: float, example: GecExample, **rule: Any)
 @dataclass(frozen=True)
 class GecTask(TaskBase):
     """One phase of Algorithm 1 on one worker."""
+    shown: ClassVar[tuple[str, ...]] = ("dev_f05", "timing/mine_wait_fraction")  # on rank 0's progress line
 
     cfg: GecConfig
     phase: str  # pretrain | finetune

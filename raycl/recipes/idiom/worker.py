@@ -23,7 +23,7 @@ import random
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers import AutoTokenizer
@@ -35,7 +35,8 @@ from raycl.memory.ema import EMA
 from raycl.models.classifier import encode_batch, load_classifier
 from raycl.models.masks import prepared
 from raycl.recipes.idiom.evaluation import Evaluator, model_input
-from raycl.training.loop import (
+from raycl.training.optim import adamw, build_scheduler
+from raycl.training.task import (
     Batch,
     Epoch,
     Keep,
@@ -44,11 +45,10 @@ from raycl.training.loop import (
     StepContext,
     TaskBase,
     TrainState,
-    Window,
     Worker,
     updates_in,
 )
-from raycl.training.optim import adamw, build_scheduler
+from raycl.training.timing import Window
 
 BEST_MODEL = "best_model"
 
@@ -92,6 +92,7 @@ class IdiomState(TrainState):
 
 @dataclass(frozen=True)
 class IdiomTask(TaskBase):
+    shown: ClassVar[tuple[str, ...]] = ("dev_f1",)  # on rank 0's progress line
     cfg: IdiomConfig
 
     @property

@@ -24,7 +24,7 @@ import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -38,7 +38,8 @@ from raycl.recipes.sts import evaluation
 from raycl.recipes.sts.negatives import negatives_for
 from raycl.training import optim as optimizers
 from raycl.training.checkpoint import seed_everything
-from raycl.training.loop import (
+from raycl.training.optim import build_scheduler
+from raycl.training.task import (
     Batch,
     Epoch,
     Keep,
@@ -47,11 +48,10 @@ from raycl.training.loop import (
     StepContext,
     TaskBase,
     TrainState,
-    Window,
     Worker,
     updates_in,
 )
-from raycl.training.optim import build_scheduler
+from raycl.training.timing import Window
 
 Pair = tuple[str, str, float]  # (sentence 1, sentence 2, label in [0, 1])
 
@@ -199,6 +199,7 @@ class StsState(TrainState):
 
 @dataclass(frozen=True)
 class StsTask(TaskBase):
+    shown: ClassVar[tuple[str, ...]] = ("dev_spearman",)  # on rank 0's progress line
     cfg: StsConfig
 
     @property
