@@ -199,9 +199,9 @@ MUTANTS = [
            replace("GecTask.build", "updates = self._updates(", "self._updates(model, examples, feed, w)",
                    OLD_GEC_TOTAL),
            ("tests/test_gec_updates.py::test_a_token_budget_schedule_decays_over_the_updates_the_run_makes",)),
-    Mutant("idiom_schedule_total_rounds_down", "raycl/recipes/idiom/worker.py",
-           replace("IdiomTask.build", "total = max(", "updates_in([self._steps(len(examples), w)] * o.epochs, "
-                   "o.update_freq)", "self._steps(len(examples), w) * o.epochs // o.update_freq"),
+    Mutant("idiom_schedule_total_rounds_down", "raycl/training/batching.py",
+           replace("BatchPlan.updates", "return updates_in(", "updates_in([len(self)] * epochs, update_freq)",
+                   "len(self) * epochs // update_freq"),
            (EQ + "test_idiom_two_workers_train_as_one_with_fgm_and_an_uneven_last_batch",)),
     Mutant("reports_by_the_global_step", "raycl/training/loop.py",
            replace("Loop.update", "if every > 0 and", "p[\"epoch_step\"] % every", "p[\"step\"] % every"),

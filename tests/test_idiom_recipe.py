@@ -20,8 +20,9 @@ from raycl.errors import UserError
 from raycl.evaluation.semeval_metrics import evaluate_idiom
 from raycl.models.classifier import load_classifier
 from raycl.recipes import recipe_for
-from raycl.recipes.idiom.worker import epoch_batches, train_examples
+from raycl.recipes.idiom.worker import train_examples
 from raycl.report import read_history
+from raycl.training.batching import BatchPlan
 
 idiom = recipe_for("idiom")
 
@@ -95,6 +96,12 @@ def test_the_kept_model_holds_the_ema_weights(tmp_path: Path, ema: bool) -> None
     head = (kept_p["classifier.out_proj.weight"] - init_p["classifier.out_proj.weight"]).abs()  # (2, H)
     assert torch.allclose(head, torch.full_like(head, step), rtol=1e-3)  # every head weight has a gradient
     assert moved > 1000
+
+
+def epoch_batches(n: int, *, batch_size: int, seed: int, rank: int, world_size: int) -> list[list[int]]:
+    """Idiom's epoch as its task draws it: the batch plan of one loader, epoch 0 of ``seed`` (× 1000)."""
+    plan = BatchPlan([n], batch_size=batch_size, seed=seed, rank=rank, world_size=world_size)
+    return [rows for (rows,) in plan]
 
 
 def test_one_shot_trains_on_both_files_and_epoch_batches_shard_equally(tmp_path: Path) -> None:

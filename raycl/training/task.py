@@ -41,6 +41,7 @@ class LoopSettings:
     compile: bool = False  # torch.compile the forward of the task's modules (``Task.compiled_modules``)
     compile_mode: str = "default"  # torch.compile's mode (inductor): default | reduce-overhead | max-autotune
     compile_backend: str = "inductor"  # torch.compile's backend (aot_eager: no code generation, for tests)
+    shape_bucket: int = 16  # compiled: batch lengths padded up to multiples of this (a few shapes recur)
 
     @classmethod
     def from_options(cls, o: Any, **overrides: Any) -> LoopSettings:
@@ -48,6 +49,12 @@ class LoopSettings:
         it has: ``clip_norm``, ``seed``), with a recipe's own ``overrides``."""
         names = [f.name for f in dataclasses.fields(cls)]
         return cls(**{**{n: getattr(o, n) for n in names if hasattr(o, n)}, **overrides})
+
+    @property
+    def pad_to_multiple_of(self) -> int | None:
+        """What a collate pads a batch's lengths up to a multiple of: ``shape_bucket`` when the forward is compiled
+        (each new shape compiles once), else None (the batch's own longest)."""
+        return self.shape_bucket if self.compile else None
 
 
 @dataclass(frozen=True)

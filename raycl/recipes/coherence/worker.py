@@ -236,9 +236,8 @@ class CoherenceTask(TaskBase):
 
     def collate(self, st: CoherenceState, data: Any) -> CoherenceBatch:
         items, negs, rng = data
-        pad = 16 if self.cfg.optim.compile else None
         return collate(st.model, [it.pos for it in items], negs, momentum=rng is not None, rng=rng,
-                       pad_to_multiple_of=pad)  # fmt: skip
+                       pad_to_multiple_of=self.settings.pad_to_multiple_of)  # fmt: skip
 
     def step(self, st: CoherenceState, batch: CoherenceBatch, ctx: StepContext) -> dict[str, Any]:
         c = self.cfg
@@ -263,9 +262,9 @@ class CoherenceTask(TaskBase):
         p, c = st.progress, st.feed.consumer
         wall = window.wall()
         wait = max(c.stats.mine_wait - st.wait0, 0.0) if c is not None else 0.0  # stats restart each epoch
-        out = {**{k: v for k, v in window.means().items() if k != "items"}, "timing/step": window.step_time(),
-               "timing/interval": wall, "items": window.sums.get("items", 0.0), "epoch": p["epoch"],
-               "lr": st.extras["swalr"].get_last_lr()[0]}  # fmt: skip
+        # the loop's timing and ``lr`` (the rate SWALR has just set) come with the report
+        out = {**{k: v for k, v in window.means().items() if k != "items"}, "items": window.sums.get("items", 0.0),
+               "epoch": p["epoch"]}  # fmt: skip
         if c is not None:
             out.update({**c.stats.metrics(), "stream/version": float(c.version)})
             out.pop("timing/mine_wait_first", None)
