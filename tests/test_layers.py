@@ -28,6 +28,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("driver", ("driver", "run_folder")),
     ("recipes", ("recipes",)),
     ("entry points", ("cli", "tune", "train", "mine", "mine_dense", "eval", "convert", "__init__", "__main__")),
+    ("test scaffolding", ("testing",)),  # above everything: the product never imports it
 ]
 
 

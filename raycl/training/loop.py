@@ -49,7 +49,6 @@ from raycl.distributed import session
 from raycl.progress import ProgressWriter
 from raycl.records import append_history, append_start
 from raycl.training import reporting, state
-from raycl.training.chaos import crash_switch
 from raycl.training.checkpoint import MODEL_DIR, seed_everything
 from raycl.training.precision import Precision, enable_tf32
 from raycl.training.prefetch import Prefetcher
@@ -83,9 +82,8 @@ def run(job: Job) -> None:
                      time=time.time())  # fmt: skip
     loop.train()
     reporting.final(task, st, w)
-    if job.probe:
-        Path(job.probe).mkdir(parents=True, exist_ok=True)
-        torch.save(loop.state(), Path(job.probe) / f"rank{rank}.pt")
+    for hook in job.hooks:  # tests' and benchmarks' probes
+        hook.at_end(loop.state(), w)
 
 
 class Loop:
@@ -100,7 +98,6 @@ class Loop:
         self.ctx: StepContext | None = None
         self.synced = False  # whether the last backward ran DDP's all-reduce
         self.module_of: tuple[nn.Module, nn.Module] | None = None
-        self.on_step = crash_switch(w.job.chaos, rank=w.rank)
         self.bar: ProgressWriter | None = None
         self.current = Epoch(())  # the epoch being trained (its evaluation rule, its reports' info)
         self.startup: StartUp | None = None  # set by ``run``; gone once this process's first report holds it
@@ -245,7 +242,8 @@ class Loop:
             self.window.steps += 1
         self.task.after_update(st)
         if k == 0:
-            self.on_step(p["step"])
+            for hook in self.w.job.hooks:  # tests' and benchmarks' switches (a crash at a step)
+                hook.after_step(p["step"], self.w)
         if ends_step:
             p["epoch_step"] += 1
             every = self.current.eval_every  # every rank, active or joined, is here

@@ -210,6 +210,19 @@ class TaskBase:
         return [st.model]
 
 
+class LoopHook(Protocol):
+    """Something a :class:`Job` carries into every worker that watches the loop from outside the product: the
+    test suite's and benchmarks' crash switches and state probes (``raycl.testing``). Picklable (it crosses into
+    the Ray Train worker with the job)."""
+
+    def after_step(self, step: int, w: Worker) -> None:
+        """After the ``step``-th optimizer update (the first optimizer's)."""
+
+    def at_end(self, state: dict[str, Any], w: Worker) -> None:
+        """Once training and the closing report are done: the loop's whole state (``state.pt``'s keys and the
+        model's weights, on the CPU)."""
+
+
 @dataclass(frozen=True)
 class Job:
     """What crosses into a Ray Train worker: the task (with its typed config) and where things are."""
@@ -220,9 +233,8 @@ class Job:
     stream: Any = None  # the negative stream's actor handle, when negatives are mined while training
     store: Any = None  # the weight store's actor handle
     nbest: Any = None  # the run's shared n-best (``raycl.distributed.nbest``), when negatives are version 0
-    chaos: dict[str, Any] | None = None  # a trainer crash switch for tests and benchmarks (raycl.training.chaos)
     use_gpu: bool = True  # False: the CPU even where Ray's local mode (0 workers) would hand out a GPU
-    probe: str | None = None  # a folder where every rank writes its final training state (rank<r>.pt; tests)
+    hooks: tuple[LoopHook, ...] = ()  # watchers from outside the product (tests, benchmarks); none in a run
 
 
 class StepContext:

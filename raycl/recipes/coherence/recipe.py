@@ -41,7 +41,7 @@ from raycl.recipes.coherence import inputs as coherence_inputs
 from raycl.recipes.coherence import report
 from raycl.recipes.coherence.worker import CoherenceTask
 from raycl.records import TrialOutcome
-from raycl.training.task import Job
+from raycl.training.task import Job, LoopHook
 
 
 class CoherenceRecipe(RecipeBase):
@@ -63,10 +63,10 @@ class CoherenceRecipe(RecipeBase):
         return [TrainPoint("train", {}, "train ‖ mine")]
 
     def train_one(self, run: Run, cfg: CoherenceConfig, out_dir: Path, *, name: str, in_tune: bool,
-                  chaos: dict[str, Any] | None = None) -> Any:  # fmt: skip
+                  hooks: tuple[LoopHook, ...] = ()) -> Any:  # fmt: skip
         """One training run; with hard negatives, its own miners rank permutations meanwhile."""
         task = CoherenceTask(cfg, str(run.files["train_items"]))
-        job = Job(task, str(run.base_model), str(out_dir), chaos=chaos)
+        job = Job(task, str(run.base_model), str(out_dir), hooks=hooks)
         if not mines_while_training(cfg):
             return fit_job(run, cfg, job, name=name, in_tune=in_tune)
         m = cfg.mining

@@ -44,7 +44,7 @@ from raycl.recipes.gec.report import FN_FILE
 from raycl.recipes.gec.worker import GecTask
 from raycl.records import TrialOutcome, atomic_write
 from raycl.report import copy_atomic
-from raycl.training.task import Job
+from raycl.training.task import Job, LoopHook
 
 
 class GecRecipe(RecipeBase):
@@ -109,11 +109,11 @@ class GecRecipe(RecipeBase):
                 run.services.pop("nbest", None)  # the miners' own time is in nbest/meta.json and the report
 
     def train_one(self, run: Run, cfg: GecConfig, out_dir: Path, *, name: str, in_tune: bool,
-                  chaos: dict[str, Any] | None = None) -> Any:  # fmt: skip
+                  hooks: tuple[LoopHook, ...] = ()) -> Any:  # fmt: skip
         """Steps 2–3 for one point: miners mine D_F with the base model (version 0) while the trainers consume
-        it — the run's shared n-best when there is one, else this trial's own miner pool. ``chaos``: a trainer
-        crash switch for tests and benchmarks (``raycl.training.chaos``)."""
-        job = Job(GecTask(cfg, "finetune"), str(run.base_model), str(out_dir), chaos=chaos)
+        it — the run's shared n-best when there is one, else this trial's own miner pool. ``hooks``: the loop's
+        watchers from tests and benchmarks (a trainer crash switch: ``raycl.testing.loop_hooks``)."""
+        job = Job(GecTask(cfg, "finetune"), str(run.base_model), str(out_dir), hooks=hooks)
         if not mines_while_training(cfg):
             return fit_job(run, cfg, job, name=name, in_tune=in_tune)
         shared = run.services.get("nbest")
