@@ -51,7 +51,7 @@ def _space(tmp: Path, args: argparse.Namespace, *extra: str) -> Any:
 
 
 def _loop_time(history: list[dict[str, Any]]) -> float:
-    return sum(float(h.get("timing/epoch", 0.0)) for h in history)
+    return sum(float(h.get("timing/interval", 0.0)) for h in history if "loss" in h)  # reports that trained
 
 
 def _sequential(run: Any, out: Path) -> dict[str, Any]:
@@ -201,10 +201,10 @@ def _sweep_once(space: Any, run_dir: Path) -> dict[str, Any]:
         if (d / "mining.json").exists():
             m = json.loads((d / "mining.json").read_text())
             searched, mine_s = searched + m["searched"], mine_s + m["mine_s"]
-    hist = [h for d in trials for h in read_history(d) if "timing/epoch" in h]
+    hist = [h for d in trials for h in read_history(d) if "loss" in h]  # the reports of epochs that trained
     wait = sum(float(h.get("timing/mine_wait", 0.0)) for h in hist)
     first = sum(float(h.get("timing/mine_wait_first", 0.0)) for h in hist)
-    loop = sum(float(h.get("timing/epoch", 0.0)) for h in hist)
+    loop = sum(float(h.get("timing/interval", 0.0)) for h in hist)
     return {"wall_s": round(wall, 1), "trials": len(trials), "failed_trials": summary["failed_trials"],
             "beam_searched_sentences": searched, "mining_s": round(mine_s, 1),
             "mine_wait_fraction": round(wait / max(loop, 1e-9), 4),

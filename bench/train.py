@@ -80,11 +80,12 @@ def _runner(case: Any, precision: str, device: torch.device) -> tuple[Any, Count
 
     from raycl.training import loop
     from raycl.training.precision import Precision, enable_tf32
+    from raycl.training.task import Job, Worker
 
     enable_tf32(device)
     task = CountedTask(case.task)
-    w = loop.Worker(0, 1, device, Precision(precision, device), None, loop.Job(None, "", ""))  # type: ignore[arg-type]
-    runner = loop._Loop(task, case.state, w)
+    w = Worker(0, 1, device, Precision(precision, device), None, Job(None, "", ""))  # type: ignore[arg-type]
+    runner = loop.Loop(task, case.state, w)
     if COMPILE:  # the loop's own compile (optim.compile=true, optim.compile_mode=MODE); warm-up steps compile
         runner.s = dataclasses.replace(runner.s, compile=True, compile_mode=COMPILE,
                                        compile_backend=COMPILE_BACKEND)  # fmt: skip

@@ -28,8 +28,8 @@ def smoke_batches(recipe: str, device: torch.device, tmp: Path, n: int, *, phase
     from raycl.configs import load_space
     from raycl.driver import Run
     from raycl.recipes import recipe_for
-    from raycl.training import loop
     from raycl.training.precision import Precision
+    from raycl.training.task import Job, Worker
 
     rec = recipe_for(recipe)
     space = load_space(SPACES[recipe], preset="smoke", overrides=OVERRIDES[recipe])
@@ -37,7 +37,7 @@ def smoke_batches(recipe: str, device: torch.device, tmp: Path, n: int, *, phase
     rec.check_data(cfg)
     run = Run(cfg, tmp, tmp / "base_model", [], {})
     task = _task(recipe, rec, run, phase)
-    w = loop.Worker(0, 1, device, Precision("fp32", device), tmp / "out", loop.Job(task, str(run.base_model),
+    w = Worker(0, 1, device, Precision("fp32", device), tmp / "out", Job(task, str(run.base_model),
                                                                                   str(tmp / "out")))  # fmt: skip
     model = task.load_model(run.base_model)
     model.to(device)
@@ -46,8 +46,8 @@ def smoke_batches(recipe: str, device: torch.device, tmp: Path, n: int, *, phase
 
 
 def _first(task: Any, st: Any, batches: Any, n: int, device: torch.device) -> list[Any]:
-    from raycl.training.loop import Batch
     from raycl.training.prefetch import to_device
+    from raycl.training.task import Batch
 
     first = list(islice((b for b in batches if isinstance(b, Batch)), n))
     return [dataclasses.replace(b, data=to_device(task.collate(st, b.data), device)) for b in first]

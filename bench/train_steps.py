@@ -62,7 +62,7 @@ class Case:
 
     task: Any  # a raycl.training.loop Task
     state: Any  # its TrainState
-    batches: list[Any]  # the step's raycl.training.loop.Batch list (STS alternates two objectives: two)
+    batches: list[Any]  # the step's raycl.training.task.Batch list (STS alternates two objectives: two)
     tokens: int  # input tokens of the trained passes (GEC: fairseq's num_tokens: source + whole target line)
     items: int  # examples a step
 
@@ -94,7 +94,7 @@ def gec_model(shape: str, device: torch.device) -> Any:
 def gec_micro_batches(b: int, args: Any, vocab: int, device: torch.device) -> list[Any]:
     """What the GEC step receives: a collated batch of ``b`` sentences, ``args.negatives`` each."""
     from raycl.recipes.gec.step import GecBatch
-    from raycl.training.loop import Batch
+    from raycl.training.task import Batch
 
     g = torch.Generator().manual_seed(b)
 
@@ -148,7 +148,7 @@ def idiom_model(shape: str, device: torch.device, tmp: Path) -> tuple[Any, Any]:
 def idiom_micro_batches(b: int, seed: int = 0) -> list[Any]:
     """What the idiom step receives: ``b`` zero-shot rows (previous, target, next), most over 128 tokens."""
     from raycl.data.semeval import IdiomExample
-    from raycl.training.loop import Batch
+    from raycl.training.task import Batch
 
     rng, vocab = random.Random(seed), words()
     rows = [IdiomExample(f"r{i}", "EN", "big fish", sentence(rng, vocab, 10, 40), sentence(rng, vocab, 8, 30),
@@ -192,7 +192,7 @@ def sts_model(shape: str, device: torch.device, tmp: Path) -> Any:
 def sts_micro_batches(b: int, seed: int = 0) -> list[Any]:
     """What the STS steps receive: the released schedule (``loss.joint=alternate``) — ``b`` pairs for the MSE
     objective (optimizer 0), then ``b`` sentences for InfoNCE with the MoCo queue (optimizer 1)."""
-    from raycl.training.loop import Batch
+    from raycl.training.task import Batch
 
     rng, vocab = random.Random(seed), words()
     pairs = [(sentence(rng, vocab, 6, 40), sentence(rng, vocab, 6, 40), rng.random()) for _ in range(b)]
@@ -233,7 +233,7 @@ def coherence_micro_batches(b: int, negatives: int, seed: int = 0) -> list[Any]:
     """What the coherence step receives: ``b`` documents (longer than 600 tokens) and ``negatives`` sentence
     permutations of each."""
     from raycl.data.coherence import CoherenceItem
-    from raycl.training.loop import Batch
+    from raycl.training.task import Batch
 
     rng, vocab = random.Random(seed), words()
     items, negs = [], []

@@ -31,6 +31,7 @@ from raycl.records import TrialOutcome, is_done, mark_done, read_history
 from raycl.report import best_trial
 from raycl.storage import publish, push
 from raycl.training import loop
+from raycl.training.task import Job, LoopHook
 
 
 @dataclass
@@ -45,8 +46,8 @@ class Run:
     timings: dict[str, float] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)  # the recipe's other shared artefacts
     nbest: SharedNBest | None = None  # the run's shared n-best while its trials train (GEC, mining.share)
-    # a test's or benchmark's crash switch for the trainers (raycl.training.chaos: Job.chaos); none in a run
-    trainer_faults: dict[str, Any] | None = None
+    # a test's or benchmark's hooks on the trainers' loop (raycl.testing.loop_hooks: a crash switch); none in a run
+    trainer_hooks: tuple[LoopHook, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -116,10 +117,10 @@ class RecipeBase:
 
 
 # ---------------------------------------------------------------------------------------------- one training
-def fit_job(run: Run, cfg: Any, job: loop.Job, *, name: str, in_tune: bool) -> Any:
+def fit_job(run: Run, cfg: Any, job: Job, *, name: str, in_tune: bool) -> Any:
     """One training (a ``TorchTrainer`` over the one loop; ``scaling.num_workers=0``: in-process); Ray's Result."""
     job = dataclasses.replace(job, use_gpu=cfg.scaling.use_gpu,  # local mode would take a GPU it sees otherwise
-                              chaos=run.trainer_faults or job.chaos)  # fmt: skip
+                              hooks=run.trainer_hooks or job.hooks)  # fmt: skip
     publish(Path(job.init_model))  # a staged run: in the store before a worker on another node reads it
     return fit(functools.partial(loop.run, job), scaling=cfg.scaling, name=name, storage_path=run.run_dir / "ray",
                in_tune=in_tune)  # fmt: skip

@@ -43,7 +43,9 @@ from raycl.recipes.coherence.worker import CoherenceTask
 from raycl.recipes.gec.worker import GecTask
 from raycl.recipes.idiom.worker import IdiomTask, train_examples
 from raycl.recipes.sts.worker import StsTask
+from raycl.testing.loop_hooks import CrashSwitch, StateProbe
 from raycl.training import loop
+from raycl.training.task import Job, LoopHook
 
 pytestmark = [pytest.mark.equivalence, pytest.mark.slow]
 
@@ -80,9 +82,12 @@ def _prepare(space: str, overrides: list[str], tmp: Path, *, dropout: bool = Fal
 def _train(run: driver.Run, task: Any, out: Path, *, workers: int, kill: dict[str, Any] | None = None
            ) -> list[dict[str, Any]]:  # fmt: skip
     """One training on ``workers`` Ray Train workers (0: in-process); every rank's final state. ``kill``: a rank's
-    process exits at a step (``raycl.training.chaos``) and the worker group resumes from the last checkpoint."""
-    chaos = {**kill, "marker": str(out / "killed")} if kill else None
-    job = loop.Job(task, str(run.base_model), str(out), probe=str(out / "probe"), use_gpu=False, chaos=chaos)
+    process exits at a step (``raycl.testing.loop_hooks.CrashSwitch``) and the worker group resumes from the last
+    checkpoint."""
+    hooks: list[LoopHook] = [StateProbe(str(out / "probe"))]
+    if kill:
+        hooks.append(CrashSwitch(**kill, marker=str(out / "killed")))
+    job = Job(task, str(run.base_model), str(out), use_gpu=False, hooks=tuple(hooks))
     scaling = dataclasses.replace(task.cfg.scaling, num_workers=workers, cpus_per_worker=0.5, use_gpu=False,
                                   max_failures=1 if kill else 0, collective_timeout_s=60)  # a hang fails in 60 s
     result = fit(functools.partial(loop.run, job), scaling=scaling, name=out.name, storage_path=out / "ray")

@@ -20,8 +20,9 @@ from raycl.errors import UserError
 from raycl.evaluation.semeval_metrics import evaluate_idiom
 from raycl.models.classifier import load_classifier
 from raycl.recipes import recipe_for
-from raycl.recipes.idiom.worker import epoch_batches, train_examples
+from raycl.recipes.idiom.worker import train_examples
 from raycl.report import read_history
+from raycl.training.batching import BatchPlan
 
 idiom = recipe_for("idiom")
 
@@ -97,6 +98,12 @@ def test_the_kept_model_holds_the_ema_weights(tmp_path: Path, ema: bool) -> None
     assert moved > 1000
 
 
+def epoch_batches(n: int, *, batch_size: int, seed: int, rank: int, world_size: int) -> list[list[int]]:
+    """Idiom's epoch as its task draws it: the batch plan of one loader, epoch 0 of ``seed`` (× 1000)."""
+    plan = BatchPlan([n], batch_size=batch_size, seed=seed, rank=rank, world_size=world_size)
+    return [rows for (rows,) in plan]
+
+
 def test_one_shot_trains_on_both_files_and_epoch_batches_shard_equally(tmp_path: Path) -> None:
     space = load_space("idiom", preset="smoke")
     cfg, _ = idiom.with_data(space.config, tmp_path / "data")
@@ -144,8 +151,8 @@ def test_subtask_a_adamw_eps_and_the_papers_batch_grid(tmp_path: Path) -> None:
     """The released code's transformers.AdamW has eps 1e-6; the paper's batch grid is {16, 32, 64}."""
     from raycl.config import set_dotted
     from raycl.recipes.idiom.worker import IdiomTask
-    from raycl.training import loop
     from raycl.training.precision import Precision
+    from raycl.training.task import Job, Worker
 
     space = load_space("idiom")
     assert space.config.optim.eps == 1e-6 and space.search["optim.batch_size"] == {"grid": [16, 32, 64]}
@@ -154,8 +161,8 @@ def test_subtask_a_adamw_eps_and_the_papers_batch_grid(tmp_path: Path) -> None:
     run = driver.Run(cfg, tmp_path, tmp_path / "base_model", [], {})
     idiom.base_model(run)
     cpu = torch.device("cpu")
-    job = loop.Job(None, str(run.base_model), str(tmp_path))
-    w = loop.Worker(0, 1, cpu, Precision("fp32", cpu), tmp_path, job)
+    job = Job(None, str(run.base_model), str(tmp_path))
+    w = Worker(0, 1, cpu, Precision("fp32", cpu), tmp_path, job)
     task = IdiomTask(cfg)
     st = task.build(task.load_model(run.base_model), w, None)
     assert st.optimizers[0].defaults["eps"] == 1e-6

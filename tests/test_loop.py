@@ -31,8 +31,22 @@ from raycl.recipes.gec.step import collate, gec_loss
 from raycl.recipes.gec.worker import GecState, GecTask
 from raycl.records import read_history
 from raycl.training import loop
-from raycl.training.loop import Batch, Job, Keep, LoopSettings, Report, TaskBase, TrainState
 from raycl.training.precision import Precision
+from raycl.training.state import restore_rng, rng_state
+from raycl.training.task import (
+    Batch,
+    Epoch,
+    Job,
+    Keep,
+    LoopSettings,
+    Report,
+    StepContext,
+    TaskBase,
+    TrainState,
+    Worker,
+    updates_in,
+)
+from raycl.training.timing import Window
 
 
 # ---------------------------------------------------------------------------------------------- a fake session
@@ -98,23 +112,23 @@ class ToyTask(TaskBase):
         model.to = to  # type: ignore[method-assign]
         return model
 
-    def build(self, model: nn.Module, w: loop.Worker, progress: dict[str, Any] | None) -> TrainState:
+    def build(self, model: nn.Module, w: Worker, progress: dict[str, Any] | None) -> TrainState:
         LOG.append("build")
         opt = torch.optim.Adam(model.parameters(), lr=0.1)
-        total = loop.updates_in([len(X) // self.batch] * self.epochs, self.settings.update_freq)
+        total = updates_in([len(X) // self.batch] * self.epochs, self.settings.update_freq)
         return TrainState(model, [opt], [None], dict(progress or {}), total_updates=total)
 
     def num_epochs(self, st: TrainState) -> int:
         return self.epochs
 
-    def epoch(self, st: TrainState, w: loop.Worker, epoch: int, start: int) -> loop.Epoch:
+    def epoch(self, st: TrainState, w: Worker, epoch: int, start: int) -> Epoch:
         rows = [slice(i, i + self.batch) for i in range(0, len(X), self.batch)]
-        return loop.Epoch([Batch(r) for r in rows[start:]])
+        return Epoch([Batch(r) for r in rows[start:]])
 
     def collate(self, st: TrainState, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
         return X[rows], Y[rows]  # on the CPU: the loop puts them on the worker's device
 
-    def step(self, st: TrainState, data: tuple[torch.Tensor, torch.Tensor], ctx: loop.StepContext
+    def step(self, st: TrainState, data: tuple[torch.Tensor, torch.Tensor], ctx: StepContext
              ) -> dict[str, Any]:  # fmt: skip
         x, y = data
         pred = ctx.module(x).squeeze(-1)  # (b,)
@@ -122,10 +136,10 @@ class ToyTask(TaskBase):
         ctx.backward(loss, weight=float(len(y)))
         return {"loss": loss.detach()}
 
-    def metrics(self, st: TrainState, window: loop.Window, rep: Report, w: loop.Worker) -> dict[str, Any]:
+    def metrics(self, st: TrainState, window: Window, rep: Report, w: Worker) -> dict[str, Any]:
         return {"loss": window.means().get("loss"), "epoch": st.progress["epoch"]}
 
-    def evaluate(self, st: TrainState, rep: Report, w: loop.Worker) -> dict[str, Any]:
+    def evaluate(self, st: TrainState, rep: Report, w: Worker) -> dict[str, Any]:
         x, y = X.to(w.device), Y.to(w.device)
         return {"dev": -float(((st.model(x).squeeze(-1) - y) ** 2).mean())}
 
@@ -220,7 +234,7 @@ class ScriptedDev(ToyTask):
     script: tuple[float | None, ...] = ()
     seen: list[dict[str, torch.Tensor]] = dataclasses.field(default_factory=list)
 
-    def evaluate(self, st: TrainState, rep: Report, w: loop.Worker) -> dict[str, Any]:
+    def evaluate(self, st: TrainState, rep: Report, w: Worker) -> dict[str, Any]:
         self.seen.append({k: v.detach().clone() for k, v in st.model.state_dict().items()})
         return {"dev": self.script[len(self.seen) - 1]}
 
@@ -275,9 +289,9 @@ def _gec_grads(tmp: Path, batches: list[list[int]], freq: int, **optim: Any) -> 
     opt = torch.optim.SGD(scorer.parameters(), lr=0.0)
     st = GecState(scorer, [opt], [None], {}, loss_fn=GecContrastiveLoss(margin=5.0, trade_off=0.5,
                                                                          label_smoothing=0.1))  # fmt: skip
-    w = loop.Worker(0, 1, torch.device("cpu"), Precision("fp32", torch.device("cpu")), tmp, Job(None, "", ""))
+    w = Worker(0, 1, torch.device("cpu"), Precision("fp32", torch.device("cpu")), tmp, Job(None, "", ""))
     task = Capture(cfg, "finetune")
-    runner = loop._Loop(task, st, w)
+    runner = loop.Loop(task, st, w)
     runner.compile()  # optim.compile: what the loop does at an epoch's start
     for rows in batches:
         runner.micro_batch(Batch(task.collate(st, ([EXAMPLES[i] for i in rows], [NEGATIVES[i] for i in rows]))))
@@ -437,11 +451,11 @@ def test_a_worker_restores_its_own_devices_rng_where_it_sees_fewer_devices(monke
     CUDA_VISIBLE_DEVICES). The checkpoint must hold that device's state alone, and restore it on the new one."""
     before = _Devices(2, seed=10)
     before.install(monkeypatch)
-    saved = loop.rng_state(torch.device("cuda", 1))
+    saved = rng_state(torch.device("cuda", 1))
     assert torch.equal(saved["cuda"], torch.tensor([11], dtype=torch.uint8))  # cuda:1's, not a list of both
     after = _Devices(1, seed=50)
     after.install(monkeypatch)
-    loop.restore_rng(saved, torch.device("cuda", 0))
+    restore_rng(saved, torch.device("cuda", 0))
     assert torch.equal(after.states[0], torch.tensor([11], dtype=torch.uint8))
 
 
@@ -519,7 +533,7 @@ def test_gpu_restart_puts_the_optimizer_state_on_the_gpu(tmp_path: Path, monkeyp
     states: list[Any] = []
     real_build = ToyTask.build
 
-    def build(self: Any, model: nn.Module, w: loop.Worker, progress: Any) -> TrainState:
+    def build(self: Any, model: nn.Module, w: Worker, progress: Any) -> TrainState:
         st = real_build(self, model, w, progress)
         states.append(st)
         return st
@@ -640,7 +654,7 @@ def test_the_paper_presets_batch_by_tokens() -> None:
 class EveryThreeTask(ToyTask):
     """ToyTask with a report every 3 updates of each epoch (4 updates an epoch: 3 does not divide it)."""
 
-    def epoch(self, st: TrainState, w: loop.Worker, epoch: int, start: int) -> loop.Epoch:
+    def epoch(self, st: TrainState, w: Worker, epoch: int, start: int) -> Epoch:
         return dataclasses.replace(super().epoch(st, w, epoch, start), eval_every=3)
 
 
@@ -657,7 +671,7 @@ def test_reports_fall_every_n_updates_of_each_epoch_and_at_its_end(tmp_path: Pat
 def test_an_intervals_sums_do_not_alias_a_steps_output() -> None:
     """Under CUDA graphs (``compile_mode: reduce-overhead``) a step's outputs live in buffers the next step's
     replay overwrites: the report interval keeps copies, so what it reads is what the steps returned."""
-    window = loop.Window()
+    window = Window()
     out = torch.tensor(2.0)
     window.add({"loss": out, "n": 1.0}, 0.0)
     out.fill_(100.0)  # the next replay writes the same memory
@@ -677,8 +691,8 @@ def test_a_micro_batch_under_cuda_graphs_marks_a_new_step(tmp_path: Path, monkey
     cases = (("cpu", "reduce-overhead", 0), ("cuda", "default", 0), ("cuda", "reduce-overhead", 3))
     for device, mode, want in cases:
         st = task.build(task.load_model(tmp_path / "none"), None, None)  # type: ignore[arg-type]
-        w = loop.Worker(0, 1, torch.device(device), Precision("fp32", cpu), tmp_path, Job(None, "", ""))
-        runner = loop._Loop(task, st, w)
+        w = Worker(0, 1, torch.device(device), Precision("fp32", cpu), tmp_path, Job(None, "", ""))
+        runner = loop.Loop(task, st, w)
         runner.s = dataclasses.replace(runner.s, compile=True, compile_mode=mode)
         marks.clear()
         for rows in (slice(0, 2), slice(2, 4), slice(4, 6)):

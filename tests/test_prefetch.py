@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from raycl.training.loop import Batch
 from raycl.training.prefetch import Call, Prefetcher, move
+from raycl.training.task import Batch
 
 
 def _collate(seen_threads: list[str]) -> Any:

@@ -35,8 +35,8 @@ from raycl.models.sentence_encoder import SentenceEncoder, build_sentence_encode
 from raycl.recipes.coherence.step import coherence_loss, collate
 from raycl.recipes.coherence.worker import CoherenceTask
 from raycl.recipes.sts.worker import StsState, StsTask
-from raycl.training.loop import Job, StepContext, Worker
 from raycl.training.precision import Precision
+from raycl.training.task import Job, StepContext, Worker
 
 SENTENCES = [
     "the cat sat on the mat", "a dog barked all night", "rain fell on the town", "she read the old letter",

@@ -26,7 +26,9 @@ from raycl.miners.beam_search import MinedNegatives, write_negatives_parquet
 from raycl.recipes.gec.worker import GecTask
 from raycl.recipes.idiom.worker import IdiomTask
 from raycl.recipes.sts.worker import StsTask
+from raycl.testing.loop_hooks import StateProbe
 from raycl.training import loop
+from raycl.training.task import Job
 
 
 def _run(run: Any, task: Any, out: Path, monkeypatch: pytest.MonkeyPatch, *, crash_after: int | None = None
@@ -34,7 +36,7 @@ def _run(run: Any, task: Any, out: Path, monkeypatch: pytest.MonkeyPatch, *, cra
     """The whole run (``crash_after``: stopped after that report, resumed from its checkpoint); the final state."""
     fake = FakeSession(out)
     fake.install(monkeypatch)
-    job = loop.Job(task, str(run.base_model), str(out), probe=str(out / "probe"), use_gpu=False)
+    job = Job(task, str(run.base_model), str(out), use_gpu=False, hooks=(StateProbe(str(out / "probe")),))
     if crash_after is not None:
         fake.crash_after = crash_after
         with pytest.raises(SystemExit):

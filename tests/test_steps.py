@@ -24,6 +24,7 @@ import pytest
 import torch
 from test_equivalence import COHERENCE, GEC, _cfg, _prepare
 
+from raycl.collectives import average_gradients
 from raycl.data.gec import load_examples
 from raycl.miners.beam_search import MinedNegatives, write_negatives_parquet
 from raycl.recipes.coherence.worker import CoherenceTask
@@ -34,6 +35,7 @@ from raycl.training import loop
 from raycl.training.counting import count_ops
 from raycl.training.precision import Precision
 from raycl.training.prefetch import to_device
+from raycl.training.task import Batch, Job, StepContext, Worker
 
 RECIPES = ("gec", "idiom", "sts", "coherence")
 
@@ -82,15 +84,15 @@ class Stepper:
     batches: Iterator[Any]
 
     def next_batch(self) -> Any:
-        batch = next(b for b in self.batches if isinstance(b, loop.Batch))
+        batch = next(b for b in self.batches if isinstance(b, Batch))
         return to_device(self.task.collate(self.st, batch.data), self.device)
 
     def step(self, data: Any) -> dict[str, Any]:
         """The step, the update's gradient averaging and the task's hooks around the optimizer (not its step)."""
-        ctx = loop.StepContext(self.st.model, self.device, None)
+        ctx = StepContext(self.st.model, self.device, None)
         out = self.task.step(self.st, data, ctx)
         params = [p for g in self.st.optimizers[0].param_groups for p in g["params"]]
-        loop.average_gradients(params, ctx.weight)
+        average_gradients(params, ctx.weight)
         self.task.before_update(self.st)
         self.task.after_update(self.st)
         for opt in self.st.optimizers:
@@ -100,10 +102,10 @@ class Stepper:
 
 def _stepper(run: Any, task: Any, device: torch.device, tmp: Path) -> Stepper:
     """The task's state as a worker builds it (its evaluators apart: ``start`` is not run)."""
-    w = loop.Worker(0, 1, device, Precision("fp32", device), tmp, loop.Job(task, str(run.base_model), str(tmp)))
+    w = Worker(0, 1, device, Precision("fp32", device), tmp, Job(task, str(run.base_model), str(tmp)))
     model = task.load_model(Path(run.base_model)).to(device)
     st = task.build(model, w, None)
-    loop._Loop(task, st, w)  # the loop's own keys of the state's progress (its step, …)
+    loop.Loop(task, st, w)  # the loop's own keys of the state's progress (its step, …)
     st.train(True)
     return Stepper(task, st, device, iter(task.epoch(st, w, 0, 0).batches))
 

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,8 +21,9 @@ from raycl.data.semeval import read_sts_train
 from raycl.evaluation.semeval_metrics import evaluate_sts
 from raycl.models.sentence_encoder import SentenceEncoder, build_sentence_encoder
 from raycl.recipes import recipe_for
-from raycl.recipes.sts.worker import epoch_batches, finetune_pairs
+from raycl.recipes.sts.worker import finetune_pairs
 from raycl.report import read_history
+from raycl.training.batching import BatchPlan, Loader
 
 sts = recipe_for("sts")
 
@@ -87,6 +89,14 @@ def test_none_rows_are_labelled_by_the_pretrained_models_cosine(tmp_path: Path) 
             norm = (sum(x * x for x in u[0].tolist()) * sum(y * y for y in v[0].tolist())) ** 0.5
             assert label == pytest.approx(dot / norm, abs=1e-4)
     assert any(r.sim is None for r in rows)
+
+
+def epoch_batches(pairs: list[Any], sentences: list[str], *, batch_size: int, seed: int, rank: int,
+                  world_size: int) -> list[tuple[list[Any], list[str]]]:  # fmt: skip
+    """STS's epoch as its task draws it: the batch plan of the pairs and (if any) the sentences, two a rank."""
+    loaders = [Loader(len(pairs)), *([Loader(len(sentences), min_rows=2 * world_size)] if sentences else [])]
+    plan = BatchPlan(loaders, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size)
+    return [([pairs[i] for i in b[0]], [sentences[i] for i in b[1]] if sentences else []) for b in plan]
 
 
 def test_epoch_batches_give_every_rank_the_same_steps_and_end_with_the_shorter_loader() -> None:
@@ -172,8 +182,8 @@ def test_a_rank_that_cannot_see_the_pre_trained_model_stops_naming_the_path(tmp_
     that folder used to start silently from the initial model. It stops, naming the path (issue 18 f)."""
     from raycl.configs.sts import StsConfig
     from raycl.recipes.sts.worker import StsTask
-    from raycl.training.loop import Job, Worker
     from raycl.training.precision import Precision
+    from raycl.training.task import Job, Worker
 
     cpu = torch.device("cpu")
     w = Worker(1, 2, cpu, Precision("fp32", cpu), tmp_path / "run", Job(None, str(tmp_path / "init"), ""))

@@ -13,6 +13,7 @@ from raycl import driver
 from raycl.configs import load_space
 from raycl.recipes import recipe_for
 from raycl.records import read_history
+from raycl.testing.loop_hooks import CrashSwitch
 
 
 def test_a_trainer_killed_mid_epoch_resumes_from_its_checkpoint(ray_local, tmp_path: Path) -> None:
@@ -23,7 +24,7 @@ def test_a_trainer_killed_mid_epoch_resumes_from_its_checkpoint(ray_local, tmp_p
     run = driver.prepare(gec, space, tmp_path / "run")
     marker, out = tmp_path / "crashed", tmp_path / "ft"
     # 40 sentences in batches of 8: 5 steps an epoch; the worker dies after step 7, in the middle of epoch 2
-    run.trainer_faults = {"exit_at_step": 7, "marker": str(marker)}  # the trainer's crash switch (Job.chaos)
+    run.trainer_hooks = (CrashSwitch(exit_at_step=7, marker=str(marker)),)  # the trainer's crash switch
     result = gec.train_one(run, run.cfg, out, name="restart", in_tune=False)
     assert marker.read_text().strip() == "exited at step 7" and result.error is None
     history = read_history(out)

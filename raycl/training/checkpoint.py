@@ -3,7 +3,7 @@ seeding.
 
 Layout of a checkpoint folder: ``model/`` (``save_pretrained``: loads with ``from_pretrained``) and
 ``state.pt`` (optimizers, schedules, fp16 scaler, extras, progress, RNG — this worker's own CUDA device's), both
-written by the one loop (:meth:`raycl.training.loop._Loop.save`) to temporary names and renamed, so a run killed
+written by the one loop (:func:`raycl.training.state.save`) to temporary names and renamed, so a run killed
 mid-write never leaves a half checkpoint behind.
 
 A run folder may sit on a shared file system, so ``state.pt`` is data, never code: it is read with

@@ -16,9 +16,13 @@ in this order::
                      and attaches a resumable checkpoint; every rank reports
     task.final(state)                    # the recipe's closing report (official submissions), if any
 
-A recipe (a :class:`Task`) supplies only what differs: how to load its model, its state, its feed, its step and
-its evaluation. What crosses into the Ray Train worker is one frozen :class:`Job` holding the task, whose config
-is the recipe's typed config dataclass.
+A recipe (a :class:`~raycl.training.task.Task`) supplies only what differs: how to load its model, its state, its
+feed, its step and its evaluation. What crosses into the Ray Train worker is one frozen
+:class:`~raycl.training.task.Job` holding the task, whose config is the recipe's typed config dataclass.
+
+This module is the update engine (:class:`Loop`) and its entry point (:func:`run`); beside it: the task API
+(:mod:`raycl.training.task`), step instrumentation (:mod:`raycl.training.timing`), the state, RNG and checkpoints
+(:mod:`raycl.training.state`), reporting and evaluation (:mod:`raycl.training.reporting`).
 
 Gradients: a step's backward is of its *summed* loss (``ctx.backward(mean_loss, weight=n)``); an update divides
 by the weight summed over its micro-batches and every worker, so ``update_freq`` N with batch B is the update of
@@ -31,303 +35,30 @@ the others sum gradients after the backward (:mod:`raycl.collectives`).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
-import math
-import random
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from raycl import storage
-from raycl.collectives import all_gather_floats, average_gradients
+from raycl.collectives import average_gradients
 from raycl.distributed import session
 from raycl.progress import ProgressWriter
-from raycl.records import append_history, append_start, save_dir_atomic
-from raycl.training.chaos import crash_switch
-from raycl.training.checkpoint import MODEL_DIR, STATE_FILE, load_state, save_state, seed_everything
-from raycl.training.precision import Precision, enable_tf32, inference
-from raycl.training.prefetch import Call, Prefetcher
+from raycl.records import append_history, append_start
+from raycl.training import reporting, state
+from raycl.training.checkpoint import MODEL_DIR, seed_everything
+from raycl.training.precision import Precision, enable_tf32
+from raycl.training.prefetch import Prefetcher
+from raycl.training.task import Batch, Epoch, Job, LoopSettings, Report, StepContext, TrainState, Worker
+from raycl.training.timing import StartUp, Window, process_age
 
 
-# ---------------------------------------------------------------------------------------------- what a task gives
-@dataclass(frozen=True)
-class LoopSettings:
-    """The loop's knobs, taken from a recipe's ``optim`` section (:meth:`from_options`)."""
-
-    precision: str = "fp32"  # fp32 | bf16 | fp16
-    update_freq: int = 1  # batches whose gradients are summed into one optimizer update
-    clip_norm: float = 0.0  # 0 = no clipping
-    tf32: bool = True  # TF32 matmuls on GPUs that have them
-    seed: int = 1
-    ddp: bool = False  # forward through DDP (several workers) instead of summing gradients after the backward
-    find_unused_parameters: bool = False  # DDP: only for models with parameters a step may not use
-    fp16_init_scale: float = 2.0**16  # fp16's first loss scale (lower for losses summed over tokens)
-    prefetch: int = 2  # batches collated ahead in a background thread (0: in the step's thread, one at a time)
-    compile: bool = False  # torch.compile the forward of the task's modules (``Task.compiled_modules``)
-    compile_mode: str = "default"  # torch.compile's mode (inductor): default | reduce-overhead | max-autotune
-    compile_backend: str = "inductor"  # torch.compile's backend (aot_eager: no code generation, for tests)
-
-    @classmethod
-    def from_options(cls, o: Any, **overrides: Any) -> LoopSettings:
-        """The settings of an ``optim`` section (:class:`raycl.config.LoopOptions` and whatever else of the loop's
-        it has: ``clip_norm``, ``seed``), with a recipe's own ``overrides``."""
-        names = [f.name for f in dataclasses.fields(cls)]
-        return cls(**{**{n: getattr(o, n) for n in names if hasattr(o, n)}, **overrides})
-
-
-@dataclass(frozen=True)
-class Batch:
-    """One micro-batch of an epoch; its gradients update ``state.optimizers[optimizer]``. ``data`` is what the
-    task's ``collate`` turns into tensors (off the step's thread); ``progress``: the task's position after this
-    batch, written into ``state.progress`` when the loop takes the batch (a checkpoint then holds it)."""
-
-    data: Any
-    optimizer: int = 0
-    ends_step: bool = True  # False: a micro-batch of another optimizer follows in the same step (alternation)
-    progress: dict[str, Any] | None = None
-
-
-@dataclass
-class Epoch:
-    """What a task hands the loop for one epoch: this rank's batches (from the position the loop gave), when to
-    report within it, and what its reports carry."""
-
-    batches: Iterable[Batch | Call]
-    eval_every: int = 0  # updates (steps) of this epoch between reports; 0: none within the epoch
-    report_at_end: bool = True  # a report at the epoch's end (the end of training always has one)
-    info: dict[str, Any] = field(default_factory=dict)  # Report.info of this epoch's reports (a phase, a setting)
-    # False: batches are read in the training thread, one at a time — for feeds whose reads must see every update
-    # before them (a stream's staleness rule checked against a version that updates move on)
-    read_ahead: bool = True
-
-
-@dataclass(frozen=True)
-class Report:
-    """A point where the loop reports (evaluate, keep the best, checkpoint)."""
-
-    info: dict[str, Any] = field(default_factory=dict)  # the epoch's info, and ``epoch_end`` / ``last``
-    checkpoint: bool = True
-
-
-@dataclass(frozen=True)
-class Keep:
-    """Which model a report may keep: the best ``metric`` (higher is better) within ``scope``, in ``folder``.
-    The first report of a scope always keeps its model (earliest on ties, as the released loops' ``>``)."""
-
-    metric: str
-    folder: str
-    scope: str = ""
-
-
-def updates_in(batches: Sequence[int], update_freq: int) -> int:
-    """The optimizer updates of epochs of ``batches[e]`` batches each (the most any rank has: the others join its
-    updates): an epoch's end flushes a partial accumulation, so ⌈batches / update_freq⌉ an epoch. The one count of
-    a schedule's total, given to the schedule and the progress bar."""
-    return sum(math.ceil(b / update_freq) for b in batches)
-
-
-@dataclass
-class TrainState:
-    """What a checkpoint holds. ``extras``: objects with ``state_dict``/``load_state_dict`` (queue, EMA, momentum
-    encoder); those that are modules follow the model's train/eval mode. ``progress``: the loop's position (epoch,
-    batch, step, report, best) and the task's own keys. ``total_updates``: the schedule's total
-    (:func:`updates_in`), computed once by the task's ``build``; the progress bar counts to it."""
-
-    model: Any  # an nn.Module with save_pretrained (the recipe's own type)
-    optimizers: list[torch.optim.Optimizer]
-    schedulers: list[Any]  # one per optimizer (None: not stepped per update)
-    progress: dict[str, Any] = field(default_factory=dict)
-    extras: dict[str, Any] = field(default_factory=dict)
-    per_rank: tuple[str, ...] = ()  # extras that differ between ranks (a queue of its own keys), saved per rank
-    total_updates: int = 0
-
-    def modules(self) -> list[nn.Module]:
-        return [self.model, *(m for m in self.extras.values() if isinstance(m, nn.Module))]
-
-    def train(self, mode: bool = True) -> None:
-        for m in self.modules():
-            m.train(mode)
-
-
-@dataclass
-class Worker:
-    """This worker's place: rank, device, precision, the run's folder, and the job it runs."""
-
-    rank: int
-    world_size: int
-    device: torch.device
-    precision: Precision
-    out_dir: Path
-    job: Job
-
-
-class Task(Protocol):
-    """A recipe's side of the loop (``raycl/recipes/<task>/worker.py``). The loop owns the epochs and the position
-    in them; the task hands over each epoch's batches (``epoch``), turns a batch into tensors on the CPU
-    (``collate``, run ahead in a background thread) and runs a step on them (``step``, on the device)."""
-
-    settings: LoopSettings
-
-    def load_model(self, path: Path) -> nn.Module: ...
-    def build(self, model: nn.Module, w: Worker, progress: dict[str, Any] | None) -> TrainState: ...
-    def start(self, st: TrainState, w: Worker, *, resumed: bool) -> None: ...
-    def num_epochs(self, st: TrainState) -> int: ...
-    def epoch(self, st: TrainState, w: Worker, epoch: int, start: int) -> Epoch: ...
-    def collate(self, st: TrainState, data: Any) -> Any: ...
-    def step(self, st: TrainState, data: Any, ctx: StepContext) -> dict[str, Any]: ...
-    def before_update(self, st: TrainState) -> None: ...
-    def after_update(self, st: TrainState) -> None: ...
-    def end_epoch(self, st: TrainState, w: Worker, epoch: int) -> None: ...
-    def metrics(self, st: TrainState, window: Window, rep: Report, w: Worker) -> dict[str, Any]: ...
-    def evaluate(self, st: TrainState, rep: Report, w: Worker) -> dict[str, Any]: ...
-    def keep(self, rep: Report, metrics: dict[str, Any]) -> Keep | None: ...
-    def on_best(self, st: TrainState, rep: Report, w: Worker) -> dict[str, Any]: ...
-    def save_model(self, st: TrainState, folder: Path, *, kept: bool) -> None: ...
-    def final(self, st: TrainState, w: Worker) -> dict[str, Any] | None: ...
-    def compiled_modules(self, st: TrainState) -> list[nn.Module]: ...
-
-
-class TaskBase:
-    """Defaults for the optional parts of :class:`Task` (a task gives ``settings`` as an attribute or property)."""
-
-    def start(self, st: Any, w: Worker, *, resumed: bool) -> None:
-        pass
-
-    def collate(self, st: Any, data: Any) -> Any:
-        return data
-
-    def before_update(self, st: Any) -> None:
-        pass
-
-    def after_update(self, st: Any) -> None:
-        pass
-
-    def end_epoch(self, st: Any, w: Worker, epoch: int) -> None:
-        pass
-
-    def keep(self, rep: Report, metrics: dict[str, Any]) -> Keep | None:
-        return None
-
-    def on_best(self, st: Any, rep: Report, w: Worker) -> dict[str, Any]:
-        return {}
-
-    def save_model(self, st: Any, folder: Path, *, kept: bool) -> None:
-        """``kept``: the best model of a scope (else a checkpoint's ``model/``)."""
-        st.model.save_pretrained(folder)
-
-    def final(self, st: Any, w: Worker) -> dict[str, Any] | None:
-        return None
-
-    def compiled_modules(self, st: Any) -> list[nn.Module]:
-        """``optim.compile``: the modules whose forward is compiled (in place: their state dicts keep their
-        names)."""
-        return [st.model]
-
-
-@dataclass(frozen=True)
-class Job:
-    """What crosses into a Ray Train worker: the task (with its typed config) and where things are."""
-
-    task: Any  # a Task; typed loosely so that recipes' task classes need not subclass the Protocol
-    init_model: str
-    out_dir: str
-    stream: Any = None  # the negative stream's actor handle, when negatives are mined while training
-    store: Any = None  # the weight store's actor handle
-    nbest: Any = None  # the run's shared n-best (``raycl.distributed.nbest``), when negatives are version 0
-    chaos: dict[str, Any] | None = None  # a trainer crash switch for tests and benchmarks (raycl.training.chaos)
-    use_gpu: bool = True  # False: the CPU even where Ray's local mode (0 workers) would hand out a GPU
-    probe: str | None = None  # a folder where every rank writes its final training state (rank<r>.pt; tests)
-
-
-# ---------------------------------------------------------------------------------------------- a step's view
-class StepContext:
-    """What a task's step uses: the module to run forward passes through, the device, and ``backward``."""
-
-    def __init__(self, module: nn.Module, device: torch.device, scaler: torch.amp.GradScaler | None) -> None:
-        self.module, self.device, self.scaler = module, device, scaler
-        self.weight = 0.0
-
-    def backward(self, loss: torch.Tensor, *, weight: float = 1.0) -> None:
-        """Backward of ``loss × weight`` (the micro-batch's summed loss); the update divides by the global
-        weight. A rank's empty share of a global batch passes a constant loss and weight 0: nothing to
-        backpropagate, but it takes part in the update."""
-        self.weight += weight
-        if not loss.requires_grad:
-            return
-        scaled = loss * weight
-        (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
-
-    def loss_scale(self, weight: float = 1.0) -> float:
-        """The factor a task's own extra backward passes (adversarial terms) multiply their loss by."""
-        return weight * (float(self.scaler.get_scale()) if self.scaler is not None else 1.0)
-
-
-class Window:
-    """Sums of one report interval: the step outputs (per micro-batch), updates, step time, the time the step's
-    thread waited for its next batch, wall time. Step outputs may be device tensors: they are summed where they are
-    and read once, at the report (no host-device sync a step)."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self._sums: dict[str, Any] = {}
-        self.t0, self.batches, self.updates, self.step_s = time.perf_counter(), 0, 0, 0.0
-        self.wait_s = 0.0  # waiting for batches (negatives being mined, collation behind)
-        self.first_wait_s = 0.0  # of which for an epoch's first batch (the pipeline filling up)
-        self._skipped: Any = 0  # fp16 updates the scaler skipped (their gradients overflowed): a device count
-
-    def add(self, out: dict[str, Any], seconds: float) -> None:
-        self.batches += 1
-        self.step_s += seconds
-        for k, v in out.items():
-            v = v.detach() if isinstance(v, torch.Tensor) else float(v)
-            if k in self._sums:
-                self._sums[k] = self._sums[k] + v  # a new tensor
-            else:  # a step's output may live in memory the next step writes (a CUDA graph replays into the
-                self._sums[k] = v.clone() if isinstance(v, torch.Tensor) else v  # same buffers): copied
-
-    def add_skipped(self, skipped: Any) -> None:
-        self._skipped = self._skipped + skipped
-
-    @property
-    def sums(self) -> dict[str, float]:
-        """The interval's sums as numbers: device sums are read here, all in one copy (a report's one sync)."""
-        tensors = {k: v for k, v in self._sums.items() if isinstance(v, torch.Tensor)}
-        if tensors:
-            values = torch.stack([v.detach().reshape(()).double() for v in tensors.values()]).tolist()
-            self._sums.update(zip(tensors, values, strict=True))
-        return self._sums
-
-    @property
-    def skipped(self) -> int:
-        if isinstance(self._skipped, torch.Tensor):
-            self._skipped = int(self._skipped)
-        return int(self._skipped)
-
-    def means(self) -> dict[str, float]:
-        return {k: v / max(self.batches, 1) for k, v in self.sums.items()}
-
-    def wall(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def step_time(self) -> float:
-        """Seconds per optimizer update (forward, backward and update of its micro-batches; the host's time: on a
-        GPU the kernels may still be running — the wall time per update is ``wall() / updates``)."""
-        return self.step_s / max(self.updates, 1)
-
-
-# ---------------------------------------------------------------------------------------------- the loop
 def run(job: Job) -> None:
     """Ray Train entry point (``functools.partial(run, job)``): one worker's whole training run."""
-    entered, boot = time.perf_counter(), _process_age()
+    entered, boot = time.perf_counter(), process_age()
     task = job.task
     s: LoopSettings = task.settings
     rank, world_size = session.world()
@@ -337,81 +68,28 @@ def run(job: Job) -> None:
     w = Worker(rank, world_size, device, Precision(s.precision, device), Path(job.out_dir), job)
     w.out_dir.mkdir(parents=True, exist_ok=True)
     with session.resume_dir() as ckpt:  # a restarted worker group continues from the last checkpoint
-        saved = load_state(ckpt / STATE_FILE) if ckpt else None
-        if ckpt is not None and saved is not None and (ckpt / rank_file(rank)).exists():  # this rank's own part
-            own = load_state(ckpt / rank_file(rank))
-            saved["rng"], saved["extras"] = own["rng"], {**saved["extras"], **own["extras"]}
+        saved = state.read_saved(ckpt, rank)
         model = task.load_model(ckpt / MODEL_DIR if ckpt else storage.local(job.init_model))
         model.to(device)  # before any optimizer is built on its parameters or loads state onto them
         st = task.build(model, w, saved["progress"] if saved else None)
-    loop = _Loop(task, st, w)
+    loop = Loop(task, st, w)
     loop.startup = StartUp(entered, boot)
     if saved is not None:
-        loop.restore(saved)
+        state.restore(st, saved, loop.scaler, device)
     task.start(st, w, resumed=saved is not None)
     if rank == 0:  # where this training started: a resumed run shows what it did not do again
         append_start(w.out_dir, step=st.progress["step"], report=st.progress["report"], resumed=saved is not None,
                      time=time.time())  # fmt: skip
     loop.train()
-    loop.final()
-    if job.probe:
-        Path(job.probe).mkdir(parents=True, exist_ok=True)
-        torch.save(loop.state(), Path(job.probe) / f"rank{rank}.pt")
+    reporting.final(task, st, w)
+    for hook in job.hooks:  # tests' and benchmarks' probes
+        hook.at_end(loop.state(), w)
 
 
-def _process_age() -> float | None:
-    """Seconds since this process started (a Ray Train worker: Ray's worker, imports, the process group), or None
-    where psutil (which comes with Ray) is missing."""
-    try:
-        import psutil
+class Loop:
+    """One worker's update engine: epochs of the task's batches, prefetched; micro-batches accumulated into
+    updates; reports where the epoch's rule says."""
 
-        return max(time.time() - psutil.Process().create_time(), 0.0)
-    except (ImportError, OSError):
-        return None
-
-
-class StartUp:
-    """What a worker process paid before its steps (on a GPU, CUDA's start), for its first report:
-    ``timing/worker_boot`` the process's age when ``run`` was entered, ``timing/start`` from there to the first
-    step (the model loaded and moved, the state built, restored, compiled), ``timing/first_step`` the first
-    micro-batch and its update (kernels loaded on first use)."""
-
-    def __init__(self, entered: float, boot: float | None) -> None:
-        self.entered: float | None = entered  # until the first step begins
-        self.first_t0: float | None = None  # while the first micro-batch runs
-        self.times = {} if boot is None else {"timing/worker_boot": boot}
-
-    def step_begins(self, t0: float) -> None:
-        if self.entered is not None:
-            self.times["timing/start"], self.entered, self.first_t0 = t0 - self.entered, None, t0
-
-    def step_ends(self) -> None:
-        if self.first_t0 is not None:
-            self.times["timing/first_step"] = time.perf_counter() - self.first_t0
-            self.first_t0 = None
-
-    def taken(self) -> dict[str, float] | None:
-        """The times, once a step has begun (a report in the first update: that step so far); None before."""
-        self.step_ends()
-        return None if self.entered is not None else self.times
-
-
-def rng_state(device: torch.device) -> dict[str, Any]:
-    """This worker's RNG states: Python's, NumPy's, the CPU generator and the CUDA one of its *own* device only
-    (not every device the process sees: a restarted worker may see fewer, and could not restore that list)."""
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}  # fmt: skip
-
-
-def restore_rng(rng: dict[str, Any], device: torch.device) -> None:
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
-    torch.set_rng_state(rng["torch"])
-    if device.type == "cuda" and isinstance(rng.get("cuda"), torch.Tensor):
-        torch.cuda.set_rng_state(rng["cuda"], device)  # this worker's own device
-
-
-class _Loop:
     def __init__(self, task: Any, st: TrainState, w: Worker) -> None:
         self.task, self.st, self.w, self.s = task, st, w, task.settings
         self.scaler = w.precision.scaler(self.s.fp16_init_scale)
@@ -420,7 +98,6 @@ class _Loop:
         self.ctx: StepContext | None = None
         self.synced = False  # whether the last backward ran DDP's all-reduce
         self.module_of: tuple[nn.Module, nn.Module] | None = None
-        self.on_step = crash_switch(w.job.chaos, rank=w.rank)
         self.bar: ProgressWriter | None = None
         self.current = Epoch(())  # the epoch being trained (its evaluation rule, its reports' info)
         self.startup: StartUp | None = None  # set by ``run``; gone once this process's first report holds it
@@ -428,48 +105,12 @@ class _Loop:
                            "reported_step": -1}.items():  # fmt: skip
             st.progress.setdefault(key, value)
 
-    # ------------------------------------------------------------------------------------------ checkpoints
-    def restore(self, saved: dict[str, Any]) -> None:
-        """Optimizers (their moments land on their parameters' device), schedules, scaler, extras, RNG."""
-        st = self.st
-        for opt, state in zip(st.optimizers, saved["optimizers"], strict=True):
-            opt.load_state_dict(state)
-        for sched, state in zip(st.schedulers, saved["schedulers"], strict=True):
-            if sched is not None and state is not None:
-                sched.load_state_dict(state)
-        if self.scaler is not None and saved.get("scaler"):
-            self.scaler.load_state_dict(saved["scaler"])
-        for name, obj in st.extras.items():
-            if saved["extras"].get(name) is not None:
-                obj.load_state_dict(saved["extras"][name])
-        st.progress = dict(saved["progress"])
-        restore_rng(saved["rng"], self.w.device)
-
-    def rng(self) -> dict[str, Any]:
-        return rng_state(self.w.device)
-
     def state(self) -> dict[str, Any]:
-        """What ``state.pt`` holds: optimizers, schedules, scaler, extras, progress and the RNG states (the CUDA
-        one of this worker's own device: another worker may see fewer devices)."""
+        """The loop's whole state: ``state.pt``'s keys and the model's weights (on the CPU)."""
         st = self.st
-        return {"optimizers": [o.state_dict() for o in st.optimizers],
-                "schedulers": [s.state_dict() if s is not None else None for s in st.schedulers],
-                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-                "extras": {k: v.state_dict() for k, v in st.extras.items()}, "progress": st.progress,
-                "rng": self.rng(),
-                **({"model": {k: v.detach().cpu() for k, v in st.model.state_dict().items()}}
-                   if self.w.job.probe else {}),
-                }  # fmt: skip
+        return {**state.loop_state(st, self.scaler, self.w.device),
+                "model": {k: v.detach().cpu() for k, v in st.model.state_dict().items()}}
 
-    def save(self, folder: Path) -> None:
-        """``model/`` (``save_pretrained``) and ``state.pt``, each written to a temporary name and renamed."""
-        st = self.st
-        save_dir_atomic(lambda tmp: self.task.save_model(st, tmp, kept=False), folder / MODEL_DIR)
-        state = self.state()
-        state.pop("model", None)
-        save_state(state, folder / STATE_FILE)
-
-    # ------------------------------------------------------------------------------------------ training
     def module(self) -> nn.Module:
         """The module forward passes run through: DDP over the model with several workers (re-wrapped if the
         task replaced its model), else the model."""
@@ -598,9 +239,11 @@ class _Loop:
         p = st.progress
         if k == 0:  # a step counts the first optimizer's updates (alternating objectives: one of each)
             p["step"] += 1
+            self.window.steps += 1
         self.task.after_update(st)
         if k == 0:
-            self.on_step(p["step"])
+            for hook in self.w.job.hooks:  # tests' and benchmarks' switches (a crash at a step)
+                hook.after_step(p["step"], self.w)
         if ends_step:
             p["epoch_step"] += 1
             every = self.current.eval_every  # every rank, active or joined, is here
@@ -631,29 +274,24 @@ class _Loop:
         if st.progress["report"] > 0 and st.progress["reported_step"] == st.progress["step"]:
             return  # a report at this step came first (every N updates, then the epoch's end): the same weights
         st.progress["reported_step"] = st.progress["step"]
-        self.check_ranks_agree()
+        reporting.check_ranks_agree(st, w)
         st.progress["report"] += 1
-        metrics = {**self.task.metrics(st, self.window, rep, w), "report": st.progress["report"],
-                   "step": st.progress["step"]}  # fmt: skip
-        if self.scaler is not None:
-            metrics.update({"fp16/skipped": self.window.skipped, "fp16/scale": self.scaler.get_scale()})
-        metrics.update({"timing/data_wait": self.window.wait_s,
-                        "timing/data_wait_fraction": self.window.wait_s / max(self.window.wall(), 1e-9)})
+        metrics = reporting.report_metrics(self.task, st, self.window, rep, w, self.scaler)
         if self.startup is not None and (times := self.startup.taken()) is not None:  # this process's first
             metrics.update(times)
             self.startup = None
         if w.rank == 0:
             self.show(phase="eval")
-            metrics.update(self.evaluate(rep, metrics))
-            metrics = nan_for_none(metrics)
+            metrics.update(reporting.evaluate(self.task, st, rep, w, metrics))
+            metrics = reporting.nan_for_none(metrics)
             append_history(w.out_dir, metrics, key="report")
-            self.show(phase="train", **{k: v for k, v in metrics.items() if k in _SHOWN})
+            self.show(phase="train", **reporting.shown(self.task, metrics))
         if rep.checkpoint:  # rank 0 writes the state; every rank adds its own RNG (its dropout masks) and queues
             with session.scratch_dir() as tmp:
                 if w.rank == 0:
-                    self.save(tmp)
-                mine = {k: st.extras[k].state_dict() for k in st.per_rank if k in st.extras}
-                save_state({"rng": self.rng(), "extras": mine}, tmp / rank_file(w.rank))
+                    save_model = functools.partial(self.task.save_model, st, kept=False)
+                    state.save(st, save_model, self.scaler, w.device, tmp)
+                state.save_rank(st, w.device, tmp, w.rank)
                 session.report(metrics, checkpoint_dir=tmp)
         else:
             session.report(metrics)
@@ -663,77 +301,3 @@ class _Loop:
         """Rank 0's ``progress.json`` (what the bar or the log lines show), written now."""
         if self.bar is not None:
             self.bar.update(self.st.progress["step"], force=True, **info)
-
-    def check_ranks_agree(self) -> None:
-        """Every rank must hold the same weights, step and learning rate at a report: a digest of each is compared
-        (one small all-gather). Ranks that drifted apart would make every reported number wrong, silently."""
-        if self.w.world_size <= 1:
-            return
-        st = self.st
-        with torch.no_grad():
-            total, absolute = 0.0, 0.0
-            for p in st.model.parameters():
-                total += float(p.double().sum())
-                absolute += float(p.double().abs().sum())
-        lrs = [float(g["lr"]) for o in st.optimizers for g in o.param_groups]
-        mine = [float(st.progress["step"]), total, absolute, *lrs]
-        ranks = all_gather_floats(mine)
-        for r, theirs in enumerate(ranks):
-            if any(not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
-                   for a, b in zip(mine, theirs, strict=True)):  # fmt: skip
-                raise RuntimeError(f"data-parallel ranks disagree at step {st.progress['step']}: rank "
-                                   f"{self.w.rank} has (step, Σw, Σ|w|, lr…) = {mine}, rank {r} {theirs}")
-
-    def evaluate(self, rep: Report, metrics: dict[str, Any]) -> dict[str, Any]:
-        """Rank 0: the task's evaluation in eval mode; the best model of the report's scope is kept."""
-        st, w, task = self.st, self.w, self.task
-        t0 = time.perf_counter()
-        st.train(False)
-        with inference(w.precision):
-            out = dict(task.evaluate(st, rep, w))
-            keep = task.keep(rep, {**metrics, **out})
-            if keep is not None:
-                value, best = _num(out.get(keep.metric)), st.progress["best"]
-                if keep.scope not in best or (value is not None and (best[keep.scope] is None
-                                                                     or value > best[keep.scope])):
-                    best[keep.scope] = value
-                    out.update(task.on_best(st, rep, w))
-                    save_dir_atomic(lambda tmp: task.save_model(st, tmp, kept=True), w.out_dir / keep.folder)
-                    out["kept"] = 1
-        st.train(True)
-        out["timing/eval"] = time.perf_counter() - t0
-        return out
-
-    def final(self) -> None:
-        """The task's closing report (no checkpoint), when it has one."""
-        st, w = self.st, self.w
-        st.train(False)
-        with inference(w.precision):
-            metrics = self.task.final(st, w)
-        if metrics is None:
-            return
-        st.progress["report"] += 1
-        metrics = nan_for_none({**metrics, "report": st.progress["report"], "step": st.progress["step"],
-                                "final": 1})  # fmt: skip
-        if w.rank == 0:
-            append_history(w.out_dir, metrics, key="report")
-        session.report(metrics)
-
-
-# what a progress line shows of a report: each recipe's dev metric, and how long the trainers waited for negatives
-_SHOWN = ("dev_f05", "dev_acc", "dev_f1", "dev_spearman", "timing/mine_wait_fraction")
-
-
-def rank_file(rank: int) -> str:
-    """The file of a checkpoint that holds rank ``rank``'s own part: its RNG states and per-rank extras."""
-    return f"rank{rank}.pt"
-
-
-def _num(v: Any) -> float | None:
-    return None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
-
-
-def nan_for_none(metrics: dict[str, Any]) -> dict[str, Any]:
-    """Tune's metric must be a number in every report: an undefined score (no rows, constant predictions) is
-    NaN."""
-    return {k: float("nan") if v is None else v for k, v in metrics.items()}

@@ -42,7 +42,7 @@ from raycl.recipes.coherence import inputs as coherence_inputs
 from raycl.recipes.coherence import report
 from raycl.recipes.coherence.worker import CoherenceTask
 from raycl.records import TrialOutcome
-from raycl.training.loop import Job
+from raycl.training.task import Job
 
 
 class CoherenceRecipe(RecipeBase):

@@ -21,7 +21,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch.optim.swa_utils import SWALR
@@ -37,9 +37,10 @@ from raycl.models.coherence import CoherenceScorer, MomentumEncoder
 from raycl.recipes.coherence.evaluation import Evaluator
 from raycl.recipes.coherence.inputs import in_training_order
 from raycl.recipes.coherence.step import CoherenceBatch, coherence_loss, collate
-from raycl.training.loop import (
+from raycl.training.optim import adamw
+from raycl.training.prefetch import Call
+from raycl.training.task import (
     Batch,
-    Call,
     Epoch,
     Keep,
     LoopSettings,
@@ -47,11 +48,10 @@ from raycl.training.loop import (
     StepContext,
     TaskBase,
     TrainState,
-    Window,
     Worker,
     updates_in,
 )
-from raycl.training.optim import adamw
+from raycl.training.timing import Window
 
 Negs = list[tuple[str, ...]]
 
@@ -167,6 +167,7 @@ class CoherenceState(TrainState):
 
 @dataclass(frozen=True)
 class CoherenceTask(TaskBase):
+    shown: ClassVar[tuple[str, ...]] = ("dev_acc", "timing/mine_wait_fraction")  # on rank 0's progress line
     cfg: CoherenceConfig
     train_items: str  # the permuted training set (JSONL), in file order
 
@@ -235,9 +236,8 @@ class CoherenceTask(TaskBase):
 
     def collate(self, st: CoherenceState, data: Any) -> CoherenceBatch:
         items, negs, rng = data
-        pad = 16 if self.cfg.optim.compile else None
         return collate(st.model, [it.pos for it in items], negs, momentum=rng is not None, rng=rng,
-                       pad_to_multiple_of=pad)  # fmt: skip
+                       pad_to_multiple_of=self.settings.pad_to_multiple_of)  # fmt: skip
 
     def step(self, st: CoherenceState, batch: CoherenceBatch, ctx: StepContext) -> dict[str, Any]:
         c = self.cfg
@@ -262,9 +262,9 @@ class CoherenceTask(TaskBase):
         p, c = st.progress, st.feed.consumer
         wall = window.wall()
         wait = max(c.stats.mine_wait - st.wait0, 0.0) if c is not None else 0.0  # stats restart each epoch
-        out = {**{k: v for k, v in window.means().items() if k != "items"}, "timing/step": window.step_time(),
-               "timing/interval": wall, "items": window.sums.get("items", 0.0), "epoch": p["epoch"],
-               "lr": st.extras["swalr"].get_last_lr()[0]}  # fmt: skip
+        # the loop's timing and ``lr`` (the rate SWALR has just set) come with the report
+        out = {**{k: v for k, v in window.means().items() if k != "items"}, "items": window.sums.get("items", 0.0),
+               "epoch": p["epoch"]}  # fmt: skip
         if c is not None:
             out.update({**c.stats.metrics(), "stream/version": float(c.version)})
             out.pop("timing/mine_wait_first", None)

@@ -44,7 +44,7 @@ from raycl.recipes.gec.report import FN_FILE
 from raycl.recipes.gec.worker import GecTask
 from raycl.records import TrialOutcome, atomic_write
 from raycl.report import copy_atomic
-from raycl.training.loop import Job
+from raycl.training.task import Job
 
 
 class GecRecipe(RecipeBase):

@@ -129,7 +129,7 @@ def _stream_lines(trials: list[TrialOutcome]) -> list[str]:
         return ["- negatives: pre-mined or not needed (no miner pool in these trials)"]
     wait = sum(num(r.get("timing/mine_wait")) or 0.0 for r in rows)
     first = sum(num(r.get("timing/mine_wait_first")) or 0.0 for r in rows)
-    wall = sum(num(r.get("timing/epoch")) or 0.0 for r in rows)
+    wall = sum(num(r.get("timing/interval")) or 0.0 for r in rows)
     stale = max(num(r.get("stream/staleness_max")) or 0.0 for r in rows)
     refused = sum(num(r.get("stream/refused")) or 0.0 for r in rows)
     return [f"- mine_wait (trainers waiting for negatives): {wait:.1f} s of {wall:.1f} s of training "

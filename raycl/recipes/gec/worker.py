@@ -12,12 +12,11 @@ accumulated batches, take the same step as one batch N times as large. After eve
 from __future__ import annotations
 
 import functools
-import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from raycl import storage
 from raycl.configs.gec import GecConfig
@@ -34,16 +33,16 @@ from raycl.recipes.gec.feeds import (
     NBestFeed,
     StaticFeed,
     StreamFeed,
-    global_batches,
     shard,
     token_batches,
-    token_groups,
 )
 from raycl.recipes.gec.step import GecBatch, collate, gec_loss
 from raycl.records import save_dir_atomic
-from raycl.training.loop import (
+from raycl.training.batching import BatchPlan
+from raycl.training.optim import build_optimizer, build_scheduler
+from raycl.training.prefetch import Call
+from raycl.training.task import (
     Batch,
-    Call,
     Epoch,
     Keep,
     LoopSettings,
@@ -51,11 +50,10 @@ from raycl.training.loop import (
     StepContext,
     TaskBase,
     TrainState,
-    Window,
     Worker,
     updates_in,
 )
-from raycl.training.optim import build_optimizer, build_scheduler
+from raycl.training.timing import Window
 
 
 @dataclass(frozen=True)
@@ -105,6 +103,7 @@ def _selected(nbest: Any, source_score: float, example: GecExample, **rule: Any)
 @dataclass(frozen=True)
 class GecTask(TaskBase):
     """One phase of Algorithm 1 on one worker."""
+    shown: ClassVar[tuple[str, ...]] = ("dev_f05", "timing/mine_wait_fraction")  # on rank 0's progress line
 
     cfg: GecConfig
     phase: str  # pretrain | finetune
@@ -112,7 +111,8 @@ class GecTask(TaskBase):
     @property
     def settings(self) -> LoopSettings:
         # the backward is of the loss summed over target tokens: fairseq's first fp16 loss scale, 2⁷
-        return LoopSettings.from_options(self.cfg.optim, fp16_init_scale=2.0**7)
+        # compiled: lengths in multiples of 8
+        return LoopSettings.from_options(self.cfg.optim, fp16_init_scale=2.0**7, shape_bucket=8)
 
     @property
     def ph(self) -> Phase:
@@ -144,8 +144,10 @@ class GecTask(TaskBase):
         cfg, ph, n = self.cfg, self.ph, len(examples)
         uf, epochs = cfg.optim.update_freq, ph.epochs
         budget = cfg.optim.max_tokens if ph.name == "finetune" else cfg.pretrain.max_tokens
+        plan = BatchPlan([n], batch_size=ph.batch_size, seed=cfg.optim.seed, rank=w.rank, world_size=w.world_size,
+                         draw="shuffle", keep_empty=False)  # the static feed's; the stream's shards have as many
         if not budget:  # the most batches a rank has: ⌈its share ÷ batch⌉
-            return updates_in([math.ceil(math.ceil(n / w.world_size) / ph.batch_size)] * epochs, uf)
+            return plan.updates(epochs, uf)
         tok = model.tokenizer
         ids = tok([t for ex in examples for t in (ex.source, ex.target)])["input_ids"]
         src, tgt = [len(x) for x in ids[0::2]], [len(x) for x in ids[1::2]]
@@ -155,13 +157,7 @@ class GecTask(TaskBase):
             sizes = [max(src[i], tgt[i] + extra[i]) for i in range(n)]
         else:
             sizes = [max(src[i], (1 + cfg.mining.k + 1) * tgt[i]) for i in range(n)]
-        most = []
-        for epoch in range(epochs):
-            seed = cfg.optim.seed * 1000 + epoch
-            pools = [global_batches(n, batch_size=ph.batch_size, seed=seed, rank=r, world_size=w.world_size)
-                     for r in range(w.world_size)]  # fmt: skip
-            most.append(max(sum(len(token_groups([sizes[i] for i in pool], budget)) for pool in p) for p in pools))
-        return updates_in(most, uf)
+        return updates_in(plan.token_batch_counts(sizes, budget, epochs), uf)
 
     def _feed(self, examples: list[GecExample], w: Worker) -> Feed:
         """Negatives mined while training (the stream), pre-mined ones (``mining.negatives``), or none."""
@@ -224,9 +220,8 @@ class GecTask(TaskBase):
 
     def collate(self, st: GecState, data: Any) -> GecBatch:
         examples, negatives = data
-        pad = 8 if self.cfg.optim.compile else 1  # lengths in multiples of 8: compiled shapes repeat
         return collate(examples, negatives, st.model.tokenizer, max_length=self.cfg.model.max_length,
-                       pad_to_multiple_of=pad)  # fmt: skip
+                       pad_to_multiple_of=self.settings.pad_to_multiple_of or 1)  # fmt: skip
 
     def step(self, st: GecState, batch: GecBatch, ctx: StepContext) -> dict[str, Any]:
         out = gec_loss(st.model, batch, st.loss_fn, passes=self.cfg.loss.passes)
@@ -251,11 +246,11 @@ class GecTask(TaskBase):
         fm = {("stream/take_wait" if k == "timing/mine_wait" else k): v for k, v in fm.items()
               if k != "timing/mine_wait_first"}  # fmt: skip
         return {"loss": s["loss_sum"] / n, "ce_per_token": s["ce"] / n, "mml_per_token": s["mml"] / n,
-                "timing/step": window.step_time(), "timing/epoch": wall, **fm, "timing/mine_wait": wait,
+                **fm, "timing/mine_wait": wait,
                 "timing/mine_wait_first": first, "timing/mine_wait_fraction": wait / max(wall, 1e-9),
                 # steady state: without the wait for the epoch's first batch (the pipeline filling up)
                 "timing/mine_wait_fraction_steady": (wait - first) / max(wall - first, 1e-9),
-                "lr": st.schedulers[0].get_last_lr()[0], "epoch": st.progress["epoch"]}  # fmt: skip
+                "epoch": st.progress["epoch"]}  # fmt: skip
 
     def evaluate(self, st: GecState, rep: Report, w: Worker) -> dict[str, Any]:
         return evaluation.evaluate_split(self.cfg, st.model, st.refs["dev"], prefix="dev") if st.refs else {}

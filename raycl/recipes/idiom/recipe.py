@@ -40,7 +40,7 @@ from raycl.models.classifier import build_classifier
 from raycl.recipes.idiom import inputs, report
 from raycl.recipes.idiom.worker import IdiomTask
 from raycl.records import TrialOutcome
-from raycl.training.loop import Job
+from raycl.training.task import Job
 
 
 class IdiomRecipe(RecipeBase):

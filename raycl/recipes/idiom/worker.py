@@ -19,11 +19,10 @@ the best epoch in ``best_model/`` — the EMA weights, as the released code save
 from __future__ import annotations
 
 import math
-import random
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers import AutoTokenizer
@@ -35,7 +34,9 @@ from raycl.memory.ema import EMA
 from raycl.models.classifier import encode_batch, load_classifier
 from raycl.models.masks import prepared
 from raycl.recipes.idiom.evaluation import Evaluator, model_input
-from raycl.training.loop import (
+from raycl.training.batching import BatchPlan
+from raycl.training.optim import adamw, build_scheduler
+from raycl.training.task import (
     Batch,
     Epoch,
     Keep,
@@ -44,11 +45,9 @@ from raycl.training.loop import (
     StepContext,
     TaskBase,
     TrainState,
-    Window,
     Worker,
-    updates_in,
 )
-from raycl.training.optim import adamw, build_scheduler
+from raycl.training.timing import Window
 
 BEST_MODEL = "best_model"
 
@@ -57,16 +56,6 @@ def train_examples(cfg: IdiomConfig, setting: str) -> list[IdiomExample]:
     """The setting's training rows: one-shot trains on train_one_shot + train_zero_shot, as upstream."""
     zero = read_idiom_train(cfg.data.train_zero_shot)
     return read_idiom_train(cfg.data.train_one_shot) + zero if setting == "one_shot" else zero
-
-
-def epoch_batches(n: int, *, batch_size: int, seed: int, rank: int, world_size: int) -> list[list[int]]:
-    """This rank's batches (row indices) of an epoch: one shuffle shared by all ranks, cut into global batches of
-    ``world_size × batch_size`` rows, of which each rank takes a strided share — so N workers' i-th update is one
-    worker's i-th batch of N·B rows, every row is used, and every rank takes the same number of steps (a share of
-    the last, short global batch may be empty: the step then runs with weight 0)."""
-    order = random.Random(seed).sample(range(n), n)
-    size = batch_size * world_size
-    return [order[i : i + size][rank::world_size] for i in range(0, n, size)]
 
 
 @dataclass(frozen=True)
@@ -92,6 +81,7 @@ class IdiomState(TrainState):
 
 @dataclass(frozen=True)
 class IdiomTask(TaskBase):
+    shown: ClassVar[tuple[str, ...]] = ("dev_f1",)  # on rank 0's progress line
     cfg: IdiomConfig
 
     @property
@@ -109,7 +99,7 @@ class IdiomTask(TaskBase):
     def build(self, model: Any, w: Worker, progress: dict[str, Any] | None) -> IdiomState:
         cfg, o, a = self.cfg, self.cfg.optim, self.cfg.adversarial
         examples = train_examples(cfg, self.setting)
-        total = max(updates_in([self._steps(len(examples), w)] * o.epochs, o.update_freq), 1)
+        total = max(self._plan(len(examples), w).updates(o.epochs, o.update_freq), 1)
         optimizer = adamw([p for p in model.parameters() if p.requires_grad], lr=o.lr, eps=o.eps,
                           weight_decay=o.weight_decay)  # fmt: skip
         scheduler = build_scheduler(optimizer, "polynomial", warmup=math.ceil(o.warmup_ratio * total), total=total)
@@ -120,9 +110,13 @@ class IdiomTask(TaskBase):
                           total_updates=total, tokenizer=AutoTokenizer.from_pretrained(w.job.init_model),
                           examples=examples, adversary=adversary)  # fmt: skip
 
-    def _steps(self, n: int, w: Worker) -> int:
-        bs = self.cfg.batch_size(self.setting)
-        return len(epoch_batches(n, batch_size=bs, seed=0, rank=0, world_size=w.world_size))
+    def _plan(self, n: int, w: Worker) -> BatchPlan:
+        """One shuffle an epoch shared by every rank, cut into global batches of ``world_size × batch`` rows, of
+        which each rank takes a strided share: N workers' i-th update is one worker's i-th batch of N·B rows, every
+        row is used, and every rank takes the same number of steps (DDP: a share of the last, short global batch
+        may be empty, and the step then runs with weight 0)."""
+        return BatchPlan([n], batch_size=self.cfg.batch_size(self.setting), seed=self.cfg.seed(self.setting),
+                         rank=w.rank, world_size=w.world_size)  # fmt: skip
 
     def start(self, st: IdiomState, w: Worker, *, resumed: bool) -> None:
         st.evals = Evaluator(self.cfg, self.setting) if w.rank == 0 else None
@@ -133,18 +127,17 @@ class IdiomTask(TaskBase):
     def epoch(self, st: IdiomState, w: Worker, epoch: int, start: int) -> Epoch:
         """This rank's batches of ``epoch`` (from the ``start``-th); dev is scored at the epoch's end."""
         examples = st.examples or []
-        batches = epoch_batches(len(examples), batch_size=self.cfg.batch_size(self.setting),
-                                seed=self.cfg.seed(self.setting) * 1000 + epoch, rank=w.rank,
-                                world_size=w.world_size)  # fmt: skip
-        return Epoch(Batch([examples[i] for i in b]) for b in batches[start:])
+        plan = self._plan(len(examples), w)
+        plan.set_epoch(epoch, start)
+        return Epoch(Batch([examples[i] for i in rows]) for (rows,) in plan)
 
     def collate(self, st: IdiomState, batch: list[IdiomExample]) -> IdiomBatch:
         """Tokenised rows and labels, on the CPU (ahead of the step). An empty share runs one row, weighted 0."""
         weight = float(len(batch))
         batch = batch or (st.examples or [])[:1]
         texts: Any = [model_input(e, self.setting) for e in batch]  # all texts or all pairs: one setting
-        pad = 16 if self.cfg.optim.compile else None  # lengths in buckets of 16: compiled shapes repeat
-        enc = encode_batch(st.tokenizer, texts, max_len=self.cfg.model.max_len, pad_to_multiple_of=pad)
+        enc = encode_batch(st.tokenizer, texts, max_len=self.cfg.model.max_len,
+                           pad_to_multiple_of=self.settings.pad_to_multiple_of)  # fmt: skip
         return IdiomBatch(prepared(enc, st.model), torch.tensor([e.label for e in batch]), weight)
 
     def step(self, st: IdiomState, b: IdiomBatch, ctx: StepContext) -> dict[str, Any]:
@@ -167,9 +160,8 @@ class IdiomTask(TaskBase):
             st.ema.update()
 
     def metrics(self, st: IdiomState, window: Window, rep: Report, w: Worker) -> dict[str, Any]:
-        return {**window.means(), "timing/step": window.step_time(), "timing/epoch": window.wall(),
-                "steps": float(window.updates), "epoch": st.progress["epoch"], "setting": self.setting,
-                "lr": st.schedulers[0].get_last_lr()[0]}  # fmt: skip
+        return {**window.means(), "steps": float(window.updates), "epoch": st.progress["epoch"],
+                "setting": self.setting}  # fmt: skip
 
     def evaluate(self, st: IdiomState, rep: Report, w: Worker) -> dict[str, Any]:
         assert st.evals is not None

@@ -37,7 +37,7 @@ from raycl.recipes.sts import inputs, negatives, report
 from raycl.recipes.sts.worker import StsTask, fits
 from raycl.records import TrialOutcome
 from raycl.report import copy_atomic
-from raycl.training.loop import Job
+from raycl.training.task import Job
 
 
 class StsRecipe(RecipeBase):

@@ -21,10 +21,9 @@ report (``final: 1``) holds the official scores of both settings' submissions, a
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -37,8 +36,10 @@ from raycl.models.sentence_encoder import SentenceEncoder
 from raycl.recipes.sts import evaluation
 from raycl.recipes.sts.negatives import negatives_for
 from raycl.training import optim as optimizers
+from raycl.training.batching import BatchPlan, Loader
 from raycl.training.checkpoint import seed_everything
-from raycl.training.loop import (
+from raycl.training.optim import build_scheduler
+from raycl.training.task import (
     Batch,
     Epoch,
     Keep,
@@ -47,11 +48,9 @@ from raycl.training.loop import (
     StepContext,
     TaskBase,
     TrainState,
-    Window,
     Worker,
-    updates_in,
 )
-from raycl.training.optim import build_scheduler
+from raycl.training.timing import Window
 
 Pair = tuple[str, str, float]  # (sentence 1, sentence 2, label in [0, 1])
 
@@ -71,23 +70,6 @@ def fits(cfg: StsConfig) -> list[Fit]:
     p, f = cfg.pretrain, cfg.finetune
     out = [Fit("pre_train", p.epochs, p.eval_every, p.seed)] if p.epochs else []
     return out + [Fit("fine_tune", 1, f.eval_every, f.seed + e, e + 1) for e in range(f.epochs)]
-
-
-def epoch_batches(pairs: list[Pair], sentences: list[str], *, batch_size: int, seed: int, rank: int,
-                  world_size: int) -> list[tuple[list[Pair], list[str]]]:  # fmt: skip
-    """This rank's steps of an epoch; no sentences: MSE only (λ = 0). One shuffle, cut into global batches of
-    ``world_size × batch_size``, of which each rank takes a strided share: N workers' i-th step is one worker's
-    i-th batch of N·B (every pair used, the same number of steps on every rank; a share of the last, short batch
-    may be empty and then counts with weight 0)."""
-    rng = random.Random(seed)
-    pairs, sentences = rng.sample(pairs, len(pairs)), rng.sample(sentences, len(sentences))
-    size = batch_size * world_size
-    pb = [pairs[i : i + size][rank::world_size] for i in range(0, len(pairs), size)]
-    if not sentences:
-        return [(b, []) for b in pb]
-    chunks = (sentences[i : i + size] for i in range(0, len(sentences), size))
-    sb = [c[rank::world_size] for c in chunks if len(c) >= 2 * world_size]  # in-batch negatives on every rank
-    return list(zip(pb, sb, strict=False))  # the shorter loader ends the epoch, as sentence-transformers' fit
 
 
 def pair_sentences(pairs: list[Pair]) -> list[str]:
@@ -199,6 +181,7 @@ class StsState(TrainState):
 
 @dataclass(frozen=True)
 class StsTask(TaskBase):
+    shown: ClassVar[tuple[str, ...]] = ("dev_spearman",)  # on rank 0's progress line
     cfg: StsConfig
 
     @property
@@ -227,15 +210,21 @@ class StsTask(TaskBase):
         fine = len(read_sts_train(self.cfg.data.train_data)) if self.cfg.finetune.epochs else 0
         return [pre if f.setting == "pre_train" else fine for f in fits(self.cfg)]
 
-    def _fit_batches(self, pairs: int, w: Worker) -> int:
-        """A fit's steps an epoch, from its number of pairs (the loaders of :func:`epoch_batches`)."""
-        rows: list[Any] = [None] * pairs
-        sentences = rows * 2 if self.cfg.loss.lam > 0 else []
-        return len(epoch_batches(rows, sentences, batch_size=self.cfg.optim.batch_size, seed=0, rank=0,
-                                 world_size=w.world_size))  # fmt: skip
+    def _fit_plan(self, fit: Fit, pairs: int, w: Worker) -> BatchPlan:
+        """A fit's batch plan: one shuffle of its pairs and, when λ > 0, one of their sentences (the contrastive
+        loader), both cut into global batches of ``world_size × batch_size``, of which each rank takes a strided
+        share: N workers' i-th step is one worker's i-th batch of N·B (every pair used, the same number of steps
+        on every rank; a share of the last, short batch may be empty and then counts with weight 0). Sentence
+        batches need two rows a rank (in-batch negatives); the shorter loader ends the epoch, as
+        sentence-transformers' ``fit``."""
+        loaders = [Loader(pairs)]
+        if self.cfg.loss.lam > 0:
+            loaders.append(Loader(2 * pairs, min_rows=2 * w.world_size))  # both sentences of every pair
+        return BatchPlan(loaders, batch_size=self.cfg.optim.batch_size, seed=fit.seed, rank=w.rank,
+                         world_size=w.world_size)  # fmt: skip
 
     def _fit_updates(self, fit: Fit, pairs: int, w: Worker) -> int:
-        return updates_in([self._fit_batches(pairs, w)] * fit.epochs, self.cfg.optim.update_freq)
+        return self._fit_plan(fit, pairs, w).updates(fit.epochs, self.cfg.optim.update_freq)
 
     def _key_encoder(self, st: StsState, w: Worker) -> None:
         c = self.cfg
@@ -255,7 +244,7 @@ class StsTask(TaskBase):
             labeller = SentenceEncoder.from_pretrained(self._kept(w, "pre_train")).to(w.device)
             st.pairs = finetune_pairs(cfg, labeller.eval())
         st.sentences = pair_sentences(st.pairs) if cfg.loss.lam > 0 else []
-        batches = self._fit_batches(len(st.pairs), w)
+        batches = len(self._fit_plan(fit, len(st.pairs), w))
         # the released warm-up is in sentence-transformers' steps (batches of the global batch): ÷ update_freq
         steps = self._fit_updates(fit, len(st.pairs), w)
         pb, sb = (math.ceil(len(x) / (w.world_size * o.batch_size)) for x in (st.pairs, st.sentences))  # loaders
@@ -292,9 +281,12 @@ class StsTask(TaskBase):
                 self._key_encoder(st, w)  # fine-tuning starts from the kept pre-trained model
             self._start_fit(st, fit, w)
             p.update(fit=k, started=True)
+        cut = self._fit_plan(fit, len(st.pairs), w)
+        cut.set_epoch(e)
         batches: list[Batch] = []
-        for pairs, sentences in epoch_batches(st.pairs, st.sentences, batch_size=self.cfg.optim.batch_size,
-                                              seed=fit.seed * 1000 + e, rank=w.rank, world_size=w.world_size):
+        for rows in cut.batches():
+            pairs = [st.pairs[i] for i in rows[0]]
+            sentences = [st.sentences[i] for i in rows[1]] if len(rows) > 1 else []
             if self._alternate() and sentences:  # one step, two updates: the MSE objective's, then InfoNCE's
                 batches += [Batch(("mse", pairs, []), ends_step=False), Batch(("con", [], sentences), optimizer=1)]
             else:
@@ -303,7 +295,7 @@ class StsTask(TaskBase):
 
     def collate(self, st: StsState, data: Any) -> StsBatch:
         kind, pairs, sentences = data
-        pad = 16 if self.cfg.optim.compile else None
+        pad = self.settings.pad_to_multiple_of
         a = b = labels = con = None
         if pairs:
             first, second, y = zip(*pairs, strict=True)
@@ -364,10 +356,9 @@ class StsTask(TaskBase):
 
     def metrics(self, st: StsState, window: Window, rep: Report, w: Worker) -> dict[str, Any]:
         s, lam = window.sums, self.cfg.loss.lam
-        steps = max(s.get("n_mse", 0.0), 1.0)
-        l_mse, l_con = s.get("l_mse", 0.0) / steps, s.get("l_con", 0.0) / max(s.get("n_con", 0.0), 1.0)
-        return {"loss": l_mse + lam * l_con, "l_mse": l_mse, "l_con": l_con, "timing/step": window.step_s / steps,
-                "setting": rep.info["setting"], "lr": st.schedulers[0].get_last_lr()[0]}  # fmt: skip
+        l_mse = s.get("l_mse", 0.0) / max(s.get("n_mse", 0.0), 1.0)
+        l_con = s.get("l_con", 0.0) / max(s.get("n_con", 0.0), 1.0)
+        return {"loss": l_mse + lam * l_con, "l_mse": l_mse, "l_con": l_con, "setting": rep.info["setting"]}
 
     def evaluate(self, st: StsState, rep: Report, w: Worker) -> dict[str, Any]:
         assert st.evals is not None
