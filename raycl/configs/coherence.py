@@ -6,8 +6,10 @@ See docs/recipes/coherence.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from raycl.config import LoopOptions, MiningSection, ScalingSection, TuneSection, require
+from raycl.miners.sources import Permutations
 
 LOSS_KINDS = ("pairwise", "contrastive", "momentum")
 
@@ -73,6 +75,11 @@ class CoherenceMiningSection(MiningSection):
     num_rank: int = 50  # candidates ranked per item
     num_negs: int = 5  # negatives trained on per item (pairwise uses the first)
     rank_every: int = 200  # items per mining chunk; weights are published at each chunk's start
+
+    def source(self, *, stream: Any = None, store: Any = None) -> Permutations:
+        """Where a training's negatives come from: each item's own permutations and, given this training's stream
+        and weight store (``mining.hard_negatives``), those its miners rank highest."""
+        return Permutations(self.rank_every, self.max_staleness, stream, store)
 
 
 @dataclass

@@ -48,6 +48,7 @@ from torch import nn
 from raycl import storage
 from raycl.collectives import all_gather_floats, average_gradients
 from raycl.distributed import session
+from raycl.miners.sources import SourceSpec
 from raycl.progress import ProgressWriter
 from raycl.records import append_history, append_start, save_dir_atomic
 from raycl.training.chaos import crash_switch
@@ -238,9 +239,7 @@ class Job:
     task: Any  # a Task; typed loosely so that recipes' task classes need not subclass the Protocol
     init_model: str
     out_dir: str
-    stream: Any = None  # the negative stream's actor handle, when negatives are mined while training
-    store: Any = None  # the weight store's actor handle
-    nbest: Any = None  # the run's shared n-best (``raycl.distributed.nbest``), when negatives are version 0
+    negatives: SourceSpec | None = None  # where negatives come from (raycl.training.negatives); None: the config's
     chaos: dict[str, Any] | None = None  # a trainer crash switch for tests and benchmarks (raycl.training.chaos)
     use_gpu: bool = True  # False: the CPU even where Ray's local mode (0 workers) would hand out a GPU
     probe: str | None = None  # a folder where every rank writes its final training state (rank<r>.pt; tests)

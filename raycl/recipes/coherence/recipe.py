@@ -66,7 +66,7 @@ class CoherenceRecipe(RecipeBase):
                   chaos: dict[str, Any] | None = None) -> Any:  # fmt: skip
         """One training run; with hard negatives, its own miners rank permutations meanwhile."""
         task = CoherenceTask(cfg, str(run.files["train_items"]))
-        job = Job(task, str(run.base_model), str(out_dir), chaos=chaos)
+        job = Job(task, str(run.base_model), str(out_dir), chaos=chaos, negatives=cfg.mining.source())
         if not mines_while_training(cfg):
             return fit_job(run, cfg, job, name=name, in_tune=in_tune)
         m = cfg.mining
@@ -75,8 +75,8 @@ class CoherenceRecipe(RecipeBase):
             "num_rank": m.num_rank, "num_negs": m.num_negs, "batch_size": m.batch_size,
             "version_wait_s": m.lease_s, "precision": m.precision})  # fmt: skip
         with miners(factory, m, world_size=cfg.scaling.num_workers, seed=cfg.optim.seed) as service:
-            return fit_job(run, cfg, dataclasses.replace(job, stream=service.stream, store=service.store),
-                           name=name, in_tune=in_tune)  # fmt: skip
+            job = dataclasses.replace(job, negatives=cfg.mining.source(stream=service.stream, store=service.store))
+            return fit_job(run, cfg, job, name=name, in_tune=in_tune)
 
     def max_t(self, run: Run) -> int:
         """Reports a trial makes: every ``eval_every`` updates of an epoch, and one at the end of training."""

@@ -113,12 +113,14 @@ class GecRecipe(RecipeBase):
         """Steps 2–3 for one point: miners mine D_F with the base model (version 0) while the trainers consume
         it — the run's shared n-best when there is one, else this trial's own miner pool. ``chaos``: a trainer
         crash switch for tests and benchmarks (``raycl.training.chaos``)."""
-        job = Job(GecTask(cfg, "finetune"), str(run.base_model), str(out_dir), chaos=chaos)
+        job = Job(GecTask(cfg, "finetune"), str(run.base_model), str(out_dir), chaos=chaos,
+                  negatives=cfg.mining.source())  # pre-mined or none; miners' negatives replace it below
         if not mines_while_training(cfg):
             return fit_job(run, cfg, job, name=name, in_tune=in_tune)
         shared = run.services.get("nbest")
         if shared is not None and shares_nbest(cfg) and shared[1] == decoding_options(cfg):
-            result = fit_job(run, cfg, dataclasses.replace(job, nbest=shared[0]), name=name, in_tune=in_tune)
+            job = dataclasses.replace(job, negatives=cfg.mining.source(nbest=shared[0]))
+            result = fit_job(run, cfg, job, name=name, in_tune=in_tune)
             _write_selected(out_dir, cfg, nbest_records(shared[0]))
             return result
         m = cfg.mining
@@ -127,7 +129,7 @@ class GecRecipe(RecipeBase):
             "max_len_a": m.max_len_a, "max_len_b": m.max_len_b, "precision": m.precision, "rank_by": m.rank_by,
             "refill": m.refill, "engine": m.engine, "false_negatives": m.false_negatives})  # fmt: skip
         with miners(factory, m, world_size=cfg.scaling.num_workers, seed=cfg.optim.seed) as service:
-            job = dataclasses.replace(job, stream=service.stream, store=service.store)
+            job = dataclasses.replace(job, negatives=cfg.mining.source(stream=service.stream, store=service.store))
             result = fit_job(run, cfg, job, name=name, in_tune=in_tune)
             _write_negatives(out_dir, cfg, service.negatives())
             atomic_write(out_dir / "mining.json", json.dumps(service.stats()))
