@@ -196,7 +196,7 @@ MUTANTS = [
            replace("GecTask.settings", "fp16_init_scale", "fp16_init_scale=2.0**7", "fp16_init_scale=2.0**16"),
            ("tests/test_gec_updates.py::test_fp16_gec_skips_no_update_after_the_first",)),
     Mutant("gec_schedule_counts_pools_not_token_batches", "raycl/recipes/gec/worker.py",
-           replace("GecTask.build", "updates = self._updates(", "self._updates(model, examples, feed, w)",
+           replace("GecTask.build", "updates = self._updates(", "self._updates(model, examples, source, w)",
                    OLD_GEC_TOTAL),
            ("tests/test_gec_updates.py::test_a_token_budget_schedule_decays_over_the_updates_the_run_makes",)),
     Mutant("idiom_schedule_total_rounds_down", "raycl/training/batching.py",

@@ -11,6 +11,7 @@ place of mined ones: the step's code is the same, its negatives' text is not wha
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from itertools import islice
 from pathlib import Path
@@ -76,16 +77,16 @@ def _task(recipe: str, rec: Any, run: Any, phase: str) -> Any:
 
 
 def _gec_task(cfg: Any, phase: str) -> Any:
-    from raycl.recipes.gec.feeds import StaticFeed
     from raycl.recipes.gec.worker import GecTask
+    from raycl.training.negatives import StaticNegatives
 
     @dataclasses.dataclass(frozen=True)
     class SmokeGecTask(GecTask):
-        def _feed(self, examples: list[Any], w: Any) -> Any:
+        def _source(self, examples: list[Any], w: Any) -> Any:
             if self.phase == "pretrain":
-                return super()._feed(examples, w)
+                return super()._source(examples, w)
             negatives = {ex.id: _negatives(ex, self.cfg.mining.k) for ex in examples}
-            return StaticFeed(examples, negatives, batch_size=self.cfg.optim.batch_size, seed=self.cfg.optim.seed)
+            return StaticNegatives(examples, negatives, functools.partial(self._plan, len(examples), w))
 
     return SmokeGecTask(cfg, phase)
 

@@ -1,14 +1,17 @@
-"""Token-budget batching and the static feed's batches, against rules written out here: a budget met exactly, the
-last short global batch, padding copies, every rank's share of one shuffle."""
+"""Token-budget batching and the static negative source's pools, against rules written out here: a budget met
+exactly, the last short global batch, padding copies, every rank's share of one shuffle."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 
 from raycl.data.gec import GecExample
-from raycl.recipes.gec.feeds import StaticFeed, global_batches, shard, token_batches, token_groups
+from raycl.recipes.gec.feeds import global_batches, shard, token_batches, token_groups
+from raycl.training.negatives import Place, StaticNegatives, open_source
+from raycl.training.prefetch import Call
 
 
 def _naive_groups(sizes: list[int], max_tokens: int) -> list[list[int]]:
@@ -87,18 +90,48 @@ def test_global_batches_are_strided_shares_of_one_shuffle() -> None:
     assert global_batches(0, batch_size=2, seed=5, rank=0, world_size=1) == []
 
 
-def test_static_feed_batches_carry_the_negatives_of_their_base_ids() -> None:
+def _static(exs: list[GecExample], negatives: dict[str, list[str]], *, batch_size: int, seed: int, rank: int = 0,
+            world_size: int = 1) -> StaticNegatives[GecExample]:  # fmt: skip
+    """Pre-mined negatives in the GEC recipe's plan: this rank's share of each epoch's seeded global batches."""
+    def plan(epoch: int) -> list[list[int]]:
+        return global_batches(len(exs), batch_size=batch_size, seed=seed * 1000 + epoch, rank=rank,
+                              world_size=world_size)  # fmt: skip
+
+    return StaticNegatives(exs, negatives, plan)
+
+
+def _asked(source: StaticNegatives[GecExample], epoch: int) -> list[tuple[list[GecExample], list[list[str]]]]:
+    """Each pool of ``epoch`` with the negatives the source gives for its ids, as a worker asks for them."""
+    return [(pool, source.negatives([ex.id for ex in pool], 0)) for pool in source.pools(epoch, 0, None)  # type: ignore[arg-type]
+            if not isinstance(pool, Call)]  # fmt: skip
+
+
+def test_static_negatives_carry_the_negatives_of_their_base_ids() -> None:
     exs = [*_examples(5), GecExample("f:0#pad", "src 0", "t ")]
     negatives = {"f:0": ["a", "b"], "f:3": ["c"]}
-    feed = StaticFeed(exs, negatives, batch_size=2, seed=7, rank=1, world_size=2)
-    got = list(feed.batches(3, model=None))  # type: ignore[arg-type]
+    feed = _static(exs, negatives, batch_size=2, seed=7, rank=1, world_size=2)
+    got = _asked(feed, 3)
     idx = global_batches(6, batch_size=2, seed=7 * 1000 + 3, rank=1, world_size=2)
     assert [b for b, _ in got] == [[exs[i] for i in share] for share in idx]
     assert [n for _, n in got] == [[negatives.get(exs[i].id.removesuffix("#pad"), []) for i in s] for s in idx]
-    assert list(feed.batches(4, model=None)) != got  # type: ignore[arg-type]  # another epoch, another shuffle
-    one = StaticFeed(exs, negatives, batch_size=4, seed=7).batches(0, None)  # type: ignore[arg-type]
+    assert _asked(feed, 4) != got  # another epoch, another shuffle
+    one = _asked(_static(exs, negatives, batch_size=4, seed=7), 0)
     pairs = sorted((ex.id, ng) for chunk, negs in one for ex, ng in zip(chunk, negs, strict=True))
     assert pairs == [("f:0", ["a", "b"]), ("f:0#pad", ["a", "b"]), ("f:1", []), ("f:2", []), ("f:3", ["c"]),
                      ("f:4", [])]  # fmt: skip  # a padding copy has its base example's negatives
     assert feed.metrics() == {"timing/mine_wait": 0.0, "timing/mine_wait_first": 0.0}
-    assert feed.state() == {}
+    assert feed.state() == {} and feed.version == 0 and feed.read_ahead
+    feed.resume({"version": 3}, None)  # type: ignore[arg-type]  # mined once, by the base model: nothing moves
+    feed.after_update(1, None)  # type: ignore[arg-type]
+    assert feed.version == 0 and _asked(feed, 3) == got
+
+
+def test_a_source_known_ahead_needs_the_plan_of_an_epoch() -> None:
+    exs = _examples(3)
+    at = Place(0, 1, exs, [exs], 2)
+    with pytest.raises(ValueError, match=r"known ahead need the plan of an epoch's batches \(Place.plan\)"):
+        open_source(None, at)
+    source = open_source(None, dataclasses.replace(at, plan=lambda epoch: [[2, 0], [1]]))
+    assert isinstance(source, StaticNegatives)
+    assert [[ex.id for ex in pool] for pool in source.pools(0, 0, None)] == [["f:2", "f:0"], ["f:1"]]  # type: ignore[arg-type,union-attr]
+    assert source.negatives(["f:2", "f:0"], 0) == [[], []]

@@ -4,9 +4,12 @@ lets a trial train on it while it is being mined."""
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -19,7 +22,9 @@ from raycl.distributed.miner_pool import MinerFactory
 from raycl.distributed.nbest import nbest_records, shared_nbest, start_nbest_stream
 from raycl.miners.beam_search import GEC_BEAM, build_beam_miner, select_from_nbest
 from raycl.models.presets import build_model
-from raycl.recipes.gec.feeds import NBestFeed, global_batches
+from raycl.recipes.gec.feeds import global_batches
+from raycl.training.negatives import NBestNegatives
+from raycl.training.prefetch import Call
 
 WORDS = "the a cat dog sat ran on under mat house is are was were big small".split()
 EXAMPLES = [GecExample(f"d:{i}", " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(3 + i % 4)) + " .",
@@ -97,11 +102,19 @@ def test_feed_trains_on_lists_as_they_are_mined(ray_local, tmp_path: Path) -> No
         def select(nbest, source_score, ex):  # type: ignore[no-untyped-def]
             return [f"{ex.id}/{n}" for n in nbest.negatives]
 
-        feeds = [NBestFeed(stream, EXAMPLES, batch_size=2, seed=0, select=select, poll_s=0.05, rank=r,
-                           world_size=2) for r in range(2)]  # fmt: skip
+        def plan(rank: int, epoch: int) -> list[list[int]]:  # the GEC recipe's, once every list is in
+            return global_batches(len(EXAMPLES), batch_size=2, seed=epoch, rank=rank, world_size=2)
+
+        def batches(feed: NBestNegatives, epoch: int) -> Iterator[tuple[list[Any], list[list[str]]]]:
+            for pool in feed.pools(epoch, 0, None):  # type: ignore[arg-type]
+                assert not isinstance(pool, Call)
+                yield pool, feed.negatives([ex.id for ex in pool], feed.version)
+
+        feeds = [NBestNegatives(stream, EXAMPLES, functools.partial(plan, r), batch_size=2, select=select,
+                                poll_s=0.05) for r in range(2)]  # fmt: skip
         first_task = ray.get(stream.next_task.remote(0))
         ray.get(stream.put.remote(_records(first_task)))
-        it = feeds[0].batches(0, None)  # type: ignore[arg-type]
+        it = batches(feeds[0], 0)
         examples, negatives = next(it)  # rank 0's mined examples come first, before the rest exists
         assert {ex.id for ex in examples} <= set(first_task.ids)
         assert negatives == [[f"{ex.id}/{ex.id}~0"] for ex in examples]
@@ -113,8 +126,8 @@ def test_feed_trains_on_lists_as_they_are_mined(ray_local, tmp_path: Path) -> No
         seen = [ex.id for ex in examples] + [ex.id for b, _ in rest for ex in b]
         assert sorted(seen) == share(0, 0) and len(rest) + 1 == 3  # ⌈6 / 2⌉ batches
         for r, feed in enumerate(feeds):  # once all is there: a seeded shuffle, the same batches every time
-            e1 = [[ex.id for ex in b] for b, _ in feed.batches(1, None)]  # type: ignore[arg-type]
-            e1_again = [[ex.id for ex in b] for b, _ in feed.batches(1, None)]  # type: ignore[arg-type]
+            e1 = [[ex.id for ex in b] for b, _ in batches(feed, 1)]
+            e1_again = [[ex.id for ex in b] for b, _ in batches(feed, 1)]
             assert e1 == e1_again and len(e1) == 3 and sorted(sum(e1, [])) == share(1, r)
         assert sorted(share(1, 0) + share(1, 1)) == sorted(ex.id for ex in EXAMPLES)  # every example, once
         assert feeds[0].metrics()["stream/negatives"] == 6.0

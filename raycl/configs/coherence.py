@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raycl.config import LoopOptions, MiningSection, ScalingSection, TuneSection, require
+from raycl.miners.sources import Permutations
 
 LOSS_KINDS = ("pairwise", "contrastive", "momentum")
 
@@ -80,6 +81,11 @@ class CoherenceMiningSection(MiningSection):
         the weights of its chunk instead of being ranked with older ones."""
         return {**super().miner_options(), "num_rank": self.num_rank, "num_negs": self.num_negs,
                 "version_wait_s": self.lease_s}  # fmt: skip
+
+    def source(self, *, stream: Any = None, store: Any = None) -> Permutations:
+        """Where a training's negatives come from: each item's own permutations and, given this training's stream
+        and weight store (``mining.hard_negatives``), those its miners rank highest."""
+        return Permutations(self.rank_every, self.max_staleness, stream, store)
 
 
 @dataclass

@@ -11,6 +11,7 @@ from typing import Any
 
 from raycl.config import MiningSection, OptimSection, ScalingSection, TuneSection, require
 from raycl.miners.false_negatives import MODES as FN_MODES
+from raycl.miners.sources import LiveStream, PreMined, SharedNBest, SourceSpec
 from raycl.models.decoding import MAX_LEN_A, MAX_LEN_B
 
 PASSES = ("joint", "per_slot")  # loss.passes: how the GEC-CL step runs its forward passes (raycl.recipes.gec.step)
@@ -87,6 +88,17 @@ class GecMiningSection(MiningSection):
         if nbest:
             return {**opts, "k": self.beam - 1, "nbest": True}
         return {**opts, **{key: getattr(self, key) for key in SELECTION}}
+
+    def source(self, *, stream: Any = None, store: Any = None, nbest: Any = None) -> SourceSpec | None:
+        """Where a fine-tuning's negatives come from: the run's shared n-best (``nbest``, its actor), the stream
+        of this training's own miners (``stream`` and ``store``), pre-mined ``negatives``, or none."""
+        if nbest is not None:
+            return SharedNBest(nbest, self.k, self.source_negative, self.refill, self.false_negatives)
+        if stream is not None:
+            return LiveStream(stream, store, self.max_staleness, self.sync_every, self.refresh_every)
+        if self.negatives:
+            return PreMined(self.negatives, drop_false_negatives=self.false_negatives == "drop")
+        return None
 
 
 @dataclass

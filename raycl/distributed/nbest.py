@@ -248,3 +248,10 @@ def nbest_records(stream: Any) -> dict[str, tuple[MinedNegatives, float]]:
     """Every record mined so far by id: (the n-best, S(s|s))."""
     items = ray.get(stream.cached.remote())
     return {it.id: split_nbest(MinedNegatives(it.id, tuple(it.negatives), tuple(it.scores))) for it in items}
+
+
+def wait_nbest(stream: Any, ids: list[str], timeout: float) -> dict[str, tuple[MinedNegatives, float]]:
+    """The n-best lists of those of ``ids`` mined so far, by id: (the n-best, S(s|s)); waits up to ``timeout`` s
+    while none is (a trainer reading the run's n-best as it is mined)."""
+    items = ray.get(stream.wait_ready.remote(ids, timeout)) if ids else []
+    return {it.id: split_nbest(MinedNegatives(it.id, tuple(it.negatives), tuple(it.scores))) for it in items}

@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import nn
 
+from raycl.miners.sources import SourceSpec
 from raycl.training.precision import Precision
 from raycl.training.prefetch import Call
 from raycl.training.timing import Window
@@ -230,9 +231,7 @@ class Job:
     task: Any  # a Task; typed loosely so that recipes' task classes need not subclass the Protocol
     init_model: str
     out_dir: str
-    stream: Any = None  # the negative stream's actor handle, when negatives are mined while training
-    store: Any = None  # the weight store's actor handle
-    nbest: Any = None  # the run's shared n-best (``raycl.distributed.nbest``), when negatives are version 0
+    negatives: SourceSpec | None = None  # where negatives come from (raycl.training.negatives); None: the config's
     use_gpu: bool = True  # False: the CPU even where Ray's local mode (0 workers) would hand out a GPU
     hooks: tuple[LoopHook, ...] = ()  # watchers from outside the product (tests, benchmarks); none in a run
 

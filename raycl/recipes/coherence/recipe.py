@@ -66,13 +66,13 @@ class CoherenceRecipe(RecipeBase):
     def train_one(self, run: Run, cfg: CoherenceConfig, out_dir: Path, *, name: str, in_tune: bool) -> Any:
         """One training run; with hard negatives, its own miners rank permutations meanwhile."""
         task = CoherenceTask(cfg, str(run.files["train_items"]))
-        job = Job(task, str(run.base_model), str(out_dir))
+        job = Job(task, str(run.base_model), str(out_dir), negatives=cfg.mining.source())
         if not mines_while_training(cfg):
             return fit_job(run, cfg, job, name=name, in_tune=in_tune)
         factory = MinerFactory(COHERENCE_RANK, str(run.base_model), cfg.mining.miner_options())
         with miners(factory, cfg.mining, world_size=cfg.scaling.num_workers, seed=cfg.optim.seed) as service:
-            return fit_job(run, cfg, dataclasses.replace(job, stream=service.stream, store=service.store),
-                           name=name, in_tune=in_tune)  # fmt: skip
+            job = dataclasses.replace(job, negatives=cfg.mining.source(stream=service.stream, store=service.store))
+            return fit_job(run, cfg, job, name=name, in_tune=in_tune)
 
     def max_t(self, run: Run) -> int:
         """Reports a trial makes: every ``eval_every`` updates of an epoch, and one at the end of training."""

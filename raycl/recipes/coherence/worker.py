@@ -15,7 +15,6 @@ state's ``extras``: the encoder follows the scorer's train/eval mode (dropout in
 
 from __future__ import annotations
 
-import functools
 import math
 import random
 from collections.abc import Iterator
@@ -23,20 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import torch
 from torch.optim.swa_utils import SWALR
 
 from raycl.collectives import all_gather_floats
 from raycl.configs.coherence import CoherenceConfig
 from raycl.data.coherence import CoherenceItem, read_pairs
-from raycl.distributed.consumer import StreamConsumer
 from raycl.memory.momentum import momentum_update
 from raycl.memory.negative_queue import NegativeQueue
-from raycl.miners.permutation import decode_doc
 from raycl.models.coherence import CoherenceScorer, MomentumEncoder
 from raycl.recipes.coherence.evaluation import Evaluator
 from raycl.recipes.coherence.inputs import in_training_order
 from raycl.recipes.coherence.step import CoherenceBatch, coherence_loss, collate
+from raycl.training.negatives import PermutationNegatives, Place, open_source
 from raycl.training.optim import adamw
 from raycl.training.prefetch import Call
 from raycl.training.task import (
@@ -60,59 +57,14 @@ def shards_of(items: list[CoherenceItem], world_size: int) -> list[list[Coherenc
     return [items[r::world_size] for r in range(world_size)]
 
 
-class CoherenceFeed:
-    """This rank's (item, negatives) pairs of an epoch, resumable at ``done`` items; mined ones from the stream."""
-
-    def __init__(self, cfg: CoherenceConfig, shards: list[list[CoherenceItem]], rank: int,
-                 consumer: StreamConsumer | None) -> None:  # fmt: skip
-        self.cfg, self.shards, self.rank, self.consumer = cfg, shards, rank, consumer
-        self.need = 1 if cfg.loss.kind == "pairwise" else cfg.mining.num_negs
-
-    def static(self, epoch: int) -> int:
-        """How many of a rank's first items train on their own negatives: the first chunk, in epoch 0 only."""
-        return min(self.cfg.mining.rank_every, len(self.shards[self.rank])) if epoch == 0 else 0
-
-    def items(self, epoch: int, done: int, model: torch.nn.Module) -> Iterator[tuple[CoherenceItem, Negs] | Call]:
-        """This rank's items of ``epoch`` from the ``done``-th, with their negatives; at each chunk's start a
-        :class:`Call` publishes the weights the trainer has then (the miners rank the chunk with them)."""
-        shard, first = self.shards[self.rank], self.static(epoch) if self.consumer else len(self.shards[self.rank])
-        for item in shard[done:first]:
-            yield item, list(item.negs[: self.need])
-        if self.consumer is None:
-            return
-        every, pos, consumer = self.cfg.mining.rank_every, max(done, first), self.consumer
-        while pos < len(shard):
-            if pos % every == 0:  # a chunk starts: the miners rank it with these weights (or newer)
-                yield Call(functools.partial(consumer.publish, model))
-            got = consumer.take(min(self.cfg.optim.batch_size, every - pos % every), epoch=epoch)
-            if not got:
-                return
-            for it in got:
-                pos += 1
-                yield self.by_id[it.id], [decode_doc(d) for d in it.negatives][: self.need]
-
-    def start_epoch(self, epoch: int, state: dict[str, Any] | None) -> None:
-        """Schedule the stream's part of ``epoch`` (rank 0), or restore it from a checkpoint's ledger state."""
-        if self.consumer is None:
-            return
-        self.by_id = {it.id: it for it in self.shards[self.rank]}
-        every, v0 = self.cfg.mining.rank_every, self.consumer.version
-        firsts = [min(every, len(s)) if epoch == 0 else 0 for s in self.shards]
-        # the version published at the start of an item's chunk, known now: miners wait for it (less the allowed
-        # staleness) rather than rank with older weights what the trainer would refuse
-        floors = {it.id: v0 + pos // every + (epoch > 0) - self.cfg.mining.max_staleness
-                  for s, f in zip(self.shards, firsts, strict=True) for pos, it in enumerate(s) if pos >= f}
-        self.consumer.start_epoch(epoch, [s[f:] for s, f in zip(self.shards, firsts, strict=True)], shuffle=False,
-                                  min_versions=floors)  # fmt: skip
-        if state is not None and self.rank == 0:
-            self.consumer.restore(state)
-
-    def ledger_state(self, epoch: int, done: list[int]) -> dict[str, Any] | None:
-        if self.consumer is None:
-            return None
-        firsts = [min(self.cfg.mining.rank_every, len(s)) if epoch == 0 else 0 for s in self.shards]
-        return self.consumer.ledger_state([max(d - f, 0) for d, f in zip(done, firsts, strict=True)])
-
+def _pairs(source: PermutationNegatives, pools: Iterator[list[CoherenceItem] | Call]
+           ) -> Iterator[tuple[CoherenceItem, Negs] | Call]:  # fmt: skip
+    """The source's ``pools``, item by item, each with its negatives; calls where they come."""
+    for pool in pools:
+        if isinstance(pool, Call):
+            yield pool
+            continue
+        yield from zip(pool, source.negatives([it.id for it in pool], source.version), strict=True)
 
 
 def _batches(cfg: CoherenceConfig, pairs: Iterator[tuple[CoherenceItem, Negs] | Call], need: int, done: int,
@@ -152,7 +104,7 @@ class PrefixRandom(random.Random):
 
 @dataclass
 class CoherenceState(TrainState):
-    feed: Any = None  # CoherenceFeed
+    source: Any = None  # PermutationNegatives
     evals: Evaluator | None = None  # rank 0
     wait0: float = 0.0  # the stream's waiting time at the start of the report interval
 
@@ -170,6 +122,11 @@ class CoherenceTask(TaskBase):
     shown: ClassVar[tuple[str, ...]] = ("dev_acc", "timing/mine_wait_fraction")  # on rank 0's progress line
     cfg: CoherenceConfig
     train_items: str  # the permuted training set (JSONL), in file order
+
+    @property
+    def need(self) -> int:
+        """Negatives an item trains on (pairwise: one); an item with fewer is skipped."""
+        return 1 if self.cfg.loss.kind == "pairwise" else self.cfg.mining.num_negs
 
     @property
     def settings(self) -> LoopSettings:
@@ -194,25 +151,19 @@ class CoherenceTask(TaskBase):
         st = CoherenceState(model, [optimizer], [None], p, extras, per_rank=("queue", "prefix_rng"))
         st.extras["swalr"] = SWALR(optimizer, swa_lr=o.swa_lr, anneal_epochs=o.anneal_epochs,
                                    anneal_strategy="linear")  # one step per report, as the released code
-        consumer = None
-        if w.job.stream is not None:
-            consumer = StreamConsumer(w.job.stream, w.job.store, rank=w.rank, world_size=w.world_size,
-                                      max_staleness=c.mining.max_staleness)  # fmt: skip
         items = in_training_order(c, read_pairs(self.train_items))
-        st.feed = CoherenceFeed(c, shards_of(items, w.world_size), w.rank, consumer)
-        longest = max(map(len, st.feed.shards))  # the other ranks join its updates
+        shards = shards_of(items, w.world_size)
+        spec = w.job.negatives if w.job.negatives is not None else c.mining.source()
+        st.source = open_source(spec, Place(w.rank, w.world_size, items, shards, o.batch_size))
+        longest = max(map(len, shards))  # the other ranks join its updates
         st.total_updates = updates_in([math.ceil(longest / o.batch_size)] * o.epochs, o.update_freq)
         return st
 
     def start(self, st: CoherenceState, w: Worker, *, resumed: bool) -> None:
         st.evals = Evaluator(self.cfg) if w.rank == 0 else None
-        consumer = st.feed.consumer
-        if consumer is not None:
-            consumer.version = int(st.progress.get("version", 0))
-            newest = consumer.store_version()
-            if newest > consumer.version:  # the dead run published past the checkpoint: republish the truth
-                consumer.publish(st.model, after=newest)
-            st.wait0 = consumer.stats.mine_wait
+        # the checkpoint's weight version (republished if the dead run went past it) and ledger position
+        st.source.resume(st.progress, st.model)
+        st.wait0 = st.source.metrics().get("timing/mine_wait", 0.0)
 
     def num_epochs(self, st: CoherenceState) -> int:
         return self.cfg.optim.epochs
@@ -220,14 +171,14 @@ class CoherenceTask(TaskBase):
     def epoch(self, st: CoherenceState, w: Worker, epoch: int, start: int) -> Epoch:
         """This rank's batches of ``epoch`` from its checkpoint's position (``done`` items, the stream's ledger);
         a report every ``optim.eval_every`` updates, none at an epoch's end (the end of training has one)."""
-        p, feed = st.progress, st.feed
-        feed.start_epoch(epoch, p.get("ledger"))
+        p = st.progress
         done = p.get("done", 0)
+        pairs = _pairs(st.source, st.source.pools(epoch, done, st.model))  # the stream's part scheduled now
         rng = None
         if self.cfg.loss.kind == "momentum":  # the slices are drawn as batches are collated, ahead of their step
             rng = PrefixRandom()
             rng.setstate(st.rng.getstate())
-        batches = _batches(self.cfg, feed.items(epoch, done, st.model), feed.need, done, rng)
+        batches = _batches(self.cfg, pairs, self.need, done, rng)
         return Epoch(batches, eval_every=self.cfg.optim.eval_every, report_at_end=False)
 
     def compiled_modules(self, st: CoherenceState) -> list[Any]:
@@ -259,23 +210,23 @@ class CoherenceTask(TaskBase):
         """Every rank: one SWALR step per report; the interval's losses and the stream's waiting; rank 0's
         checkpoint position in the stream's ledger."""
         st.extras["swalr"].step()
-        p, c = st.progress, st.feed.consumer
+        p, fm = st.progress, st.source.metrics()
         wall = window.wall()
-        wait = max(c.stats.mine_wait - st.wait0, 0.0) if c is not None else 0.0  # stats restart each epoch
+        wait = max(fm["timing/mine_wait"] - st.wait0, 0.0) if fm else 0.0  # stats restart each epoch
         # the loop's timing and ``lr`` (the rate SWALR has just set) come with the report
         out = {**{k: v for k, v in window.means().items() if k != "items"}, "items": window.sums.get("items", 0.0),
                "epoch": p["epoch"]}  # fmt: skip
-        if c is not None:
-            out.update({**c.stats.metrics(), "stream/version": float(c.version)})
+        if fm:
+            out.update(fm)
             out.pop("timing/mine_wait_first", None)
-            st.wait0 = c.stats.mine_wait
+            st.wait0 = fm["timing/mine_wait"]
         # the trainer's own wait: for its next batch, whose negatives the stream delivers (read ahead)
         out.update({"stream/take_wait": wait, "timing/mine_wait": window.wait_s,
                     "timing/mine_wait_fraction": window.wait_s / max(wall, 1e-9)})
         done = _all_ranks(p["done"])
-        p["version"] = c.version if c is not None else 0
+        p["version"] = st.source.version
         mid_epoch = not rep.info.get("epoch_end") and p["done"]
-        p["ledger"] = st.feed.ledger_state(p["epoch"], done) if mid_epoch else None
+        p["ledger"] = st.source.ledger_state(p["epoch"], done) if mid_epoch else None
         return out
 
     def evaluate(self, st: CoherenceState, rep: Report, w: Worker) -> dict[str, Any]:

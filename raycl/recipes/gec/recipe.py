@@ -107,17 +107,19 @@ class GecRecipe(RecipeBase):
     def train_one(self, run: Run, cfg: GecConfig, out_dir: Path, *, name: str, in_tune: bool) -> Any:
         """Steps 2–3 for one point: miners mine D_F with the base model (version 0) while the trainers consume
         it — the run's shared n-best when there is one, else this trial's own miner pool."""
-        job = Job(GecTask(cfg, "finetune"), str(run.base_model), str(out_dir))
+        job = Job(GecTask(cfg, "finetune"), str(run.base_model), str(out_dir),
+                  negatives=cfg.mining.source())  # pre-mined or none; miners' negatives replace it below
         if not mines_while_training(cfg):
             return fit_job(run, cfg, job, name=name, in_tune=in_tune)
         shared = run.nbest
         if shared is not None and shares_nbest(cfg) and shared.decoding == decoding_options(cfg):
-            result = fit_job(run, cfg, dataclasses.replace(job, nbest=shared.stream), name=name, in_tune=in_tune)
+            job = dataclasses.replace(job, negatives=cfg.mining.source(nbest=shared.stream))
+            result = fit_job(run, cfg, job, name=name, in_tune=in_tune)
             _write_selected(out_dir, cfg, nbest_records(shared.stream))
             return result
         factory = MinerFactory(GEC_BEAM, str(run.base_model), cfg.mining.miner_options())
         with miners(factory, cfg.mining, world_size=cfg.scaling.num_workers, seed=cfg.optim.seed) as service:
-            job = dataclasses.replace(job, stream=service.stream, store=service.store)
+            job = dataclasses.replace(job, negatives=cfg.mining.source(stream=service.stream, store=service.store))
             result = fit_job(run, cfg, job, name=name, in_tune=in_tune)
             _write_negatives(out_dir, cfg, service.negatives())
             atomic_write(out_dir / "mining.json", json.dumps(service.stats()))

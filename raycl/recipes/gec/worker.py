@@ -1,4 +1,4 @@
-"""The GEC recipe's side of the one training loop (``raycl.training.loop``): its state, feed and step.
+"""The GEC recipe's side of the one training loop (``raycl.training.loop``): its state, batches and step.
 
 One task serves both training phases of Algorithm 1: ``pretrain`` (step 1: label-smoothed NLL on D_T) and
 ``finetune`` (step 3: Eq. 5 on D_F with the mined negatives). A step's backward is of its *summed* loss (weight =
@@ -18,27 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from raycl import storage
 from raycl.configs.gec import GecConfig
 from raycl.data.gec import GecExample, load_examples
-from raycl.distributed.consumer import StreamConsumer
 from raycl.losses.gec_margin import GecContrastiveLoss
-from raycl.miners.beam_search import select_from_nbest
-from raycl.miners.shards import read_negatives, without_false_negatives
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.recipes.gec import evaluation
 from raycl.recipes.gec.evaluation import HYPS_DIR
-from raycl.recipes.gec.feeds import (
-    Feed,
-    NBestFeed,
-    StaticFeed,
-    StreamFeed,
-    shard,
-    token_batches,
-)
+from raycl.recipes.gec.feeds import global_batches, shard, token_batches
 from raycl.recipes.gec.step import GecBatch, collate, gec_loss
 from raycl.records import save_dir_atomic
 from raycl.training.batching import BatchPlan
+from raycl.training.negatives import NegativeSource, Place, StaticNegatives, open_source
 from raycl.training.optim import build_optimizer, build_scheduler
 from raycl.training.prefetch import Call
 from raycl.training.task import (
@@ -81,7 +71,7 @@ def phase_of(cfg: GecConfig, name: str) -> Phase:
 
 @dataclass
 class GecState(TrainState):
-    feed: Any = None  # Feed
+    source: Any = None  # NegativeSource[GecExample]
     loss_fn: Any = None  # GecContrastiveLoss
     refs: dict[str, Any] = field(default_factory=dict)  # rank 0 of fine-tuning: dev and test references
 
@@ -90,14 +80,6 @@ class GecState(TrainState):
         texts = [example.source, example.target, *negatives]
         lengths = [len(ids) for ids in self.model.tokenizer(texts)["input_ids"]]
         return max(lengths[0], sum(lengths[1:]))
-
-
-def _base(id_: str) -> str:
-    return id_.removesuffix("#pad")
-
-
-def _selected(nbest: Any, source_score: float, example: GecExample, **rule: Any) -> list[str]:
-    return list(select_from_nbest(nbest, source_score, example, **rule).negatives)
 
 
 @dataclass(frozen=True)
@@ -124,18 +106,19 @@ class GecTask(TaskBase):
     def build(self, model: Any, w: Worker, progress: dict[str, Any] | None) -> GecState:
         cfg, ph = self.cfg, self.ph
         examples = load_examples(ph.specs, annotator=cfg.data.annotator)
-        feed = self._feed(examples, w)
-        updates = self._updates(model, examples, feed, w)
+        source = self._source(examples, w)
+        updates = self._updates(model, examples, source, w)
         optimizer = build_optimizer(model, ph.lr, betas=cfg.optim.betas, eps=cfg.optim.eps,
                                     weight_decay=cfg.optim.weight_decay)  # fmt: skip
         scheduler = build_scheduler(optimizer, cfg.optim.scheduler if ph.name == "finetune" else "fixed",
                                     warmup=ph.warmup, total=cfg.optim.total_updates or updates)  # fmt: skip
         loss_fn = GecContrastiveLoss(trade_off=ph.trade_off, margin=cfg.loss.margin,
                                      label_smoothing=ph.label_smoothing)  # fmt: skip
-        return GecState(model, [optimizer], [scheduler], dict(progress or {}), total_updates=updates, feed=feed,
-                        loss_fn=loss_fn)  # fmt: skip
+        return GecState(model, [optimizer], [scheduler], dict(progress or {}), total_updates=updates,
+                        source=source, loss_fn=loss_fn)  # fmt: skip
 
-    def _updates(self, model: Any, examples: list[GecExample], feed: Feed, w: Worker) -> int:
+    def _updates(self, model: Any, examples: list[GecExample], source: NegativeSource[GecExample], w: Worker
+                 ) -> int:  # fmt: skip
         """The phase's optimizer updates, for its schedule: per epoch ⌈the most batches a rank has ÷
         update_freq⌉ (a rank with fewer joins the others' updates; an epoch's end flushes an accumulation). With a
         token budget the batches are counted as the stream cuts them: fairseq's ``num_tokens`` of every example
@@ -145,52 +128,41 @@ class GecTask(TaskBase):
         uf, epochs = cfg.optim.update_freq, ph.epochs
         budget = cfg.optim.max_tokens if ph.name == "finetune" else cfg.pretrain.max_tokens
         plan = BatchPlan([n], batch_size=ph.batch_size, seed=cfg.optim.seed, rank=w.rank, world_size=w.world_size,
-                         draw="shuffle", keep_empty=False)  # the static feed's; the stream's shards have as many
+                         draw="shuffle", keep_empty=False)  # the static source's; the stream's shards have as many
         if not budget:  # the most batches a rank has: ⌈its share ÷ batch⌉
             return plan.updates(epochs, uf)
         tok = model.tokenizer
         ids = tok([t for ex in examples for t in (ex.source, ex.target)])["input_ids"]
         src, tgt = [len(x) for x in ids[0::2]], [len(x) for x in ids[1::2]]
-        if isinstance(feed, StaticFeed):
-            negs = [feed.negatives.get(_base(ex.id), []) for ex in examples]
+        if isinstance(source, StaticNegatives):
+            negs = source.negatives([ex.id for ex in examples], source.version)
             extra = [sum(len(x) for x in tok(ns)["input_ids"]) if ns else 0 for ns in negs]
             sizes = [max(src[i], tgt[i] + extra[i]) for i in range(n)]
         else:
             sizes = [max(src[i], (1 + cfg.mining.k + 1) * tgt[i]) for i in range(n)]
         return updates_in(plan.token_batch_counts(sizes, budget, epochs), uf)
 
-    def _feed(self, examples: list[GecExample], w: Worker) -> Feed:
-        """Negatives mined while training (the stream), pre-mined ones (``mining.negatives``), or none."""
+    def _source(self, examples: list[GecExample], w: Worker) -> NegativeSource[GecExample]:
+        """The job's negative source (the driver's: a stream, the run's n-best, pre-mined ones); a job built
+        without one reads the config's (pre-mined or none). Step 1 (NLL) has none."""
         cfg, ph = self.cfg, self.ph
-        needs_negatives = ph.name == "finetune" and ph.trade_off > 0 and ph.epochs > 0
-        if needs_negatives and w.job.nbest is not None:  # the run's shared n-best: select this trial's k, CL/CL⁻
-            m = cfg.mining
-            select = functools.partial(_selected, k=m.k, source_negative=m.source_negative, refill=m.refill,
-                                       false_negatives=m.false_negatives)  # fmt: skip
-            return NBestFeed(w.job.nbest, examples, batch_size=ph.batch_size, seed=cfg.optim.seed, select=select,
-                             rank=w.rank, world_size=w.world_size)  # fmt: skip
-        shards = [shard(examples, r, w.world_size) for r in range(w.world_size)]
-        if needs_negatives and w.job.stream is not None:
-            consumer = StreamConsumer(w.job.stream, w.job.store, rank=w.rank, world_size=w.world_size,
-                                      max_staleness=cfg.mining.max_staleness)  # fmt: skip
-            return StreamFeed(consumer, shards, batch_size=ph.batch_size, sync_every=cfg.mining.sync_every,
-                              refresh_every=cfg.mining.refresh_every)  # fmt: skip
-        negatives: dict[str, list[str]] = {}
-        if needs_negatives:
-            if not cfg.mining.negatives:
+        spec = None
+        if ph.name == "finetune" and ph.trade_off > 0 and ph.epochs > 0:
+            spec = w.job.negatives if w.job.negatives is not None else cfg.mining.source()
+            if spec is None:
                 raise RuntimeError("contrastive fine-tuning without a negative stream or mining.negatives")
-            # every rank's epoch draws its share of the global batches from all of D_F: every row, read by id
-            where = storage.fetch(cfg.mining.negatives)  # a URI: fetched once to this node's cache
-            mined = read_negatives(where, ids={ex.id for ex in examples})
-            negatives = {i: list(m.negatives) for i, m in mined.items()}
-            if cfg.mining.false_negatives == "drop":
-                negatives = without_false_negatives(cfg.mining.negatives, negatives)
-        return StaticFeed(examples, negatives, batch_size=ph.batch_size, seed=cfg.optim.seed, rank=w.rank,
-                          world_size=w.world_size)  # fmt: skip
+        plan = functools.partial(self._plan, len(examples), w)
+        shards = [shard(examples, r, w.world_size) for r in range(w.world_size)]
+        return open_source(spec, Place(w.rank, w.world_size, examples, shards, ph.batch_size, plan))
+
+    def _plan(self, n: int, w: Worker, epoch: int) -> list[list[int]]:
+        """This rank's batches of ``epoch`` where negatives are known ahead: its share of the global batches."""
+        return global_batches(n, batch_size=self.ph.batch_size, seed=self.cfg.optim.seed * 1000 + epoch,
+                              rank=w.rank, world_size=w.world_size)  # fmt: skip
 
     def start(self, st: GecState, w: Worker, *, resumed: bool) -> None:
         if resumed:  # the weight version of the checkpoint, republished if the dead run went past it
-            st.feed.resume(st.progress.get("feed", {}), st.model)
+            st.source.resume(st.progress.get("feed", {}), st.model)
         if self.phase == "finetune" and w.rank == 0:
             st.refs = evaluation.references(self.cfg)
 
@@ -198,25 +170,26 @@ class GecTask(TaskBase):
         return self.ph.epochs  # 0 (DI): the loop's one report evaluates the base model
 
     def epoch(self, st: GecState, w: Worker, epoch: int, start: int) -> Epoch:
-        """The feed's batches of ``epoch`` (a report at its end, as fairseq validates every epoch), each pool cut
-        by the token budget. Negatives mined while training with ``sync_every`` > 0 are read in the training
-        thread: the staleness rule checks them against the version that updates move on."""
+        """The source's pools of ``epoch`` with their negatives (a report at its end, as fairseq validates every
+        epoch), each pool cut by the token budget. Negatives mined while training with ``sync_every`` > 0 are read
+        in the training thread: the staleness rule checks them against the version that updates move on."""
         assert start == 0, "GEC reports (and checkpoints) only at an epoch's end"
-        ahead = not (isinstance(st.feed, StreamFeed) and st.feed.sync_every > 0)
-        return Epoch(self._batches(st, epoch), read_ahead=ahead)
+        return Epoch(self._batches(st, epoch), read_ahead=st.source.read_ahead)
 
     def _batches(self, st: GecState, epoch: int) -> Iterator[Batch | Call]:
         budget = self.cfg.optim.max_tokens if self.phase == "finetune" else self.cfg.pretrain.max_tokens
         rng = random.Random(self.cfg.optim.seed * 1000 + epoch)
-        for pool in st.feed.batches(epoch, st.model):
+        source = st.source
+        for pool in source.pools(epoch, 0, st.model):
             if isinstance(pool, Call):
                 yield pool
                 continue
-            batches = token_batches(pool, max_tokens=budget, size=st.num_tokens, rng=rng) if budget else [pool]
+            both = (pool, source.negatives([ex.id for ex in pool], source.version))
+            batches = token_batches(both, max_tokens=budget, size=st.num_tokens, rng=rng) if budget else [both]
             yield from map(Batch, batches)
 
     def end_epoch(self, st: GecState, w: Worker, epoch: int) -> None:
-        st.progress["feed"] = st.feed.state()
+        st.progress["feed"] = st.source.state()
 
     def collate(self, st: GecState, data: Any) -> GecBatch:
         examples, negatives = data
@@ -235,14 +208,14 @@ class GecTask(TaskBase):
         return [st.model.model]  # the HF model inside the scorer: every pass of the step runs its forward
 
     def after_update(self, st: GecState) -> None:
-        st.feed.after_step(st.progress["step"], st.model)  # sync_every: publish newer weights to the miners
+        st.source.after_update(st.progress["step"], st.model)  # sync_every: publish newer weights to the miners
 
     def metrics(self, st: GecState, window: Window, rep: Report, w: Worker) -> dict[str, Any]:
         if not window.batches:
             return {"epoch": st.progress["epoch"]}
-        s, wall, fm = window.sums, window.wall(), st.feed.metrics()
+        s, wall, fm = window.sums, window.wall(), st.source.metrics()
         n, wait, first = max(s["ntokens"], 1.0), window.wait_s, window.first_wait_s
-        # the feed's own wait (for the stream, read ahead of the step) apart; the trainer's wait is the loop's
+        # the source's own wait (for the stream, read ahead of the step) apart; the trainer's wait is the loop's
         fm = {("stream/take_wait" if k == "timing/mine_wait" else k): v for k, v in fm.items()
               if k != "timing/mine_wait_first"}  # fmt: skip
         return {"loss": s["loss_sum"] / n, "ce_per_token": s["ce"] / n, "mml_per_token": s["mml"] / n,
