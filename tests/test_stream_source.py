@@ -19,9 +19,10 @@ def test_the_stream_gives_each_example_its_mined_negatives_once_within_the_stale
     from raycl.distributed.miner_pool import MinerFactory, MinerPool
     from raycl.distributed.stream import start_stream
     from raycl.distributed.weights import start_weight_store
+    from raycl.testing.miners import ECHO
 
     store, stream = start_weight_store(), start_stream(world_size=1, capacity=8, task_size=2)
-    pool = MinerPool(MinerFactory("echo", options={"k": 2}), num_miners=1, cpus_per_miner=0, weight_store=store)
+    pool = MinerPool(MinerFactory(ECHO, options={"k": 2}), num_miners=1, cpus_per_miner=0, weight_store=store)
     pool.start(stream)
     try:
         exs = [GecExample(f"x{i}", "s", "t") for i in range(6)]
