@@ -42,17 +42,24 @@ def test_a_training_through_a_pipe_prints_lines_within_the_asked_gaps(tmp_path: 
 
 def test_a_line_bar_beats_while_nothing_moves_and_says_nothing_new_more_often(monkeypatch, capsys) -> None:
     """An evaluation or a stalled mining: nothing moves, yet a line comes every MAX_S; updates between two lines
-    within MIN_S make no line of their own."""
+    within MIN_S make no line of their own. Each line is stamped when it is seen: a heartbeat is never early, and
+    the wait for two of them is bounded (a loaded machine may wake the bar's thread late)."""
     monkeypatch.setenv("RAYCL_PROGRESS_MIN_S", "0.6")
     monkeypatch.setenv("RAYCL_PROGRESS_MAX_S", "1.2")
-    said()  # the process's last line: the heartbeat counts from it
+    start = time.monotonic()
+    said()  # the process's last line: the heartbeat counts from it (not before start)
     bar = LineBar(total=10, desc="mining", unit="sent")
     for _ in range(5):
         bar.update(1)  # within MIN_S of the bar's start: no line
-    time.sleep(3.0)  # two heartbeats (at 1.2 s and 2.4 s, each within a 0.3 s poll)
+    seen: list[tuple[float, str]] = []
+    deadline = time.monotonic() + 30
+    while len(seen) < 2 and time.monotonic() < deadline:
+        seen += [(time.monotonic(), line) for line in capsys.readouterr().err.splitlines()]
+        time.sleep(0.02)
     bar._stop.set()
-    out = capsys.readouterr().err.splitlines()
+    out = [line for _, line in seen]
     assert len(out) == 2 and all(line.startswith("[raycl] mining: sent 5/10 (50%)") for line in out), out
+    assert seen[0][0] - start >= 1.2 and seen[1][0] - start >= 2.4, [t - start for t, _ in seen]
 
 
 def test_a_bar_started_after_a_line_beats_within_max_s_of_that_line(monkeypatch, capsys) -> None:
