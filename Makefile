@@ -23,8 +23,11 @@ lint: install
 	$(VENV)/bin/ruff check raycl tests bench
 	$(VENV)/bin/mypy
 
+# pytest in TEST_WORKERS processes (pytest-xdist; 1: one process): whole files dealt to them, tests/conftest.py's
+# LONGEST_FIRST files first; each worker has its own local Ray and temporary folders
+TEST_WORKERS ?= 2
 test: lint
-	$(VENV)/bin/pytest -q --durations=15 -m "not cluster" tests
+	$(VENV)/bin/pytest -q --durations=15 -m "not cluster" $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) tests
 
 # a 2-node Ray cluster of `ray start` processes on localhost (token auth on) and raycl jobs through its job server
 # (about 2 minutes on 2 cores; .ci/run runs it after `make test`)

@@ -175,22 +175,34 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)  # fmt: skip
 
 
-def test_bad_inputs_end_in_one_line_with_exit_2(tmp_path: Path) -> None:
+def _refused(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """The CLI's ``main`` in this process (the process's own exit is the first case's): exit status 2, one line."""
+    from raycl import convert
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        convert.main(["fairseq-transformer", *args])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_bad_inputs_end_in_one_line_with_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ckpt, dicts, codes = _write(tmp_path, encoder_normalize_before=True)
     res = _cli(str(ckpt), "--dict-dir", str(dicts), "--bpe-codes", str(codes), "--out", str(tmp_path / "o"))
     assert res.returncode == 2 and "encoder_normalize_before" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
     ckpt, dicts, codes = _write(tmp_path)
+    args = (str(ckpt), "--dict-dir", str(dicts), "--bpe-codes", str(codes), "--out", str(tmp_path / "o"))
     (dicts / "dict.trg.txt").unlink()
     (dicts / "dict.src.txt").rename(dicts / "dict.en.txt")
     (dicts / "dict.de.txt").write_text(DICT)
-    res = _cli(str(ckpt), "--dict-dir", str(dicts), "--bpe-codes", str(codes), "--out", str(tmp_path / "o"))
-    assert res.returncode == 2 and "dict.src.txt and dict.trg.txt" in res.stderr
-    assert len(res.stderr.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+    err = _refused(capsys, *args)
+    assert "dict.src.txt and dict.trg.txt" in err and not (tmp_path / "o").exists()
     (dicts / "dict.de.txt").unlink()
     (dicts / "dict.en.txt").write_text("the 10\nbroken\n")
-    res = _cli(str(ckpt), "--dict-dir", str(dicts), "--bpe-codes", str(codes), "--out", str(tmp_path / "o"))
-    assert res.returncode == 2 and "dict.en.txt:2" in res.stderr and "symbol count" in res.stderr
+    err = _refused(capsys, *args)
+    assert "dict.en.txt:2" in err and "symbol count" in err
 
 
 def test_out_that_is_not_an_earlier_conversion_is_kept(tmp_path: Path) -> None:

@@ -168,14 +168,11 @@ def test_out_on_a_folder_of_the_users_is_refused(tmp_path: Path, capsys, verb: s
 
 # ---------------------------------------------------------------------------------------------- 5. bounded input
 def test_yaml_aliases_and_deep_nesting_are_refused_in_one_line(tmp_path: Path, capsys) -> None:
-    import time
-
     laughs = ["task: idiom", "search:", "  optim.lr:", "    grid:", "      - &l0 [x, x, x, x, x, x, x, x, x, x]"]
     laughs += [f"      - &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 6)]  # 10^6 strings
     (tmp_path / "laughs.yaml").write_text("\n".join(laughs) + "\n")
-    t0 = time.perf_counter()
-    err = _main("tune", [str(tmp_path / "laughs.yaml")], capsys)
-    assert time.perf_counter() - t0 < 5 and len(err) < 500
+    err = _main("tune", [str(tmp_path / "laughs.yaml")], capsys)  # refused at the 10,001st node, not expanded
+    assert len(err) < 500
     assert f"{tmp_path / 'laughs.yaml'}:8: invalid YAML (aliases expand to more than 10000 nodes)" in err
     (tmp_path / "deep.yaml").write_text("task: idiom\noptim: " + "[" * 5000 + "]" * 5000 + "\n")
     err = _main("tune", [str(tmp_path / "deep.yaml")], capsys)
