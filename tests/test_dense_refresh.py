@@ -15,12 +15,10 @@ from typing import Any
 import pytest
 import torch
 
-from raycl import driver
 from raycl.configs import load_space
 from raycl.errors import UserError
 from raycl.models.sentence_encoder import SentenceEncoder, build_sentence_encoder
 from raycl.recipes import recipe_for
-from raycl.report import read_history
 
 sts = recipe_for("sts")
 REFRESH = ["mining.dense=true", "mining.pool=8", "mining.refresh=true", "mining.refresh_every=2",
@@ -54,7 +52,7 @@ def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_l
     the bound (``max_staleness`` 0) and reads as absent."""
     from raycl.distributed.dense_refresh_feed import RefreshedNegatives
     from raycl.distributed.mining_service import MiningService
-    from raycl.recipes.sts.negatives import refresh_anchors
+    from raycl.recipes.sts.negatives import negatives_for, read_negatives, refresh_anchors
     from raycl.recipes.sts.refresh import miner_factory, mining_section
 
     space = load_space("sts", preset="smoke", overrides=[*REFRESH, "mining.num_negatives=2", "mining.num_miners=2",
@@ -79,6 +77,11 @@ def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_l
         first = _table(got)
         assert len(first) > n // 4 and all(a not in negs for a, negs in first.items())
         assert first == _pool_selection(cfg, base, tmp_path / "pool1")
+        pool = read_negatives(tmp_path / "pool1")  # the static path never hands an anchor its own copy either
+        assert any(a in v.negatives[:2] for a, v in pool.items())  # its nearest text, in the pool
+        static = negatives_for(dataclasses.replace(cfg, mining=dataclasses.replace(
+            cfg.mining, relative_margin=None, negatives=str(tmp_path / "pool1"))))  # fmt: skip
+        assert static and all(a not in negs and len(negs) == 2 for a, negs in static.items())
         with torch.no_grad():  # another model: the negatives must follow it
             torch.manual_seed(1)
             for p in model.encoder.parameters():
@@ -99,23 +102,6 @@ def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_l
         service.close()
 
 
-def test_a_refreshed_training_reads_negatives_within_the_staleness_bound(ray_local, tmp_path: Path) -> None:
-    """The recipe end to end: the pool is version 0, the miners refresh it every 2 updates while the trainer goes
-    on; what the trainer read (its own counts, reported) was mined at most ``max_staleness`` versions ago, and
-    most of it after version 0."""
-    over = [*REFRESH, "pretrain.epochs=1", "finetune.epochs=0", "pretrain.eval_every=4", "moco.queue_size=0",
-            "scaling.num_workers=0", "mining.max_staleness=1"]  # fmt: skip
-    summary = driver.run_train(sts, load_space("sts", preset="smoke", overrides=over), tmp_path)
-    assert summary["best"]["dev_spearman"] is not None
-    last = [h for h in read_history(tmp_path / "trials" / "train") if "refresh/version" in h][-1]
-    assert last["refresh/version"] == last["step"] // 2  # a publication every 2 updates
-    assert last["refresh/rounds_done"] >= 2 and last["refresh/duplicates"] == 0
-    assert 0 < last["refresh/staleness_max"] <= 1 and last["refresh/skipped_stale"] == 0
-    assert last["refresh/used_refreshed"] > last["refresh/used"] / 2
-    assert not list((tmp_path / "trials" / "train" / "refresh").glob("v*"))  # the versions' embeddings removed
-    assert (tmp_path / "trials" / "train" / "refresh.json").is_file()
-
-
 def test_refresh_settings_are_checked_in_one_line(tmp_path: Path) -> None:
     for bad, line in (("mining.refresh_every=0", "mining.refresh_every': expected an integer ≥ 1 with "
                                                  "mining.refresh"),
@@ -130,7 +116,8 @@ def test_refresh_settings_are_checked_in_one_line(tmp_path: Path) -> None:
     assert not cfg.refreshes and dense.refreshes  # a rung without dense negatives refreshes none
     out = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "raycl.train", "sts", "--preset", "smoke", "--out", str(out),
-                           "--set", "mining.dense=true", "--set", "mining.refresh=true"],
+                           "--set", "mining.dense=true", "--set", "mining.refresh=true", "--set",
+                           "mining.refresh_every=0"],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "RAY_ADDRESS": ""})
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().count("\n") == 0

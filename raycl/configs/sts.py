@@ -98,7 +98,7 @@ class StsMiningSection:
     pool: int = 16  # candidates mined per anchor, no margin (range_max), eval.batch_size a batch: trials select
     # refreshed while training (ANCE-style; docs/dense.md#refreshed-while-training): the pool is version 0
     refresh: bool = False  # miners re-mine every anchor with the weights the trainer publishes
-    refresh_every: int = 0  # training steps between weight publications (≥ 1 with refresh)
+    refresh_every: int = 100  # training steps between weight publications (≥ 1 with refresh)
     max_staleness: int = 1  # a negative mined with version v is used while the trainer is at ≤ v + this
     wait_s: float = 60.0  # after a publication, the most a trainer waits for negatives within the staleness bound
     num_miners: int = 1
