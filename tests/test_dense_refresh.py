@@ -65,6 +65,7 @@ def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_l
     factory = miner_factory(cfg, base, tmp_path / "refresh", fail_after_tasks=1, chaos_miners=[0])
     service = MiningService.start(factory, mining_section(cfg), world_size=1, seed=0)
     try:
+        service.pool.ready()  # both built and asking: round 1's first tasks go to both, miner 0 dies holding one
         anchors = refresh_anchors(cfg, 1)
         got = RefreshedNegatives({}, anchors, stream=service.stream, store=service.store, rank=0, world_size=1,
                                  refresh_every=1, max_staleness=0, wait_s=120)  # fmt: skip
