@@ -46,6 +46,7 @@ class Run:
     timings: dict[str, float] = field(default_factory=dict)
     files: dict[str, Path] = field(default_factory=dict)  # the recipe's other shared artefacts
     nbest: SharedNBest | None = None  # the run's shared n-best while its trials train (GEC, mining.share)
+    trials_mine: bool = False  # some training of the run starts its own miners (its trials reserve them)
     # a test's or benchmark's hooks on the trainers' loop (raycl.testing.loop_hooks: a crash switch); none in a run
     trainer_hooks: tuple[LoopHook, ...] = ()
 

@@ -120,15 +120,24 @@ def test_tune_sweep_runs_table_5s_ladder(ray_local, tmp_path: Path) -> None:
     del space.baselines["cross_attention"]  # three trials keep the file near its time budget; the demo runs all
     summary = driver.run_tune(sts, space, tmp_path)
     assert not summary["failed_trials"]
-    assert [r["method"] for r in summary["table"]] == ["MSE only", "+ InfoNCE (in-batch)", "+ MoCo queue",
-                                                       "+ InfoNCE (in-batch) + dense negatives"]  # fmt: skip
+    dense = ["+ InfoNCE (in-batch) + dense negatives", "+ InfoNCE (in-batch) + refreshed dense negatives"]
+    assert [r["method"] for r in summary["table"]] == ["MSE only", "+ InfoNCE (in-batch)", "+ MoCo queue", *dense]
     for row in summary["table"]:  # no fine-tuning: the final setting is pre_train
         assert row["dev_spearman"] == pytest.approx(row["dev/pre_train/EN+PT/ALL"])
     report = (tmp_path / "report.md").read_text()
     assert "| MSE only |" in report and "| + MoCo queue |" in report
-    plain, dense = (100 * summary["table"][i]["dev_spearman"] for i in (1, 3))
-    assert f"in-batch only {plain:.2f} → with dense negatives {dense:.2f} ({dense - plain:+.2f})" in report
+    plain, mined, fresh = (100 * summary["table"][i]["dev_spearman"] for i in (1, 3, 4))
+    assert (f"in-batch only {plain:.2f} → pre-mined dense negatives {mined:.2f} ({mined - plain:+.2f}) → "
+            f"refreshed dense negatives {fresh:.2f} ({fresh - plain:+.2f})") in report
     assert [p.parent.name for p in (tmp_path / "mining").glob("*/_report.json")] == ["dense-pool16-score4"]
+    # the refreshed row (a Ray Train worker, its miner in the trial's placement group): what its trainer read was
+    # mined at most max_staleness (1) versions ago, mostly after version 0 (the pool), every 4 steps (the preset)
+    trial = tmp_path / "trials" / summary["table"][4]["trial_id"]
+    last = [h for h in read_history(trial) if "refresh/version" in h][-1]
+    assert last["refresh/version"] == last["step"] // 4 and last["refresh/rounds_done"] >= 1
+    assert 0 <= last["refresh/staleness_max"] <= 1 and last["refresh/duplicates"] == 0
+    assert last["refresh/used_refreshed"] > 0 and last["refresh/skipped_stale"] == 0
+    assert (trial / "refresh.json").is_file() and not list((trial / "refresh").glob("v*"))
     assert (tmp_path / "dev.submission.csv").exists() and (tmp_path / "align_uniform.png").exists()
 
 

@@ -9,8 +9,10 @@ data, and then there are no test scores).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from raycl.config import LoopOptions, ScalingSection, TuneSection, require
+from raycl.miners.sources import DenseRefresh
 
 JOINT_KINDS = ("sum", "alternate")
 
@@ -96,6 +98,21 @@ class StsMiningSection:
     absolute_margin: float | None = None  # keeps s ≤ p − m
     positive_min_score: float = 4.0  # STS training pairs with score ≥ this are (anchor, positive) pairs to mine
     pool: int = 16  # candidates mined per anchor, no margin (range_max), eval.batch_size a batch: trials select
+    # refreshed while training (ANCE-style; docs/dense.md#refreshed-while-training): the pool is version 0
+    refresh: bool = False  # miners re-mine every anchor with the weights the trainer publishes
+    refresh_every: int = 100  # training steps between weight publications (≥ 1 with refresh)
+    max_staleness: int = 1  # a negative mined with version v is used while the trainer is at ≤ v + this
+    wait_s: float = 60.0  # after a publication, the most a trainer waits for negatives within the staleness bound
+    num_miners: int = 1
+    cpus_per_miner: float = 1.0
+    task_size: int = 16  # anchors per miner task
+
+    def source(self, *, stream: Any = None, store: Any = None) -> DenseRefresh | None:
+        """Where a training's refreshed negatives come from: the stream and weight store of its own miners
+        (``refresh``); None otherwise (the pool's, or in-batch only, are read by the recipe)."""
+        if not self.refresh or stream is None:
+            return None
+        return DenseRefresh(stream, store, self.refresh_every, self.max_staleness, self.wait_s)
 
 
 @dataclass
@@ -119,6 +136,11 @@ class StsConfig:
         contrastive objective, so the MSE-only rung of a ladder at a mining point takes none)."""
         m = self.mining
         return m.dense and m.num_negatives > 0 and self.loss.lam > 0
+
+    @property
+    def refreshes(self) -> bool:
+        """Whether miners refresh the dense negatives while this trains (a rung without them refreshes none)."""
+        return self.mines_dense and self.mining.refresh
 
     @property
     def final_setting(self) -> str:
@@ -169,3 +191,13 @@ class StsConfig:
                 "a number in [0, 2] (cosines) or null", mi.absolute_margin)
         require(0.0 <= mi.positive_min_score <= 5.0, where, "mining.positive_min_score", "an STS score in [0, 5]",
                 mi.positive_min_score)
+        if mi.refresh:
+            require(mi.refresh_every >= 1, where, "mining.refresh_every",
+                    "an integer ≥ 1 with mining.refresh (training steps between weight publications)",
+                    mi.refresh_every)  # fmt: skip
+        require(mi.max_staleness >= 0, where, "mining.max_staleness", "an integer ≥ 0 (weight versions)",
+                mi.max_staleness)  # fmt: skip
+        require(mi.wait_s >= 0, where, "mining.wait_s", "a number of seconds ≥ 0", mi.wait_s)
+        require(mi.num_miners >= 1, where, "mining.num_miners", "an integer ≥ 1", mi.num_miners)
+        require(mi.cpus_per_miner > 0, where, "mining.cpus_per_miner", "a number > 0", mi.cpus_per_miner)
+        require(mi.task_size >= 1, where, "mining.task_size", "an integer ≥ 1", mi.task_size)

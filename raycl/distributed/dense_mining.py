@@ -42,7 +42,17 @@ from raycl.distributed.mining_actors import actor_pool, quiet_ray_data, start_ra
 from raycl.errors import UserError, at
 from raycl.files import write_atomic
 from raycl.miners.corpus import MANIFEST, check_resume, clear_mining, load_manifest, save_manifest
-from raycl.miners.dense import Candidates, DenseOptions, Stats, arrow_schema, format_rows, keys_of, mined, select
+from raycl.miners.dense import (
+    Candidates,
+    DenseOptions,
+    Mined,
+    Stats,
+    arrow_schema,
+    format_rows,
+    keys_of,
+    mined,
+    select,
+)
 from raycl.miners.dense_io import (
     EMBEDDINGS,
     embedding_shards,
@@ -147,6 +157,13 @@ class QueryMiner:
     def mine(self, block: dict[str, Any]) -> tuple[Any, Stats]:
         import pyarrow as pa
 
+        records, stats = self.records(block)
+        rows = format_rows(records, self.options, *self.columns)
+        return pa.table(rows, schema=arrow_schema(self.options, *self.columns)), stats
+
+    def records(self, block: dict[str, Any]) -> tuple[list[Mined], Stats]:
+        """Each unique query of ``block`` mined against the embedding shards of ``out_dir`` (also the refreshed
+        miners' search: :mod:`raycl.distributed.dense_refresh`)."""
         queries, positives = block["queries"], block["positives"]
         q = self.encoder.encode(queries, batch_size=self.encoding.batch_size, prompt=self.encoding.query_prompt)
         pos_keys = [keys_of(p) for p in positives]
@@ -155,8 +172,7 @@ class QueryMiner:
             pos_scores = self._rescore(queries, positives, cands)
         stats = Stats()
         chosen = select(cands, pos_keys, pos_scores, self.options, int(block["first"]), stats)
-        rows = format_rows(mined(queries, positives, pos_scores, cands, chosen), self.options, *self.columns)
-        return pa.table(rows, schema=arrow_schema(self.options, *self.columns)), stats
+        return mined(queries, positives, pos_scores, cands, chosen), stats
 
     def _search(self, q: np.ndarray, pos_keys: list[np.ndarray]) -> tuple[Candidates, list[list[float]]]:
         """Every embedding shard in turn: the best ``2·window`` per query kept (repeated texts collapse at the

@@ -308,6 +308,20 @@ def mined(queries: Sequence[str], positives: Sequence[Sequence[str]], positive_s
                   [float(s) for s in cands.scores[i, c]]) for i, (q, p, ps, c) in enumerate(rows)]  # fmt: skip
 
 
+def within_margins(scores: Sequence[float], positive_score: float | None, *, absolute_margin: float | None,
+                   relative_margin: float | None) -> list[int]:  # fmt: skip
+    """The positions of ``scores`` (one query's candidates) that pass the margins of step 3 against its hardest
+    positive's score p — ``absolute_margin`` m keeps s ≤ p − m, ``relative_margin`` r keeps s ≤ p − |p|·r — in
+    order; all of them without a margin or without p. The STS recipe's selection from a pool mined without
+    margins, and its refreshed miners', so that both keep what mining with the margins keeps."""
+    bounds = []
+    if positive_score is not None and absolute_margin is not None:
+        bounds.append(positive_score - absolute_margin)
+    if positive_score is not None and relative_margin is not None:
+        bounds.append(positive_score - abs(positive_score) * relative_margin)
+    return [i for i, s in enumerate(scores) if not bounds or s <= min(bounds)]
+
+
 # ---------------------------------------------------------------------------------------------- output formats
 def format_rows(records: Sequence[Mined], opts: DenseOptions, anchor: str, positive: str) -> dict[str, list[Any]]:
     """sentence-transformers' columns for ``records`` (unique queries in order, each one's positives in order)."""

@@ -60,4 +60,26 @@ class Permutations:
     store: Any = None  # WeightStore actor
 
 
-SourceSpec = PreMined | LiveStream | SharedNBest | Permutations
+@dataclass(frozen=True)
+class RefreshAnchor:
+    """One anchor to re-mine: its id (unique across trainer ranks), its text and its positives."""
+
+    id: str
+    query: str
+    positives: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DenseRefresh:
+    """STS: dense negatives refreshed while training (ANCE-style): the stream and weight store of the training's
+    own dense miners, which re-embed the corpus with each published weight version; the trainer reads an anchor's
+    negatives only within ``max_staleness`` versions (docs/dense.md, "Refreshed while training")."""
+
+    stream: Any  # raycl.distributed.stream.NegativeStream actor
+    store: Any  # raycl.distributed.weights.WeightStore actor
+    refresh_every: int  # training steps between weight publications
+    max_staleness: int
+    wait_s: float  # after a publication, the most a trainer waits for negatives within the bound
+
+
+SourceSpec = PreMined | LiveStream | SharedNBest | Permutations | DenseRefresh

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from raycl.data.semeval import read_sts_pretrain
 from raycl.errors import UserError
+from raycl.miners.dense import within_margins
 from raycl.miners.shards import shard_files
 
 if TYPE_CHECKING:
@@ -37,16 +38,13 @@ class AnchorNegatives:
     scores: tuple[float, ...] | None
     positive_score: float | None
 
-    def select(self, m: StsMiningSection) -> list[str]:
-        """The first ``num_negatives`` that pass the margins (the pool is in descending score)."""
-        keep, p, bounds = list(self.negatives), self.positive_score, []
-        if p is not None and m.absolute_margin is not None:
-            bounds.append(p - m.absolute_margin)
-        if p is not None and m.relative_margin is not None:
-            bounds.append(p - abs(p) * m.relative_margin)
-        if bounds and self.scores is not None:
-            keep = [n for n, s in zip(self.negatives, self.scores, strict=True) if s <= min(bounds)]
-        return keep[: m.num_negatives]
+    def select(self, m: StsMiningSection, *, anchor: str | None = None) -> list[str]:
+        """The first ``num_negatives`` that pass the margins (the pool is in descending score), never ``anchor``
+        itself: the corpus holds every training sentence, so an anchor's nearest text is its own copy, which
+        no margin-free selection may hand its InfoNCE as a negative of itself."""
+        kept = range(len(self.negatives)) if self.scores is None else within_margins(
+            self.scores, self.positive_score, absolute_margin=m.absolute_margin, relative_margin=m.relative_margin)
+        return [self.negatives[i] for i in kept if self.negatives[i] != anchor][: m.num_negatives]
 
 
 def mining_pairs(cfg: StsConfig) -> tuple[list[dict[str, str]], list[str]]:
@@ -174,5 +172,35 @@ def negatives_for(cfg: StsConfig) -> dict[str, list[str]]:
     if not cfg.mines_dense:
         return {}
     pool = read_negatives(cfg.mining.negatives)
-    chosen = {a: v.select(cfg.mining) for a, v in pool.items()}
+    chosen = {a: v.select(cfg.mining, anchor=a) for a, v in pool.items()}
     return {a: n for a, n in chosen.items() if n}
+
+
+def refresh_anchors(cfg: StsConfig, world_size: int) -> list[list[Any]]:
+    """``mining.refresh``: every anchor (with its positives) for every trainer rank, ids unique across ranks
+    (each rank's batches hold any sentence, so each rank receives every anchor's refreshed negatives)."""
+    from raycl.miners.dense import group_pairs
+    from raycl.miners.sources import RefreshAnchor
+
+    rows, _ = checked_pairs(cfg)
+    queries, positives, _ = group_pairs([r[ANCHOR] for r in rows], [r[POSITIVE] for r in rows])
+    return [[RefreshAnchor(f"{rank}/{i}", q, tuple(p)) for i, (q, p) in enumerate(zip(queries, positives,
+                                                                                      strict=True))]
+            for rank in range(world_size)]  # fmt: skip
+
+
+def attach_negatives(cfg: StsConfig, st: Any, w: Any) -> None:
+    """A worker's negatives into its state (``st.mined``): the trial's selection, or with ``mining.refresh`` a
+    mapping that the miners refresh while training (also ``st.extras["refresh"]``: checkpoints keep its version,
+    and the worker calls its ``after_update``), handed the stream and the weight store the driver started."""
+    st.mined = negatives_for(cfg)
+    if not cfg.refreshes:
+        return
+    from raycl.miners.sources import DenseRefresh
+    from raycl.training.negatives import open_refreshed
+
+    if not isinstance(w.job.negatives, DenseRefresh):
+        raise RuntimeError("mining.refresh: the training was started without a negative stream (train it through "
+                           "the recipe's driver, python -m raycl.train / raycl.tune)")  # fmt: skip
+    st.mined = st.extras["refresh"] = open_refreshed(w.job.negatives, st.mined, refresh_anchors(cfg, w.world_size),
+                                                     rank=w.rank, world_size=w.world_size)  # fmt: skip

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +33,11 @@ from raycl.data.semeval import (
     read_sts_pretrain,
     read_sts_train,
 )  # fmt: skip
+from raycl.distributed.mining_service import trial_resources
+from raycl.distributed.resources import MiningPlan
 from raycl.driver import RecipeBase, Run, TrainPoint, fit_job
 from raycl.models.sentence_encoder import CONFIG_FILE, build_sentence_encoder
-from raycl.recipes.sts import inputs, negatives, report
+from raycl.recipes.sts import inputs, negatives, refresh, report
 from raycl.recipes.sts.worker import StsTask, fits
 from raycl.records import TrialOutcome
 from raycl.report import copy_atomic
@@ -77,7 +81,23 @@ class StsRecipe(RecipeBase):
         if cfg.mines_dense and not cfg.mining.negatives:
             pool = str(negatives.run_pool(cfg, run.base_model, run.run_dir / "mining"))
             cfg = dataclasses.replace(cfg, mining=dataclasses.replace(cfg.mining, negatives=pool))
-        return fit_job(run, cfg, Job(StsTask(cfg), str(run.base_model), str(out_dir)), name=name, in_tune=in_tune)
+        job = Job(StsTask(cfg), str(run.base_model), str(out_dir))
+        if cfg.refreshes:  # the pool is version 0; miners refresh it while this trains
+            return refresh.train_refreshed(run, cfg, job, out_dir, name=name, in_tune=in_tune)
+        return fit_job(run, cfg, job, name=name, in_tune=in_tune)
+
+    @contextmanager
+    def shared(self, run: Run, space: Space) -> Iterator[None]:
+        """Whether any training of the run refreshes its negatives (its trials then reserve the miners)."""
+        run.trials_mine = refresh.refreshes_in(space)
+        yield
+
+    def trial_resources(self, run: Run) -> Any:
+        refreshing = run.cfg.refreshes or run.trials_mine
+        return trial_resources(run.cfg.tune.driver_cpus, refresh.mining_section(run.cfg) if refreshing else None)
+
+    def mining_plan(self, cfg: StsConfig, space: Space) -> MiningPlan:
+        return MiningPlan(refresh.mining_section(cfg) if refresh.refreshes_in(space) else None)
 
     def max_t(self, run: Run) -> int:
         """How many reports a trial makes (ASHA's ``max_t``): one per ``eval_every`` steps and epoch end, + 1."""

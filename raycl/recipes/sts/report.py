@@ -20,6 +20,7 @@ SETTINGS = ("pre_train", "fine_tune")
 LADDER = (("mse_only", "MSE only"), ("cross_attention", "+ cross-attention"),
           ("infonce", "+ InfoNCE (in-batch)"), (None, "+ MoCo queue"))  # fmt: skip
 DENSE = ("dense_negatives", "+ InfoNCE (in-batch) + dense negatives")  # below the ladder: vs its in-batch row
+REFRESHED = ("dense_refreshed", "+ InfoNCE (in-batch) + refreshed dense negatives")  # miners while training
 SYMBOLS = {"loss.lam": "λ", "loss.temperature": "τ", "moco.queue_size": "Q", "moco.m": "m", "loss.joint": "joint",
            "mining.num_negatives": "K", "mining.relative_margin": "r", "mining.absolute_margin": "m_abs"}
 
@@ -39,7 +40,7 @@ def best_trial(trials: list[TrialOutcome], *, metric: str, mode: str = "max") ->
 
 def _label(trial: TrialOutcome) -> str:
     name = trial.params.get("baseline")
-    return dict([*LADDER, DENSE]).get(name, str(name)) if name is not None else dict(LADDER)[None]
+    return dict([*LADDER, DENSE, REFRESHED]).get(name, str(name)) if name is not None else dict(LADDER)[None]
 
 
 def _row(trial: TrialOutcome) -> dict[str, Any]:
@@ -98,19 +99,29 @@ def _render(run: Run, space: Space, summary: dict[str, Any], trials: list[TrialO
 
 
 def _dense_lines(rows: list[dict[str, Any]], cfg: Any) -> list[str]:
-    """The dense-negative row against the in-batch row it extends (both at the best point, no queue)."""
+    """The dense-negative rows against the in-batch row they extend (all at the best point, no queue): pre-mined
+    (the pool, version 0) and refreshed while training (``mining.refresh``), each where the ladder has it."""
     by = {r["method"]: r for r in rows}
-    dense, plain = by.get(DENSE[1]), by.get(dict(LADDER)["infonce"])
-    if dense is None or plain is None:
+    plain = by.get(dict(LADDER)["infonce"])
+    found = [(what, r) for what, name in (("pre-mined", DENSE[1]), ("refreshed", REFRESHED[1]))
+             if (r := by.get(name)) is not None]  # fmt: skip
+    if plain is None or not found:
         return []
-    m, a, b = cfg.mining, num(plain.get("dev_spearman")), num(dense.get("dev_spearman"))
-    delta = f" ({100 * (b - a):+.2f})" if a is not None and b is not None else ""
-    point = {k: dense.get(f"mining.{k}", getattr(m, k)) for k in ("num_negatives", "relative_margin",
-                                                                  "absolute_margin")}  # fmt: skip
+    m, a = cfg.mining, num(plain.get("dev_spearman"))
+    cells = [f"in-batch only {pct(a)}"]
+    for what, r in found:
+        b = num(r.get("dev_spearman"))
+        delta = f" ({100 * (b - a):+.2f})" if a is not None and b is not None else ""
+        cells.append(f"{what} dense negatives {pct(b)}{delta}")
+    point = {k: found[0][1].get(f"mining.{k}", getattr(m, k)) for k in ("num_negatives", "relative_margin",
+                                                                        "absolute_margin")}  # fmt: skip
     settings = ", ".join(f"{k} {v}" for k, v in point.items() if v is not None)
     source = m.negatives or f"a pool of {m.pool} per anchor mined with the base encoder"
-    return [f"Dense hard negatives (the last row: {settings}; {source}): dev Spearman of the final setting, "
-            f"in-batch only {pct(a)} → with dense negatives {pct(b)}{delta}.", ""]
+    refreshed = (f"; refreshed: every {m.refresh_every} steps, max_staleness {m.max_staleness}, "
+                 f"{m.num_miners} miner{'s' * (m.num_miners > 1)}" if len(found) > 1 or found[0][0] == "refreshed"
+                 else "")  # fmt: skip
+    return [f"Dense hard negatives (the last rows: {settings}; {source}{refreshed}): dev Spearman of the final "
+            f"setting, {' → '.join(cells)}.", ""]
 
 
 def _plots(run_dir: Path, ladder: list[TrialOutcome]) -> list[Path]:

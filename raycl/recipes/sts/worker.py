@@ -21,6 +21,7 @@ report (``final: 1``) holds the official scores of both settings' submissions, a
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -34,7 +35,7 @@ from raycl.losses.mse_cosine import MSECosineLoss
 from raycl.memory.moco import MoCoKeyEncoder
 from raycl.models.sentence_encoder import SentenceEncoder
 from raycl.recipes.sts import evaluation
-from raycl.recipes.sts.negatives import negatives_for
+from raycl.recipes.sts.negatives import attach_negatives
 from raycl.training import optim as optimizers
 from raycl.training.batching import BatchPlan, Loader
 from raycl.training.checkpoint import seed_everything
@@ -154,7 +155,7 @@ class MinedNegatives:
     index: torch.Tensor  # (B, K) long: sentence i's k-th negative is row index[i, k] of ``texts``; −1: none
 
     @classmethod
-    def of(cls, enc: SentenceEncoder, sentences: list[str], mined: dict[str, list[str]], *,
+    def of(cls, enc: SentenceEncoder, sentences: list[str], mined: Mapping[str, list[str]], *,
            pad_to_multiple_of: int | None) -> MinedNegatives | None:  # fmt: skip
         """None when no sentence of the batch has negatives (the step is then the plain InfoNCE)."""
         per = [mined.get(s, []) for s in sentences]
@@ -172,7 +173,7 @@ class StsState(TrainState):
     pairs: list[Pair] = field(default_factory=list)  # the current fit's data
     sentences: list[str] = field(default_factory=list)
     evals: evaluation.Evaluator | None = None  # rank 0
-    mined: dict[str, list[str]] = field(default_factory=dict)  # {sentence: its dense hard negatives} (``mining``)
+    mined: Mapping[str, list[str]] = field(default_factory=dict)  # {sentence: its dense hard negatives}
 
     @property
     def moco(self) -> MoCoKeyEncoder | None:
@@ -197,7 +198,7 @@ class StsTask(TaskBase):
         st = StsState(model, [], [], dict(progress or {"fit": 0, "started": False}),
                       per_rank=("moco",))  # its ring holds this rank's keys
         self._key_encoder(st, w)
-        st.mined = negatives_for(self.cfg)  # every rank reads the run's pool (a folder all workers share)
+        attach_negatives(self.cfg, st, w)  # every rank reads the run's pool (a folder all workers share)
         if progress is not None and progress["started"]:
             self._start_fit(st, fits(self.cfg)[progress["fit"]], w)
         st.total_updates = sum(self._fit_updates(f, n, w) for f, n in zip(fits(self.cfg), self._fit_sizes(),
@@ -258,6 +259,10 @@ class StsTask(TaskBase):
     def _alternate(self) -> bool:
         return self.cfg.loss.joint == "alternate" and self.cfg.loss.lam > 0
 
+    def after_update(self, st: StsState) -> None:
+        if "refresh" in st.extras:  # ``mining.refresh``: publish weights, take refreshed negatives
+            st.extras["refresh"].after_update(st.model, st.progress["step"])
+
     def start(self, st: StsState, w: Worker, *, resumed: bool) -> None:
         st.evals = evaluation.Evaluator(self.cfg) if w.rank == 0 else None
 
@@ -291,7 +296,8 @@ class StsTask(TaskBase):
                 batches += [Batch(("mse", pairs, []), ends_step=False), Batch(("con", [], sentences), optimizer=1)]
             else:
                 batches.append(Batch(("joint", pairs, sentences)))
-        return Epoch(batches[start:], eval_every=fit.eval_every, info={"setting": fit.setting})
+        return Epoch(batches[start:], eval_every=fit.eval_every, info={"setting": fit.setting},
+                     read_ahead="refresh" not in st.extras)  # refreshed: read under the update's version
 
     def collate(self, st: StsState, data: Any) -> StsBatch:
         kind, pairs, sentences = data
@@ -358,7 +364,8 @@ class StsTask(TaskBase):
         s, lam = window.sums, self.cfg.loss.lam
         l_mse = s.get("l_mse", 0.0) / max(s.get("n_mse", 0.0), 1.0)
         l_con = s.get("l_con", 0.0) / max(s.get("n_con", 0.0), 1.0)
-        return {"loss": l_mse + lam * l_con, "l_mse": l_mse, "l_con": l_con, "setting": rep.info["setting"]}
+        return {"loss": l_mse + lam * l_con, "l_mse": l_mse, "l_con": l_con, "setting": rep.info["setting"],
+                **(st.extras["refresh"].metrics() if "refresh" in st.extras else {})}  # fmt: skip
 
     def evaluate(self, st: StsState, rep: Report, w: Worker) -> dict[str, Any]:
         assert st.evals is not None

@@ -23,10 +23,19 @@ of :func:`open_source`.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from raycl.distributed.consumer import StreamConsumer
-from raycl.miners.sources import LiveStream, Permutations, PreMined, SharedNBest, SourceSpec
+from raycl.miners.sources import (
+    DenseRefresh,
+    LiveStream,
+    Permutations,
+    PreMined,
+    RefreshAnchor,
+    SharedNBest,
+    SourceSpec,
+)
 from raycl.training.negatives.base import PAD, NegativeSource, Place, Plan
 from raycl.training.negatives.live import StreamNegatives
 from raycl.training.negatives.nbest import NBestNegatives, selected
@@ -34,7 +43,7 @@ from raycl.training.negatives.permutations import PermutationNegatives
 from raycl.training.negatives.static import StaticNegatives, read_premined
 
 __all__ = ["PAD", "NBestNegatives", "NegativeSource", "PermutationNegatives", "Place", "Plan", "StaticNegatives",
-           "StreamNegatives", "open_source"]
+           "StreamNegatives", "open_refreshed", "open_source"]
 
 
 def open_source(spec: SourceSpec | None, at: Place[Any]) -> NegativeSource[Any]:
@@ -56,6 +65,18 @@ def open_source(spec: SourceSpec | None, at: Place[Any]) -> NegativeSource[Any]:
         return PermutationNegatives(at.shards, at.rank, batch_size=at.batch_size, rank_every=spec.rank_every,
                                     consumer=consumer)  # fmt: skip
     raise TypeError(f"no negative source opens {type(spec).__name__}: add it to open_source")
+
+
+def open_refreshed(spec: DenseRefresh, initial: Mapping[str, Sequence[str]], anchors: list[list[RefreshAnchor]], *,
+                   rank: int, world_size: int) -> Any:  # fmt: skip
+    """STS's dense negatives refreshed while training: the ``{anchor: negatives}`` mapping its step reads, from the
+    pre-mined ``initial`` (version 0) on, refreshed by the miners behind ``spec``
+    (:class:`raycl.distributed.dense_refresh_feed.RefreshedNegatives`)."""
+    from raycl.distributed.dense_refresh_feed import RefreshedNegatives
+
+    return RefreshedNegatives(initial, anchors, stream=spec.stream, store=spec.store, rank=rank,
+                              world_size=world_size, refresh_every=spec.refresh_every,
+                              max_staleness=spec.max_staleness, wait_s=spec.wait_s)  # fmt: skip
 
 
 def _consumer(stream: Any, store: Any, max_staleness: int, at: Place[Any]) -> StreamConsumer:
