@@ -342,7 +342,9 @@ def test_coherence_test_accuracy_and_alpha_with_the_model_as_a_coder(tmp_path: P
     from raycl.models.coherence_presets import build_coherence_model
     from raycl.recipes.coherence.evaluation import Evaluator
 
-    space = load_space("coherence", preset="smoke", overrides=["eval.batch_size=3", "eval.num_negs=2"])
+    small = ["data.builtin.train=20", "data.builtin.dev=4", "data.builtin.test=16", "data.builtin.intrusion=16",
+             "data.builtin.lmvlm=16"]
+    space = load_space("coherence", preset="smoke", overrides=["eval.batch_size=3", "eval.num_negs=2", *small])
     cfg, _ = recipe_for("coherence").with_data(space.config, tmp_path / "data")
     ev = Evaluator(cfg)
     scorer = CoherenceScorer.from_pretrained(build_coherence_model("smoke", tmp_path / "m", texts=SENTENCES * 5))
