@@ -342,7 +342,9 @@ def test_coherence_test_accuracy_and_alpha_with_the_model_as_a_coder(tmp_path: P
     from raycl.models.coherence_presets import build_coherence_model
     from raycl.recipes.coherence.evaluation import Evaluator
 
-    space = load_space("coherence", preset="smoke", overrides=["eval.batch_size=3", "eval.num_negs=2"])
+    small = ["data.builtin.train=20", "data.builtin.dev=4", "data.builtin.test=16", "data.builtin.intrusion=16",
+             "data.builtin.lmvlm=16"]
+    space = load_space("coherence", preset="smoke", overrides=["eval.batch_size=3", "eval.num_negs=2", *small])
     cfg, _ = recipe_for("coherence").with_data(space.config, tmp_path / "data")
     ev = Evaluator(cfg)
     scorer = CoherenceScorer.from_pretrained(build_coherence_model("smoke", tmp_path / "m", texts=SENTENCES * 5))
@@ -381,3 +383,16 @@ def test_stream_counters_as_the_reports_read_them() -> None:
     assert (m["timing/mine_wait"], m["timing/mine_wait_first"]) == (1.5, 0.25)
     empty = StreamStats().metrics()  # no item used this epoch: zeros, not an error
     assert empty["stream/staleness_max"] == 0.0 and empty["stream/staleness_mean"] == 0.0
+
+
+def test_dense_summary_line_prints_the_reports_counts() -> None:
+    """``raycl.mine dense``'s closing line: each count of the summary (thousands separated) and the seconds."""
+    from raycl.distributed.dense_api import summary_line
+
+    s = {"queries": 1234, "negatives": 3456, "rows": 3400, "candidates": 98765, "short": 7, "num_negatives": 3,
+         "seconds": 12.345, "dropped": {"positives": 1200, "absolute_margin": 0, "relative_margin": 45678,
+                                        "max_score": 5, "min_score": 1}}
+    line = summary_line(s)
+    assert line == ("mined 1,234 queries: 3,456 negatives in 3,400 rows; of 98,765 candidates dropped: "
+                    "positives 1,200, absolute_margin 0, relative_margin 45,678, max_score 5, min_score 1; "
+                    "7 queries short of 3; 12.3 s")

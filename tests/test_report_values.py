@@ -110,12 +110,48 @@ def _gec_run(tmp_path: Path) -> tuple[Run, Any, list[TrialOutcome], list[TrialOu
     return run, space, trials, extra
 
 
-def test_gec_report_tables_2_and_3_and_the_sweep_are_the_dev_picked_epochs_values(tmp_path: Path) -> None:
+FN_COUNTS = {"cl_a": {"source": {"selected": 7, "refuted": 2}, "beam": {"selected": 9, "refuted": 0},
+                      "mode": "keep"},
+             "fn": {"source": {"selected": 7, "refuted": 2}, "beam": {"selected": 0, "refuted": 0},
+                    "mode": "drop"}}
+NBEST_META = {"examples": 40, "beam_searched": 30, "resumed": 10, "mine_s": 12.345, "engine": "ctranslate2",
+              "engine_requested": "auto", "options": {"beam": 4, "precision": "int8"}}
+CORRECTED = {"cl_a": {"S": {0}, "G": set()}, "fn": {"S": {1}, "G": {0}}}  # sentences each row's output corrects
+
+
+@dataclasses.dataclass
+class Rendered:
+    run: Run
+    trials: list[TrialOutcome]
+    extra: list[TrialOutcome]
+    text: str
+
+
+@pytest.fixture(scope="module")
+def gec(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
+    """One GEC report with every part: the shared n-best's meta, two trainings' false-negative counts and the
+    kept test hypotheses of the row after CL and of CL (each corrects other sentences: CL is better on S, the
+    other row on G, so both directions' p are tails of a real count)."""
+    from raycl.data.m2 import read_m2
     from raycl.recipes.gec.report import write_all
 
-    run, space, trials, extra = _gec_run(tmp_path)
+    run, space, trials, extra = _gec_run(tmp_path_factory.mktemp("gec"))
+    (run.run_dir / "nbest").mkdir()
+    (run.run_dir / "nbest" / "meta.json").write_text(json.dumps(NBEST_META))
+    for tid, c in FN_COUNTS.items():
+        (run.run_dir / "trials" / tid / "test_hyps").mkdir(parents=True)
+        (run.run_dir / "trials" / tid / "false_negatives.json").write_text(json.dumps(c))
+        for name in GEC_SETS:
+            sents = read_m2(run.cfg.data.test[name][0])
+            lines = [s.target(0) if i in CORRECTED[tid][name] else s.source for i, s in enumerate(sents)]
+            (run.run_dir / "trials" / tid / "test_hyps" / f"{name}.txt").write_text("\n".join(lines) + "\n")
     write_all(run, space, trials, extra)
-    got = tables((run.run_dir / "report.md").read_text())
+    return Rendered(run, trials, extra, (run.run_dir / "report.md").read_text())
+
+
+def test_gec_report_tables_2_and_3_and_the_sweep_are_the_dev_picked_epochs_values(gec: Rendered) -> None:
+    trials, extra = gec.trials, gec.extra
+    got = tables(gec.text)
     dev = {t.trial_id: best_of(t.history, "dev_f05")["dev_f05"] for t in trials}
     best_cl = max(trials, key=lambda t: dev[t.trial_id])
     assert best_cl.trial_id == "cl_a" and best_of(best_cl.history, "dev_f05")["epoch"] == 2  # the tie: epoch 2
@@ -137,16 +173,12 @@ def test_gec_report_tables_2_and_3_and_the_sweep_are_the_dev_picked_epochs_value
     order = sorted(trials, key=lambda t: -dev[t.trial_id])
     assert [r["dev F0.5"] for r in sweep] == [percent(dev[t.trial_id]) for t in order]
     assert [r["epoch"] for r in sweep] == [str(best_of(t.history, "dev_f05")["epoch"]) for t in order]
-    best = json.loads((run.run_dir / "best.json").read_text())
+    best = json.loads((gec.run.run_dir / "best.json").read_text())
     assert best["trial_id"] == "cl_a" and best["dev_f05"] == best_of(best_cl.history, "dev_f05")["dev_f05"]
 
 
-def test_gec_report_data_table_is_counted_from_the_m2_text(tmp_path: Path) -> None:
-    from raycl.recipes.gec.report import write_all
-
-    run, space, trials, extra = _gec_run(tmp_path)
-    write_all(run, space, trials, extra)
-    rows = tables((run.run_dir / "report.md").read_text())["Usage"]
+def test_gec_report_data_table_is_counted_from_the_m2_text(gec: Rendered) -> None:
+    rows = tables(gec.text)["Usage"]
     files = [("Train (D_T)", "train.m2"), ("Fine-tune (D_F)", "finetune.m2"), ("Dev d", "dev.m2"),
              ("Test S", "test-s.m2"), ("Test G", "test-g.m2")]
     assert [r["Usage"] for r in rows] == [u for u, _ in files]
@@ -163,16 +195,8 @@ def _line(text: str, pattern: str) -> re.Match[str]:
     return found
 
 
-def test_gec_report_timings_and_mining_lines(tmp_path: Path) -> None:
-    from raycl.recipes.gec.report import write_all
-
-    run, space, trials, extra = _gec_run(tmp_path)
-    (run.run_dir / "nbest").mkdir()
-    meta = {"examples": 40, "beam_searched": 30, "resumed": 10, "mine_s": 12.345, "engine": "ctranslate2",
-            "engine_requested": "auto", "options": {"beam": 4, "precision": "int8"}}
-    (run.run_dir / "nbest" / "meta.json").write_text(json.dumps(meta))
-    write_all(run, space, trials, extra)
-    text = (run.run_dir / "report.md").read_text()
+def test_gec_report_timings_and_mining_lines(gec: Rendered) -> None:
+    text, trials = gec.text, gec.trials
     assert "- pretrain: 12.3 s" in text and "- tune: 678.9 s" in text
     steps = [r["timing/step"] for t in trials for r in t.history]  # the sweep's trials, every report
     assert _line(text, r"mean fine-tuning step: ([\d.]+) ms").group(1) == f"{1000 * sum(steps) / len(steps):.1f}"
@@ -209,44 +233,24 @@ def naive_tail(k: int, n: int) -> float:
     return sum(math.factorial(n) / (math.factorial(i) * math.factorial(n - i)) for i in range(k, n + 1)) / 2**n
 
 
-def test_gec_report_false_negative_rates_and_sign_test(tmp_path: Path) -> None:
+def test_gec_report_false_negative_rates_and_sign_test(gec: Rendered) -> None:
     """The false-negative table's refuted/selected rates, and the sign test's p of each direction: the one-tailed
     binomial tail of the printed wins (losses) among the decisive samples, as a plain sum."""
-    pytest.importorskip("errant")
-    from raycl.data.m2 import read_m2
-    from raycl.recipes.gec.report import write_all
-
-    run, space, trials, extra = _gec_run(tmp_path)
-    counts = {"cl_a": {"source": {"selected": 7, "refuted": 2}, "beam": {"selected": 9, "refuted": 0},
-                       "mode": "keep"},
-              "fn": {"source": {"selected": 7, "refuted": 2}, "beam": {"selected": 0, "refuted": 0},
-                     "mode": "drop"}}
-    for tid, c in counts.items():
-        (run.run_dir / "trials" / tid).mkdir(parents=True)
-        (run.run_dir / "trials" / tid / "false_negatives.json").write_text(json.dumps(c))
-    for tid, fixed in (("cl_a", False), ("fn", True)):  # the dropped row corrects; CL copies its input
-        hyps = run.run_dir / "trials" / tid / "test_hyps"
-        hyps.mkdir()
-        for name in GEC_SETS:
-            sents = read_m2(run.cfg.data.test[name][0])
-            (hyps / f"{name}.txt").write_text("".join((s.target(0) if fixed else s.source) + "\n" for s in sents))
-    write_all(run, space, trials, extra)
-    text = (run.run_dir / "report.md").read_text()
-    rows = {r["Training"]: r for r in tables(text)["Training"]}
+    rows = {r["Training"]: r for r in tables(gec.text)["Training"]}
     for label, tid in (("CL", "cl_a"), ("CL (false negatives dropped)", "fn")):
         for kind in ("source", "beam"):
-            sel, ref = counts[tid][kind]["selected"], counts[tid][kind]["refuted"]
+            sel, ref = FN_COUNTS[tid][kind]["selected"], FN_COUNTS[tid][kind]["refuted"]
             assert rows[label][kind] == (f"{ref}/{sel} ({100 * ref / sel:.1f}%)" if sel else "0/0 (–)")
-        assert rows[label]["mining.false_negatives"] == counts[tid]["mode"]
+        assert rows[label]["mining.false_negatives"] == FN_COUNTS[tid]["mode"]
     found = re.findall(r"(\w): wins (\d+), losses (\d+), ties (\d+), p = ([\d.e-]+) \(CL better: p = ([\d.e-]+)\)",
-                       text)
+                       gec.text)
     assert [f[0] for f in found] == list(GEC_SETS)
     for _, wins, losses, ties, p, p_other in found:
         w, lo = int(wins), int(losses)
         assert w + lo + int(ties) == 100
-        assert float(p) == pytest.approx(naive_tail(w, w + lo), rel=5e-3, abs=1e-300)
-        assert float(p_other) == pytest.approx(naive_tail(lo, w + lo), rel=5e-3)
-    assert int(found[0][1]) > int(found[0][2])  # the correcting system wins on S (it has errors to fix)
+        assert float(p) == pytest.approx(naive_tail(w, w + lo), rel=5e-3, abs=0.0)  # p can be ~1e-19
+        assert float(p_other) == pytest.approx(naive_tail(lo, w + lo), rel=5e-3, abs=0.0)
+    assert int(found[0][2]) > 0 and int(found[1][1]) > 0  # CL wins samples of S, the other row samples of G
 
 
 # ---------------------------------------------------------------------------------------------- coherence
