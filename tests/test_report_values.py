@@ -75,7 +75,7 @@ def _gec_history(rng: random.Random, epochs: int, *, first_epoch: int = 1, tie: 
         if mined:
             wait, first, wall = rng.uniform(0.5, 3.0), rng.uniform(0.0, 0.4), rng.uniform(10.0, 40.0)
             row |= {"stream/negatives": float(rng.randrange(1, 50)), "timing/mine_wait": wait,
-                    "timing/mine_wait_first": first, "timing/epoch": wall,
+                    "timing/mine_wait_first": first, "timing/interval": wall,
                     "stream/staleness_max": float(rng.randrange(0, 4)),
                     "stream/refused": float(rng.randrange(0, 3))}
         rows.append({k: v for k, v in row.items() if k not in skip})
@@ -203,7 +203,7 @@ def test_gec_report_timings_and_mining_lines(gec: Rendered) -> None:
     mined = [r for t in trials for r in t.history if r.get("stream/negatives")]
     wait = sum(r["timing/mine_wait"] for r in mined)
     first = sum(r["timing/mine_wait_first"] for r in mined)
-    wall = sum(r["timing/epoch"] for r in mined)
+    wall = sum(r["timing/interval"] for r in mined)
     m = _line(text, r"mine_wait \(trainers waiting for negatives\): ([\d.]+) s of ([\d.]+) s of training "
                     r"\(([\d.]+)%; steady state without each epoch's first batch: ([\d.]+)%\)")
     assert m.groups() == (f"{wait:.1f}", f"{wall:.1f}", f"{100 * wait / wall:.1f}",
