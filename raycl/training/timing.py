@@ -4,14 +4,12 @@ carry (:func:`interval_metrics`).
 
 Every report of every recipe holds, from the loop (not the recipe):
 
-==========================  ==============================================================================
-``timing/step``             seconds per step (forward, backward and update of its micro-batches; a step of
-                            alternating objectives holds one update of each), the host's time
-``timing/interval``         wall seconds of the report interval (an epoch where reports fall at epochs' ends)
-``timing/data_wait``        seconds the step's thread waited for its next batch (negatives, collation behind)
-``timing/data_wait_fraction``  that wait ÷ ``timing/interval``
-``lr``                      the first optimizer's learning rate after the interval's last update
-==========================  ==============================================================================
+- ``timing/step``: seconds per step (forward, backward and update of its micro-batches; a step of alternating
+  objectives holds one update of each), the host's time;
+- ``timing/interval``: wall seconds of the report interval (an epoch where reports fall at epochs' ends);
+- ``timing/data_wait``: seconds the step's thread waited for its next batch (negatives, collation behind), and
+  ``timing/data_wait_fraction``, that wait ÷ ``timing/interval``;
+- ``lr``: the first optimizer's learning rate after the interval's last update.
 """
 
 from __future__ import annotations
