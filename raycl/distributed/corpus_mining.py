@@ -30,8 +30,8 @@ driver — and write their shards to OUT; on a store, each miner is given OUT's 
 staging folder and uploads each shard as it lands, and the driver's final check pulls the shards it lacks. A
 shard that appears in neither is an error naming it.
 
-Examples already in memory (``GecExample``s, dicts) go to the same kind of actor pool as rows; with ``out=``
-they resume by id (the done ids are read back, O(#examples) like the examples the caller already holds).
+Examples already in memory (``GecExample``s, dicts) go to the same kind of actor pool as rows, from the library
+call (:mod:`raycl.distributed.negatives_api`); what the pools share is :mod:`raycl.distributed.mining_actors`.
 """
 
 from __future__ import annotations
