@@ -35,7 +35,14 @@ columns = {"id": [f"id{i}" for i in range(n)], "source": ["s"] * n, "target": ["
 for name in ("negs", "nbest", "shards"):
     (root / name).mkdir()
     pq.write_table(pa.table(columns), root / name / "part-00000.parquet", compression="zstd", store_schema=False)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def high_water_mb():
+    # this process's own high-water mark (VmHWM): getrusage's ru_maxrss survives exec, so a child of a large
+    # process (a pytest worker holding torch, Ray and models) would report its parent's size from before the exec
+    hwm = [line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM:")]
+    return int(hwm[0].split()[1]) / 1024
+
+
+before = high_water_mb()
 from raycl.distributed.negatives_api import _read_shards, _stream_shards
 from raycl.distributed.nbest import read_nbest_shards
 from raycl.miners.shards import read_negatives
@@ -57,7 +64,7 @@ for name, read in readers.items():
     except UserError as err:
         out["refused"][name] = str(err)
 out["arrow_peak_mb"] = pool.max_memory() / 2**20
-out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+out["peak_rss_mb"] = high_water_mb()
 out["written_rss_mb"] = before
 print(json.dumps(out))
 '''

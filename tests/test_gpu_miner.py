@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from raycl.data.gec import GecExample
-from raycl.miners.beam_search import BeamSearchMiner, in_precision, length_chunks
+from raycl.miners.beam_search import BeamSearchMiner, length_chunks
+from raycl.models.engines import in_precision
 from raycl.models.presets import build_model
 from raycl.models.seq2seq import Seq2SeqScorer
 

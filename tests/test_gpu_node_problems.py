@@ -31,7 +31,9 @@ out = {}
 
 @ray.remote(num_cpus=0, num_gpus=0.5)
 def miner_device():
-    return MinerFactory("echo").build() is not None and "built"
+    from raycl.testing.miners import ECHO
+
+    return MinerFactory(ECHO).build() is not None and "built"
 
 
 out["miner"] = ray.get(miner_device.remote(), timeout=120)
