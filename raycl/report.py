@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -129,7 +130,11 @@ def columns(items: Sequence[Any], cols: Sequence[tuple[str, Callable[[Any], Any]
 
 def pct_columns(keys: Iterable[tuple[str, str]]) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
     """:func:`columns` of ``(header, key)``: each cell the row's ``key`` as a percentage."""
-    return [(head, lambda r, key=key: pct(r.get(key))) for head, key in keys]
+    return [(head, partial(_pct_of, key=key)) for head, key in keys]
+
+
+def _pct_of(row: dict[str, Any], key: str) -> str:
+    return pct(row.get(key))
 
 
 def stream_totals(

@@ -225,8 +225,8 @@ def _fn_lines(counts: dict[str, dict[str, Any]], trials: list[TrialOutcome]) -> 
         [
             _label(t),
             _params_text(t.params),
-            (c := counts[t.trial_id]).get("mode", "keep"),
-            *(rate_text(c, kind) for kind in KINDS),
+            counts[t.trial_id].get("mode", "keep"),
+            *(rate_text(counts[t.trial_id], kind) for kind in KINDS),
         ]
         for t in trials
         if t.trial_id in counts
