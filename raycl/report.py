@@ -123,12 +123,15 @@ def trial_row(
     return {**out, "error": trial.error} if trial.error else out
 
 
-def columns(items: Sequence[Any], cols: Sequence[tuple[str, Callable[[Any], Any]]]) -> list[str]:
+Column = tuple[str, Callable[[Any], Any]]  # a table's header and the cell of a row
+
+
+def columns(items: Sequence[Any], cols: Sequence[Column]) -> list[str]:
     """A Markdown table declared by its columns: ``(header, cell of an item)``."""
     return md_table([h for h, _ in cols], [[f(x) for _, f in cols] for x in items])
 
 
-def pct_columns(keys: Iterable[tuple[str, str]]) -> list[tuple[str, Callable[[dict[str, Any]], str]]]:
+def pct_columns(keys: Iterable[tuple[str, str]]) -> list[Column]:
     """:func:`columns` of ``(header, key)``: each cell the row's ``key`` as a percentage."""
     return [(head, partial(_pct_of, key=key)) for head, key in keys]
 
