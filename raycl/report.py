@@ -151,6 +151,11 @@ def stream_totals(
     return wait, wall, stale, refused([num(r.get("stream/refused")) or 0.0 for r in rows])
 
 
+def section(title: str, *body: str) -> list[str]:
+    """A report's section: a blank line, its ``## title`` heading, a blank line and ``body``."""
+    return ["", f"## {title}", "", *body]
+
+
 def timing_line(timings: dict[str, float]) -> str:
     return ", ".join(f"{k.removesuffix('_s')} {v:.1f} s" for k, v in timings.items())
 

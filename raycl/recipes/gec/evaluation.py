@@ -62,3 +62,19 @@ def decode(cfg: GecConfig, scorer: Seq2SeqScorer, sources: list[str]) -> list[st
             batch_size=cfg.eval.batch_size,
         )
     return [o[0][0] if o else "" for o in outs]
+
+
+def sign_tests(a: Path, b: Path, test: dict[str, list[str]]) -> dict[str, dict[str, float | int]]:
+    """The paper's bootstrap sign test (as ``raycl.eval gec --compare``) of training ``a`` against ``b`` on every
+    test set both kept hypotheses of (``HYPS_DIR`` in each training's folder)."""
+    from raycl.data.m2 import iter_lines
+    from raycl.evaluation.gec_metrics import HypothesisEdits, bootstrap_sign_test
+
+    out = {}
+    for name, specs in test.items():
+        files = [d / HYPS_DIR / f"{name}.txt" for d in (a, b)]
+        if all(f.exists() for f in files):
+            refs = load_references(specs)
+            x, y = (HypothesisEdits([line for _, line in iter_lines(f)], name=str(f)) for f in files)
+            out[name] = bootstrap_sign_test(x.for_ref(name, refs), y.for_ref(name, refs), refs)
+    return out

@@ -37,8 +37,9 @@ _FN_HEAD = (
 def write_all(run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]) -> dict[str, Any]:
     metric, mode = run.cfg.tune.metric, run.cfg.tune.mode
     best = rp.best_trial(trials, metric=metric, mode=mode)
-    counts = {t.trial_id: c for t in trials + extra if (c := _fn_counts(run, t)) is not None}
-    rows = [{**_result_row(t, metric, mode), **_fn_columns(counts.get(t.trial_id))} for t in trials + extra]
+    paths = {t.trial_id: run.run_dir / "trials" / t.trial_id / FN_FILE for t in trials + extra}
+    counts = {i: json.loads(p.read_text()) for i, p in paths.items() if p.exists()}
+    rows = [{**_result_row(t, metric, mode), **_fn_columns(counts.get(t.trial_id, {}))} for t in trials + extra]
     render = partial(render_report, run, space, trials=trials, extra=extra)
     return rp.write_run_files(
         run,
@@ -85,57 +86,45 @@ def render_report(
     extra: Sequence[TrialOutcome] = (),
 ) -> str:
     cfg, tests, table = run.cfg, list(run.cfg.data.test), summary["table"]
+    builtin = ", ".join(run.builtin) or "none"
     model = f"`{cfg.model.preset}`" + (f" ({cfg.model.name})" if cfg.model.name else "")
     prf = rp.pct_columns(
         (f"{t} {k}", f"test/{t}/{f}") for t in tests for k, f in (("P", "p"), ("R", "r"), ("F0.5", "f05"))
     )
     ratios = rp.pct_columns((f"{t} {k} ratio", f"test/{t}/{k.lower()}") for t in tests for k in ("IE", "OE"))
-    name = ("Method", lambda r: r["method"] + (f" ({r['params']})" if r.get("params") else ""))
+    method: rp.Column = ("Method", lambda r: r["method"])
+    name: rp.Column = ("Method", lambda r: r["method"] + (f" ({r['params']})" if r.get("params") else ""))
+    dev: rp.Column = ("dev F0.5", lambda r: pct(r.get("dev_f05")))
     best = sorted(
         ((best_row(t, "dev_f05") or {}, t) for t in trials),
         key=lambda rt: num(rt[0].get("dev_f05")) or -1.0,
         reverse=True,
     )
+    intro = (
+        "P / R / F0.5 in %, each the average over the test set's annotators (the paper's protocol); the CL "
+        "row is the sweep's best point by dev F0.5, the other rows run at that point."
+    )
+    sweep = [[_params_text(t.params), pct(r.get("dev_f05")), r.get("epoch", "–")] for r, t in best]
     lines = [
         f"# raycl — {space.name}: GEC with contrastive learning (Cao, Yang, Ng 2021)",
         "",
-        f"Run folder `{run.run_dir}`; model preset {model}; built-in data for: {', '.join(run.builtin) or 'none'}"
-        ".",
-        "",
-        "## Results on test (Table 2)",
-        "",
-        "P / R / F0.5 in %, each the average over the test set's annotators (the paper's protocol); "
-        "the CL row is the sweep's best point by dev F0.5, the other rows run at that point.",
-        "",
-        *rp.columns(table, [name, *prf, ("dev F0.5", lambda r: pct(r.get("dev_f05")))]),
+        f"Run folder `{run.run_dir}`; model preset {model}; built-in data for: {builtin}.",
+        *rp.section("Results on test (Table 2)", intro, "", *rp.columns(table, [name, *prf, dev])),
         *_sign_lines(summary.get("sign_tests", [])),
         *_fn_lines(summary.get("false_negatives", {}), [*trials, *extra]),
-        "",
-        "## Over-correction and ignored edits (Table 3)",
-        "",
-        *rp.columns(table, [("Method", lambda r: r["method"]), *ratios]),
-        "",
-        "## Sweep (dev F0.5, %, best epoch of each trial)",
-        "",
-        *md_table(
-            ["Point", "dev F0.5", "epoch"],
-            [[_params_text(t.params), pct(r.get("dev_f05")), r.get("epoch", "–")] for r, t in best],
+        *rp.section("Over-correction and ignored edits (Table 3)", *rp.columns(table, [method, *ratios])),
+        *rp.section(
+            "Sweep (dev F0.5, %, best epoch of each trial)", *md_table(["Point", "dev F0.5", "epoch"], sweep)
         ),
-        "",
-        "## Data (Table 1)",
-        "",
-        *md_table(["Usage", "Files", "#sent", "err%", "e/s"], _data_rows(cfg)),
-        "",
-        "## Timings",
-        "",
-        *(f"- {k.removesuffix('_s')}: {v:.1f} s" for k, v in run.timings.items()),
+        *rp.section("Data (Table 1)", *md_table(["Usage", "Files", "#sent", "err%", "e/s"], _data_rows(cfg))),
+        *rp.section("Timings", *(f"- {k.removesuffix('_s')}: {v:.1f} s" for k, v in run.timings.items())),
     ]
     steps = [v for t in trials for r in t.history if (v := num(r.get("timing/step"))) is not None]
     if steps:
         lines.append(f"- mean fine-tuning step: {1000 * sum(steps) / len(steps):.1f} ms")
     lines += _nbest_lines(run) + _stream_lines(trials)
     if plots:
-        lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
+        lines += rp.section("Plots", *(f"![{p.stem}]({p.name})" for p in plots))
     if summary["failed_trials"]:
         lines += ["", f"Failed trials: {', '.join(summary['failed_trials'])}"]
     return "\n".join(lines)
@@ -178,44 +167,25 @@ def _stream_lines(trials: list[TrialOutcome]) -> list[str]:
 
 
 def _data_rows(cfg: Any) -> list[list[Any]]:
-    d = cfg.data
-    splits = [
+    """Table 1: each split's files, sentences, erroneous sentences (%) and edits per erroneous sentence."""
+    d, out = cfg.data, []
+    for usage, specs in [
         ("Train (D_T)", d.train),
         ("Fine-tune (D_F)", d.finetune),
         *((f"Dev {n}", s) for n, s in d.dev.items()),
         *((f"Test {n}", s) for n, s in d.test.items()),
-    ]
-    out: list[list[Any]] = []
-    for usage, specs in splits:
-        m2 = [s for s in specs if parse_spec(s).format == "m2"]
-        sents = load_references(m2) if m2 else []
-        if not sents:
-            out.append([usage, ", ".join(specs), "–", "–", "–"])
-            continue
-        st = corpus_stats(sents)
-        out.append(
-            [
-                usage,
-                ", ".join(Path(s).name for s in specs),
-                len(sents),
-                f"{100 * st['err_rate']:.1f}",
-                f"{st['edits_per_error']:.1f}",
-            ]
-        )
+    ]:
+        sents = load_references(m2) if (m2 := [s for s in specs if parse_spec(s).format == "m2"]) else []
+        st = corpus_stats(sents) if sents else None
+        stats = [len(sents), f"{100 * st['err_rate']:.1f}", f"{st['edits_per_error']:.1f}"] if st else ["–"] * 3
+        out.append([usage, ", ".join(Path(s).name for s in specs) if st else ", ".join(specs), *stats])
     return out
 
 
 # ---------------------------------------------------------------------------------------------- false negatives
-def _fn_counts(run: Run, trial: TrialOutcome) -> dict[str, Any] | None:
-    path = run.run_dir / "trials" / trial.trial_id / FN_FILE
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def _fn_columns(counts: dict[str, Any] | None) -> dict[str, Any]:
-    """results.csv's columns of a trial's false-negative counts (``fn/source_selected``, ...)."""
-    if counts is None:
-        return {}
-    return {f"fn/{kind}_{what}": counts[kind][what] for kind in KINDS for what in ("selected", "refuted")}
+def _fn_columns(counts: dict[str, Any]) -> dict[str, Any]:
+    """results.csv's columns of a trial's false-negative counts (``fn/source_selected``, ...), if it has some."""
+    return {f"fn/{k}_{what}": counts[k][what] for k in KINDS for what in ("selected", "refuted") if counts}
 
 
 def _fn_lines(counts: dict[str, dict[str, Any]], trials: list[TrialOutcome]) -> list[str]:
@@ -235,27 +205,21 @@ def _fn_lines(counts: dict[str, dict[str, Any]], trials: list[TrialOutcome]) -> 
 
 
 def _sign_tests(run: Run, best: TrialOutcome | None, extra: list[TrialOutcome]) -> list[dict[str, Any]]:
-    """The paper's bootstrap sign test (``raycl.eval --compare``) of each row after CL against CL, on every test
-    set, from the two trainings' kept test hypotheses."""
-    from raycl.data.m2 import iter_lines
-    from raycl.evaluation.gec_metrics import HypothesisEdits, bootstrap_sign_test
-    from raycl.recipes.gec.evaluation import HYPS_DIR
+    """Each row after CL against CL (the paper's bootstrap sign test on every test set)."""
+    from raycl.recipes.gec.evaluation import sign_tests
 
     if best is None:
         return []
-    out = []
-    for t in (t for t in extra if _label(t) in _AFTER_CL):
-        dirs = [run.run_dir / "trials" / x.trial_id / HYPS_DIR for x in (t, best)]
-        tests = {}
-        for name, specs in run.cfg.data.test.items():
-            files = [d / f"{name}.txt" for d in dirs]
-            if not all(f.exists() for f in files):
-                continue
-            refs = load_references(specs)
-            a, b = (HypothesisEdits([line for _, line in iter_lines(f)], name=str(f)) for f in files)
-            tests[name] = bootstrap_sign_test(a.for_ref(name, refs), b.for_ref(name, refs), refs)
-        out.append({"method": _label(t), "against": "CL", "tests": tests})
-    return out
+    trials = run.run_dir / "trials"
+    return [
+        {
+            "method": _label(t),
+            "against": "CL",
+            "tests": sign_tests(trials / t.trial_id, trials / best.trial_id, run.cfg.data.test),
+        }
+        for t in extra
+        if _label(t) in _AFTER_CL
+    ]
 
 
 def _sign_lines(signs: list[dict[str, Any]]) -> list[str]:
@@ -265,18 +229,15 @@ def _sign_lines(signs: list[dict[str, Any]]) -> list[str]:
 
     lines = []
     for s in signs:
-        got = (
-            "; ".join(
-                f"{n}: wins {t['wins']}, losses {t['losses']}, ties {t['ties']}, p = {t['p_value']:.3g} "
-                f"({s['against']} better: p = {sign_test_p(t['losses'], t['wins']):.3g})"
-                for n, t in s["tests"].items()
-            )
-            or "no test hypotheses kept"
-        )
+        how = f"{s['method']} better than {s['against']} (one-tailed, 100 bootstrap samples of each test set, as"
+        got = [
+            f"{n}: wins {t['wins']}, losses {t['losses']}, ties {t['ties']}, p = {t['p_value']:.3g} "
+            f"({s['against']} better: p = {sign_test_p(t['losses'], t['wins']):.3g})"
+            for n, t in s["tests"].items()
+        ]
         lines += [
             "",
-            f"Sign test, {s['method']} better than {s['against']} (one-tailed, 100 bootstrap samples of "
-            f"each test set, as `raycl.eval gec --compare`): {got}.",
+            f"Sign test, {how} `raycl.eval gec --compare`): {'; '.join(got) or 'no test hypotheses kept'}.",
         ]
     return lines
 
