@@ -179,19 +179,21 @@ def closing_lines(run: Any, summary: dict[str, Any], plots: list[Path]) -> list[
 def write_run_files(
     run: Any,
     space: Any,
+    trials: list[TrialOutcome],
     *,
-    rows: list[dict[str, Any]],
+    row: Callable[[TrialOutcome], dict[str, Any]],
     best: Any,
     table: Any,
     plots: Callable[[Path], list[Path]],
     render: Callable[[dict[str, Any], list[Path]], str],
     **more: Any,
 ) -> dict[str, Any]:
-    """A run's outputs: ``results.csv`` (``rows``), ``best.json``, the plots, ``report.md`` (``render``);
-    returns the summary every ``raycl.tune``/``raycl.train`` prints with ``--json``."""
+    """A run's outputs: ``results.csv`` (a ``row`` for each of the run's ``trials``, sweep and baselines),
+    ``best.json``, the plots, ``report.md`` (``render``); returns the summary every ``raycl.tune``/``raycl.train``
+    prints with ``--json`` (with the failed trials and ``more``)."""
     import json
 
-    write_csv(run.run_dir / "results.csv", rows)
+    write_csv(run.run_dir / "results.csv", [row(t) for t in trials])
     summary = {
         "space": space.name,
         "run_dir": str(run.run_dir),
@@ -200,6 +202,7 @@ def write_run_files(
         "timings": run.timings,
         "builtin_data": run.builtin,
         "data": run.counts,
+        "failed_trials": failed(trials),
         **more,
     }
     atomic_write(run.run_dir / "best.json", json.dumps(best, indent=2, default=str))

@@ -54,10 +54,10 @@ def write_all(run: Run, space: Space, trials: list[TrialOutcome], extra: list[Tr
     return rp.write_run_files(
         run,
         space,
-        rows=[_row(t, metric, mode) for t in trials + extra],
+        trials + extra,
+        row=partial(_row, metric=metric, mode=mode),
         best=_row(best, metric, mode) if best else None,
         table=_table(best, extra, metric, mode),
-        failed_trials=rp.failed(trials + extra),
         plots=lambda d: _plots(d, trials, extra, best, metric),
         render=partial(_render, run, space, trials=trials, extra=extra),
     )

@@ -39,15 +39,14 @@ def write_all(run: Run, space: Space, trials: list[TrialOutcome], extra: list[Tr
     best = rp.best_trial(trials, metric=metric, mode=mode)
     paths = {t.trial_id: run.run_dir / "trials" / t.trial_id / FN_FILE for t in trials + extra}
     counts = {i: json.loads(p.read_text()) for i, p in paths.items() if p.exists()}
-    rows = [{**_result_row(t, metric, mode), **_fn_columns(counts.get(t.trial_id, {}))} for t in trials + extra]
     render = partial(render_report, run, space, trials=trials, extra=extra)
     return rp.write_run_files(
         run,
         space,
-        rows=rows,
+        trials + extra,
+        row=lambda t: {**_result_row(t, metric, mode), **_fn_columns(counts.get(t.trial_id, {}))},
         best=_result_row(best, metric, mode) if best else None,
         table=_table_rows(trials, extra, metric, mode),
-        failed_trials=rp.failed(trials + extra),
         plots=lambda d: _plots(d, trials + extra, metric),
         render=render,
         sign_tests=_sign_tests(run, best, extra),

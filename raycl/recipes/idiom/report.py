@@ -134,11 +134,11 @@ def write_all(run: Run, space: Space, trials: list[TrialOutcome], extra: list[Tr
     return rp.write_run_files(
         run,
         space,
-        rows=[_row(run, t, space.baselines) for t in trials + extra],
+        trials + extra,
+        row=partial(_row, run, baselines=space.baselines),
         best={s: _row(run, t, space.baselines) for s, t in best.items()} or None,
         table=table,
         official=official,
-        failed_trials=rp.failed(trials + extra),
         plots=lambda d: [_plot(d, _curves(table, trials + extra))],
         render=partial(_render, run, space, trials=trials),
     )

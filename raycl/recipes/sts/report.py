@@ -60,10 +60,10 @@ def write_all(run: Run, space: Space, trials: list[TrialOutcome], extra: list[Tr
     return rp.write_run_files(
         run,
         space,
-        rows=[_row(t) for t in trials + extra],
+        trials + extra,
+        row=_row,
         best=_row(best) if best else None,
         table=[_row(t) for t in ladder],
-        failed_trials=rp.failed(trials + extra),
         plots=lambda d: _plots(d, ladder),
         render=partial(_render, run, space, trials=trials),
     )
