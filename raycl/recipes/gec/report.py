@@ -25,6 +25,7 @@ FN_FILE = "false_negatives.json"  # a contrastive training's false-negative coun
 FN_DROPPED = "CL (false negatives dropped)"
 _LABELS = {"di": "DI", "nll": "NLL", "cl_minus": "CL⁻", "cl_fn_drop": FN_DROPPED}
 _AFTER_CL = (FN_DROPPED,)  # ladder rows listed after CL, the row they are compared with
+_ORDER = {"DI": 0, "NLL": 1, "CL⁻": 2, "CL": 4, **dict.fromkeys(_AFTER_CL, 5)}  # other baselines: 3
 _label = partial(rp.label, names=_LABELS, default="CL")
 _params_text = partial(rp.point, symbols=PARAM_NAMES)
 _FN_HEAD = (
@@ -60,19 +61,13 @@ def _result_row(trial: TrialOutcome, metric: str, mode: str) -> dict[str, Any]:
     return rp.trial_row(trial, {"method": _label(trial)}, row, *keep)
 
 
-def _table_rows(
-    trials: list[TrialOutcome], extra: list[TrialOutcome], metric: str, mode: str
-) -> list[dict[str, Any]]:
-    """Table 2's rows in the paper's order: DI, NLL, CL⁻, then other baselines, CL (the best CL trial by dev)."""
-    order = {"DI": 0, "NLL": 1, "CL⁻": 2}
-    rows = [
-        {"method": _label(t), **(best_row(t, metric, mode) or {})}
-        for t in sorted(extra, key=lambda t: order.get(_label(t), 3))
-    ]
-    best = rp.best_trial(trials, metric=metric, mode=mode)
-    if best is not None:
+def _table_rows(trials: list[TrialOutcome], extra: list[TrialOutcome], metric: str, mode: str) -> list[dict]:
+    """Table 2's rows in the paper's order: DI, NLL, CL⁻, then other baselines, CL (the best CL trial by dev), then
+    the rows compared with CL."""
+    rows = [{"method": _label(t), **(best_row(t, metric, mode) or {})} for t in extra]
+    if best := rp.best_trial(trials, metric=metric, mode=mode):
         rows.append({"method": "CL", "params": _params_text(best.params), **(best_row(best, metric, mode) or {})})
-    return [r for r in rows if r["method"] not in _AFTER_CL] + [r for r in rows if r["method"] in _AFTER_CL]
+    return sorted(rows, key=lambda r: _ORDER.get(r["method"], 3))
 
 
 def render_report(
@@ -88,7 +83,7 @@ def render_report(
     builtin = ", ".join(run.builtin) or "none"
     model = f"`{cfg.model.preset}`" + (f" ({cfg.model.name})" if cfg.model.name else "")
     prf = rp.pct_columns(
-        (f"{t} {k}", f"test/{t}/{f}") for t in tests for k, f in (("P", "p"), ("R", "r"), ("F0.5", "f05"))
+        (f"{t} {k}", f"test/{t}/{k.lower().replace('.', '')}") for t in tests for k in ("P", "R", "F0.5")
     )
     ratios = rp.pct_columns((f"{t} {k} ratio", f"test/{t}/{k.lower()}") for t in tests for k in ("IE", "OE"))
     method: rp.Column = ("Method", lambda r: r["method"])
@@ -136,12 +131,10 @@ def _nbest_lines(run: Run) -> list[str]:
         return []
     meta = json.loads(meta_path.read_text())
     o, resumed = meta.get("options", {}), meta.get("resumed")
-    how = (
-        f"reused from an earlier run ({meta.get('resumed', 0)} lists)"
-        if not meta.get("beam_searched")
-        else f"{meta['beam_searched']} sentences beam-searched in {meta.get('mine_s', 0.0):.1f} s of miner time"
-        + (f", {resumed} reused" if resumed else "")
-    )
+    how = f"reused from an earlier run ({meta.get('resumed', 0)} lists)"
+    if searched := meta.get("beam_searched"):
+        how = f"{searched} sentences beam-searched in {meta.get('mine_s', 0.0):.1f} s of miner time"
+        how += f", {resumed} reused" if resumed else ""
     engine = str(meta.get("engine") or o.get("engine")) + (" (auto)" * (meta.get("engine_requested") == "auto"))
     return [
         f"- n-best lists of D_F mined once for the whole run (`nbest/`, beam {o.get('beam')}, engine "
@@ -190,15 +183,10 @@ def _fn_columns(counts: dict[str, Any]) -> dict[str, Any]:
 def _fn_lines(counts: dict[str, dict[str, Any]], trials: list[TrialOutcome]) -> list[str]:
     """Each contrastive training's negatives that another annotator's correction equals, counted before a drop."""
     head = ["Training", "Point", "mining.false_negatives", "source", "beam"]
+    fn = [(t, counts[t.trial_id]) for t in trials if t.trial_id in counts]
     rows = [
-        [
-            _label(t),
-            _params_text(t.params),
-            counts[t.trial_id].get("mode", "keep"),
-            *(rate_text(counts[t.trial_id], kind) for kind in KINDS),
-        ]
-        for t in trials
-        if t.trial_id in counts
+        [_label(t), _params_text(t.params), c.get("mode", "keep"), *(rate_text(c, k) for k in KINDS)]
+        for t, c in fn
     ]
     return ["", _FN_HEAD, "", *md_table(head, rows)] if counts else []
 
@@ -255,12 +243,12 @@ def _plots(run_dir: Path, trials: list[TrialOutcome], metric: str) -> list[Path]
     if cl:
         with rp.figure(run_dir / "sweep.png", out) as ax:
             for k in sorted({t.params.get("mining.k") for t in cl}, key=str):
-                pts = sorted(
-                    (float(t.params["loss.margin"]), 100 * v)
+                best = [
+                    (t.params["loss.margin"], (best_row(t, metric) or {}).get(metric))
                     for t in cl
                     if t.params.get("mining.k") == k
-                    and (v := num((best_row(t, metric) or {}).get(metric))) is not None
-                )
+                ]
+                pts = sorted((float(g), 100 * v) for g, f in best if (v := num(f)) is not None)
                 ax.plot([g for g, _ in pts], [v for _, v in pts], marker="o", label=f"k={k}")
             ax.set(xlabel="margin γ", ylabel="best dev F0.5 (%)", title="Sweep: dev F0.5 against γ and k")
             ax.legend()
