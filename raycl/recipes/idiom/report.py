@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 METHOD_NAMES = {"fgm": "FGM", "pgd": "PGD", "freelb": "FreeLB", "smart": "SMART"}
 SETTING_NAMES = {"zero_shot": "zero-shot", "one_shot": "one-shot"}
+_SCORES = ("dev_f1", "test_f1")  # a closing report's official scores
 
 
 def setting_of(trial: TrialOutcome) -> str | None:
@@ -51,7 +52,7 @@ def strategy(cfg: IdiomConfig, over: dict[str, Any]) -> str:
 
 
 def _scores(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if k.startswith(("dev_f1", "test_f1"))}
+    return {k: v for k, v in row.items() if k.startswith(_SCORES)}
 
 
 def _overrides(trial: TrialOutcome, baselines: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -60,17 +61,8 @@ def _overrides(trial: TrialOutcome, baselines: dict[str, dict[str, Any]]) -> dic
 
 def _row(run: Run, trial: TrialOutcome, baselines: dict[str, dict[str, Any]]) -> dict[str, Any]:
     final = final_row(trial) or {}
-    row: dict[str, Any] = {
-        "trial_id": trial.trial_id,
-        "setting": setting_of(trial),
-        "strategy": strategy(run.cfg, _overrides(trial, baselines)),
-        **trial.params,
-        "best_epoch": final.get("best_epoch"),
-        **_scores(final),
-    }
-    if trial.error:
-        row["error"] = trial.error
-    return row
+    head = {"setting": setting_of(trial), "strategy": strategy(run.cfg, _overrides(trial, baselines))}
+    return rp.trial_row(trial, head, {"best_epoch": final.get("best_epoch"), **final}, ("best_epoch",), _SCORES)
 
 
 # ---------------------------------------------------------------------------------------------- the run's files
@@ -85,14 +77,8 @@ def export_submissions(run: Run, chosen: dict[str, TrialOutcome]) -> dict[str, A
         preds: dict[tuple[str, str], Value] = {}
         for setting, trial in chosen.items():
             path = run.run_dir / "trials" / trial.trial_id / f"{split}.submission.csv"
-            if path.exists():
-                preds.update(
-                    {
-                        (r[0], setting): int(r[3])
-                        for _, r in read_rows(path, A_SUBMISSION_HEADER)
-                        if r[2] == setting and r[3] != ""
-                    }
-                )
+            rows = read_rows(path, A_SUBMISSION_HEADER) if path.exists() else []
+            preds.update({(r[0], setting): int(r[3]) for _, r in rows if r[2] == setting and r[3] != ""})
         if not inputs or not preds:
             continue
         sub = write_submission(fmt, read_idiom_inputs(inputs), preds, run.run_dir / f"{split}.submission.csv")
