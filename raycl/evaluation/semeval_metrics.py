@@ -129,14 +129,22 @@ def evaluate_idiom(submission: str | Path, gold: str | Path, average: str = "mac
     """``{setting: {"EN": f1, "PT": f1, "EN,PT": f1}}`` for the settings in the submission file."""
     sub = list(read_rows(submission, A_SUBMISSION_HEADER))
     gold_rows = list(read_rows(gold, A_GOLD_HEADER))
+    names = (submission, gold)
     return {
-        setting: {
-            ",".join(langs): score_idiom(
-                sub, gold_rows, setting=setting, languages=langs, names=(submission, gold), average=average
-            )
-            for langs in LANGUAGE_SETS
-        }
-        for setting in _settings(submission, sub, A_SETTINGS)
+        s: idiom_f1s(sub, gold_rows, setting=s, names=names, average=average)
+        for s in _settings(submission, sub, A_SETTINGS)
+    }
+
+
+def idiom_f1s(
+    submission: Rows, gold: Rows, *, setting: str, names: tuple[str | Path, str | Path], average: str = "macro"
+) -> dict[str, float | None]:
+    """``{"EN": f1, "PT": f1, "EN,PT": f1}`` of one setting's rows (:func:`score_idiom` per language set)."""
+    return {
+        ",".join(langs): score_idiom(
+            submission, gold, setting=setting, languages=langs, names=names, average=average
+        )
+        for langs in LANGUAGE_SETS
     }
 
 

@@ -21,7 +21,7 @@ from raycl.data.semeval import (
     read_rows,
     write_submission_a,
 )
-from raycl.evaluation.semeval_metrics import LANGUAGE_SETS, evaluate_idiom, score_idiom
+from raycl.evaluation.semeval_metrics import evaluate_idiom, idiom_f1s
 from raycl.models.classifier import encode_batch
 
 if TYPE_CHECKING:
@@ -88,15 +88,7 @@ class Evaluator:
             for i, (e, y) in enumerate(zip(self.dev, labels, strict=True))
         ]
         names = (f"{self.setting} dev predictions", self.cfg.data.dev_gold)
-        return _f1s(
-            "dev_f1",
-            {
-                ",".join(langs): score_idiom(
-                    rows, self.dev_gold, setting=self.setting, languages=langs, names=names
-                )
-                for langs in LANGUAGE_SETS
-            },
-        )
+        return _f1s("dev_f1", idiom_f1s(rows, self.dev_gold, setting=self.setting, names=names))
 
     def final(self, model: Any, tokenizer: Any, out_dir: Path) -> dict[str, float | None]:
         """This setting's rows of ``dev.submission.csv`` and ``eval.submission.csv``, officially scored."""
