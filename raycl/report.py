@@ -59,9 +59,14 @@ def pick(
     return trials[abs(max(scored)[1])] if scored else None
 
 
+def best_value(trial: TrialOutcome, metric: str, mode: str = "max") -> float | None:
+    """``metric`` of the trial's best report (:func:`best_row`), or None when no report has it."""
+    return num((best_row(trial, metric, mode) or {}).get(metric))
+
+
 def best_trial(trials: list[TrialOutcome], *, metric: str, mode: str = "max") -> TrialOutcome | None:
     """The trial whose best report (:func:`best_row`) has the best ``metric``."""
-    return pick(trials, lambda t: num((best_row(t, metric, mode) or {}).get(metric)), mode)
+    return pick(trials, lambda t: best_value(t, metric, mode), mode)
 
 
 def failed(trials: list[TrialOutcome]) -> list[str]:
@@ -213,9 +218,7 @@ def write_run_files(
 
 
 # ---------------------------------------------------------------------------------------------- plots
-def curve(
-    trial: TrialOutcome, metric: str, x: str = "step", *, skip_final: bool = True
-) -> list[tuple[Any, float]]:
+def curve(trial: TrialOutcome, metric: str, x: str = "step", skip_final: bool = True) -> list[tuple[Any, float]]:
     """``(x, metric in %)`` of the trial's reports that carry ``metric`` (the closing one left out)."""
     return [
         (r.get(x, 0), 100 * v)
@@ -224,12 +227,20 @@ def curve(
     ]
 
 
-def plot_curves(ax: Any, curves: Sequence[tuple[str, list[tuple[Any, float]]]], **labels: Any) -> None:
-    """One line per non-empty ``(label, points)``; ``labels`` set the axes (``xlabel``, ``ylabel``, ``title``)."""
+def plot_curves(
+    ax: Any,
+    curves: Sequence[tuple[str, list[tuple[Any, float]]]],
+    legend: dict[str, Any] | None = None,
+    **labels: Any,
+) -> None:
+    """One line per non-empty ``(label, points)``; ``labels`` set the axes (``xlabel``, ``ylabel``, ``title``),
+    ``legend`` the legend's options (no legend without it)."""
     for name, pts in curves:
         if pts:
             ax.plot(*zip(*pts, strict=True), marker="o", label=name)
     ax.set(**labels)
+    if legend is not None:
+        ax.legend(**legend)
 
 
 @contextmanager

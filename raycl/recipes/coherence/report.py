@@ -165,8 +165,8 @@ def _plots(
                 xlabel="training steps (items)",
                 ylabel="dev accuracy (%)",
                 title="Fig. 2a: dev accuracy",
+                legend={},
             )
-            ax.legend()
     swept = [k for k in SWEPT if len({str(t.params.get(k)) for t in trials}) > 1]
     if swept:
         with rp.figure(run_dir / "sweep.png", out, ncols=len(swept), size=(4.5, 3.6)) as axes:

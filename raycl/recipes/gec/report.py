@@ -28,6 +28,7 @@ _AFTER_CL = (FN_DROPPED,)  # ladder rows listed after CL, the row they are compa
 _ORDER = {"DI": 0, "NLL": 1, "CL⁻": 2, "CL": 4, **dict.fromkeys(_AFTER_CL, 5)}  # other baselines: 3
 _label = partial(rp.label, names=_LABELS, default="CL")
 _params_text = partial(rp.point, symbols=PARAM_NAMES)
+_DEV_AXES = {"xlabel": "epoch", "ylabel": "dev F0.5 (%)", "title": "Dev F0.5 during fine-tuning"}
 _FN_HEAD = (
     "False negatives — selected negatives equal to another annotator's correction (the unchanged source "
     "where one made no edit), counted before any drop; refuted/selected (rate):"
@@ -40,7 +41,6 @@ def write_all(run: Run, space: Space, trials: list[TrialOutcome], extra: list[Tr
     best = rp.best_trial(trials, metric=metric, mode=mode)
     paths = {t.trial_id: run.run_dir / "trials" / t.trial_id / FN_FILE for t in trials + extra}
     counts = {i: json.loads(p.read_text()) for i, p in paths.items() if p.exists()}
-    render = partial(render_report, run, space, trials=trials, extra=extra)
     return rp.write_run_files(
         run,
         space,
@@ -49,7 +49,7 @@ def write_all(run: Run, space: Space, trials: list[TrialOutcome], extra: list[Tr
         best=_result_row(best, metric, mode) if best else None,
         table=_table_rows(trials, extra, metric, mode),
         plots=lambda d: _plots(d, trials + extra, metric),
-        render=render,
+        render=partial(render_report, run, space, trials=trials, extra=extra),
         sign_tests=_sign_tests(run, best, extra),
         false_negatives=counts,
     )
@@ -233,22 +233,15 @@ def _sign_lines(signs: list[dict[str, Any]]) -> list[str]:
 def _plots(run_dir: Path, trials: list[TrialOutcome], metric: str) -> list[Path]:
     out: list[Path] = []
     with rp.figure(run_dir / "dev_curves.png", out) as ax:
-        curves = [
-            (f"{_label(t)} {_params_text(t.params)}", rp.curve(t, metric, "epoch", skip_final=False))
-            for t in trials
-        ]
-        rp.plot_curves(ax, curves, xlabel="epoch", ylabel="dev F0.5 (%)", title="Dev F0.5 during fine-tuning")
-        ax.legend(fontsize=6, loc="best")
+        curves = [(f"{_label(t)} {_params_text(t.params)}", rp.curve(t, metric, "epoch", False)) for t in trials]
+        rp.plot_curves(ax, curves, legend={"fontsize": 6, "loc": "best"}, **_DEV_AXES)
     cl = [t for t in trials if "loss.margin" in t.params and "baseline" not in t.params]
     if cl:
         with rp.figure(run_dir / "sweep.png", out) as ax:
             for k in sorted({t.params.get("mining.k") for t in cl}, key=str):
-                best = [
-                    (t.params["loss.margin"], (best_row(t, metric) or {}).get(metric))
-                    for t in cl
-                    if t.params.get("mining.k") == k
-                ]
-                pts = sorted((float(g), 100 * v) for g, f in best if (v := num(f)) is not None)
+                ts = [t for t in cl if t.params.get("mining.k") == k]
+                got = [(float(t.params["loss.margin"]), rp.best_value(t, metric)) for t in ts]
+                pts = sorted((g, 100 * v) for g, v in got if v is not None)
                 ax.plot([g for g, _ in pts], [v for _, v in pts], marker="o", label=f"k={k}")
             ax.set(xlabel="margin γ", ylabel="best dev F0.5 (%)", title="Sweep: dev F0.5 against γ and k")
             ax.legend()

@@ -161,6 +161,6 @@ def _plots(run_dir: Path, ladder: list[TrialOutcome]) -> list[Path]:
             xlabel="step (pre-training, then fine-tuning)",
             ylabel="dev Spearman ALL (%)",
             title="Dev Spearman of the current setting",
+            legend={"fontsize": 7},
         )
-        ax.legend(fontsize=7)
     return out
