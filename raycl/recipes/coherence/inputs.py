@@ -30,23 +30,13 @@ def with_data(cfg: CoherenceConfig, data_dir: Path) -> tuple[CoherenceConfig, li
     if not empty:
         return cfg, []
     b = d.builtin
-    files = write_builtin_corpus(
-        data_dir,
-        seed=b.seed,
-        sizes={"train": b.train, "dev": b.dev, "test": b.test, "intrusion": b.intrusion, "lmvlm": b.lmvlm},
-    )
-    fill: dict[str, Any] = {
-        "train": [str(files["train"])],
-        "dev": [str(files["dev"])],
-        "test": {
-            "permuted": [str(files["test"])],
-            "intrusion": [str(files["intrusion"])],
-            "lmvlm": [str(files["lmvlm"])],
-        },
-    }
+    sizes = {"train": b.train, "dev": b.dev, "test": b.test, "intrusion": b.intrusion, "lmvlm": b.lmvlm}
+    files = {k: str(f) for k, f in write_builtin_corpus(data_dir, seed=b.seed, sizes=sizes).items()}
+    tests = {"permuted": [files["test"]], "intrusion": [files["intrusion"]], "lmvlm": [files["lmvlm"]]}
+    fill: dict[str, Any] = {"train": [files["train"]], "dev": [files["dev"]], "test": tests}
     new = dataclasses.replace(d, **{k: fill[k] for k in empty})
     if "test" in empty and not d.annotations:
-        new = dataclasses.replace(new, annotations={"lmvlm": str(files["lmvlm_annotations"])})
+        new = dataclasses.replace(new, annotations={"lmvlm": files["lmvlm_annotations"]})
     return dataclasses.replace(cfg, data=new), empty
 
 

@@ -79,6 +79,11 @@ class Evaluator:
         self.eval_pairs = read_sts_inputs(cfg.data.eval)
         self.dev_gold = list(read_rows(cfg.data.dev_gold, B_GOLD_HEADER))
 
+    def _predict(self, enc: SentenceEncoder, pairs: Sequence[StsPair]) -> dict[str, float]:
+        return predict(
+            enc, pairs, cross=self.cross, batch_size=self.bs, upstream_quirk=self.cfg.data.upstream_quirk
+        )
+
     def dev(self, enc: SentenceEncoder, *, setting: str) -> dict[str, float | None]:
         """``sts_dev_spearman`` (STS dev split) and the official dev Spearman of ``setting`` (EN+PT)."""
         out: dict[str, float | None] = {}
@@ -88,17 +93,10 @@ class Evaluator:
                 enc, [p.sentence1 for p in d], [p.sentence2 for p in d], cross=self.cross, batch_size=self.bs
             )
             out["sts_dev_spearman"] = spearman([p.score for p in d], sims)
-        preds = predict(
-            enc, self.dev_pairs, cross=self.cross, batch_size=self.bs, upstream_quirk=self.cfg.data.upstream_quirk
-        )
+        preds = self._predict(enc, self.dev_pairs)
         rows = [(i + 2, [p.id, p.language, setting, repr(preds[p.id])]) for i, p in enumerate(self.dev_pairs)]
-        scores = score_sts(
-            rows,
-            self.dev_gold,
-            setting=setting,
-            languages=("EN", "PT"),
-            names=(f"{setting} dev predictions", self.cfg.data.dev_gold),
-        )
+        names = (f"{setting} dev predictions", self.cfg.data.dev_gold)
+        scores = score_sts(rows, self.dev_gold, setting=setting, languages=("EN", "PT"), names=names)
         out.update({f"dev/{k}": v for k, v in scores.items()})
         out["dev_spearman"] = scores["ALL"]
         return out
@@ -110,10 +108,7 @@ class Evaluator:
         for setting, path in models.items():
             enc = SentenceEncoder.from_pretrained(path, device=device).eval()
             for split, pairs in (("dev", self.dev_pairs), ("eval", self.eval_pairs)):
-                got = predict(
-                    enc, pairs, cross=self.cross, batch_size=self.bs, upstream_quirk=self.cfg.data.upstream_quirk
-                )
-                preds[split].update({(i, setting): v for i, v in got.items()})
+                preds[split].update({(i, setting): v for i, v in self._predict(enc, pairs).items()})
             out.update(self.geometry(enc, setting))
         d = self.cfg.data
         dev_sub = fill_submission(d.dev_submission_format, preds["dev"], out_dir / "dev.submission.csv")
