@@ -174,7 +174,7 @@ def test_sts_dev_spearman_of_the_models_cosines(encoder_dir: Path, tmp_path: Pat
 
 
 def test_sts_spearman_degenerate_cases() -> None:
-    from raycl.recipes.sts.evaluation import spearman
+    from raycl.evaluation.semeval_metrics import spearman
 
     gold = [0.5, 1.0, 3.0, 3.0, 4.5]
     assert spearman(gold, [1, 2, 3, 3, 9]) == pytest.approx(1.0)  # a perfect ranking, ties included

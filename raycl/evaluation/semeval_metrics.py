@@ -66,9 +66,15 @@ def _settings(path: str | Path, rows: Rows, known: Sequence[str]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------- Subtask A
-def score_idiom(submission: Rows, gold: Rows, *, setting: str, languages: Sequence[str],
-                names: tuple[str | Path, str | Path] = ("submission", "gold"),
-                average: str = "macro") -> float | None:
+def score_idiom(
+    submission: Rows,
+    gold: Rows,
+    *,
+    setting: str,
+    languages: Sequence[str],
+    names: tuple[str | Path, str | Path] = ("submission", "gold"),
+    average: str = "macro",
+) -> float | None:
     """Macro-F1 (or ``average``) of one (setting, languages) cell; rows are ``(line, [ID, Language, Setting,
     Label])`` and ``(line, [ID, DataID, Language, Label])``. None if a label is blank or no row is selected."""
     from sklearn.metrics import f1_score
@@ -98,30 +104,59 @@ def _int_label(path: str | Path, line: int, value: str) -> int:
         raise UserError(f"{at(path, line)}: Label {value!r}, expected an integer (0 or 1)") from None
 
 
-def _id_mismatch(names: tuple[str | Path, str | Path], setting: str, languages: Sequence[str],
-                 sub: Rows, sub_ids: list[int], gold_ids: list[int]) -> None:
-    k = next((i for i, (a, b) in enumerate(zip(sub_ids, gold_ids, strict=False)) if a != b),
-             min(len(sub_ids), len(gold_ids)))
+def _id_mismatch(
+    names: tuple[str | Path, str | Path],
+    setting: str,
+    languages: Sequence[str],
+    sub: Rows,
+    sub_ids: list[int],
+    gold_ids: list[int],
+) -> None:
+    k = next(
+        (i for i, (a, b) in enumerate(zip(sub_ids, gold_ids, strict=False)) if a != b),
+        min(len(sub_ids), len(gold_ids)),
+    )
     line = sub[k][0] if k < len(sub) else sub[-1][0]
     expected = f"ID {gold_ids[k]}" if k < len(gold_ids) else "no more rows"
-    raise UserError(f"{at(names[0], line)}: {setting} {','.join(languages)} IDs do not match {names[1]}: "
-                    f"found ID {sub_ids[k] if k < len(sub_ids) else 'none'}, expected {expected} "
-                    f"(the gold file's IDs, in its order, each once)")
+    raise UserError(
+        f"{at(names[0], line)}: {setting} {','.join(languages)} IDs do not match {names[1]}: "
+        f"found ID {sub_ids[k] if k < len(sub_ids) else 'none'}, expected {expected} "
+        f"(the gold file's IDs, in its order, each once)"
+    )
 
 
 def evaluate_idiom(submission: str | Path, gold: str | Path, average: str = "macro") -> IdiomScores:
     """``{setting: {"EN": f1, "PT": f1, "EN,PT": f1}}`` for the settings in the submission file."""
     sub = list(read_rows(submission, A_SUBMISSION_HEADER))
     gold_rows = list(read_rows(gold, A_GOLD_HEADER))
-    return {setting: {",".join(langs): score_idiom(sub, gold_rows, setting=setting, languages=langs,
-                                                   names=(submission, gold), average=average)
-                      for langs in LANGUAGE_SETS}
-            for setting in _settings(submission, sub, A_SETTINGS)}
+    names = (submission, gold)
+    return {
+        s: idiom_f1s(sub, gold_rows, setting=s, names=names, average=average)
+        for s in _settings(submission, sub, A_SETTINGS)
+    }
+
+
+def idiom_f1s(
+    submission: Rows, gold: Rows, *, setting: str, names: tuple[str | Path, str | Path], average: str = "macro"
+) -> dict[str, float | None]:
+    """``{"EN": f1, "PT": f1, "EN,PT": f1}`` of one setting's rows (:func:`score_idiom` per language set)."""
+    return {
+        ",".join(langs): score_idiom(
+            submission, gold, setting=setting, languages=langs, names=names, average=average
+        )
+        for langs in LANGUAGE_SETS
+    }
 
 
 # ----------------------------------------------------------------------------------------- Subtask B
-def score_sts(submission: Rows, gold: Rows, *, setting: str, languages: Sequence[str],
-              names: tuple[str | Path, str | Path] = ("submission", "gold")) -> dict[str, float | None]:
+def score_sts(
+    submission: Rows,
+    gold: Rows,
+    *,
+    setting: str,
+    languages: Sequence[str],
+    names: tuple[str | Path, str | Path] = ("submission", "gold"),
+) -> dict[str, float | None]:
     """Spearman ρ over ALL, Idiom and STS gold rows of one (setting, languages) cell; rows are
     ``(line, [ID, Language, Setting, Sim])`` and ``(line, [ID, DataID, Language, sim, otherID])``."""
     sub = [(line, row) for line, row in submission if row[1] in languages and row[2] == setting]
@@ -138,7 +173,7 @@ def score_sts(submission: Rows, gold: Rows, *, setting: str, languages: Sequence
         for key in ("ALL", "STS" if len(parts) > 2 and parts[2] == "sts" else "Idiom"):
             cols[key][0].append(target)
             cols[key][1].append(pred)
-    return {key: _spearman(*cols[key]) for key in SUBSETS}
+    return {key: spearman(*cols[key]) for key in SUBSETS}
 
 
 def _number(path: str | Path, line: int, value: str) -> float:
@@ -148,16 +183,24 @@ def _number(path: str | Path, line: int, value: str) -> float:
         raise UserError(f"{at(path, line)}: similarity {value!r}, expected a number") from None
 
 
-def _sim(names: tuple[str | Path, str | Path], predicted: dict[str, tuple[int, str]], key: str, setting: str,
-         gold_line: int) -> float:
+def _sim(
+    names: tuple[str | Path, str | Path],
+    predicted: dict[str, tuple[int, str]],
+    key: str,
+    setting: str,
+    gold_line: int,
+) -> float:
     if key not in predicted:
-        raise UserError(f"{at(names[0])}: no {setting} prediction for ID {key} (needed by "
-                        f"{at(names[1], gold_line)}); expected a row for every ID of the split")
+        raise UserError(
+            f"{at(names[0])}: no {setting} prediction for ID {key} (needed by "
+            f"{at(names[1], gold_line)}); expected a row for every ID of the split"
+        )
     line, value = predicted[key]
     return _number(names[0], line, value)
 
 
-def _spearman(gold: list[float], pred: list[float]) -> float | None:
+def spearman(gold: Sequence[float], pred: Sequence[float]) -> float | None:
+    """Spearman's ρ, or None where it is undefined (fewer than two pairs, a constant column)."""
     from scipy.stats import spearmanr
 
     if len(gold) < 2:
@@ -176,9 +219,14 @@ def evaluate_sts(submission: str | Path, gold: str | Path) -> StsScores:
     known_int = {int(x) for x in known if x.lstrip("-").isdigit()}
     for line, row in sub:
         if row[0] not in known and _int_id(submission, line, row[0]) not in known_int:
-            raise UserError(f"{at(submission, line)}: ID {row[0]} is not in {gold} (a submission for another "
-                            f"split?); expected the IDs of the gold file")
-    return {setting: {",".join(langs): score_sts(sub, gold_rows, setting=setting, languages=langs,
-                                                 names=(submission, gold))
-                      for langs in LANGUAGE_SETS}
-            for setting in _settings(submission, sub, B_SETTINGS)}
+            raise UserError(
+                f"{at(submission, line)}: ID {row[0]} is not in {gold} (a submission for another "
+                f"split?); expected the IDs of the gold file"
+            )
+    return {
+        setting: {
+            ",".join(langs): score_sts(sub, gold_rows, setting=setting, languages=langs, names=(submission, gold))
+            for langs in LANGUAGE_SETS
+        }
+        for setting in _settings(submission, sub, B_SETTINGS)
+    }

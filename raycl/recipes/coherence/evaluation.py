@@ -19,8 +19,9 @@ class Evaluator:
     def __init__(self, cfg: CoherenceConfig) -> None:
         self.cfg = cfg
         self.dev_items = [it for spec in cfg.data.dev for it in read_pairs(spec)]
-        self.tests = {name: [it for spec in specs for it in read_pairs(spec)]
-                      for name, specs in cfg.data.test.items()}  # fmt: skip
+        self.tests = {
+            name: [it for spec in specs for it in read_pairs(spec)] for name, specs in cfg.data.test.items()
+        }
         self.coders = {name: read_annotations(path) for name, path in cfg.data.annotations.items()}
 
     def _scores(self, scorer: CoherenceScorer, items: list[CoherenceItem]) -> tuple[list[float], list[Any]]:

@@ -30,16 +30,13 @@ def with_data(cfg: CoherenceConfig, data_dir: Path) -> tuple[CoherenceConfig, li
     if not empty:
         return cfg, []
     b = d.builtin
-    files = write_builtin_corpus(data_dir, seed=b.seed, sizes={"train": b.train, "dev": b.dev, "test": b.test,
-                                                               "intrusion": b.intrusion, "lmvlm": b.lmvlm})
-    fill: dict[str, Any] = {
-        "train": [str(files["train"])], "dev": [str(files["dev"])],
-        "test": {"permuted": [str(files["test"])], "intrusion": [str(files["intrusion"])],
-                 "lmvlm": [str(files["lmvlm"])]},
-    }  # fmt: skip
+    sizes = {"train": b.train, "dev": b.dev, "test": b.test, "intrusion": b.intrusion, "lmvlm": b.lmvlm}
+    files = {k: str(f) for k, f in write_builtin_corpus(data_dir, seed=b.seed, sizes=sizes).items()}
+    tests = {"permuted": [files["test"]], "intrusion": [files["intrusion"]], "lmvlm": [files["lmvlm"]]}
+    fill: dict[str, Any] = {"train": [files["train"]], "dev": [files["dev"]], "test": tests}
     new = dataclasses.replace(d, **{k: fill[k] for k in empty})
     if "test" in empty and not d.annotations:
-        new = dataclasses.replace(new, annotations={"lmvlm": str(files["lmvlm_annotations"])})
+        new = dataclasses.replace(new, annotations={"lmvlm": files["lmvlm_annotations"]})
     return dataclasses.replace(cfg, data=new), empty
 
 
@@ -71,14 +68,22 @@ def training_items(cfg: CoherenceConfig, *, shuffle: bool | None = None) -> list
         if not path.exists():
             raise UserError(f"{at(path)}: no such file (data.train)")
         if _is_documents(path):
-            items += build_permuted_set(read_documents(path), num_negs=max(m.num_rank, m.num_negs),
-                                        copies=p.copies, seed=p.seed, min_sentences=p.min_sentences,
-                                        block_size=p.block_size, split_over=p.split_over)  # fmt: skip
+            items += build_permuted_set(
+                read_documents(path),
+                num_negs=max(m.num_rank, m.num_negs),
+                copies=p.copies,
+                seed=p.seed,
+                min_sentences=p.min_sentences,
+                block_size=p.block_size,
+                split_over=p.split_over,
+            )
         else:
             items += read_pairs(path)
     if not items:
-        raise UserError(f"data.train: {', '.join(cfg.data.train)} gives no training items (documents need "
-                        f"≥ {p.min_sentences} sentences)")
+        raise UserError(
+            f"data.train: {', '.join(cfg.data.train)} gives no training items (documents need "
+            f"≥ {p.min_sentences} sentences)"
+        )
     return in_training_order(cfg, items) if (cfg.optim.shuffle if shuffle is None else shuffle) else items
 
 
@@ -99,11 +104,15 @@ def check_data(cfg: CoherenceConfig) -> dict[str, int]:
         counts[f"test/{name}"] = sum(len(read_pairs(s)) for s in specs)
     for name, path in cfg.data.annotations.items():
         if name not in cfg.data.test:
-            raise UserError(f"data.annotations.{name}: no test set named {name!r} (data.test has "
-                            f"{', '.join(cfg.data.test) or 'none'})")
+            raise UserError(
+                f"data.annotations.{name}: no test set named {name!r} (data.test has "
+                f"{', '.join(cfg.data.test) or 'none'})"
+            )
         coders = read_annotations(path)
         if len(coders[0]) != counts[f"test/{name}"]:
-            raise UserError(f"{at(path)}: {len(coders[0])} labels per coder for {counts[f'test/{name}']} pairs "
-                            f"in data.test.{name}, expected one label per pair")
+            raise UserError(
+                f"{at(path)}: {len(coders[0])} labels per coder for {counts[f'test/{name}']} pairs "
+                f"in data.test.{name}, expected one label per pair"
+            )
     counts["train"] = len(training_items(cfg))
     return counts

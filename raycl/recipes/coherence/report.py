@@ -3,60 +3,64 @@ of Fig. 2: dev accuracy over steps with and without hard negatives (a), accuracy
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from raycl import report as rp
 from raycl.records import TrialOutcome
-from raycl.report import (
-    best_row,
-    best_trial,
-    data_line,
-    failed,
-    figure,
-    num,
-    pct,
-    timing_line,
-    write_run_files,
-)
+from raycl.report import best_row, num, pct
 
 if TYPE_CHECKING:
     from raycl.config import Space
     from raycl.driver import Run
 
-LABELS = {"pairwise": "Pairwise", "contrastive": "Contrastive", "contrastive_hn": "Contrastive + hard negatives",
-          "full_no_hn": "Full model − hard negatives"}  # fmt: skip
+LABELS = {
+    "pairwise": "Pairwise",
+    "contrastive": "Contrastive",
+    "contrastive_hn": "Contrastive + hard negatives",
+    "full_no_hn": "Full model − hard negatives",
+}
 TABLE_1 = ("pairwise", "contrastive", None)  # None: the sweep's best point, the full model
-SYMBOLS = {"loss.margin": "τ", "mining.num_rank": "P (ranked)", "momentum.queue_size": "queue", "momentum.m": "m",
-           "loss.lam": "λ", "mining.max_staleness": "staleness", "mining.num_negs": "N"}  # fmt: skip
-
-
-def _label(trial: TrialOutcome | None) -> str:
-    name = None if trial is None else trial.params.get("baseline")
-    return "Full model" if name is None else LABELS.get(str(name), str(name))
-
-
-def _params(trial: TrialOutcome) -> str:
-    return ", ".join(f"{SYMBOLS.get(k, k)}={v}" for k, v in trial.params.items() if k != "baseline")
+SYMBOLS = {
+    "loss.margin": "τ",
+    "mining.num_rank": "P (ranked)",
+    "momentum.queue_size": "queue",
+    "momentum.m": "m",
+    "loss.lam": "λ",
+    "mining.max_staleness": "staleness",
+    "mining.num_negs": "N",
+}
+SWEPT = ("mining.num_rank", "momentum.m", "momentum.queue_size", "loss.margin", "loss.lam", "mining.max_staleness")
+_label = partial(rp.label, names=LABELS, default="Full model")
+_STREAM_HEAD = [
+    "trial",
+    "mine_wait (% of training time)",
+    "max staleness",
+    "refused (re-mined)",
+    "weight versions",
+]
 
 
 def _row(trial: TrialOutcome, metric: str, mode: str) -> dict[str, Any]:
     row = best_row(trial, metric, mode) or (trial.history[-1] if trial.history else {})
-    out: dict[str, Any] = {"trial_id": trial.trial_id, "method": _label(trial), **trial.params}
-    out.update({k: v for k, v in row.items()
-                if k in ("step", "epoch", "loss") or k.startswith(("dev", "test/", "timing/", "stream/"))})
-    if trial.error:
-        out["error"] = trial.error
-    return out
+    keep = ("step", "epoch", "loss"), ("dev", "test/", "timing/", "stream/")
+    return rp.trial_row(trial, {"method": _label(trial)}, row, *keep)
 
 
 def write_all(run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]) -> dict[str, Any]:
     metric, mode = run.cfg.tune.metric, run.cfg.tune.mode
-    best = best_trial(trials, metric=metric, mode=mode)
-    return write_run_files(run, space, rows=[_row(t, metric, mode) for t in trials + extra],
-                           best=_row(best, metric, mode) if best else None,
-                           table=_table(best, extra, metric, mode), failed_trials=failed(trials + extra),
-                           plots=lambda d: _plots(d, trials, extra, best, metric),
-                           render=lambda summary, plots: _render(run, space, summary, trials, extra, plots))
+    best = rp.best_trial(trials, metric=metric, mode=mode)
+    return rp.write_run_files(
+        run,
+        space,
+        trials + extra,
+        row=partial(_row, metric=metric, mode=mode),
+        best=_row(best, metric, mode) if best else None,
+        table=_table(best, extra, metric, mode),
+        plots=lambda d: _plots(d, trials, extra, best, metric),
+        render=partial(_render, run, space, trials=trials, extra=extra),
+    )
 
 
 def _table(best: TrialOutcome | None, extra: list[TrialOutcome], metric: str, mode: str) -> list[dict[str, Any]]:
@@ -66,36 +70,49 @@ def _table(best: TrialOutcome | None, extra: list[TrialOutcome], metric: str, mo
     return [_row(t, metric, mode) for t in order if t is not None]
 
 
-def _render(run: Run, space: Space, summary: dict[str, Any], trials: list[TrialOutcome],
-            extra: list[TrialOutcome], plots: list[Path]) -> str:  # fmt: skip
-    tests = list(run.cfg.data.test)
-    alphas = list(run.cfg.data.annotations)
-    head = ["Method", *[f"{t} acc" for t in tests], *[f"{a} α" for a in alphas], "dev acc"]
-    lines = [f"# Coherence — {space.name}", "",
-             "Table 1: pairwise accuracy (%, ties wrong) on the held-out permuted test and each independent set; "
-             "Krippendorff's α (nominal) with the model as one more coder where annotations are given "
-             f"(annotators alone: {', '.join(pct(_alpha(summary, a, 'human_alpha')) for a in alphas) or '–'}).",
-             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
-    for row in summary["table"]:
-        cells = [row["method"], *[pct(row.get(f"test/{t}/acc")) for t in tests],
-                 *[_alpha_cell(row.get(f"test/{a}/alpha")) for a in alphas], pct(row.get("dev_acc"))]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", data_line(run.counts, run.builtin), ""]
+def _render(
+    run: Run,
+    space: Space,
+    summary: dict[str, Any],
+    plots: list[Path],
+    *,
+    trials: list[TrialOutcome],
+    extra: list[TrialOutcome],
+) -> str:
+    tests, alphas = list(run.cfg.data.test), list(run.cfg.data.annotations)
+    humans = ", ".join(pct(_alpha(summary, a, "human_alpha")) for a in alphas) or "–"
+    cols: list[rp.Column] = [
+        ("Method", lambda r: r["method"]),
+        *rp.pct_columns((f"{t} acc", f"test/{t}/acc") for t in tests),
+        *((f"{a} α", partial(_alpha_cell, key=f"test/{a}/alpha")) for a in alphas),
+        ("dev acc", lambda r: pct(r.get("dev_acc"))),
+    ]
+    lines = [
+        f"# Coherence — {space.name}",
+        "",
+        "Table 1: pairwise accuracy (%, ties wrong) on the held-out permuted test and each independent set; "
+        "Krippendorff's α (nominal) with the model as one more coder where annotations are given "
+        f"(annotators alone: {humans}).",
+        "",
+        *rp.columns(summary["table"], cols),
+        "",
+        rp.data_line(run.counts, run.builtin),
+        "",
+    ]
     lines += _sweep_lines(trials, tests) + _stream_lines(trials + extra)
-    lines += ["## Timings", "", timing_line(run.timings), ""]
-    lines += [f"![{p.stem}]({p.name})" for p in plots]
-    return "\n".join(lines)
+    lines += ["## Timings", "", rp.timing_line(run.timings), ""]
+    return "\n".join(lines + [f"![{p.stem}]({p.name})" for p in plots])
 
 
-def _alpha_cell(value: Any) -> str:
+def _alpha_cell(row: dict[str, Any], key: str) -> str:
     """α with three decimals; a row without one (no annotated test scored) shows a dash, not 0.000 (chance)."""
-    v = num(value)
-    return "–" if v is None else f"{v:.3f}"
+    return rp.cell3(row.get(key))
 
 
 def _alpha(summary: dict[str, Any], name: str, key: str) -> Any:
-    return next((r.get(f"test/{name}/{key}") for r in summary["table"] if r.get(f"test/{name}/{key}") is not None),
-                None)
+    return next(
+        (r[f"test/{name}/{key}"] for r in summary["table"] if r.get(f"test/{name}/{key}") is not None), None
+    )
 
 
 def _sweep_lines(trials: list[TrialOutcome], tests: list[str]) -> list[str]:
@@ -103,12 +120,15 @@ def _sweep_lines(trials: list[TrialOutcome], tests: list[str]) -> list[str]:
     if not keys:
         return []
     head = [SYMBOLS.get(k, k) for k in keys] + ["dev acc", *[f"{t} acc" for t in tests]]
-    lines = ["## Sweep (full model)", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for t in trials:
-        r = best_row(t, "dev_acc") or {}
-        cells = [str(t.params.get(k)) for k in keys] + [pct(r.get("dev_acc"))]
-        lines.append("| " + " | ".join(cells + [pct(r.get(f"test/{n}/acc")) for n in tests]) + " |")
-    return [*lines, ""]
+    best = [(t, best_row(t, "dev_acc") or {}) for t in trials]
+    rows = [
+        [
+            *(str(t.params.get(k)) for k in keys),
+            *(pct(r.get(c)) for c in ["dev_acc", *(f"test/{n}/acc" for n in tests)]),
+        ]
+        for t, r in best
+    ]
+    return ["## Sweep (full model)", "", *rp.md_table(head, rows), ""]
 
 
 def _stream_lines(trials: list[TrialOutcome]) -> list[str]:
@@ -117,36 +137,39 @@ def _stream_lines(trials: list[TrialOutcome]) -> list[str]:
     for t in trials:
         mined = [h for h in t.history if num(h.get("stream/version")) is not None]
         if mined:
-            wait = sum(num(h.get("timing/mine_wait")) or 0.0 for h in mined)
-            wall = sum(num(h.get("timing/interval")) or 0.0 for h in mined)
-            stale = max(num(h.get("stream/staleness_max")) or 0.0 for h in mined)
-            refused = max(num(h.get("stream/refused")) or 0.0 for h in mined)  # counted per epoch
-            name = f"{_label(t)} {_params(t)}".strip()
-            rows.append(f"| {name} | {100 * wait / max(wall, 1e-9):.1f} | {stale:.0f} | {refused:.0f} "
-                        f"| {mined[-1].get('stream/version', 0):.0f} |")
-    if not rows:
-        return []
-    return ["## Hard-negative mining ‖ training", "",
-            "| trial | mine_wait (% of training time) | max staleness | refused (re-mined) | weight versions |",
-            "|---|---|---|---|---|", *rows, ""]  # fmt: skip
+            wait, wall, stale, refused = rp.stream_totals(mined, max)  # refused: counted per epoch
+            name = f"{_label(t)} {rp.point(t.params, SYMBOLS, empty='')}".strip()
+            rows.append(
+                [
+                    name,
+                    f"{100 * wait / max(wall, 1e-9):.1f}",
+                    f"{stale:.0f}",
+                    f"{refused:.0f}",
+                    f"{mined[-1].get('stream/version', 0):.0f}",
+                ]
+            )
+    return ["## Hard-negative mining ‖ training", "", *rp.md_table(_STREAM_HEAD, rows), ""] if rows else []
 
 
-def _plots(run_dir: Path, trials: list[TrialOutcome], extra: list[TrialOutcome], best: TrialOutcome | None,
-           metric: str) -> list[Path]:  # fmt: skip
+def _plots(
+    run_dir: Path, trials: list[TrialOutcome], extra: list[TrialOutcome], best: TrialOutcome | None, metric: str
+) -> list[Path]:
     out: list[Path] = []
     curves = [t for t in extra if t.params.get("baseline") in ("contrastive", "contrastive_hn")]
     curves += [best] if best is not None else []
     if curves:
-        with figure(run_dir / "dev_curves.png", out) as ax:
-            for t in curves:
-                pts = [(h["step"], 100 * h[metric]) for h in t.history if num(h.get(metric)) is not None]
-                ax.plot(*zip(*pts, strict=True), marker="o", label=_label(t))
-            ax.set(xlabel="training steps (items)", ylabel="dev accuracy (%)", title="Fig. 2a: dev accuracy")
-            ax.legend()
-    swept = [k for k in ("mining.num_rank", "momentum.m", "momentum.queue_size", "loss.margin", "loss.lam",
-                         "mining.max_staleness") if len({str(t.params.get(k)) for t in trials}) > 1]
+        with rp.figure(run_dir / "dev_curves.png", out) as ax:
+            rp.plot_curves(
+                ax,
+                [(_label(t), rp.curve(t, metric, skip_final=False)) for t in curves],
+                xlabel="training steps (items)",
+                ylabel="dev accuracy (%)",
+                title="Fig. 2a: dev accuracy",
+                legend={},
+            )
+    swept = [k for k in SWEPT if len({str(t.params.get(k)) for t in trials}) > 1]
     if swept:
-        with figure(run_dir / "sweep.png", out, ncols=len(swept), size=(4.5, 3.6)) as axes:
+        with rp.figure(run_dir / "sweep.png", out, ncols=len(swept), size=(4.5, 3.6)) as axes:
             for ax, key in zip(axes if len(swept) > 1 else [axes], swept, strict=True):
                 _sweep_panel(ax, trials, key, metric)
     return out

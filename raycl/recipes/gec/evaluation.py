@@ -19,12 +19,15 @@ HYPS_DIR = "test_hyps"  # in a training's folder: its best epoch's test hypothes
 
 def references(cfg: GecConfig) -> dict[str, dict[str, Any]]:
     """``{"dev": {set: refs}, "test": {set: refs}}`` of the config's M2 files."""
-    return {split: {name: load_references(specs) for name, specs in sets.items()}
-            for split, sets in (("dev", cfg.data.dev), ("test", cfg.data.test))}  # fmt: skip
+    return {
+        split: {name: load_references(specs) for name, specs in sets.items()}
+        for split, sets in (("dev", cfg.data.dev), ("test", cfg.data.test))
+    }
 
 
-def evaluate_split(cfg: GecConfig, scorer: Seq2SeqScorer, sets: dict[str, Any], *, prefix: str,
-                   hyps_dir: Path | None = None) -> dict[str, float]:  # fmt: skip
+def evaluate_split(
+    cfg: GecConfig, scorer: Seq2SeqScorer, sets: dict[str, Any], *, prefix: str, hyps_dir: Path | None = None
+) -> dict[str, float]:
     """Decode every set of a split and score it with ERRANT: ``{prefix}_f05`` (mean over sets of the
     annotator-averaged F0.5, the paper's figure) and ``{prefix}/{set}/{p,r,f05,oe,ie,...}``. ``hyps_dir``: each
     set's hypotheses kept there as ``{set}.txt`` (what the report's sign test between two rows reads)."""
@@ -51,6 +54,27 @@ def decode(cfg: GecConfig, scorer: Seq2SeqScorer, sources: list[str]) -> list[st
     """The model's correction of each source (beam ``eval.beam``; 1 = greedy, GEC-BART's test setting)."""
     scorer.eval()
     with torch.no_grad():
-        outs = scorer.generate(sources, num_beams=cfg.eval.beam, num_return_sequences=1,
-                               max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size)  # fmt: skip
+        outs = scorer.generate(
+            sources,
+            num_beams=cfg.eval.beam,
+            num_return_sequences=1,
+            max_new_tokens=cfg.eval.max_new_tokens,
+            batch_size=cfg.eval.batch_size,
+        )
     return [o[0][0] if o else "" for o in outs]
+
+
+def sign_tests(a: Path, b: Path, test: dict[str, list[str]]) -> dict[str, dict[str, float | int]]:
+    """The paper's bootstrap sign test (as ``raycl.eval gec --compare``) of training ``a`` against ``b`` on every
+    test set both kept hypotheses of (``HYPS_DIR`` in each training's folder)."""
+    from raycl.data.m2 import iter_lines
+    from raycl.evaluation.gec_metrics import HypothesisEdits, bootstrap_sign_test
+
+    out = {}
+    for name, specs in test.items():
+        files = [d / HYPS_DIR / f"{name}.txt" for d in (a, b)]
+        if all(f.exists() for f in files):
+            refs = load_references(specs)
+            x, y = (HypothesisEdits([line for _, line in iter_lines(f)], name=str(f)) for f in files)
+            out[name] = bootstrap_sign_test(x.for_ref(name, refs), y.for_ref(name, refs), refs)
+    return out

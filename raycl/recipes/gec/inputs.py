@@ -24,12 +24,15 @@ def with_data(cfg: GecConfig, data_dir: Path) -> tuple[GecConfig, list[str]]:
     if not empty:
         return cfg, []
     b = d.builtin
-    files = write_builtin_corpus(data_dir, n_train=b.n_train, n_finetune=b.n_finetune, n_dev=b.n_dev,
-                                 n_test=b.n_test, seed=b.seed)  # fmt: skip
-    fill: dict[str, Any] = {"train": [str(files["train"])], "finetune": [str(files["finetune"])],
-                            "dev": {"builtin": [str(files["dev"])]},
-                            "test": {"S": [str(files["test-s"])], "G": [str(files["test-g"])]}}  # fmt: skip
+    sizes = {"n_train": b.n_train, "n_finetune": b.n_finetune, "n_dev": b.n_dev, "n_test": b.n_test}
+    files = {k: [str(f)] for k, f in write_builtin_corpus(data_dir, **sizes, seed=b.seed).items()}
+    fill: dict[str, Any] = {
+        **files,
+        "dev": {"builtin": files["dev"]},
+        "test": {"S": files["test-s"], "G": files["test-g"]},
+    }
     return dataclasses.replace(cfg, data=dataclasses.replace(d, **{k: fill[k] for k in empty})), empty
+
 
 def check_data(cfg: GecConfig) -> dict[str, int]:
     """Sentence counts per split; every file is read (a malformed one fails here, not in a worker)."""

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from raycl import report as rp
 from raycl.data.gec import load_references
 from raycl.data.gec_corpus import stats as corpus_stats
 from raycl.data.specs import parse_spec
 from raycl.miners.false_negatives import KINDS, rate_text
 from raycl.records import TrialOutcome
-from raycl.report import best_row, best_trial, failed, figure, md_table, num, pct, write_run_files
+from raycl.report import best_row, md_table, num, pct
 
 if TYPE_CHECKING:
     from raycl.config import Space
@@ -23,84 +25,100 @@ FN_FILE = "false_negatives.json"  # a contrastive training's false-negative coun
 FN_DROPPED = "CL (false negatives dropped)"
 _LABELS = {"di": "DI", "nll": "NLL", "cl_minus": "CL⁻", "cl_fn_drop": FN_DROPPED}
 _AFTER_CL = (FN_DROPPED,)  # ladder rows listed after CL, the row they are compared with
-
-
-def _label(trial: TrialOutcome) -> str:
-    name = trial.params.get("baseline")
-    return "CL" if name is None else _LABELS.get(str(name), str(name))
-
-
-def _params_text(params: dict[str, Any]) -> str:
-    return ", ".join(f"{PARAM_NAMES.get(k, k)}={v}" for k, v in params.items() if k != "baseline") or "default"
+_ORDER = {"DI": 0, "NLL": 1, "CL⁻": 2, "CL": 4, **dict.fromkeys(_AFTER_CL, 5)}  # other baselines: 3
+_label = partial(rp.label, names=_LABELS, default="CL")
+_params_text = partial(rp.point, symbols=PARAM_NAMES)
+_DEV_AXES = {"xlabel": "epoch", "ylabel": "dev F0.5 (%)", "title": "Dev F0.5 during fine-tuning"}
+_FN_HEAD = (
+    "False negatives — selected negatives equal to another annotator's correction (the unchanged source "
+    "where one made no edit), counted before any drop; refuted/selected (rate):"
+)
 
 
 # ---------------------------------------------------------------------------------------------- files
 def write_all(run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]) -> dict[str, Any]:
     metric, mode = run.cfg.tune.metric, run.cfg.tune.mode
-    best = best_trial(trials, metric=metric, mode=mode)
-    counts = {t.trial_id: c for t in trials + extra if (c := _fn_counts(run, t)) is not None}
-    rows = [{**_result_row(t, metric, mode), **_fn_columns(counts.get(t.trial_id))} for t in trials + extra]
-    signs = _sign_tests(run, best, extra)
-    return write_run_files(run, space, rows=rows, best=_result_row(best, metric, mode) if best else None,
-                           table=_table_rows(trials, extra, metric, mode), failed_trials=failed(trials + extra),
-                           plots=lambda d: _plots(d, trials + extra, metric), sign_tests=signs,
-                           false_negatives=counts,
-                           render=lambda summary, plots: render_report(run, space, summary, trials, plots,
-                                                                       extra=extra))  # fmt: skip
+    best = rp.best_trial(trials, metric=metric, mode=mode)
+    paths = {t.trial_id: run.run_dir / "trials" / t.trial_id / FN_FILE for t in trials + extra}
+    counts = {i: json.loads(p.read_text()) for i, p in paths.items() if p.exists()}
+    return rp.write_run_files(
+        run,
+        space,
+        trials + extra,
+        row=lambda t: {**_result_row(t, metric, mode), **_fn_columns(counts.get(t.trial_id, {}))},
+        best=_result_row(best, metric, mode) if best else None,
+        table=_table_rows(trials, extra, metric, mode),
+        plots=lambda d: _plots(d, trials + extra, metric),
+        render=partial(render_report, run, space, trials=trials, extra=extra),
+        sign_tests=_sign_tests(run, best, extra),
+        false_negatives=counts,
+    )
 
 
 def _result_row(trial: TrialOutcome, metric: str, mode: str) -> dict[str, Any]:
     row = best_row(trial, metric, mode) or (trial.history[-1] if trial.history else {})
-    out: dict[str, Any] = {"trial_id": trial.trial_id, "method": _label(trial), **trial.params}
-    keep = ("epoch", "loss", "checkpoint_path")
-    out.update({k: v for k, v in row.items() if k in keep or k.startswith(("dev", "test", "timing/", "stream/"))})
-    return {**out, "error": trial.error} if trial.error else out
+    keep = ("epoch", "loss", "checkpoint_path"), ("dev", "test", "timing/", "stream/")
+    return rp.trial_row(trial, {"method": _label(trial)}, row, *keep)
 
 
-def _table_rows(trials: list[TrialOutcome], extra: list[TrialOutcome], metric: str, mode: str
-                ) -> list[dict[str, Any]]:  # fmt: skip
-    """Table 2's rows in the paper's order: DI, NLL, CL⁻, then other baselines, CL (the best CL trial by dev)."""
-    order = {"DI": 0, "NLL": 1, "CL⁻": 2}
-    rows = [{"method": _label(t), **(best_row(t, metric, mode) or {})}
-            for t in sorted(extra, key=lambda t: order.get(_label(t), 3))]  # fmt: skip
-    best = best_trial(trials, metric=metric, mode=mode)
-    if best is not None:
+def _table_rows(trials: list[TrialOutcome], extra: list[TrialOutcome], metric: str, mode: str) -> list[dict]:
+    """Table 2's rows in the paper's order: DI, NLL, CL⁻, then other baselines, CL (the best CL trial by dev), then
+    the rows compared with CL."""
+    rows = [{"method": _label(t), **(best_row(t, metric, mode) or {})} for t in extra]
+    if best := rp.best_trial(trials, metric=metric, mode=mode):
         rows.append({"method": "CL", "params": _params_text(best.params), **(best_row(best, metric, mode) or {})})
-    return [r for r in rows if r["method"] not in _AFTER_CL] + [r for r in rows if r["method"] in _AFTER_CL]
+    return sorted(rows, key=lambda r: _ORDER.get(r["method"], 3))
 
 
-def render_report(run: Run, space: Space, summary: dict[str, Any], trials: list[TrialOutcome], plots: list[Path],
-                  *, extra: Sequence[TrialOutcome] = ()) -> str:  # fmt: skip
+def render_report(
+    run: Run,
+    space: Space,
+    summary: dict[str, Any],
+    plots: list[Path],
+    *,
+    trials: list[TrialOutcome],
+    extra: Sequence[TrialOutcome] = (),
+) -> str:
     cfg, tests, table = run.cfg, list(run.cfg.data.test), summary["table"]
-    lines = [f"# raycl — {space.name}: GEC with contrastive learning (Cao, Yang, Ng 2021)", "",
-             f"Run folder `{run.run_dir}`; model preset `{cfg.model.preset}`"
-             f"{' (' + cfg.model.name + ')' if cfg.model.name else ''}; "
-             f"built-in data for: {', '.join(run.builtin) or 'none'}.", "", "## Results on test (Table 2)", "",
-             "P / R / F0.5 in %, each the average over the test set's annotators (the paper's protocol); "
-             "the CL row is the sweep's best point by dev F0.5, the other rows run at that point.", "",
-             *md_table(["Method", *(f"{t} {k}" for t in tests for k in ("P", "R", "F0.5")), "dev F0.5"],
-                       [[r["method"] + (f" ({r['params']})" if r.get("params") else ""),
-                         *(pct(r.get(f"test/{t}/{k}")) for t in tests for k in ("p", "r", "f05")),
-                         pct(r.get("dev_f05"))] for r in table]),
-             *_sign_lines(summary.get("sign_tests", [])),
-             *_fn_lines(summary.get("false_negatives", {}), [*trials, *extra]),
-             "", "## Over-correction and ignored edits (Table 3)", "",
-             *md_table(["Method", *(f"{t} {k} ratio" for t in tests for k in ("IE", "OE"))],
-                       [[r["method"], *(pct(r.get(f"test/{t}/{k}")) for t in tests for k in ("ie", "oe"))]
-                        for r in table]),
-             "", "## Sweep (dev F0.5, %, best epoch of each trial)", ""]  # fmt: skip
-    best_rows = sorted(((best_row(t, "dev_f05") or {}, t) for t in trials),
-                       key=lambda rt: num(rt[0].get("dev_f05")) or -1.0, reverse=True)  # fmt: skip
-    lines += md_table(["Point", "dev F0.5", "epoch"], [[_params_text(t.params), pct(r.get("dev_f05")),
-                                                         r.get("epoch", "–")] for r, t in best_rows])
-    lines += ["", "## Data (Table 1)", "", *md_table(["Usage", "Files", "#sent", "err%", "e/s"], _data_rows(cfg)),
-              "", "## Timings", "", *(f"- {k.removesuffix('_s')}: {v:.1f} s" for k, v in run.timings.items())]
+    builtin = ", ".join(run.builtin) or "none"
+    model = f"`{cfg.model.preset}`" + (f" ({cfg.model.name})" if cfg.model.name else "")
+    prf = rp.pct_columns(
+        (f"{t} {k}", f"test/{t}/{k.lower().replace('.', '')}") for t in tests for k in ("P", "R", "F0.5")
+    )
+    ratios = rp.pct_columns((f"{t} {k} ratio", f"test/{t}/{k.lower()}") for t in tests for k in ("IE", "OE"))
+    method: rp.Column = ("Method", lambda r: r["method"])
+    name: rp.Column = ("Method", lambda r: r["method"] + (f" ({r['params']})" if r.get("params") else ""))
+    dev: rp.Column = ("dev F0.5", lambda r: pct(r.get("dev_f05")))
+    best = sorted(
+        ((best_row(t, "dev_f05") or {}, t) for t in trials),
+        key=lambda rt: num(rt[0].get("dev_f05")) or -1.0,
+        reverse=True,
+    )
+    intro = (
+        "P / R / F0.5 in %, each the average over the test set's annotators (the paper's protocol); the CL "
+        "row is the sweep's best point by dev F0.5, the other rows run at that point."
+    )
+    sweep = [[_params_text(t.params), pct(r.get("dev_f05")), r.get("epoch", "–")] for r, t in best]
+    lines = [
+        f"# raycl — {space.name}: GEC with contrastive learning (Cao, Yang, Ng 2021)",
+        "",
+        f"Run folder `{run.run_dir}`; model preset {model}; built-in data for: {builtin}.",
+        *rp.section("Results on test (Table 2)", intro, "", *rp.columns(table, [name, *prf, dev])),
+        *_sign_lines(summary.get("sign_tests", [])),
+        *_fn_lines(summary.get("false_negatives", {}), [*trials, *extra]),
+        *rp.section("Over-correction and ignored edits (Table 3)", *rp.columns(table, [method, *ratios])),
+        *rp.section(
+            "Sweep (dev F0.5, %, best epoch of each trial)", *md_table(["Point", "dev F0.5", "epoch"], sweep)
+        ),
+        *rp.section("Data (Table 1)", *md_table(["Usage", "Files", "#sent", "err%", "e/s"], _data_rows(cfg))),
+        *rp.section("Timings", *(f"- {k.removesuffix('_s')}: {v:.1f} s" for k, v in run.timings.items())),
+    ]
     steps = [v for t in trials for r in t.history if (v := num(r.get("timing/step"))) is not None]
     if steps:
         lines.append(f"- mean fine-tuning step: {1000 * sum(steps) / len(steps):.1f} ms")
     lines += _nbest_lines(run) + _stream_lines(trials)
     if plots:
-        lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots]
+        lines += rp.section("Plots", *(f"![{p.stem}]({p.name})" for p in plots))
     if summary["failed_trials"]:
         lines += ["", f"Failed trials: {', '.join(summary['failed_trials'])}"]
     return "\n".join(lines)
@@ -112,14 +130,17 @@ def _nbest_lines(run: Run) -> list[str]:
     if not meta_path.exists():
         return []
     meta = json.loads(meta_path.read_text())
-    o = meta.get("options", {})
-    how = (f"reused from an earlier run ({meta.get('resumed', 0)} lists)" if not meta.get("beam_searched")
-           else f"{meta['beam_searched']} sentences beam-searched in {meta.get('mine_s', 0.0):.1f} s of miner time"
-           + (f", {meta['resumed']} reused" if meta.get("resumed") else ""))  # fmt: skip
+    o, resumed = meta.get("options", {}), meta.get("resumed")
+    how = f"reused from an earlier run ({meta.get('resumed', 0)} lists)"
+    if searched := meta.get("beam_searched"):
+        how = f"{searched} sentences beam-searched in {meta.get('mine_s', 0.0):.1f} s of miner time"
+        how += f", {resumed} reused" if resumed else ""
     engine = str(meta.get("engine") or o.get("engine")) + (" (auto)" * (meta.get("engine_requested") == "auto"))
-    return [f"- n-best lists of D_F mined once for the whole run (`nbest/`, beam {o.get('beam')}, engine "
-            f"{engine}, {o.get('precision')}): {meta['examples']} sentences, {how}; every trial selected its k "
-            "and CL/CL⁻ from them"]
+    return [
+        f"- n-best lists of D_F mined once for the whole run (`nbest/`, beam {o.get('beam')}, engine "
+        f"{engine}, {o.get('precision')}): {meta['examples']} sentences, {how}; every trial selected its k "
+        "and CL/CL⁻ from them"
+    ]
 
 
 def _stream_lines(trials: list[TrialOutcome]) -> list[str]:
@@ -127,78 +148,65 @@ def _stream_lines(trials: list[TrialOutcome]) -> list[str]:
     rows = [r for t in trials for r in t.history if num(r.get("stream/negatives"))]
     if not rows:
         return ["- negatives: pre-mined or not needed (no miner pool in these trials)"]
-    wait = sum(num(r.get("timing/mine_wait")) or 0.0 for r in rows)
+    wait, wall, stale, refused = rp.stream_totals(rows)
     first = sum(num(r.get("timing/mine_wait_first")) or 0.0 for r in rows)
-    wall = sum(num(r.get("timing/interval")) or 0.0 for r in rows)
-    stale = max(num(r.get("stream/staleness_max")) or 0.0 for r in rows)
-    refused = sum(num(r.get("stream/refused")) or 0.0 for r in rows)
-    return [f"- mine_wait (trainers waiting for negatives): {wait:.1f} s of {wall:.1f} s of training "
-            f"({100 * wait / max(wall, 1e-9):.1f}%; steady state without each epoch's first batch: "
-            f"{100 * (wait - first) / max(wall - first, 1e-9):.1f}%)",
-            f"- staleness of the negatives used: max {stale:.0f} versions; refused as too stale: {refused:.0f}"]
+    return [
+        f"- mine_wait (trainers waiting for negatives): {wait:.1f} s of {wall:.1f} s of training "
+        f"({100 * wait / max(wall, 1e-9):.1f}%; steady state without each epoch's first batch: "
+        f"{100 * (wait - first) / max(wall - first, 1e-9):.1f}%)",
+        f"- staleness of the negatives used: max {stale:.0f} versions; refused as too stale: {refused:.0f}",
+    ]
 
 
 def _data_rows(cfg: Any) -> list[list[Any]]:
-    splits = [("Train (D_T)", cfg.data.train), ("Fine-tune (D_F)", cfg.data.finetune),
-              *((f"Dev {n}", s) for n, s in cfg.data.dev.items()),
-              *((f"Test {n}", s) for n, s in cfg.data.test.items())]
-    out: list[list[Any]] = []
-    for usage, specs in splits:
-        m2 = [s for s in specs if parse_spec(s).format == "m2"]
-        sents = load_references(m2) if m2 else []
+    """Table 1: each split's files, sentences, erroneous sentences (%) and edits per erroneous sentence."""
+    d, out = cfg.data, []
+    for usage, specs in [
+        ("Train (D_T)", d.train),
+        ("Fine-tune (D_F)", d.finetune),
+        *((f"Dev {n}", s) for n, s in d.dev.items()),
+        *((f"Test {n}", s) for n, s in d.test.items()),
+    ]:
+        sents = load_references(m2) if (m2 := [s for s in specs if parse_spec(s).format == "m2"]) else []
         st = corpus_stats(sents) if sents else None
-        out.append([usage, ", ".join(Path(s).name for s in specs) if st else ", ".join(specs),
-                    *((len(sents), f"{100 * st['err_rate']:.1f}", f"{st['edits_per_error']:.1f}") if st
-                      else ("–", "–", "–"))])  # fmt: skip
+        stats = [len(sents), f"{100 * st['err_rate']:.1f}", f"{st['edits_per_error']:.1f}"] if st else ["–"] * 3
+        out.append([usage, ", ".join(Path(s).name for s in specs) if st else ", ".join(specs), *stats])
     return out
 
 
 # ---------------------------------------------------------------------------------------------- false negatives
-def _fn_counts(run: Run, trial: TrialOutcome) -> dict[str, Any] | None:
-    path = run.run_dir / "trials" / trial.trial_id / FN_FILE
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def _fn_columns(counts: dict[str, Any] | None) -> dict[str, Any]:
-    """results.csv's columns of a trial's false-negative counts (``fn/source_selected``, ...)."""
-    if counts is None:
-        return {}
-    return {f"fn/{kind}_{what}": counts[kind][what] for kind in KINDS for what in ("selected", "refuted")}
+def _fn_columns(counts: dict[str, Any]) -> dict[str, Any]:
+    """results.csv's columns of a trial's false-negative counts (``fn/source_selected``, ...), if it has some."""
+    return {f"fn/{k}_{what}": counts[k][what] for k in KINDS for what in ("selected", "refuted") if counts}
 
 
 def _fn_lines(counts: dict[str, dict[str, Any]], trials: list[TrialOutcome]) -> list[str]:
     """Each contrastive training's negatives that another annotator's correction equals, counted before a drop."""
-    if not counts:
-        return []
-    rows = [[_label(t), _params_text(t.params), counts[t.trial_id].get("mode", "keep"),
-             *(rate_text(counts[t.trial_id], kind) for kind in KINDS)] for t in trials if t.trial_id in counts]
-    return ["", "False negatives — selected negatives equal to another annotator's correction (the unchanged "
-            "source where one made no edit), counted before any drop; refuted/selected (rate):", "",
-            *md_table(["Training", "Point", "mining.false_negatives", "source", "beam"], rows)]
+    head = ["Training", "Point", "mining.false_negatives", "source", "beam"]
+    fn = [(t, counts[t.trial_id]) for t in trials if t.trial_id in counts]
+    rows = [
+        [_label(t), _params_text(t.params), c.get("mode", "keep"), *(rate_text(c, k) for k in KINDS)]
+        for t, c in fn
+    ]
+    return ["", _FN_HEAD, "", *md_table(head, rows)] if counts else []
 
 
 def _sign_tests(run: Run, best: TrialOutcome | None, extra: list[TrialOutcome]) -> list[dict[str, Any]]:
-    """The paper's bootstrap sign test (``raycl.eval --compare``) of each row after CL against CL, on every test
-    set, from the two trainings' kept test hypotheses."""
-    from raycl.data.m2 import iter_lines
-    from raycl.evaluation.gec_metrics import HypothesisEdits, bootstrap_sign_test
-    from raycl.recipes.gec.evaluation import HYPS_DIR
+    """Each row after CL against CL (the paper's bootstrap sign test on every test set)."""
+    from raycl.recipes.gec.evaluation import sign_tests
 
     if best is None:
         return []
-    out = []
-    for t in (t for t in extra if _label(t) in _AFTER_CL):
-        dirs = [run.run_dir / "trials" / x.trial_id / HYPS_DIR for x in (t, best)]
-        tests = {}
-        for name, specs in run.cfg.data.test.items():
-            files = [d / f"{name}.txt" for d in dirs]
-            if not all(f.exists() for f in files):
-                continue
-            refs = load_references(specs)
-            a, b = (HypothesisEdits([line for _, line in iter_lines(f)], name=str(f)) for f in files)
-            tests[name] = bootstrap_sign_test(a.for_ref(name, refs), b.for_ref(name, refs), refs)
-        out.append({"method": _label(t), "against": "CL", "tests": tests})
-    return out
+    trials = run.run_dir / "trials"
+    return [
+        {
+            "method": _label(t),
+            "against": "CL",
+            "tests": sign_tests(trials / t.trial_id, trials / best.trial_id, run.cfg.data.test),
+        }
+        for t in extra
+        if _label(t) in _AFTER_CL
+    ]
 
 
 def _sign_lines(signs: list[dict[str, Any]]) -> list[str]:
@@ -208,39 +216,33 @@ def _sign_lines(signs: list[dict[str, Any]]) -> list[str]:
 
     lines = []
     for s in signs:
-        got = "; ".join(f"{n}: wins {t['wins']}, losses {t['losses']}, ties {t['ties']}, p = {t['p_value']:.3g} "
-                        f"({s['against']} better: p = {sign_test_p(t['losses'], t['wins']):.3g})"
-                        for n, t in s["tests"].items()) or "no test hypotheses kept"  # fmt: skip
-        lines += ["", f"Sign test, {s['method']} better than {s['against']} (one-tailed, 100 bootstrap samples of "
-                  f"each test set, as `raycl.eval gec --compare`): {got}."]
+        how = f"{s['method']} better than {s['against']} (one-tailed, 100 bootstrap samples of each test set, as"
+        got = [
+            f"{n}: wins {t['wins']}, losses {t['losses']}, ties {t['ties']}, p = {t['p_value']:.3g} "
+            f"({s['against']} better: p = {sign_test_p(t['losses'], t['wins']):.3g})"
+            for n, t in s["tests"].items()
+        ]
+        lines += [
+            "",
+            f"Sign test, {how} `raycl.eval gec --compare`): {'; '.join(got) or 'no test hypotheses kept'}.",
+        ]
     return lines
 
 
 # ---------------------------------------------------------------------------------------------- plots
-def _curve(trial: TrialOutcome, metric: str) -> tuple[list[float], list[float]]:
-    """(epochs, metric in %) of the reports that carry ``metric``."""
-    pts = [(float(r.get("epoch", 0)), num(r.get(metric))) for r in trial.history]
-    kept = [(e, v) for e, v in pts if v is not None]
-    return [e for e, _ in kept], [100 * v for _, v in kept]
-
-
 def _plots(run_dir: Path, trials: list[TrialOutcome], metric: str) -> list[Path]:
     out: list[Path] = []
-    with figure(run_dir / "dev_curves.png", out) as ax:
-        for t in trials:
-            xs, ys = _curve(t, metric)
-            if xs:
-                ax.plot(xs, ys, marker="o", label=f"{_label(t)} {_params_text(t.params)}")
-        ax.set(xlabel="epoch", ylabel="dev F0.5 (%)", title="Dev F0.5 during fine-tuning")
-        ax.legend(fontsize=6, loc="best")
+    with rp.figure(run_dir / "dev_curves.png", out) as ax:
+        curves = [(f"{_label(t)} {_params_text(t.params)}", rp.curve(t, metric, "epoch", False)) for t in trials]
+        rp.plot_curves(ax, curves, legend={"fontsize": 6, "loc": "best"}, **_DEV_AXES)
     cl = [t for t in trials if "loss.margin" in t.params and "baseline" not in t.params]
     if cl:
-        with figure(run_dir / "sweep.png", out) as ax:
+        with rp.figure(run_dir / "sweep.png", out) as ax:
             for k in sorted({t.params.get("mining.k") for t in cl}, key=str):
-                pts = [(float(t.params["loss.margin"]), num((best_row(t, metric) or {}).get(metric)))
-                       for t in cl if t.params.get("mining.k") == k]  # fmt: skip
-                kept = sorted((g, 100 * v) for g, v in pts if v is not None)
-                ax.plot([g for g, _ in kept], [v for _, v in kept], marker="o", label=f"k={k}")
+                ts = [t for t in cl if t.params.get("mining.k") == k]
+                got = [(float(t.params["loss.margin"]), rp.best_value(t, metric)) for t in ts]
+                pts = sorted((g, 100 * v) for g, v in got if v is not None)
+                ax.plot([g for g, _ in pts], [v for _, v in pts], marker="o", label=f"k={k}")
             ax.set(xlabel="margin γ", ylabel="best dev F0.5 (%)", title="Sweep: dev F0.5 against γ and k")
             ax.legend()
     return out

@@ -21,7 +21,7 @@ from raycl.data.semeval import (
     read_rows,
     write_submission_a,
 )
-from raycl.evaluation.semeval_metrics import LANGUAGE_SETS, evaluate_idiom, score_idiom
+from raycl.evaluation.semeval_metrics import evaluate_idiom, idiom_f1s
 from raycl.models.classifier import encode_batch
 
 if TYPE_CHECKING:
@@ -36,8 +36,9 @@ def model_input(example: IdiomExample, setting: str) -> ModelInput:
 
 
 @torch.no_grad()
-def predict(model: Any, tokenizer: Any, inputs: Sequence[ModelInput], *, max_len: int, batch_size: int
-            ) -> list[int]:  # fmt: skip
+def predict(
+    model: Any, tokenizer: Any, inputs: Sequence[ModelInput], *, max_len: int, batch_size: int
+) -> list[int]:
     """The argmax label of every input (0 idiomatic, 1 non-idiomatic); the caller sets eval mode."""
     device = next(model.parameters()).device
     out: list[int] = []
@@ -53,8 +54,9 @@ def _f1s(prefix: str, scores: dict[str, float | None]) -> dict[str, float | None
     return {prefix if langs == "EN,PT" else f"{prefix}/{langs}": v for langs, v in scores.items()}
 
 
-def write_submission(format_csv: str, examples: Sequence[IdiomExample],
-                     preds: dict[tuple[str, str], Value], out: Path) -> Path:  # fmt: skip
+def write_submission(
+    format_csv: str, examples: Sequence[IdiomExample], preds: dict[tuple[str, str], Value], out: Path
+) -> Path:
     """The official submission: the format file filled (``fill_submission``), or, without one, the official
     layout in input order; cells without a prediction stay blank."""
     if format_csv:
@@ -74,30 +76,34 @@ class Evaluator:
 
     def _predict(self, model: Any, tokenizer: Any, examples: Sequence[IdiomExample]) -> list[int]:
         inputs = [model_input(e, self.setting) for e in examples]
-        return predict(model, tokenizer, inputs, max_len=self.cfg.model.max_len,
-                       batch_size=self.cfg.eval.batch_size)  # fmt: skip
+        return predict(
+            model, tokenizer, inputs, max_len=self.cfg.model.max_len, batch_size=self.cfg.eval.batch_size
+        )
 
     def dev_scores(self, model: Any, tokenizer: Any) -> dict[str, float | None]:
         """Official dev macro-F1 of this setting: ``dev_f1`` (EN+PT), ``dev_f1/EN``, ``dev_f1/PT``."""
         labels = self._predict(model, tokenizer, self.dev)
-        rows = [(i + 2, [e.id, e.language, self.setting, str(y)]) for i, (e, y) in enumerate(zip(self.dev, labels,
-                                                                                                strict=True))]
+        rows = [
+            (i + 2, [e.id, e.language, self.setting, str(y)])
+            for i, (e, y) in enumerate(zip(self.dev, labels, strict=True))
+        ]
         names = (f"{self.setting} dev predictions", self.cfg.data.dev_gold)
-        return _f1s("dev_f1", {",".join(langs): score_idiom(rows, self.dev_gold, setting=self.setting,
-                                                            languages=langs, names=names)
-                               for langs in LANGUAGE_SETS})  # fmt: skip
+        return _f1s("dev_f1", idiom_f1s(rows, self.dev_gold, setting=self.setting, names=names))
 
     def final(self, model: Any, tokenizer: Any, out_dir: Path) -> dict[str, float | None]:
         """This setting's rows of ``dev.submission.csv`` and ``eval.submission.csv``, officially scored."""
         d, out = self.cfg.data, {}
-        splits = (("dev", self.dev, d.dev_submission_format, d.dev_gold, "dev_f1"),
-                  ("eval", self.eval, d.eval_submission_format, d.eval_gold, "test_f1"))  # fmt: skip
+        splits = (
+            ("dev", self.dev, d.dev_submission_format, d.dev_gold, "dev_f1"),
+            ("eval", self.eval, d.eval_submission_format, d.eval_gold, "test_f1"),
+        )
         for split, examples, fmt, gold, prefix in splits:
             if not examples:
                 continue
             labels = self._predict(model, tokenizer, examples)
-            preds: dict[tuple[str, str], Value] = {(e.id, self.setting): y for e, y in zip(examples, labels,
-                                                                                          strict=True)}
+            preds: dict[tuple[str, str], Value] = {
+                (e.id, self.setting): y for e, y in zip(examples, labels, strict=True)
+            }
             sub = write_submission(fmt, examples, preds, out_dir / f"{split}.submission.csv")
             if gold:
                 out.update(_f1s(prefix, evaluate_idiom(sub, gold)[self.setting]))

@@ -22,11 +22,22 @@ from raycl.data.semeval_corpus import write_builtin_semeval
 from raycl.errors import UserError, at
 
 # ---------------------------------------------------------------------------------------------- Subtask A
-A_KEYS = {"train_zero_shot": "a.train_zero_shot", "train_one_shot": "a.train_one_shot", "dev": "a.dev",
-             "dev_gold": "a.dev_gold", "dev_submission_format": "a.dev_submission_format", "eval": "a.eval",
-             "eval_gold": "a.eval_gold", "eval_submission_format": "a.eval_submission_format"}  # fmt: skip
-SPLIT_OF = {"dev_gold": "dev", "dev_submission_format": "dev", "eval_gold": "eval",
-            "eval_submission_format": "eval"}  # fmt: skip
+A_KEYS = {
+    "train_zero_shot": "a.train_zero_shot",
+    "train_one_shot": "a.train_one_shot",
+    "dev": "a.dev",
+    "dev_gold": "a.dev_gold",
+    "dev_submission_format": "a.dev_submission_format",
+    "eval": "a.eval",
+    "eval_gold": "a.eval_gold",
+    "eval_submission_format": "a.eval_submission_format",
+}
+SPLIT_OF = {
+    "dev_gold": "dev",
+    "dev_submission_format": "dev",
+    "eval_gold": "eval",
+    "eval_submission_format": "eval",
+}
 
 
 def idiom_with_data(cfg: IdiomConfig, data_dir: Path) -> tuple[IdiomConfig, list[str]]:
@@ -39,6 +50,7 @@ def idiom_with_data(cfg: IdiomConfig, data_dir: Path) -> tuple[IdiomConfig, list
     files = write_builtin_semeval(data_dir, seed=d.builtin.seed)
     fill: dict[str, Any] = {k: str(files[A_KEYS[k]]) for k in empty}
     return dataclasses.replace(cfg, data=dataclasses.replace(d, **fill)), empty
+
 
 def idiom_check_data(cfg: IdiomConfig) -> dict[str, int]:
     """Read every file in the driver: a malformed one fails here (one line, exit 2), not in a worker."""
@@ -54,9 +66,11 @@ def idiom_check_data(cfg: IdiomConfig) -> dict[str, int]:
         examples = _inputs(getattr(d, split), getattr(d, f"{split}_gold"), f"{split}_gold")
         counts[split] = len(examples)
         if getattr(d, f"{split}_submission_format"):
-            _check_format(getattr(d, f"{split}_submission_format"), examples, cfg.settings,
-                          f"{split}_submission_format")  # fmt: skip
+            _check_format(
+                getattr(d, f"{split}_submission_format"), examples, cfg.settings, f"{split}_submission_format"
+            )
     return counts
+
 
 def _inputs(path: str, gold: str, key: str) -> list[IdiomExample]:
     """A dev/eval input file, checked against its gold file (the same IDs in the same order, as upstream)."""
@@ -72,5 +86,7 @@ def _check_format(path: str, examples: list[IdiomExample], settings: tuple[str, 
     for e in examples:
         for s in settings:
             if (e.id, s) not in rows:
-                raise UserError(f"{at(path)}: no row for ID {e.id} setting {s}; expected the IDs of "
-                                f"data.{key.removesuffix('_submission_format')}")  # fmt: skip
+                raise UserError(
+                    f"{at(path)}: no row for ID {e.id} setting {s}; expected the IDs of "
+                    f"data.{key.removesuffix('_submission_format')}"
+                )

@@ -6,13 +6,15 @@ PNG of dev F1 over epochs per strategy."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from raycl import report as rp
 from raycl.data.semeval import A_SETTINGS, A_SUBMISSION_HEADER, Value, read_idiom_inputs, read_rows
 from raycl.evaluation.semeval_metrics import evaluate_idiom
 from raycl.recipes.idiom.evaluation import write_submission
-from raycl.report import closing_lines, failed, figure, num, pct, write_run_files
+from raycl.report import final_row, num, pct
 
 if TYPE_CHECKING:
     from raycl.config import Space
@@ -22,11 +24,7 @@ if TYPE_CHECKING:
 
 METHOD_NAMES = {"fgm": "FGM", "pgd": "PGD", "freelb": "FreeLB", "smart": "SMART"}
 SETTING_NAMES = {"zero_shot": "zero-shot", "one_shot": "one-shot"}
-
-
-def final_row(trial: TrialOutcome) -> dict[str, Any] | None:
-    """The trial's closing report (its official scores), or None when it did not finish."""
-    return next((r for r in reversed(trial.history) if num(r.get("final")) == 1), None)
+_SCORES = ("dev_f1", "test_f1")  # a closing report's official scores
 
 
 def setting_of(trial: TrialOutcome) -> str | None:
@@ -37,13 +35,13 @@ def setting_of(trial: TrialOutcome) -> str | None:
 
 def best_trials(trials: list[TrialOutcome], *, metric: str, mode: str = "max") -> dict[str, TrialOutcome]:
     """Per setting, the trial whose closing report has the best ``metric`` (dev F1 of the kept epoch)."""
-    sign, out = (1.0 if mode == "max" else -1.0), {}
-    for setting in A_SETTINGS:
-        scored = [(sign * v, -i) for i, t in enumerate(trials)
-                  if setting_of(t) == setting and (v := num((final_row(t) or {}).get(metric))) is not None]
-        if scored:
-            out[setting] = trials[-max(scored)[1]]
-    return out
+    score = partial(_final_score, metric=metric)
+    picked = {s: rp.pick([t for t in trials if setting_of(t) == s], score, mode) for s in A_SETTINGS}
+    return {s: t for s, t in picked.items() if t is not None}
+
+
+def _final_score(trial: TrialOutcome, metric: str) -> float | None:
+    return num((final_row(trial) or {}).get(metric))
 
 
 def strategy(cfg: IdiomConfig, over: dict[str, Any]) -> str:
@@ -54,7 +52,7 @@ def strategy(cfg: IdiomConfig, over: dict[str, Any]) -> str:
 
 
 def _scores(row: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in row.items() if k.startswith(("dev_f1", "test_f1"))}
+    return {k: v for k, v in row.items() if k.startswith(_SCORES)}
 
 
 def _overrides(trial: TrialOutcome, baselines: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -63,12 +61,8 @@ def _overrides(trial: TrialOutcome, baselines: dict[str, dict[str, Any]]) -> dic
 
 def _row(run: Run, trial: TrialOutcome, baselines: dict[str, dict[str, Any]]) -> dict[str, Any]:
     final = final_row(trial) or {}
-    row: dict[str, Any] = {"trial_id": trial.trial_id, "setting": setting_of(trial),
-                           "strategy": strategy(run.cfg, _overrides(trial, baselines)), **trial.params,
-                           "best_epoch": final.get("best_epoch"), **_scores(final)}  # fmt: skip
-    if trial.error:
-        row["error"] = trial.error
-    return row
+    head = {"setting": setting_of(trial), "strategy": strategy(run.cfg, _overrides(trial, baselines))}
+    return rp.trial_row(trial, head, {"best_epoch": final.get("best_epoch"), **final}, ("best_epoch",), _SCORES)
 
 
 # ---------------------------------------------------------------------------------------------- the run's files
@@ -76,14 +70,15 @@ def export_submissions(run: Run, chosen: dict[str, TrialOutcome]) -> dict[str, A
     """``dev.submission.csv`` and ``eval.submission.csv`` of the run: each setting's rows from its chosen
     trial; scored with ``evaluate_idiom`` where gold exists (``{split: {setting: {langs: F1}}}``)."""
     d, scores = run.cfg.data, {}
-    for split, inputs, fmt, gold in (("dev", d.dev, d.dev_submission_format, d.dev_gold),
-                                     ("eval", d.eval, d.eval_submission_format, d.eval_gold)):  # fmt: skip
+    for split, inputs, fmt, gold in (
+        ("dev", d.dev, d.dev_submission_format, d.dev_gold),
+        ("eval", d.eval, d.eval_submission_format, d.eval_gold),
+    ):
         preds: dict[tuple[str, str], Value] = {}
         for setting, trial in chosen.items():
             path = run.run_dir / "trials" / trial.trial_id / f"{split}.submission.csv"
-            if path.exists():
-                preds.update({(r[0], setting): int(r[3]) for _, r in read_rows(path, A_SUBMISSION_HEADER)
-                              if r[2] == setting and r[3] != ""})  # fmt: skip
+            rows = read_rows(path, A_SUBMISSION_HEADER) if path.exists() else []
+            preds.update({(r[0], setting): int(r[3]) for _, r in rows if r[2] == setting and r[3] != ""})
         if not inputs or not preds:
             continue
         sub = write_submission(fmt, read_idiom_inputs(inputs), preds, run.run_dir / f"{split}.submission.csv")
@@ -92,8 +87,9 @@ def export_submissions(run: Run, chosen: dict[str, TrialOutcome]) -> dict[str, A
     return scores
 
 
-def _ladder(run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome],
-            best: dict[str, TrialOutcome]) -> list[dict[str, Any]]:  # fmt: skip
+def _ladder(
+    run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome], best: dict[str, TrialOutcome]
+) -> list[dict[str, Any]]:
     """Table rows: the baselines in the space's order at each setting's best point, then the sweep's best; or,
     without baselines, one row per strategy trained."""
     groups: dict[str, dict[str, TrialOutcome]] = {}
@@ -121,27 +117,33 @@ def write_all(run: Run, space: Space, trials: list[TrialOutcome], extra: list[Tr
     best = best_trials(trials, metric=run.cfg.tune.metric, mode=run.cfg.tune.mode)
     official = export_submissions(run, best)
     table = _ladder(run, space, trials, extra, best)
-    return write_run_files(run, space, rows=[_row(run, t, space.baselines) for t in trials + extra],
-                           best={s: _row(run, t, space.baselines) for s, t in best.items()} or None, table=table,
-                           official=official, failed_trials=failed(trials + extra),
-                           plots=lambda d: [_plot(d, _curves(table, trials + extra))],
-                           render=lambda summary, plots: _render(run, space, summary, trials, plots))
+    return rp.write_run_files(
+        run,
+        space,
+        trials + extra,
+        row=partial(_row, run, baselines=space.baselines),
+        best={s: _row(run, t, space.baselines) for s, t in best.items()} or None,
+        table=table,
+        official=official,
+        plots=lambda d: [_plot(d, _curves(table, trials + extra))],
+        render=partial(_render, run, space, trials=trials),
+    )
 
 
 def _curves(table: list[dict[str, Any]], trials: list[TrialOutcome]) -> list[tuple[str, TrialOutcome]]:
     """``(row name, trial)`` of every table row's trials."""
     by_id = {t.trial_id: t for t in trials}
-    return [(r["method"], by_id[r[f"{s}/trial_id"]]) for r in table
-            for s in A_SETTINGS if r.get(f"{s}/trial_id") in by_id]  # fmt: skip
+    return [
+        (r["method"], by_id[r[f"{s}/trial_id"]])
+        for r in table
+        for s in A_SETTINGS
+        if r.get(f"{s}/trial_id") in by_id
+    ]
 
 
 def _table(rows: list[dict[str, Any]], keys: Sequence[tuple[str, str]]) -> list[str]:
-    head = ["Strategy", *[f"{SETTING_NAMES[s]} {name}" for s in A_SETTINGS for _, name in keys]]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        cells = [pct(r.get(f"{s}/{k}")) for s in A_SETTINGS for k, _ in keys]
-        lines.append(f"| {r['method']} | " + " | ".join(cells) + " |")
-    return lines
+    cols = rp.pct_columns((f"{SETTING_NAMES[s]} {name}", f"{s}/{k}") for s in A_SETTINGS for k, name in keys)
+    return rp.columns(rows, [("Strategy", lambda r: r["method"]), *cols])
 
 
 def _int(v: Any) -> str:
@@ -149,51 +151,69 @@ def _int(v: Any) -> str:
     return "–" if f is None else str(int(f))  # Tune's history holds numbers as floats
 
 
-def _point(trial: TrialOutcome) -> str:
-    return ", ".join(f"{k}={v}" for k, v in trial.params.items() if k != "data.setting") or "default"
-
-
 def _point_of(row: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in row.items() if "." in k and k != "data.setting") or "default"
 
 
-def _render(run: Run, space: Space, summary: dict[str, Any], trials: list[TrialOutcome],
-            plots: list[Path]) -> str:  # fmt: skip
+def _render(
+    run: Run, space: Space, summary: dict[str, Any], plots: list[Path], *, trials: list[TrialOutcome]
+) -> str:
     rows, best = summary["table"], summary["best"] or {}
     points = "; ".join(f"{SETTING_NAMES[s]}: {r['strategy']} ({_point_of(r)})" for s, r in best.items())
-    lines = [f"# SemEval-2022 Task 2 Subtask A — {space.name}", "",
-             "Tables 3–4: macro-F1 (%, EN+PT) of the official evaluator; dev = the epoch kept on dev (with the "
-             "EMA weights where EMA is on), test = the eval split scored with that model. Each row adds one "
-             "strategy to the row above, run at the setting's best sweep point; the last row is that point.", "",
-             *_table(rows, (("dev_f1", "dev"), ("test_f1", "test"))), "", "Per language (dev):", "",
-             *_table(rows, (("dev_f1/EN", "EN"), ("dev_f1/PT", "PT"))), ""]  # fmt: skip
+    lines = [
+        f"# SemEval-2022 Task 2 Subtask A — {space.name}",
+        "",
+        "Tables 3–4: macro-F1 (%, EN+PT) of the official evaluator; dev = the epoch kept on dev (with the "
+        "EMA weights where EMA is on), test = the eval split scored with that model. Each row adds one "
+        "strategy to the row above, run at the setting's best sweep point; the last row is that point.",
+        "",
+        *_table(rows, (("dev_f1", "dev"), ("test_f1", "test"))),
+        "",
+        "Per language (dev):",
+        "",
+        *_table(rows, (("dev_f1/EN", "EN"), ("dev_f1/PT", "PT"))),
+        "",
+    ]
     if points:
         lines += [f"Best sweep point per setting: {points}.", ""]
+    langs = (("EN", "EN"), ("PT", "PT"), ("EN,PT", "EN+PT"))
     for split, scores in summary["official"].items():
-        cells = [pct(scores.get(s, {}).get(langs)) for s in A_SETTINGS for langs in ("EN", "PT", "EN,PT")]
-        head = [f"{SETTING_NAMES[s]} {lang}" for s in A_SETTINGS for lang in ("EN", "PT", "EN+PT")]
-        lines += [f"Official scores of `{split}.submission.csv` (both settings filled):", "",
-                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head), "| " + " | ".join(cells) + " |", ""]
-    lines += ["## Sweep (macro-F1 EN+PT of the kept epoch, %)", "",
-              "| setting | strategy | point | best epoch | dev | test |", "|---|---|---|---|---|---|"]
-    for t in trials:
-        f = final_row(t) or {}
-        lines.append(f"| {setting_of(t)} | {strategy(run.cfg, t.params)} | {_point(t)} | "
-                     f"{_int(f.get('best_epoch'))} | {pct(f.get('dev_f1'))} | {pct(f.get('test_f1'))} |")
-    return "\n".join(lines + closing_lines(run, summary, plots))
+        head = [f"{SETTING_NAMES[s]} {name}" for s in A_SETTINGS for _, name in langs]
+        cells = [pct(scores.get(s, {}).get(k)) for s in A_SETTINGS for k, _ in langs]
+        lines += [
+            f"Official scores of `{split}.submission.csv` (both settings filled):",
+            "",
+            *rp.md_table(head, [cells]),
+            "",
+        ]
+    sweep = [
+        [
+            setting_of(t),
+            strategy(run.cfg, t.params),
+            rp.point(t.params, skip=("data.setting",)),
+            _int((f := final_row(t) or {}).get("best_epoch")),
+            pct(f.get("dev_f1")),
+            pct(f.get("test_f1")),
+        ]
+        for t in trials
+    ]
+    lines += [
+        "## Sweep (macro-F1 EN+PT of the kept epoch, %)",
+        "",
+        *rp.md_table(["setting", "strategy", "point", "best epoch", "dev", "test"], sweep),
+    ]
+    return "\n".join(lines + rp.closing_lines(run, summary, plots))
 
 
 def _plot(run_dir: Path, curves: list[tuple[str, TrialOutcome]]) -> Path:
     """Dev macro-F1 (EN+PT) after every epoch, one line per strategy, one panel per setting."""
     out: list[Path] = []
-    with figure(run_dir / "dev_f1.png", out, ncols=len(A_SETTINGS), size=(5, 4)) as axes:
+    with rp.figure(run_dir / "dev_f1.png", out, ncols=len(A_SETTINGS), size=(5, 4)) as axes:
         for ax, setting in zip(axes, A_SETTINGS, strict=True):
-            for label, t in ((n, t) for n, t in curves if setting_of(t) == setting):
-                pts = [(r["epoch"], 100 * v) for r in t.history if num(r.get("final")) != 1
-                       and (v := num(r.get("dev_f1"))) is not None]  # fmt: skip
-                if pts:
-                    ax.plot(*zip(*pts, strict=True), marker="o", label=label)
-            ax.set(xlabel="epoch", ylabel="dev macro-F1 EN+PT (%)", title=SETTING_NAMES[setting])
+            lines = [(n, rp.curve(t, "dev_f1", "epoch")) for n, t in curves if setting_of(t) == setting]
+            rp.plot_curves(
+                ax, lines, xlabel="epoch", ylabel="dev macro-F1 EN+PT (%)", title=SETTING_NAMES[setting]
+            )
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7)
     return out[0]

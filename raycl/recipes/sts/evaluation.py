@@ -6,8 +6,6 @@ embeddings (the paper's §5, Fig. 5)."""
 
 from __future__ import annotations
 
-import math
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,31 +21,29 @@ from raycl.data.semeval import (
     read_sts_pretrain,
 )
 from raycl.evaluation.embedding_geometry import alignment, uniformity
-from raycl.evaluation.semeval_metrics import evaluate_sts, score_sts
+from raycl.evaluation.semeval_metrics import evaluate_sts, score_sts, spearman
 from raycl.models.sentence_encoder import SentenceEncoder
 
 if TYPE_CHECKING:
     from raycl.configs.sts import StsConfig
 
 
-def pair_embeddings(enc: SentenceEncoder, a: list[str], b: list[str], *, cross: bool
-                    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """(B, H), (B, H): the cross-attended pair, or each side's mean-pooled encoder output (no cross-attention)."""
-    return enc.pair_embeddings(a, b) if cross else (enc.encode(a), enc.encode(b))
-
-
 @torch.no_grad()
-def similarities(enc: SentenceEncoder, a: Sequence[str], b: Sequence[str], *, cross: bool, batch_size: int
-                 ) -> list[float]:  # fmt: skip
+def similarities(
+    enc: SentenceEncoder, a: Sequence[str], b: Sequence[str], *, cross: bool, batch_size: int
+) -> list[float]:
+    """Each pair's cosine: cross-attended, or of each side's mean-pooled encoder output (no cross-attention)."""
     out: list[float] = []
     for i in range(0, len(a), batch_size):
-        u, v = pair_embeddings(enc, list(a[i : i + batch_size]), list(b[i : i + batch_size]), cross=cross)
+        x, y = list(a[i : i + batch_size]), list(b[i : i + batch_size])
+        u, v = enc.pair_embeddings(x, y) if cross else (enc.encode(x), enc.encode(y))  # (b, H), (b, H)
         out += torch.cosine_similarity(u, v, dim=-1).tolist()  # (b,)
     return out
 
 
-def predict(enc: SentenceEncoder, pairs: Sequence[StsPair], *, cross: bool, batch_size: int,
-            upstream_quirk: bool = True) -> dict[str, float]:  # fmt: skip
+def predict(
+    enc: SentenceEncoder, pairs: Sequence[StsPair], *, cross: bool, batch_size: int, upstream_quirk: bool = True
+) -> dict[str, float]:
     """``{ID: similarity}`` of Subtask B pairs, with their MWEs as single tokens."""
     texts = [p.tokenised(upstream_quirk=upstream_quirk) for p in pairs]
     sims = similarities(enc, [t[0] for t in texts], [t[1] for t in texts], cross=cross, batch_size=batch_size)
@@ -60,21 +56,14 @@ def embed_all(enc: SentenceEncoder, texts: Sequence[str], *, batch_size: int) ->
     return torch.cat([enc.encode(list(texts[i : i + batch_size])) for i in range(0, len(texts), batch_size)])
 
 
-def spearman(gold: Sequence[float], pred: Sequence[float]) -> float | None:
-    from scipy.stats import spearmanr
-
-    if len(gold) < 2:
-        return None
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a constant column gives nan
-        rho = float(spearmanr(gold, pred)[0])
-    return None if math.isnan(rho) else rho
-
-
 def _flatten(prefix: str, scores: dict[str, dict[str, dict[str, float | None]]]) -> dict[str, float | None]:
     """``{setting: {"EN,PT": {"ALL": ρ}}}`` -> ``{"dev/fine_tune/EN+PT/ALL": ρ}``."""
-    return {f"{prefix}/{s}/{langs.replace(',', '+')}/{k}": v for s, by_lang in scores.items()
-            for langs, row in by_lang.items() for k, v in row.items()}  # fmt: skip
+    return {
+        f"{prefix}/{s}/{langs.replace(',', '+')}/{k}": v
+        for s, by_lang in scores.items()
+        for langs, row in by_lang.items()
+        for k, v in row.items()
+    }
 
 
 class Evaluator:
@@ -90,19 +79,24 @@ class Evaluator:
         self.eval_pairs = read_sts_inputs(cfg.data.eval)
         self.dev_gold = list(read_rows(cfg.data.dev_gold, B_GOLD_HEADER))
 
+    def _predict(self, enc: SentenceEncoder, pairs: Sequence[StsPair]) -> dict[str, float]:
+        return predict(
+            enc, pairs, cross=self.cross, batch_size=self.bs, upstream_quirk=self.cfg.data.upstream_quirk
+        )
+
     def dev(self, enc: SentenceEncoder, *, setting: str) -> dict[str, float | None]:
         """``sts_dev_spearman`` (STS dev split) and the official dev Spearman of ``setting`` (EN+PT)."""
         out: dict[str, float | None] = {}
         if self.has_sts_dev:
             d = self.sts_dev
-            sims = similarities(enc, [p.sentence1 for p in d], [p.sentence2 for p in d], cross=self.cross,
-                                batch_size=self.bs)  # fmt: skip
+            sims = similarities(
+                enc, [p.sentence1 for p in d], [p.sentence2 for p in d], cross=self.cross, batch_size=self.bs
+            )
             out["sts_dev_spearman"] = spearman([p.score for p in d], sims)
-        preds = predict(enc, self.dev_pairs, cross=self.cross, batch_size=self.bs,
-                        upstream_quirk=self.cfg.data.upstream_quirk)  # fmt: skip
+        preds = self._predict(enc, self.dev_pairs)
         rows = [(i + 2, [p.id, p.language, setting, repr(preds[p.id])]) for i, p in enumerate(self.dev_pairs)]
-        scores = score_sts(rows, self.dev_gold, setting=setting, languages=("EN", "PT"),
-                           names=(f"{setting} dev predictions", self.cfg.data.dev_gold))  # fmt: skip
+        names = (f"{setting} dev predictions", self.cfg.data.dev_gold)
+        scores = score_sts(rows, self.dev_gold, setting=setting, languages=("EN", "PT"), names=names)
         out.update({f"dev/{k}": v for k, v in scores.items()})
         out["dev_spearman"] = scores["ALL"]
         return out
@@ -114,9 +108,7 @@ class Evaluator:
         for setting, path in models.items():
             enc = SentenceEncoder.from_pretrained(path, device=device).eval()
             for split, pairs in (("dev", self.dev_pairs), ("eval", self.eval_pairs)):
-                got = predict(enc, pairs, cross=self.cross, batch_size=self.bs,
-                              upstream_quirk=self.cfg.data.upstream_quirk)  # fmt: skip
-                preds[split].update({(i, setting): v for i, v in got.items()})
+                preds[split].update({(i, setting): v for i, v in self._predict(enc, pairs).items()})
             out.update(self.geometry(enc, setting))
         d = self.cfg.data
         dev_sub = fill_submission(d.dev_submission_format, preds["dev"], out_dir / "dev.submission.csv")

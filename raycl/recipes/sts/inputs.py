@@ -23,9 +23,15 @@ from raycl.errors import UserError
 from raycl.recipes.sts.negatives import check_negatives, checked_pairs
 
 # ---------------------------------------------------------------------------------------------- Subtask B
-B_KEYS = {"train_data": "b.train_data", "dev": "b.dev", "dev_gold": "b.dev_gold",
-             "dev_submission_format": "b.dev_submission_format", "eval": "b.eval", "eval_gold": "b.eval_gold",
-             "eval_submission_format": "b.eval_submission_format"}  # fmt: skip
+B_KEYS = {
+    "train_data": "b.train_data",
+    "dev": "b.dev",
+    "dev_gold": "b.dev_gold",
+    "dev_submission_format": "b.dev_submission_format",
+    "eval": "b.eval",
+    "eval_gold": "b.eval_gold",
+    "eval_submission_format": "b.eval_submission_format",
+}
 
 
 def sts_with_data(cfg: StsConfig, data_dir: Path) -> tuple[StsConfig, list[str]]:
@@ -42,14 +48,17 @@ def sts_with_data(cfg: StsConfig, data_dir: Path) -> tuple[StsConfig, list[str]]
         fill["sts_pretrain"] = [str(files["b.sts_pretrain"])]
     return dataclasses.replace(cfg, data=dataclasses.replace(d, **fill)), empty
 
+
 def sts_check_data(cfg: StsConfig) -> dict[str, int]:
     """Read every file in the driver: a malformed one fails here (one line, exit 2), not in a worker."""
     d = cfg.data
     pretrain = [p for spec in d.sts_pretrain for p in read_sts_pretrain(spec)]
     counts = {f"sts_{s}": sum(p.split == s for p in pretrain) for s in ("train", "dev", "test")}
     if counts["sts_train"] < 2 and cfg.pretrain.epochs:
-        raise UserError(f"data.sts_pretrain: {', '.join(d.sts_pretrain)} has {counts['sts_train']} train "
-                        "pairs, expected at least 2 (or pretrain.epochs: 0)")  # fmt: skip
+        raise UserError(
+            f"data.sts_pretrain: {', '.join(d.sts_pretrain)} has {counts['sts_train']} train "
+            "pairs, expected at least 2 (or pretrain.epochs: 0)"
+        )
     train = read_sts_train(d.train_data)
     for pair in train:
         pair.tokenised(upstream_quirk=d.upstream_quirk)  # an MWE missing from its sentence ends here
@@ -68,6 +77,7 @@ def sts_check_data(cfg: StsConfig) -> dict[str, int]:
     elif cfg.mines_dense:
         counts["dense_anchors"] = len(checked_pairs(cfg)[0])
     return counts
+
 
 def mwe_tokens(cfg: StsConfig) -> list[str]:
     """The organisers' single tokens of every MWE in train, dev and eval (the "tokenised" mBERT's new words)."""
