@@ -17,6 +17,7 @@ from ray.util.placement_group import get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raycl.config import MiningSection
+from raycl.distributed import dense_refresh as _dense_refresh  # noqa: F401  registers the dense_refresh kind
 from raycl.distributed.miner_pool import MinerFactory, MinerPool
 from raycl.distributed.resources import driver_bundle, on_head
 from raycl.distributed.stream import StreamItem, start_stream
