@@ -7,8 +7,8 @@ Algorithm 1 (docs/recipes/gec.md): 1. the base model θ̂ trained on D_T with NL
 
 from __future__ import annotations
 
-import functools
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -81,21 +81,17 @@ class GecRecipe(RecipeBase):
         m, task, desc = cfg.mining, GecTask(cfg, "finetune"), "steps 2–3: mine ‖ fine-tune"
         if not mines_while_training(cfg):
             return Phase("finetune", desc, task, run.base_model, m.source())  # pre-mined or none
-        keep = functools.partial(_write_negatives, out_dir, cfg)
-        sharing = functools.partial(_write_selected, out_dir, cfg)
-        shared = Shared(decoding_options(cfg), sharing) if shares_nbest(cfg) else None
-        mined = Miners(
-            GEC_BEAM, m.miner_options(), m, cfg.optim.seed, m.source, keep, "mining.json", shared=shared
-        )
+        keep, select = partial(_write_negatives, out_dir, cfg), partial(_write_selected, out_dir, cfg)
+        shared = Shared(decoding_options(cfg), select) if shares_nbest(cfg) else None
+        mined = Miners(GEC_BEAM, m.miner_options(), m, cfg.optim.seed, m.source, keep, "mining.json", shared)
         return Phase("finetune", desc, task, run.base_model, mined)
 
     def max_t(self, run: Run) -> int:
         return int(run.cfg.optim.epochs)
 
     def mining_plan(self, cfg: GecConfig, space: Space) -> MiningPlan:
-        if not mines_while_training(cfg):
-            return MiningPlan()
-        return MiningPlan(cfg.mining, shares_nbest(cfg) and not any(key in DECODING_KEYS for key in space.search))
+        shared = shares_nbest(cfg) and not any(key in DECODING_KEYS for key in space.search)
+        return MiningPlan(cfg.mining, shared) if mines_while_training(cfg) else MiningPlan()
 
 
 def _initial_model(cfg: GecConfig, out: Path) -> Path:

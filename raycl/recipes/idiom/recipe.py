@@ -30,7 +30,6 @@ class IdiomRecipe(RecipeBase):
     write_report = staticmethod(report.write_all)
     check_data = staticmethod(inputs.idiom_check_data)
 
-    # ------------------------------------------------------------------------------------------ 2. model
     def base_model(self, run: Run) -> None:
         """The preset's classifier (``model.checkpoint`` replaces a pretrained preset's encoder); the smoke
         preset's BPE is trained on every text the run reads. An existing folder (a resumed run) is reused."""
@@ -46,15 +45,12 @@ class IdiomRecipe(RecipeBase):
         checkpoint = storage.fetch(m.checkpoint) if m.checkpoint else None  # a URI: fetched to this node's cache
         build_classifier(m.preset, out, texts=texts, seed=m.seed, checkpoint=checkpoint)
 
-    # ------------------------------------------------------------------------------------------ 3–5. train
     def groups(self, space: Space) -> list[str]:
         """The settings trained apart (a sweep's grid over them unless its search names ``data.setting``)."""
         values = next(iter(space.search.get("data.setting", {"grid": list(SETTINGS)}).values()))
         if any(v not in SETTINGS for v in values):
-            raise UserError(
-                f"{space.source}: search key 'data.setting': expected values among "
-                f"{', '.join(SETTINGS)} (one setting per trial), got {values!r}"
-            )
+            expected = f"expected values among {', '.join(SETTINGS)} (one setting per trial)"
+            raise UserError(f"{space.source}: search key 'data.setting': {expected}, got {values!r}")
         return list(space.config.settings)
 
     def phase(self, run: Run, cfg: IdiomConfig, out_dir: Path) -> Phase:
