@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -58,12 +59,13 @@ def _sequential(run: Any, out: Path) -> dict[str, Any]:
     """The paper's code: every negative mined first (in-process), then a plain training loop."""
     import torch
 
+    from raycl import driver
     from raycl.data.gec import load_examples
     from raycl.miners.beam_search import build_beam_miner, write_negatives_parquet
     from raycl.recipes import recipe_for
     from raycl.records import read_history
 
-    finetune = recipe_for("gec").train_one
+    finetune = functools.partial(driver.train, recipe_for("gec"))
 
     cfg = run.cfg
     examples = load_examples(cfg.data.finetune)
@@ -98,10 +100,11 @@ def _with(cfg: Any, **dotted: Any) -> Any:
 
 
 def _ray_one_worker(run: Any, out: Path, plain_loop_s: float) -> dict[str, Any]:
+    from raycl import driver
     from raycl.recipes import recipe_for
     from raycl.records import read_history
 
-    finetune = recipe_for("gec").train_one
+    finetune = functools.partial(driver.train, recipe_for("gec"))
 
     cfg = _with(run.cfg, **{"mining.negatives": str(out / "neg.parquet")})
     t0 = time.perf_counter()
@@ -113,10 +116,11 @@ def _ray_one_worker(run: Any, out: Path, plain_loop_s: float) -> dict[str, Any]:
 
 
 def _pipeline(run: Any, out: Path, miners: int, sequential_s: float) -> dict[str, Any]:
+    from raycl import driver
     from raycl.recipes import recipe_for
     from raycl.records import read_history
 
-    finetune = recipe_for("gec").train_one
+    finetune = functools.partial(driver.train, recipe_for("gec"))
 
     cfg = _with(run.cfg, **{"mining.num_miners": miners, "mining.cpus_per_miner": 1.0})
     t0 = time.perf_counter()
@@ -141,10 +145,11 @@ def _pipeline(run: Any, out: Path, miners: int, sequential_s: float) -> dict[str
 
 def _coherence_run(run: Any, out: Path, *, staleness: int, miners: int) -> dict[str, Any]:
     """One coherence training pass whose hard negatives are ranked by ``miners`` actors at ``staleness``."""
+    from raycl import driver
     from raycl.recipes import recipe_for
     from raycl.records import read_history
 
-    train_one = recipe_for("coherence").train_one
+    train_one = functools.partial(driver.train, recipe_for("coherence"))
 
     cfg = _with(run.cfg, **{"mining.max_staleness": staleness, "mining.num_miners": miners,
                             "mining.cpus_per_miner": 1.0})  # fmt: skip

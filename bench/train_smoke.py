@@ -71,9 +71,10 @@ def _task(recipe: str, rec: Any, run: Any, phase: str) -> Any:
         from raycl.recipes.sts.worker import StsTask
 
         return StsTask(cfg)
+    from raycl.recipes.coherence.recipe import train_items
     from raycl.recipes.coherence.worker import CoherenceTask
 
-    return CoherenceTask(cfg, str(run.files["train_items"]))
+    return CoherenceTask(cfg, str(train_items(run)))
 
 
 def _gec_task(cfg: Any, phase: str) -> Any:

@@ -19,6 +19,7 @@ from raycl import driver
 from raycl.configs import load_space
 from raycl.data.coherence import read_pairs
 from raycl.recipes import recipe_for
+from raycl.recipes.coherence.recipe import train_items
 from raycl.report import read_history
 
 TINY = [
@@ -157,7 +158,7 @@ def test_pairwise_and_contrastive_baselines_read_items_in_file_order(tmp_path: P
     cfg, _ = COHERENCE.with_data(space.config, tmp_path / "data")
     run = driver.Run(cfg, tmp_path, tmp_path / "base_model", [], {})
     COHERENCE.base_model(run)
-    written = read_pairs(run.files["train_items"])
+    written = read_pairs(train_items(run))
 
     def order(over: dict) -> list[str]:  # what a trial's worker trains on
         return [it.id for it in in_training_order(set_dotted(cfg, over, where="test"), written)]

@@ -51,9 +51,10 @@ def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_l
     Every anchor arrives once per round. Right after a publication, with no wait, every version-2 entry is past
     the bound (``max_staleness`` 0) and reads as absent."""
     from raycl.distributed.dense_refresh_feed import RefreshedNegatives
+    from raycl.distributed.miner_pool import MinerFactory
     from raycl.distributed.mining_service import MiningService
     from raycl.recipes.sts.negatives import negatives_for, read_negatives, refresh_anchors
-    from raycl.recipes.sts.refresh import miner_factory, mining_section
+    from raycl.recipes.sts.recipe import KIND, miner_options, mining_section
     from raycl.testing.faults import Chaos
 
     space = load_space("sts", preset="smoke", overrides=[*REFRESH, "mining.num_negatives=2", "mining.num_miners=2",
@@ -63,7 +64,8 @@ def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_l
 
     rows, corpus = mining_pairs(cfg)
     base = build_sentence_encoder("smoke", tmp_path / "base", texts=corpus, seed=0)
-    factory = miner_factory(cfg, base, tmp_path / "refresh", faults=Chaos(fail_after_tasks=1, miners=(0,)))
+    options = miner_options(cfg, tmp_path / "refresh")
+    factory = MinerFactory(KIND, str(base), options, faults=Chaos(fail_after_tasks=1, miners=(0,)))
     service = MiningService.start(factory, mining_section(cfg), world_size=1, seed=0)
     try:
         service.pool.ready()  # both built and asking: round 1's first tasks go to both, miner 0 dies holding one

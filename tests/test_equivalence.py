@@ -39,6 +39,7 @@ from raycl.data.gec import load_examples
 from raycl.distributed.trainer import fit
 from raycl.miners.beam_search import MinedNegatives, write_negatives_parquet
 from raycl.recipes import recipe_for
+from raycl.recipes.coherence.recipe import train_items
 from raycl.recipes.coherence.worker import CoherenceTask
 from raycl.recipes.gec.worker import GecTask
 from raycl.recipes.idiom.worker import IdiomTask, train_examples
@@ -191,7 +192,7 @@ def test_coherence_two_workers_train_as_one_with_an_odd_number_of_documents(ray_
     process with a batch of 2 and with 2 accumulated batches of 1 already end 1.6e-4 apart that way."""
     over = [*COHERENCE, "loss.kind=contrastive", "mining.hard_negatives=false", "optim.eps=0.001"]
     run = _prepare("coherence", over, tmp_path)
-    train = str(run.files["train_items"])
+    train = str(train_items(run))
     items = sum(1 for _ in open(train, encoding="utf-8"))
     assert items % 2 == 1  # one rank's shard is one item longer: it joins an update the other does not make
 
@@ -209,7 +210,7 @@ def test_the_momentum_model_killed_mid_epoch_resumes_to_the_uninterrupted_end(ra
     every rank's own RNG (its dropout masks) and queue — and ends where the uninterrupted run ends."""
     over = [*COHERENCE, "loss.kind=momentum", "mining.hard_negatives=false", "optim.eps=0.001"]
     run = _prepare("coherence", over, tmp_path, dropout=True)
-    task = CoherenceTask(_cfg(run, []), str(run.files["train_items"]))
+    task = CoherenceTask(_cfg(run, []), str(train_items(run)))
     two = _train(run, task, tmp_path / "two", workers=2)
     assert_ranks_identical(two)
     total = json.loads((tmp_path / "two" / "progress.json").read_text())["total"]

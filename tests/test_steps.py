@@ -27,6 +27,7 @@ from test_equivalence import COHERENCE, GEC, _cfg, _prepare
 from raycl.collectives import average_gradients
 from raycl.data.gec import load_examples
 from raycl.miners.beam_search import MinedNegatives, write_negatives_parquet
+from raycl.recipes.coherence.recipe import train_items
 from raycl.recipes.coherence.worker import CoherenceTask
 from raycl.recipes.gec.worker import GecTask
 from raycl.recipes.idiom.worker import IdiomTask
@@ -65,7 +66,7 @@ def _sts(tmp: Path) -> tuple[Any, Any]:
 def _coherence(tmp: Path) -> tuple[Any, Any]:
     over = [*COHERENCE, "loss.kind=momentum", "mining.hard_negatives=false", "optim.batch_size=2"]
     run = _prepare("coherence", over, tmp, dropout=True)
-    return run, CoherenceTask(_cfg(run, []), str(run.files["train_items"]))
+    return run, CoherenceTask(_cfg(run, []), str(train_items(run)))
 
 
 @pytest.fixture(scope="module")

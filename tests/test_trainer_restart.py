@@ -25,7 +25,7 @@ def test_a_trainer_killed_mid_epoch_resumes_from_its_checkpoint(ray_local, tmp_p
     marker, out = tmp_path / "crashed", tmp_path / "ft"
     # 40 sentences in batches of 8: 5 steps an epoch; the worker dies after step 7, in the middle of epoch 2
     run.trainer_hooks = (CrashSwitch(exit_at_step=7, marker=str(marker)),)  # the trainer's crash switch
-    result = gec.train_one(run, run.cfg, out, name="restart", in_tune=False)
+    result = driver.train(gec, run, run.cfg, out, name="restart", in_tune=False)
     assert marker.read_text().strip() == "exited at step 7" and result.error is None
     history = read_history(out)
     assert [h["epoch"] for h in history] == [1, 2]  # epoch 2 once: the replay replaced the lost part

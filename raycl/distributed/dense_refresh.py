@@ -32,12 +32,11 @@ import torch
 
 from raycl.distributed.dense_mining import Encoding, QueryMiner
 from raycl.miners.dense import dense_options, keys_of, within_margins
+from raycl.miners.dense_io import CORPUS_COLUMN as CORPUS_COLUMN
 from raycl.miners.dense_io import EMBEDDINGS, corpus_ranges, embedding_table, read_corpus_range, write_embeddings
 from raycl.miners.registry import register_miner
 from raycl.miners.shards import shard_name
 from raycl.miners.sources import RefreshAnchor as RefreshAnchor
-
-CORPUS_COLUMN = "text"
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from ray.util.placement_group import get_current_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from raycl.config import MiningSection
+from raycl.distributed import dense_refresh as _dense_refresh  # noqa: F401  registers the dense_refresh kind
 from raycl.distributed.miner_pool import MinerFactory, MinerPool
 from raycl.distributed.resources import driver_bundle, on_head
 from raycl.distributed.stream import StreamItem, start_stream
@@ -25,11 +26,18 @@ from raycl.distributed.weights import start_weight_store
 
 def trial_resources(driver_cpus: float, mining: MiningSection | None) -> PlacementGroupFactory:
     """One placement group per trial: the driver's bundle, then one bundle per miner (none without mining)."""
-    miners = [] if mining is None else [
-        {"CPU": mining.cpus_per_miner, **({"GPU": mining.gpus_per_miner} if mining.gpus_per_miner else {}),
-         **mining.resources}
-        for _ in range(mining.num_miners)
-    ]  # fmt: skip
+    miners = (
+        []
+        if mining is None
+        else [
+            {
+                "CPU": mining.cpus_per_miner,
+                **({"GPU": mining.gpus_per_miner} if mining.gpus_per_miner else {}),
+                **mining.resources,
+            }
+            for _ in range(mining.num_miners)
+        ]
+    )
     return PlacementGroupFactory([driver_bundle(driver_cpus), *miners])
 
 
@@ -46,10 +54,22 @@ class MiningService:
         if pg is not None:
             near_driver["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, 0)
         store = start_weight_store(**near_driver)
-        stream = start_stream(world_size=world_size, capacity=mining.queue_size, task_size=mining.task_size,
-                              lease_s=mining.lease_s, seed=seed, **near_driver)  # fmt: skip
-        pool = MinerPool.from_config(factory, mining, weight_store=store, placement_group=pg, first_bundle=1,
-                                     resources=mining.resources or None)
+        stream = start_stream(
+            world_size=world_size,
+            capacity=mining.queue_size,
+            task_size=mining.task_size,
+            lease_s=mining.lease_s,
+            seed=seed,
+            **near_driver,
+        )
+        pool = MinerPool.from_config(
+            factory,
+            mining,
+            weight_store=store,
+            placement_group=pg,
+            first_bundle=1,
+            resources=mining.resources or None,
+        )
         pool.start(stream)
         return cls(store, stream, pool)
 

@@ -37,6 +37,7 @@ from raycl.miners.shards import shard_files, write_shard
 
 STATS_KEY = b"raycl.dense_stats"
 EMBEDDINGS = "_embeddings"
+CORPUS_COLUMN = "text"  # the text column of a corpus written for refreshing miners (``_corpus.parquet``)
 FORMATS = (".parquet", ".jsonl", ".json", ".csv", ".txt")
 _BATCH = 8192
 MAX_LINE = MAX_VALUE_BYTES  # characters of one JSON-lines, CSV or text line: a Parquet value's bound

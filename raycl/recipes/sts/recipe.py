@@ -1,56 +1,39 @@
 """SemEval-2022 Task 2 Subtask B: idiom-aware sentence embeddings (ZhichunRoad: Cui, Xiong, Wang 2022), as the
-released code runs it.
-
-The run, as the driver (``raycl.driver``) runs it with this recipe::
-
-    1. data      official CSVs (or the built-in set), raycl's STS pre-training pairs          check_data()
-    2. model     the preset's encoder with every MWE as one token, + cross-attention          base_model()
-    3. train     per trial, on the one loop (worker.py):                                       train_one()
-                   pre_train: STS pairs, MSE of the cross-attended cosine + λ·InfoNCE (MoCo queue), keep best
-                   fine_tune: train_data.csv, 'None' rows labelled by the pre-trained model, keep best on dev
-    4. select    dev Spearman (ALL, EN+PT) of the trial's final setting over the sweep (λ, τ, Q, m)
-    5. report    Table 5's ladder (baselines at the best point), Fig. 5, submissions            report.py
-
-Each trial writes ``dev.submission.csv`` and ``eval.submission.csv`` in the official layout (pre_train rows from
-the pre-trained model, fine_tune rows from the fine-tuned one) under ``trials/<id>/``; the best trial's are
-copied to the run folder.
+released code runs it (docs/recipes/sts.md): per trial one training, pre_train on the STS pairs then fine_tune on
+train_data.csv, each keeping its best; Table 5's ladder at the best point; submissions in the official layout.
+Dense negatives (docs/dense.md): the run's pool, and with ``mining.refresh`` the trial's miners re-mine it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from raycl import storage
-from raycl.config import Space
+from raycl.config import MiningSection, Space, set_dotted
 from raycl.configs.sts import StsConfig
-from raycl.data.semeval import (
-    read_sts_inputs,
-    read_sts_pretrain,
-    read_sts_train,
-)  # fmt: skip
-from raycl.distributed.mining_service import trial_resources
-from raycl.distributed.resources import MiningPlan
-from raycl.driver import RecipeBase, Run, TrainPoint, fit_job
+from raycl.data.semeval import read_sts_inputs, read_sts_pretrain, read_sts_train
+from raycl.driver import Miners, MiningPlan, Phase, RecipeBase, Run
+from raycl.files import atomic_file
+from raycl.miners.dense import group_pairs
+from raycl.miners.dense_io import CORPUS_COLUMN
 from raycl.models.sentence_encoder import CONFIG_FILE, build_sentence_encoder
-from raycl.recipes.sts import inputs, negatives, refresh, report
+from raycl.recipes.sts import inputs, negatives, report
+from raycl.recipes.sts.negatives import ANCHOR, POSITIVE, checked_pairs
 from raycl.recipes.sts.worker import StsTask, fits
 from raycl.records import TrialOutcome
-from raycl.report import copy_atomic
-from raycl.training.task import Job
 
 
 class StsRecipe(RecipeBase):
     task = "sts"
+    exports: tuple[str, ...] = ("dev.submission.csv", "eval.submission.csv")  # the official format's
 
     with_data = staticmethod(inputs.sts_with_data)
     check_data = staticmethod(inputs.sts_check_data)
+    write_report = staticmethod(report.write_all)
 
-    # ------------------------------------------------------------------------------------------ 2. model
     def base_model(self, run: Run) -> None:
         """The preset with the MWE tokens (a tiny BERT's BPE is trained on every sentence of the run), or
         ``model.checkpoint``: an HF encoder for the preset, or a SentenceEncoder folder used as it is."""
@@ -68,36 +51,21 @@ class StsRecipe(RecipeBase):
             rows = read_sts_train(d.train_data) + read_sts_inputs(d.dev) + read_sts_inputs(d.eval)
             texts = [s for p in pretrain for s in (p.sentence1, p.sentence2)]
             texts += [s for p in rows for s in (p.sentence1, p.sentence2, p.alternative_1, p.alternative_2) if s]
-        build_sentence_encoder(m.preset, run.base_model, texts=texts, extra_tokens=inputs.mwe_tokens(cfg),
-                               seed=m.seed, checkpoint=checkpoint, max_seq_length=m.max_seq_length)  # fmt: skip
+        kw: dict[str, Any] = {"seed": m.seed, "checkpoint": checkpoint, "max_seq_length": m.max_seq_length}
+        build_sentence_encoder(m.preset, run.base_model, texts=texts, extra_tokens=inputs.mwe_tokens(cfg), **kw)
 
-    # ------------------------------------------------------------------------------------------ 3–5.
-    def train_points(self, run: Run) -> list[TrainPoint]:
-        return [TrainPoint("train", {}, "pre-train → fine-tune")]
-
-    def train_one(self, run: Run, cfg: StsConfig, out_dir: Path, *, name: str, in_tune: bool) -> Any:
-        """Both phases of one point (``scaling.num_workers=0``: in-process); with ``mining.dense`` and no
-        ``mining.negatives``, the run's pool (mined by the first training that needs it, in its process)."""
+    def phase(self, run: Run, cfg: StsConfig, out_dir: Path) -> Phase:
+        """Both settings of one point in one training (``scaling.num_workers=0``: in-process); with
+        ``mining.dense`` and no ``mining.negatives``, the run's pool (mined by the first training that needs it,
+        in its process) — refreshed by this training's own miners with ``mining.refresh``."""
         if cfg.mines_dense and not cfg.mining.negatives:
             pool = str(negatives.run_pool(cfg, run.base_model, run.run_dir / "mining"))
             cfg = dataclasses.replace(cfg, mining=dataclasses.replace(cfg.mining, negatives=pool))
-        job = Job(StsTask(cfg), str(run.base_model), str(out_dir))
-        if cfg.refreshes:  # the pool is version 0; miners refresh it while this trains
-            return refresh.train_refreshed(run, cfg, job, out_dir, name=name, in_tune=in_tune)
-        return fit_job(run, cfg, job, name=name, in_tune=in_tune)
-
-    @contextmanager
-    def shared(self, run: Run, space: Space) -> Iterator[None]:
-        """Whether any training of the run refreshes its negatives (its trials then reserve the miners)."""
-        run.trials_mine = refresh.refreshes_in(space)
-        yield
-
-    def trial_resources(self, run: Run) -> Any:
-        refreshing = run.cfg.refreshes or run.trials_mine
-        return trial_resources(run.cfg.tune.driver_cpus, refresh.mining_section(run.cfg) if refreshing else None)
+        mined = refresh_miners(cfg, out_dir) if cfg.refreshes else None  # the pool is version 0
+        return Phase("train", "pre-train → fine-tune", StsTask(cfg), run.base_model, mined)
 
     def mining_plan(self, cfg: StsConfig, space: Space) -> MiningPlan:
-        return MiningPlan(refresh.mining_section(cfg) if refresh.refreshes_in(space) else None)
+        return MiningPlan(mining_section(cfg) if refreshes_in(space) else None)
 
     def max_t(self, run: Run) -> int:
         """How many reports a trial makes (ASHA's ``max_t``): one per ``eval_every`` steps and epoch end, + 1."""
@@ -112,12 +80,44 @@ class StsRecipe(RecipeBase):
         best = report.best_trial(trials, metric=cfg.tune.metric, mode=cfg.tune.mode)
         return {} if best is None else {None: best}
 
-    def export(self, run: Run, best: dict[Any, TrialOutcome]) -> None:
-        """The chosen trial's official-format submissions, copied to the run folder."""
-        for name in ("dev.submission.csv", "eval.submission.csv"):
-            if None in best and (src := run.run_dir / "trials" / best[None].trial_id / name).exists():
-                copy_atomic(src, run.run_dir / name)
 
-    def write_report(self, run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]
-                     ) -> dict[str, Any]:  # fmt: skip
-        return report.write_all(run, space, trials, extra)
+# ---------------------------------------------------------------------------------------------- refreshed
+KIND = "dense_refresh"  # the miner kind (raycl.distributed.dense_refresh)
+
+
+def mining_section(cfg: StsConfig) -> MiningSection:
+    """The miner pool and stream of a refreshing training (placement, credits, leases)."""
+    m = cfg.mining
+    shared = {k: getattr(m, k) for k in ("num_miners", "cpus_per_miner", "max_staleness", "task_size")}
+    return MiningSection(batch_size=cfg.eval.batch_size, queue_size=max(256, m.task_size), **shared)
+
+
+def refreshes_in(space: Space) -> bool:
+    """Whether any training of the run refreshes: the space's point, a swept ``mining.refresh`` or a baseline."""
+    points = [space.config, *(set_dotted(space.config, o, where="baselines") for o in space.baselines.values())]
+    return "mining.refresh" in space.search or any(cfg.refreshes for cfg in points)
+
+
+def miner_options(cfg: StsConfig, work: Path) -> dict[str, Any]:
+    """The miners' options: the corpus (written here once), the pool's and the trial's selection."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows, corpus = checked_pairs(cfg)
+    _, positives, max_positives = group_pairs([r[ANCHOR] for r in rows], [r[POSITIVE] for r in rows])
+    texts = list(dict.fromkeys([*corpus, *(p for ps in positives for p in ps)]))
+    work.mkdir(parents=True, exist_ok=True)
+    with atomic_file(work / "_corpus.parquet", "wb") as f:
+        pq.write_table(pa.table({CORPUS_COLUMN: pa.array(texts, pa.string())}), f)
+    own = {k: getattr(cfg.mining, k) for k in ("pool", "num_negatives", "relative_margin", "absolute_margin")}
+    own |= {"corpus": str(work / "_corpus.parquet"), "work_dir": str(work), "batch_size": cfg.eval.batch_size}
+    return {**own, "max_positives": max_positives}
+
+
+def refresh_miners(cfg: StsConfig, out_dir: Path) -> Miners:
+    """A refreshing training's miners: from the base encoder (version 0, the pool's model) they embed the corpus
+    into ``<trial>/refresh/v<version>/`` for each weight version (removed when it ends; ``refresh.json`` keeps
+    the stream's counts)."""
+    work = out_dir / "refresh"
+    options, section = miner_options(cfg, work), mining_section(cfg)
+    return Miners(KIND, options, section, cfg.pretrain.seed, cfg.mining.source, stats="refresh.json", scratch=work)
