@@ -139,9 +139,9 @@ Q = "tests/test_queues.py::"
 EQ = "tests/test_equivalence.py::"
 MS = "tests/test_mine_sharded.py::"
 MUTANTS = [
-    Mutant("sts_moco_keys_enqueued_before_the_loss", "raycl/recipes/sts/worker.py", chain(
-        delete("StsTask.step", "st.moco.enqueue(keys)"),
-        insert_after("StsTask._contrastive", "keys, queue = moco.keys(",
+    Mutant("sts_moco_keys_enqueued_before_the_loss", "raycl/recipes/sts/step.py", chain(
+        delete("sts_loss", "moco.enqueue(keys)"),
+        insert_after("contrastive_loss", "keys, queue = moco.keys(",
                      "moco.enqueue(keys)\nqueue = moco.queued()\n"),
     ), (Q + "test_sts_moco_step_against_a_naive_ring",)),
     Mutant("coherence_negatives_enqueued_after_the_momentum_loss", "raycl/recipes/coherence/step.py",

@@ -17,7 +17,7 @@ only (not module-level constants) and leaves out functions with a decorator othe
 Usage::
 
     .venv/bin/python bench/mutate_units.py                     # every module of only_mutate
-    .venv/bin/python bench/mutate_units.py --modules optim,feeds  # the files whose path contains a word
+    .venv/bin/python bench/mutate_units.py --modules optim,batching  # the files whose path contains a word
     .venv/bin/python bench/mutate_units.py --survivors            # only what the last run left alive
 """
 

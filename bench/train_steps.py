@@ -203,7 +203,8 @@ def sts_micro_batches(b: int, seed: int = 0) -> list[Any]:
 def sts_case(model: Any, b: int, args: Any, device: torch.device) -> Case:
     from raycl.configs.sts import StsConfig
     from raycl.memory.moco import MoCoKeyEncoder
-    from raycl.recipes.sts.worker import StsState, StsTask, adamw
+    from raycl.recipes.sts.worker import StsState, StsTask
+    from raycl.training.optim import adamw_no_decay as adamw
 
     cfg = StsConfig()
     moco = MoCoKeyEncoder(model, dim=model.hidden_size, queue_size=cfg.moco.queue_size, m=cfg.moco.m).to(device)

@@ -78,7 +78,7 @@ def test_one_worker_is_the_plain_backward(tmp_path: Path) -> None:
 
 
 def test_shards_have_equal_length_and_cover_every_example() -> None:
-    from raycl.recipes.gec.feeds import shard
+    from raycl.training.batching import shard
 
     for n, world in [(999, 2), (17, 2), (10, 3), (4, 4), (1, 2)]:
         examples = [GecExample(str(i), "s", "t") for i in range(n)]

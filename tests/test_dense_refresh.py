@@ -33,7 +33,8 @@ def _one_thread() -> None:
 def _pool_selection(cfg: Any, model: Path, out: Path) -> dict[str, list[str]]:
     """The static path: a pool mined in this process with ``model`` (``mine_dense_negatives``), the trial's
     selection from it."""
-    from raycl.recipes.sts.negatives import mine_pool, read_negatives
+    from raycl.miners.dense_io import read_anchor_negatives as read_negatives
+    from raycl.recipes.sts.negatives import mine_pool
 
     pool = read_negatives(mine_pool(cfg, model, out))
     return {a: n for a, v in pool.items() if (n := v.select(cfg.mining, anchor=a))}
@@ -53,7 +54,8 @@ def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_l
     from raycl.distributed.dense_refresh_feed import RefreshedNegatives
     from raycl.distributed.miner_pool import MinerFactory
     from raycl.distributed.mining_service import MiningService
-    from raycl.recipes.sts.negatives import negatives_for, read_negatives, refresh_anchors
+    from raycl.miners.dense_io import read_anchor_negatives as read_negatives
+    from raycl.recipes.sts.negatives import negatives_for, refresh_anchors
     from raycl.recipes.sts.recipe import KIND, miner_options, mining_section
     from raycl.testing.faults import Chaos
 
@@ -73,7 +75,7 @@ def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_l
         got = RefreshedNegatives({}, anchors, stream=service.stream, store=service.store, rank=0, world_size=1,
                                  refresh_every=1, max_staleness=0, wait_s=120)  # fmt: skip
         model = SentenceEncoder.from_pretrained(base)
-        got.after_update(model, 1)  # version 1: the base weights
+        got.after_update(1, model)  # version 1: the base weights
         n = len(anchors[0])
         assert got.counts["received"] == n and got.counts["rounds_done"] == 1 and got.counts["duplicates"] == 0
         assert {v for _, v in got.table.values()} == {1}
@@ -90,7 +92,7 @@ def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_l
             torch.manual_seed(1)
             for p in model.encoder.parameters():
                 p.add_(0.5 * torch.randn_like(p) * p.std().nan_to_num(0.02))
-        got.after_update(model, 2)  # version 2
+        got.after_update(2, model)  # version 2
         assert got.counts["received"] == 2 * n and got.counts["duplicates"] == 0
         assert {v for _, v in got.table.values()} == {2} and got.counts["mined_version_max"] == 2
         second = _table(got)
@@ -99,7 +101,7 @@ def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_l
         assert second == _pool_selection(cfg, tmp_path / "v2", tmp_path / "pool2")
         assert {a: got.get(a) for a in second} == second and got.counts["staleness_max"] == 0
         got.wait_s = 0.0
-        got.after_update(model, 3)  # version 3, no wait: nothing mined with 3 taken yet
+        got.after_update(3, model)  # version 3, no wait: nothing mined with 3 taken yet
         assert [got.get(a) for a in second] == [None] * len(second)
         assert got.counts["skipped_stale"] == len(second)
     finally:

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from raycl.data.gec import GecExample
-from raycl.recipes.gec.feeds import global_batches, shard, token_batches, token_groups
+from raycl.training.batching import global_batches, shard, token_batches, token_groups
 from raycl.training.negatives import Place, StaticNegatives, open_source
 from raycl.training.prefetch import Call
 

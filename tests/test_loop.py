@@ -620,7 +620,7 @@ def test_gpu_miner_with_a_gpu_share_uses_it(monkeypatch) -> None:
 def test_token_batches_keep_fairseqs_budget_over_the_whole_target_line(tmp_path: Path) -> None:
     import random
 
-    from raycl.recipes.gec.feeds import token_batches
+    from raycl.training.batching import token_batches
 
     scorer = _scorer(tmp_path)
     st = GecState(scorer, [], [], {})

@@ -22,7 +22,7 @@ from raycl.distributed.miner_pool import MinerFactory
 from raycl.distributed.nbest import nbest_records, shared_nbest, start_nbest_stream
 from raycl.miners.beam_search import GEC_BEAM, build_beam_miner, select_from_nbest
 from raycl.models.presets import build_model
-from raycl.recipes.gec.feeds import global_batches
+from raycl.training.batching import global_batches
 from raycl.training.negatives import NBestNegatives
 from raycl.training.prefetch import Call
 

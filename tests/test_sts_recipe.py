@@ -21,7 +21,7 @@ from raycl.data.semeval import read_sts_train
 from raycl.evaluation.semeval_metrics import evaluate_sts
 from raycl.models.sentence_encoder import SentenceEncoder, build_sentence_encoder
 from raycl.recipes import recipe_for
-from raycl.recipes.sts.worker import finetune_pairs
+from raycl.recipes.sts.fits import finetune_pairs
 from raycl.report import read_history
 from raycl.training.batching import BatchPlan, Loader
 
@@ -170,7 +170,7 @@ def test_the_paper_preset_is_the_released_schedule() -> None:
 
 def test_released_warmup_and_the_contrastive_pool() -> None:
     from raycl.config import set_dotted
-    from raycl.recipes.sts.worker import Fit, pair_sentences, warmup_steps
+    from raycl.recipes.sts.fits import Fit, pair_sentences, warmup_steps
 
     pairs = [("a x", "b", 1.0), ("a x", "c", 0.5), ("d", "b", 0.2)]
     assert pair_sentences(pairs) == ["a x", "b", "a x", "c", "d", "b"]  # both of every pair, repeats kept
@@ -214,7 +214,8 @@ def test_dense_negatives_are_mined_once_and_a_trials_selection_is_mining_with_it
     """``mining.dense``: the training mines a pool with the base encoder into the run folder and trains on it;
     a trial's selection (K, relative margin) from the pool equals ``mine_dense_negatives`` with those settings."""
     from raycl import mine_dense_negatives
-    from raycl.recipes.sts.negatives import mining_pairs, read_negatives
+    from raycl.miners.dense_io import read_anchor_negatives as read_negatives
+    from raycl.recipes.sts.negatives import mining_pairs
 
     space = load_space("sts", preset="smoke", overrides=[*TINY, "scaling.num_workers=0", "finetune.epochs=0",
                                                          "mining.dense=true", "mining.pool=8"])  # fmt: skip
@@ -250,7 +251,8 @@ def _negatives_file(path: Path, rows: list[dict[str, object]]) -> Path:
 
 def test_pre_mined_negatives_in_every_format_and_bad_ones_in_one_line(tmp_path: Path) -> None:
     from raycl.errors import UserError
-    from raycl.recipes.sts.negatives import check_negatives, read_negatives
+    from raycl.miners.dense_io import read_anchor_negatives as read_negatives
+    from raycl.recipes.sts.negatives import check_negatives
 
     triplets = _negatives_file(tmp_path / "t.parquet", [
         {"anchor": "a", "positive": "p", "negative": "x", "scores": [0.8, 0.9]},

@@ -34,11 +34,22 @@ POLL_S = 0.2  # a waiting rank's take() slice
 
 
 class RefreshedNegatives(Mapping[str, list[str]]):
-    def __init__(self, initial: Mapping[str, Sequence[str]], anchors: list[list[RefreshAnchor]], *, stream: Any,
-                 store: Any, rank: int, world_size: int, refresh_every: int, max_staleness: int,
-                 wait_s: float) -> None:  # fmt: skip
-        self.consumer = StreamConsumer(stream, store, rank=rank, world_size=world_size,
-                                       max_staleness=max_staleness)  # fmt: skip
+    def __init__(
+        self,
+        initial: Mapping[str, Sequence[str]],
+        anchors: list[list[RefreshAnchor]],
+        *,
+        stream: Any,
+        store: Any,
+        rank: int,
+        world_size: int,
+        refresh_every: int,
+        max_staleness: int,
+        wait_s: float,
+    ) -> None:
+        self.consumer = StreamConsumer(
+            stream, store, rank=rank, world_size=world_size, max_staleness=max_staleness
+        )
         self.table: dict[str, tuple[list[str], int]] = {a: (list(n), 0) for a, n in initial.items()}
         self.anchors, self.every, self.wait_s = anchors, refresh_every, wait_s
         self.query_of = {a.id: a.query for a in anchors[rank]}
@@ -69,7 +80,9 @@ class RefreshedNegatives(Mapping[str, list[str]]):
         return len(self.table)
 
     # ------------------------------------------------------------------------------------------ the loop's hooks
-    def after_update(self, model: torch.nn.Module, step: int) -> None:
+    read_ahead = False  # the step reads the table under the version its updates move on
+
+    def after_update(self, step: int, model: torch.nn.Module) -> None:
         """After every optimizer update (``step``: the training steps so far; alternating objectives update twice
         a step): a publication every ``refresh_every`` steps, else what is ready."""
         if self.republish:  # resumed: the miners may hold weights the checkpoint never saw
@@ -91,8 +104,11 @@ class RefreshedNegatives(Mapping[str, list[str]]):
             if self.consumer.rank == 0:
                 version = self.consumer.version
                 floors = {a.id: version for share in self.anchors for a in share}
-                ray.get(self.consumer.stream.start_epoch.remote(self.round, self.anchors, shuffle=False,
-                                                                min_versions=floors))  # fmt: skip
+                ray.get(
+                    self.consumer.stream.start_epoch.remote(
+                        self.round, self.anchors, shuffle=False, min_versions=floors
+                    )
+                )
         self._wait()
 
     def _wait(self) -> None:
@@ -134,15 +150,35 @@ class RefreshedNegatives(Mapping[str, list[str]]):
     # ---------------------------------------------------------------------------------- reports, checkpoints
     def metrics(self) -> dict[str, float]:
         """This rank's counts since the training started (``refresh/…``)."""
-        keys = ("rounds", "rounds_done", "received", "refused", "duplicates", "used", "used_refreshed",
-                "skipped_stale", "staleness_max", "mined_version_max")  # fmt: skip
+        keys = (
+            "rounds",
+            "rounds_done",
+            "received",
+            "refused",
+            "duplicates",
+            "used",
+            "used_refreshed",
+            "skipped_stale",
+            "staleness_max",
+            "mined_version_max",
+        )
         out = {f"refresh/{k}": float(self.counts[k]) for k in keys}
         out["refresh/wait_s"] = self.counts["wait_ms"] / 1e3
         return {**out, "refresh/version": float(self.consumer.version)}
 
+    def state(self) -> dict[str, Any]:
+        return {}  # the checkpoint holds it as one of the state's extras (``state_dict``)
+
+    def resume(self, state: dict[str, Any], model: torch.nn.Module) -> None:
+        pass  # ``load_state_dict`` restored it; the next update republishes
+
     def state_dict(self) -> dict[str, Any]:
-        return {"version": self.consumer.version, "step": self.step, "round": self.round,
-                "counts": dict(self.counts)}  # fmt: skip
+        return {
+            "version": self.consumer.version,
+            "step": self.step,
+            "round": self.round,
+            "counts": dict(self.counts),
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """A resumed training: the version and the cadence go on; the next update publishes again (its weights

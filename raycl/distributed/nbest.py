@@ -9,7 +9,7 @@ miners apply), so results do not change. The pieces:
 * :class:`NBestStream` — the miners' target, a :class:`~raycl.distributed.stream.NegativeStream` with one rank
   and one epoch (the same ledger: leases, re-assignment when a miner dies, exactly-once acceptance) whose accepted
   records are written as they arrive to ``<run>/nbest/part-*.parquet`` (atomic shards) and kept for the trials,
-  which ask for their examples' lists with ``wait_ready`` (:class:`raycl.recipes.gec.feeds.NBestFeed`).
+  which ask for their examples' lists with ``wait_ready`` (:class:`raycl.training.negatives.NBestNegatives`).
 * ``<run>/nbest/meta.json`` — the content key: a hash of the base model's files, D_F (ids, sources, targets),
   the decoding options and the engine that ran (resolved from ``auto``, with its libraries' versions). A resumed
   run (``--out`` an existing folder) with the same key reuses the shards and mines only what is missing; a

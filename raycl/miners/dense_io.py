@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import numpy as np
 from raycl.data.bounded import bounded_lines, json_value
 from raycl.errors import UserError, at
 from raycl.files import atomic_file, write_atomic
-from raycl.miners.dense import BINS, FILTERS, Stats
+from raycl.miners.dense import BINS, FILTERS, Stats, within_margins
 from raycl.miners.parquet_input import (
     MAX_VALUE_BYTES,
     MAX_VALUES,
@@ -313,3 +314,83 @@ def _plot(path: Path, stats: Stats) -> None:
     ax.legend()
     save_png(fig, path)
     plt.close(fig)
+
+
+# ------------------------------------------------------------------------------ mined negatives, by anchor
+@dataclass(frozen=True)
+class AnchorNegatives:
+    """One anchor's mined candidates, hardest first, and its hardest positive's score (None: no scores)."""
+
+    negatives: tuple[str, ...]
+    scores: tuple[float, ...] | None
+    positive_score: float | None
+
+    def select(self, m: Any, *, anchor: str | None = None) -> list[str]:
+        """The first ``m.num_negatives`` that pass the margins of ``m`` (a mining section; the pool is in
+        descending score), never ``anchor``
+        itself: the corpus holds every training sentence, so an anchor's nearest text is its own copy, which
+        no margin-free selection may hand its InfoNCE as a negative of itself."""
+        kept = range(len(self.negatives)) if self.scores is None else within_margins(
+            self.scores, self.positive_score, absolute_margin=m.absolute_margin, relative_margin=m.relative_margin)
+        return [self.negatives[i] for i in kept if self.negatives[i] != anchor][: m.num_negatives]
+
+
+def read_anchor_negatives(path: str | Path) -> dict[str, AnchorNegatives]:
+    """``{anchor: its candidates}`` from a Parquet file or a folder of shards (bad input: one line)."""
+    import pyarrow.parquet as pq
+
+    p = Path(path)
+    files = [p] if p.is_file() else (shard_files(p) or sorted(p.glob("*.parquet"))) if p.is_dir() else []
+    if not files:
+        raise UserError(f"mining.negatives: {path}: expected a Parquet file or a folder of Parquet shards")
+    rows: list[dict[str, Any]] = []
+    for f in files:
+        try:
+            rows += pq.read_table(f).to_pylist()
+        except Exception as e:  # pyarrow's errors are many types; all mean "not Parquet"
+            raise UserError(f"mining.negatives: {f}: not a readable Parquet file ({type(e).__name__})") from None
+    return group_negatives(rows, where=str(path))
+
+
+def group_negatives(rows: list[dict[str, Any]], *, where: str) -> dict[str, AnchorNegatives]:
+    """Rows of ``triplet``, ``n-tuple`` or ``labeled-list`` (with or without ``scores``), grouped by anchor (the
+    first column): distinct negatives in descending score (row order without scores), the hardest positive."""
+    if not rows:
+        return {}
+    cols = list(rows[0])
+    anchor, second = cols[0], cols[1] if len(cols) > 1 else ""
+    listed = isinstance(rows[0].get(second), list)
+    neg_cols = [c for c in cols if c == "negative" or c.startswith("negative_")]
+    if not listed and not neg_cols:
+        raise UserError(f"mining.negatives: {where}: columns {', '.join(cols)}: expected a negative or "
+                        "negative_1… column (triplet, n-tuple) or a list column (labeled-list)")  # fmt: skip
+    found: dict[str, tuple[dict[str, float | None], list[float]]] = {}
+    for r in rows:
+        negs, pos_score = _row_negatives(r, second, neg_cols, listed)
+        seen, positives = found.setdefault(r[anchor], ({}, []))
+        for text, s in negs:
+            seen.setdefault(text, s)
+        if pos_score is not None:
+            positives.append(pos_score)
+    out = {}
+    for a, (seen, positives) in found.items():
+        scored = all(s is not None for s in seen.values()) and bool(positives)
+        items = sorted(seen.items(), key=lambda kv: -float(kv[1])) if scored else list(seen.items())  # type: ignore[arg-type]
+        out[a] = AnchorNegatives(tuple(t for t, _ in items),
+                                 tuple(float(s) for _, s in items) if scored else None,  # type: ignore[arg-type]
+                                 min(positives) if scored else None)  # fmt: skip
+    return out
+
+
+def _row_negatives(r: dict[str, Any], second: str, neg_cols: list[str], listed: bool
+                   ) -> tuple[list[tuple[str, float | None]], float | None]:  # fmt: skip
+    scores = r.get("scores")
+    if listed:  # labeled-list: [positive, negatives…] with scores, or labels 1 then 0s
+        texts = r[second]
+        if scores is not None:
+            return list(zip(texts[1:], scores[1:], strict=True)), float(scores[0])
+        return [(t, None) for t, lab in zip(texts, r.get("labels") or [], strict=False) if lab == 0], None
+    texts = [r[c] for c in neg_cols]
+    if scores is not None:
+        return list(zip(texts, scores[1:], strict=True)), float(scores[0])
+    return [(t, None) for t in texts], None

@@ -20,12 +20,14 @@ their sizes (:func:`token_groups`, :func:`token_batches`); :meth:`BatchPlan.toke
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from raycl.training.task import updates_in
+from raycl.training.prefetch import Call
+from raycl.training.task import Batch, updates_in
 
 T = TypeVar("T")
 
@@ -44,8 +46,15 @@ def draw_order(n: int, rng: random.Random, draw: str = "sample") -> list[int]:
     return rng.sample(range(n), n)
 
 
-def shares(order: Sequence[int], *, batch_size: int, rank: int, world_size: int, min_rows: int = 1,
-           keep_empty: bool = True) -> list[list[int]]:  # fmt: skip
+def shares(
+    order: Sequence[int],
+    *,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    min_rows: int = 1,
+    keep_empty: bool = True,
+) -> list[list[int]]:
     """Rank ``rank``'s shares of the global batches of ``world_size × batch_size`` rows cut from ``order``; global
     batches of fewer than ``min_rows`` rows are dropped, and so are empty shares unless ``keep_empty``."""
     size = batch_size * world_size
@@ -75,11 +84,22 @@ class BatchPlan:
     """This rank's batches of every epoch (row indices, one list per loader), its position in the current epoch
     (``state_dict``), and its length without a dry run. Epoch e draws from ``seed`` × 1000 + e."""
 
-    def __init__(self, loaders: Sequence[Loader | int], *, batch_size: int, seed: int, rank: int = 0,
-                 world_size: int = 1, draw: str = "sample", keep_empty: bool = True) -> None:  # fmt: skip
+    def __init__(
+        self,
+        loaders: Sequence[Loader | int],
+        *,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        draw: str = "sample",
+        keep_empty: bool = True,
+    ) -> None:
         if batch_size < 1 or world_size < 1 or not loaders:
-            raise ValueError(f"a batch plan needs loaders, batch_size ≥ 1 and world_size ≥ 1: got {len(loaders)}, "
-                             f"{batch_size}, {world_size}")
+            raise ValueError(
+                f"a batch plan needs loaders, batch_size ≥ 1 and world_size ≥ 1: got {len(loaders)}, "
+                f"{batch_size}, {world_size}"
+            )
         self.loaders = tuple(x if isinstance(x, Loader) else Loader(x) for x in loaders)
         self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
         self.draw, self.keep_empty = draw, keep_empty
@@ -96,8 +116,10 @@ class BatchPlan:
         """Every batch of this rank in the current epoch (from its first): one share per loader, zipped."""
         rng = random.Random(self.epoch_seed())
         orders = [draw_order(x.rows, rng, self.draw) for x in self.loaders]  # one after the other, one generator
-        per = [shares(o, batch_size=self.batch_size, rank=self.rank, world_size=self.world_size,
-                      min_rows=x.min_rows) for o, x in zip(orders, self.loaders, strict=True)]  # fmt: skip
+        per = [
+            shares(o, batch_size=self.batch_size, rank=self.rank, world_size=self.world_size, min_rows=x.min_rows)
+            for o, x in zip(orders, self.loaders, strict=True)
+        ]
         out = list(zip(*per, strict=False))  # the shortest loader ends the epoch
         return out if self.keep_empty else [b for b in out if any(b)]
 
@@ -109,11 +131,16 @@ class BatchPlan:
 
     def __len__(self) -> int:
         """Batches an epoch of the rank that has the most (rank 0: it has a row of every global batch)."""
-        return min(global_batches_in(x.rows, batch_size=self.batch_size, world_size=self.world_size,
-                                     min_rows=x.min_rows) for x in self.loaders)  # fmt: skip
+        return min(
+            global_batches_in(x.rows, batch_size=self.batch_size, world_size=self.world_size, min_rows=x.min_rows)
+            for x in self.loaders
+        )
 
-    def updates(self, epochs: int, update_freq: int) -> int:
-        """The optimizer updates of ``epochs`` epochs: the schedule's total (:func:`updates_in`)."""
+    def updates(self, epochs: int, update_freq: int, *, sizes: Sequence[int] = (), max_tokens: int = 0) -> int:
+        """The optimizer updates of ``epochs`` epochs: the schedule's total (:func:`updates_in`); under a token
+        budget (``max_tokens``, each row's ``sizes``) of the batches it cuts (:meth:`token_batch_counts`)."""
+        if max_tokens:
+            return updates_in(self.token_batch_counts(sizes, max_tokens, epochs), update_freq)
         return updates_in([len(self)] * epochs, update_freq)
 
     def token_batch_counts(self, sizes: Sequence[int], max_tokens: int, epochs: int) -> list[int]:
@@ -123,10 +150,19 @@ class BatchPlan:
         for epoch in range(epochs):
             rng = random.Random(self.seed * 1000 + epoch)
             order = draw_order(self.loaders[0].rows, rng, self.draw)
-            counts = [sum(len(token_groups([sizes[i] for i in s], max_tokens)) for s in
-                          shares(order, batch_size=self.batch_size, rank=r, world_size=self.world_size,
-                                 keep_empty=self.keep_empty))
-                      for r in range(self.world_size)]  # fmt: skip
+            counts = [
+                sum(
+                    len(token_groups([sizes[i] for i in s], max_tokens))
+                    for s in shares(
+                        order,
+                        batch_size=self.batch_size,
+                        rank=r,
+                        world_size=self.world_size,
+                        keep_empty=self.keep_empty,
+                    )
+                )
+                for r in range(self.world_size)
+            ]
             most.append(max(counts))
         return most
 
@@ -160,8 +196,13 @@ def token_groups(sizes: Sequence[int], max_tokens: int) -> list[list[int]]:
     return groups
 
 
-def token_batches(batch: tuple[list[T], list[list[str]]], *, max_tokens: int, size: Callable[[T, list[str]], int],
-                  rng: random.Random) -> list[tuple[list[T], list[list[str]]]]:  # fmt: skip
+def token_batches(
+    batch: tuple[list[T], list[list[str]]],
+    *,
+    max_tokens: int,
+    size: Callable[[T, list[str]], int],
+    rng: random.Random,
+) -> list[tuple[list[T], list[list[str]]]]:
     """fairseq's ``--max-tokens`` within one pool of examples and their negatives: sorted by size, cut so that
     every batch's rows × its longest ``size`` stay ≤ ``max_tokens`` (a longer row is a batch of its own), in
     shuffled order. ``size``: fairseq's ``num_tokens`` of a row (GEC-CL: max(source, the whole target line with
@@ -170,3 +211,44 @@ def token_batches(batch: tuple[list[T], list[list[str]]], *, max_tokens: int, si
     groups = token_groups([size(ex, negs) for ex, negs in zip(examples, negatives, strict=True)], max_tokens)
     rng.shuffle(groups)
     return [([examples[i] for i in g], [negatives[i] for i in g]) for g in groups]
+
+
+PAD = "#pad"  # the id suffix of an example copied to even out the ranks' shares (its negatives are the original's)
+
+
+def shard(examples: Sequence[T], rank: int, world_size: int) -> list[T]:
+    """Every ``world_size``-th example, padded by wrap-around so every rank has as many (DistributedSampler):
+    ranks must take the same number of steps, or the gradient all-reduce waits forever. Padding copies get
+    their own id (``#pad``), so every id of an epoch is unique across ranks (examples are dataclasses with an
+    ``id``)."""
+    per_rank = math.ceil(len(examples) / world_size)
+    pad = [replace(ex, id=f"{ex.id}{PAD}") for ex in examples[: per_rank * world_size - len(examples)]]  # type: ignore[type-var, attr-defined]
+    return [*examples, *pad][rank::world_size]
+
+
+def sourced(
+    source: Any,
+    epoch: int,
+    start: int,
+    model: Any,
+    *,
+    max_tokens: int = 0,
+    size: Callable[[Any, list[str]], int] | None = None,
+    rng: random.Random | None = None,
+) -> Iterator[Batch | Call]:
+    """An epoch's batches of examples and their negatives: the source's pools (from the ``start``-th example),
+    each with the negatives the source gives for its example ids at the weight version it holds, cut by a token
+    budget (``max_tokens``: :func:`token_batches` with ``size`` and ``rng``) or whole; the source's calls (a
+    weight publication) pass through where they come."""
+    for pool in source.pools(epoch, start, model):
+        if isinstance(pool, Call):
+            yield pool
+            continue
+        both = (pool, source.negatives([ex.id for ex in pool], source.version))
+        if max_tokens:
+            assert size is not None and rng is not None, (
+                "a token budget cuts by each row's size, in a seeded order"
+            )
+            yield from map(Batch, token_batches(both, max_tokens=max_tokens, size=size, rng=rng))
+        else:
+            yield Batch(both)

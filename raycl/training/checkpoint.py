@@ -43,8 +43,16 @@ def save_state(state: dict[str, Any], path: Path) -> None:
     rng = state.get("rng")
     if rng is not None and isinstance(rng.get("numpy"), tuple):
         name, key, pos, has_gauss, cached = rng["numpy"]
-        rng = {**rng, "numpy": {"bit_generator": name, "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
-                                "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}}
+        rng = {
+            **rng,
+            "numpy": {
+                "bit_generator": name,
+                "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
+                "pos": int(pos),
+                "has_gauss": int(has_gauss),
+                "cached_gaussian": float(cached),
+            },
+        }
         state = {**state, "rng": rng}
     with atomic_file(path, "wb") as f:
         torch.save(state, f)
@@ -60,19 +68,31 @@ def load_state(path: Path, *, mmap: bool = False) -> dict[str, Any]:
         text = str(err)
         found = re.search(r"GLOBAL (\S+)", text)
         why = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\n\s*Check the documentation|$)", text, re.S)
-        what = (f"holds {found.group(1)}" if found else " ".join((why.group(1) if why else text).split())[:200])
-        raise UserError(f"{at(path)}: refused: {what}; expected only tensors, numbers, strings and containers "
-                        "(read with torch.load(weights_only=True): a checkpoint may not run code)") from None
+        what = f"holds {found.group(1)}" if found else " ".join((why.group(1) if why else text).split())[:200]
+        raise UserError(
+            f"{at(path)}: refused: {what}; expected only tensors, numbers, strings and containers "
+            "(read with torch.load(weights_only=True): a checkpoint may not run code)"
+        ) from None
     except (OSError, RuntimeError, EOFError, ValueError) as err:
-        raise UserError(f"{at(path)}: not a readable checkpoint ({type(err).__name__}: "
-                        f"{str(err).splitlines()[0][:200] if str(err) else ''})") from None  # fmt: skip
+        raise UserError(
+            f"{at(path)}: not a readable checkpoint ({type(err).__name__}: "
+            f"{str(err).splitlines()[0][:200] if str(err) else ''})"
+        ) from None
     if not isinstance(saved, dict):
         raise UserError(f"{at(path)}: holds a {type(saved).__name__}, expected a dict (raycl's state.pt)")
     rng = saved.get("rng")
     if isinstance(rng, dict) and isinstance(rng.get("numpy"), dict):  # save_state's form: NumPy's tuple again
         n = rng["numpy"]
-        saved["rng"] = {**rng, "numpy": (n["bit_generator"], n["key"].numpy().astype(np.uint32), n["pos"],
-                                         n["has_gauss"], n["cached_gaussian"])}  # fmt: skip
+        saved["rng"] = {
+            **rng,
+            "numpy": (
+                n["bit_generator"],
+                n["key"].numpy().astype(np.uint32),
+                n["pos"],
+                n["has_gauss"],
+                n["cached_gaussian"],
+            ),
+        }
     return saved
 
 
@@ -93,4 +113,4 @@ def _legacy_numpy_rng() -> list[Any]:
     except ImportError:  # pragma: no cover - NumPy 1
         from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
     paths = ("numpy._core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct")
-    return [*((_reconstruct, p) for p in paths), np.ndarray, np.dtype, type(np.dtype(np.uint32))]  # fmt: skip
+    return [*((_reconstruct, p) for p in paths), np.ndarray, np.dtype, type(np.dtype(np.uint32))]

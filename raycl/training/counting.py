@@ -112,8 +112,12 @@ class Counts:
 
     def summary(self, *, sites: bool = True) -> dict[str, Any]:
         """A JSON-able view: totals, syncs by kind and (``sites``) by call site."""
-        out: dict[str, Any] = {"ops": self.ops, "syncs": self.syncs, "casts": self.casts,
-                               "sync_kinds": dict(self.sync_kinds)}  # fmt: skip
+        out: dict[str, Any] = {
+            "ops": self.ops,
+            "syncs": self.syncs,
+            "casts": self.casts,
+            "sync_kinds": dict(self.sync_kinds),
+        }
         if sites:
             out["sync_sites"] = dict(self.sync_sites)
         return out
@@ -162,8 +166,10 @@ class OpCounter:
             del self._open[max(i for i, c in enumerate(self._open) if c is counts)]
 
     def summary(self, *, sites: bool = True) -> dict[str, Any]:
-        return {**self.total.summary(sites=sites),
-                "regions": {k: v.summary(sites=False) for k, v in self.regions.items()}}  # fmt: skip
+        return {
+            **self.total.summary(sites=sites),
+            "regions": {k: v.summary(sites=False) for k, v in self.regions.items()},
+        }
 
     # ------------------------------------------------------------------------------------------ recording
     def _op(self, name: str) -> None:
@@ -204,8 +210,11 @@ class _DispatchCounter(TorchDispatchMode):
             c._sync(kind, str(func))
         if func in _COPIES:
             src = args[1] if func is aten.copy_.default else args[0]  # copy_(self, src, non_blocking)
-            if isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor) and _float_cast(src.dtype,
-                                                                                              out.dtype):
+            if (
+                isinstance(src, torch.Tensor)
+                and isinstance(out, torch.Tensor)
+                and _float_cast(src.dtype, out.dtype)
+            ):
                 c._cast(src.dtype, out.dtype)
         return out
 

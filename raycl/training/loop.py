@@ -76,10 +76,17 @@ def run(job: Job) -> None:
     loop.startup = StartUp(entered, boot)
     if saved is not None:
         state.restore(st, saved, loop.scaler, device)
+    if st.source is not None:  # the checkpoint's weight version (republished if the dead run went past it)
+        st.source.resume(st.progress.get("feed", {}), st.model)
     task.start(st, w, resumed=saved is not None)
     if rank == 0:  # where this training started: a resumed run shows what it did not do again
-        append_start(w.out_dir, step=st.progress["step"], report=st.progress["report"], resumed=saved is not None,
-                     time=time.time())  # fmt: skip
+        append_start(
+            w.out_dir,
+            step=st.progress["step"],
+            report=st.progress["report"],
+            resumed=saved is not None,
+            time=time.time(),
+        )
     loop.train()
     reporting.final(task, st, w)
     for hook in job.hooks:  # tests' and benchmarks' probes
@@ -94,6 +101,7 @@ class Loop:
         self.task, self.st, self.w, self.s = task, st, w, task.settings
         self.scaler = w.precision.scaler(self.s.fp16_init_scale)
         self.window = Window()
+        self.take_wait = 0.0  # the source's own wait at the last report of this epoch
         self.pending: list[int] = []  # optimizer index of each micro-batch since the last update
         self.ctx: StepContext | None = None
         self.synced = False  # whether the last backward ran DDP's all-reduce
@@ -101,15 +109,24 @@ class Loop:
         self.bar: ProgressWriter | None = None
         self.current = Epoch(())  # the epoch being trained (its evaluation rule, its reports' info)
         self.startup: StartUp | None = None  # set by ``run``; gone once this process's first report holds it
-        for key, value in {"epoch": 0, "batch": 0, "epoch_step": 0, "step": 0, "report": 0, "best": {},
-                           "reported_step": -1}.items():  # fmt: skip
+        for key, value in {
+            "epoch": 0,
+            "batch": 0,
+            "epoch_step": 0,
+            "step": 0,
+            "report": 0,
+            "best": {},
+            "reported_step": -1,
+        }.items():
             st.progress.setdefault(key, value)
 
     def state(self) -> dict[str, Any]:
         """The loop's whole state: ``state.pt``'s keys and the model's weights (on the CPU)."""
         st = self.st
-        return {**state.loop_state(st, self.scaler, self.w.device),
-                "model": {k: v.detach().cpu() for k, v in st.model.state_dict().items()}}
+        return {
+            **state.loop_state(st, self.scaler, self.w.device),
+            "model": {k: v.detach().cpu() for k, v in st.model.state_dict().items()},
+        }
 
     def module(self) -> nn.Module:
         """The module forward passes run through: DDP over the model with several workers (re-wrapped if the
@@ -131,6 +148,7 @@ class Loop:
         epochs = self.task.num_epochs(st)
         while p["epoch"] < epochs:
             epoch = p["epoch"]
+            self.take_wait = 0.0  # a source's counters start again with its epoch
             self.current = self.task.epoch(st, w, epoch, p["batch"])
             self.compile()  # (again where an epoch replaced the model: a fit starting from a kept one)
             collate = functools.partial(self.task.collate, st)
@@ -241,6 +259,8 @@ class Loop:
             p["step"] += 1
             self.window.steps += 1
         self.task.after_update(st)
+        if st.source is not None:  # a live source publishes newer weights to its miners (``sync_every``)
+            st.source.after_update(p["step"], st.model)
         if k == 0:
             for hook in self.w.job.hooks:  # tests' and benchmarks' switches (a crash at a step)
                 hook.after_step(p["step"], self.w)
@@ -277,6 +297,11 @@ class Loop:
         reporting.check_ranks_agree(st, w)
         st.progress["report"] += 1
         metrics = reporting.report_metrics(self.task, st, self.window, rep, w, self.scaler)
+        if st.source is not None:
+            own = st.source.metrics()
+            metrics.update(reporting.source_metrics(own, self.window, since=self.take_wait))
+            self.take_wait = own.get("timing/mine_wait", 0.0)
+            st.progress["feed"] = st.source.state()  # what a checkpoint resumes the source from
         if self.startup is not None and (times := self.startup.taken()) is not None:  # this process's first
             metrics.update(times)
             self.startup = None

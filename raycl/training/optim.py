@@ -10,7 +10,11 @@ from torch.optim.lr_scheduler import LambdaLR
 
 
 def build_optimizer(
-    model: torch.nn.Module, lr: float, *, betas: Sequence[float] = (0.9, 0.98), eps: float = 1e-8,
+    model: torch.nn.Module,
+    lr: float,
+    *,
+    betas: Sequence[float] = (0.9, 0.98),
+    eps: float = 1e-8,
     weight_decay: float = 0.0,
 ) -> torch.optim.Optimizer:
     """AdamW (= Adam when ``weight_decay`` is 0, which is GEC-PD's setting; GEC-BART uses 0.01)."""
@@ -18,16 +22,23 @@ def build_optimizer(
     return adamw(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
 
-def adamw(params: Iterable[Any], *, lr: float, betas: Sequence[float] = (0.9, 0.999), eps: float = 1e-8,
-          weight_decay: float = 0.0) -> torch.optim.AdamW:  # fmt: skip
+def adamw(
+    params: Iterable[Any],
+    *,
+    lr: float,
+    betas: Sequence[float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+) -> torch.optim.AdamW:
     """AdamW over ``params`` (tensors or parameter groups), with PyTorch's fused kernel where every parameter is on
     a CUDA device in a floating dtype: a few kernels an update for the whole model, where the per-tensor
     implementation launches several per parameter and the multi-tensor one several per group of them. The
     arithmetic is AdamW's either way; a checkpoint's optimizer state loads into both."""
     params = list(params)
     b1, b2 = betas
-    return torch.optim.AdamW(params, lr=lr, betas=(b1, b2), eps=eps, weight_decay=weight_decay,
-                             fused=True if fusable(params) else None)  # fmt: skip
+    return torch.optim.AdamW(
+        params, lr=lr, betas=(b1, b2), eps=eps, weight_decay=weight_decay, fused=True if fusable(params) else None
+    )
 
 
 def fusable(params: Sequence[Any]) -> bool:
@@ -52,3 +63,12 @@ def build_scheduler(
         return 1.0 - (1.0 - end_factor) * frac
 
     return LambdaLR(optimizer, factor)
+
+
+def adamw_no_decay(model: torch.nn.Module, *, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """sentence-transformers' optimiser: AdamW (eps 1e-6), no weight decay on biases and LayerNorm weights."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    no_decay = [p for n, p in named if "bias" in n or "LayerNorm" in n]
+    decay = [p for n, p in named if not ("bias" in n or "LayerNorm" in n)]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return adamw(groups, lr=lr, eps=1e-6)

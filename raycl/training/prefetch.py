@@ -77,8 +77,9 @@ class Prefetcher:
 
     Use as a context manager: leaving it (the epoch's end, or an error in the step) stops the thread."""
 
-    def __init__(self, items: Iterable[Any], collate: Callable[[Any], Any], *, device: torch.device,
-                 depth: int = 2) -> None:  # fmt: skip
+    def __init__(
+        self, items: Iterable[Any], collate: Callable[[Any], Any], *, device: torch.device, depth: int = 2
+    ) -> None:
         self.items, self.collate, self.device, self.depth = items, collate, device, depth
         self.wait_s = self.first_wait_s = 0.0
         self._taken = 0

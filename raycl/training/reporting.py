@@ -23,8 +23,9 @@ from raycl.training.task import Report, TrainState, Worker
 from raycl.training.timing import Window, interval_metrics
 
 
-def report_metrics(task: Any, st: TrainState, window: Window, rep: Report, w: Worker,
-                   scaler: torch.amp.GradScaler | None) -> dict[str, Any]:  # fmt: skip
+def report_metrics(
+    task: Any, st: TrainState, window: Window, rep: Report, w: Worker, scaler: torch.amp.GradScaler | None
+) -> dict[str, Any]:
     """Every rank's metrics of a report (before rank 0's evaluation): the task's, then the loop's."""
     metrics = dict(task.metrics(st, window, rep, w))  # first: a task may step a schedule here (SWALR)
     metrics.update(interval_metrics(window, st.optimizers[0] if st.optimizers else None))
@@ -32,6 +33,26 @@ def report_metrics(task: Any, st: TrainState, window: Window, rep: Report, w: Wo
     if scaler is not None:
         metrics.update({"fp16/skipped": window.skipped, "fp16/scale": scaler.get_scale()})
     return metrics
+
+
+def source_metrics(own: dict[str, float], window: Window, *, since: float) -> dict[str, float]:
+    """A negative source's metrics in a report, the same names for every recipe: its own counters (``stream/…``,
+    ``refresh/…``) and, for a source whose reads wait on miners (it counts ``timing/mine_wait``), the waits.
+    ``timing/mine_wait`` is the trainer's wait for its next batch (the loop's: the source is read ahead of the
+    step), ``stream/take_wait`` the source's own wait since the last report of the epoch (``since``: its count
+    then); ``…_steady`` leaves out the wait for the epoch's first batch (the pipeline filling up)."""
+    if "timing/mine_wait" not in own:
+        return dict(own)
+    out = {k: v for k, v in own.items() if k not in ("timing/mine_wait", "timing/mine_wait_first")}
+    wall, wait, first = window.wall(), window.wait_s, window.first_wait_s
+    return {
+        **out,
+        "stream/take_wait": max(own["timing/mine_wait"] - since, 0.0),
+        "timing/mine_wait": wait,
+        "timing/mine_wait_first": first,
+        "timing/mine_wait_fraction": wait / max(wall, 1e-9),
+        "timing/mine_wait_fraction_steady": (wait - first) / max(wall - first, 1e-9),
+    }
 
 
 def shown(task: Any, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -54,10 +75,11 @@ def check_ranks_agree(st: TrainState, w: Worker) -> None:
     mine = [float(st.progress["step"]), total, absolute, *lrs]
     ranks = all_gather_floats(mine)
     for r, theirs in enumerate(ranks):
-        if any(not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
-               for a, b in zip(mine, theirs, strict=True)):  # fmt: skip
-            raise RuntimeError(f"data-parallel ranks disagree at step {st.progress['step']}: rank "
-                               f"{w.rank} has (step, Σw, Σ|w|, lr…) = {mine}, rank {r} {theirs}")
+        if any(not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) for a, b in zip(mine, theirs, strict=True)):
+            raise RuntimeError(
+                f"data-parallel ranks disagree at step {st.progress['step']}: rank "
+                f"{w.rank} has (step, Σw, Σ|w|, lr…) = {mine}, rank {r} {theirs}"
+            )
 
 
 def evaluate(task: Any, st: TrainState, rep: Report, w: Worker, metrics: dict[str, Any]) -> dict[str, Any]:
@@ -69,8 +91,9 @@ def evaluate(task: Any, st: TrainState, rep: Report, w: Worker, metrics: dict[st
         keep = task.keep(rep, {**metrics, **out})
         if keep is not None:
             value, best = _num(out.get(keep.metric)), st.progress["best"]
-            if keep.scope not in best or (value is not None and (best[keep.scope] is None
-                                                                 or value > best[keep.scope])):
+            if keep.scope not in best or (
+                value is not None and (best[keep.scope] is None or value > best[keep.scope])
+            ):
                 best[keep.scope] = value
                 out.update(task.on_best(st, rep, w))
                 save_dir_atomic(lambda tmp: task.save_model(st, tmp, kept=True), w.out_dir / keep.folder)
@@ -88,8 +111,7 @@ def final(task: Any, st: TrainState, w: Worker) -> None:
     if metrics is None:
         return
     st.progress["report"] += 1
-    metrics = nan_for_none({**metrics, "report": st.progress["report"], "step": st.progress["step"],
-                            "final": 1})  # fmt: skip
+    metrics = nan_for_none({**metrics, "report": st.progress["report"], "step": st.progress["step"], "final": 1})
     if w.rank == 0:
         append_history(w.out_dir, metrics, key="report")
     session.report(metrics)

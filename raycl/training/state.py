@@ -25,8 +25,12 @@ def rank_file(rank: int) -> str:
 def rng_state(device: torch.device) -> dict[str, Any]:
     """This worker's RNG states: Python's, NumPy's, the CPU generator and the CUDA one of its *own* device only
     (not every device the process sees: a restarted worker may see fewer, and could not restore that list)."""
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}  # fmt: skip
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+    }
 
 
 def restore_rng(rng: dict[str, Any], device: torch.device) -> None:
@@ -46,8 +50,9 @@ def read_saved(ckpt: Path | None, rank: int) -> dict[str, Any] | None:
     return saved
 
 
-def restore(st: TrainState, saved: dict[str, Any], scaler: torch.amp.GradScaler | None,
-            device: torch.device) -> None:  # fmt: skip
+def restore(
+    st: TrainState, saved: dict[str, Any], scaler: torch.amp.GradScaler | None, device: torch.device
+) -> None:
     """Optimizers (their moments land on their parameters' device), schedules, scaler, extras, RNG."""
     for opt, state in zip(st.optimizers, saved["optimizers"], strict=True):
         opt.load_state_dict(state)
@@ -66,15 +71,23 @@ def restore(st: TrainState, saved: dict[str, Any], scaler: torch.amp.GradScaler 
 def loop_state(st: TrainState, scaler: torch.amp.GradScaler | None, device: torch.device) -> dict[str, Any]:
     """What ``state.pt`` holds: optimizers, schedules, scaler, extras, progress and the RNG states (the CUDA one of
     this worker's own device: another worker may see fewer devices)."""
-    return {"optimizers": [o.state_dict() for o in st.optimizers],
-            "schedulers": [s.state_dict() if s is not None else None for s in st.schedulers],
-            "scaler": scaler.state_dict() if scaler is not None else None,
-            "extras": {k: v.state_dict() for k, v in st.extras.items()}, "progress": st.progress,
-            "rng": rng_state(device)}  # fmt: skip
+    return {
+        "optimizers": [o.state_dict() for o in st.optimizers],
+        "schedulers": [s.state_dict() if s is not None else None for s in st.schedulers],
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "extras": {k: v.state_dict() for k, v in st.extras.items()},
+        "progress": st.progress,
+        "rng": rng_state(device),
+    }
 
 
-def save(st: TrainState, save_model: Callable[[Path], None], scaler: torch.amp.GradScaler | None,
-         device: torch.device, folder: Path) -> None:  # fmt: skip
+def save(
+    st: TrainState,
+    save_model: Callable[[Path], None],
+    scaler: torch.amp.GradScaler | None,
+    device: torch.device,
+    folder: Path,
+) -> None:
     """``model/`` (``save_model``: the task's ``save_pretrained``) and ``state.pt``, each written to a temporary
     name and renamed."""
     save_dir_atomic(save_model, folder / MODEL_DIR)

@@ -123,6 +123,9 @@ class TrainState:
     extras: dict[str, Any] = field(default_factory=dict)
     per_rank: tuple[str, ...] = ()  # extras that differ between ranks (a queue of its own keys), saved per rank
     total_updates: int = 0
+    # where the negatives come from (raycl.training.negatives.NegativeSource; None: none). The loop owns its
+    # lifecycle: resumed from ``progress["feed"]``, told of every update, its metrics and state in every report
+    source: Any = None
 
     def modules(self) -> list[nn.Module]:
         return [self.model, *(m for m in self.extras.values() if isinstance(m, nn.Module))]

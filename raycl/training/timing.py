@@ -20,7 +20,12 @@ from typing import Any
 import torch
 
 STEP, INTERVAL, DATA_WAIT, DATA_WAIT_FRACTION, LR = (
-    "timing/step", "timing/interval", "timing/data_wait", "timing/data_wait_fraction", "lr")  # fmt: skip
+    "timing/step",
+    "timing/interval",
+    "timing/data_wait",
+    "timing/data_wait_fraction",
+    "lr",
+)
 
 
 class Window:
@@ -82,8 +87,12 @@ class Window:
 def interval_metrics(window: Window, optimizer: torch.optim.Optimizer | None) -> dict[str, float]:
     """The loop's timing and learning-rate metrics of a report interval (the table above)."""
     wall = window.wall()
-    out = {STEP: window.step_time(), INTERVAL: wall, DATA_WAIT: window.wait_s,
-           DATA_WAIT_FRACTION: window.wait_s / max(wall, 1e-9)}  # fmt: skip
+    out = {
+        STEP: window.step_time(),
+        INTERVAL: wall,
+        DATA_WAIT: window.wait_s,
+        DATA_WAIT_FRACTION: window.wait_s / max(wall, 1e-9),
+    }
     if optimizer is not None and optimizer.param_groups:
         out[LR] = float(optimizer.param_groups[0]["lr"])
     return out

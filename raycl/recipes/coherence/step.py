@@ -43,17 +43,24 @@ class CoherenceBatch:
     rng_state: Any = None  # the prefix generator's state after this batch's slices were drawn
 
 
-def inputs(scorer: CoherenceScorer, docs: Sequence[Doc], *, pad_to_multiple_of: int | None = None
-           ) -> dict[str, Tensor]:  # fmt: skip
+def inputs(
+    scorer: CoherenceScorer, docs: Sequence[Doc], *, pad_to_multiple_of: int | None = None
+) -> dict[str, Tensor]:
     """The scorer's CPU inputs of ``docs``, without the attention mask where no position is padding (the encoder
     then attends everywhere, as that mask would say, and skips its checks)."""
     enc = scorer.inputs(docs, pad_to_multiple_of=pad_to_multiple_of)
     return {"input_ids": enc["input_ids"]} if bool(enc["attention_mask"].all()) else enc
 
 
-def collate(scorer: CoherenceScorer, pos: Sequence[Doc], negs: Sequence[Sequence[Doc]], *, momentum: bool,
-            rng: random.Random | None = None, pad_to_multiple_of: int | None = None
-            ) -> CoherenceBatch:  # fmt: skip
+def collate(
+    scorer: CoherenceScorer,
+    pos: Sequence[Doc],
+    negs: Sequence[Sequence[Doc]],
+    *,
+    momentum: bool,
+    rng: random.Random | None = None,
+    pad_to_multiple_of: int | None = None,
+) -> CoherenceBatch:
     """B items (``pos``, ``negs``: B × N documents) as tensors on the CPU; ``momentum``: with the momentum
     encoder's inputs, the slices drawn from ``rng`` (whose state after the draws the batch carries)."""
     b, n = len(pos), len(negs[0])
@@ -75,9 +82,15 @@ class StepOutput:
 
 
 def coherence_loss(
-    model: nn.Module, batch: CoherenceBatch, *, kind: str, margin: float, lam: float,
-    momentum: MomentumEncoder | None = None, queue: NegativeQueue | None = None,
-) -> StepOutput:  # fmt: skip
+    model: nn.Module,
+    batch: CoherenceBatch,
+    *,
+    kind: str,
+    margin: float,
+    lam: float,
+    momentum: MomentumEncoder | None = None,
+    queue: NegativeQueue | None = None,
+) -> StepOutput:
     """The loss of a collated batch (on the model's device). ``model`` is the scorer or its DDP wrapper (the
     forward that syncs gradients)."""
     b, n = batch.b, batch.n

@@ -33,7 +33,8 @@ from raycl.models.coherence import CoherenceScorer, MomentumEncoder
 from raycl.recipes.coherence.evaluation import Evaluator
 from raycl.recipes.coherence.inputs import in_training_order
 from raycl.recipes.coherence.step import CoherenceBatch, coherence_loss, collate
-from raycl.training.negatives import PermutationNegatives, Place, open_source
+from raycl.training.batching import sourced
+from raycl.training.negatives import Place, open_source
 from raycl.training.optim import adamw
 from raycl.training.prefetch import Call
 from raycl.training.task import (
@@ -57,18 +58,20 @@ def shards_of(items: list[CoherenceItem], world_size: int) -> list[list[Coherenc
     return [items[r::world_size] for r in range(world_size)]
 
 
-def _pairs(source: PermutationNegatives, pools: Iterator[list[CoherenceItem] | Call]
-           ) -> Iterator[tuple[CoherenceItem, Negs] | Call]:  # fmt: skip
-    """The source's ``pools``, item by item, each with its negatives; calls where they come."""
-    for pool in pools:
-        if isinstance(pool, Call):
-            yield pool
-            continue
-        yield from zip(pool, source.negatives([it.id for it in pool], source.version), strict=True)
+def _pairs(batches: Iterator[Batch | Call]) -> Iterator[tuple[CoherenceItem, Negs] | Call]:
+    """The source's pools with their negatives (:func:`raycl.training.batching.sourced`), item by item; calls
+    where they come."""
+    for b in batches:
+        yield from zip(*b.data, strict=True) if isinstance(b, Batch) else (b,)
 
 
-def _batches(cfg: CoherenceConfig, pairs: Iterator[tuple[CoherenceItem, Negs] | Call], need: int, done: int,
-             rng: random.Random | None) -> Iterator[Batch | Call]:  # fmt: skip
+def _batches(
+    cfg: CoherenceConfig,
+    pairs: Iterator[tuple[CoherenceItem, Negs] | Call],
+    need: int,
+    done: int,
+    rng: random.Random | None,
+) -> Iterator[Batch | Call]:
     """Steps of ``optim.batch_size`` usable items (those with ``need`` negatives), each carrying the position after
     it (items of the epoch consumed); calls pass through where they come."""
     batch: list[tuple[CoherenceItem, Negs]] = []
@@ -104,9 +107,7 @@ class PrefixRandom(random.Random):
 
 @dataclass
 class CoherenceState(TrainState):
-    source: Any = None  # PermutationNegatives
     evals: Evaluator | None = None  # rank 0
-    wait0: float = 0.0  # the stream's waiting time at the start of the report interval
 
     @property
     def momentum(self) -> MomentumEncoder | None:
@@ -141,16 +142,19 @@ class CoherenceTask(TaskBase):
     def build(self, model: CoherenceScorer, w: Worker, progress: dict[str, Any] | None) -> CoherenceState:
         c, o = self.cfg, self.cfg.optim
         optimizer = adamw(model.parameters(), lr=o.lr, eps=o.eps, weight_decay=o.weight_decay)
-        extras: dict[str, Any] = {"queue": NegativeQueue(int(model.encoder.config.hidden_size),
-                                                         size=c.momentum.queue_size, num_negs=c.mining.num_negs
-                                                         ).to(w.device)}  # fmt: skip
+        extras: dict[str, Any] = {
+            "queue": NegativeQueue(
+                int(model.encoder.config.hidden_size), size=c.momentum.queue_size, num_negs=c.mining.num_negs
+            ).to(w.device)
+        }
         if c.loss.kind == "momentum":
             extras["momentum"] = MomentumEncoder(model)
-        p = dict(progress or {"done": 0, "version": 0, "ledger": None})
+        p = dict(progress or {"done": 0})
         extras["prefix_rng"] = PrefixRandom(o.seed + 1000 * w.rank)
         st = CoherenceState(model, [optimizer], [None], p, extras, per_rank=("queue", "prefix_rng"))
-        st.extras["swalr"] = SWALR(optimizer, swa_lr=o.swa_lr, anneal_epochs=o.anneal_epochs,
-                                   anneal_strategy="linear")  # one step per report, as the released code
+        st.extras["swalr"] = SWALR(
+            optimizer, swa_lr=o.swa_lr, anneal_epochs=o.anneal_epochs, anneal_strategy="linear"
+        )  # one step per report, as the released code
         items = in_training_order(c, read_pairs(self.train_items))
         shards = shards_of(items, w.world_size)
         spec = w.job.negatives if w.job.negatives is not None else c.mining.source()
@@ -161,9 +165,6 @@ class CoherenceTask(TaskBase):
 
     def start(self, st: CoherenceState, w: Worker, *, resumed: bool) -> None:
         st.evals = Evaluator(self.cfg) if w.rank == 0 else None
-        # the checkpoint's weight version (republished if the dead run went past it) and ledger position
-        st.source.resume(st.progress, st.model)
-        st.wait0 = st.source.metrics().get("timing/mine_wait", 0.0)
 
     def num_epochs(self, st: CoherenceState) -> int:
         return self.cfg.optim.epochs
@@ -173,7 +174,7 @@ class CoherenceTask(TaskBase):
         a report every ``optim.eval_every`` updates, none at an epoch's end (the end of training has one)."""
         p = st.progress
         done = p.get("done", 0)
-        pairs = _pairs(st.source, st.source.pools(epoch, done, st.model))  # the stream's part scheduled now
+        pairs = _pairs(sourced(st.source, epoch, done, st.model))  # the stream's part scheduled now
         rng = None
         if self.cfg.loss.kind == "momentum":  # the slices are drawn as batches are collated, ahead of their step
             rng = PrefixRandom()
@@ -187,47 +188,52 @@ class CoherenceTask(TaskBase):
 
     def collate(self, st: CoherenceState, data: Any) -> CoherenceBatch:
         items, negs, rng = data
-        return collate(st.model, [it.pos for it in items], negs, momentum=rng is not None, rng=rng,
-                       pad_to_multiple_of=self.settings.pad_to_multiple_of)  # fmt: skip
+        return collate(
+            st.model,
+            [it.pos for it in items],
+            negs,
+            momentum=rng is not None,
+            rng=rng,
+            pad_to_multiple_of=self.settings.pad_to_multiple_of,
+        )
 
     def step(self, st: CoherenceState, batch: CoherenceBatch, ctx: StepContext) -> dict[str, Any]:
         c = self.cfg
         if batch.rng_state is not None:  # the generator's state after this batch: what a checkpoint holds
             st.rng.setstate(batch.rng_state)
-        out = coherence_loss(ctx.module, batch, kind=c.loss.kind, margin=c.loss.margin, lam=c.loss.lam,
-                             momentum=st.momentum, queue=st.extras["queue"])  # fmt: skip
+        out = coherence_loss(
+            ctx.module,
+            batch,
+            kind=c.loss.kind,
+            margin=c.loss.margin,
+            lam=c.loss.lam,
+            momentum=st.momentum,
+            queue=st.extras["queue"],
+        )
         ctx.backward(out.loss, weight=float(batch.b))  # the items' summed loss: workers average over all items
         return {"loss": out.loss.detach(), "l_c": out.l_c, "l_m": out.l_m, "items": float(batch.b)}
 
     def end_epoch(self, st: CoherenceState, w: Worker, epoch: int) -> None:
-        st.progress.update(done=0, ledger=None)
+        st.progress["done"] = 0
+        st.source.saved_ledger = None
 
     def before_update(self, st: CoherenceState) -> None:
         if st.momentum is not None:  # after backward, before the step: the EMA uses the pre-step weights
             momentum_update(st.momentum.encoder, st.model.encoder, m=self.cfg.momentum.m)
 
     def metrics(self, st: CoherenceState, window: Window, rep: Report, w: Worker) -> dict[str, Any]:
-        """Every rank: one SWALR step per report; the interval's losses and the stream's waiting; rank 0's
-        checkpoint position in the stream's ledger."""
-        st.extras["swalr"].step()
-        p, fm = st.progress, st.source.metrics()
-        wall = window.wall()
-        wait = max(fm["timing/mine_wait"] - st.wait0, 0.0) if fm else 0.0  # stats restart each epoch
-        # the loop's timing and ``lr`` (the rate SWALR has just set) come with the report
-        out = {**{k: v for k, v in window.means().items() if k != "items"}, "items": window.sums.get("items", 0.0),
-               "epoch": p["epoch"]}  # fmt: skip
-        if fm:
-            out.update(fm)
-            out.pop("timing/mine_wait_first", None)
-            st.wait0 = fm["timing/mine_wait"]
-        # the trainer's own wait: for its next batch, whose negatives the stream delivers (read ahead)
-        out.update({"stream/take_wait": wait, "timing/mine_wait": window.wait_s,
-                    "timing/mine_wait_fraction": window.wait_s / max(wall, 1e-9)})
+        """Every rank: one SWALR step per report; the interval's losses; rank 0's checkpoint position in the
+        stream's ledger (the source's state, which the loop checkpoints)."""
+        st.extras["swalr"].step()  # the loop's ``lr`` is the rate SWALR has just set
+        p = st.progress
         done = _all_ranks(p["done"])
-        p["version"] = st.source.version
         mid_epoch = not rep.info.get("epoch_end") and p["done"]
-        p["ledger"] = st.source.ledger_state(p["epoch"], done) if mid_epoch else None
-        return out
+        st.source.saved_ledger = st.source.ledger_state(p["epoch"], done) if mid_epoch else None
+        return {
+            **{k: v for k, v in window.means().items() if k != "items"},
+            "items": window.sums.get("items", 0.0),
+            "epoch": p["epoch"],
+        }
 
     def evaluate(self, st: CoherenceState, rep: Report, w: Worker) -> dict[str, Any]:
         assert st.evals is not None

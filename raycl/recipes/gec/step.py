@@ -105,17 +105,29 @@ class GecBatch:
 
     @classmethod
     def from_tensors(
-        cls, src_ids: Tensor, src_mask: Tensor, target_ids: Tensor, neg_ids: Tensor, n_neg: Tensor, *,
-        pad_id: int, num_slots: int | None = None, pad_to_multiple_of: int = 1,
+        cls,
+        src_ids: Tensor,
+        src_mask: Tensor,
+        target_ids: Tensor,
+        neg_ids: Tensor,
+        n_neg: Tensor,
+        *,
+        pad_id: int,
+        num_slots: int | None = None,
+        pad_to_multiple_of: int = 1,
     ) -> GecBatch:
         """A batch from already tokenised CPU tensors: sources (B, S) with their mask, gold targets (B, T) and
         negatives (B, M, T') pad-filled, slot j of sentence i real iff j < n_neg[i] (the others are ignored)."""
         counts = [int(n) for n in n_neg.tolist()]
-        sources = [[t for t, m in zip(row, mask, strict=True) if m]
-                   for row, mask in zip(src_ids.tolist(), src_mask.tolist(), strict=True)]  # fmt: skip
+        sources = [
+            [t for t, m in zip(row, mask, strict=True) if m]
+            for row, mask in zip(src_ids.tolist(), src_mask.tolist(), strict=True)
+        ]
         targets = [[t for t in row if t != pad_id] for row in target_ids.tolist()]
-        negs = [[[t for t in neg if t != pad_id] for neg in slots[:c]]
-                for slots, c in zip(neg_ids.tolist(), counts, strict=True)]  # fmt: skip
+        negs = [
+            [[t for t in neg if t != pad_id] for neg in slots[:c]]
+            for slots, c in zip(neg_ids.tolist(), counts, strict=True)
+        ]
         return _assemble(sources, targets, negs, pad_id=pad_id, num_slots=num_slots, multiple=pad_to_multiple_of)
 
 
@@ -144,8 +156,9 @@ def collate(
     for ns in negatives:
         negs.append(ids[at : at + len(ns)])
         at += len(ns)
-    return _assemble(ids[:B], ids[B : 2 * B], negs, pad_id=pad, num_slots=num_slots, multiple=pad_to_multiple_of,
-                     cap=max_length)  # fmt: skip
+    return _assemble(
+        ids[:B], ids[B : 2 * B], negs, pad_id=pad, num_slots=num_slots, multiple=pad_to_multiple_of, cap=max_length
+    )
 
 
 def _padded_len(longest: int, multiple: int, cap: int | None) -> int:
@@ -154,8 +167,14 @@ def _padded_len(longest: int, multiple: int, cap: int | None) -> int:
 
 
 def _assemble(
-    sources: list[list[int]], targets: list[list[int]], negatives: list[list[list[int]]], *, pad_id: int,
-    num_slots: int | None, multiple: int, cap: int | None = None,
+    sources: list[list[int]],
+    targets: list[list[int]],
+    negatives: list[list[list[int]]],
+    *,
+    pad_id: int,
+    num_slots: int | None,
+    multiple: int,
+    cap: int | None = None,
 ) -> GecBatch:
     """The joint row layout and the per-slot spans from token id lists (no padding in them)."""
     if not sources:
@@ -231,11 +250,14 @@ def _row_scores(tok: TokenLogProbs, targets: Tensor, pad_id: int) -> Tensor:
 def _joint(scorer: Seq2SeqScorer, batch: GecBatch) -> tuple[TokenLogProbs, Tensor]:
     """One forward over all R rows: the positives' token scores (B, T) and every row's S (R,)."""
     if scorer.training and scorer.layerdrop > 0:
-        raise ValueError(f"LayerDrop ({scorer.layerdrop}) drops a layer for every row of a forward at once, so a "
-                         "joint pass would correlate the rows' scores: use loss.passes=per_slot")  # fmt: skip
+        raise ValueError(
+            f"LayerDrop ({scorer.layerdrop}) drops a layer for every row of a forward at once, so a "
+            "joint pass would correlate the rows' scores: use loss.passes=per_slot"
+        )
     tgt = batch.row_tgt  # (R, T)
-    tok = scorer.token_log_probs(batch.row_src, batch.row_src_mask, scorer.shift_right(tgt), tgt,
-                                 src_padded=batch.src_padded)  # fmt: skip
+    tok = scorer.token_log_probs(
+        batch.row_src, batch.row_src_mask, scorer.shift_right(tgt), tgt, src_padded=batch.src_padded
+    )
     B = batch.num_sentences
     return TokenLogProbs(tok.target[:B], tok.total[:B], tok.vocab_size), _row_scores(tok, tgt, batch.pad_id)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,15 +23,12 @@ from raycl.losses.gec_margin import GecContrastiveLoss
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.recipes.gec import evaluation
 from raycl.recipes.gec.evaluation import HYPS_DIR
-from raycl.recipes.gec.feeds import global_batches, shard, token_batches
 from raycl.recipes.gec.step import GecBatch, collate, gec_loss
 from raycl.records import save_dir_atomic
-from raycl.training.batching import BatchPlan
+from raycl.training.batching import BatchPlan, global_batches, shard, sourced
 from raycl.training.negatives import NegativeSource, Place, StaticNegatives, open_source
 from raycl.training.optim import build_optimizer, build_scheduler
-from raycl.training.prefetch import Call
 from raycl.training.task import (
-    Batch,
     Epoch,
     Keep,
     LoopSettings,
@@ -41,7 +37,6 @@ from raycl.training.task import (
     TaskBase,
     TrainState,
     Worker,
-    updates_in,
 )
 from raycl.training.timing import Window
 
@@ -65,13 +60,20 @@ def phase_of(cfg: GecConfig, name: str) -> Phase:
         p = cfg.pretrain
         return Phase(name, cfg.data.train, p.lr, p.epochs, p.batch_size, p.warmup_updates, p.label_smoothing, 0.0)
     o = cfg.optim
-    return Phase(name, cfg.data.finetune, o.lr, o.epochs, o.batch_size, o.warmup_updates,
-                 cfg.loss.label_smoothing, cfg.loss.trade_off)  # fmt: skip
+    return Phase(
+        name,
+        cfg.data.finetune,
+        o.lr,
+        o.epochs,
+        o.batch_size,
+        o.warmup_updates,
+        cfg.loss.label_smoothing,
+        cfg.loss.trade_off,
+    )
 
 
 @dataclass
 class GecState(TrainState):
-    source: Any = None  # NegativeSource[GecExample]
     loss_fn: Any = None  # GecContrastiveLoss
     refs: dict[str, Any] = field(default_factory=dict)  # rank 0 of fine-tuning: dev and test references
 
@@ -85,6 +87,7 @@ class GecState(TrainState):
 @dataclass(frozen=True)
 class GecTask(TaskBase):
     """One phase of Algorithm 1 on one worker."""
+
     shown: ClassVar[tuple[str, ...]] = ("dev_f05", "timing/mine_wait_fraction")  # on rank 0's progress line
 
     cfg: GecConfig
@@ -108,17 +111,31 @@ class GecTask(TaskBase):
         examples = load_examples(ph.specs, annotator=cfg.data.annotator)
         source = self._source(examples, w)
         updates = self._updates(model, examples, source, w)
-        optimizer = build_optimizer(model, ph.lr, betas=cfg.optim.betas, eps=cfg.optim.eps,
-                                    weight_decay=cfg.optim.weight_decay)  # fmt: skip
-        scheduler = build_scheduler(optimizer, cfg.optim.scheduler if ph.name == "finetune" else "fixed",
-                                    warmup=ph.warmup, total=cfg.optim.total_updates or updates)  # fmt: skip
-        loss_fn = GecContrastiveLoss(trade_off=ph.trade_off, margin=cfg.loss.margin,
-                                     label_smoothing=ph.label_smoothing)  # fmt: skip
-        return GecState(model, [optimizer], [scheduler], dict(progress or {}), total_updates=updates,
-                        source=source, loss_fn=loss_fn)  # fmt: skip
+        optimizer = build_optimizer(
+            model, ph.lr, betas=cfg.optim.betas, eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay
+        )
+        scheduler = build_scheduler(
+            optimizer,
+            cfg.optim.scheduler if ph.name == "finetune" else "fixed",
+            warmup=ph.warmup,
+            total=cfg.optim.total_updates or updates,
+        )
+        loss_fn = GecContrastiveLoss(
+            trade_off=ph.trade_off, margin=cfg.loss.margin, label_smoothing=ph.label_smoothing
+        )
+        return GecState(
+            model,
+            [optimizer],
+            [scheduler],
+            dict(progress or {}),
+            total_updates=updates,
+            source=source,
+            loss_fn=loss_fn,
+        )
 
-    def _updates(self, model: Any, examples: list[GecExample], source: NegativeSource[GecExample], w: Worker
-                 ) -> int:  # fmt: skip
+    def _updates(
+        self, model: Any, examples: list[GecExample], source: NegativeSource[GecExample], w: Worker
+    ) -> int:
         """The phase's optimizer updates, for its schedule: per epoch ⌈the most batches a rank has ÷
         update_freq⌉ (a rank with fewer joins the others' updates; an epoch's end flushes an accumulation). With a
         token budget the batches are counted as the stream cuts them: fairseq's ``num_tokens`` of every example
@@ -127,20 +144,27 @@ class GecTask(TaskBase):
         cfg, ph, n = self.cfg, self.ph, len(examples)
         uf, epochs = cfg.optim.update_freq, ph.epochs
         budget = cfg.optim.max_tokens if ph.name == "finetune" else cfg.pretrain.max_tokens
-        plan = BatchPlan([n], batch_size=ph.batch_size, seed=cfg.optim.seed, rank=w.rank, world_size=w.world_size,
-                         draw="shuffle", keep_empty=False)  # the static source's; the stream's shards have as many
-        if not budget:  # the most batches a rank has: ⌈its share ÷ batch⌉
-            return plan.updates(epochs, uf)
-        tok = model.tokenizer
-        ids = tok([t for ex in examples for t in (ex.source, ex.target)])["input_ids"]
-        src, tgt = [len(x) for x in ids[0::2]], [len(x) for x in ids[1::2]]
-        if isinstance(source, StaticNegatives):
-            negs = source.negatives([ex.id for ex in examples], source.version)
-            extra = [sum(len(x) for x in tok(ns)["input_ids"]) if ns else 0 for ns in negs]
-            sizes = [max(src[i], tgt[i] + extra[i]) for i in range(n)]
-        else:
-            sizes = [max(src[i], (1 + cfg.mining.k + 1) * tgt[i]) for i in range(n)]
-        return updates_in(plan.token_batch_counts(sizes, budget, epochs), uf)
+        plan = BatchPlan(
+            [n],
+            batch_size=ph.batch_size,
+            seed=cfg.optim.seed,
+            rank=w.rank,
+            world_size=w.world_size,
+            draw="shuffle",
+            keep_empty=False,
+        )  # the static source's; the stream's shards have as many
+        sizes: list[int] = []
+        if budget:
+            tok = model.tokenizer
+            ids = tok([t for ex in examples for t in (ex.source, ex.target)])["input_ids"]
+            src, tgt = [len(x) for x in ids[0::2]], [len(x) for x in ids[1::2]]
+            if isinstance(source, StaticNegatives):
+                negs = source.negatives([ex.id for ex in examples], source.version)
+                extra = [sum(len(x) for x in tok(ns)["input_ids"]) if ns else 0 for ns in negs]
+                sizes = [max(src[i], tgt[i] + extra[i]) for i in range(n)]
+            else:
+                sizes = [max(src[i], (1 + cfg.mining.k + 1) * tgt[i]) for i in range(n)]
+        return plan.updates(epochs, uf, sizes=sizes, max_tokens=budget)
 
     def _source(self, examples: list[GecExample], w: Worker) -> NegativeSource[GecExample]:
         """The job's negative source (the driver's: a stream, the run's n-best, pre-mined ones); a job built
@@ -157,12 +181,15 @@ class GecTask(TaskBase):
 
     def _plan(self, n: int, w: Worker, epoch: int) -> list[list[int]]:
         """This rank's batches of ``epoch`` where negatives are known ahead: its share of the global batches."""
-        return global_batches(n, batch_size=self.ph.batch_size, seed=self.cfg.optim.seed * 1000 + epoch,
-                              rank=w.rank, world_size=w.world_size)  # fmt: skip
+        return global_batches(
+            n,
+            batch_size=self.ph.batch_size,
+            seed=self.cfg.optim.seed * 1000 + epoch,
+            rank=w.rank,
+            world_size=w.world_size,
+        )
 
     def start(self, st: GecState, w: Worker, *, resumed: bool) -> None:
-        if resumed:  # the weight version of the checkpoint, republished if the dead run went past it
-            st.source.resume(st.progress.get("feed", {}), st.model)
         if self.phase == "finetune" and w.rank == 0:
             st.refs = evaluation.references(self.cfg)
 
@@ -174,56 +201,48 @@ class GecTask(TaskBase):
         epoch), each pool cut by the token budget. Negatives mined while training with ``sync_every`` > 0 are read
         in the training thread: the staleness rule checks them against the version that updates move on."""
         assert start == 0, "GEC reports (and checkpoints) only at an epoch's end"
-        return Epoch(self._batches(st, epoch), read_ahead=st.source.read_ahead)
-
-    def _batches(self, st: GecState, epoch: int) -> Iterator[Batch | Call]:
         budget = self.cfg.optim.max_tokens if self.phase == "finetune" else self.cfg.pretrain.max_tokens
         rng = random.Random(self.cfg.optim.seed * 1000 + epoch)
-        source = st.source
-        for pool in source.pools(epoch, 0, st.model):
-            if isinstance(pool, Call):
-                yield pool
-                continue
-            both = (pool, source.negatives([ex.id for ex in pool], source.version))
-            batches = token_batches(both, max_tokens=budget, size=st.num_tokens, rng=rng) if budget else [both]
-            yield from map(Batch, batches)
-
-    def end_epoch(self, st: GecState, w: Worker, epoch: int) -> None:
-        st.progress["feed"] = st.source.state()
+        batches = sourced(st.source, epoch, 0, st.model, max_tokens=budget, size=st.num_tokens, rng=rng)
+        return Epoch(batches, read_ahead=st.source.read_ahead)
 
     def collate(self, st: GecState, data: Any) -> GecBatch:
         examples, negatives = data
-        return collate(examples, negatives, st.model.tokenizer, max_length=self.cfg.model.max_length,
-                       pad_to_multiple_of=self.settings.pad_to_multiple_of or 1)  # fmt: skip
+        return collate(
+            examples,
+            negatives,
+            st.model.tokenizer,
+            max_length=self.cfg.model.max_length,
+            pad_to_multiple_of=self.settings.pad_to_multiple_of or 1,
+        )
 
     def step(self, st: GecState, batch: GecBatch, ctx: StepContext) -> dict[str, Any]:
         out = gec_loss(st.model, batch, st.loss_fn, passes=self.cfg.loss.passes)
         ntokens = float(out.ntokens)
         ctx.backward(out.loss, weight=ntokens)
         loss = out.loss.detach()
-        return {"loss": loss, "loss_sum": loss * ntokens, "ce": out.ce.detach(), "mml": out.mml.detach(),
-                "ntokens": ntokens}  # fmt: skip
+        return {
+            "loss": loss,
+            "loss_sum": loss * ntokens,
+            "ce": out.ce.detach(),
+            "mml": out.mml.detach(),
+            "ntokens": ntokens,
+        }
 
     def compiled_modules(self, st: GecState) -> list[Any]:
         return [st.model.model]  # the HF model inside the scorer: every pass of the step runs its forward
 
-    def after_update(self, st: GecState) -> None:
-        st.source.after_update(st.progress["step"], st.model)  # sync_every: publish newer weights to the miners
-
     def metrics(self, st: GecState, window: Window, rep: Report, w: Worker) -> dict[str, Any]:
         if not window.batches:
             return {"epoch": st.progress["epoch"]}
-        s, wall, fm = window.sums, window.wall(), st.source.metrics()
-        n, wait, first = max(s["ntokens"], 1.0), window.wait_s, window.first_wait_s
-        # the source's own wait (for the stream, read ahead of the step) apart; the trainer's wait is the loop's
-        fm = {("stream/take_wait" if k == "timing/mine_wait" else k): v for k, v in fm.items()
-              if k != "timing/mine_wait_first"}  # fmt: skip
-        return {"loss": s["loss_sum"] / n, "ce_per_token": s["ce"] / n, "mml_per_token": s["mml"] / n,
-                **fm, "timing/mine_wait": wait,
-                "timing/mine_wait_first": first, "timing/mine_wait_fraction": wait / max(wall, 1e-9),
-                # steady state: without the wait for the epoch's first batch (the pipeline filling up)
-                "timing/mine_wait_fraction_steady": (wait - first) / max(wall - first, 1e-9),
-                "epoch": st.progress["epoch"]}  # fmt: skip
+        s = window.sums
+        n = max(s["ntokens"], 1.0)
+        return {
+            "loss": s["loss_sum"] / n,
+            "ce_per_token": s["ce"] / n,
+            "mml_per_token": s["mml"] / n,
+            "epoch": st.progress["epoch"],
+        }
 
     def evaluate(self, st: GecState, rep: Report, w: Worker) -> dict[str, Any]:
         return evaluation.evaluate_split(self.cfg, st.model, st.refs["dev"], prefix="dev") if st.refs else {}
@@ -234,8 +253,9 @@ class GecTask(TaskBase):
     def on_best(self, st: GecState, rep: Report, w: Worker) -> dict[str, Any]:
         # test is decoded only when dev improves: the epoch selected on dev is always one of those
         # the hypotheses kept: the report's sign test compares two rows' test outputs
-        return evaluation.evaluate_split(self.cfg, st.model, st.refs["test"], prefix="test",
-                                         hyps_dir=w.out_dir / HYPS_DIR)  # fmt: skip
+        return evaluation.evaluate_split(
+            self.cfg, st.model, st.refs["test"], prefix="test", hyps_dir=w.out_dir / HYPS_DIR
+        )
 
     def final(self, st: GecState, w: Worker) -> dict[str, Any] | None:
         if self.phase == "pretrain" and w.rank == 0:  # step 1's model, the base of fine-tuning

@@ -100,23 +100,38 @@ class IdiomTask(TaskBase):
         cfg, o, a = self.cfg, self.cfg.optim, self.cfg.adversarial
         examples = train_examples(cfg, self.setting)
         total = max(self._plan(len(examples), w).updates(o.epochs, o.update_freq), 1)
-        optimizer = adamw([p for p in model.parameters() if p.requires_grad], lr=o.lr, eps=o.eps,
-                          weight_decay=o.weight_decay)  # fmt: skip
+        optimizer = adamw(
+            [p for p in model.parameters() if p.requires_grad], lr=o.lr, eps=o.eps, weight_decay=o.weight_decay
+        )
         scheduler = build_scheduler(optimizer, "polynomial", warmup=math.ceil(o.warmup_ratio * total), total=total)
         extras = {"ema": EMA(model, decay=cfg.ema.decay)} if cfg.ema.enabled else {}
-        adversary = build_adversarial(a.method, model, epsilon=a.epsilon, alpha=a.alpha, steps=a.steps,
-                                      smart_mu=a.smart_mu)  # fmt: skip
-        return IdiomState(model, [optimizer], [scheduler], dict(progress or {"best_epoch": 0}), extras,
-                          total_updates=total, tokenizer=AutoTokenizer.from_pretrained(w.job.init_model),
-                          examples=examples, adversary=adversary)  # fmt: skip
+        adversary = build_adversarial(
+            a.method, model, epsilon=a.epsilon, alpha=a.alpha, steps=a.steps, smart_mu=a.smart_mu
+        )
+        return IdiomState(
+            model,
+            [optimizer],
+            [scheduler],
+            dict(progress or {"best_epoch": 0}),
+            extras,
+            total_updates=total,
+            tokenizer=AutoTokenizer.from_pretrained(w.job.init_model),
+            examples=examples,
+            adversary=adversary,
+        )
 
     def _plan(self, n: int, w: Worker) -> BatchPlan:
         """One shuffle an epoch shared by every rank, cut into global batches of ``world_size × batch`` rows, of
         which each rank takes a strided share: N workers' i-th update is one worker's i-th batch of N·B rows, every
         row is used, and every rank takes the same number of steps (DDP: a share of the last, short global batch
         may be empty, and the step then runs with weight 0)."""
-        return BatchPlan([n], batch_size=self.cfg.batch_size(self.setting), seed=self.cfg.seed(self.setting),
-                         rank=w.rank, world_size=w.world_size)  # fmt: skip
+        return BatchPlan(
+            [n],
+            batch_size=self.cfg.batch_size(self.setting),
+            seed=self.cfg.seed(self.setting),
+            rank=w.rank,
+            world_size=w.world_size,
+        )
 
     def start(self, st: IdiomState, w: Worker, *, resumed: bool) -> None:
         st.evals = Evaluator(self.cfg, self.setting) if w.rank == 0 else None
@@ -136,8 +151,12 @@ class IdiomTask(TaskBase):
         weight = float(len(batch))
         batch = batch or (st.examples or [])[:1]
         texts: Any = [model_input(e, self.setting) for e in batch]  # all texts or all pairs: one setting
-        enc = encode_batch(st.tokenizer, texts, max_len=self.cfg.model.max_len,
-                           pad_to_multiple_of=self.settings.pad_to_multiple_of)  # fmt: skip
+        enc = encode_batch(
+            st.tokenizer,
+            texts,
+            max_len=self.cfg.model.max_len,
+            pad_to_multiple_of=self.settings.pad_to_multiple_of,
+        )
         return IdiomBatch(prepared(enc, st.model), torch.tensor([e.label for e in batch]), weight)
 
     def step(self, st: IdiomState, b: IdiomBatch, ctx: StepContext) -> dict[str, Any]:
@@ -151,8 +170,9 @@ class IdiomTask(TaskBase):
 
         loss, logits = forward()
         ctx.backward(loss, weight=b.weight)
-        extra = st.adversary.attack_and_backward(forward, clean_logits=logits.detach(),
-                                                 loss_scale=ctx.loss_scale(b.weight))  # fmt: skip
+        extra = st.adversary.attack_and_backward(
+            forward, clean_logits=logits.detach(), loss_scale=ctx.loss_scale(b.weight)
+        )
         return {"loss": loss.detach(), **extra}  # extra: adv/loss (and SMART's adv/kl)
 
     def after_update(self, st: IdiomState) -> None:
@@ -160,8 +180,12 @@ class IdiomTask(TaskBase):
             st.ema.update()
 
     def metrics(self, st: IdiomState, window: Window, rep: Report, w: Worker) -> dict[str, Any]:
-        return {**window.means(), "steps": float(window.updates), "epoch": st.progress["epoch"],
-                "setting": self.setting}  # fmt: skip
+        return {
+            **window.means(),
+            "steps": float(window.updates),
+            "epoch": st.progress["epoch"],
+            "setting": self.setting,
+        }
 
     def evaluate(self, st: IdiomState, rep: Report, w: Worker) -> dict[str, Any]:
         assert st.evals is not None
@@ -184,8 +208,11 @@ class IdiomTask(TaskBase):
 
     def final(self, st: IdiomState, w: Worker) -> dict[str, Any] | None:
         """The closing report: the kept model's dev and eval submissions of this setting, officially scored."""
-        metrics: dict[str, Any] = {"epoch": st.progress["epoch"], "setting": self.setting,
-                                   "best_epoch": st.progress["best_epoch"]}  # fmt: skip
+        metrics: dict[str, Any] = {
+            "epoch": st.progress["epoch"],
+            "setting": self.setting,
+            "best_epoch": st.progress["best_epoch"],
+        }
         if st.evals is None:
             return metrics
         kept = w.out_dir / BEST_MODEL

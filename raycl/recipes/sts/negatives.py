@@ -15,44 +15,26 @@ margins and ``range_max = mining.pool`` gives, so a sweep over margins and count
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raycl.data.semeval import read_sts_pretrain
 from raycl.errors import UserError
-from raycl.miners.dense import within_margins
-from raycl.miners.shards import shard_files
+from raycl.miners.dense_io import read_anchor_negatives
 
 if TYPE_CHECKING:
-    from raycl.configs.sts import StsConfig, StsMiningSection
+    from raycl.configs.sts import StsConfig
 
 ANCHOR, POSITIVE = "anchor", "positive"
-
-
-@dataclass(frozen=True)
-class AnchorNegatives:
-    """One anchor's mined candidates, hardest first, and its hardest positive's score (None: no scores)."""
-
-    negatives: tuple[str, ...]
-    scores: tuple[float, ...] | None
-    positive_score: float | None
-
-    def select(self, m: StsMiningSection, *, anchor: str | None = None) -> list[str]:
-        """The first ``num_negatives`` that pass the margins (the pool is in descending score), never ``anchor``
-        itself: the corpus holds every training sentence, so an anchor's nearest text is its own copy, which
-        no margin-free selection may hand its InfoNCE as a negative of itself."""
-        kept = range(len(self.negatives)) if self.scores is None else within_margins(
-            self.scores, self.positive_score, absolute_margin=m.absolute_margin, relative_margin=m.relative_margin)
-        return [self.negatives[i] for i in kept if self.negatives[i] != anchor][: m.num_negatives]
 
 
 def mining_pairs(cfg: StsConfig) -> tuple[list[dict[str, str]], list[str]]:
     """The (anchor, positive) rows to mine — STS training pairs with score ≥ ``positive_min_score`` — and the
     corpus: every sentence of the STS training split, each once."""
     train = [p for spec in cfg.data.sts_pretrain for p in read_sts_pretrain(spec) if p.split == "train"]
-    rows = [{ANCHOR: p.sentence1, POSITIVE: p.sentence2} for p in train
-            if p.score >= cfg.mining.positive_min_score]  # fmt: skip
+    rows = [
+        {ANCHOR: p.sentence1, POSITIVE: p.sentence2} for p in train if p.score >= cfg.mining.positive_min_score
+    ]
     corpus = list(dict.fromkeys(s for p in train for s in (p.sentence1, p.sentence2)))
     return rows, corpus
 
@@ -61,8 +43,10 @@ def checked_pairs(cfg: StsConfig) -> tuple[list[dict[str, str]], list[str]]:
     """:func:`mining_pairs`, at least one (the driver checks it before anything runs)."""
     rows, corpus = mining_pairs(cfg)
     if not rows:
-        raise UserError(f"mining.positive_min_score: no STS training pair of {', '.join(cfg.data.sts_pretrain)} "
-                        f"has a score ≥ {cfg.mining.positive_min_score}, expected at least one to mine for")
+        raise UserError(
+            f"mining.positive_min_score: no STS training pair of {', '.join(cfg.data.sts_pretrain)} "
+            f"has a score ≥ {cfg.mining.positive_min_score}, expected at least one to mine for"
+        )
     return rows, corpus
 
 
@@ -88,82 +72,35 @@ def mine_pool(cfg: StsConfig, model: Path, out: Path) -> Path:
 
     rows, corpus = checked_pairs(cfg)
     m = cfg.mining
-    mine_dense_negatives(rows, str(model), ANCHOR, POSITIVE, corpus=corpus, num_negatives=m.pool,
-                         output_format="labeled-list", output_scores=True, batch_size=cfg.eval.batch_size,
-                         verbose=False, num_miners=0, out=out, device="cpu")  # fmt: skip
+    mine_dense_negatives(
+        rows,
+        str(model),
+        ANCHOR,
+        POSITIVE,
+        corpus=corpus,
+        num_negatives=m.pool,
+        output_format="labeled-list",
+        output_scores=True,
+        batch_size=cfg.eval.batch_size,
+        verbose=False,
+        num_miners=0,
+        out=out,
+        device="cpu",
+    )
     return out
-
-
-def read_negatives(path: str | Path) -> dict[str, AnchorNegatives]:
-    """``{anchor: its candidates}`` from a Parquet file or a folder of shards (bad input: one line)."""
-    import pyarrow.parquet as pq
-
-    p = Path(path)
-    files = [p] if p.is_file() else (shard_files(p) or sorted(p.glob("*.parquet"))) if p.is_dir() else []
-    if not files:
-        raise UserError(f"mining.negatives: {path}: expected a Parquet file or a folder of Parquet shards")
-    rows: list[dict[str, Any]] = []
-    for f in files:
-        try:
-            rows += pq.read_table(f).to_pylist()
-        except Exception as e:  # pyarrow's errors are many types; all mean "not Parquet"
-            raise UserError(f"mining.negatives: {f}: not a readable Parquet file ({type(e).__name__})") from None
-    return group_negatives(rows, where=str(path))
-
-
-def group_negatives(rows: list[dict[str, Any]], *, where: str) -> dict[str, AnchorNegatives]:
-    """Rows of ``triplet``, ``n-tuple`` or ``labeled-list`` (with or without ``scores``), grouped by anchor (the
-    first column): distinct negatives in descending score (row order without scores), the hardest positive."""
-    if not rows:
-        return {}
-    cols = list(rows[0])
-    anchor, second = cols[0], cols[1] if len(cols) > 1 else ""
-    listed = isinstance(rows[0].get(second), list)
-    neg_cols = [c for c in cols if c == "negative" or c.startswith("negative_")]
-    if not listed and not neg_cols:
-        raise UserError(f"mining.negatives: {where}: columns {', '.join(cols)}: expected a negative or "
-                        "negative_1… column (triplet, n-tuple) or a list column (labeled-list)")  # fmt: skip
-    found: dict[str, tuple[dict[str, float | None], list[float]]] = {}
-    for r in rows:
-        negs, pos_score = _row_negatives(r, second, neg_cols, listed)
-        seen, positives = found.setdefault(r[anchor], ({}, []))
-        for text, s in negs:
-            seen.setdefault(text, s)
-        if pos_score is not None:
-            positives.append(pos_score)
-    out = {}
-    for a, (seen, positives) in found.items():
-        scored = all(s is not None for s in seen.values()) and bool(positives)
-        items = sorted(seen.items(), key=lambda kv: -float(kv[1])) if scored else list(seen.items())  # type: ignore[arg-type]
-        out[a] = AnchorNegatives(tuple(t for t, _ in items),
-                                 tuple(float(s) for _, s in items) if scored else None,  # type: ignore[arg-type]
-                                 min(positives) if scored else None)  # fmt: skip
-    return out
-
-
-def _row_negatives(r: dict[str, Any], second: str, neg_cols: list[str], listed: bool
-                   ) -> tuple[list[tuple[str, float | None]], float | None]:  # fmt: skip
-    scores = r.get("scores")
-    if listed:  # labeled-list: [positive, negatives…] with scores, or labels 1 then 0s
-        texts = r[second]
-        if scores is not None:
-            return list(zip(texts[1:], scores[1:], strict=True)), float(scores[0])
-        return [(t, None) for t, lab in zip(texts, r.get("labels") or [], strict=False) if lab == 0], None
-    texts = [r[c] for c in neg_cols]
-    if scores is not None:
-        return list(zip(texts, scores[1:], strict=True)), float(scores[0])
-    return [(t, None) for t in texts], None
 
 
 def check_negatives(cfg: StsConfig) -> int:
     """The driver's check of ``mining.negatives`` (before Ray starts): readable, and scored where a margin is
     set. Returns the anchors it holds."""
     m = cfg.mining
-    found = read_negatives(m.negatives)
+    found = read_anchor_negatives(m.negatives)
     margin = m.relative_margin is not None or m.absolute_margin is not None
     if margin and any(v.scores is None for v in found.values()):
-        raise UserError(f"mining.negatives: {m.negatives}: no scores, expected them with mining.relative_margin "
-                        "or mining.absolute_margin (mine with --output-scores)")  # fmt: skip
+        raise UserError(
+            f"mining.negatives: {m.negatives}: no scores, expected them with mining.relative_margin "
+            "or mining.absolute_margin (mine with --output-scores)"
+        )
     return len(found)
 
 
@@ -171,7 +108,7 @@ def negatives_for(cfg: StsConfig) -> dict[str, list[str]]:
     """A trial's negatives: ``{anchor: its selected negatives}`` (anchors left with none are left out)."""
     if not cfg.mines_dense:
         return {}
-    pool = read_negatives(cfg.mining.negatives)
+    pool = read_anchor_negatives(cfg.mining.negatives)
     chosen = {a: v.select(cfg.mining, anchor=a) for a, v in pool.items()}
     return {a: n for a, n in chosen.items() if n}
 
@@ -184,9 +121,13 @@ def refresh_anchors(cfg: StsConfig, world_size: int) -> list[list[Any]]:
 
     rows, _ = checked_pairs(cfg)
     queries, positives, _ = group_pairs([r[ANCHOR] for r in rows], [r[POSITIVE] for r in rows])
-    return [[RefreshAnchor(f"{rank}/{i}", q, tuple(p)) for i, (q, p) in enumerate(zip(queries, positives,
-                                                                                      strict=True))]
-            for rank in range(world_size)]  # fmt: skip
+    return [
+        [
+            RefreshAnchor(f"{rank}/{i}", q, tuple(p))
+            for i, (q, p) in enumerate(zip(queries, positives, strict=True))
+        ]
+        for rank in range(world_size)
+    ]
 
 
 def attach_negatives(cfg: StsConfig, st: Any, w: Any) -> None:
@@ -200,7 +141,10 @@ def attach_negatives(cfg: StsConfig, st: Any, w: Any) -> None:
     from raycl.training.negatives import open_refreshed
 
     if not isinstance(w.job.negatives, DenseRefresh):
-        raise RuntimeError("mining.refresh: the training was started without a negative stream (train it through "
-                           "the recipe's driver, python -m raycl.train / raycl.tune)")  # fmt: skip
-    st.mined = st.extras["refresh"] = open_refreshed(w.job.negatives, st.mined, refresh_anchors(cfg, w.world_size),
-                                                     rank=w.rank, world_size=w.world_size)  # fmt: skip
+        raise RuntimeError(
+            "mining.refresh: the training was started without a negative stream (train it through "
+            "the recipe's driver, python -m raycl.train / raycl.tune)"
+        )
+    st.mined = st.source = st.extras["refresh"] = open_refreshed(
+        w.job.negatives, st.mined, refresh_anchors(cfg, w.world_size), rank=w.rank, world_size=w.world_size
+    )

@@ -21,8 +21,9 @@ from raycl.miners.dense import group_pairs
 from raycl.miners.dense_io import CORPUS_COLUMN
 from raycl.models.sentence_encoder import CONFIG_FILE, build_sentence_encoder
 from raycl.recipes.sts import inputs, negatives, report
+from raycl.recipes.sts.fits import fits
 from raycl.recipes.sts.negatives import ANCHOR, POSITIVE, checked_pairs
-from raycl.recipes.sts.worker import StsTask, fits
+from raycl.recipes.sts.worker import StsTask
 from raycl.records import TrialOutcome
 
 

@@ -42,8 +42,18 @@ from raycl.training.negatives.nbest import NBestNegatives, selected
 from raycl.training.negatives.permutations import PermutationNegatives
 from raycl.training.negatives.static import StaticNegatives, read_premined
 
-__all__ = ["PAD", "NBestNegatives", "NegativeSource", "PermutationNegatives", "Place", "Plan", "StaticNegatives",
-           "StreamNegatives", "open_refreshed", "open_source"]
+__all__ = [
+    "PAD",
+    "NBestNegatives",
+    "NegativeSource",
+    "PermutationNegatives",
+    "Place",
+    "Plan",
+    "StaticNegatives",
+    "StreamNegatives",
+    "open_refreshed",
+    "open_source",
+]
 
 
 def open_source(spec: SourceSpec | None, at: Place[Any]) -> NegativeSource[Any]:
@@ -53,30 +63,54 @@ def open_source(spec: SourceSpec | None, at: Place[Any]) -> NegativeSource[Any]:
     if isinstance(spec, PreMined):
         return StaticNegatives(at.examples, read_premined(spec, at.examples), at.planned())
     if isinstance(spec, SharedNBest):
-        select = functools.partial(selected, k=spec.k, source_negative=spec.source_negative, refill=spec.refill,
-                                   false_negatives=spec.false_negatives)  # fmt: skip
+        select = functools.partial(
+            selected,
+            k=spec.k,
+            source_negative=spec.source_negative,
+            refill=spec.refill,
+            false_negatives=spec.false_negatives,
+        )
         return NBestNegatives(spec.stream, at.examples, at.planned(), batch_size=at.batch_size, select=select)
     if isinstance(spec, LiveStream):
-        return StreamNegatives(_consumer(spec.stream, spec.store, spec.max_staleness, at), at.shards,
-                               batch_size=at.batch_size, sync_every=spec.sync_every,
-                               refresh_every=spec.refresh_every)  # fmt: skip
+        return StreamNegatives(
+            _consumer(spec.stream, spec.store, spec.max_staleness, at),
+            at.shards,
+            batch_size=at.batch_size,
+            sync_every=spec.sync_every,
+            refresh_every=spec.refresh_every,
+        )
     if isinstance(spec, Permutations):
         consumer = _consumer(spec.stream, spec.store, spec.max_staleness, at) if spec.stream is not None else None
-        return PermutationNegatives(at.shards, at.rank, batch_size=at.batch_size, rank_every=spec.rank_every,
-                                    consumer=consumer)  # fmt: skip
+        return PermutationNegatives(
+            at.shards, at.rank, batch_size=at.batch_size, rank_every=spec.rank_every, consumer=consumer
+        )
     raise TypeError(f"no negative source opens {type(spec).__name__}: add it to open_source")
 
 
-def open_refreshed(spec: DenseRefresh, initial: Mapping[str, Sequence[str]], anchors: list[list[RefreshAnchor]], *,
-                   rank: int, world_size: int) -> Any:  # fmt: skip
+def open_refreshed(
+    spec: DenseRefresh,
+    initial: Mapping[str, Sequence[str]],
+    anchors: list[list[RefreshAnchor]],
+    *,
+    rank: int,
+    world_size: int,
+) -> Any:
     """STS's dense negatives refreshed while training: the ``{anchor: negatives}`` mapping its step reads, from the
     pre-mined ``initial`` (version 0) on, refreshed by the miners behind ``spec``
     (:class:`raycl.distributed.dense_refresh_feed.RefreshedNegatives`)."""
     from raycl.distributed.dense_refresh_feed import RefreshedNegatives
 
-    return RefreshedNegatives(initial, anchors, stream=spec.stream, store=spec.store, rank=rank,
-                              world_size=world_size, refresh_every=spec.refresh_every,
-                              max_staleness=spec.max_staleness, wait_s=spec.wait_s)  # fmt: skip
+    return RefreshedNegatives(
+        initial,
+        anchors,
+        stream=spec.stream,
+        store=spec.store,
+        rank=rank,
+        world_size=world_size,
+        refresh_every=spec.refresh_every,
+        max_staleness=spec.max_staleness,
+        wait_s=spec.wait_s,
+    )
 
 
 def _consumer(stream: Any, store: Any, max_staleness: int, at: Place[Any]) -> StreamConsumer:

@@ -8,9 +8,9 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from torch import nn
 
+from raycl.training.batching import PAD
 from raycl.training.prefetch import Call
 
-PAD = "#pad"  # the id suffix of an example copied to even out the ranks' shares (its negatives are the original's)
 Plan = Callable[[int], list[list[int]]]  # an epoch → this rank's batches of it, as indices into its examples
 
 

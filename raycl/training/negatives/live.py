@@ -58,8 +58,15 @@ class StreamNegatives(LiveEnd, Generic[E]):
     version on (rank 0 publishes); ``refresh_every`` epochs publish before the epoch, so everything is mined again
     with newer weights. An interrupted epoch is delivered again from its start."""
 
-    def __init__(self, consumer: StreamConsumer, shards: list[list[E]], *, batch_size: int, sync_every: int,
-                 refresh_every: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        consumer: StreamConsumer,
+        shards: list[list[E]],
+        *,
+        batch_size: int,
+        sync_every: int,
+        refresh_every: int,
+    ) -> None:
         super().__init__(consumer)
         self.shards, self.batch_size = shards, batch_size
         self.sync_every, self.refresh_every = sync_every, refresh_every

@@ -23,9 +23,16 @@ class NBestNegatives:
     read_ahead = True
     version = 0
 
-    def __init__(self, stream: Any, examples: Sequence[GecExample], plan: Plan, *, batch_size: int,
-                 select: Callable[[MinedNegatives, float, GecExample], list[str]], poll_s: float = 1.0
-                 ) -> None:  # fmt: skip
+    def __init__(
+        self,
+        stream: Any,
+        examples: Sequence[GecExample],
+        plan: Plan,
+        *,
+        batch_size: int,
+        select: Callable[[MinedNegatives, float, GecExample], list[str]],
+        poll_s: float = 1.0,
+    ) -> None:
         self.stream, self.shard, self.plan, self.batch_size = stream, examples, plan, batch_size
         self.select, self.poll_s = select, poll_s
         self.by_base = {base_id(ex.id): ex for ex in examples}
@@ -72,9 +79,14 @@ class NBestNegatives:
         pass
 
     def metrics(self) -> dict[str, float]:
-        return {"timing/mine_wait": self.mine_wait, "timing/mine_wait_first": self.first_wait,
-                "stream/negatives": float(self.delivered), "stream/version": 0.0, "stream/staleness_max": 0.0,
-                "stream/refused": 0.0}  # fmt: skip
+        return {
+            "timing/mine_wait": self.mine_wait,
+            "timing/mine_wait_first": self.first_wait,
+            "stream/negatives": float(self.delivered),
+            "stream/version": 0.0,
+            "stream/staleness_max": 0.0,
+            "stream/refused": 0.0,
+        }
 
     def state(self) -> dict[str, Any]:
         return {}

@@ -22,12 +22,20 @@ class PermutationNegatives:
 
     read_ahead = True
 
-    def __init__(self, shards: list[list[CoherenceItem]], rank: int, *, batch_size: int, rank_every: int,
-                 consumer: StreamConsumer | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        shards: list[list[CoherenceItem]],
+        rank: int,
+        *,
+        batch_size: int,
+        rank_every: int,
+        consumer: StreamConsumer | None,
+    ) -> None:
         self.shards, self.rank, self.batch_size, self.every = shards, rank, batch_size, rank_every
         self.live = LiveEnd(consumer) if consumer is not None else None
         self.by_id = {it.id: it for it in shards[rank]}
         self._ledger: dict[str, Any] | None = None  # a checkpoint's position in the stream, for its epoch
+        self.saved_ledger: dict[str, Any] | None = None  # the stream's position a report's checkpoint holds
 
     @property
     def version(self) -> int:
@@ -48,10 +56,15 @@ class PermutationNegatives:
         firsts, v0 = self._firsts(epoch), consumer.version
         # the version published at the start of an item's chunk, known now: miners wait for it (less the allowed
         # staleness) rather than rank with older weights what the trainer would refuse
-        floors = {it.id: v0 + pos // self.every + (epoch > 0) - consumer.max_staleness
-                  for s, f in zip(self.shards, firsts, strict=True) for pos, it in enumerate(s) if pos >= f}
-        consumer.start_epoch(epoch, [s[f:] for s, f in zip(self.shards, firsts, strict=True)], shuffle=False,
-                             min_versions=floors)  # fmt: skip
+        floors = {
+            it.id: v0 + pos // self.every + (epoch > 0) - consumer.max_staleness
+            for s, f in zip(self.shards, firsts, strict=True)
+            for pos, it in enumerate(s)
+            if pos >= f
+        }
+        consumer.start_epoch(
+            epoch, [s[f:] for s, f in zip(self.shards, firsts, strict=True)], shuffle=False, min_versions=floors
+        )
         ledger, self._ledger = self._ledger, None
         if ledger is not None and self.rank == 0:
             consumer.restore(ledger)
@@ -84,11 +97,11 @@ class PermutationNegatives:
 
     def metrics(self) -> dict[str, float]:
         if self.live is None:
-            return {}
+            return {"timing/mine_wait": 0.0, "timing/mine_wait_first": 0.0}
         return {**self.live.consumer.stats.metrics(), "stream/version": float(self.live.version)}
 
     def state(self) -> dict[str, Any]:
-        return {"version": self.version}
+        return {"version": self.version, "ledger": self.saved_ledger}
 
     def resume(self, state: dict[str, Any], model: nn.Module) -> None:
         """The checkpoint's weight version (republished if the dead run went past it) and its position in the
