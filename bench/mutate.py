@@ -45,11 +45,17 @@ def _function(tree: ast.AST, name: str) -> ast.FunctionDef:
     raise LookupError(f"no function {name}")
 
 
+def _flat(text: str) -> str:
+    """Source text without its layout (whitespace, and the trailing commas a formatter adds before a closing
+    bracket): a pattern matches a statement however the formatter wrapped it."""
+    return re.sub(r",([)\]}])", r"\1", re.sub(r"\s+", "", text))
+
+
 def _stmt(src: str, func: str, contains: str) -> ast.stmt:
-    """The innermost statement of ``func`` whose source contains ``contains``."""
+    """The innermost statement of ``func`` whose source contains ``contains`` (layout aside: :func:`_flat`)."""
     fn = _function(ast.parse(src), func)
     found = [n for n in ast.walk(fn) if isinstance(n, ast.stmt) and n is not fn
-             and contains in (ast.get_source_segment(src, n) or "")]  # fmt: skip
+             and _flat(contains) in _flat(ast.get_source_segment(src, n) or "")]  # fmt: skip
     if not found:
         raise LookupError(f"no statement containing {contains!r} in {func}")
     return min(found, key=lambda n: (n.end_lineno or n.lineno) - n.lineno)
@@ -74,9 +80,12 @@ def replace(func: str, contains: str, old: str, new: str) -> Callable[[str], str
     def plant(src: str) -> str:
         lines, start, end, _ = _span(src, _stmt(src, func, contains))
         text = "".join(lines[start:end])
-        if old not in text:
+        if old in text:
+            return "".join([*lines[:start], text.replace(old, new, 1), *lines[end:]])
+        found = re.search(r"\s*".join(map(re.escape, _flat(old))), text)  # ``old``, wrapped by a formatter
+        if found is None:
             raise LookupError(f"{old!r} not in the statement of {func} containing {contains!r}")
-        return "".join([*lines[:start], text.replace(old, new, 1), *lines[end:]])
+        return "".join([*lines[:start], text[: found.start()], new.strip(), text[found.end() :], *lines[end:]])
 
     return plant
 

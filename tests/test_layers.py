@@ -13,7 +13,8 @@ import raycl
 
 ROOT = Path(raycl.__file__).parent
 
-# bottom to top; a module's floor is the first entry that names it or a package above it
+# bottom to top; a module's floor is the entry that names it or the nearest package above it (a dotted entry
+# such as "a.b" puts the subpackage a.b on a floor of its own, above or below the rest of a)
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("base", ("errors", "files", "storage", "records", "progress", "report", "config")),
     ("algebra", ("losses", "adversarial")),
@@ -33,11 +34,12 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
 
 
 def floor_of(module: str) -> int:
-    """The floor of ``raycl.<module>`` (dotted, without ``raycl.``)."""
-    head = module.split(".")[0] or "__init__"
-    for i, (_, names) in enumerate(FLOORS):
-        if head in names:
-            return i
+    """The floor of ``raycl.<module>`` (dotted, without ``raycl.``): its own entry's, or its nearest package's."""
+    parts = (module or "__init__").split(".")
+    for n in range(len(parts), 0, -1):
+        for i, (_, names) in enumerate(FLOORS):
+            if ".".join(parts[:n]) in names:
+                return i
     raise AssertionError(f"raycl.{module} stands on no floor: add it to tests/test_layers.py and the architecture")
 
 
