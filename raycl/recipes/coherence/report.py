@@ -84,7 +84,7 @@ def _render(
     cols: list[rp.Column] = [
         ("Method", lambda r: r["method"]),
         *rp.pct_columns((f"{t} acc", f"test/{t}/acc") for t in tests),
-        *((f"{a} α", partial(_alpha_cell, key=f"test/{a}/alpha")) for a in alphas),
+        *((f"{a} α", lambda r, k=f"test/{a}/alpha": rp.cell3(r.get(k))) for a in alphas),  # no α: –, not 0.000
         ("dev acc", lambda r: pct(r.get("dev_acc"))),
     ]
     lines = [
@@ -102,11 +102,6 @@ def _render(
     lines += _sweep_lines(trials, tests) + _stream_lines(trials + extra)
     lines += ["## Timings", "", rp.timing_line(run.timings), ""]
     return "\n".join(lines + [f"![{p.stem}]({p.name})" for p in plots])
-
-
-def _alpha_cell(row: dict[str, Any], key: str) -> str:
-    """α with three decimals; a row without one (no annotated test scored) shows a dash, not 0.000 (chance)."""
-    return rp.cell3(row.get(key))
 
 
 def _alpha(summary: dict[str, Any], name: str, key: str) -> Any:

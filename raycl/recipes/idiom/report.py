@@ -151,15 +151,14 @@ def _int(v: Any) -> str:
     return "–" if f is None else str(int(f))  # Tune's history holds numbers as floats
 
 
-def _point_of(row: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in row.items() if "." in k and k != "data.setting") or "default"
-
-
 def _render(
     run: Run, space: Space, summary: dict[str, Any], plots: list[Path], *, trials: list[TrialOutcome]
 ) -> str:
     rows, best = summary["table"], summary["best"] or {}
-    points = "; ".join(f"{SETTING_NAMES[s]}: {r['strategy']} ({_point_of(r)})" for s, r in best.items())
+    point = {
+        s: rp.point({k: v for k, v in r.items() if "." in k}, skip=("data.setting",)) for s, r in best.items()
+    }
+    points = "; ".join(f"{SETTING_NAMES[s]}: {r['strategy']} ({point[s]})" for s, r in best.items())
     lines = [
         f"# SemEval-2022 Task 2 Subtask A — {space.name}",
         "",
@@ -180,12 +179,8 @@ def _render(
     for split, scores in summary["official"].items():
         head = [f"{SETTING_NAMES[s]} {name}" for s in A_SETTINGS for _, name in langs]
         cells = [pct(scores.get(s, {}).get(k)) for s in A_SETTINGS for k, _ in langs]
-        lines += [
-            f"Official scores of `{split}.submission.csv` (both settings filled):",
-            "",
-            *rp.md_table(head, [cells]),
-            "",
-        ]
+        title = f"Official scores of `{split}.submission.csv` (both settings filled):"
+        lines += [title, "", *rp.md_table(head, [cells]), ""]
     sweep = [
         [
             setting_of(t),
@@ -197,11 +192,8 @@ def _render(
         ]
         for t in trials
     ]
-    lines += [
-        "## Sweep (macro-F1 EN+PT of the kept epoch, %)",
-        "",
-        *rp.md_table(["setting", "strategy", "point", "best epoch", "dev", "test"], sweep),
-    ]
+    head = ["setting", "strategy", "point", "best epoch", "dev", "test"]
+    lines += ["## Sweep (macro-F1 EN+PT of the kept epoch, %)", "", *rp.md_table(head, sweep)]
     return "\n".join(lines + rp.closing_lines(run, summary, plots))
 
 
