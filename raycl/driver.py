@@ -101,7 +101,7 @@ class RunPool:
 
     kind: str | MinerKind
     options: dict[str, Any]
-    mining: Any  # the recipe's mining section (a MiningSection with its decoding options)
+    mining: MiningSection  # the recipe's mining section (placement, credits, leases; GEC's decoding options)
     examples: Sequence[Any]
     decoding: dict[str, Any]
 

@@ -141,3 +141,20 @@ def test_no_product_module_imports_the_test_doubles() -> None:
     assert found == [], "product modules that import the test doubles:\n" + "\n".join(found)
     planted = (ROOT / "driver.py").read_text(encoding="utf-8") + "\nfrom raycl.testing.faults import Chaos\n"
     assert "testing.faults" in {t for t, _ in imports(ROOT / "driver.py", planted)}  # such an import is seen
+
+
+def test_a_recipe_declares_its_phases_and_never_runs_miners_or_trainings_itself() -> None:
+    """A recipe's driver side (``recipes/<task>/recipe.py``) declares its phases (``raycl.driver.Phase``, its
+    ``Miners``); the driver builds the jobs, starts the miners and calls ``fit_job``. A recipe that imported
+    ``raycl.distributed`` or called the driver's ``fit_job``, ``miners`` or ``run_phase`` would run them again."""
+    paths = sorted((ROOT / "recipes").glob("*/recipe.py"))
+    found = []
+    for path in paths:
+        rel = path.relative_to(ROOT.parent)
+        found += [f"{rel}:{n} imports raycl.{t}" for t, n in imports(path) if t.split(".")[0] == "distributed"]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+            if name in ("fit_job", "miners", "run_phase"):
+                found.append(f"{rel}:{getattr(node, 'lineno', '?')} uses the driver's {name}")
+    assert len(paths) == 4
+    assert found == [], "recipes that run what the driver runs:\n" + "\n".join(found)
