@@ -248,7 +248,7 @@ MUTANTS = [
            replace("IdiomTask.step", "return {\"loss\": loss.detach()", "loss.detach()", "loss.item()"),
            ("tests/test_steps.py",)),
     Mutant("a_queue_left_on_the_cpu", "raycl/recipes/coherence/worker.py",
-           replace("CoherenceTask.build", "extras: dict[str, Any] = {\"queue\"", ").to(w.device)", ")"),
+           replace("CoherenceTask.build", "extras: dict[str, Any] = {", ").to(w.device)", ")"),
            ("tests/test_steps.py",)),
     # compiled steps: a host read inside a compiled forward breaks its graph; a module of the step left eager
     Mutant("a_host_read_in_a_compiled_forward", "raycl/models/coherence.py",

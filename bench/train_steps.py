@@ -93,7 +93,7 @@ def gec_model(shape: str, device: torch.device) -> Any:
 
 def gec_micro_batches(b: int, args: Any, vocab: int, device: torch.device) -> list[Any]:
     """What the GEC step receives: a collated batch of ``b`` sentences, ``args.negatives`` each."""
-    from raycl.recipes.gec.step import GecBatch
+    from raycl.testing.gec_batches import batch_from_tensors
     from raycl.training.task import Batch
 
     g = torch.Generator().manual_seed(b)
@@ -104,7 +104,7 @@ def gec_micro_batches(b: int, args: Any, vocab: int, device: torch.device) -> li
         return t
 
     src = ids(b, args.src_len)
-    batch = GecBatch.from_tensors(src, torch.ones_like(src), ids(b, args.tgt_len), ids(b, args.negatives,
+    batch = batch_from_tensors(src, torch.ones_like(src), ids(b, args.tgt_len), ids(b, args.negatives,
                                   args.tgt_len), torch.full((b,), args.negatives), pad_id=1)  # fmt: skip
     return [Batch(batch)]
 

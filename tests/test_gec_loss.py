@@ -24,6 +24,7 @@ from raycl.losses.label_smoothed_nll import label_smoothed_nll
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.models.tokenizer import train_bpe_tokenizer
 from raycl.recipes.gec.step import GecBatch, collate, gec_loss
+from raycl.testing.gec_batches import batch_from_tensors
 
 EPS = 0.1
 LAMBDA = 0.5
@@ -166,7 +167,7 @@ def test_collate_pads_to_a_multiple_and_tensors_round_trip(scorer: Seq2SeqScorer
         row = plain.row_tgt[4:][(plain.row_sentence[4:] == i) & (plain.row_slot[4:] == j)][0]
         negs[i, j, : row.numel()] = row
     negs[1, 0, :3] = 7  # filler (n_1 = 0) is ignored whatever it holds
-    again = GecBatch.from_tensors(plain.src_ids, plain.src_mask, plain.target_ids, negs, plain.n_neg,
+    again = batch_from_tensors(plain.src_ids, plain.src_mask, plain.target_ids, negs, plain.n_neg,
                                   pad_id=scorer.pad_id, num_slots=4)  # fmt: skip
     for f in ("row_src", "row_src_mask", "row_tgt", "row_sentence", "row_slot", "n_neg"):
         assert torch.equal(getattr(again, f), getattr(plain, f)), f

@@ -116,10 +116,7 @@ class ToyTask(TaskBase):
         LOG.append("build")
         opt = torch.optim.Adam(model.parameters(), lr=0.1)
         total = updates_in([len(X) // self.batch] * self.epochs, self.settings.update_freq)
-        return TrainState(model, [opt], [None], dict(progress or {}), total_updates=total)
-
-    def num_epochs(self, st: TrainState) -> int:
-        return self.epochs
+        return TrainState(model, [opt], [None], dict(progress or {}), total_updates=total, epochs=self.epochs)
 
     def epoch(self, st: TrainState, w: Worker, epoch: int, start: int) -> Epoch:
         rows = [slice(i, i + self.batch) for i in range(0, len(X), self.batch)]

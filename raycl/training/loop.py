@@ -4,16 +4,18 @@ The loop owns what is the same for every recipe — the epochs, the position in 
 in this order::
 
     model ← task.load_model(checkpoint/model or the initial model); model.to(device)   # before any optimizer
-    state ← task.build(model)            # optimizers, schedules (their total counted once), queue, EMA …
-    restore optimizers, schedules, scaler, extras, RNG from the checkpoint; task.start(resumed)
-    for epoch from the checkpoint's (epoch, batch):
-        task.epoch(state, epoch, batch)  → this rank's batches, the epoch's evaluation rule
+    state ← task.build(model)            # optimizers, schedules (their total counted once), queue, EMA, source …
+    restore optimizers, schedules, scaler, extras, RNG from the checkpoint; the negative source resumed from
+    its state there (state.source); task.start(resumed)
+    for epoch from the checkpoint's (epoch, batch) to state.epochs:
+        task.epoch(state, epoch, batch)  → this rank's batches (with the source's negatives), the evaluation rule
         batches collated ahead (task.collate, a background thread), pinned, copied with non_blocking
         each batch → forward/backward under autocast, gradients accumulated over ``update_freq`` batches, then
-                     one update: sum over workers, ÷ global weight, unscale (fp16), clip, step, schedule
+                     one update: sum over workers, ÷ global weight, unscale (fp16), clip, step, schedule;
+                     the task's and the source's after_update (a live source publishes newer weights)
         every ``eval_every`` updates of the epoch, at its end (``report_at_end``) and at the end of training:
-                     the task's metrics; rank 0 evaluates, keeps the best model, appends ``history.jsonl``
-                     and attaches a resumable checkpoint; every rank reports
+                     the task's and the source's metrics; rank 0 evaluates, keeps the best model, appends
+                     ``history.jsonl`` and attaches a resumable checkpoint; every rank reports
     task.final(state)                    # the recipe's closing report (official submissions), if any
 
 A recipe (a :class:`~raycl.training.task.Task`) supplies only what differs: how to load its model, its state, its
@@ -145,7 +147,7 @@ class Loop:
         st, w, p = self.st, self.w, self.st.progress
         if w.rank == 0:
             self.bar = ProgressWriter(w.out_dir, total=max(st.total_updates, 1))
-        epochs = self.task.num_epochs(st)
+        epochs = st.epochs
         while p["epoch"] < epochs:
             epoch = p["epoch"]
             self.take_wait = 0.0  # a source's counters start again with its epoch
@@ -163,7 +165,6 @@ class Loop:
                 self.window.wait_s += feed.wait_s - waited[0]
             self.flush()
             self.join()
-            self.task.end_epoch(st, w, epoch)
             p.update(epoch=epoch + 1, batch=0, epoch_step=0)
             if self.current.report_at_end or p["epoch"] == epochs:
                 self.report(Report({**self.current.info, "epoch_end": True, "last": p["epoch"] == epochs}))

@@ -123,6 +123,7 @@ class TrainState:
     extras: dict[str, Any] = field(default_factory=dict)
     per_rank: tuple[str, ...] = ()  # extras that differ between ranks (a queue of its own keys), saved per rank
     total_updates: int = 0
+    epochs: int = 1  # the epochs the loop runs (0: none; its one report evaluates the initial model)
     # where the negatives come from (raycl.training.negatives.NegativeSource; None: none). The loop owns its
     # lifecycle: resumed from ``progress["feed"]``, told of every update, its metrics and state in every report
     source: Any = None
@@ -151,7 +152,12 @@ class Task(Protocol):
     """A recipe's side of the loop (``raycl/recipes/<task>/worker.py``). The loop owns the epochs and the position
     in them; the task hands over each epoch's batches (``epoch``), turns a batch into tensors on the CPU
     (``collate``, run ahead in a background thread) and runs a step on them (``step``, on the device).
-    ``shown``: the metrics of a report that rank 0's progress line shows (the recipe's dev score)."""
+    ``shown``: the metrics of a report that rank 0's progress line shows (the recipe's dev score).
+
+    16 hooks (``settings`` and 15 methods), 18 before issue 43: the epochs to run are the state's (``epochs``,
+    set by ``build``) instead of ``num_epochs``; ``end_epoch`` went (a task resets its own position when an
+    epoch starts at its first batch); the negative source's lifecycle (resume, updates, state, metrics) is the
+    loop's (``TrainState.source``), no longer each task's ``start``/``after_update``/``metrics``."""
 
     settings: LoopSettings
     shown: ClassVar[tuple[str, ...]]
@@ -159,13 +165,11 @@ class Task(Protocol):
     def load_model(self, path: Path) -> nn.Module: ...
     def build(self, model: nn.Module, w: Worker, progress: dict[str, Any] | None) -> TrainState: ...
     def start(self, st: TrainState, w: Worker, *, resumed: bool) -> None: ...
-    def num_epochs(self, st: TrainState) -> int: ...
     def epoch(self, st: TrainState, w: Worker, epoch: int, start: int) -> Epoch: ...
     def collate(self, st: TrainState, data: Any) -> Any: ...
     def step(self, st: TrainState, data: Any, ctx: StepContext) -> dict[str, Any]: ...
     def before_update(self, st: TrainState) -> None: ...
     def after_update(self, st: TrainState) -> None: ...
-    def end_epoch(self, st: TrainState, w: Worker, epoch: int) -> None: ...
     def metrics(self, st: TrainState, window: Window, rep: Report, w: Worker) -> dict[str, Any]: ...
     def evaluate(self, st: TrainState, rep: Report, w: Worker) -> dict[str, Any]: ...
     def keep(self, rep: Report, metrics: dict[str, Any]) -> Keep | None: ...
@@ -190,9 +194,6 @@ class TaskBase:
         pass
 
     def after_update(self, st: Any) -> None:
-        pass
-
-    def end_epoch(self, st: Any, w: Worker, epoch: int) -> None:
         pass
 
     def keep(self, rep: Report, metrics: dict[str, Any]) -> Keep | None:

@@ -161,18 +161,18 @@ class CoherenceTask(TaskBase):
         st.source = open_source(spec, Place(w.rank, w.world_size, items, shards, o.batch_size))
         longest = max(map(len, shards))  # the other ranks join its updates
         st.total_updates = updates_in([math.ceil(longest / o.batch_size)] * o.epochs, o.update_freq)
+        st.epochs = o.epochs
         return st
 
     def start(self, st: CoherenceState, w: Worker, *, resumed: bool) -> None:
         st.evals = Evaluator(self.cfg) if w.rank == 0 else None
 
-    def num_epochs(self, st: CoherenceState) -> int:
-        return self.cfg.optim.epochs
-
     def epoch(self, st: CoherenceState, w: Worker, epoch: int, start: int) -> Epoch:
         """This rank's batches of ``epoch`` from its checkpoint's position (``done`` items, the stream's ledger);
         a report every ``optim.eval_every`` updates, none at an epoch's end (the end of training has one)."""
         p = st.progress
+        if start == 0:  # a new epoch (a resumed one starts where its checkpoint's batch and items were)
+            p["done"] = 0
         done = p.get("done", 0)
         pairs = _pairs(sourced(st.source, epoch, done, st.model))  # the stream's part scheduled now
         rng = None
@@ -212,10 +212,6 @@ class CoherenceTask(TaskBase):
         )
         ctx.backward(out.loss, weight=float(batch.b))  # the items' summed loss: workers average over all items
         return {"loss": out.loss.detach(), "l_c": out.l_c, "l_m": out.l_m, "items": float(batch.b)}
-
-    def end_epoch(self, st: CoherenceState, w: Worker, epoch: int) -> None:
-        st.progress["done"] = 0
-        st.source.saved_ledger = None
 
     def before_update(self, st: CoherenceState) -> None:
         if st.momentum is not None:  # after backward, before the step: the EMA uses the pre-step weights

@@ -25,7 +25,7 @@ from raycl.recipes.gec import evaluation
 from raycl.recipes.gec.evaluation import HYPS_DIR
 from raycl.recipes.gec.step import GecBatch, collate, gec_loss
 from raycl.records import save_dir_atomic
-from raycl.training.batching import BatchPlan, global_batches, shard, sourced
+from raycl.training.batching import BatchPlan, shard, sourced
 from raycl.training.negatives import NegativeSource, Place, StaticNegatives, open_source
 from raycl.training.optim import build_optimizer, build_scheduler
 from raycl.training.task import (
@@ -123,15 +123,9 @@ class GecTask(TaskBase):
         loss_fn = GecContrastiveLoss(
             trade_off=ph.trade_off, margin=cfg.loss.margin, label_smoothing=ph.label_smoothing
         )
-        return GecState(
-            model,
-            [optimizer],
-            [scheduler],
-            dict(progress or {}),
-            total_updates=updates,
-            source=source,
-            loss_fn=loss_fn,
-        )
+        st = GecState(model, [optimizer], [scheduler], dict(progress or {}), total_updates=updates, source=source)
+        st.epochs, st.loss_fn = ph.epochs, loss_fn  # 0 epochs (DI): the loop's one report evaluates the base model
+        return st
 
     def _updates(
         self, model: Any, examples: list[GecExample], source: NegativeSource[GecExample], w: Worker
@@ -144,15 +138,7 @@ class GecTask(TaskBase):
         cfg, ph, n = self.cfg, self.ph, len(examples)
         uf, epochs = cfg.optim.update_freq, ph.epochs
         budget = cfg.optim.max_tokens if ph.name == "finetune" else cfg.pretrain.max_tokens
-        plan = BatchPlan(
-            [n],
-            batch_size=ph.batch_size,
-            seed=cfg.optim.seed,
-            rank=w.rank,
-            world_size=w.world_size,
-            draw="shuffle",
-            keep_empty=False,
-        )  # the static source's; the stream's shards have as many
+        plan = self._batch_plan(n, w)  # the static source's; the stream's shards have as many
         sizes: list[int] = []
         if budget:
             tok = model.tokenizer
@@ -179,22 +165,22 @@ class GecTask(TaskBase):
         shards = [shard(examples, r, w.world_size) for r in range(w.world_size)]
         return open_source(spec, Place(w.rank, w.world_size, examples, shards, ph.batch_size, plan))
 
+    def _batch_plan(self, n: int, w: Worker) -> BatchPlan:
+        """GEC's global batches: a shuffle an epoch, ranks' empty shares left out (they join the last update)."""
+        b, seed = self.ph.batch_size, self.cfg.optim.seed
+        return BatchPlan(
+            [n], batch_size=b, seed=seed, rank=w.rank, world_size=w.world_size, draw="shuffle", keep_empty=False
+        )
+
     def _plan(self, n: int, w: Worker, epoch: int) -> list[list[int]]:
         """This rank's batches of ``epoch`` where negatives are known ahead: its share of the global batches."""
-        return global_batches(
-            n,
-            batch_size=self.ph.batch_size,
-            seed=self.cfg.optim.seed * 1000 + epoch,
-            rank=w.rank,
-            world_size=w.world_size,
-        )
+        plan = self._batch_plan(n, w)
+        plan.set_epoch(epoch)
+        return [rows for (rows,) in plan.batches()]
 
     def start(self, st: GecState, w: Worker, *, resumed: bool) -> None:
         if self.phase == "finetune" and w.rank == 0:
             st.refs = evaluation.references(self.cfg)
-
-    def num_epochs(self, st: GecState) -> int:
-        return self.ph.epochs  # 0 (DI): the loop's one report evaluates the base model
 
     def epoch(self, st: GecState, w: Worker, epoch: int, start: int) -> Epoch:
         """The source's pools of ``epoch`` with their negatives (a report at its end, as fairseq validates every

@@ -115,6 +115,7 @@ class IdiomTask(TaskBase):
             dict(progress or {"best_epoch": 0}),
             extras,
             total_updates=total,
+            epochs=o.epochs,
             tokenizer=AutoTokenizer.from_pretrained(w.job.init_model),
             examples=examples,
             adversary=adversary,
@@ -135,9 +136,6 @@ class IdiomTask(TaskBase):
 
     def start(self, st: IdiomState, w: Worker, *, resumed: bool) -> None:
         st.evals = Evaluator(self.cfg, self.setting) if w.rank == 0 else None
-
-    def num_epochs(self, st: IdiomState) -> int:
-        return self.cfg.optim.epochs
 
     def epoch(self, st: IdiomState, w: Worker, epoch: int, start: int) -> Epoch:
         """This rank's batches of ``epoch`` (from the ``start``-th); dev is scored at the epoch's end."""

@@ -83,6 +83,7 @@ class StsTask(TaskBase):
         attach_negatives(self.cfg, st, w)  # every rank reads the run's pool (a folder all workers share)
         if progress is not None and progress["started"]:
             self._start_fit(st, fits(self.cfg)[progress["fit"]], w)
+        st.epochs = len(self._plan())
         st.total_updates = sum(
             self._fit_updates(f, n, w) for f, n in zip(fits(self.cfg), self._fit_sizes(), strict=True)
         )
@@ -156,9 +157,6 @@ class StsTask(TaskBase):
     def _plan(self) -> list[tuple[int, int]]:
         """(fit, epoch of the fit) of every epoch the loop runs: the fits' epochs one after the other."""
         return [(k, e) for k, fit in enumerate(fits(self.cfg)) for e in range(fit.epochs)]
-
-    def num_epochs(self, st: StsState) -> int:
-        return len(self._plan())
 
     def epoch(self, st: StsState, w: Worker, epoch: int, start: int) -> Epoch:
         """The epoch's steps from the ``start``-th batch; a fit's first epoch starts the fit (its seed, data, fresh
