@@ -292,6 +292,7 @@ def test_the_step_adds_each_sentences_mined_negatives_to_its_denominator(tmp_pat
     """Collate gives each contrastive sentence its own negatives (padded, each text once); the step's L_con is the
     loss with them (dropout off: the views are equal), strictly above the in-batch one."""
     from raycl.losses.infonce_queue import InfoNCEQueueLoss
+    from raycl.recipes.sts.step import contrastive_loss
     from raycl.recipes.sts.worker import StsState, StsTask
 
     enc = SentenceEncoder.from_pretrained(build_sentence_encoder(
@@ -302,14 +303,13 @@ def test_the_step_adds_each_sentences_mined_negatives_to_its_denominator(tmp_pat
     sentences = ["a b c", "d e f", "g h"]
     batch = task.collate(st, ("con", [], sentences))
     assert batch.negatives is not None and batch.negatives.index.tolist() == [[0, 1], [-1, -1], [0, -1]]
-    loss, _ = task._contrastive(st, batch)
+    loss, _ = contrastive_loss(cfg, enc, st.moco, batch)
     with torch.no_grad():
         h, n = enc.encode(sentences), enc.encode(["x y", "z w"])
     negatives = torch.stack([n, n, n])  # (B, K, H), masked where index is −1
     want = InfoNCEQueueLoss(temperature=cfg.loss.temperature)(h, h, None, negatives, batch.negatives.index >= 0)
     assert loss.item() == pytest.approx(want.loss.item(), rel=1e-5)
-    plain, _ = task._contrastive(StsState(enc, [], [], {}), task.collate(StsState(enc, [], [], {}),
-                                                                          ("con", [], sentences)))  # fmt: skip
+    plain, _ = contrastive_loss(cfg, enc, None, task.collate(StsState(enc, [], [], {}), ("con", [], sentences)))
     assert loss.item() > plain.item()
 
 
