@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml setup.py
 
 lint: install
 	$(VENV)/bin/ruff check raycl tests bench
+	$(VENV)/bin/ruff format --check raycl tests bench
 	$(VENV)/bin/mypy
 
 # pytest in TEST_WORKERS processes (pytest-xdist; 1: one process): whole files dealt to them, tests/conftest.py's

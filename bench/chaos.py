@@ -53,8 +53,9 @@ def make_inputs(work: Path, n: int) -> tuple[list[Any], Path]:
 
     sents = generate(n, error_rate=LOW_DENSITY.error_rate, edits_per_error=LOW_DENSITY.edits_per_error, seed=0)
     examples = [GecExample(f"s{i}", s.source, s.target()) for i, s in enumerate(sents)]
-    model = build_model("smoke", out_dir=work / "model", texts=[t for e in examples for t in (e.source, e.target)],
-                        seed=0)  # fmt: skip
+    model = build_model(
+        "smoke", out_dir=work / "model", texts=[t for e in examples for t in (e.source, e.target)], seed=0
+    )
     return examples, model
 
 
@@ -83,8 +84,16 @@ class Chaos:
             self.events[-1]["took_s"] = round(time.monotonic() - t0, 3)
 
 
-def trainer(ray: Any, stream: Any, store: Any, state: dict[str, Any], rank: int, epoch: int,
-            args: argparse.Namespace, lock: threading.Lock) -> None:  # fmt: skip
+def trainer(
+    ray: Any,
+    stream: Any,
+    store: Any,
+    state: dict[str, Any],
+    rank: int,
+    epoch: int,
+    args: argparse.Namespace,
+    lock: threading.Lock,
+) -> None:
     """Take batches of this rank's epoch until it is exhausted; rank 0 publishes weights every sync_every."""
     from raycl.distributed.weights import publish_weights
 
@@ -102,22 +111,33 @@ def trainer(ray: Any, stream: Any, store: Any, state: dict[str, Any], rank: int,
             publish_weights(store, state["version"], state["weights"])
 
 
-def run_epoch(ray: Any, stream: Any, store: Any, state: dict[str, Any], sched: list[list[Any]], epoch: int,
-              args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+def run_epoch(
+    ray: Any,
+    stream: Any,
+    store: Any,
+    state: dict[str, Any],
+    sched: list[list[Any]],
+    epoch: int,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
     state["got"] = [[], []]
     ray.get(stream.start_epoch.remote(epoch, sched))
     lock = threading.Lock()
-    threads = [threading.Thread(target=trainer, args=(ray, stream, store, state, r, epoch, args, lock))
-               for r in range(2)]  # fmt: skip
+    threads = [
+        threading.Thread(target=trainer, args=(ray, stream, store, state, r, epoch, args, lock)) for r in range(2)
+    ]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     per_rank = [(set(e.id for e in sched[r]), state["got"][r]) for r in range(2)]
-    return {"epoch": epoch, "delivered": sum(len(g) for _, g in per_rank),
-            "lost": sum(len(want - set(got)) for want, got in per_rank),
-            "duplicated": sum(len(got) - len(set(got)) for _, got in per_rank),
-            "foreign": sum(len(set(got) - want) for want, got in per_rank)}  # fmt: skip
+    return {
+        "epoch": epoch,
+        "delivered": sum(len(g) for _, g in per_rank),
+        "lost": sum(len(want - set(got)) for want, got in per_rank),
+        "duplicated": sum(len(got) - len(set(got)) for _, got in per_rank),
+        "foreign": sum(len(set(got) - want) for want, got in per_rank),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(tempfile.mkdtemp(prefix="raycl-chaos-"))
     examples, model = make_inputs(work, 2 * args.per_rank)
-    sched = [examples[: args.per_rank], examples[args.per_rank:]]
+    sched = [examples[: args.per_rank], examples[args.per_rank :]]
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": FAST_HEALTH})
     doomed = cluster.add_node(num_cpus=2)
     survivor = cluster.add_node(num_cpus=2)
@@ -143,21 +163,33 @@ def main(argv: list[str] | None = None) -> int:
     cluster.wait_for_nodes()
     head = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     t0 = time.monotonic()
-    stream = start_stream(world_size=2, capacity=64, task_size=8, lease_s=30.0, ordered=False,
-                          scheduling_strategy=head)  # fmt: skip
+    stream = start_stream(
+        world_size=2, capacity=64, task_size=8, lease_s=30.0, ordered=False, scheduling_strategy=head
+    )
     store = start_weight_store(scheduling_strategy=head)
-    factory = MinerFactory(GEC_BEAM, str(model), options={"k": 2, "beam": 3, "batch_size": 8,
-                                                             "max_len_b": args.max_new_tokens})
-    pool = MinerPool(factory, num_miners=args.miners, cpus_per_miner=0.5, weight_store=store,
-                     node_ids=[doomed.node_id, survivor.node_id])  # fmt: skip
+    factory = MinerFactory(
+        GEC_BEAM, str(model), options={"k": 2, "beam": 3, "batch_size": 8, "max_len_b": args.max_new_tokens}
+    )
+    pool = MinerPool(
+        factory,
+        num_miners=args.miners,
+        cpus_per_miner=0.5,
+        weight_store=store,
+        node_ids=[doomed.node_id, survivor.node_id],
+    )
     pool.ready(timeout=300)
     from transformers import AutoModelForSeq2SeqLM
 
     weights = {k: v.clone() for k, v in AutoModelForSeq2SeqLM.from_pretrained(str(model)).state_dict().items()}
     publish_weights(store, 0, weights)
     total = args.epochs * 2 * args.per_rank
-    state: dict[str, Any] = {"version": 0, "consumed": 0, "weights": weights, "versions": set(),
-                             "chaos": Chaos(ray, cluster, pool, doomed, kills=args.kills, total=total)}
+    state: dict[str, Any] = {
+        "version": 0,
+        "consumed": 0,
+        "weights": weights,
+        "versions": set(),
+        "chaos": Chaos(ray, cluster, pool, doomed, kills=args.kills, total=total),
+    }
     pool.start(stream)
     ready_s, t1 = time.monotonic() - t0, time.monotonic()
     epochs = [run_epoch(ray, stream, store, state, sched, e, args) for e in range(args.epochs)]
@@ -167,17 +199,25 @@ def main(argv: list[str] | None = None) -> int:
     runs = pool.join(timeout=120)
     events = state["chaos"].events
     result = {
-        "bench": "chaos", "miners": args.miners, "epochs": args.epochs, "items_per_epoch": 2 * args.per_rank,
+        "bench": "chaos",
+        "miners": args.miners,
+        "epochs": args.epochs,
+        "items_per_epoch": 2 * args.per_rank,
         "miner_kills": sum(e["event"] == "kill" for e in events),
         "node_kills": sum(e["event"] == "node" for e in events),
-        "lost": sum(e["lost"] for e in epochs), "duplicated": sum(e["duplicated"] for e in epochs),
+        "lost": sum(e["lost"] for e in epochs),
+        "duplicated": sum(e["duplicated"] for e in epochs),
         "completed": all(e["delivered"] == 2 * args.per_rank and not e["foreign"] for e in epochs)
-                     and len(runs) == args.miners,
-        "per_epoch": epochs, "events": events, "weight_versions_published": state["version"],
+        and len(runs) == args.miners,
+        "per_epoch": epochs,
+        "events": events,
+        "weight_versions_published": state["version"],
         "model_versions_seen": sorted(state["versions"]),
         "stream": {k: stats[k] for k in ("mined", "consumed", "reassigned", "duplicates", "late", "max_fill")},
-        "startup_s": round(ready_s, 1), "run_s": round(run_s, 1), "torch_threads": torch.get_num_threads(),
-    }  # fmt: skip
+        "startup_s": round(ready_s, 1),
+        "run_s": round(run_s, 1),
+        "torch_threads": torch.get_num_threads(),
+    }
     ray.shutdown()
     cluster.shutdown()
     print(json.dumps(result, indent=None if args.json else 2))

@@ -43,7 +43,7 @@ import json, sys
 from pathlib import Path
 import raycl
 from raycl.config import space_names, spaces_dir
-from raycl.configs import load_space
+from raycl.config.tasks import load_space
 package = Path(raycl.__file__).resolve().parent
 spaces = {}
 for name in space_names():
@@ -120,8 +120,20 @@ def check_command(venv: Path, env: dict[str, str], work: Path, spaces: list[str]
 
 def short_training(venv: Path, env: dict[str, str], work: Path) -> dict[str, Any]:
     """``raycl train idiom --preset smoke``: one epoch, no Ray, to its JSON summary and report."""
-    cmd = [str(venv / "bin" / "raycl"), "train", "idiom", "--preset", "smoke", "--set", "scaling.num_workers=0",
-           "--set", "optim.epochs=1", "--out", str(work / "run"), "--json"]  # fmt: skip
+    cmd = [
+        str(venv / "bin" / "raycl"),
+        "train",
+        "idiom",
+        "--preset",
+        "smoke",
+        "--set",
+        "scaling.num_workers=0",
+        "--set",
+        "optim.epochs=1",
+        "--out",
+        str(work / "run"),
+        "--json",
+    ]
     summary = json.loads(run("raycl train idiom --preset smoke", cmd, cwd=work, env=env, timeout=900))
     if not (work / "run" / "report.md").is_file() or not summary.get("best"):
         raise Failed(f"raycl train: no report.md or no best result in {work / 'run'}: {summary}")
@@ -158,9 +170,14 @@ def check(wheel: Path, torch: str, *, extras: bool, keep: bool) -> dict[str, Any
     finally:
         if not keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    return {"wheel": wheel.name, "spaces": spaces, "training_test_f1": scores,
-            "extras_resolved": list(RESOLVED) if extras else [], "seconds": seconds,
-            "kept": str(tmp) if keep else None}  # fmt: skip
+    return {
+        "wheel": wheel.name,
+        "spaces": spaces,
+        "training_test_f1": scores,
+        "extras_resolved": list(RESOLVED) if extras else [],
+        "seconds": seconds,
+        "kept": str(tmp) if keep else None,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

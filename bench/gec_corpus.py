@@ -37,22 +37,33 @@ def measure(n: int, repeats: int) -> dict[str, Any]:
             cpu, wall = [], []
             for seed in range(repeats):
                 c0, w0 = time.thread_time(), time.perf_counter()
-                sents = gc.generate(n, error_rate=density.error_rate, edits_per_error=density.edits_per_error,
-                                    annotators=annotators, seed=seed)  # fmt: skip
+                sents = gc.generate(
+                    n,
+                    error_rate=density.error_rate,
+                    edits_per_error=density.edits_per_error,
+                    annotators=annotators,
+                    seed=seed,
+                )
                 cpu.append(time.thread_time() - c0)
                 wall.append(time.perf_counter() - w0)
                 if len(sents) != n:  # a benchmark of a generator that lost sentences measures nothing
                     raise SystemExit(f"bench/gec_corpus.py: {len(sents)} sentences generated, {n} asked")
             rows[f"{name}/{annotators}_annotators"] = {
-                "cpu_s": round(min(cpu), 3), "wall_s": round(min(wall), 3),
-                "sentences_per_cpu_s": round(n / max(min(cpu), 1e-9))}  # fmt: skip
+                "cpu_s": round(min(cpu), 3),
+                "wall_s": round(min(wall), 3),
+                "sentences_per_cpu_s": round(n / max(min(cpu), 1e-9)),
+            }
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    result = {"sentences": args.sentences, "repeats": args.repeats, **measure(args.sentences, args.repeats),
-              "load_avg_1m": round(os.getloadavg()[0], 2)}  # fmt: skip
+    result = {
+        "sentences": args.sentences,
+        "repeats": args.repeats,
+        **measure(args.sentences, args.repeats),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
     if not args.json:
         print(f"generating {args.sentences} sentences, best of {args.repeats}", file=sys.stderr)
     print(json.dumps(result, indent=None if args.json else 2))

@@ -2,7 +2,7 @@
 
 One run prints one JSON object with
 - ``engines``: negatives/s of ``python -m raycl.mine`` (a Ray Data actor pool,
-  :mod:`raycl.distributed.corpus_mining`) for the HF engine (one-pass scores) and CTranslate2 (float32 and int8 on
+  :mod:`raycl.distributed.corpus`) for the HF engine (one-pass scores) and CTranslate2 (float32 and int8 on
   CPU; float16/bfloat16 with ``--gpus-per-miner``) at the same model, beam and k, for M = 1, 2 miners — on the
   smoke preset and on a model of BART-base's shape (``d_model`` 768, 6+6 layers, 12 heads, ffn 3072, 50,265-word
   output layer) built from its config with random weights. ``negatives_per_s`` is wall time from the pool's start
@@ -42,37 +42,68 @@ from typing import Any
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-BART_BASE = dict(d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12,
-                 decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072,
-                 max_position_embeddings=1024)  # fmt: skip
+BART_BASE = dict(
+    d_model=768,
+    encoder_layers=6,
+    decoder_layers=6,
+    encoder_attention_heads=12,
+    decoder_attention_heads=12,
+    encoder_ffn_dim=3072,
+    decoder_ffn_dim=3072,
+    max_position_embeddings=1024,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/mine.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default=None,
-                   help="of smoke,bart_base,bart_large,trained (default smoke,bart_base; trained with --model)")
-    p.add_argument("--model", type=Path, default=None,
-                   help="a trained HF folder (bench/parity.py's --model): the model 'trained' of the engine rows")
-    p.add_argument("--sentences", default="smoke=1000,bart_base=96,bart_large=96,trained=1000",
-                   help="sentences mined per model (default smoke=1000,bart_base=96,trained=1000)")
+    p.add_argument(
+        "--models",
+        default=None,
+        help="of smoke,bart_base,bart_large,trained (default smoke,bart_base; trained with --model)",
+    )
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="a trained HF folder (bench/parity.py's --model): the model 'trained' of the engine rows",
+    )
+    p.add_argument(
+        "--sentences",
+        default="smoke=1000,bart_base=96,bart_large=96,trained=1000",
+        help="sentences mined per model (default smoke=1000,bart_base=96,trained=1000)",
+    )
     p.add_argument("--miners", default="1,2", help="comma-separated miner counts (default 1,2)")
     p.add_argument("--k", type=int, default=3, help="negatives per sentence; beam k+1 (default 3)")
     p.add_argument("--max-new-tokens", type=int, default=24, help="hypothesis length (default 24)")
     p.add_argument("--batch-size", type=int, default=16, help="sentences per beam-search call (default 16)")
     p.add_argument("--gpus-per-miner", type=float, default=0.0, help="GPUs per miner (GPU engines fp16/bf16)")
     p.add_argument("--rss-sentences", type=int, default=5000, help="N of the driver-RSS runs (N and 10 N)")
-    p.add_argument("--passes-sentences", type=int, default=32,
-                   help="sentences of the one-pass vs two-pass HF decoding comparison (BART-base shape)")
-    p.add_argument("--scan-mb", type=int, default=64,
-                   help="size of the scanned synthetic M2 (default 64; 1024 = 1 GB)")
-    p.add_argument("--null-sentences", default="100000",
-                   help="comma-separated corpus sizes of the null-model runs (default 100000; 0 = none)")
-    p.add_argument("--engines", default=None,
-                   help="engine-precision rows, comma-separated (default: hf-fp32,ctranslate2-fp32,"
-                        "ctranslate2-int8 on CPUs; hf-fp32,hf-bf16,ctranslate2-fp16,ctranslate2-bf16 with "
-                        "--gpus-per-miner)")
-    p.add_argument("--parts", default="engines,passes,rss,scan,null",
-                   help="what to measure, of engines,passes,rss,scan,null (default all)")
+    p.add_argument(
+        "--passes-sentences",
+        type=int,
+        default=32,
+        help="sentences of the one-pass vs two-pass HF decoding comparison (BART-base shape)",
+    )
+    p.add_argument(
+        "--scan-mb", type=int, default=64, help="size of the scanned synthetic M2 (default 64; 1024 = 1 GB)"
+    )
+    p.add_argument(
+        "--null-sentences",
+        default="100000",
+        help="comma-separated corpus sizes of the null-model runs (default 100000; 0 = none)",
+    )
+    p.add_argument(
+        "--engines",
+        default=None,
+        help="engine-precision rows, comma-separated (default: hf-fp32,ctranslate2-fp32,"
+        "ctranslate2-int8 on CPUs; hf-fp32,hf-bf16,ctranslate2-fp16,ctranslate2-bf16 with "
+        "--gpus-per-miner)",
+    )
+    p.add_argument(
+        "--parts",
+        default="engines,passes,rss,scan,null",
+        help="what to measure, of engines,passes,rss,scan,null (default all)",
+    )
     p.add_argument("--quick", action="store_true", help="smoke model only, M=1, small corpora")
     p.add_argument("--workdir", type=Path, default=None, help="keep corpora, models and shards here")
     p.add_argument("--json", action="store_true", help="print only the JSON object on stdout")
@@ -108,10 +139,20 @@ def model(work: Path, kind: str, texts_from: Path) -> Path:
     texts = [t for s in read_m2(texts_from)[:3000] for t in (s.source, s.target())]
     if kind == "smoke":
         return build_model("smoke", out_dir=out, texts=texts, seed=0)
-    shape = BART_BASE if kind == "bart_base" else dict(d_model=1024, encoder_layers=12, decoder_layers=12,
-                                                       encoder_attention_heads=16, decoder_attention_heads=16,
-                                                       encoder_ffn_dim=4096, decoder_ffn_dim=4096,
-                                                       max_position_embeddings=1024)  # fmt: skip
+    shape = (
+        BART_BASE
+        if kind == "bart_base"
+        else dict(
+            d_model=1024,
+            encoder_layers=12,
+            decoder_layers=12,
+            encoder_attention_heads=16,
+            decoder_attention_heads=16,
+            encoder_ffn_dim=4096,
+            decoder_ffn_dim=4096,
+            max_position_embeddings=1024,
+        )
+    )
     build_model("smoke", out_dir=out, texts=texts, seed=0, **shape)
     m = BartForConditionalGeneration.from_pretrained(str(out))
     m.resize_token_embeddings(50265)  # BART's vocabulary: the output layer's cost
@@ -119,16 +160,39 @@ def model(work: Path, kind: str, texts_from: Path) -> Path:
     return out
 
 
-def mine(data: Path, model_dir: Path, out: Path, *, m: int, engine: str, precision: str,
-         args: argparse.Namespace) -> dict[str, Any]:  # fmt: skip
+def mine(
+    data: Path, model_dir: Path, out: Path, *, m: int, engine: str, precision: str, args: argparse.Namespace
+) -> dict[str, Any]:
     from raycl.mine import build_parser
 
     shutil.rmtree(out, ignore_errors=True)
-    argv = ["gec", "--model", str(model_dir), "--data", str(data), "--out", str(out), "--num-miners", str(m),
-            "--cpus-per-miner", "1", "--gpus-per-miner", str(args.gpus_per_miner), "--k", str(args.k),
-            "--max-len-b", str(args.max_new_tokens), "--batch-size", str(args.batch_size),
-            "--shard-size", str(max(8, args.batch_size)), "--engine", engine,
-            "--precision", precision]  # fmt: skip
+    argv = [
+        "gec",
+        "--model",
+        str(model_dir),
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--num-miners",
+        str(m),
+        "--cpus-per-miner",
+        "1",
+        "--gpus-per-miner",
+        str(args.gpus_per_miner),
+        "--k",
+        str(args.k),
+        "--max-len-b",
+        str(args.max_new_tokens),
+        "--batch-size",
+        str(args.batch_size),
+        "--shard-size",
+        str(max(8, args.batch_size)),
+        "--engine",
+        engine,
+        "--precision",
+        precision,
+    ]
     parsed = build_parser().parse_args(argv)
     parsed.out = out  # a local folder, as raycl.mine's main passes it (the parser keeps URIs as text)
     return parsed.run(parsed)
@@ -150,8 +214,13 @@ def decoding_passes(model_dir: Path, data: Path, args: argparse.Namespace) -> di
         sources = [ex.source for ex in load_examples([str(data)])][: args.passes_sentences]
         beam = args.k + 1
         t0 = time.perf_counter()
-        hyps = scorer.generate(sources, num_beams=beam, num_return_sequences=beam,
-                               max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)  # fmt: skip
+        hyps = scorer.generate(
+            sources,
+            num_beams=beam,
+            num_return_sequences=beam,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size,
+        )
         one = time.perf_counter() - t0
         texts = [text for h in hyps for text, _ in h]
         repeated = [s for s, h in zip(sources, hyps, strict=True) for _ in h]
@@ -160,9 +229,14 @@ def decoding_passes(model_dir: Path, data: Path, args: argparse.Namespace) -> di
         second = time.perf_counter() - t0
     finally:
         torch.set_num_threads(threads)
-    return {"sentences": len(sources), "hypotheses": len(texts), "one_pass_s": round(one, 2),
-            "second_pass_s": round(second, 2), "two_pass_s": round(one + second, 2),
-            "one_pass_speedup": round((one + second) / one, 2)}  # fmt: skip
+    return {
+        "sentences": len(sources),
+        "hypotheses": len(texts),
+        "one_pass_s": round(one, 2),
+        "second_pass_s": round(second, 2),
+        "two_pass_s": round(one + second, 2),
+        "one_pass_speedup": round((one + second) / one, 2),
+    }
 
 
 # VmHWM is this process image's peak RSS; ru_maxrss is not: after fork + exec it keeps the high-water mark of the
@@ -185,13 +259,43 @@ def driver_rss(work: Path, model_dir: Path, n: int) -> dict[str, Any]:
     out = work / f"rss-{n}-out"
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", RSS_SNIPPET, "gec", "--model", str(model_dir), "--data",
-                           str(data), "--out", str(out), "--num-miners", "2", "--cpus-per-miner", "1", "--k", "1",
-                           "--max-len-b", "2", "--batch-size", "64", "--shard-size", "1000", "--json"],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            RSS_SNIPPET,
+            "gec",
+            "--model",
+            str(model_dir),
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--num-miners",
+            "2",
+            "--cpus-per-miner",
+            "1",
+            "--k",
+            "1",
+            "--max-len-b",
+            "2",
+            "--batch-size",
+            "64",
+            "--shard-size",
+            "1000",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
-    return {"sentences": n, "peak_rss_mib": round(lines[-1]["peak_rss_mib"], 1),
-            "examples": lines[0]["examples"], "wall_s": round(time.perf_counter() - t0, 1)}
+    return {
+        "sentences": n,
+        "peak_rss_mib": round(lines[-1]["peak_rss_mib"], 1),
+        "examples": lines[0]["examples"],
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
 
 
 def big_corpus(work: Path, n: int) -> Path:
@@ -220,14 +324,18 @@ def scan(work: Path, mb: int) -> dict[str, Any]:
     ranges = list(scan_ranges([str(path)], range_size=10_000))
     seconds = time.perf_counter() - t0
     size = path.stat().st_size / 2**20
-    return {"mb": round(size, 1), "sentences": sum(r.count for r in ranges), "seconds": round(seconds, 2),
-            "mb_per_s": round(size / seconds, 1)}  # fmt: skip
+    return {
+        "mb": round(size, 1),
+        "sentences": sum(r.count for r in ranges),
+        "seconds": round(seconds, 2),
+        "mb_per_s": round(size / seconds, 1),
+    }
 
 
 NULL_SNIPPET = """
 import json, sys
 from pathlib import Path
-from raycl.distributed.corpus_mining import mine_corpus
+from raycl.distributed.corpus import mine_corpus
 from raycl.testing.miners import NULL_BEAM
 data, out, model, m = sys.argv[1:5]
 s = mine_corpus(model, [data], Path(out), options={"k": 3, "engine": "hf"}, kind=NULL_BEAM,
@@ -242,13 +350,23 @@ def null_model(work: Path, model_dir: Path, n: int, m: int) -> dict[str, Any]:
     data, out = big_corpus(work, n), work / f"null-{n}-{m}"
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", NULL_SNIPPET, str(data), str(out), str(model_dir), str(m)],
-                          capture_output=True, text=True, check=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", NULL_SNIPPET, str(data), str(out), str(model_dir), str(m)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     s = json.loads([x for x in proc.stdout.splitlines() if x.startswith("{")][-1])
     shutil.rmtree(out, ignore_errors=True)
-    return {"sentences": s["examples"], "miners": m, "scan_s": s["scan_s"], "seconds": s["seconds"],
-            "sentences_per_s": round(s["examples"] / max(s["seconds"], 1e-9), 1),
-            "peak_rss_mib": round(s["peak_rss_mib"], 1), "wall_s": round(time.perf_counter() - t0, 1)}  # fmt: skip
+    return {
+        "sentences": s["examples"],
+        "miners": m,
+        "scan_s": s["scan_s"],
+        "seconds": s["seconds"],
+        "sentences_per_s": round(s["examples"] / max(s["seconds"], 1e-9), 1),
+        "peak_rss_mib": round(s["peak_rss_mib"], 1),
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
 
 
 def conversions(models: list[Path]) -> dict[str, dict[str, int]]:
@@ -285,11 +403,17 @@ def machine() -> dict[str, Any]:
     import ray
     import torch
 
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "python": platform.python_version(), "torch": torch.__version__, "ray": ray.__version__,
-            "logical_cores": os.cpu_count(), "physical_cores": psutil.cpu_count(logical=False),
-            "cpu_flags": cpu_flags(),
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}  # fmt: skip
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "ray": ray.__version__,
+        "logical_cores": os.cpu_count(),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "cpu_flags": cpu_flags(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,16 +423,25 @@ def main(argv: list[str] | None = None) -> int:
     sizes = {k: int(v) for k, v in (x.split("=") for x in args.sentences.split(","))}
     parts = set(args.parts.split(","))
     gpu = args.gpus_per_miner > 0
-    engines = [("hf", "fp32"), ("ctranslate2", "fp32"), ("ctranslate2", "int8")] if not gpu else \
-        [("hf", "fp32"), ("hf", "bf16"), ("ctranslate2", "fp16"), ("ctranslate2", "bf16")]
+    engines = (
+        [("hf", "fp32"), ("ctranslate2", "fp32"), ("ctranslate2", "int8")]
+        if not gpu
+        else [("hf", "fp32"), ("hf", "bf16"), ("ctranslate2", "fp16"), ("ctranslate2", "bf16")]
+    )
     if args.engines:
         engines = [tuple(e.strip().rsplit("-", 1)) for e in args.engines.split(",")]  # type: ignore[misc]
     from raycl.distributed.runtime import init_ray
 
-    report: dict[str, Any] = {"bench": "mine", "k": args.k, "beam": args.k + 1,
-                              "max_new_tokens": args.max_new_tokens, "batch_size": args.batch_size,
-                              "gpus_per_miner": args.gpus_per_miner, "engines": {},
-                              "trained_model": str(args.model) if args.model else None}  # fmt: skip
+    report: dict[str, Any] = {
+        "bench": "mine",
+        "k": args.k,
+        "beam": args.k + 1,
+        "max_new_tokens": args.max_new_tokens,
+        "batch_size": args.batch_size,
+        "gpus_per_miner": args.gpus_per_miner,
+        "engines": {},
+        "trained_model": str(args.model) if args.model else None,
+    }
     with tempfile.TemporaryDirectory(prefix="raycl-bench-mine-") as tmp:
         work = args.workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
@@ -322,26 +455,39 @@ def main(argv: list[str] | None = None) -> int:
             for engine, precision in engines:
                 name = f"{engine}-{precision}"
                 for m in counts:
-                    s = mine(data, model_dir, work / f"out-{kind}-{name}-{m}", m=m, engine=engine,
-                             precision=precision, args=args)  # fmt: skip
+                    s = mine(
+                        data,
+                        model_dir,
+                        work / f"out-{kind}-{name}-{m}",
+                        m=m,
+                        engine=engine,
+                        precision=precision,
+                        args=args,
+                    )
                     keys = ("negatives", "seconds", "negatives_per_s", "miner_busy_s", "negatives_per_miner_s")
-                    rows.setdefault(name, {})[str(m)] = {**{k: s[k] for k in keys},
-                                                         "negatives_per_sentence": round(s["negatives"] / n, 2)}
+                    rows.setdefault(name, {})[str(m)] = {
+                        **{k: s[k] for k in keys},
+                        "negatives_per_sentence": round(s["negatives"] / n, 2),
+                    }
                     if not args.json:
                         print(f"{kind} {name} M={m}: {s['negatives_per_s']} negatives/s", file=sys.stderr)
                 one = rows[name]["1"]["negatives_per_s"]
                 rows[name]["scaling_efficiency"] = {
-                    str(m): round(rows[name][str(m)]["negatives_per_s"] / (m * one), 3) for m in counts}
+                    str(m): round(rows[name][str(m)]["negatives_per_s"] / (m * one), 3) for m in counts
+                }
             hf = next((rows[name]["1"] for name in rows if name.startswith("hf-")), None)  # the first HF row
             if hf is not None:
                 rows["ct2_speedup"] = {
                     name: round(rows[name]["1"]["negatives_per_miner_s"] / hf["negatives_per_miner_s"], 2)
-                    for name in rows if name.startswith("ctranslate2")}  # fmt: skip
+                    for name in rows
+                    if name.startswith("ctranslate2")
+                }
             report["engines"][kind] = rows
         if not args.quick and "bart_base" in kinds and "passes" in parts:
             n = sizes["bart_base"]
-            report["decoding_passes"] = decoding_passes(model(work, "bart_base", texts),
-                                                        corpus(work, n, f"bart_base-{n}"), args)  # fmt: skip
+            report["decoding_passes"] = decoding_passes(
+                model(work, "bart_base", texts), corpus(work, n, f"bart_base-{n}"), args
+            )
         if "engines" in parts:
             folders = [*work.glob("model-*"), *([args.model] if args.model else [])]
             report["conversions_per_node"] = conversions(folders)
@@ -353,8 +499,10 @@ def main(argv: list[str] | None = None) -> int:
             report["null_model"] = [null_model(work, small, n, m) for n in sizes_null for m in counts]
         if not args.quick and "rss" in parts:
             small = model(work, "smoke", texts)
-            report["driver_rss"] = [driver_rss(work, small, args.rss_sentences),
-                                    driver_rss(work, small, 10 * args.rss_sentences)]
+            report["driver_rss"] = [
+                driver_rss(work, small, args.rss_sentences),
+                driver_rss(work, small, 10 * args.rss_sentences),
+            ]
             a, b = report["driver_rss"]
             report["driver_rss_ratio_10x"] = round(b["peak_rss_mib"] / a["peak_rss_mib"], 3)
     report["machine"] = machine()

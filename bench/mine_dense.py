@@ -58,8 +58,13 @@ print(json.dumps({"peak_rss_mib": hwm}))
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "RAYCL_PROGRESS": "off",
-            "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "HF_HUB_OFFLINE": "1",
+        "RAYCL_PROGRESS": "off",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
 
 
 def _json_lines(text: str) -> list[dict[str, Any]]:
@@ -81,31 +86,62 @@ def speed(work: Path, model: str, n_pairs: int, miners: int) -> dict[str, Any]:
     from raycl.data.docstring_pairs import docstring_pairs
 
     rows = docstring_pairs(n_pairs)
-    pq.write_table(pa.table({"anchor": [r["anchor"] for r in rows], "positive": [r["positive"] for r in rows]}),
-                   work / "pairs.parquet")  # fmt: skip
+    pq.write_table(
+        pa.table({"anchor": [r["anchor"] for r in rows], "positive": [r["positive"] for r in rows]}),
+        work / "pairs.parquet",
+    )
     load = [round(os.getloadavg()[0], 1)]  # the machine's load average before each side and after both
     st, _ = _run([sys.executable, "-c", ST_SNIPPET, model, str(work / "pairs.parquet"), str(work / "st.parquet")])
     load.append(round(os.getloadavg()[0], 1))
     out = work / "raycl-out"
-    summary, wall = _run([sys.executable, "-m", "raycl.mine", "dense", "--model", model, "--data",
-                          str(work / "pairs.parquet"), "--out", str(out), "--num-miners", str(miners),
-                          "--cpus-per-miner", "1", "--output-format", "n-tuple", "--query-block-size",
-                          str(max(1, len(rows) // (2 * miners))), "--overwrite", "--json"])  # fmt: skip
+    summary, wall = _run(
+        [
+            sys.executable,
+            "-m",
+            "raycl.mine",
+            "dense",
+            "--model",
+            model,
+            "--data",
+            str(work / "pairs.parquet"),
+            "--out",
+            str(out),
+            "--num-miners",
+            str(miners),
+            "--cpus-per-miner",
+            "1",
+            "--output-format",
+            "n-tuple",
+            "--query-block-size",
+            str(max(1, len(rows) // (2 * miners))),
+            "--overwrite",
+            "--json",
+        ]
+    )
     load.append(round(os.getloadavg()[0], 1))
     ours = {r["anchor"]: [r[f"negative_{i}"] for i in (1, 2, 3)] for r in pq.read_table(out).to_pylist()}
-    theirs = {r["anchor"]: [r[f"negative_{i}"] for i in (1, 2, 3)] for r in pq.read_table(work / "st.parquet")
-              .to_pylist()}  # fmt: skip
+    theirs = {
+        r["anchor"]: [r[f"negative_{i}"] for i in (1, 2, 3)]
+        for r in pq.read_table(work / "st.parquet").to_pylist()
+    }
     keys = set(ours) | set(theirs)
     seconds = float(summary["seconds"])
-    return {"pairs": len(rows), "miners": miners, "st_s": round(st["st_s"], 2),
-            "st_with_load_s": round(st["st_with_load_s"], 2), "raycl_s": round(seconds, 2),
-            "raycl_process_s": round(wall, 2), "ratio": round(st["st_s"] / seconds, 3),
-            "ratio_with_load": round(st["st_with_load_s"] / wall, 3),
-            "embed_s": summary["embed_s"], "mine_s": summary["mine_s"],
-            "queries_per_s": round(summary["queries"] / seconds, 1),
-            "embeddings_per_s": round((summary["queries"] + summary["embedded"]) / seconds, 1),
-            "agreement": round(sum(ours.get(k) == theirs.get(k) for k in keys) / len(keys), 4),
-            "load_average": load}  # fmt: skip
+    return {
+        "pairs": len(rows),
+        "miners": miners,
+        "st_s": round(st["st_s"], 2),
+        "st_with_load_s": round(st["st_with_load_s"], 2),
+        "raycl_s": round(seconds, 2),
+        "raycl_process_s": round(wall, 2),
+        "ratio": round(st["st_s"] / seconds, 3),
+        "ratio_with_load": round(st["st_with_load_s"] / wall, 3),
+        "embed_s": summary["embed_s"],
+        "mine_s": summary["mine_s"],
+        "queries_per_s": round(summary["queries"] / seconds, 1),
+        "embeddings_per_s": round((summary["queries"] + summary["embedded"]) / seconds, 1),
+        "agreement": round(sum(ours.get(k) == theirs.get(k) for k in keys) / len(keys), 4),
+        "load_average": load,
+    }
 
 
 def tiny_encoder(work: Path, minilm: str) -> str:
@@ -114,8 +150,13 @@ def tiny_encoder(work: Path, minilm: str) -> str:
 
     torch.manual_seed(0)
     out = work / "tiny"
-    config = BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                        max_position_embeddings=128)  # fmt: skip
+    config = BertConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     BertModel(config, add_pooling_layer=False).save_pretrained(out)
     AutoTokenizer.from_pretrained(minilm).save_pretrained(out)
     return str(out)
@@ -147,12 +188,34 @@ def driver_rss(work: Path, tiny: str, base: int, scales: list[int], miners: int)
     for scale in scales:
         n = base * scale
         corpus = synthetic_corpus(work / f"corpus-{n}.parquet", n)
-        got, wall = _run([sys.executable, "-c", RSS_SNIPPET, "dense", "--model", tiny, "--data",
-                          str(work / "rss-pairs.parquet"), "--corpus", str(corpus), "--out",
-                          str(work / f"rss-{n}"),
-                          "--num-miners", str(miners), "--cpus-per-miner", "1", "--batch-size", "256",
-                          "--corpus-shard-size", "20000", "--query-block-size", "100", "--overwrite",
-                          "--json"])  # fmt: skip
+        got, wall = _run(
+            [
+                sys.executable,
+                "-c",
+                RSS_SNIPPET,
+                "dense",
+                "--model",
+                tiny,
+                "--data",
+                str(work / "rss-pairs.parquet"),
+                "--corpus",
+                str(corpus),
+                "--out",
+                str(work / f"rss-{n}"),
+                "--num-miners",
+                str(miners),
+                "--cpus-per-miner",
+                "1",
+                "--batch-size",
+                "256",
+                "--corpus-shard-size",
+                "20000",
+                "--query-block-size",
+                "100",
+                "--overwrite",
+                "--json",
+            ]
+        )
         rows.append({"corpus": n, "peak_rss_mib": round(got["peak_rss_mib"], 1), "wall_s": round(wall, 1)})
     out: dict[str, Any] = {"rows": rows}
     by = {r["corpus"] // base: r["peak_rss_mib"] for r in rows}
@@ -194,8 +257,10 @@ def speed_pairs(work: Path, n: int) -> None:
     from raycl.data.docstring_pairs import docstring_pairs
 
     rows = docstring_pairs(n)
-    pq.write_table(pa.table({"anchor": [r["anchor"] for r in rows], "positive": [r["positive"] for r in rows]}),
-                   work / "rss-pairs.parquet")  # fmt: skip
+    pq.write_table(
+        pa.table({"anchor": [r["anchor"] for r in rows], "positive": [r["positive"] for r in rows]}),
+        work / "rss-pairs.parquet",
+    )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,20 @@ from typing import Any
 import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
-STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 36: "timeout",
-          24: "timeout", -24: "timeout", 152: "timeout", 255: "timeout", 37: "type check"}  # fmt: skip
+STATUS = {
+    1: "killed",
+    3: "killed",
+    0: "survived",
+    5: "no tests",
+    33: "no tests",
+    34: "skipped",
+    36: "timeout",
+    24: "timeout",
+    -24: "timeout",
+    152: "timeout",
+    255: "timeout",
+    37: "type check",
+}
 
 
 def _files(patterns: list[str]) -> list[Path]:
@@ -100,9 +112,17 @@ def report(files: list[Path], cfg: dict[str, Any], seconds: float) -> dict[str, 
         meta_path = ROOT / "mutants" / f"{path}.meta"
         meta = json.loads(meta_path.read_text()) if meta_path.exists() else {"exit_code_by_key": {}}
         codes: dict[str, int | None] = meta["exit_code_by_key"]
-        row: dict[str, Any] = {"mutants": len(codes), "killed": 0, "timeout": 0, "survived": 0, "no tests": 0,
-                               "equivalent": 0, "out of scope": 0, "other": 0,
-                               "not_mutated": _not_mutated(path)}  # fmt: skip
+        row: dict[str, Any] = {
+            "mutants": len(codes),
+            "killed": 0,
+            "timeout": 0,
+            "survived": 0,
+            "no tests": 0,
+            "equivalent": 0,
+            "out of scope": 0,
+            "other": 0,
+            "not_mutated": _not_mutated(path),
+        }
         for name, code in sorted(codes.items()):
             status = STATUS.get(code, "other") if code is not None else "other"
             if status in ("survived", "no tests") and _glob(name, out_of_scope):
@@ -122,8 +142,15 @@ def report(files: list[Path], cfg: dict[str, Any], seconds: float) -> dict[str, 
     keys = ("mutants", "killed", "timeout", "survived", "no tests", "equivalent", "out of scope", "other")
     totals = {k: sum(r[k] for r in modules.values()) for k in keys}
     reasons = {n: e["why"] for n, e in equivalent.items()}
-    return {"totals": totals, "seconds": round(seconds, 1), "modules": modules, "survivors": survivors,
-            "stale_equivalents": stale, "equivalent": reasons, "out_of_scope": out_of_scope}  # fmt: skip
+    return {
+        "totals": totals,
+        "seconds": round(seconds, 1),
+        "modules": modules,
+        "survivors": survivors,
+        "stale_equivalents": stale,
+        "equivalent": reasons,
+        "out_of_scope": out_of_scope,
+    }
 
 
 def _glob(name: str, patterns: dict[str, str]) -> bool:
@@ -136,8 +163,11 @@ def main() -> None:
     p.add_argument("--max-children", type=int, default=os.cpu_count() or 2, help="mutants run at once")
     p.add_argument("--out", default="runs/mutate-units.json", help="the JSON report")
     p.add_argument("--report-only", action="store_true", help="report the last run's results, run nothing")
-    p.add_argument("--survivors", action="store_true",
-                   help="run again only the mutants the last run left alive (after adding tests)")
+    p.add_argument(
+        "--survivors",
+        action="store_true",
+        help="run again only the mutants the last run left alive (after adding tests)",
+    )
     args = p.parse_args()
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     files = _files(pyproject["tool"]["mutmut"]["only_mutate"])
@@ -162,8 +192,17 @@ def main() -> None:
     for s in out["survivors"]:
         print(f"[mutate-units] {s['status']}: {s['mutant']}\n{s['diff']}", file=sys.stderr)
     t = out["totals"]
-    print(json.dumps({"summary": "mutate-units", **t, "stale_equivalents": len(out["stale_equivalents"]),
-                      "seconds": out["seconds"], "report": args.out}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "summary": "mutate-units",
+                **t,
+                "stale_equivalents": len(out["stale_equivalents"]),
+                "seconds": out["seconds"],
+                "report": args.out,
+            }
+        )
+    )
     sys.exit(0 if t["survived"] == 0 and t["no tests"] == 0 and t["other"] == 0 else 1)
 
 

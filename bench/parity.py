@@ -44,16 +44,28 @@ SHAPE = dict(vocab_size=1000)  # the smoke preset: d_model 128, 2+2 layers, 4 he
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/parity.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", type=Path, default=None,
-                   help="the trained model's folder: reused if it holds one, else trained and saved there "
-                        "(default: a temporary folder)")  # fmt: skip
+    p.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="the trained model's folder: reused if it holds one, else trained and saved there "
+        "(default: a temporary folder)",
+    )
     p.add_argument("--held-out", type=int, default=400, help="held-out sentences compared (default 400)")
-    p.add_argument("--until", type=float, default=0.6,
-                   help="stop training when greedy decoding corrects this share of the dev set's erroneous "
-                        "sentences (default 0.6)")  # fmt: skip
+    p.add_argument(
+        "--until",
+        type=float,
+        default=0.6,
+        help="stop training when greedy decoding corrects this share of the dev set's erroneous "
+        "sentences (default 0.6)",
+    )
     p.add_argument("--max-updates", type=int, default=20000, help="stop training there anyway (default 20000)")
-    p.add_argument("--max-minutes", type=float, default=30.0,
-                   help="stop training after this many minutes even short of --until (default 30)")
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=30.0,
+        help="stop training after this many minutes even short of --until (default 30)",
+    )
     p.add_argument("--eval-every", type=int, default=500, help="updates between dev checks (default 500)")
     p.add_argument("--dev", type=int, default=200, help="dev sentences of the stop criterion (default 200)")
     p.add_argument("--train-sentences", type=int, default=100_000, help="training pairs (default 100000)")
@@ -79,16 +91,20 @@ def splits(args: argparse.Namespace) -> tuple[list[tuple[str, str]], list[GecExa
     from raycl.data.gec_corpus import HIGH_DENSITY, generate_pairs
 
     def pairs(n: int, seed: int) -> list[tuple[str, str]]:
-        got = generate_pairs(n, error_rate=HIGH_DENSITY.error_rate, edits_per_error=HIGH_DENSITY.edits_per_error,
-                             seed=seed)  # fmt: skip
+        got = generate_pairs(
+            n, error_rate=HIGH_DENSITY.error_rate, edits_per_error=HIGH_DENSITY.edits_per_error, seed=seed
+        )
         return [(m.source, m.target()) for _, m in got]
 
     held = pairs(args.held_out, 1_000 + args.seed)
     dev = pairs(args.dev, 2_000 + args.seed)
     unseen = {s for s, _ in held + dev}
     train = [p for p in pairs(args.train_sentences, 3_000 + args.seed) if p[0] not in unseen]
-    return (train, [GecExample(f"dev:{i}", s, t) for i, (s, t) in enumerate(dev)],
-            [GecExample(f"held-out:{i}", s, t) for i, (s, t) in enumerate(held)])  # fmt: skip
+    return (
+        train,
+        [GecExample(f"dev:{i}", s, t) for i, (s, t) in enumerate(dev)],
+        [GecExample(f"held-out:{i}", s, t) for i, (s, t) in enumerate(held)],
+    )
 
 
 def corrects(scorer: Seq2SeqScorer, examples: list[GecExample], *, beam: int = 1) -> dict[str, float]:
@@ -100,14 +116,18 @@ def corrects(scorer: Seq2SeqScorer, examples: list[GecExample], *, beam: int = 1
     wrong = [normalize(ex.source) != normalize(ex.target) for ex in examples]
     n_wrong = sum(wrong)
     fixed = sum(h for h, w in zip(hit, wrong, strict=True) if w)
-    return {"sentences": len(examples), "erroneous": n_wrong,
-            "erroneous_corrected": round(fixed / max(n_wrong, 1), 4),
-            "clean_kept": round((sum(hit) - fixed) / max(len(examples) - n_wrong, 1), 4),
-            "exact": round(sum(hit) / len(examples), 4)}  # fmt: skip
+    return {
+        "sentences": len(examples),
+        "erroneous": n_wrong,
+        "erroneous_corrected": round(fixed / max(n_wrong, 1), 4),
+        "clean_kept": round((sum(hit) - fixed) / max(len(examples) - n_wrong, 1), 4),
+        "exact": round(sum(hit) / len(examples), 4),
+    }
 
 
-def train(out: Path, pairs: list[tuple[str, str]], dev: list[GecExample], args: argparse.Namespace
-          ) -> dict[str, Any]:  # fmt: skip
+def train(
+    out: Path, pairs: list[tuple[str, str]], dev: list[GecExample], args: argparse.Namespace
+) -> dict[str, Any]:
     """Teach GEC (token-level NLL, AdamW, linear warm-up) until the dev criterion holds; save to ``out``."""
     import random
 
@@ -146,26 +166,47 @@ def train(out: Path, pairs: list[tuple[str, str]], dev: list[GecExample], args: 
             say(f"update {update}: loss {loss.item():.3f}, {time.perf_counter() - t0:.0f} s")
         if update % args.eval_every == 0:
             dev_stats = corrects(scorer, dev)
-            history.append({"updates": update, "loss": round(loss.item(), 4), **dev_stats,
-                            "seconds": round(time.perf_counter() - t0, 1)})  # fmt: skip
+            history.append(
+                {
+                    "updates": update,
+                    "loss": round(loss.item(), 4),
+                    **dev_stats,
+                    "seconds": round(time.perf_counter() - t0, 1),
+                }
+            )
             say(f"update {update}: loss {loss.item():.3f}, dev {dev_stats}, {time.perf_counter() - t0:.0f} s")
             if dev_stats["erroneous_corrected"] >= args.until:
                 break
     if update % args.eval_every:  # stopped by the clock: the dev figures of the weights saved
         dev_stats = corrects(scorer, dev)
-        history.append({"updates": update, "loss": round(loss.item(), 4), **dev_stats,
-                        "seconds": round(time.perf_counter() - t0, 1)})  # fmt: skip
+        history.append(
+            {
+                "updates": update,
+                "loss": round(loss.item(), 4),
+                **dev_stats,
+                "seconds": round(time.perf_counter() - t0, 1),
+            }
+        )
     scorer.model.eval()
     scorer.save_pretrained(scratch)
     (scratch / "raycl_parity_training.json").write_text(json.dumps(history))
     scratch.replace(out)  # the folder appears whole or not at all
-    return {"trained_now": True, "updates": update, "seconds": round(time.perf_counter() - t0, 1),
-            "train_pairs": len(pairs), "batch_size": args.batch_size, "lr": args.lr, "history": history,
-            "until": args.until, "reached": dev_stats.get("erroneous_corrected", 0.0) >= args.until}  # fmt: skip
+    return {
+        "trained_now": True,
+        "updates": update,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "train_pairs": len(pairs),
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "history": history,
+        "until": args.until,
+        "reached": dev_stats.get("erroneous_corrected", 0.0) >= args.until,
+    }
 
 
-def mine_all(model: Path, examples: list[GecExample], *, engine: str, precision: str, k: int, beam: int
-             ) -> tuple[list[MinedNegatives], list[MinedNegatives], float]:  # fmt: skip
+def mine_all(
+    model: Path, examples: list[GecExample], *, engine: str, precision: str, k: int, beam: int
+) -> tuple[list[MinedNegatives], list[MinedNegatives], float]:
     """One engine's n-best lists and selected negatives, as a ``gec_beam`` miner makes them, and its seconds."""
     from raycl.miners.beam_search import build_beam_miner
 
@@ -176,31 +217,43 @@ def mine_all(model: Path, examples: list[GecExample], *, engine: str, precision:
     return nbest, selected, time.perf_counter() - t0
 
 
-def compare(a: tuple[list[MinedNegatives], list[MinedNegatives]], b: tuple[list[MinedNegatives],
-            list[MinedNegatives]]) -> dict[str, Any]:  # fmt: skip
+def compare(
+    a: tuple[list[MinedNegatives], list[MinedNegatives]], b: tuple[list[MinedNegatives], list[MinedNegatives]]
+) -> dict[str, Any]:
     """Engine b against engine a (HF): agreement of top-1s, n-best sets and lists, selected negatives; |ΔS|."""
     (nb_a, sel_a), (nb_b, sel_b) = a, b
     n = len(nb_a)
-    diffs = [abs(p - q) for x, y in zip(nb_a, nb_b, strict=True) if x.negatives == y.negatives
-             for p, q in zip(x.scores, y.scores, strict=True)]  # fmt: skip
-    diffs += [abs(p - q) for x, y in zip(sel_a, sel_b, strict=True) if x.negatives == y.negatives
-              for p, q in zip(x.scores, y.scores, strict=True)]  # fmt: skip
+    diffs = [
+        abs(p - q)
+        for x, y in zip(nb_a, nb_b, strict=True)
+        if x.negatives == y.negatives
+        for p, q in zip(x.scores, y.scores, strict=True)
+    ]
+    diffs += [
+        abs(p - q)
+        for x, y in zip(sel_a, sel_b, strict=True)
+        if x.negatives == y.negatives
+        for p, q in zip(x.scores, y.scores, strict=True)
+    ]
     same_neg = sum(x.negatives == y.negatives for x, y in zip(sel_a, sel_b, strict=True))
     return {
         "top1": round(sum(x.negatives[:1] == y.negatives[:1] for x, y in zip(nb_a, nb_b, strict=True)) / n, 4),
-        "nbest_set": round(sum(set(x.negatives) == set(y.negatives) for x, y in zip(nb_a, nb_b, strict=True)) / n,
-                           4),
+        "nbest_set": round(
+            sum(set(x.negatives) == set(y.negatives) for x, y in zip(nb_a, nb_b, strict=True)) / n, 4
+        ),
         "nbest_list": round(sum(x.negatives == y.negatives for x, y in zip(nb_a, nb_b, strict=True)) / n, 4),
-        "negatives": round(same_neg / n, 4), "negatives_differ": n - same_neg,
-        "max_abs_dS": max(diffs, default=0.0), "mean_abs_dS": sum(diffs) / max(len(diffs), 1),
-    }  # fmt: skip
+        "negatives": round(same_neg / n, 4),
+        "negatives_differ": n - same_neg,
+        "max_abs_dS": max(diffs, default=0.0),
+        "mean_abs_dS": sum(diffs) / max(len(diffs), 1),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from raycl.configs.gec import GecMiningSection
+    from raycl.config.tasks.gec import GecMiningSection
     from raycl.models.seq2seq import Seq2SeqScorer
 
     torch.set_num_threads(args.threads)
@@ -210,8 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="raycl-bench-parity-") as tmp:
         model = args.model or Path(tmp) / "model"
         if (model / "config.json").exists():
-            history = json.loads((model / "raycl_parity_training.json").read_text()) \
-                if (model / "raycl_parity_training.json").exists() else []
+            history = (
+                json.loads((model / "raycl_parity_training.json").read_text())
+                if (model / "raycl_parity_training.json").exists()
+                else []
+            )
             training: dict[str, Any] = {"trained_now": False, "history_tail": history[-1:] if history else None}
         else:
             model.parent.mkdir(parents=True, exist_ok=True)
@@ -219,18 +275,33 @@ def main(argv: list[str] | None = None) -> int:
         hf_scorer = Seq2SeqScorer.from_pretrained(model).eval()
         quality = corrects(hf_scorer, held, beam=beam)
         say(f"held-out quality (HF, beam {beam}): {quality}")
-        runs = {name: mine_all(model, held, engine=e, precision=p, k=k, beam=beam)
-                for name, (e, p) in {"hf-fp32": ("hf", "fp32"), "ctranslate2-fp32": ("ctranslate2", "fp32"),
-                                     "ctranslate2-int8": ("ctranslate2", "int8")}.items()}  # fmt: skip
+        runs = {
+            name: mine_all(model, held, engine=e, precision=p, k=k, beam=beam)
+            for name, (e, p) in {
+                "hf-fp32": ("hf", "fp32"),
+                "ctranslate2-fp32": ("ctranslate2", "fp32"),
+                "ctranslate2-int8": ("ctranslate2", "int8"),
+            }.items()
+        }
         cfg = hf_scorer.model.config
         report: dict[str, Any] = {
-            "bench": "parity", "k": k, "beam": beam, "max_len_b": 200, "rank_by": "beam", "held_out": len(held),
-            "model": {"path": str(args.model) if args.model else None, "d_model": cfg.d_model,
-                      "layers": [cfg.encoder_layers, cfg.decoder_layers], "vocab": cfg.vocab_size,
-                      "parameters": sum(p.numel() for p in hf_scorer.parameters()), **training},
+            "bench": "parity",
+            "k": k,
+            "beam": beam,
+            "max_len_b": 200,
+            "rank_by": "beam",
+            "held_out": len(held),
+            "model": {
+                "path": str(args.model) if args.model else None,
+                "d_model": cfg.d_model,
+                "layers": [cfg.encoder_layers, cfg.decoder_layers],
+                "vocab": cfg.vocab_size,
+                "parameters": sum(p.numel() for p in hf_scorer.parameters()),
+                **training,
+            },
             "quality": quality,
             "seconds": {name: round(r[2], 2) for name, r in runs.items()},
-        }  # fmt: skip
+        }
         for name in ("ctranslate2-fp32", "ctranslate2-int8"):
             report[name] = compare(runs["hf-fp32"][:2], runs[name][:2])
         report["machine"] = {"platform": platform.platform(), "threads": args.threads, "torch": torch.__version__}

@@ -42,13 +42,25 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def _space(tmp: Path, args: argparse.Namespace, *extra: str) -> Any:
-    from raycl.configs import load_space
+    from raycl.config.tasks import load_space
 
-    return load_space("gec_pd", preset="smoke", overrides=[
-        f"data.builtin.n_train={args.train}", f"data.builtin.n_finetune={args.finetune}", "data.builtin.n_dev=50",
-        "data.builtin.n_test=50", f"pretrain.epochs={args.pretrain_epochs}", f"optim.epochs={args.epochs}",
-        "scaling.num_workers=1", "scaling.cpus_per_worker=1", f"mining.gpus_per_miner={args.gpus_per_miner}",
-        f"scaling.use_gpu={str(args.gpus_per_miner > 0).lower()}", *extra])  # fmt: skip
+    return load_space(
+        "gec_pd",
+        preset="smoke",
+        overrides=[
+            f"data.builtin.n_train={args.train}",
+            f"data.builtin.n_finetune={args.finetune}",
+            "data.builtin.n_dev=50",
+            "data.builtin.n_test=50",
+            f"pretrain.epochs={args.pretrain_epochs}",
+            f"optim.epochs={args.epochs}",
+            "scaling.num_workers=1",
+            "scaling.cpus_per_worker=1",
+            f"mining.gpus_per_miner={args.gpus_per_miner}",
+            f"scaling.use_gpu={str(args.gpus_per_miner > 0).lower()}",
+            *extra,
+        ],
+    )
 
 
 def _loop_time(history: list[dict[str, Any]]) -> float:
@@ -70,9 +82,20 @@ def _sequential(run: Any, out: Path) -> dict[str, Any]:
     cfg = run.cfg
     examples = load_examples(cfg.data.finetune)
     m = cfg.mining  # the pooled miners' engine and options, in this process
-    miner = build_beam_miner(str(run.base_model), {
-        "k": m.k, "beam": m.beam, "batch_size": m.batch_size, "max_len_a": m.max_len_a, "max_len_b": m.max_len_b,
-        "rank_by": m.rank_by, "refill": m.refill, "engine": m.engine, "precision": m.precision})  # fmt: skip
+    miner = build_beam_miner(
+        str(run.base_model),
+        {
+            "k": m.k,
+            "beam": m.beam,
+            "batch_size": m.batch_size,
+            "max_len_a": m.max_len_a,
+            "max_len_b": m.max_len_b,
+            "rank_by": m.rank_by,
+            "refill": m.refill,
+            "engine": m.engine,
+            "precision": m.precision,
+        },
+    )
     t0 = time.perf_counter()
     mined = miner.mine(examples)
     mine_s = time.perf_counter() - t0
@@ -88,9 +111,15 @@ def _sequential(run: Any, out: Path) -> dict[str, Any]:
         torch.set_num_threads(threads)
     train_s = _loop_time(read_history(out / "plain"))
     negatives = sum(len(m.negatives) for m in mined)
-    return {"mine_s": mine_s, "train_loop_s": train_s, "total_s": mine_s + train_s, "negatives": negatives,
-            "negatives_per_s_in_process": negatives / mine_s, "mine_threads": threads,
-            "train_threads": train_threads}  # fmt: skip
+    return {
+        "mine_s": mine_s,
+        "train_loop_s": train_s,
+        "total_s": mine_s + train_s,
+        "negatives": negatives,
+        "negatives_per_s_in_process": negatives / mine_s,
+        "mine_threads": threads,
+        "train_threads": train_threads,
+    }
 
 
 def _with(cfg: Any, **dotted: Any) -> Any:
@@ -111,8 +140,12 @@ def _ray_one_worker(run: Any, out: Path, plain_loop_s: float) -> dict[str, Any]:
     finetune(dataclasses.replace(run, cfg=cfg), cfg, out / "ray1", name="ray1", in_tune=False)
     fit_s = time.perf_counter() - t0
     loop_s = _loop_time(read_history(out / "ray1"))
-    return {"train_loop_s": loop_s, "fit_s": fit_s, "overhead_vs_plain": loop_s / plain_loop_s,
-            "overhead_vs_plain_with_startup": fit_s / plain_loop_s}  # fmt: skip
+    return {
+        "train_loop_s": loop_s,
+        "fit_s": fit_s,
+        "overhead_vs_plain": loop_s / plain_loop_s,
+        "overhead_vs_plain_with_startup": fit_s / plain_loop_s,
+    }
 
 
 def _pipeline(run: Any, out: Path, miners: int, sequential_s: float) -> dict[str, Any]:
@@ -137,10 +170,12 @@ def _pipeline(run: Any, out: Path, miners: int, sequential_s: float) -> dict[str
         "mine_wait_fraction_incl_first_batch": wait / max(loop_s, 1e-9),
         "first_batch_wait_s": float(first.get("timing/mine_wait_first", 0.0)),
         "negatives_per_s": negatives / max(loop_s, 1e-9),
-        "train_loop_s": loop_s, "fit_s": fit_s, "speedup_vs_sequential": sequential_s / loop_s,
+        "train_loop_s": loop_s,
+        "fit_s": fit_s,
+        "speedup_vs_sequential": sequential_s / loop_s,
         "max_fill": first.get("stream/max_fill"),
         "staleness_max": max(h.get("stream/staleness_max", 0) for h in hist),
-    }  # fmt: skip
+    }
 
 
 def _coherence_run(run: Any, out: Path, *, staleness: int, miners: int) -> dict[str, Any]:
@@ -151,8 +186,9 @@ def _coherence_run(run: Any, out: Path, *, staleness: int, miners: int) -> dict[
 
     train_one = functools.partial(driver.train, recipe_for("coherence"))
 
-    cfg = _with(run.cfg, **{"mining.max_staleness": staleness, "mining.num_miners": miners,
-                            "mining.cpus_per_miner": 1.0})  # fmt: skip
+    cfg = _with(
+        run.cfg, **{"mining.max_staleness": staleness, "mining.num_miners": miners, "mining.cpus_per_miner": 1.0}
+    )
     name = f"coh-s{staleness}-m{miners}"
     t0 = time.perf_counter()
     train_one(dataclasses.replace(run, cfg=cfg), cfg, out / name, name=name, in_tune=False)
@@ -163,28 +199,48 @@ def _coherence_run(run: Any, out: Path, *, staleness: int, miners: int) -> dict[
     steady = hist[1:]  # the first interval trains on the items' own negatives (nothing mined yet)
     s_wait = sum(float(h.get("timing/mine_wait", 0.0)) for h in steady)
     s_wall = sum(float(h.get("timing/interval", 0.0)) for h in steady)
-    return {"max_staleness": staleness, "miners": miners, "mine_wait_fraction": wait / max(wall, 1e-9),
-            "mine_wait_fraction_mining_chunks": s_wait / max(s_wall, 1e-9), "train_loop_s": wall, "fit_s": fit_s,
-            "refused": sum(float(h.get("stream/refused", 0.0)) for h in hist),
-            "staleness_max": max(float(h.get("stream/staleness_max", 0.0)) for h in hist),
-            "weight_versions": hist[-1].get("stream/version"), "dev_acc": hist[-1].get("dev_acc")}  # fmt: skip
+    return {
+        "max_staleness": staleness,
+        "miners": miners,
+        "mine_wait_fraction": wait / max(wall, 1e-9),
+        "mine_wait_fraction_mining_chunks": s_wait / max(s_wall, 1e-9),
+        "train_loop_s": wall,
+        "fit_s": fit_s,
+        "refused": sum(float(h.get("stream/refused", 0.0)) for h in hist),
+        "staleness_max": max(float(h.get("stream/staleness_max", 0.0)) for h in hist),
+        "weight_versions": hist[-1].get("stream/version"),
+        "dev_acc": hist[-1].get("dev_acc"),
+    }
 
 
 def coherence_main(args: argparse.Namespace) -> dict[str, Any]:
     """The coherence recipe (smoke preset): mine_wait with the paper's schedule (staleness 0) against 1."""
     from raycl import driver
-    from raycl.configs import load_space
+    from raycl.config.tasks import load_space
     from raycl.recipes import recipe_for
 
     ms = [int(m) for m in args.miners.split(",")]
     with tempfile.TemporaryDirectory(prefix="raycl-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        space = load_space("coherence", preset="smoke", overrides=[
-            f"data.builtin.train={args.documents}", "scaling.num_workers=1", "scaling.cpus_per_worker=1"])
+        space = load_space(
+            "coherence",
+            preset="smoke",
+            overrides=[
+                f"data.builtin.train={args.documents}",
+                "scaling.num_workers=1",
+                "scaling.cpus_per_worker=1",
+            ],
+        )
         run = driver.prepare(recipe_for("coherence"), space, tmp / "run")
         runs = [_coherence_run(run, tmp, staleness=s, miners=m) for m in ms for s in (0, 1)]
-    return {"bench": "pipeline", "recipe": "coherence smoke", "training_items": run.counts["train"],
-            "rank_every": run.cfg.mining.rank_every, "num_rank": run.cfg.mining.num_rank, "runs": runs}
+    return {
+        "bench": "pipeline",
+        "recipe": "coherence smoke",
+        "training_items": run.counts["train"],
+        "rank_every": run.cfg.mining.rank_every,
+        "num_rank": run.cfg.mining.num_rank,
+        "runs": runs,
+    }
 
 
 def _sweep_once(space: Any, run_dir: Path) -> dict[str, Any]:
@@ -210,11 +266,16 @@ def _sweep_once(space: Any, run_dir: Path) -> dict[str, Any]:
     wait = sum(float(h.get("timing/mine_wait", 0.0)) for h in hist)
     first = sum(float(h.get("timing/mine_wait_first", 0.0)) for h in hist)
     loop = sum(float(h.get("timing/interval", 0.0)) for h in hist)
-    return {"wall_s": round(wall, 1), "trials": len(trials), "failed_trials": summary["failed_trials"],
-            "beam_searched_sentences": searched, "mining_s": round(mine_s, 1),
-            "mine_wait_fraction": round(wait / max(loop, 1e-9), 4),
-            "mine_wait_fraction_steady": round((wait - first) / max(loop - first, 1e-9), 4),
-            "train_loop_s": round(loop, 1)}  # fmt: skip
+    return {
+        "wall_s": round(wall, 1),
+        "trials": len(trials),
+        "failed_trials": summary["failed_trials"],
+        "beam_searched_sentences": searched,
+        "mining_s": round(mine_s, 1),
+        "mine_wait_fraction": round(wait / max(loop, 1e-9), 4),
+        "mine_wait_fraction_steady": round((wait - first) / max(loop - first, 1e-9), 4),
+        "train_loop_s": round(loop, 1),
+    }
 
 
 SWEEP_RUNS = (  # (name, overrides): before this change, the n-best shared with the HF engine, then with auto
@@ -228,13 +289,19 @@ def sweep_main(args: argparse.Namespace) -> dict[str, Any]:
     """The GEC sweep (2 margins × 2 k + DI, NLL, CL⁻): before (a miner pool per trial, HF), after (the n-best mined
     once per run) with HF and with ``mining.engine=auto`` (CTranslate2 here), on one base model."""
 
-    out: dict[str, Any] = {"bench": "pipeline-sweep", "recipe": "gec_pd smoke", "finetune": args.finetune,
-                           "grid": {"loss.margin": [0.25, 0.85], "mining.k": [2, 3]}, "baselines": "DI, NLL, CL⁻"}
+    out: dict[str, Any] = {
+        "bench": "pipeline-sweep",
+        "recipe": "gec_pd smoke",
+        "finetune": args.finetune,
+        "grid": {"loss.margin": [0.25, 0.85], "mining.k": [2, 3]},
+        "baselines": "DI, NLL, CL⁻",
+    }
     with tempfile.TemporaryDirectory(prefix="raycl-bench-sweep-") as tmp_name:
         tmp = Path(tmp_name)
         for name, overrides in SWEEP_RUNS:
-            space = _space(tmp, args, *overrides, "tune.max_concurrent_trials=2", "mining.cpus_per_miner=1",
-                           "mining.beam=4")  # fmt: skip
+            space = _space(
+                tmp, args, *overrides, "tune.max_concurrent_trials=2", "mining.cpus_per_miner=1", "mining.beam=4"
+            )
             space.search = {"loss.margin": {"grid": [0.25, 0.85]}, "mining.k": {"grid": [2, 3]}}
             run_dir = tmp / name
             if (tmp / "base_model").exists():  # the same base model: the comparison is the sweep's
@@ -248,7 +315,8 @@ def sweep_main(args: argparse.Namespace) -> dict[str, Any]:
         out[f"{name}_vs_before"] = {
             "beam_searches_ratio": round(b["beam_searched_sentences"] / max(a["beam_searched_sentences"], 1), 2),
             "mining_time_ratio": round(b["mining_s"] / max(a["mining_s"], 1e-9), 2),
-            "wall_time_ratio": round(b["wall_s"] / max(a["wall_s"], 1e-9), 3)}  # fmt: skip
+            "wall_time_ratio": round(b["wall_s"] / max(a["wall_s"], 1e-9), 3),
+        }
     return out
 
 
@@ -282,8 +350,11 @@ def main() -> None:
     from raycl.distributed.runtime import init_ray
 
     init_ray(num_cpus=2 + max(ms))
-    machine = {"cpus": os.cpu_count(), "gpus": ray.cluster_resources().get("GPU", 0),
-               "logical_cpus": ray.cluster_resources().get("CPU")}  # fmt: skip
+    machine = {
+        "cpus": os.cpu_count(),
+        "gpus": ray.cluster_resources().get("GPU", 0),
+        "logical_cpus": ray.cluster_resources().get("CPU"),
+    }
     if args.recipe == "coherence":
         result = coherence_main(args)
     elif args.sweep:
@@ -309,8 +380,15 @@ def gec_main(args: argparse.Namespace) -> dict[str, Any]:
         seq = _sequential(run, tmp)
         ray1 = _ray_one_worker(run, tmp, seq["train_loop_s"])
         pipes = {str(m): _pipeline(run, tmp, m, seq["total_s"]) for m in ms}
-    return {"bench": "pipeline", "recipe": "gec_pd smoke", "finetune_sentences": args.finetune,
-            "epochs": args.epochs, "sequential": seq, "ray_one_worker": ray1, "pipeline": pipes}  # fmt: skip
+    return {
+        "bench": "pipeline",
+        "recipe": "gec_pd smoke",
+        "finetune_sentences": args.finetune,
+        "epochs": args.epochs,
+        "sequential": seq,
+        "ray_one_worker": ray1,
+        "pipeline": pipes,
+    }
 
 
 if __name__ == "__main__":

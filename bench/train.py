@@ -87,8 +87,9 @@ def _runner(case: Any, precision: str, device: torch.device) -> tuple[Any, Count
     w = Worker(0, 1, device, Precision(precision, device), None, Job(None, "", ""))  # type: ignore[arg-type]
     runner = loop.Loop(task, case.state, w)
     if COMPILE:  # the loop's own compile (optim.compile=true, optim.compile_mode=MODE); warm-up steps compile
-        runner.s = dataclasses.replace(runner.s, compile=True, compile_mode=COMPILE,
-                                       compile_backend=COMPILE_BACKEND)  # fmt: skip
+        runner.s = dataclasses.replace(
+            runner.s, compile=True, compile_mode=COMPILE, compile_backend=COMPILE_BACKEND
+        )
         runner.compile()
     return runner, task
 
@@ -102,9 +103,13 @@ def compile_stats() -> dict[str, Any]:
     from torch._inductor import metrics
 
     breaks = counters["graph_break"]
-    return {"graphs": counters["stats"]["unique_graphs"], "frames": counters["frames"]["total"],
-            "graph_breaks": sum(breaks.values()), "break_reasons": sorted(breaks)[:5],
-            "generated_kernels": metrics.generated_kernel_count}  # fmt: skip
+    return {
+        "graphs": counters["stats"]["unique_graphs"],
+        "frames": counters["frames"]["total"],
+        "graph_breaks": sum(breaks.values()),
+        "break_reasons": sorted(breaks)[:5],
+        "generated_kernels": metrics.generated_kernel_count,
+    }
 
 
 def _clear_compile_stats() -> None:
@@ -176,8 +181,9 @@ def peak_tflops(precision: str, device: torch.device) -> float:
     return 2 * n**3 / best / 1e12
 
 
-def measure(case: Any, precision: str, args: argparse.Namespace, device: torch.device, *,
-            peak: float | None = None) -> dict[str, Any]:  # fmt: skip
+def measure(
+    case: Any, precision: str, args: argparse.Namespace, device: torch.device, *, peak: float | None = None
+) -> dict[str, Any]:
     """Median step time over ``args.steps`` (after ``args.warmup``), tokens/s, peak memory; then, untimed, the
     step's counts and FLOPs (MFU against ``peak`` TFLOP/s)."""
     _clear_compile_stats()
@@ -195,12 +201,21 @@ def measure(case: Any, precision: str, args: argparse.Namespace, device: torch.d
         elif i == 0:
             first = time.perf_counter() - t0  # the first step: kernels loaded (and compiled with --compile)
     step_s = sorted(times)[len(times) // 2]
-    peak_mem = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
-                else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # fmt: skip
-    row = {"batch": case.items, "step_s": step_s, "tokens_per_s": case.tokens / step_s,
-           "items_per_s": case.items / step_s, "tokens_per_step": case.tokens, "peak_memory_gib": peak_mem / 2**30,
-           "peak_memory_kind": "cuda allocated" if device.type == "cuda" else "process max RSS",
-           "first_step_s": first}  # fmt: skip
+    peak_mem = (
+        torch.cuda.max_memory_allocated(device)
+        if device.type == "cuda"
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )
+    row = {
+        "batch": case.items,
+        "step_s": step_s,
+        "tokens_per_s": case.tokens / step_s,
+        "items_per_s": case.items / step_s,
+        "tokens_per_step": case.tokens,
+        "peak_memory_gib": peak_mem / 2**30,
+        "peak_memory_kind": "cuda allocated" if device.type == "cuda" else "process max RSS",
+        "first_step_s": first,
+    }
     if COMPILE:
         row["compiled"] = compile_stats()
     if args.no_counts:
@@ -232,8 +247,9 @@ def largest_batch(recipe: Any, precision: str, args: argparse.Namespace, device:
     return ok
 
 
-def measure_largest(recipe: Any, largest: int, precision: str, args: argparse.Namespace, device: torch.device,
-                    peak: float | None) -> dict[str, Any]:
+def measure_largest(
+    recipe: Any, largest: int, precision: str, args: argparse.Namespace, device: torch.device, peak: float | None
+) -> dict[str, Any]:
     """The full measurement at the largest batch the search found, an eighth smaller each time the card runs out
     of memory (several timed steps and the counted ones hold more than the search's single step)."""
     keys = ("batch", "step_s", "tokens_per_s", "peak_memory_gib", "achieved_tflops", "mfu")
@@ -251,13 +267,20 @@ def measure_largest(recipe: Any, largest: int, precision: str, args: argparse.Na
 
 def count_only(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """Counts of one step per precision (after ``args.warmup`` steps), no timing."""
-    out: dict[str, Any] = {"bench": "train_counts", "recipe": args.recipe, "shape": args.shape,
-                           "device": _device_name(device)}  # fmt: skip
+    out: dict[str, Any] = {
+        "bench": "train_counts",
+        "recipe": args.recipe,
+        "shape": args.shape,
+        "device": _device_name(device),
+    }
     recipe = None if args.shape == "smoke" else Recipe(args.recipe, args.shape, device, args)
     for precision in args.precisions.split(","):
         print(f"[bench] counting {args.recipe} {args.shape} {precision}", file=sys.stderr, flush=True)
-        out[precision] = (smoke_counts(args, precision, device) if recipe is None
-                          else _counts(recipe.case(args.batch), precision, args, device))  # fmt: skip
+        out[precision] = (
+            smoke_counts(args, precision, device)
+            if recipe is None
+            else _counts(recipe.case(args.batch), precision, args, device)
+        )
     if recipe is not None:
         out.update(batch=args.batch, params_m=recipe.params() / 1e6)
     if "fp32" in out and "bf16" in out:
@@ -283,8 +306,9 @@ def smoke_counts(args: argparse.Namespace, precision: str, device: torch.device)
 
     per = STEP_MICRO_BATCHES.get(args.recipe, 1)
     with tempfile.TemporaryDirectory(prefix=f"bench-smoke-{args.recipe}-") as tmp:
-        task, st, batches = smoke_batches(args.recipe, device, Path(tmp), (args.warmup + args.steps) * per,
-                                          phase=args.gec_phase)  # fmt: skip
+        task, st, batches = smoke_batches(
+            args.recipe, device, Path(tmp), (args.warmup + args.steps) * per, phase=args.gec_phase
+        )
         case = SimpleNamespace(task=task, state=st)
         runner, counted = _runner(case, precision, device)
         steps = [batches[i : i + per] for i in range(0, len(batches), per)]
@@ -357,9 +381,13 @@ def workers_bench(args: argparse.Namespace) -> dict[str, Any]:
 
     import torch.multiprocessing as mp
 
-    out: dict[str, Any] = {"bench": "train_workers", "shape": args.shape, "batch_per_worker": args.batch,
-                           "threads_per_worker": args.threads_per_worker, "backend": "nccl"
-                           if torch.cuda.is_available() else "gloo"}  # fmt: skip
+    out: dict[str, Any] = {
+        "bench": "train_workers",
+        "shape": args.shape,
+        "batch_per_worker": args.batch,
+        "threads_per_worker": args.threads_per_worker,
+        "backend": "nccl" if torch.cuda.is_available() else "gloo",
+    }
     port = 29500 + (os.getpid() % 500) * 2
     with tempfile.TemporaryDirectory() as tmp:
         for world in (1, args.workers):
@@ -382,30 +410,53 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true")
     p.add_argument("--recipe", choices=["gec", "idiom", "sts", "coherence"], default="gec")
-    p.add_argument("--shape", choices=["auto", "paper", "bart-large", "small", "narrow", "smoke"], default="auto",
-                   help="paper (GEC: bart-large), narrow (the paper's layout at a small width), small (GEC), "
-                        "smoke (the recipe's smoke run); auto: paper on a GPU, else small (GEC) or narrow, "
-                        "narrow with --count-only")
+    p.add_argument(
+        "--shape",
+        choices=["auto", "paper", "bart-large", "small", "narrow", "smoke"],
+        default="auto",
+        help="paper (GEC: bart-large), narrow (the paper's layout at a small width), small (GEC), "
+        "smoke (the recipe's smoke run); auto: paper on a GPU, else small (GEC) or narrow, "
+        "narrow with --count-only",
+    )
     p.add_argument("--count-only", action="store_true", help="aten ops, syncs and casts of a step; no timing")
-    p.add_argument("--batch", type=int, default=0,
-                   help="examples per step (default: the paper's; GEC on a CPU: 4, 16 with --count-only)")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=0,
+        help="examples per step (default: the paper's; GEC on a CPU: 4, 16 with --count-only)",
+    )
     p.add_argument("--negatives", type=int, default=4)
     p.add_argument("--src-len", type=int, default=48)
     p.add_argument("--tgt-len", type=int, default=48)
-    p.add_argument("--passes", choices=["joint", "per_slot"], default="joint",
-                   help="GEC: one pass over positives and negatives, or the released code's pass per slot")
+    p.add_argument(
+        "--passes",
+        choices=["joint", "per_slot"],
+        default="joint",
+        help="GEC: one pass over positives and negatives, or the released code's pass per slot",
+    )
     p.add_argument("--adversarial", default="fgm", help="idiom: the adversarial method of the step")
     p.add_argument("--gec-phase", choices=["pretrain", "finetune"], default="finetune", help="GEC --shape smoke")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 2; --count-only: 1)")
     p.add_argument("--precisions", default="fp32,bf16")
-    p.add_argument("--peak-tflops", type=float, default=0.0, help="the card's peak (default: measured per "
-                                                                   "precision on a large matmul)")
-    p.add_argument("--compile", default=None, metavar="MODE",
-                   help="torch.compile the step's model as optim.compile does: default, reduce-overhead (CUDA "
-                        "graphs) or max-autotune; the warm-up steps compile (give --warmup 3 or more)")
-    p.add_argument("--compile-backend", default="inductor",
-                   help="with --compile: torch.compile's backend (aot_eager: traced, no code generated)")
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=0.0,
+        help="the card's peak (default: measured per precision on a large matmul)",
+    )
+    p.add_argument(
+        "--compile",
+        default=None,
+        metavar="MODE",
+        help="torch.compile the step's model as optim.compile does: default, reduce-overhead (CUDA "
+        "graphs) or max-autotune; the warm-up steps compile (give --warmup 3 or more)",
+    )
+    p.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="with --compile: torch.compile's backend (aot_eager: traced, no code generated)",
+    )
     p.add_argument("--no-counts", action="store_true", help="timing only (no counted or FLOP-counted step)")
     p.add_argument("--max-batch", type=int, default=1024, help="largest batch tried on a GPU")
     p.add_argument("--workers", type=int, default=0, help="GEC data-parallel processes against 1 (0: off)")
@@ -422,8 +473,9 @@ def main() -> None:
         return
     device = torch.device("cuda" if gpu else "cpu")
     args.shape = _shape(args, gpu)
-    args.batch = args.batch or (4 if args.recipe == "gec" and not gpu and not args.count_only
-                                else PAPER_BATCH[args.recipe])  # fmt: skip
+    args.batch = args.batch or (
+        4 if args.recipe == "gec" and not gpu and not args.count_only else PAPER_BATCH[args.recipe]
+    )
     out = count_only(args, device) if args.count_only else timing(args, device)
     out["compile"] = args.compile
     print(json.dumps(out, indent=2 if args.json else None))
@@ -445,9 +497,14 @@ def timing(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     if args.shape == "smoke":
         raise SystemExit("--shape smoke counts (--count-only); time the smoke runs with raycl.train")
     recipe = Recipe(args.recipe, args.shape, device, args)
-    out: dict[str, Any] = {"bench": "train", "recipe": args.recipe, "shape": args.shape,
-                           "device": _device_name(device), "threads": torch.get_num_threads(),
-                           "params_m": recipe.params() / 1e6}  # fmt: skip
+    out: dict[str, Any] = {
+        "bench": "train",
+        "recipe": args.recipe,
+        "shape": args.shape,
+        "device": _device_name(device),
+        "threads": torch.get_num_threads(),
+        "params_m": recipe.params() / 1e6,
+    }
     if args.recipe == "gec":
         out.update(negatives=args.negatives, src_len=args.src_len, tgt_len=args.tgt_len)
     for precision in args.precisions.split(","):

@@ -23,10 +23,11 @@ SPACES = {"gec": "gec_pd", "idiom": "idiom", "sts": "sts", "coherence": "coheren
 OVERRIDES = {"idiom": ["data.setting=zero_shot"], "gec": [], "sts": [], "coherence": []}
 
 
-def smoke_batches(recipe: str, device: torch.device, tmp: Path, n: int, *, phase: str = "finetune"
-                  ) -> tuple[Any, Any, list[Any]]:  # fmt: skip
+def smoke_batches(
+    recipe: str, device: torch.device, tmp: Path, n: int, *, phase: str = "finetune"
+) -> tuple[Any, Any, list[Any]]:
     """(task, state, the stream's first ``n`` micro-batches) of ``recipe``'s smoke run, prepared in ``tmp``."""
-    from raycl.configs import load_space
+    from raycl.config.tasks import load_space
     from raycl.driver import Run
     from raycl.recipes import recipe_for
     from raycl.training.precision import Precision
@@ -38,8 +39,9 @@ def smoke_batches(recipe: str, device: torch.device, tmp: Path, n: int, *, phase
     rec.check_data(cfg)
     run = Run(cfg, tmp, tmp / "base_model", [], {})
     task = _task(recipe, rec, run, phase)
-    w = Worker(0, 1, device, Precision("fp32", device), tmp / "out", Job(task, str(run.base_model),
-                                                                                  str(tmp / "out")))  # fmt: skip
+    w = Worker(
+        0, 1, device, Precision("fp32", device), tmp / "out", Job(task, str(run.base_model), str(tmp / "out"))
+    )
     model = task.load_model(run.base_model)
     model.to(device)
     st = task.build(model, w, None)

@@ -26,32 +26,74 @@ from typing import Any
 import torch
 
 GEC_SHAPES = {  # BartConfig fields
-    "bart-large": dict(vocab_size=50265, d_model=1024, encoder_layers=12, decoder_layers=12, encoder_ffn_dim=4096,
-                       decoder_ffn_dim=4096, encoder_attention_heads=16, decoder_attention_heads=16,
-                       max_position_embeddings=1024),
-    "small": dict(vocab_size=8000, d_model=256, encoder_layers=3, decoder_layers=3, encoder_ffn_dim=1024,
-                  decoder_ffn_dim=1024, encoder_attention_heads=4, decoder_attention_heads=4,
-                  max_position_embeddings=256),
+    "bart-large": dict(
+        vocab_size=50265,
+        d_model=1024,
+        encoder_layers=12,
+        decoder_layers=12,
+        encoder_ffn_dim=4096,
+        decoder_ffn_dim=4096,
+        encoder_attention_heads=16,
+        decoder_attention_heads=16,
+        max_position_embeddings=1024,
+    ),
+    "small": dict(
+        vocab_size=8000,
+        d_model=256,
+        encoder_layers=3,
+        decoder_layers=3,
+        encoder_ffn_dim=1024,
+        decoder_ffn_dim=1024,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        max_position_embeddings=256,
+    ),
     # BART-large's layout (12 + 12 layers, 16 heads) at width 64: the same ops and syncs, a CPU counts it fast
-    "narrow": dict(vocab_size=1024, d_model=64, encoder_layers=12, decoder_layers=12, encoder_ffn_dim=256,
-                   decoder_ffn_dim=256, encoder_attention_heads=16, decoder_attention_heads=16,
-                   max_position_embeddings=1024),
-}  # fmt: skip
+    "narrow": dict(
+        vocab_size=1024,
+        d_model=64,
+        encoder_layers=12,
+        decoder_layers=12,
+        encoder_ffn_dim=256,
+        decoder_ffn_dim=256,
+        encoder_attention_heads=16,
+        decoder_attention_heads=16,
+        max_position_embeddings=1024,
+    ),
+}
 _NARROW = dict(hidden_size=96, intermediate_size=384)  # 12 heads of 8: the base models' layout, thin
 ENCODER_SHAPES: dict[str, dict[str, dict[str, Any]]] = {
     # microsoft/infoxlm-base: XLM-R-base's config
-    "idiom": {"paper": dict(vocab_size=250002, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                            intermediate_size=3072, max_position_embeddings=514, type_vocab_size=1,
-                            layer_norm_eps=1e-5)},
+    "idiom": {
+        "paper": dict(
+            vocab_size=250002,
+            hidden_size=768,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            intermediate_size=3072,
+            max_position_embeddings=514,
+            type_vocab_size=1,
+            layer_norm_eps=1e-5,
+        )
+    },
     # bert-base-multilingual-cased
-    "sts": {"paper": dict(vocab_size=119547, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                          intermediate_size=3072, max_position_embeddings=512, type_vocab_size=2)},
+    "sts": {
+        "paper": dict(
+            vocab_size=119547,
+            hidden_size=768,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            intermediate_size=3072,
+            max_position_embeddings=512,
+            type_vocab_size=2,
+        )
+    },
     # xlnet-base-cased
     "coherence": {"paper": dict(vocab_size=32000, d_model=768, n_layer=12, n_head=12, d_inner=3072, mem_len=None)},
-}  # fmt: skip
+}
 for _r, _s in ENCODER_SHAPES.items():
     _p = _s["paper"]
-    _s["narrow"] = ({**_p, "d_model": 96, "d_inner": 384} if _r == "coherence" else {**_p, **_NARROW})
+    _s["narrow"] = {**_p, "d_model": 96, "d_inner": 384} if _r == "coherence" else {**_p, **_NARROW}
 PAPER_BATCH = {"gec": 16, "idiom": 16, "sts": 32, "coherence": 1}  # idiom: zero-shot 16, one-shot 32
 PAPER_LEN = {"idiom": 128, "sts": 64, "coherence": 600}  # tokens of an input (coherence: text before <sep><cls>)
 
@@ -85,8 +127,9 @@ def gec_model(shape: str, device: torch.device) -> Any:
     from raycl.models.seq2seq import Seq2SeqScorer
 
     torch.manual_seed(0)
-    config = BartConfig(**GEC_SHAPES[shape], dropout=0.1, pad_token_id=1, bos_token_id=0, eos_token_id=2,
-                        decoder_start_token_id=2)  # fmt: skip
+    config = BartConfig(
+        **GEC_SHAPES[shape], dropout=0.1, pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2
+    )
     tokenizer = SimpleNamespace(pad_token_id=1, eos_token_id=2)  # ids are made here: no vocabulary needed
     return Seq2SeqScorer(BartForConditionalGeneration(config), tokenizer).to(device)  # type: ignore[arg-type]
 
@@ -104,13 +147,19 @@ def gec_micro_batches(b: int, args: Any, vocab: int, device: torch.device) -> li
         return t
 
     src = ids(b, args.src_len)
-    batch = batch_from_tensors(src, torch.ones_like(src), ids(b, args.tgt_len), ids(b, args.negatives,
-                                  args.tgt_len), torch.full((b,), args.negatives), pad_id=1)  # fmt: skip
+    batch = batch_from_tensors(
+        src,
+        torch.ones_like(src),
+        ids(b, args.tgt_len),
+        ids(b, args.negatives, args.tgt_len),
+        torch.full((b,), args.negatives),
+        pad_id=1,
+    )
     return [Batch(batch)]
 
 
 def gec_case(model: Any, b: int, args: Any, device: torch.device) -> Case:
-    from raycl.configs.gec import GecConfig
+    from raycl.config.tasks.gec import GecConfig
     from raycl.losses.gec_margin import GecContrastiveLoss
     from raycl.recipes.gec.worker import GecState, GecTask
 
@@ -140,8 +189,9 @@ def idiom_model(shape: str, device: torch.device, tmp: Path) -> tuple[Any, Any]:
 
     tokenizer = train_bpe_tokenizer(words(), tmp / "idiom-tok", vocab_size=1000, model_max_length=512)
     torch.manual_seed(0)
-    config = RobertaConfig(**ENCODER_SHAPES["idiom"][shape], num_labels=2, pad_token_id=1, bos_token_id=0,
-                           eos_token_id=2)  # fmt: skip
+    config = RobertaConfig(
+        **ENCODER_SHAPES["idiom"][shape], num_labels=2, pad_token_id=1, bos_token_id=0, eos_token_id=2
+    )
     return RobertaForSequenceClassification(config).to(device), tokenizer
 
 
@@ -151,27 +201,48 @@ def idiom_micro_batches(b: int, seed: int = 0) -> list[Any]:
     from raycl.training.task import Batch
 
     rng, vocab = random.Random(seed), words()
-    rows = [IdiomExample(f"r{i}", "EN", "big fish", sentence(rng, vocab, 10, 40), sentence(rng, vocab, 8, 30),
-                         sentence(rng, vocab, 10, 40), label=i % 2, setting="zero_shot")
-            for i in range(b)]  # fmt: skip
+    rows = [
+        IdiomExample(
+            f"r{i}",
+            "EN",
+            "big fish",
+            sentence(rng, vocab, 10, 40),
+            sentence(rng, vocab, 8, 30),
+            sentence(rng, vocab, 10, 40),
+            label=i % 2,
+            setting="zero_shot",
+        )
+        for i in range(b)
+    ]
     return [Batch(rows)]
 
 
 def idiom_case(model: Any, tokenizer: Any, b: int, args: Any, device: torch.device) -> Case:
     from raycl.adversarial import build_adversarial
-    from raycl.configs.idiom import IdiomConfig
+    from raycl.config.tasks.idiom import IdiomConfig
     from raycl.memory.ema import EMA
     from raycl.recipes.idiom.worker import IdiomState, IdiomTask
 
     cfg = IdiomConfig()
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, setting="zero_shot"),
-                              adversarial=dataclasses.replace(cfg.adversarial, method=args.adversarial))
+    cfg = dataclasses.replace(
+        cfg,
+        data=dataclasses.replace(cfg.data, setting="zero_shot"),
+        adversarial=dataclasses.replace(cfg.adversarial, method=args.adversarial),
+    )
     a = cfg.adversarial
     opt = torch.optim.AdamW(model.parameters(), lr=2e-5)
     adversary = build_adversarial(a.method, model, epsilon=a.epsilon, alpha=a.alpha, steps=a.steps)
     batches = idiom_micro_batches(b)
-    st = IdiomState(model, [opt], [None], {}, {"ema": EMA(model, decay=cfg.ema.decay)},
-                    tokenizer=tokenizer, examples=batches[0].data, adversary=adversary)  # fmt: skip
+    st = IdiomState(
+        model,
+        [opt],
+        [None],
+        {},
+        {"ema": EMA(model, decay=cfg.ema.decay)},
+        tokenizer=tokenizer,
+        examples=batches[0].data,
+        adversary=adversary,
+    )
     return Case(IdiomTask(cfg), st, batches, b * PAPER_LEN["idiom"], b)
 
 
@@ -201,7 +272,7 @@ def sts_micro_batches(b: int, seed: int = 0) -> list[Any]:
 
 
 def sts_case(model: Any, b: int, args: Any, device: torch.device) -> Case:
-    from raycl.configs.sts import StsConfig
+    from raycl.config.tasks.sts import StsConfig
     from raycl.memory.moco import MoCoKeyEncoder
     from raycl.recipes.sts.worker import StsState, StsTask
     from raycl.training.optim import adamw_no_decay as adamw
@@ -223,8 +294,9 @@ def coherence_model(shape: str, device: torch.device, tmp: Path) -> Any:
     from raycl.models.tokenizer import XLNET, train_bpe_tokenizer
 
     # the step truncates each text to 600 ids itself: no length warning for the long documents
-    tokenizer = train_bpe_tokenizer(words(), tmp / "coh-tok", vocab_size=1000, model_max_length=10**6,
-                                    layout=XLNET)
+    tokenizer = train_bpe_tokenizer(
+        words(), tmp / "coh-tok", vocab_size=1000, model_max_length=10**6, layout=XLNET
+    )
     torch.manual_seed(0)
     encoder = XLNetModel(XLNetConfig(**ENCODER_SHAPES["coherence"][shape]))
     return CoherenceScorer(encoder, tokenizer, max_len=PAPER_LEN["coherence"]).to(device)
@@ -247,16 +319,20 @@ def coherence_micro_batches(b: int, negatives: int, seed: int = 0) -> list[Any]:
 
 
 def coherence_case(model: Any, b: int, args: Any, device: torch.device) -> Case:
-    from raycl.configs.coherence import CoherenceConfig
+    from raycl.config.tasks.coherence import CoherenceConfig
     from raycl.memory.negative_queue import NegativeQueue
     from raycl.models.coherence import MomentumEncoder
     from raycl.recipes.coherence.worker import CoherenceState, CoherenceTask, PrefixRandom
 
     cfg = CoherenceConfig()  # the full model: λ·L_c + (1 − λ)·L_m, queue 1000, 5 negatives
     n = cfg.mining.num_negs
-    extras = {"queue": NegativeQueue(model.encoder.config.hidden_size, size=cfg.momentum.queue_size,
-                                     num_negs=n).to(device),
-              "momentum": MomentumEncoder(model), "prefix_rng": PrefixRandom(0)}  # fmt: skip
+    extras = {
+        "queue": NegativeQueue(model.encoder.config.hidden_size, size=cfg.momentum.queue_size, num_negs=n).to(
+            device
+        ),
+        "momentum": MomentumEncoder(model),
+        "prefix_rng": PrefixRandom(0),
+    }
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
     st = CoherenceState(model, [opt], [None], {"done": 0}, extras)
     tokens = b * (1 + n) * (PAPER_LEN["coherence"] + 2)
@@ -268,8 +344,10 @@ def collated(case: Case, device: torch.device) -> Case:
     """The case's batches collated by its task and on ``device``: what the loop's prefetcher hands a step."""
     from raycl.training.prefetch import pinned, to_device
 
-    ready = [dataclasses.replace(b, data=to_device(pinned(case.task.collate(case.state, b.data), device), device))
-             for b in case.batches]  # fmt: skip
+    ready = [
+        dataclasses.replace(b, data=to_device(pinned(case.task.collate(case.state, b.data), device), device))
+        for b in case.batches
+    ]
     return dataclasses.replace(case, batches=ready)
 
 

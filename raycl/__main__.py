@@ -28,10 +28,12 @@ def parser() -> argparse.ArgumentParser:
     """The top level alone (``--help``, ``--version``, the verb's name); the verb parses the rest itself."""
     verbs = "\n".join(f"  {verb:<9}{what}" for verb, (_, what) in VERBS.items())
     p = argparse.ArgumentParser(
-        prog="raycl", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="raycl",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Contrastive training with hard negatives mined in parallel on Ray.",
         epilog=f"verbs:\n{verbs}\n\n`raycl VERB --help` lists a verb's flags; `raycl VERB …` is the same as "
-               "`python -m raycl.VERB …`.")  # fmt: skip
+        "`python -m raycl.VERB …`.",
+    )
     p.add_argument("--version", action="version", version=f"raycl {__version__}")
     p.add_argument("verb", choices=list(VERBS), metavar="VERB", help=f"one of {', '.join(VERBS)}")
     return p

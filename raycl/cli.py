@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from raycl.config import Space, space_names, to_dict
-from raycl.configs import load_space
+from raycl.config.tasks import load_space
 from raycl.errors import UserError, summary_out
 from raycl.storage import check_uri, is_uri, push, remote_of, stage
 
@@ -28,36 +28,65 @@ def parse_track(text: str) -> tuple[str, ...]:
 
 def space_parser(prog: str, description: str, *, sweep: bool = False) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=description)
-    p.add_argument("space", help=f"a tune space of this raycl — {', '.join(space_names()) or 'none'} — or a path "
-                   "to a YAML file")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a dotted config key, e.g. --set loss.margin=0.3 (repeatable)")
+    p.add_argument(
+        "space",
+        help=f"a tune space of this raycl — {', '.join(space_names()) or 'none'} — or a path to a YAML file",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a dotted config key, e.g. --set loss.margin=0.3 (repeatable)",
+    )
     p.add_argument("--preset", default=None, help="a preset of the space: smoke | small | paper")
-    p.add_argument("--address", default=None, help="Ray address (auto, HOST:PORT); default: RAY_ADDRESS or "
-                   "an embedded local Ray")
-    p.add_argument("--cluster-config", default=None, metavar="FILE",
-                   help="the autoscaler's node types to check a run against: a `ray up` cluster YAML or a KubeRay "
-                        "RayCluster/RayJob manifest (default: found on the head, docs/cluster.md)")
-    p.add_argument("--out", default=None,
-                   help="run folder (default runs/SPACE/TIMESTAMP; inside a Ray job an absolute one is required), "
-                        "or an object store URI (s3://bucket/prefix, gs://…); an earlier run's is resumed, any "
-                        "other existing non-empty folder refused")
+    p.add_argument(
+        "--address",
+        default=None,
+        help="Ray address (auto, HOST:PORT); default: RAY_ADDRESS or an embedded local Ray",
+    )
+    p.add_argument(
+        "--cluster-config",
+        default=None,
+        metavar="FILE",
+        help="the autoscaler's node types to check a run against: a `ray up` cluster YAML or a KubeRay "
+        "RayCluster/RayJob manifest (default: found on the head, docs/cluster.md)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="run folder (default runs/SPACE/TIMESTAMP; inside a Ray job an absolute one is required), "
+        "or an object store URI (s3://bucket/prefix, gs://…); an earlier run's is resumed, any "
+        "other existing non-empty folder refused",
+    )
     p.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
-    p.add_argument("--track", type=parse_track, default=None, metavar="mlflow|wandb|mlflow,wandb",
-                   help="log every trial's (or training's) params and reports, and the run's report, to MLflow "
-                   "(MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME) and/or W&B (WANDB_MODE, WANDB_PROJECT, …)")
-    p.add_argument("--trust-out", action="store_true",
-                   help="use a local --out that is not yours alone (another user owns or can write it or a folder "
-                        "above it, or a link leads out of it), which raycl otherwise refuses. RISK: a resumed run "
-                        "reads back what the folder holds, and a sweep's restore unpickles Ray Tune's state: "
-                        "anyone who can write it can run code as you; give it only for a folder whose writers you "
-                        "trust")
+    p.add_argument(
+        "--track",
+        type=parse_track,
+        default=None,
+        metavar="mlflow|wandb|mlflow,wandb",
+        help="log every trial's (or training's) params and reports, and the run's report, to MLflow "
+        "(MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME) and/or W&B (WANDB_MODE, WANDB_PROJECT, …)",
+    )
+    p.add_argument(
+        "--trust-out",
+        action="store_true",
+        help="use a local --out that is not yours alone (another user owns or can write it or a folder "
+        "above it, or a link leads out of it), which raycl otherwise refuses. RISK: a resumed run "
+        "reads back what the folder holds, and a sweep's restore unpickles Ray Tune's state: "
+        "anyone who can write it can run code as you; give it only for a folder whose writers you "
+        "trust",
+    )
     if sweep:
-        p.add_argument("--trust-store", action="store_true",
-                       help="with --out on an object store: restore the sweep's Ray Tune state from the store "
-                            "even when raycl has no record of writing it as you on this machine (another machine, "
-                            "a lost cache). RISK: that state is pickles: anyone who can write the prefix can run "
-                            "code as you; give it only for a prefix that you alone can write")  # fmt: skip
+        p.add_argument(
+            "--trust-store",
+            action="store_true",
+            help="with --out on an object store: restore the sweep's Ray Tune state from the store "
+            "even when raycl has no record of writing it as you on this machine (another machine, "
+            "a lost cache). RISK: that state is pickles: anyone who can write the prefix can run "
+            "code as you; give it only for a prefix that you alone can write",
+        )
     return p
 
 
@@ -88,8 +117,9 @@ def check_uris(space: Space) -> None:
     """Every URI the space names (its config, search points and baselines) and the store's endpoint, refused in one
     line when it carries credentials or a '..' (``raycl.storage.check_uri``): before anything is staged, read or
     written, and before the URI can reach a message, a folder name or a tracker."""
-    for key, value in _strings({"config": to_dict(space.config), "search": space.search,
-                                "baselines": space.baselines}):  # fmt: skip
+    for key, value in _strings(
+        {"config": to_dict(space.config), "search": space.search, "baselines": space.baselines}
+    ):
         if is_uri(value):
             check_uri(value, key=f"{space.source}: config key '{key.split('.', 1)[1]}'")
     for var in STORE_ENDPOINTS:
@@ -117,9 +147,11 @@ def run_folder(out: str | Path | None, space_name: str) -> Path:
     out = Path(out) if out is not None else None
     if in_ray_job() and (out is None or not out.is_absolute()):
         given = f"--out {out}" if out is not None else f"the default --out runs/{space_name}/TIMESTAMP"
-        raise UserError(f"{given} is relative: inside a Ray job it would land in the job's working_dir "
-                        f"({Path.cwd()}), in Ray's package cache; give an absolute --out on storage that every "
-                        "node shares and you can reach (e.g. --out /mnt/raycl/runs/NAME)")  # fmt: skip
+        raise UserError(
+            f"{given} is relative: inside a Ray job it would land in the job's working_dir "
+            f"({Path.cwd()}), in Ray's package cache; give an absolute --out on storage that every "
+            "node shares and you can reach (e.g. --out /mnt/raycl/runs/NAME)"
+        )
     return (out or Path("runs") / space_name / time.strftime("%Y%m%d-%H%M%S")).resolve()
 
 
@@ -150,8 +182,9 @@ def check_inputs(space: Space, run_dir: Path, *, trust_out: bool = False) -> Non
     check(recipe(space), space, run_dir)
 
 
-def check_resources(space: Space, *, sweep: bool, address: str | None, connected: bool,
-                    cluster_config: str | None = None) -> Space:
+def check_resources(
+    space: Space, *, sweep: bool, address: str | None, connected: bool, cluster_config: str | None = None
+) -> Space:
     """Before anything starts on Ray: a run that can never fit the cluster ends in one line; a sweep runs no more
     trials at once than can all start (``raycl.distributed.resources``). Called before Ray starts (``connected``
     false) — the embedded Ray's resources are known then, and a refusal costs no Ray start — and again once it is
@@ -218,14 +251,16 @@ def space_verb(verb: str, doc: str, argv: list[str] | None, *, sweep: bool, prog
     space, run_dir = load(args)
     on_ray = sweep or space.config.scaling.num_workers > 0
     if on_ray:
-        space = check_resources(space, sweep=sweep, address=args.address, connected=False,
-                                cluster_config=args.cluster_config)
+        space = check_resources(
+            space, sweep=sweep, address=args.address, connected=False, cluster_config=args.cluster_config
+        )
     check_inputs(space, run_dir, trust_out=args.trust_out)
     quiet_ray()
     if on_ray:
         from raycl.distributed.runtime import cpus_of_a_run, init_ray, local_cpus
 
         init_ray(args.address, num_cpus=local_cpus(cpus_of_a_run(space.config)))
-        space = check_resources(space, sweep=sweep, address=args.address, connected=True,
-                                cluster_config=args.cluster_config)
+        space = check_resources(
+            space, sweep=sweep, address=args.address, connected=True, cluster_config=args.cluster_config
+        )
     finish(run(space, run_dir, sweep=sweep, track=args.track), as_json=args.json)

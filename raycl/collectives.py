@@ -100,8 +100,9 @@ def scale_gradients(params: Iterable[torch.nn.Parameter], factor: float) -> None
     scale_([p.grad for p in params if p.grad is not None], factor)
 
 
-def average_gradients(params: list[torch.nn.Parameter], weight: float, *, averaged_by_ddp: bool = False,
-                      active: bool = True) -> bool:  # fmt: skip
+def average_gradients(
+    params: list[torch.nn.Parameter], weight: float, *, averaged_by_ddp: bool = False, active: bool = True
+) -> bool:
     """The update's gradient from the summed-loss gradients of this worker's micro-batches: summed over workers
     (unless DDP's all-reduce already averaged them) and divided by the global weight. A rank whose epoch is over
     joins the others' update with ``weight`` 0, ``active=False`` and no gradients. Returns whether any rank took

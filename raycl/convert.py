@@ -20,18 +20,25 @@ from raycl.errors import cli_entry, summary_out
 
 
 def parser(prog: str = "python -m raycl.convert") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="kind", required=True)
     f = sub.add_parser("fairseq-transformer", help="a fairseq transformer checkpoint → an HF (FSMT) model folder")
     f.add_argument("checkpoint", type=Path, help="the fairseq checkpoint (checkpoint_best.pt, …)")
     f.add_argument("--dict-dir", required=True, type=Path, help="folder with fairseq's dict.<lang>.txt files")
     f.add_argument("--bpe-codes", required=True, type=Path, help="the BPE codes (subword-nmt or fastBPE)")
     f.add_argument("--out", required=True, type=Path, help="the Hugging Face model folder to write")
-    f.add_argument("--trust-checkpoint", action="store_true",
-                   help="unpickle every object the checkpoint holds (default: tensors and argparse.Namespace)")
-    f.add_argument("--force", action="store_true",
-                   help="replace --out even if it is not an earlier conversion (its raycl_conversion.json)")
+    f.add_argument(
+        "--trust-checkpoint",
+        action="store_true",
+        help="unpickle every object the checkpoint holds (default: tensors and argparse.Namespace)",
+    )
+    f.add_argument(
+        "--force",
+        action="store_true",
+        help="replace --out even if it is not an earlier conversion (its raycl_conversion.json)",
+    )
     f.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
     return p
 
@@ -41,10 +48,21 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m raycl.convert"
     args = parser(prog).parse_args(argv)
     from raycl.models.fairseq_convert import convert_fairseq_transformer
 
-    summary = convert_fairseq_transformer(args.checkpoint, dict_dir=args.dict_dir, bpe_codes=args.bpe_codes,
-                                          out=args.out, trust=args.trust_checkpoint, force=args.force)  # fmt: skip
-    print(json.dumps(summary, indent=2) if args.json else f"wrote {summary['out']} "
-          f"({summary['parameters'] / 1e6:.1f} M parameters, vocabulary {summary['vocab']})", file=summary_out())
+    summary = convert_fairseq_transformer(
+        args.checkpoint,
+        dict_dir=args.dict_dir,
+        bpe_codes=args.bpe_codes,
+        out=args.out,
+        trust=args.trust_checkpoint,
+        force=args.force,
+    )
+    print(
+        json.dumps(summary, indent=2)
+        if args.json
+        else f"wrote {summary['out']} "
+        f"({summary['parameters'] / 1e6:.1f} M parameters, vocabulary {summary['vocab']})",
+        file=summary_out(),
+    )
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from raycl.distributed.resources import MiningPlan as MiningPlan  # the recipes'
 from raycl.distributed.resources import waiting_line
 from raycl.distributed.sweep import grid, report_again, run_sweep, to_param_space, trial_run_name
 from raycl.distributed.tracking import log_training
-from raycl.distributed.trainer import fit, has_checkpoint
+from raycl.distributed.training import fit, has_checkpoint
 from raycl.errors import UserError
 from raycl.miners.beam_search import MinedNegatives
 from raycl.miners.registry import MinerKind

@@ -57,11 +57,17 @@ _URI_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*):([^/\s@]+)@")
 # a query parameter that carries a credential: presigned URLs (X-Amz-Signature, X-Amz-Credential,
 # X-Amz-Security-Token, X-Goog-Signature, Signature, AWSAccessKeyId), SAS tokens (sig), pyarrow's S3 options
 # (access_key, secret_key, session_token), token=, password=, api_key=, auth=
-_QUERY_SECRET = re.compile(r"([?&;][\w.%-]*?(?:sig|token|credential|secret|passw|pwd|key|auth)[\w.%-]*=)"
-                           r"((?:(?!:\s)[^&#\s'\"<>])+)", re.IGNORECASE)  # fmt: skip
+_QUERY_SECRET = re.compile(
+    r"([?&;][\w.%-]*?(?:sig|token|credential|secret|passw|pwd|key|auth)[\w.%-]*=)"
+    r"((?:(?!:\s)[^&#\s'\"<>])+)",
+    re.IGNORECASE,
+)
 # environment variables that hold credentials (their values are hidden wherever raycl writes text)
-SECRET_ENV = re.compile(r"^AWS_(SECRET_ACCESS_KEY|SESSION_TOKEN|ACCESS_KEY_ID)$|TOKEN|SECRET|PASSWORD|PASSWD"
-                        r"|API_KEY|CREDENTIAL|PRIVATE_KEY", re.IGNORECASE)  # fmt: skip
+SECRET_ENV = re.compile(
+    r"^AWS_(SECRET_ACCESS_KEY|SESSION_TOKEN|ACCESS_KEY_ID)$|TOKEN|SECRET|PASSWORD|PASSWD"
+    r"|API_KEY|CREDENTIAL|PRIVATE_KEY",
+    re.IGNORECASE,
+)
 
 
 def environ_items() -> list[tuple[str, str]]:
@@ -92,8 +98,11 @@ def uri_credentials(uri: str) -> bool:
 
 # adlfs' CONTAINER@ACCOUNT.dfs.core.windows.net (or .blob., or a sovereign cloud's core.<domain>): Azure's rules
 # for a container's name (3-63 lowercase letters, digits, dashes) and an account's (3-24 letters, digits)
-_AZURE = re.compile(r"^(abfss?|az)://[a-z0-9](?:[a-z0-9-]{1,61}[a-z0-9])@[a-z0-9]{3,24}"
-                    r"\.(dfs|blob)\.core\.[a-z0-9.-]+(/|$)", re.IGNORECASE)
+_AZURE = re.compile(
+    r"^(abfss?|az)://[a-z0-9](?:[a-z0-9-]{1,61}[a-z0-9])@[a-z0-9]{3,24}"
+    r"\.(dfs|blob)\.core\.[a-z0-9.-]+(/|$)",
+    re.IGNORECASE,
+)
 
 
 def azure_container(uri: str) -> bool:

@@ -6,8 +6,8 @@ combined (errant's best reference per sentence), with OE/IE ratios; ``--compare`
 bootstrap sign test. Same numbers as ``errant_parallel -orig SRC -cor HYP`` + ``errant_compare``.
 
 ``coherence``: pairwise accuracy per pairs file (ties wrong) and Krippendorff's α with the model as an extra
-coder (``raycl.evaluation.coherence_eval``); ``idiom`` / ``sts``: the SemEval-2022 Task 2 official scores
-(``raycl.evaluation.semeval_eval``).
+coder (``raycl.scoring.coherence_eval``); ``idiom`` / ``sts``: the SemEval-2022 Task 2 official scores
+(``raycl.scoring.semeval_eval``).
 """
 
 from __future__ import annotations
@@ -22,16 +22,29 @@ from raycl.errors import UserError, at, cli_entry, summary_out
 
 
 def _add_gec(sub: Any) -> None:
-    p = sub.add_parser("gec", help="ERRANT P/R/F0.5, OE/IE and sign test for grammatical error correction",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "gec",
+        help="ERRANT P/R/F0.5, OE/IE and sign test for grammatical error correction",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--hyp", required=True, help="system output, one tokenised sentence per line")
-    p.add_argument("--ref", required=True, action="append", metavar="M2",
-                   help="reference M2 file (repeatable); PATH[START:STOP] keeps a slice of its sentences")
+    p.add_argument(
+        "--ref",
+        required=True,
+        action="append",
+        metavar="M2",
+        help="reference M2 file (repeatable); PATH[START:STOP] keeps a slice of its sentences",
+    )
     p.add_argument("--annotator", type=int, default=None, help="score against this annotator id only")
     p.add_argument("--tokenize", action="store_true", help="re-tokenise with spaCy (errant_parallel -tok)")
     p.add_argument("--beta", type=float, default=0.5, help="F-score beta (default 0.5)")
-    p.add_argument("--compare", metavar="HYP_B", default=None,
-                   help="second system: one-tailed bootstrap sign test for HYP better than HYP_B")
+    p.add_argument(
+        "--compare",
+        metavar="HYP_B",
+        default=None,
+        help="second system: one-tailed bootstrap sign test for HYP better than HYP_B",
+    )
     p.add_argument("--samples", type=int, default=100, help="bootstrap samples for --compare (default 100)")
     p.add_argument("--seed", type=int, default=1, help="bootstrap seed for --compare (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of a table")
@@ -59,7 +72,7 @@ def _read_ref(spec: str) -> list[Any]:
 
 
 def _run_gec(args: argparse.Namespace) -> int:
-    from raycl.evaluation.gec_metrics import HypothesisEdits, bootstrap_sign_test, evaluate_gec
+    from raycl.scoring.gec_metrics import HypothesisEdits, bootstrap_sign_test, evaluate_gec
 
     refs = {spec: _read_ref(spec) for spec in args.ref}
     system = HypothesisEdits(_read_hyp(args.hyp), tokenize=args.tokenize, name=args.hyp)
@@ -68,9 +81,15 @@ def _run_gec(args: argparse.Namespace) -> int:
     if args.compare is not None:
         other = HypothesisEdits(_read_hyp(args.compare), tokenize=args.tokenize, name=args.compare)
         tests = {
-            name: bootstrap_sign_test(system.for_ref(name, sents), other.for_ref(name, sents), sents,
-                                      samples=args.samples, seed=args.seed, annotator=args.annotator,
-                                      beta=args.beta)
+            name: bootstrap_sign_test(
+                system.for_ref(name, sents),
+                other.for_ref(name, sents),
+                sents,
+                samples=args.samples,
+                seed=args.seed,
+                annotator=args.annotator,
+                beta=args.beta,
+            )
             for name, sents in refs.items()
         }
         result["compare"] = {"hyp_b": args.compare, "samples": args.samples, "seed": args.seed, "refs": tests}
@@ -95,10 +114,15 @@ def format_gec_table(result: dict[str, Any]) -> str:
         lines += [_fmt_row("average", ref["average"], fkey), _fmt_row("combined", ref["combined"], fkey)]
     lines += ["", _fmt_row("all refs", result["average"], fkey)]
     if "compare" in result:
-        lines += ["", f"sign test: {result['hyp']} better than {result['compare']['hyp_b']} "
-                      f"({result['compare']['samples']} bootstrap samples)"]
-        lines += [f"  {name}: wins {t['wins']}, losses {t['losses']}, ties {t['ties']}, p = {t['p_value']:.4g}"
-                  for name, t in result["compare"]["refs"].items()]
+        lines += [
+            "",
+            f"sign test: {result['hyp']} better than {result['compare']['hyp_b']} "
+            f"({result['compare']['samples']} bootstrap samples)",
+        ]
+        lines += [
+            f"  {name}: wins {t['wins']}, losses {t['losses']}, ties {t['ties']}, p = {t['p_value']:.4g}"
+            for name, t in result["compare"]["refs"].items()
+        ]
     return "\n".join(lines)
 
 
@@ -106,8 +130,8 @@ def build_parser(prog: str = "python -m raycl.eval") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description="Score a system's output.")
     sub = parser.add_subparsers(dest="task", required=True, metavar="TASK")
     _add_gec(sub)
-    from raycl.evaluation.coherence_eval import add_coherence_parser
-    from raycl.evaluation.semeval_eval import add_idiom_parser, add_sts_parser
+    from raycl.scoring.coherence_eval import add_coherence_parser
+    from raycl.scoring.semeval_eval import add_idiom_parser, add_sts_parser
 
     add_coherence_parser(sub)
     add_idiom_parser(sub)

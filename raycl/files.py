@@ -30,8 +30,10 @@ from typing import IO, Any
 
 from raycl.errors import UserError, at
 
-TRUST_HINT = ("make it yours (chown -R, chmod -R go-w, or copy it: cp -r), or choose another --out; or, if you "
-              "trust everyone who can write it, rerun with --trust-out")  # fmt: skip
+TRUST_HINT = (
+    "make it yours (chown -R, chmod -R go-w, or copy it: cp -r), or choose another --out; or, if you "
+    "trust everyone who can write it, rerun with --trust-out"
+)
 _TRIES = 16  # random names tried before giving up (a clash is 1 in 2^48 per try)
 
 
@@ -62,8 +64,9 @@ def sync_dir(folder: Path) -> None:
 
 
 @contextmanager
-def atomic_file(path: str | Path, mode: str = "wb", *, durable: bool = True,
-                **open_args: Any) -> Iterator[IO[Any]]:  # fmt: skip
+def atomic_file(
+    path: str | Path, mode: str = "wb", *, durable: bool = True, **open_args: Any
+) -> Iterator[IO[Any]]:
     """An open file (``mode``: ``"wb"`` or ``"w"`` with ``encoding`` / ``newline``) whose bytes replace ``path``
     when the block ends without an error — synced, renamed, the rename synced (``durable``; a status file that is
     rewritten every second skips the syncs); on an error ``path`` is as it was and the temp file gone."""
@@ -145,8 +148,10 @@ def check_owner(path: Path, *, what: str, hint: str) -> None:
     caller makes it mode 0700, so nobody else can write it from then on."""
     owner = path.stat().st_uid
     if owner != os.geteuid():
-        raise UserError(f"{at(path)}: {what} owned by uid {owner}, not by this user (uid {os.geteuid()}): "
-                        f"refused, expected this user's own cache ({hint})")  # fmt: skip
+        raise UserError(
+            f"{at(path)}: {what} owned by uid {owner}, not by this user (uid {os.geteuid()}): "
+            f"refused, expected this user's own cache ({hint})"
+        )
 
 
 @functools.lru_cache(maxsize=256)
@@ -191,5 +196,6 @@ def _walk(root: Path) -> Iterator[Path]:
 
 def _refuse(path: Path, why: str | None, what: str, hint: str) -> None:
     if why is not None:
-        raise UserError(f"{at(path)}: {why}: refused, expected {what} that only you (or root) can have written; "
-                        f"{hint}")  # fmt: skip
+        raise UserError(
+            f"{at(path)}: {why}: refused, expected {what} that only you (or root) can have written; {hint}"
+        )

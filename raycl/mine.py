@@ -8,7 +8,7 @@ The file is what ``--set mining.negatives=PATH`` reads. Negatives that another M
 
     python -m raycl.mine gec --model DIR --data train.m2 --k 3 --out neg.parquet
 
-At scale, OUT is a directory and the mining runs on Ray Data (``raycl.distributed.corpus_mining``): one scan of the
+At scale, OUT is a directory and the mining runs on Ray Data (``raycl.distributed.corpus``): one scan of the
 files cuts them into ranges of ``--shard-size`` sentences (byte offsets only: the driver never holds sentences), an
 actor pool of ``--num-miners`` miners (``MIN-MAX`` autoscales; an embedded local Ray, or the cluster with
 ``--address auto``) reads each range from the file, mines it and writes it as ``part-<range>.parquet``. Running it
@@ -39,60 +39,124 @@ from raycl.storage import check_uri, is_uri, push, stage
 
 
 def _add_gec(sub: Any) -> None:
-    p = sub.add_parser("gec", help="beam-search negatives for grammatical error correction",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = sub.add_parser(
+        "gec",
+        help="beam-search negatives for grammatical error correction",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", required=True, help="HF model folder (model + tokenizer), e.g. a run's base_model")
-    p.add_argument("--data", required=True, action="append", metavar="SPEC",
-                   help="M2 file, .tsv or SRC|TGT pair, optionally PATH[START:STOP] (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--data",
+        required=True,
+        action="append",
+        metavar="SPEC",
+        help="M2 file, .tsv or SRC|TGT pair, optionally PATH[START:STOP] (repeatable)",
+    )
     p.add_argument("--annotator", type=int, default=0, help="M2 annotator whose correction is the target")
     p.add_argument("--k", type=int, default=3, help="beam negatives per sentence (default 3)")
     p.add_argument("--beam", type=int, default=None, help="beam size, ≥ k+1 (default k+1)")
-    p.add_argument("--no-source-negative", dest="source_negative", action="store_false",
-                   help="CL⁻: never add the source sentence as a negative")  # fmt: skip
+    p.add_argument(
+        "--no-source-negative",
+        dest="source_negative",
+        action="store_false",
+        help="CL⁻: never add the source sentence as a negative",
+    )
     p.add_argument("--batch-size", type=int, default=32, help="sentences per beam-search batch (default 32)")
-    p.add_argument("--max-len-a", type=float, default=0.0,
-                   help="hypotheses ≤ a · source tokens + b tokens, fairseq's bound (default a 0, b 200); "
-                        "one that does not end within it is never a negative")  # fmt: skip
+    p.add_argument(
+        "--max-len-a",
+        type=float,
+        default=0.0,
+        help="hypotheses ≤ a · source tokens + b tokens, fairseq's bound (default a 0, b 200); "
+        "one that does not end within it is never a negative",
+    )
     p.add_argument("--max-len-b", type=int, default=200, help="see --max-len-a (default 200)")
-    p.add_argument("--rank-by", choices=["beam", "sum_logprob"], default="beam",
-                   help="the n-best's order: the beam's length-normalised score (the paper; default) or S(t~|s)")
-    p.add_argument("--refill", action="store_true",
-                   help="k negatives ≠ target even when the target is in the top k (default: the paper's k−1)")
-    p.add_argument("--false-negatives", choices=["keep", "drop"], default="keep",
-                   help="negatives that another M2 annotator's correction equals (the source where one made no "
-                        "edit): keep (the paper; default) or drop (with --refill the n-best refills); counted "
-                        "either way, in --json's false_negatives")  # fmt: skip
-    p.add_argument("--engine", choices=["auto", "hf", "ctranslate2"], default="auto",
-                   help="beam search: CTranslate2 (converted once, cached by the model folder) or HF generate; "
-                        "auto (default) = CTranslate2 where it converts the model and runs --precision, else HF")
-    p.add_argument("--precision", choices=["fp32", "bf16", "fp16", "int8"], default="fp32",
-                   help="hf: autocast; ctranslate2: compute type, int8 on CPU (default fp32)")
+    p.add_argument(
+        "--rank-by",
+        choices=["beam", "sum_logprob"],
+        default="beam",
+        help="the n-best's order: the beam's length-normalised score (the paper; default) or S(t~|s)",
+    )
+    p.add_argument(
+        "--refill",
+        action="store_true",
+        help="k negatives ≠ target even when the target is in the top k (default: the paper's k−1)",
+    )
+    p.add_argument(
+        "--false-negatives",
+        choices=["keep", "drop"],
+        default="keep",
+        help="negatives that another M2 annotator's correction equals (the source where one made no "
+        "edit): keep (the paper; default) or drop (with --refill the n-best refills); counted "
+        "either way, in --json's false_negatives",
+    )
+    p.add_argument(
+        "--engine",
+        choices=["auto", "hf", "ctranslate2"],
+        default="auto",
+        help="beam search: CTranslate2 (converted once, cached by the model folder) or HF generate; "
+        "auto (default) = CTranslate2 where it converts the model and runs --precision, else HF",
+    )
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "fp16", "int8"],
+        default="fp32",
+        help="hf: autocast; ctranslate2: compute type, int8 on CPU (default fp32)",
+    )
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
-    p.add_argument("--out", required=True,
-                   help="a .parquet file (mined in this process), or a directory of Parquet shards; an object "
-                        "store URI (s3://bucket/prefix, gs://…) is always a shard directory")  # fmt: skip
+    p.add_argument(
+        "--out",
+        required=True,
+        help="a .parquet file (mined in this process), or a directory of Parquet shards; an object "
+        "store URI (s3://bucket/prefix, gs://…) is always a shard directory",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
-    p.add_argument("--trust-out", action="store_true",
-                   help="use a local --out that is not yours alone (another user owns or can write it or a folder "
-                        "above it, or a link leads out of it), which raycl otherwise refuses: a resumed shard "
-                        "directory is read back; give it only for a folder whose writers you trust")  # fmt: skip
+    p.add_argument(
+        "--trust-out",
+        action="store_true",
+        help="use a local --out that is not yours alone (another user owns or can write it or a folder "
+        "above it, or a link leads out of it), which raycl otherwise refuses: a resumed shard "
+        "directory is read back; give it only for a folder whose writers you trust",
+    )
     g = p.add_argument_group("streamed, sharded mining (any of these makes OUT a shard directory)")
     g.add_argument("--shards", action="store_true", help="write OUT as a shard directory even if named *.parquet")
-    g.add_argument("--num-miners", type=_miners, default=None, metavar="N|MIN-MAX",
-                   help="miner actors, MIN-MAX to autoscale (default 1; 0 = in this process)")
+    g.add_argument(
+        "--num-miners",
+        type=_miners,
+        default=None,
+        metavar="N|MIN-MAX",
+        help="miner actors, MIN-MAX to autoscale (default 1; 0 = in this process)",
+    )
     g.add_argument("--address", default=None, help="Ray cluster: auto or HOST:PORT (default: an embedded Ray)")
     g.add_argument("--cpus-per-miner", type=float, default=1.0, help="CPUs per miner actor (default 1)")
     g.add_argument("--gpus-per-miner", type=float, default=0.0, help="GPUs per miner actor, fractions allowed")
-    g.add_argument("--shard-size", type=int, default=None,
-                   help="sentences per range = per shard file, the unit of resuming (default 10000; resuming "
-                        "an OUT keeps the size it was mined with)")  # fmt: skip
-    g.add_argument("--overwrite", action="store_true",
-                   help="mine OUT afresh: its shards, manifest and failures are removed first (default: resume, "
-                        "which the same settings only may do)")  # fmt: skip
-    g.add_argument("--max-failed-ranges", type=int, default=0, metavar="N",
-                   help="ranges that may fail (listed in OUT/_failures.json) before the mining stops (default 0)")
-    g.add_argument("--range-retries", type=int, default=2, metavar="N",
-                   help="retries of a range whose mining raises or whose miner dies (default 2)")
+    g.add_argument(
+        "--shard-size",
+        type=int,
+        default=None,
+        help="sentences per range = per shard file, the unit of resuming (default 10000; resuming "
+        "an OUT keeps the size it was mined with)",
+    )
+    g.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="mine OUT afresh: its shards, manifest and failures are removed first (default: resume, "
+        "which the same settings only may do)",
+    )
+    g.add_argument(
+        "--max-failed-ranges",
+        type=int,
+        default=0,
+        metavar="N",
+        help="ranges that may fail (listed in OUT/_failures.json) before the mining stops (default 0)",
+    )
+    g.add_argument(
+        "--range-retries",
+        type=int,
+        default=2,
+        metavar="N",
+        help="retries of a range whose mining raises or whose miner dies (default 2)",
+    )
     p.set_defaults(run=_run_gec, check=_check_gec_args)
 
 
@@ -102,8 +166,9 @@ def _check_gec_args(args: argparse.Namespace) -> None:
     if args.beam is not None and args.beam < args.k + 1:
         raise UserError(f"--beam: expected ≥ k+1 = {args.k + 1}, got {args.beam}")
     if args.max_len_a < 0 or args.max_len_b < 1:
-        raise UserError(f"--max-len-a/--max-len-b: expected a ≥ 0 and b ≥ 1, got {args.max_len_a}, "
-                        f"{args.max_len_b}")  # fmt: skip
+        raise UserError(
+            f"--max-len-a/--max-len-b: expected a ≥ 0 and b ≥ 1, got {args.max_len_a}, {args.max_len_b}"
+        )
     if args.batch_size < 1:
         raise UserError(f"--batch-size: expected an integer ≥ 1, got {args.batch_size}")
     if args.engine == "hf" and args.precision == "int8":
@@ -111,11 +176,14 @@ def _check_gec_args(args: argparse.Namespace) -> None:
     if args.shard_size is not None and args.shard_size < 1:
         raise UserError(f"--shard-size: expected an integer ≥ 1, got {args.shard_size}")
     if args.max_failed_ranges < 0 or args.range_retries < 0:
-        raise UserError("--max-failed-ranges/--range-retries: expected integers ≥ 0, got "
-                        f"{args.max_failed_ranges}, {args.range_retries}")  # fmt: skip
+        raise UserError(
+            "--max-failed-ranges/--range-retries: expected integers ≥ 0, got "
+            f"{args.max_failed_ranges}, {args.range_retries}"
+        )
     if args.cpus_per_miner < 0 or args.gpus_per_miner < 0:
-        raise UserError(f"--cpus-per-miner/--gpus-per-miner: expected ≥ 0, got {args.cpus_per_miner}, "
-                        f"{args.gpus_per_miner}")  # fmt: skip
+        raise UserError(
+            f"--cpus-per-miner/--gpus-per-miner: expected ≥ 0, got {args.cpus_per_miner}, {args.gpus_per_miner}"
+        )
     if not (Path(args.model) / "config.json").is_file():
         raise UserError(f"{at(args.model)}: expected an HF model folder with config.json (--model)")
 
@@ -147,9 +215,15 @@ def _run_gec(args: argparse.Namespace) -> dict[str, Any]:
             bar.set_postfix(neg_per_s=f"{n_neg / (time.perf_counter() - t0):.1f}")
     seconds = time.perf_counter() - t0
     write_negatives_parquet(args.out, examples, mined, model_version=0)
-    return {"out": str(args.out), "sentences": len(examples), "examples": len(examples), "negatives": n_neg,
-            "seconds": round(seconds, 3), "negatives_per_s": round(n_neg / max(seconds, 1e-9), 2),
-            "false_negatives": miner.counts.as_dict()}  # fmt: skip
+    return {
+        "out": str(args.out),
+        "sentences": len(examples),
+        "examples": len(examples),
+        "negatives": n_neg,
+        "seconds": round(seconds, 3),
+        "negatives_per_s": round(n_neg / max(seconds, 1e-9), 2),
+        "false_negatives": miner.counts.as_dict(),
+    }
 
 
 def _miners(text: str) -> int | tuple[int, int]:
@@ -168,29 +242,51 @@ def _miners(text: str) -> int | tuple[int, int]:
 
 def _run_sharded(args: argparse.Namespace) -> dict[str, Any]:
     """The data in ranges to a Ray Data actor pool (or this process), one shard per range; resumes. The same
-    machinery as :func:`raycl.mine_negatives` (``raycl.distributed.corpus_mining.mine_corpus``), with a summary
+    machinery as :func:`raycl.mine_negatives` (``raycl.distributed.corpus.mine_corpus``), with a summary
     instead of a dataset."""
-    from raycl.distributed.corpus_mining import mine_corpus
+    from raycl.distributed.corpus import mine_corpus
 
     if args.out.exists() and not args.out.is_dir():
         raise UserError(f"{at(args.out)}: exists and is not a directory, expected a shard directory")
     num_miners = 1 if args.num_miners is None else args.num_miners
     t0 = time.perf_counter()
     options = {**_miner_options(args), **({"device": args.device} if num_miners == 0 else {})}
-    summary = mine_corpus(str(Path(args.model).resolve()), args.data, args.out, options=options,
-                          shard_size=args.shard_size, num_miners=num_miners, cpus_per_miner=args.cpus_per_miner,
-                          gpus_per_miner=args.gpus_per_miner, annotator=args.annotator, address=args.address,
-                          overwrite=args.overwrite, max_failed_ranges=args.max_failed_ranges,
-                          range_retries=args.range_retries)  # fmt: skip
-    return {**summary, "num_miners": num_miners if isinstance(num_miners, int) else list(num_miners),
-            "startup_s": round(time.perf_counter() - t0 - summary["seconds"] - summary["scan_s"], 3)}  # fmt: skip
+    summary = mine_corpus(
+        str(Path(args.model).resolve()),
+        args.data,
+        args.out,
+        options=options,
+        shard_size=args.shard_size,
+        num_miners=num_miners,
+        cpus_per_miner=args.cpus_per_miner,
+        gpus_per_miner=args.gpus_per_miner,
+        annotator=args.annotator,
+        address=args.address,
+        overwrite=args.overwrite,
+        max_failed_ranges=args.max_failed_ranges,
+        range_retries=args.range_retries,
+    )
+    return {
+        **summary,
+        "num_miners": num_miners if isinstance(num_miners, int) else list(num_miners),
+        "startup_s": round(time.perf_counter() - t0 - summary["seconds"] - summary["scan_s"], 3),
+    }
 
 
 def _miner_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"k": args.k, "beam": args.beam, "source_negative": args.source_negative, "batch_size": args.batch_size,
-            "max_len_a": args.max_len_a, "max_len_b": args.max_len_b, "rank_by": args.rank_by,
-            "refill": args.refill, "precision": args.precision, "engine": args.engine,
-            "false_negatives": args.false_negatives}  # fmt: skip
+    return {
+        "k": args.k,
+        "beam": args.beam,
+        "source_negative": args.source_negative,
+        "batch_size": args.batch_size,
+        "max_len_a": args.max_len_a,
+        "max_len_b": args.max_len_b,
+        "rank_by": args.rank_by,
+        "refill": args.refill,
+        "precision": args.precision,
+        "engine": args.engine,
+        "false_negatives": args.false_negatives,
+    }
 
 
 def _run_staged(args: argparse.Namespace) -> dict[str, Any]:
@@ -233,11 +329,15 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m raycl.mine
 
         print(summary_line(summary))
     else:
-        print(f"wrote {summary['examples']} sentences, {summary['negatives']} negatives "
-              f"({summary['negatives_per_s']} negatives/s) to {summary['out']}")  # fmt: skip
+        print(
+            f"wrote {summary['examples']} sentences, {summary['negatives']} negatives "
+            f"({summary['negatives_per_s']} negatives/s) to {summary['out']}"
+        )
         fn = summary["false_negatives"]
-        print(f"false negatives (another annotator's correction): source {rate_text(fn, 'source')}, "
-              f"beam {rate_text(fn, 'beam')}")  # fmt: skip
+        print(
+            f"false negatives (another annotator's correction): source {rate_text(fn, 'source')}, "
+            f"beam {rate_text(fn, 'beam')}"
+        )
     return 0
 
 

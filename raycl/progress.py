@@ -161,8 +161,15 @@ def bar(total: int | None = None, *, desc: str, unit: str = "it", enabled: bool 
 
 
 @contextmanager
-def follow(out_dir: Path, *, desc: str, unit: str = "step", poll: float = 0.5, lines_only: bool = False,
-           waiting: str | None = None) -> Iterator[None]:  # fmt: skip
+def follow(
+    out_dir: Path,
+    *,
+    desc: str,
+    unit: str = "step",
+    poll: float = 0.5,
+    lines_only: bool = False,
+    waiting: str | None = None,
+) -> Iterator[None]:
     """Show ``out_dir/progress.json`` while the body runs, as :func:`bar` (``lines_only``: nothing on a terminal —
     a Tune trial's process has none). ``waiting``: what the training waits for until its first progress (its
     worker group: on a busy or autoscaling cluster that can take minutes), shown as ``waiting for …``."""
@@ -184,8 +191,14 @@ def follow(out_dir: Path, *, desc: str, unit: str = "step", poll: float = 0.5, l
                     continue
                 shown.total = state.get("total") or shown.total
                 shown.n = state.get("step", shown.n)
-                shown.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in state.items()
-                                   if k not in ("step", "total")}, refresh=False)  # fmt: skip
+                shown.set_postfix(
+                    {
+                        k: (f"{v:.4g}" if isinstance(v, float) else v)
+                        for k, v in state.items()
+                        if k not in ("step", "total")
+                    },
+                    refresh=False,
+                )
                 shown.refresh()
 
     thread = threading.Thread(target=run, daemon=True)

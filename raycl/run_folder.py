@@ -30,8 +30,12 @@ def open_run_folder(run_dir: Path, *, space: str, trusted: bool = False) -> None
         check_private(run_dir)
     legacy = (run_dir / "config.yaml").is_file() and ((run_dir / "trials").is_dir() or (run_dir / "ray").is_dir())
     if not legacy:
-        refuse_foreign_dir(run_dir, marker=MARKER, what="a raycl run folder",
-                           hint="expected a new or empty folder, or an earlier run's: choose another --out")
+        refuse_foreign_dir(
+            run_dir,
+            marker=MARKER,
+            what="a raycl run folder",
+            hint="expected a new or empty folder, or an earlier run's: choose another --out",
+        )
     if (run_dir / "ray").is_dir():
         check_checkpoints(run_dir / "ray")
     run_dir.mkdir(mode=0o755, parents=True, exist_ok=True)  # never writable by others, whatever the umask

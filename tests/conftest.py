@@ -54,22 +54,44 @@ def ray_local():
 # The test files that take longest on 2 cores (``pytest --durations``, summed per file), longest first. A file
 # missing here only runs later; one that grew slow belongs here.
 LONGEST_FIRST = (
-    "test_resume_driver.py", "test_gec_recipe.py", "test_tracking.py", "test_sts_recipe.py",
-    "test_equivalence.py", "test_storage.py", "test_dense_mining.py", "test_chaos_bench.py", "test_security.py",
-    "test_trainer_restart.py", "test_ct2_engine.py", "test_resources.py", "test_gpu_node_problems.py",
-    "test_coherence_recipe.py", "test_idiom_recipe.py",
+    "test_resume_driver.py",
+    "test_gec_recipe.py",
+    "test_tracking.py",
+    "test_sts_recipe.py",
+    "test_equivalence.py",
+    "test_storage.py",
+    "test_dense_mining.py",
+    "test_chaos_bench.py",
+    "test_security.py",
+    "test_trainer_restart.py",
+    "test_ct2_engine.py",
+    "test_resources.py",
+    "test_gpu_node_problems.py",
+    "test_coherence_recipe.py",
+    "test_idiom_recipe.py",
 )
 
 
 # The GEC recipe at its smallest: a 1+1-layer BART of width 32 and a few dozen built-in sentences.
 GEC_TINY = [
-    "data.builtin.n_train=120", "data.builtin.n_finetune=40", "data.builtin.n_dev=16", "data.builtin.n_test=16",
+    "data.builtin.n_train=120",
+    "data.builtin.n_finetune=40",
+    "data.builtin.n_dev=16",
+    "data.builtin.n_test=16",
     "model.overrides={d_model: 32, encoder_layers: 1, decoder_layers: 1, encoder_ffn_dim: 64, "
     "decoder_ffn_dim: 64}",
-    "model.vocab_size=300", "pretrain.epochs=1", "optim.epochs=1", "optim.batch_size=16", "eval.max_new_tokens=24",
+    "model.vocab_size=300",
+    "pretrain.epochs=1",
+    "optim.epochs=1",
+    "optim.batch_size=16",
+    "eval.max_new_tokens=24",
     "mining.max_len_b=24",
-    "mining.beam=4", "mining.k=2", "mining.cpus_per_miner=0.25", "mining.task_size=8", "mining.queue_size=32",
-]  # fmt: skip
+    "mining.beam=4",
+    "mining.k=2",
+    "mining.cpus_per_miner=0.25",
+    "mining.task_size=8",
+    "mining.queue_size=32",
+]
 
 
 def ending(model_dir: Path, *, bias: float = 4.0) -> Path:
@@ -96,9 +118,13 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "RAYCL_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}  # fmt: skip
+    env = {
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "RAYCL_CACHE_DIR": str(tmp_path_factory.mktemp("cache")),
+    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     boto3.client("s3").create_bucket(Bucket=S3_BUCKET)

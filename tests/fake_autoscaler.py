@@ -43,10 +43,11 @@ def scaled(cluster_file: str = "cluster.yaml", *, cores: int = 2, idle_minutes: 
         res = {k: (min(float(v), cores) if k == "CPU" else float(v)) for k, v in node["resources"].items() if v}
         head = name == raw["head_node_type"]
         types[HEAD_TYPE if head else name] = {
-            "resources": res, "node_config": {},
+            "resources": res,
+            "node_config": {},
             "min_workers": 0 if head else min(node.get("min_workers", 0), 1),
             "max_workers": 0 if head else min(node.get("max_workers", 1), 1),
-        }  # fmt: skip
+        }
     return {"types": types, "head": raw["head_node_type"]}
 
 
@@ -61,18 +62,36 @@ class FakeCluster:
 
     def raycl(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         """``python -m raycl.ARGS --address`` this cluster, as a user on the head would run it."""
-        return subprocess.run([sys.executable, "-m", *args, "--address", self.address], env=self.env, cwd=ROOT,
-                              capture_output=True, text=True, timeout=timeout)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", *args, "--address", self.address],
+            env=self.env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     def popen(self, *args: str, out: Path) -> subprocess.Popen[str]:
         with open(out, "w") as f:
-            return subprocess.Popen([sys.executable, "-m", *args, "--address", self.address], env=self.env,
-                                    cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+            return subprocess.Popen(
+                [sys.executable, "-m", *args, "--address", self.address],
+                env=self.env,
+                cwd=ROOT,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
 
     def python(self, code: str, timeout: float = 60) -> Any:
         """Run ``code`` as a driver of this cluster; its last stdout line, parsed as JSON."""
-        done = subprocess.run([sys.executable, "-c", code], env={**self.env, "RAY_ADDRESS": self.address},
-                              cwd=ROOT, capture_output=True, text=True, timeout=timeout)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**self.env, "RAY_ADDRESS": self.address},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -109,27 +128,58 @@ def fake_cluster(cluster_file: str = "cluster.yaml", *, idle_minutes: float = 0.
     head = spec["types"][HEAD_TYPE]["resources"]
     config = base / "autoscaling.yaml"
     workers = sum(t["max_workers"] for t in spec["types"].values())
-    config.write_text(yaml.safe_dump({
-        "cluster_name": "raycl-fake", "max_workers": workers, "upscaling_speed": 1.0,
-        "idle_timeout_minutes": idle_minutes,
-        "provider": {"type": "fake_multinode", "use_node_id_as_ip": True, "disable_node_updaters": True,
-                     "disable_launch_config_check": True, "gcs_address": f"127.0.0.1:{port}"},
-        "auth": {"ssh_user": "ubuntu"}, "docker": {}, "head_node_type": HEAD_TYPE,
-        "available_node_types": spec["types"], "file_mounts": {}, "cluster_synced_files": [],
-        "initialization_commands": [], "setup_commands": [], "head_setup_commands": [],
-        "worker_setup_commands": [], "head_start_ray_commands": [], "worker_start_ray_commands": [],
-    }))  # fmt: skip
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "cluster_name": "raycl-fake",
+                "max_workers": workers,
+                "upscaling_speed": 1.0,
+                "idle_timeout_minutes": idle_minutes,
+                "provider": {
+                    "type": "fake_multinode",
+                    "use_node_id_as_ip": True,
+                    "disable_node_updaters": True,
+                    "disable_launch_config_check": True,
+                    "gcs_address": f"127.0.0.1:{port}",
+                },
+                "auth": {"ssh_user": "ubuntu"},
+                "docker": {},
+                "head_node_type": HEAD_TYPE,
+                "available_node_types": spec["types"],
+                "file_mounts": {},
+                "cluster_synced_files": [],
+                "initialization_commands": [],
+                "setup_commands": [],
+                "head_setup_commands": [],
+                "worker_setup_commands": [],
+                "head_start_ray_commands": [],
+                "worker_start_ray_commands": [],
+            }
+        )
+    )
     token = secrets.token_hex(16)
     drop = ("RAY_ADDRESS", "RAY_JOB_CONFIG_JSON_ENV_VAR")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token, PYTHONPATH=str(ROOT))
     custom = {k: v for k, v in head.items() if k not in ("CPU", "GPU")}
     log = base / "head.log"
-    args = [RAY, "start", "--head", f"--port={port}", f"--autoscaling-config={config}", f"--temp-dir={base / 't'}",
-            f"--num-cpus={int(head.get('CPU', 0))}", "--num-gpus=0", f"--resources={json.dumps(custom)}",
-            f"--dashboard-port={dash}", f"--ray-client-server-port={free_port()}",
-            f"--dashboard-agent-listen-port={free_port()}", "--node-ip-address=127.0.0.1",
-            "--disable-usage-stats", "--block"]  # fmt: skip
+    args = [
+        RAY,
+        "start",
+        "--head",
+        f"--port={port}",
+        f"--autoscaling-config={config}",
+        f"--temp-dir={base / 't'}",
+        f"--num-cpus={int(head.get('CPU', 0))}",
+        "--num-gpus=0",
+        f"--resources={json.dumps(custom)}",
+        f"--dashboard-port={dash}",
+        f"--ray-client-server-port={free_port()}",
+        f"--dashboard-agent-listen-port={free_port()}",
+        "--node-ip-address=127.0.0.1",
+        "--disable-usage-stats",
+        "--block",
+    ]
     with open(log, "wb") as f:
         proc = subprocess.Popen(args, env={**env, "RAY_FAKE_CLUSTER": "1"}, stdout=f, stderr=subprocess.STDOUT)
     cluster = FakeCluster(f"127.0.0.1:{port}", token, env, config, spec["types"], log)

@@ -95,8 +95,10 @@ def naive_kl(logits: Tensor, target: Tensor) -> float:
 def naive_kl_with_grad_through_p(logits: Tensor, target: Tensor) -> Tensor:
     """Σ 2p(r(p) − r(y)) with r(·) frozen as constants: autograd then sees only the p factor."""
     p = torch.softmax(logits, 1)
-    const = [[2 * (r(pc) - r(yc)) for pc, yc in zip(pr, yr, strict=True)]
-             for pr, yr in zip(p.tolist(), torch.softmax(target, 1).tolist(), strict=True)]  # fmt: skip
+    const = [
+        [2 * (r(pc) - r(yc)) for pc, yc in zip(pr, yr, strict=True)]
+        for pr, yr in zip(p.tolist(), torch.softmax(target, 1).tolist(), strict=True)
+    ]
     return (p * torch.tensor(const, dtype=p.dtype)).sum()
 
 
@@ -281,8 +283,9 @@ def test_pgd_and_smart_scale_their_adversarial_passes_by_the_loss_scale(cls: typ
     _, g1 = run(cls, alpha=0.4, steps=steps)
     model = Tiny()
     logits = clean_backward(model)
-    cls(model, alpha=0.4, steps=steps).attack_and_backward(lambda: model(IDS, LABELS), clean_logits=logits,
-                                                           loss_scale=0.25)  # fmt: skip
+    cls(model, alpha=0.4, steps=steps).attack_and_backward(
+        lambda: model(IDS, LABELS), clean_logits=logits, loss_scale=0.25
+    )
     assert_grads_close(grads_of(model), add(g0, {k: g1[k] - g0[k] for k in g0}, 0.25))
 
 
@@ -330,8 +333,12 @@ def test_build_adversarial_defaults_and_user_errors() -> None:
         build_adversarial("fgm", model, epsilon=-1.0)
     with pytest.raises(UserError, match=r"^adversarial\.steps"):
         build_adversarial("pgd", model, steps=0)
-    for key, kw, symbol in (("epsilon", {"epsilon": -0.5}, "ε ≥ 0"), ("alpha", {"alpha": -0.5}, "α ≥ 0"),
-                            ("steps", {"steps": 0}, "K ≥ 1"), ("smart_mu", {"smart_mu": -0.5}, "μ ≥ 0")):
+    for key, kw, symbol in (
+        ("epsilon", {"epsilon": -0.5}, "ε ≥ 0"),
+        ("alpha", {"alpha": -0.5}, "α ≥ 0"),
+        ("steps", {"steps": 0}, "K ≥ 1"),
+        ("smart_mu", {"smart_mu": -0.5}, "μ ≥ 0"),
+    ):
         bad = next(iter(kw.values()))
         with pytest.raises(UserError, match=rf"^adversarial\.{key}: expected {symbol}, got {bad}$"):
             build_adversarial("smart", model, **kw)
@@ -347,8 +354,15 @@ def test_hf_model_embedding_is_found_and_restored_under_dropout() -> None:
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=30, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-                     intermediate_size=16, max_position_embeddings=16, num_labels=2)  # fmt: skip
+    cfg = BertConfig(
+        vocab_size=30,
+        hidden_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+        max_position_embeddings=16,
+        num_labels=2,
+    )
     model = BertForSequenceClassification(cfg).train()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     batch = {"input_ids": torch.tensor([[2, 5, 7, 3], [2, 9, 3, 0]]), "labels": torch.tensor([0, 1])}

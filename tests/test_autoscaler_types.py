@@ -20,8 +20,12 @@ HEAD = {"CPU": 8.0}  # what a `ray up` cluster has alive before any worker node 
 def _as_started(types: autoscaler.NodeTypes) -> Cluster:
     """What ``resources.cluster()`` builds on a fresh ``ray up`` cluster (only the head alive) from its types."""
     most = types.most()
-    return Cluster({k: max(HEAD.get(k, 0.0), v) for k, v in {**HEAD, **most}.items()},
-                   [HEAD, *(t.resources for t in types.types if t.max_count > 0)], autoscaling=True, types=types)
+    return Cluster(
+        {k: max(HEAD.get(k, 0.0), v) for k, v in {**HEAD, **most}.items()},
+        [HEAD, *(t.resources for t in types.types if t.max_count > 0)],
+        autoscaling=True,
+        types=types,
+    )
 
 
 def _train(bundle: dict[str, float], count: int = 1) -> Plan:
@@ -31,8 +35,10 @@ def _train(bundle: dict[str, float], count: int = 1) -> Plan:
 @pytest.mark.parametrize("name", ["cluster.yaml", "cluster-s3.yaml", "k8s/rayjob.yaml"])
 def test_node_types_and_their_maxima_are_read_from_the_cluster_files(name: str) -> None:
     types = autoscaler.read(ROOT / name)
-    by_kind = {("miner" if "miner" in t.resources else "trainer" if "trainer" in t.resources else "head"): t
-               for t in types.types}  # fmt: skip
+    by_kind = {
+        ("miner" if "miner" in t.resources else "trainer" if "trainer" in t.resources else "head"): t
+        for t in types.types
+    }
     assert by_kind["miner"].resources["GPU"] == 1 and by_kind["miner"].max_count == 4
     assert by_kind["trainer"].resources["GPU"] == 4 and by_kind["trainer"].max_count == 2
     assert by_kind["head"].resources.get("raycl_head") == 1 and by_kind["head"].max_count == 1
@@ -44,8 +50,9 @@ def test_a_gpu_shape_some_node_type_holds_is_accepted_one_none_holds_is_refused_
     assert check(_train({"CPU": 1, "GPU": 1}), have) == 1  # the autoscaler starts a GPU node for it
     assert check(_train({"CPU": 1, "trainer": 1}), have) == 1
     assert set(have.types.holding({"CPU": 1, "GPU": 1})) == {"miner_g5", "trainer_g5"}
-    with pytest.raises(UserError, match=r"one Ray Train worker asks \{CPU 1, GPU 8\} .* more than any node has") \
-            as err:  # fmt: skip
+    with pytest.raises(
+        UserError, match=r"one Ray Train worker asks \{CPU 1, GPU 8\} .* more than any node has"
+    ) as err:
         check(_train({"CPU": 1, "GPU": 8}), have)
     assert "\n" not in str(err.value) and "cluster.yaml" in str(err.value)
     with pytest.raises(UserError, match="the run asks"):  # each fits a node, not all at once: 9 × 4 GPUs > 12

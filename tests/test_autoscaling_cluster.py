@@ -40,8 +40,18 @@ def _gpu_run_is_accepted_and_starts(cluster: FakeCluster, tmp: Path, *extra: str
     ends in the one line of a node whose torch has no CUDA. Returns the node type that started."""
     assert not (set(node_types(cluster)) & GPU_TYPES and any(node_types(cluster)[t] for t in GPU_TYPES))
     t0 = time.monotonic()
-    done = cluster.raycl("raycl.train", "idiom", "--preset", "smoke", "--set", "scaling.use_gpu=true", *extra,
-                         "--out", str(tmp), timeout=400)  # fmt: skip
+    done = cluster.raycl(
+        "raycl.train",
+        "idiom",
+        "--preset",
+        "smoke",
+        "--set",
+        "scaling.use_gpu=true",
+        *extra,
+        "--out",
+        str(tmp),
+        timeout=400,
+    )
     last = _last_line(done)
     print(f"\nexit {done.returncode} after {time.monotonic() - t0:.0f} s: {last}")
     assert "more than any node has" not in done.stderr, last  # the refusal this issue removed
@@ -65,8 +75,19 @@ def test_a_gpu_run_on_gpu_types_at_zero_nodes_is_accepted_and_a_gpu_node_starts(
 @pytest.mark.cluster
 def test_a_shape_no_node_type_holds_is_refused_at_once(cluster: FakeCluster, tmp_path: Path) -> None:
     t0 = time.monotonic()
-    done = cluster.raycl("raycl.train", "idiom", "--preset", "smoke", "--set", "scaling.use_gpu=true",
-                         "--set", "scaling.gpus_per_worker=8", "--out", str(tmp_path / "x"), timeout=120)
+    done = cluster.raycl(
+        "raycl.train",
+        "idiom",
+        "--preset",
+        "smoke",
+        "--set",
+        "scaling.use_gpu=true",
+        "--set",
+        "scaling.gpus_per_worker=8",
+        "--out",
+        str(tmp_path / "x"),
+        timeout=120,
+    )
     took = time.monotonic() - t0
     print(f"\nexit {done.returncode} after {took:.0f} s: {_last_line(done)}")
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr[-3000:]
@@ -90,11 +111,23 @@ def test_a_pinned_cpu_run_finishes_with_its_driver_side_on_the_head_then_nodes_s
     cluster: FakeCluster, tmp_path: Path
 ) -> None:
     out = tmp_path / "coherence"
-    done = cluster.raycl("raycl.train", "coherence", "--preset", "smoke",
-                         "--set", "scaling.resources={trainer: 1}", "--set", "mining.resources={miner: 1}",
-                         "--set", "optim.epochs=1",
-                         "--set", "data.builtin={train: 40, dev: 10, test: 10, intrusion: 10, lmvlm: 10}",
-                         "--out", str(out), timeout=400)  # fmt: skip
+    done = cluster.raycl(
+        "raycl.train",
+        "coherence",
+        "--preset",
+        "smoke",
+        "--set",
+        "scaling.resources={trainer: 1}",
+        "--set",
+        "mining.resources={miner: 1}",
+        "--set",
+        "optim.epochs=1",
+        "--set",
+        "data.builtin={train: 40, dev: 10, test: 10, intrusion: 10, lmvlm: 10}",
+        "--out",
+        str(out),
+        timeout=400,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().endswith(f"report: {out / 'report.md'}")
     actors = cluster.python(STATE.format(address=cluster.address))

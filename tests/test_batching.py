@@ -28,8 +28,9 @@ def idiom_reference(n: int, *, batch_size: int, seed: int, rank: int, world_size
     return [order[i : i + size][rank::world_size] for i in range(0, n, size)]
 
 
-def sts_reference(pairs: list[Any], sentences: list[str], *, batch_size: int, seed: int, rank: int,
-                  world_size: int) -> list[tuple[list[Any], list[str]]]:  # fmt: skip
+def sts_reference(
+    pairs: list[Any], sentences: list[str], *, batch_size: int, seed: int, rank: int, world_size: int
+) -> list[tuple[list[Any], list[str]]]:
     rng = random.Random(seed)
     pairs, sentences = rng.sample(pairs, len(pairs)), rng.sample(sentences, len(sentences))
     size = batch_size * world_size
@@ -52,7 +53,8 @@ def test_the_plan_cuts_every_epoch_as_the_three_cutters_did(n: int, bs: int, ws:
         gec.set_epoch(epoch)
         assert [b for (b,) in gec] == gec_reference(n, batch_size=bs, seed=s, rank=rank, world_size=ws)
         assert global_batches(n, batch_size=bs, seed=s, rank=rank, world_size=ws) == gec_reference(
-            n, batch_size=bs, seed=s, rank=rank, world_size=ws)  # fmt: skip
+            n, batch_size=bs, seed=s, rank=rank, world_size=ws
+        )
         idiom = BatchPlan([n], batch_size=bs, seed=seed, rank=rank, world_size=ws)
         idiom.set_epoch(epoch)
         assert [b for (b,) in idiom] == idiom_reference(n, batch_size=bs, seed=s, rank=rank, world_size=ws)
@@ -70,13 +72,16 @@ def test_the_length_is_the_most_batches_a_rank_has_without_a_dry_run(n: int, bs:
     for sentences in (False, True):
         loaders = [Loader(n), *([Loader(2 * n, min_rows=2 * ws)] if sentences else [])]
         for keep_empty in (True, False):
-            plans = [BatchPlan(loaders, batch_size=bs, seed=seed, rank=r, world_size=ws, keep_empty=keep_empty)
-                     for r in range(ws)]  # fmt: skip
+            plans = [
+                BatchPlan(loaders, batch_size=bs, seed=seed, rank=r, world_size=ws, keep_empty=keep_empty)
+                for r in range(ws)
+            ]
             dry = max(len(p.batches()) for p in plans)  # what the recipes counted by cutting an epoch
             assert len(plans[0]) == dry, (loaders, keep_empty)
             assert plans[0].updates(3, 2) == updates_in([dry] * 3, 2)
     assert global_batches_in(n, batch_size=bs, world_size=ws, min_rows=2 * ws) == len(
-        [c for c in range(0, n, bs * ws) if min(bs * ws, n - c) >= 2 * ws])  # fmt: skip
+        [c for c in range(0, n, bs * ws) if min(bs * ws, n - c) >= 2 * ws]
+    )
 
 
 def test_the_position_resumes_mid_epoch_and_is_in_the_state() -> None:
@@ -100,9 +105,16 @@ def test_token_batch_counts_are_the_token_groups_of_each_ranks_shares() -> None:
     sizes = [rng.randint(1, 12) for _ in range(37)]
     for ws in (1, 2, 3):
         plan = BatchPlan([37], batch_size=4, seed=5, rank=0, world_size=ws, draw="shuffle", keep_empty=False)
-        want = [max(sum(len(token_groups([sizes[i] for i in pool], 16)) for pool in
-                        gec_reference(37, batch_size=4, seed=5 * 1000 + e, rank=r, world_size=ws))
-                    for r in range(ws)) for e in range(3)]  # fmt: skip
+        want = [
+            max(
+                sum(
+                    len(token_groups([sizes[i] for i in pool], 16))
+                    for pool in gec_reference(37, batch_size=4, seed=5 * 1000 + e, rank=r, world_size=ws)
+                )
+                for r in range(ws)
+            )
+            for e in range(3)
+        ]
         assert plan.token_batch_counts(sizes, 16, 3) == want
 
 

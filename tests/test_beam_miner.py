@@ -70,7 +70,9 @@ def test_select_negatives_with_refill_takes_k_outputs_past_the_target() -> None:
     got = select_negatives(nbest, "the target .", "new src", k=2, source_negative=True, refill=True)
     assert got == ["a b c", "x y", "new src"]
     assert select_negatives(nbest, "the target .", "new src", k=2, source_negative=False, refill=True) == [
-        "a b c", "x y"]
+        "a b c",
+        "x y",
+    ]
     got = select_negatives(nbest, " the  target . ", "src s .", k=3, source_negative=True, refill=True)
     assert got == ["a b c", "x y", "src s ."]
 
@@ -101,8 +103,9 @@ def _check_invariants(ex: GecExample, m: MinedNegatives, *, k: int, with_source:
 def test_mined_negatives_obey_the_rule_and_carry_model_scores(scorer: Seq2SeqScorer) -> None:
     scorer.train()
     for source_negative, rank_by in ((True, "beam"), (False, "beam"), (True, "sum_logprob")):
-        miner = BeamSearchMiner(scorer, k=2, beam=4, source_negative=source_negative, max_len_b=10,
-                                rank_by=rank_by)  # fmt: skip
+        miner = BeamSearchMiner(
+            scorer, k=2, beam=4, source_negative=source_negative, max_len_b=10, rank_by=rank_by
+        )
         mined = miner(EXAMPLES)
         assert scorer.training and all(p.grad is None for p in scorer.parameters())
         for ex, m in zip(EXAMPLES, mined, strict=True):
@@ -133,8 +136,14 @@ def test_a_beam_output_equal_to_the_target_is_dropped(scorer: Seq2SeqScorer) -> 
 
 def test_the_nbest_keeps_the_beams_order_by_default(scorer: Seq2SeqScorer) -> None:
     """The paper takes the top k of the beam (its length-normalised order), not a re-ranking by summed log-prob."""
-    beam = scorer.generate([ex.source for ex in EXAMPLES], num_beams=4, num_return_sequences=4,
-                           max_new_tokens=10, drop_cut=True, rank_by="beam")  # fmt: skip
+    beam = scorer.generate(
+        [ex.source for ex in EXAMPLES],
+        num_beams=4,
+        num_return_sequences=4,
+        max_new_tokens=10,
+        drop_cut=True,
+        rank_by="beam",
+    )
     nbest = BeamSearchMiner(scorer, k=2, beam=4, max_len_b=10).nbest(EXAMPLES)
     by_score = BeamSearchMiner(scorer, k=2, beam=4, max_len_b=10, rank_by="sum_logprob").nbest(EXAMPLES)
     for hyps, nb, ns in zip(beam, nbest, by_score, strict=True):
@@ -180,8 +189,9 @@ def test_parquet_round_trip_and_errors(tmp_path: Path) -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "raycl.mine", *args], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "raycl.mine", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=120
+    )
 
 
 def test_cli_mines_an_m2_file_to_parquet(model_dir: Path, tmp_path: Path) -> None:
@@ -189,8 +199,20 @@ def test_cli_mines_an_m2_file_to_parquet(model_dir: Path, tmp_path: Path) -> Non
     edits = (Edit(1, 2, "R:VERB:SVA", "does"), Edit(-1, -1, "noop", "-NONE-", 1))
     write_m2(m2, [M2Sentence("He do n't like it .", edits), M2Sentence("Fine as it is .")])
     out = tmp_path / "neg.parquet"
-    done = _cli("gec", "--model", str(model_dir), "--data", str(m2), "--k", "2", "--out", str(out),
-                "--max-len-b", "8", "--json")  # fmt: skip
+    done = _cli(
+        "gec",
+        "--model",
+        str(model_dir),
+        "--data",
+        str(m2),
+        "--k",
+        "2",
+        "--out",
+        str(out),
+        "--max-len-b",
+        "8",
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["negatives_per_s"] > 0
@@ -204,8 +226,10 @@ def test_cli_mines_an_m2_file_to_parquet(model_dir: Path, tmp_path: Path) -> Non
     # the counts, recomputed from the rows: the source of sentence 0 is annotator 1's correction
     beam = [n for r in rows for n in r["negatives"] if n != r["source"]]
     refuted = sum(n in r["references"] for r in rows for n in r["negatives"] if n != r["source"])
-    assert summary["false_negatives"] == {"source": {"selected": 1, "refuted": 1},
-                                          "beam": {"selected": len(beam), "refuted": refuted}}
+    assert summary["false_negatives"] == {
+        "source": {"selected": 1, "refuted": 1},
+        "beam": {"selected": len(beam), "refuted": refuted},
+    }
 
 
 def test_cli_usage_errors_are_one_line_exit_2(model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

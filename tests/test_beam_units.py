@@ -41,8 +41,10 @@ from raycl.models.presets import build_model
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.testing.miners import NULL_BEAM, NullEngine
 
-CUBLAS_WHY = ("CTranslate2 cannot load libcublas.so.12 on cuda (CTranslate2's CUDA build needs cuBLAS 12: "
-              "pip install nvidia-cublas-cu12)")  # fmt: skip
+CUBLAS_WHY = (
+    "CTranslate2 cannot load libcublas.so.12 on cuda (CTranslate2's CUDA build needs cuBLAS 12: "
+    "pip install nvidia-cublas-cu12)"
+)
 
 
 # ------------------------------------------------------------------------------------------ the selection rule
@@ -50,8 +52,17 @@ def _squash(text: str) -> str:
     return " ".join(text.split())
 
 
-def naive_select(nbest: Sequence[str], target: str, source: str, *, k: int, cl: bool, refill: bool = False,
-                 refs: Sequence[str] = (), drop: bool = False) -> list[str]:  # fmt: skip
+def naive_select(
+    nbest: Sequence[str],
+    target: str,
+    source: str,
+    *,
+    k: int,
+    cl: bool,
+    refill: bool = False,
+    refs: Sequence[str] = (),
+    drop: bool = False,
+) -> list[str]:
     """The rule as the docs state it, one step at a time: distinct non-empty outputs in n-best order; the paper
     looks at the first k and drops t there, ``refill`` walks on past t until it holds k; then s (CL) when s ≠ t
     and not chosen. ``drop``: another annotator's correction is never a negative (refill walks on past it too)."""
@@ -84,18 +95,21 @@ def naive_counts(chosen: Sequence[str], source: str, target: str, refs: Sequence
     return [len(src), sum(c in bad for c in src), len(beam), sum(c in bad for c in beam)]
 
 
-@pytest.mark.parametrize(("nbest", "k", "paper", "refilled"), [
-    (["a", "b", "c"], 3, ["a", "b", "c"], ["a", "b", "c"]),  # exactly k, none the target
-    (["a"], 3, ["a"], ["a"]),  # fewer than k
-    ([], 2, [], []),  # nothing decoded
-    (["a", "b", "c", "d"], 2, ["a", "b"], ["a", "b"]),  # more than k: the first k, in the n-best's order
-    (["a", "t", "b", "c"], 2, ["a"], ["a", "b"]),  # t inside the top k: k−1 (the paper) or refilled
-    (["a", "b", "t", "c"], 2, ["a", "b"], ["a", "b"]),  # t just past the top k: nothing to drop
-    (["t", "a", "b"], 1, [], ["a"]),  # the target best: none left of k = 1 (the paper)
-    (["a", " a ", "a  ", "b"], 2, ["a", "b"], ["a", "b"]),  # copies of one text count once
-    (["", "a", "", "b"], 2, ["a", "b"], ["a", "b"]),  # empty outputs are never candidates
-    ([" t ", "t", "a"], 1, [], ["a"]),  # the target under other spacing, twice: it was the top 1
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("nbest", "k", "paper", "refilled"),
+    [
+        (["a", "b", "c"], 3, ["a", "b", "c"], ["a", "b", "c"]),  # exactly k, none the target
+        (["a"], 3, ["a"], ["a"]),  # fewer than k
+        ([], 2, [], []),  # nothing decoded
+        (["a", "b", "c", "d"], 2, ["a", "b"], ["a", "b"]),  # more than k: the first k, in the n-best's order
+        (["a", "t", "b", "c"], 2, ["a"], ["a", "b"]),  # t inside the top k: k−1 (the paper) or refilled
+        (["a", "b", "t", "c"], 2, ["a", "b"], ["a", "b"]),  # t just past the top k: nothing to drop
+        (["t", "a", "b"], 1, [], ["a"]),  # the target best: none left of k = 1 (the paper)
+        (["a", " a ", "a  ", "b"], 2, ["a", "b"], ["a", "b"]),  # copies of one text count once
+        (["", "a", "", "b"], 2, ["a", "b"], ["a", "b"]),  # empty outputs are never candidates
+        ([" t ", "t", "a"], 1, [], ["a"]),  # the target under other spacing, twice: it was the top 1
+    ],
+)
 def test_the_rule_at_its_boundaries(nbest: list[str], k: int, paper: list[str], refilled: list[str]) -> None:
     assert select_negatives(nbest, "t", "s", k=k, source_negative=False) == paper
     assert select_negatives(nbest, "t", "s", k=k, source_negative=False, refill=True) == refilled
@@ -116,16 +130,33 @@ def test_the_source_is_added_once_and_never_when_it_is_the_target() -> None:
 def test_false_negatives_are_counted_before_the_drop_and_refilled_past() -> None:
     refs = ("t", "b", "s")  # annotators: the target's, one who wrote b, one who left the source as it was
     counts = FalseNegativeCounts()
-    got = select_negatives(["a", "b", "c", "d"], "t", "s", k=2, source_negative=True, references=refs,
-                           false_negatives="drop", counts=counts)  # fmt: skip
+    got = select_negatives(
+        ["a", "b", "c", "d"],
+        "t",
+        "s",
+        k=2,
+        source_negative=True,
+        references=refs,
+        false_negatives="drop",
+        counts=counts,
+    )
     assert got == ["a"] and counts.flat() == [1, 1, 2, 1]  # counted: a, b, s; b and s refuted, then dropped
-    got = select_negatives(["a", "b", "c", "d"], "t", "s", k=2, source_negative=True, refill=True,
-                           references=refs, false_negatives="drop")  # fmt: skip
+    got = select_negatives(
+        ["a", "b", "c", "d"],
+        "t",
+        "s",
+        k=2,
+        source_negative=True,
+        refill=True,
+        references=refs,
+        false_negatives="drop",
+    )
     assert got == ["a", "c"]  # b's place goes to c
     kept = select_negatives(["a", "b", "c"], "t", "s", k=2, source_negative=True, references=refs)
     assert kept == ["a", "b", "s"]  # keep (the paper): refuted ones stay
-    assert select_negatives(["a", "t"], "t", "s", k=2, source_negative=True, references=("t",),
-                            false_negatives="drop") == ["a", "s"]  # the target's own reference refutes nothing
+    assert select_negatives(
+        ["a", "t"], "t", "s", k=2, source_negative=True, references=("t",), false_negatives="drop"
+    ) == ["a", "s"]  # the target's own reference refutes nothing
 
 
 def test_the_rule_matches_a_naive_reference_on_random_lists() -> None:
@@ -137,8 +168,17 @@ def test_the_rule_matches_a_naive_reference_on_random_lists() -> None:
         refs = tuple(rng.sample(["t", "b", "c", "s", "a b"], rng.randrange(4)))
         k, cl, refill, drop = rng.randrange(5), rng.random() < 0.5, rng.random() < 0.5, rng.random() < 0.5
         counts = FalseNegativeCounts()
-        got = select_negatives(nbest, target, source, k=k, source_negative=cl, refill=refill, references=refs,
-                               false_negatives="drop" if drop else "keep", counts=counts)  # fmt: skip
+        got = select_negatives(
+            nbest,
+            target,
+            source,
+            k=k,
+            source_negative=cl,
+            refill=refill,
+            references=refs,
+            false_negatives="drop" if drop else "keep",
+            counts=counts,
+        )
         case = (nbest, target, source, refs, k, cl, refill, drop)
         assert got == naive_select(nbest, target, source, k=k, cl=cl, refill=refill, refs=refs, drop=drop), case
         chosen = naive_select(nbest, target, source, k=k, cl=cl, refill=refill)
@@ -153,14 +193,17 @@ def test_select_from_nbest_carries_each_negatives_own_score() -> None:
     got = select_from_nbest(nbest, -9.5, ex, k=3, source_negative=False, refill=True)
     assert got == MinedNegatives("x:0", ("a", "b", "c"), (-1.0, -3.0, -3.0))  # the tie kept in beam order
     counts = FalseNegativeCounts()
-    got = select_from_nbest(nbest, -9.5, ex, k=4, source_negative=True, refill=True, false_negatives="drop",
-                            counts=counts)  # fmt: skip
+    got = select_from_nbest(
+        nbest, -9.5, ex, k=4, source_negative=True, refill=True, false_negatives="drop", counts=counts
+    )
     assert got.negatives == ("a", "b", "d", "my src") and got.scores == (-1.0, -3.0, -4.0, -9.5)
     assert counts.flat() == [1, 0, 4, 1]  # c (another annotator's correction) counted, then dropped
     assert got.false_negatives == ()  # a lone selection carries no counts (the miner's select does)
     inside = MinedNegatives("y", ("a", "s"), (-1.0, -0.5))  # the source decoded too: the beam's score is its own
-    assert select_from_nbest(inside, -7.0, GecExample("y", "s", "t"), k=2, source_negative=True).scores == (-1.0,
-                                                                                                            -0.5)
+    assert select_from_nbest(inside, -7.0, GecExample("y", "s", "t"), k=2, source_negative=True).scores == (
+        -1.0,
+        -0.5,
+    )
 
 
 @pytest.mark.parametrize("n", [0, 1, 3])
@@ -230,10 +273,12 @@ def test_the_miners_defaults_and_its_refusals() -> None:
     assert (m.refill, m.nbest_mode, m.false_negatives, m.searched) == (False, False, "keep", 0)
     assert m.counts.flat() == [0, 0, 0, 0]
     assert (BeamSearchMiner(engine, k=0).beam, BeamSearchMiner(engine, k=2, beam=3).beam) == (1, 3)  # type: ignore
-    for kw, msg in (({"rank_by": "score"}, "rank_by must be one of ('beam', 'sum_logprob'), got 'score'"),
-                    ({"false_negatives": "x"}, "false_negatives must be one of ('keep', 'drop'), got 'x'"),
-                    ({"k": -1}, "k must be ≥ 0, got -1"),
-                    ({"k": 2, "beam": 2}, "beam must be ≥ k+1 = 3 (one output may equal the target), got 2")):
+    for kw, msg in (
+        ({"rank_by": "score"}, "rank_by must be one of ('beam', 'sum_logprob'), got 'score'"),
+        ({"false_negatives": "x"}, "false_negatives must be one of ('keep', 'drop'), got 'x'"),
+        ({"k": -1}, "k must be ≥ 0, got -1"),
+        ({"k": 2, "beam": 2}, "beam must be ≥ k+1 = 3 (one output may equal the target), got 2"),
+    ):
         with pytest.raises(ValueError) as err:
             BeamSearchMiner(engine, **kw)  # type: ignore[arg-type]
         assert str(err.value) == msg
@@ -245,19 +290,38 @@ def test_the_miners_defaults_and_its_refusals() -> None:
 
 def test_the_nbest_reaches_the_engine_with_the_miners_options(capfd: pytest.CaptureFixture[str]) -> None:
     engine = Scripted(HYPS).train()
-    miner = BeamSearchMiner(engine, k=2, beam=5, batch_size=2, max_len_a=0.5, max_len_b=7,  # type: ignore[arg-type]
-                            rank_by="sum_logprob")  # fmt: skip
+    miner = BeamSearchMiner(
+        engine,
+        k=2,
+        beam=5,
+        batch_size=2,
+        max_len_a=0.5,
+        max_len_b=7,  # type: ignore[arg-type]
+        rank_by="sum_logprob",
+    )
     got = miner.nbest(EXS)
     # distinct non-empty texts at their first place, each example's at its own index (searched shortest first)
-    assert got == [MinedNegatives("e:0", ("w", "one two tree", "v"), (-1.0, -2.0, -3.0)),
-                   MinedNegatives("e:1", ("x", "y", "z"), (-0.5, -0.7, -0.9)),
-                   MinedNegatives("e:2", ("same text", "st"), (-0.1, -0.2)), MinedNegatives("e:3", (), ()),
-                   MinedNegatives("e:4", ("m", "n", "o"), (-4.0, -4.0, -5.0))]  # fmt: skip
-    options = dict(num_beams=5, num_return_sequences=5, max_new_tokens=7, max_len_a=0.5, drop_cut=True,
-                   batch_size=2, rank_by="sum_logprob")  # fmt: skip
-    assert [c[1] for c in engine.calls] == [(["a", "same  text"], options, False, False),
-                                            (["p q", "one two three"], options, False, False),
-                                            (["m n o p q"], options, False, False)]  # fmt: skip
+    assert got == [
+        MinedNegatives("e:0", ("w", "one two tree", "v"), (-1.0, -2.0, -3.0)),
+        MinedNegatives("e:1", ("x", "y", "z"), (-0.5, -0.7, -0.9)),
+        MinedNegatives("e:2", ("same text", "st"), (-0.1, -0.2)),
+        MinedNegatives("e:3", (), ()),
+        MinedNegatives("e:4", ("m", "n", "o"), (-4.0, -4.0, -5.0)),
+    ]
+    options = dict(
+        num_beams=5,
+        num_return_sequences=5,
+        max_new_tokens=7,
+        max_len_a=0.5,
+        drop_cut=True,
+        batch_size=2,
+        rank_by="sum_logprob",
+    )
+    assert [c[1] for c in engine.calls] == [
+        (["a", "same  text"], options, False, False),
+        (["p q", "one two three"], options, False, False),
+        (["m n o p q"], options, False, False),
+    ]
     assert miner.searched == 5 and engine.training  # eval and no grad while decoding, then train mode back
     assert "beam search" not in capfd.readouterr().err
     miner.nbest(EXS[:3], progress=True)
@@ -270,16 +334,26 @@ def test_select_scores_the_appended_sources_with_the_same_engine() -> None:
     miner = BeamSearchMiner(engine, k=2, beam=4, batch_size=3)  # type: ignore[arg-type]
     nbests = BeamSearchMiner(Scripted(HYPS), k=2, beam=4).nbest(EXS)  # type: ignore[arg-type]
     got = miner.select(nbests, EXS)
-    assert [m.negatives for m in got] == [("w", "one two three"), ("x", "y", "a"), ("st",), ("p q",),
-                                          ("m", "n", "m n o p q")]  # fmt: skip
+    assert [m.negatives for m in got] == [
+        ("w", "one two three"),
+        ("x", "y", "a"),
+        ("st",),
+        ("p q",),
+        ("m", "n", "m n o p q"),
+    ]
     assert got[0].scores == (-1.0, s_of("one two three", "one two three")) and got[4].scores[:2] == (-4.0, -4.0)
     assert got[1].scores == (-0.5, -0.7, s_of("a", "a")) and got[2].scores == (-0.2,)
     # one call for every example's source, in the examples' order, raw sources against normalised ones
     appended = ["one two three", "a", "p q", "m n o p q"]
     assert engine.calls == [("score", (appended, appended, {"batch_size": 3}, False, False))]
     assert engine.training
-    assert [m.false_negatives for m in got] == [(1, 0, 1, 0), (1, 0, 2, 1), (0, 0, 1, 0), (1, 0, 0, 0),
-                                                (1, 0, 2, 0)]  # fmt: skip
+    assert [m.false_negatives for m in got] == [
+        (1, 0, 1, 0),
+        (1, 0, 2, 1),
+        (0, 0, 1, 0),
+        (1, 0, 0, 0),
+        (1, 0, 2, 0),
+    ]
     assert miner.counts.flat() == [4, 0, 6, 1]  # every selection's, added up ...
     miner.select(nbests[:1], EXS[:1])
     assert miner.counts.flat() == [5, 0, 7, 1]  # ... across calls
@@ -294,8 +368,13 @@ def test_select_takes_another_k_and_rule_and_refuses_foreign_records() -> None:
     assert [m.negatives for m in got] == [("w",), ("y",), ("st",), (), ("m",)]  # x: another annotator's
     assert engine.calls == []  # no source appended: nothing to score
     got = miner.select(nbests, EXS, k=3)  # the miner's CL
-    assert [m.negatives for m in got] == [("w", "v", "one two three"), ("y", "z", "a"), ("st",), ("p q",),
-                                          ("m", "n", "o", "m n o p q")]  # fmt: skip
+    assert [m.negatives for m in got] == [
+        ("w", "v", "one two three"),
+        ("y", "z", "a"),
+        ("st",),
+        ("p q",),
+        ("m", "n", "o", "m n o p q"),
+    ]
     assert [m.negatives for m in miner.select(nbests, EXS, source_negative=False)][0] == ("w", "v")  # k = 2
     with pytest.raises(AssertionError, match="n-best 'e:1' does not belong to example 'e:0'"):
         miner.select(nbests[1:2], EXS[:1])
@@ -311,10 +390,14 @@ def test_mine_selects_or_keeps_the_raw_nbest_with_the_source(capfd: pytest.Captu
     assert [m.negatives for m in got] == [("w", "one two three"), ("x", "a"), (), ("p q",), ("m", "m n o p q")]
     engine.calls.clear()
     raw = BeamSearchMiner(engine, k=1, beam=3, batch_size=4, nbest=True).mine(EXS)  # type: ignore[arg-type]
-    assert raw[0] == MinedNegatives("e:0", ("w", "one two tree", "v", "one two three"),
-                                    (-1.0, -2.0, -3.0, s_of("one two three", "one two three")))  # fmt: skip
-    assert raw[2] == MinedNegatives("e:2", ("same text", "st", "same text"),
-                                    (-0.1, -0.2, s_of("same  text", "same text")))  # fmt: skip
+    assert raw[0] == MinedNegatives(
+        "e:0",
+        ("w", "one two tree", "v", "one two three"),
+        (-1.0, -2.0, -3.0, s_of("one two three", "one two three")),
+    )
+    assert raw[2] == MinedNegatives(
+        "e:2", ("same text", "st", "same text"), (-0.1, -0.2, s_of("same  text", "same text"))
+    )
     assert [split_nbest(r)[0] for r in raw] == BeamSearchMiner(Scripted(HYPS), k=1).nbest(EXS)  # type: ignore
     sources = [ex.source for ex in EXS]
     assert engine.calls[-1] == ("score", (sources, [_squash(s) for s in sources], {"batch_size": 4}, False, False))
@@ -344,7 +427,9 @@ def test_what_does_not_pair_up_is_refused_not_cut() -> None:
 def test_a_null_engine_decodes_nothing_and_scores_zero() -> None:
     engine = NullEngine()
     assert engine.generate(["a", "b"], num_beams=3) == [[], []] and engine.score_texts(["a", "b"], ["c", "d"]) == [
-        0.0, 0.0]  # fmt: skip
+        0.0,
+        0.0,
+    ]
     assert not engine.training
     got = BeamSearchMiner(engine, k=2).mine(EXS)  # type: ignore[arg-type]
     assert [(m.negatives, m.scores) for m in got][:3] == [(("one two three",), (0.0,)), (("a",), (0.0,)), ((), ())]
@@ -359,22 +444,42 @@ def test_written_rows_carry_versions_references_and_the_schema(tmp_path: Path) -
     table = pq.read_table(path)
     assert table.schema == negatives_schema()
     assert table.to_pylist() == [
-        {"id": "a", "source": "s0", "target": "t0", "negatives": ["n"], "scores": [-1.0], "model_version": 4,
-         "references": ["t0", "u0"]},
-        {"id": "b", "source": "s1", "target": "t1", "negatives": [], "scores": [], "model_version": 7,
-         "references": ["t1"]},  # parallel text: the target is the one reference
-    ]  # fmt: skip
+        {
+            "id": "a",
+            "source": "s0",
+            "target": "t0",
+            "negatives": ["n"],
+            "scores": [-1.0],
+            "model_version": 4,
+            "references": ["t0", "u0"],
+        },
+        {
+            "id": "b",
+            "source": "s1",
+            "target": "t1",
+            "negatives": [],
+            "scores": [],
+            "model_version": 7,
+            "references": ["t1"],
+        },  # parallel text: the target is the one reference
+    ]
     again = write_negatives_parquet(str(tmp_path / "x" / "y" / "m.parquet"), exs, mined, model_version=2)
     assert pq.read_table(again).column("model_version").to_pylist() == [2, 2]
     # a shard where the model found no negative at all, and an empty one, keep the types (not lists of nulls):
     # a directory of shards reads as one table
     none = [MinedNegatives("a", (), ()), MinedNegatives("b", (), ())]
     for name, rows in (("o.parquet", (exs, none)), ("p.parquet", ([], []))):
-        assert pq.read_table(write_negatives_parquet(path.parent / name, *rows, model_version=1)).schema == \
-            negatives_schema()  # fmt: skip
+        assert (
+            pq.read_table(write_negatives_parquet(path.parent / name, *rows, model_version=1)).schema
+            == negatives_schema()
+        )
     assert pq.read_table(path.parent).num_rows == 6
-    assert sorted(p.name for p in path.parent.iterdir()) == ["m.parquet", "n.parquet", "o.parquet",
-                                                             "p.parquet"]  # no temp file left
+    assert sorted(p.name for p in path.parent.iterdir()) == [
+        "m.parquet",
+        "n.parquet",
+        "o.parquet",
+        "p.parquet",
+    ]  # no temp file left
     with pytest.raises(ValueError, match="^mined record 'b' is not for example 'a'$"):
         write_negatives_parquet(tmp_path / "z.parquet", exs, mined[::-1], model_version=0)
     with pytest.raises(ValueError):  # a record short
@@ -384,42 +489,62 @@ def test_written_rows_carry_versions_references_and_the_schema(tmp_path: Path) -
 
 def test_the_schema_names_each_column_and_its_type() -> None:
     text, texts = pa.string(), pa.list_(pa.string())
-    assert negatives_schema() == pa.schema([("id", text), ("source", text), ("target", text), ("negatives", texts),
-                                            ("scores", pa.list_(pa.float64())), ("model_version", pa.int64()),
-                                            ("references", texts)])  # fmt: skip
+    assert negatives_schema() == pa.schema(
+        [
+            ("id", text),
+            ("source", text),
+            ("target", text),
+            ("negatives", texts),
+            ("scores", pa.list_(pa.float64())),
+            ("model_version", pa.int64()),
+            ("references", texts),
+        ]
+    )
 
 
 def _write(path: Path, ids: list[str], negatives: list[Any], scores: list[Any]) -> Path:
-    pq.write_table(pa.table({"id": ids, "negatives": negatives, "scores": scores},
-                            schema=pa.schema([("id", pa.string()), ("negatives", pa.list_(pa.string())),
-                                              ("scores", pa.list_(pa.float64()))])), path)  # fmt: skip
+    pq.write_table(
+        pa.table(
+            {"id": ids, "negatives": negatives, "scores": scores},
+            schema=pa.schema(
+                [("id", pa.string()), ("negatives", pa.list_(pa.string())), ("scores", pa.list_(pa.float64()))]
+            ),
+        ),
+        path,
+    )
     return path
 
 
 def test_reading_needs_only_three_columns_and_keeps_missing_scores_as_nan(tmp_path: Path) -> None:
-    got = read_negatives_parquet(_write(tmp_path / "n.parquet", ["a", "b", "c"], [["x", "y"], [], []],
-                                        [[-1.0, None], [], None]))  # fmt: skip
+    got = read_negatives_parquet(
+        _write(tmp_path / "n.parquet", ["a", "b", "c"], [["x", "y"], [], []], [[-1.0, None], [], None])
+    )
     assert list(got) == ["a", "b", "c"] and got["b"] == MinedNegatives("b", (), ())
     assert got["a"].negatives == ("x", "y") and got["a"].scores[0] == -1.0 and math.isnan(got["a"].scores[1])
     assert got["c"] == MinedNegatives("c", (), ())  # no negatives, no scores: nothing to score
 
 
-def test_reading_refuses_a_bad_row_naming_the_file_and_the_row(tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_reading_refuses_a_bad_row_naming_the_file_and_the_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def refused(path: Path) -> str:
         with pytest.raises(UserError) as err:
             read_negatives_parquet(path)
         return str(err.value)
 
     pq.write_table(pa.table({"id": ["a"], "scores": [[1.0]]}), tmp_path / "cols.parquet")
-    assert refused(tmp_path / "cols.parquet") == (f"{tmp_path}/cols.parquet: expected columns ['id', 'source', "
-                                                  "'target', 'negatives', 'scores', 'model_version'], missing "
-                                                  "['negatives']")  # fmt: skip
+    assert refused(tmp_path / "cols.parquet") == (
+        f"{tmp_path}/cols.parquet: expected columns ['id', 'source', "
+        "'target', 'negatives', 'scores', 'model_version'], missing "
+        "['negatives']"
+    )
     tail = "expected a unique id and one score per negative"
-    cases = {"dup": (["a", "b", "a"], [["x"], ["y"], ["z"]], [[0.0], [0.0], [0.0]], "row 2 (id 'a')"),
-             "null": (["a", "b"], [["x"], None], [[0.0], []], "row 1 (id 'b')"),
-             "short": (["a"], [["x", "y"]], [[0.0]], "row 0 (id 'a')"),
-             "long": (["a", "b"], [[], []], [[], [1.0]], "row 1 (id 'b')")}  # fmt: skip
+    cases = {
+        "dup": (["a", "b", "a"], [["x"], ["y"], ["z"]], [[0.0], [0.0], [0.0]], "row 2 (id 'a')"),
+        "null": (["a", "b"], [["x"], None], [[0.0], []], "row 1 (id 'b')"),
+        "short": (["a"], [["x", "y"]], [[0.0]], "row 0 (id 'a')"),
+        "long": (["a", "b"], [[], []], [[], [1.0]], "row 1 (id 'b')"),
+    }
     for name, (ids, negs, scores, where) in cases.items():
         path = _write(tmp_path / f"{name}.parquet", ids, negs, scores)
         assert refused(path) == f"{path}: {where}: {tail}"
@@ -434,8 +559,17 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A tiny BART folder, and a private CTranslate2 conversion cache for this module's tests."""
     out = tmp_path_factory.mktemp("tiny")
     texts = ["the cat sat on the mat .", "a dog ran in the park .", "she go to school every day ."]
-    build_model("smoke", out_dir=out, texts=texts * 20, vocab_size=120, d_model=16, encoder_ffn_dim=32,
-                decoder_ffn_dim=32, encoder_layers=1, decoder_layers=1)  # fmt: skip
+    build_model(
+        "smoke",
+        out_dir=out,
+        texts=texts * 20,
+        vocab_size=120,
+        d_model=16,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        encoder_layers=1,
+        decoder_layers=1,
+    )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
         yield out
@@ -469,26 +603,44 @@ def _said(capfd: pytest.CaptureFixture[str]) -> list[str]:
 
 
 def test_every_option_reaches_the_miner(tiny: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    options = {"engine": "hf", "k": 1, "beam": 3, "source_negative": False, "batch_size": 5, "max_len_a": 0.5,
-               "max_len_b": 9, "precision": "bf16", "rank_by": "sum_logprob", "refill": True, "nbest": True,
-               "false_negatives": "drop"}  # fmt: skip
+    options = {
+        "engine": "hf",
+        "k": 1,
+        "beam": 3,
+        "source_negative": False,
+        "batch_size": 5,
+        "max_len_a": 0.5,
+        "max_len_b": 9,
+        "precision": "bf16",
+        "rank_by": "sum_logprob",
+        "refill": True,
+        "nbest": True,
+        "false_negatives": "drop",
+    }
     m = build_beam_miner(str(tiny), options)
     assert isinstance(m.scorer, Seq2SeqScorer) and m.module is m.scorer
     assert (m.k, m.beam, m.source_negative, m.batch_size, m.max_len_a, m.max_len_b) == (1, 3, False, 5, 0.5, 9)
-    assert (m.precision, m.rank_by, m.refill, m.nbest_mode, m.false_negatives) == ("bf16", "sum_logprob", True,
-                                                                                   True, "drop")  # fmt: skip
+    assert (m.precision, m.rank_by, m.refill, m.nbest_mode, m.false_negatives) == (
+        "bf16",
+        "sum_logprob",
+        True,
+        True,
+        "drop",
+    )
     assert next(m.scorer.parameters()).dtype == torch.float32  # a CPU miner autocasts: its weights stay fp32
     assert _said(capfd) == []  # an engine asked for by name is not announced
     assert options["engine"] == "hf"  # the caller's options are left as they were
 
 
-def test_the_default_engine_is_auto_on_the_cpu_and_says_so_once(tiny: Path,
-                                                                capfd: pytest.CaptureFixture[str]) -> None:
+def test_the_default_engine_is_auto_on_the_cpu_and_says_so_once(
+    tiny: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     m = build_beam_miner(str(tiny), {"k": 1})
     assert isinstance(m.scorer, CT2Seq2Seq) and m.scorer.device_name == "cpu" and m.scorer.compute == "float32"
     assert (m.k, m.beam, m.precision) == (1, 2, "fp32")
-    assert _said(capfd) == ["raycl miner: mining.engine=ctranslate2 (auto: CTranslate2 decodes this model at "
-                            "float32 on cpu)"]  # fmt: skip
+    assert _said(capfd) == [
+        "raycl miner: mining.engine=ctranslate2 (auto: CTranslate2 decodes this model at float32 on cpu)"
+    ]
     m = build_beam_miner(str(tiny), {"k": 1, "engine": "ctranslate2", "precision": "int8"})
     assert isinstance(m.scorer, CT2Seq2Seq) and m.scorer.compute == "int8" and m.precision == "int8"
     assert _said(capfd) == []
@@ -501,8 +653,9 @@ def test_a_gpu_miner_built_with_hf_holds_weights_in_its_precision(tiny: Path, hf
     assert hf_on_the_cpu == ["cuda", "cpu"]  # the device defaults to the CPU
 
 
-def test_auto_falls_back_to_hf_where_ctranslate2_cannot_load(tiny: Path, cuda13: None, hf_on_the_cpu: list[str],
-                                                             capfd: pytest.CaptureFixture[str]) -> None:
+def test_auto_falls_back_to_hf_where_ctranslate2_cannot_load(
+    tiny: Path, cuda13: None, hf_on_the_cpu: list[str], capfd: pytest.CaptureFixture[str]
+) -> None:
     m = build_beam_miner(str(tiny), {"k": 1, "device": "cuda", "precision": "fp16"})
     assert isinstance(m.scorer, Seq2SeqScorer) and hf_on_the_cpu == ["cuda"]
     assert {p.dtype for p in m.scorer.parameters()} == {torch.float16}
@@ -515,11 +668,15 @@ def test_auto_falls_back_to_hf_where_ctranslate2_cannot_load(tiny: Path, cuda13:
 def test_bad_options_are_refused_with_their_message(tiny: Path) -> None:
     for options, msg in (
         ({"engine": "fast"}, "mining.engine: expected one of auto | hf | ctranslate2, got 'fast'"),
-        ({"engine": "hf", "precision": "int8"},
-         "mining.precision: int8 exists only with mining.engine=ctranslate2 or auto, got hf"),
-        ({"engine": "ctranslate2", "precision": "fp64"},
-         "mining.precision: expected one of fp32, fp16, bf16, int8 with mining.engine=ctranslate2, got 'fp64'"),
-    ):  # fmt: skip
+        (
+            {"engine": "hf", "precision": "int8"},
+            "mining.precision: int8 exists only with mining.engine=ctranslate2 or auto, got hf",
+        ),
+        (
+            {"engine": "ctranslate2", "precision": "fp64"},
+            "mining.precision: expected one of fp32, fp16, bf16, int8 with mining.engine=ctranslate2, got 'fp64'",
+        ),
+    ):
         with pytest.raises(UserError) as err:
             build_beam_miner(str(tiny), options)
         assert str(err.value) == msg
@@ -539,8 +696,13 @@ def test_null_decoding_needs_no_model() -> None:
 @pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:1"])
 def test_in_precision_casts_a_gpu_miners_weights_only(tiny: Path, device: str) -> None:
     scorer = Seq2SeqScorer.from_pretrained(tiny)
-    for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16),
-                             ("int8", torch.float32), ("BF16", torch.float32)):  # fmt: skip
+    for precision, dtype in (
+        ("fp32", torch.float32),
+        ("bf16", torch.bfloat16),
+        ("fp16", torch.float16),
+        ("int8", torch.float32),
+        ("BF16", torch.float32),
+    ):
         want = dtype if device.startswith("cuda") else torch.float32
         assert in_precision(scorer, device, precision) is scorer
         assert {p.dtype for p in scorer.parameters()} == {want}, (precision, device)
@@ -574,8 +736,10 @@ def test_published_weights_reach_the_scorer_or_the_engine(tiny: Path) -> None:
             p.add_(0.25)
     hf = BeamSearchMiner(Seq2SeqScorer.from_pretrained(tiny), k=1)
     load_beam_weights(hf, other.state_dict())
-    assert all(torch.equal(a, b) for a, b in zip(hf.scorer.state_dict().values(), other.state_dict().values(),
-                                                 strict=True))  # fmt: skip
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(hf.scorer.state_dict().values(), other.state_dict().values(), strict=True)
+    )
     ct2 = BeamSearchMiner(CT2Seq2Seq.from_pretrained(tiny), k=1)  # type: ignore[arg-type]
     base = ct2.scorer.translator
     load_beam_weights(ct2, other.state_dict())  # version 0 is the base the engine was built from: kept

@@ -18,7 +18,7 @@ from raycl.errors import UserError
 
 CEILING_MB = 600  # the peak RSS that reading the bomb may add to a process that has imported raycl's readers
 
-_BOMB = '''
+_BOMB = """
 import json, resource, sys
 import pyarrow as pa, pyarrow.parquet as pq
 from pathlib import Path
@@ -67,7 +67,7 @@ out["arrow_peak_mb"] = pool.max_memory() / 2**20
 out["peak_rss_mb"] = high_water_mb()
 out["written_rss_mb"] = before
 print(json.dumps(out))
-'''
+"""
 
 
 def test_a_dictionary_bomb_is_refused_by_every_parquet_reader_under_the_memory_ceiling(tmp_path: Path) -> None:
@@ -75,8 +75,9 @@ def test_a_dictionary_bomb_is_refused_by_every_parquet_reader_under_the_memory_c
     (the dictionary holds the value once); decoded it is 1 GiB. Each reader refuses it in one line, in a
     process whose peak RSS rises less than 600 MB over what its imports hold, and whose Arrow pool never holds more
     than a few MiB (decoded, the file would take 1 GiB at least)."""
-    proc = subprocess.run([sys.executable, "-c", _BOMB, str(tmp_path)], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _BOMB, str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["size"] < 16 * 1024
@@ -101,37 +102,48 @@ def test_an_honest_dictionary_encoded_file_reads_back_exactly(tmp_path: Path) ->
     from raycl.miners.shards import read_negatives
 
     n = 2500  # three batches
-    table = pa.table({"id": [f"x:{i}" for i in range(n)], "source": ["same source"] * n,
-                      "target": [None if i % 7 == 0 else f"t{i % 3}" for i in range(n)],
-                      "negatives": [[f"n{i % 5}", "shared"] if i % 11 else [] for i in range(n)],
-                      "scores": [[-1.0, -2.0] if i % 11 else [] for i in range(n)],
-                      "model_version": [i % 4 for i in range(n)], "references": [[f"t{i % 3}"] for i in range(n)]},
-                     schema=negatives_schema())  # fmt: skip
+    table = pa.table(
+        {
+            "id": [f"x:{i}" for i in range(n)],
+            "source": ["same source"] * n,
+            "target": [None if i % 7 == 0 else f"t{i % 3}" for i in range(n)],
+            "negatives": [[f"n{i % 5}", "shared"] if i % 11 else [] for i in range(n)],
+            "scores": [[-1.0, -2.0] if i % 11 else [] for i in range(n)],
+            "model_version": [i % 4 for i in range(n)],
+            "references": [[f"t{i % 3}"] for i in range(n)],
+        },
+        schema=negatives_schema(),
+    )
     path = _write(tmp_path / "negs.parquet", table, compression="zstd")
     assert parquet_input.read_columns(path, table.schema.names).equals(table)
     assert pa.Table.from_batches(list(parquet_input.batches(path, ["id", "negatives"]))).equals(
-        table.select(["id", "negatives"]))
+        table.select(["id", "negatives"])
+    )
     got = read_negatives(path)
     assert [got[f"x:{i}"].negatives for i in (0, 1, 11)] == [(), ("n1", "shared"), ()]
     assert sorted(read_negatives(path, ids=["x:3", "x:2400", "nope"])) == ["x:2400", "x:3"]
 
 
-def test_one_value_over_the_limit_is_refused_before_it_is_decoded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                                                                  ) -> None:  # fmt: skip
+def test_one_value_over_the_limit_is_refused_before_it_is_decoded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from raycl.miners import parquet_input
 
     monkeypatch.setattr(parquet_input, "MAX_VALUE_BYTES", 1000)
     path = _write(tmp_path / "v.parquet", pa.table({"id": ["a", "b"], "text": ["x" * 1000, "y" * 1001]}))
     with pytest.raises(UserError) as err:
         list(parquet_input.batches(path, ["id", "text"]))
-    assert str(err.value) == f"{path}: column 'text' holds a value of 1,001 bytes, expected at most 1,000: " \
-                             "refused before decoding it"  # fmt: skip
+    assert (
+        str(err.value) == f"{path}: column 'text' holds a value of 1,001 bytes, expected at most 1,000: "
+        "refused before decoding it"
+    )
     monkeypatch.setattr(parquet_input, "MAX_VALUE_BYTES", 1001)
     assert len(list(parquet_input.batches(path, ["id", "text"]))) == 1
 
 
-def test_a_batch_over_the_limit_is_refused_and_a_missing_column_named(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_batch_over_the_limit_is_refused_and_a_missing_column_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from raycl.miners import parquet_input
 
     monkeypatch.setattr(parquet_input, "MAX_BATCH_BYTES", 10_000)
@@ -174,7 +186,7 @@ def test_a_csv_line_is_held_to_its_length(tmp_path: Path) -> None:
     with pytest.raises(UserError) as err:
         list(read_rows(path, ["a", "b"]))
     assert str(err.value) == f"{path}:3: a line longer than 1,048,576 characters, expected one CSV row per line"
-    path.write_text("a,b\n1,2\n\"x\ny\",3\n", encoding="utf-8")  # a quoted field across lines is still one row
+    path.write_text('a,b\n1,2\n"x\ny",3\n', encoding="utf-8")  # a quoted field across lines is still one row
     assert list(read_rows(path, ["a", "b"])) == [(2, ["1", "2"]), (3, ["x\ny", "3"])]
 
 
@@ -184,15 +196,24 @@ def test_what_the_fuzz_test_found_in_parquet_is_one_line_each(tmp_path: Path) ->
     from raycl.miners.shards import read_negatives
 
     ids = pa.array([b"\xc3\x28", b"ok"], pa.binary()).view(pa.string())  # not UTF-8, labelled a string
-    bad = _write(tmp_path / "utf8.parquet", pa.table({"id": ids, "negatives": [["a"], ["b"]],
-                                                      "scores": [[0.0], [0.0]]}))  # fmt: skip
+    bad = _write(
+        tmp_path / "utf8.parquet", pa.table({"id": ids, "negatives": [["a"], ["b"]], "scores": [[0.0], [0.0]]})
+    )
     with pytest.raises(UserError) as err:
         read_negatives(bad)
     why = "In column 0: Invalid: Invalid UTF8 sequence at string index 0"
     assert str(err.value) == f"{bad}: cannot read a Parquet file ({why})"
     assert list(read_negatives(bad, ids=["ok"])) == ["ok"]  # rows are chosen before they decode
-    nulls = _write(tmp_path / "nulls.parquet", pa.table({"id": ["a", "b"], "negatives": pa.array(
-        [["x"], None], pa.list_(pa.string())), "scores": pa.array([[0.0], None], pa.list_(pa.float64()))}))
+    nulls = _write(
+        tmp_path / "nulls.parquet",
+        pa.table(
+            {
+                "id": ["a", "b"],
+                "negatives": pa.array([["x"], None], pa.list_(pa.string())),
+                "scores": pa.array([[0.0], None], pa.list_(pa.float64())),
+            }
+        ),
+    )
     with pytest.raises(UserError) as err:
         read_negatives(nulls, ids=["b"])
     assert str(err.value) == f"{nulls}: id 'b': expected one score per negative"

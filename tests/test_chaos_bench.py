@@ -15,8 +15,13 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "chaos.py"
 
 def test_chaos_run_delivers_every_item_exactly_once() -> None:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    done = subprocess.run([sys.executable, str(BENCH), "--json", "--per-rank", "96", "--miners", "3"],
-                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--json", "--per-rank", "96", "--miners", "3"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     result = json.loads(done.stdout.strip().splitlines()[-1])
     print(f"\nchaos: {result}")

@@ -17,7 +17,7 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 
 from raycl import cli
 from raycl.config import validate
-from raycl.configs import load_space
+from raycl.config.tasks import load_space
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "rayproject/ray:2.60.0-py311-gpu"
@@ -40,8 +40,11 @@ def _documented_job(cluster_file: str = "cluster.yaml") -> list[str]:
     (the page's "Cluster" section and its subsections)."""
     text = (ROOT / "docs" / "cluster.md").read_text()
     section = text.split("\n## Cluster\n", 1)[1].split("\n## ", 1)[0]
-    block = next(b for b in re.findall(r"```bash\n(.*?)```", section, re.S)
-                 if "ray job submit" in b and f"ray up {cluster_file}" in b)
+    block = next(
+        b
+        for b in re.findall(r"```bash\n(.*?)```", section, re.S)
+        if "ray job submit" in b and f"ray up {cluster_file}" in b
+    )
     lines = [line.split("  #")[0] for line in block.replace("\\\n", " ").splitlines()]
     argv = shlex.split(next(line for line in lines if "ray job submit" in line))
     assert argv[argv.index("--") + 1 : argv.index("--") + 4] == ["python", "-m", "raycl.tune"]
@@ -80,8 +83,12 @@ def test_ray_validates_the_cluster_and_rejects_a_broken_copy(cluster: dict[str, 
     head = types[cluster["head_node_type"]]
     assert head["node_config"]["InstanceType"] == "m6i.2xlarge" and head["resources"].get("GPU", 0) == 0
     miners = [t for t in types.values() if t["resources"].get("miner")]
-    assert miners and all(t["node_config"].get("InstanceMarketOptions", {}).get("MarketType") == "spot"
-                          and t["min_workers"] == 0 and t["resources"]["GPU"] >= 1 for t in miners)  # fmt: skip
+    assert miners and all(
+        t["node_config"].get("InstanceMarketOptions", {}).get("MarketType") == "spot"
+        and t["min_workers"] == 0
+        and t["resources"]["GPU"] >= 1
+        for t in miners
+    )
     trainers = [t for t in types.values() if t["resources"].get("trainer")]
     assert trainers and all("InstanceMarketOptions" not in t["node_config"] for t in trainers)  # on-demand
     broken = copy.deepcopy(_raw())
@@ -120,8 +127,12 @@ def check_job_fits(args: Any, cluster: dict[str, Any]) -> None:
         assert any(_fits(shape, t["resources"]) for t in types.values()), (name, shape)
     assert _fits(shapes["driver"], types[cluster["head_node_type"]]["resources"])  # drivers on the head
     assert not _fits(shapes["miner"], types[cluster["head_node_type"]]["resources"])  # miners never there
-    per_trial = {k: shapes["driver"].get(k, 0) + cfg.mining.num_miners * shapes["miner"].get(k, 0)
-                 + cfg.scaling.num_workers * shapes["trainer"].get(k, 0) for k in ("CPU", "GPU")}  # fmt: skip
+    per_trial = {
+        k: shapes["driver"].get(k, 0)
+        + cfg.mining.num_miners * shapes["miner"].get(k, 0)
+        + cfg.scaling.num_workers * shapes["trainer"].get(k, 0)
+        for k in ("CPU", "GPU")
+    }
     trials = cfg.tune.max_concurrent_trials
     assert _fits({k: trials * v for k, v in per_trial.items()}, _capacity(cluster)), (trials, per_trial)
 
@@ -221,16 +232,31 @@ def _edit_starts(cluster: dict[str, Any], key: str, edit: Any) -> None:
 NO_MODE = "export RAY_AUTH_MODE=token;"
 HEAD, WORKER = "head_start_ray_commands", "worker_start_ray_commands"
 OPEN = {  # a planted hole, and the problem it must raise
-    "a worker without RAY_AUTH_MODE": (WORKER, lambda s: s.replace(NO_MODE, ""),
-                                       "runs without RAY_AUTH_MODE=token"),
-    "auth mode set after ray start": (HEAD, lambda s: s.replace(NO_MODE, "") + "; " + NO_MODE,
-                                      "runs without RAY_AUTH_MODE=token"),
-    "dashboard on every interface": (HEAD, lambda s: s + " --dashboard-host=0.0.0.0",
-                                     "binds the dashboard to 0.0.0.0"),
-    "dashboard on every interface, as two words": (HEAD, lambda s: s + " --dashboard-host ::",
-                                                   "binds the dashboard to ::"),
-    "a token in the file": (HEAD, lambda s: s.replace("ray start", "RAY_AUTH_TOKEN=x ray start"),
-                            "a token written into cluster.yaml"),
+    "a worker without RAY_AUTH_MODE": (
+        WORKER,
+        lambda s: s.replace(NO_MODE, ""),
+        "runs without RAY_AUTH_MODE=token",
+    ),
+    "auth mode set after ray start": (
+        HEAD,
+        lambda s: s.replace(NO_MODE, "") + "; " + NO_MODE,
+        "runs without RAY_AUTH_MODE=token",
+    ),
+    "dashboard on every interface": (
+        HEAD,
+        lambda s: s + " --dashboard-host=0.0.0.0",
+        "binds the dashboard to 0.0.0.0",
+    ),
+    "dashboard on every interface, as two words": (
+        HEAD,
+        lambda s: s + " --dashboard-host ::",
+        "binds the dashboard to ::",
+    ),
+    "a token in the file": (
+        HEAD,
+        lambda s: s.replace("ray start", "RAY_AUTH_TOKEN=x ray start"),
+        "a token written into cluster.yaml",
+    ),
     "no token on the nodes": ("file_mounts", None, "is not in file_mounts"),
 }
 
@@ -262,7 +288,8 @@ def test_the_s3_cluster_has_the_same_shapes_and_its_runs_in_the_bucket() -> None
     validate_config(cfg)
     efs = prepare_config(_raw())
     assert {k: t["resources"] for k, t in cfg["available_node_types"].items()} == {
-        k: t["resources"] for k, t in efs["available_node_types"].items()}
+        k: t["resources"] for k, t in efs["available_node_types"].items()
+    }
     assert cfg["docker"]["image"] == IMAGE and _auth_problems(cfg) == []
     assert "/mnt/raycl" not in yaml.safe_dump(raw)  # nothing mounted: runs live in the bucket
     assert all("IamInstanceProfile" in t["node_config"] for t in raw["available_node_types"].values())

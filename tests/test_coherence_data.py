@@ -52,8 +52,10 @@ def test_text_documents_split_on_blank_lines(tmp_path: Path) -> None:
 
 def test_jsonl_documents_and_round_trips(tmp_path: Path) -> None:
     docs = [Document("wsj_0001", ("One.", "Two.")), Document("wsj_0002", ("Three.", "Four.", "Five."))]
-    path = _write(tmp_path / "d.jsonl", "".join(json.dumps({"id": d.id, "sentences": list(d.sentences)}) + "\n\n"
-                                                 for d in docs))
+    path = _write(
+        tmp_path / "d.jsonl",
+        "".join(json.dumps({"id": d.id, "sentences": list(d.sentences)}) + "\n\n" for d in docs),
+    )
     assert read_documents(path) == docs
     write_documents(docs, tmp_path / "out.jsonl")
     assert read_documents(tmp_path / "out.jsonl") == docs
@@ -61,22 +63,26 @@ def test_jsonl_documents_and_round_trips(tmp_path: Path) -> None:
     assert [d.sentences for d in read_documents(tmp_path / "out.txt")] == [d.sentences for d in docs]
 
 
-@pytest.mark.parametrize(("name", "content", "where", "expected"), [
-    ("a.jsonl", '{"id": "x", "sentences": ["ok."]}\n{"id": "y", "sentences": [\n', 2, "invalid JSON"),
-    ("a.jsonl", '{"id": "x"}\n', 1, '"sentences"'),
-    ("a.jsonl", '{"id": 3, "sentences": ["a."]}\n', 1, '"id" is int'),
-    ("a.jsonl", '\n{"id": "x", "sentences": ["a.", 7]}\n', 2, "sentence is int"),
-    ("a.jsonl", '{"id": "x", "sentences": ["a.\\nb."]}\n', 1, "newline"),
-    ("a.jsonl", '{"id": "x", "sentences": ["a\\u0000b."]}\n', 1, "NUL byte"),
-    ("a.jsonl", '{"id": "x", "sentences": []}\n', 1, "non-empty list"),
-    ("a.jsonl", '{"id": "x", "sentences": ["a."]}\n{"id": "x", "sentences": ["b."]}\n', 2, "duplicate id"),
-    ("a.txt", b"One.\nTw\0o.\n", 2, "NUL byte"),
-    ("a.txt", b"One.\n\xff\n", 2, "not UTF-8"),
-    ("a.txt", "\n\n  \n", None, "empty file"),
-    ("a.jsonl", "", None, "empty file"),
-])  # fmt: skip
-def test_document_errors_name_file_and_line(tmp_path: Path, name: str, content: str | bytes, where: int | None,
-                                            expected: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "content", "where", "expected"),
+    [
+        ("a.jsonl", '{"id": "x", "sentences": ["ok."]}\n{"id": "y", "sentences": [\n', 2, "invalid JSON"),
+        ("a.jsonl", '{"id": "x"}\n', 1, '"sentences"'),
+        ("a.jsonl", '{"id": 3, "sentences": ["a."]}\n', 1, '"id" is int'),
+        ("a.jsonl", '\n{"id": "x", "sentences": ["a.", 7]}\n', 2, "sentence is int"),
+        ("a.jsonl", '{"id": "x", "sentences": ["a.\\nb."]}\n', 1, "newline"),
+        ("a.jsonl", '{"id": "x", "sentences": ["a\\u0000b."]}\n', 1, "NUL byte"),
+        ("a.jsonl", '{"id": "x", "sentences": []}\n', 1, "non-empty list"),
+        ("a.jsonl", '{"id": "x", "sentences": ["a."]}\n{"id": "x", "sentences": ["b."]}\n', 2, "duplicate id"),
+        ("a.txt", b"One.\nTw\0o.\n", 2, "NUL byte"),
+        ("a.txt", b"One.\n\xff\n", 2, "not UTF-8"),
+        ("a.txt", "\n\n  \n", None, "empty file"),
+        ("a.jsonl", "", None, "empty file"),
+    ],
+)
+def test_document_errors_name_file_and_line(
+    tmp_path: Path, name: str, content: str | bytes, where: int | None, expected: str
+) -> None:
     path = _write(tmp_path / name, content)
     with pytest.raises(UserError, match=expected) as err:
         read_documents(path)
@@ -108,14 +114,21 @@ def _blocks(n: int) -> list[int]:
 
 
 def test_permuted_set_follows_the_paper() -> None:
-    docs = [_doc("short", 3), _doc("four", 4), _doc("mid", 12), _doc("nineteen", 19), _doc("long", 25),
-            _doc("tail", 22)]
+    docs = [
+        _doc("short", 3),
+        _doc("four", 4),
+        _doc("mid", 12),
+        _doc("nineteen", 19),
+        _doc("long", 25),
+        _doc("tail", 22),
+    ]
     items = build_permuted_set(docs, num_negs=5, copies=20, seed=3)
     for doc in docs:
         mine = [it for it in items if it.id.startswith(doc.id + "#")]
         blocks = sorted({it.id.split("/")[0] for it in mine})
         assert [len(next(it for it in mine if it.id.startswith(b + "/")).pos) for b in blocks] == _blocks(
-            len(doc.sentences))
+            len(doc.sentences)
+        )
         for block in blocks:
             copies = [it for it in mine if it.id.startswith(block + "/")]
             pos = copies[0].pos
@@ -153,16 +166,23 @@ def test_repeated_sentences_never_give_a_negative_equal_to_the_positive() -> Non
 # ---------------------------------------------------------------- pairs files
 
 
-ITEMS = [CoherenceItem("d1#0/0", ("A.", "B.", "C."), (("B.", "A.", "C."),)),
-         CoherenceItem("d2#0/0", ("D.", "E."), (("E.", "D."),))]
+ITEMS = [
+    CoherenceItem("d1#0/0", ("A.", "B.", "C."), (("B.", "A.", "C."),)),
+    CoherenceItem("d2#0/0", ("D.", "E."), (("E.", "D."),)),
+]
 TRAIN_ITEMS = [CoherenceItem("d3#0/0", ("A.", "B.", "C."), (("B.", "A.", "C."), ("C.", "B.", "A.")))]
 
 
 def test_pairs_round_trip_in_the_repo_layouts(tmp_path: Path) -> None:
     write_pairs_pickle(ITEMS, tmp_path / "test.pkl")
     raw = pickle.loads((tmp_path / "test.pkl").read_bytes())
-    assert raw[0] == {"pos": ["A.", "B.", "C."], "neg": ["B.", "A.", "C."], "doc_id": "d1#0/0", "filename": "d1",
-                      "reference_file": "d1"}
+    assert raw[0] == {
+        "pos": ["A.", "B.", "C."],
+        "neg": ["B.", "A.", "C."],
+        "doc_id": "d1#0/0",
+        "filename": "d1",
+        "reference_file": "d1",
+    }
     assert read_pairs(tmp_path / "test.pkl") == ITEMS
     write_pairs_pickle(TRAIN_ITEMS, tmp_path / "train.pickle")
     assert set(pickle.loads((tmp_path / "train.pickle").read_bytes())[0]) == {"pos", "negs", "doc_id"}
@@ -213,15 +233,18 @@ def test_malicious_pickles_run_nothing(tmp_path: Path, name: str) -> None:
     assert marker.exists()
 
 
-@pytest.mark.parametrize(("data", "expected"), [
-    ({"pos": ["a."]}, "pickle holds dict, expected a list"),
-    ([{"pos": ["a."], "neg": ["b."]}, "text"], "item 1: expected a dict with 'pos'"),
-    ([{"pos": ["a."]}], "item 0: expected a dict with 'pos' and 'neg'"),
-    ([{"pos": "a. b.", "neg": ["b."]}], "item 0: 'pos' must be a non-empty list"),
-    ([{"pos": ["a."], "neg": ["b.", 3]}], "item 0: 'neg' must be a non-empty list"),
-    ([{"pos": ["a."], "negs": [["b."], []]}], "item 0: negs\\[1\\]: 'negs' must be"),
-    ([], "no pairs"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"pos": ["a."]}, "pickle holds dict, expected a list"),
+        ([{"pos": ["a."], "neg": ["b."]}, "text"], "item 1: expected a dict with 'pos'"),
+        ([{"pos": ["a."]}], "item 0: expected a dict with 'pos' and 'neg'"),
+        ([{"pos": "a. b.", "neg": ["b."]}], "item 0: 'pos' must be a non-empty list"),
+        ([{"pos": ["a."], "neg": ["b.", 3]}], "item 0: 'neg' must be a non-empty list"),
+        ([{"pos": ["a."], "negs": [["b."], []]}], "item 0: negs\\[1\\]: 'negs' must be"),
+        ([], "no pairs"),
+    ],
+)
 def test_pair_structure_errors_name_the_item(tmp_path: Path, data: object, expected: str) -> None:
     path = _write(tmp_path / "p.pkl", pickle.dumps(data, protocol=3))
     with pytest.raises(UserError, match=expected) as err:
@@ -230,12 +253,15 @@ def test_pair_structure_errors_name_the_item(tmp_path: Path, data: object, expec
 
 
 def test_bad_pair_files(tmp_path: Path) -> None:
-    cases = [(_write(tmp_path / "x.pkl", b"\x80\x03]q\x00"), "x.pkl: not a valid pickle"),
-             (_write(tmp_path / "plain", "pos neg\n"), "plain: not a pickle"),
-             (_write(tmp_path / "p.jsonl", '{"pos": ["a."], "neg": ["b."]}\n{"pos": ["a."]\n'),
-              "p.jsonl:2: invalid"),
-             (_write(tmp_path / "q.jsonl", '{"pos": ["a."], "neg": ["b."]}\n\n{"pos": [1], "neg": ["b."]}\n'),
-              "q.jsonl:3: 'pos' must be")]
+    cases = [
+        (_write(tmp_path / "x.pkl", b"\x80\x03]q\x00"), "x.pkl: not a valid pickle"),
+        (_write(tmp_path / "plain", "pos neg\n"), "plain: not a pickle"),
+        (_write(tmp_path / "p.jsonl", '{"pos": ["a."], "neg": ["b."]}\n{"pos": ["a."]\n'), "p.jsonl:2: invalid"),
+        (
+            _write(tmp_path / "q.jsonl", '{"pos": ["a."], "neg": ["b."]}\n\n{"pos": [1], "neg": ["b."]}\n'),
+            "q.jsonl:3: 'pos' must be",
+        ),
+    ]
     for path, expected in cases:
         with pytest.raises(UserError) as err:
             read_pairs(path)
@@ -248,8 +274,12 @@ def test_annotations_pickle_or_json_aligned(tmp_path: Path) -> None:
     assert read_annotations(tmp_path / "LMvLM_Annotations") == coders
     _write(tmp_path / "a.json", json.dumps([[0, 1], ["1", None]]))
     assert read_annotations(tmp_path / "a.json") == [["0", "1"], ["1", None]]
-    bad = [([["0", "1"], ["0"]], "expected equal lengths"), ([["0", "yes"]], "item 1: label 'yes'"),
-           ({"a": ["0"]}, "expected a non-empty list"), ([], "expected a non-empty list")]
+    bad = [
+        ([["0", "1"], ["0"]], "expected equal lengths"),
+        ([["0", "yes"]], "item 1: label 'yes'"),
+        ({"a": ["0"]}, "expected a non-empty list"),
+        ([], "expected a non-empty list"),
+    ]
     for content, expected in bad:
         path = _write(tmp_path / "bad.json", json.dumps(content))
         with pytest.raises(UserError, match=expected) as err:

@@ -18,8 +18,8 @@ import torch
 
 from raycl.data.coherence import CoherenceItem, write_pairs_jsonl, write_pairs_pickle
 from raycl.errors import UserError, cli_entry
-from raycl.evaluation.coherence_eval import add_coherence_parser
-from raycl.evaluation.coherence_metrics import krippendorff_alpha_nominal, model_labels, pairwise_accuracy
+from raycl.scoring.coherence_eval import add_coherence_parser
+from raycl.scoring.coherence_metrics import krippendorff_alpha_nominal, model_labels, pairwise_accuracy
 
 Cap = pytest.CaptureFixture[str]
 
@@ -102,8 +102,10 @@ def test_alpha_matches_the_coincidence_matrix(seed: int) -> None:
     rng = random.Random(seed)
     n_coders, n_units, n_values = rng.randint(2, 5), rng.randint(5, 40), rng.randint(2, 4)
     truth = [str(rng.randrange(n_values)) for _ in range(n_units)]
-    coders = [[None if rng.random() < 0.2 else t if rng.random() < 0.7 else str(rng.randrange(n_values))
-               for t in truth] for _ in range(n_coders)]
+    coders = [
+        [None if rng.random() < 0.2 else t if rng.random() < 0.7 else str(rng.randrange(n_values)) for t in truth]
+        for _ in range(n_coders)
+    ]
     assert krippendorff_alpha_nominal(coders) == pytest.approx(alpha_coincidence(coders))
 
 
@@ -117,10 +119,13 @@ def test_alpha_degenerate_cases() -> None:
         krippendorff_alpha_nominal([["0", "1"], ["0"]])
     # values are compared as floats, and a unit with a single value does not count
     assert krippendorff_alpha_nominal([["0", "1", "0"], ["0.0", "1", "1"]]) == pytest.approx(
-        krippendorff_alpha_nominal([["0", "1", "0", "1"], ["0", "1", "1", None]]))
+        krippendorff_alpha_nominal([["0", "1", "0", "1"], ["0", "1", "1", None]])
+    )
     opposite = [["0", "1", "0", "1"], ["1", "0", "1", "0"]]
-    assert krippendorff_alpha_nominal(opposite) == pytest.approx(alpha_coincidence(opposite)) and \
-        krippendorff_alpha_nominal(opposite) < 0
+    assert (
+        krippendorff_alpha_nominal(opposite) == pytest.approx(alpha_coincidence(opposite))
+        and krippendorff_alpha_nominal(opposite) < 0
+    )
 
 
 def test_a_constant_coder_lowers_agreement() -> None:
@@ -207,21 +212,54 @@ def test_eval_accuracy_and_alpha(tmp_path: Path, fake_model: str, capsys: Cap) -
     write_pairs_jsonl(TRAIN, tmp_path / "train.jsonl")
     (tmp_path / "ann.pkl").write_bytes(pickle.dumps(HUMANS, protocol=3))
     pairs, train = str(tmp_path / "pairs.pkl"), str(tmp_path / "train.jsonl")
-    out = _json(capsys, ["coherence", "--model", fake_model, "--pairs", pairs, "--pairs", train, "--batch-size",
-                         "3", "--num-negs", "2", "--json"])
+    out = _json(
+        capsys,
+        [
+            "coherence",
+            "--model",
+            fake_model,
+            "--pairs",
+            pairs,
+            "--pairs",
+            train,
+            "--batch-size",
+            "3",
+            "--num-negs",
+            "2",
+            "--json",
+        ],
+    )
     pos = [-_inversions(it.pos) for it in PAIRS + TRAIN]
     negs = [[-_inversions(n) for n in it.negs[:2]] for it in PAIRS + TRAIN]
-    assert out == {"files": {pairs: {"n": 4, "accuracy": naive_accuracy(pos[:4], negs[:4])},
-                             train: {"n": 2, "accuracy": naive_accuracy(pos[4:], negs[4:])}}}
+    assert out == {
+        "files": {
+            pairs: {"n": 4, "accuracy": naive_accuracy(pos[:4], negs[:4])},
+            train: {"n": 2, "accuracy": naive_accuracy(pos[4:], negs[4:])},
+        }
+    }
     assert out["files"][train]["accuracy"] == 1.0 and FakeScorer.calls == [3, 3]
-    assert _json(capsys, ["coherence", "--model", fake_model, "--pairs", train, "--json"])["files"][train][
-        "accuracy"] == 0.5  # default: the first 5 negatives, so t2's third one counts
-    out = _json(capsys, ["coherence", "--model", fake_model, "--pairs", pairs, "--annotations",
-                         str(tmp_path / "ann.pkl"), "--json"])
+    assert (
+        _json(capsys, ["coherence", "--model", fake_model, "--pairs", train, "--json"])["files"][train]["accuracy"]
+        == 0.5
+    )  # default: the first 5 negatives, so t2's third one counts
+    out = _json(
+        capsys,
+        [
+            "coherence",
+            "--model",
+            fake_model,
+            "--pairs",
+            pairs,
+            "--annotations",
+            str(tmp_path / "ann.pkl"),
+            "--json",
+        ],
+    )
     assert out["alpha"] == pytest.approx(alpha_coincidence([*HUMANS, _naive_labels(PAIRS)]))
     assert out["human_alpha"] == pytest.approx(alpha_coincidence(HUMANS))
     assert _json(capsys, ["coherence", "--annotations", str(tmp_path / "ann.pkl"), "--json"]) == {
-        "human_alpha": pytest.approx(alpha_coincidence(HUMANS))}
+        "human_alpha": pytest.approx(alpha_coincidence(HUMANS))
+    }
     ann = str(tmp_path / "ann.pkl")
     assert _main(["coherence", "--model", fake_model, "--pairs", pairs, "--annotations", ann]) == 0
     table = capsys.readouterr().out
@@ -240,12 +278,15 @@ def test_eval_user_errors_exit_2(tmp_path: Path, fake_model: str, capsys: Cap) -
         ([], "--model: missing"),
         (["--pairs", pairs], "--pairs: scoring pairs needs --model"),
         (["--model", fake_model], "--pairs: missing"),
-        (["--model", fake_model, "--pairs", pairs, "--pairs", pairs, "--annotations", short],
-         "--annotations: given with 2 --pairs files"),
-        (["--model", fake_model, "--pairs", pairs, "--annotations", short],
-         f"{pairs}: 4 pairs but 2 labels"),
-        (["--model", fake_model, "--pairs", train, "--annotations", str(tmp_path / "ann.json")],
-         f"{train}: items with several negatives"),
+        (
+            ["--model", fake_model, "--pairs", pairs, "--pairs", pairs, "--annotations", short],
+            "--annotations: given with 2 --pairs files",
+        ),
+        (["--model", fake_model, "--pairs", pairs, "--annotations", short], f"{pairs}: 4 pairs but 2 labels"),
+        (
+            ["--model", fake_model, "--pairs", train, "--annotations", str(tmp_path / "ann.json")],
+            f"{train}: items with several negatives",
+        ),
         (["--model", str(tmp_path / "nope"), "--pairs", pairs], f"{tmp_path / 'nope'}: not a directory"),
         (["--model", fake_model, "--pairs", missing], f"{missing}: cannot read"),
         (["--model", fake_model, "--pairs", pairs, "--batch-size", "0"], "--batch-size/--num-negs"),

@@ -15,10 +15,15 @@ from raycl.models.coherence import CoherenceScorer, MomentumEncoder, prefix_slic
 from raycl.models.coherence_presets import build_coherence_model
 
 SENTENCES = [
-    "The council met on Monday .", "It approved the new budget after a long debate .", "Taxes will not rise .",
-    "Critics said the plan ignores schools .", "The mayor disagreed .", "A vote on parks follows next week .",
-    "Residents may comment online .", "The meeting ended at nine .",
-]  # fmt: skip
+    "The council met on Monday .",
+    "It approved the new budget after a long debate .",
+    "Taxes will not rise .",
+    "Critics said the plan ignores schools .",
+    "The mayor disagreed .",
+    "A vote on parks follows next week .",
+    "Residents may comment online .",
+    "The meeting ended at nine .",
+]
 SHORT = [SENTENCES[2]]
 LONG = SENTENCES[:6]
 
@@ -142,7 +147,7 @@ def test_the_momentum_encoder_trains_with_dropout_as_the_scorer(smoke_dir: Path,
     """The released train.py calls .train() on the module holding both encoders: the momentum encoder's reps (the
     positive's prefix slice, the queue entries) carry dropout in training. Its mode follows the scorer's through
     the training state's extras; two training-mode passes differ, two eval-mode passes agree."""
-    from raycl.configs.coherence import CoherenceConfig
+    from raycl.config.tasks.coherence import CoherenceConfig
     from raycl.data.coherence import CoherenceItem, write_pairs_jsonl
     from raycl.recipes.coherence.worker import CoherenceTask
     from raycl.training.precision import Precision
@@ -152,8 +157,7 @@ def test_the_momentum_encoder_trains_with_dropout_as_the_scorer(smoke_dir: Path,
     items = tmp_path / "items.jsonl"
     write_pairs_jsonl([CoherenceItem("0", tuple(SENTENCES[:3]), (tuple(SENTENCES[2::-1]),))], items)
     cfg = dataclasses.replace(CoherenceConfig(), loss=dataclasses.replace(CoherenceConfig().loss, kind="momentum"))
-    w = Worker(0, 1, torch.device("cpu"), Precision("fp32", torch.device("cpu")), tmp_path,
-                    Job(None, "", ""))  # fmt: skip
+    w = Worker(0, 1, torch.device("cpu"), Precision("fp32", torch.device("cpu")), tmp_path, Job(None, "", ""))
     st = CoherenceTask(cfg, str(items)).build(scorer, w, None)
     momentum = st.momentum
     assert momentum is not None and not momentum.encoder.training  # a copy of an eval-mode encoder

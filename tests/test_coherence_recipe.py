@@ -16,18 +16,30 @@ from typing import Any
 import pytest
 
 from raycl import driver
-from raycl.configs import load_space
+from raycl.config.tasks import load_space
 from raycl.data.coherence import read_pairs
 from raycl.recipes import recipe_for
 from raycl.recipes.coherence.recipe import train_items
 from raycl.report import read_history
 
 TINY = [
-    "data.builtin.train=24", "data.builtin.dev=6", "data.builtin.test=6", "data.builtin.intrusion=6",
-    "data.builtin.lmvlm=8", "data.permute.copies=2", "mining.num_rank=4", "mining.num_negs=2",
-    "mining.rank_every=10", "mining.task_size=4", "mining.queue_size=12", "optim.eval_every=10",
-    "eval.num_negs=2", "momentum.queue_size=8", "scaling.num_workers=0", "mining.cpus_per_miner=0.25",
-]  # fmt: skip
+    "data.builtin.train=24",
+    "data.builtin.dev=6",
+    "data.builtin.test=6",
+    "data.builtin.intrusion=6",
+    "data.builtin.lmvlm=8",
+    "data.permute.copies=2",
+    "mining.num_rank=4",
+    "mining.num_negs=2",
+    "mining.rank_every=10",
+    "mining.task_size=4",
+    "mining.queue_size=12",
+    "optim.eval_every=10",
+    "eval.num_negs=2",
+    "momentum.queue_size=8",
+    "scaling.num_workers=0",
+    "mining.cpus_per_miner=0.25",
+]
 
 COHERENCE = recipe_for("coherence")
 
@@ -64,21 +76,34 @@ def check_a_mined_run(tmp_path: Path, summary: dict, staleness: int) -> None:  #
 
 
 def _eval(*args: str) -> dict:
-    done = subprocess.run([sys.executable, "-m", "raycl.eval", "coherence", *args, "--json"], capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "raycl.eval", "coherence", *args, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)
 
 
 def _eval_cli_scores_the_trained_model(run_dir: Path) -> None:
     data, model = run_dir / "data", str(run_dir / "trials/train/best_model")
-    out = _eval("--model", model, "--pairs", str(data / "test.pkl"), "--pairs", str(data / "intrusion_test.pkl"),
-                "--num-negs", "1")  # fmt: skip
+    out = _eval(
+        "--model",
+        model,
+        "--pairs",
+        str(data / "test.pkl"),
+        "--pairs",
+        str(data / "intrusion_test.pkl"),
+        "--num-negs",
+        "1",
+    )
     assert out["files"][str(data / "test.pkl")]["n"] == len(read_pairs(data / "test.pkl"))
     best = json.loads((run_dir / "best.json").read_text())
     assert abs(out["files"][str(data / "intrusion_test.pkl")]["accuracy"] - best["test/intrusion/acc"]) < 1e-9
-    out = _eval("--model", model, "--pairs", str(data / "lmvlm.pkl"), "--annotations",
-                str(data / "lmvlm_annotations.pkl"))  # fmt: skip
+    out = _eval(
+        "--model", model, "--pairs", str(data / "lmvlm.pkl"), "--annotations", str(data / "lmvlm_annotations.pkl")
+    )
     assert abs(out["alpha"] - best["test/lmvlm/alpha"]) < 1e-9
     assert abs(out["human_alpha"] - best["test/lmvlm/human_alpha"]) < 1e-9
 
@@ -95,11 +120,13 @@ def test_the_pool_ranks_permutations_as_the_in_process_miner(ray_local, tmp_path
     items = build_permuted_set(generate_documents(6, seed=3), num_negs=6, copies=1, seed=3)
     model = build_coherence_model("smoke", tmp_path / "m", texts=[s for it in items for s in it.pos], seed=2)
     local = PermutationMiner(CoherenceScorer.from_pretrained(model), num_rank=6, num_negs=3).mine(items)
-    pool = MinerPool(MinerFactory(COHERENCE_RANK, str(model), {"num_rank": 6, "num_negs": 3}), num_miners=2,
-                     cpus_per_miner=0.25)  # fmt: skip
+    pool = MinerPool(
+        MinerFactory(COHERENCE_RANK, str(model), {"num_rank": 6, "num_negs": 3}), num_miners=2, cpus_per_miner=0.25
+    )
     tasks = [MineTask(0, i, 0, tuple(items[i : i + 2])) for i in range(0, len(items), 2)]
-    pooled = {i: r for b in pool.map(tasks) for i, r in zip(b.ids, zip(b.negatives, b.scores, strict=True),
-                                                             strict=True)}  # fmt: skip
+    pooled = {
+        i: r for b in pool.map(tasks) for i, r in zip(b.ids, zip(b.negatives, b.scores, strict=True), strict=True)
+    }
     pool.shutdown()
     for rec in local:
         negatives, scores = pooled[rec.id]
@@ -139,9 +166,23 @@ def test_a_pickle_that_imports_is_refused_before_anything_runs(tmp_path: Path) -
     MARKER.unlink(missing_ok=True)
     evil = tmp_path / "dev.pkl"
     evil.write_bytes(pickle.dumps([{"pos": ["a"], "neg": ["b"], "x": _Evil()}], protocol=3))
-    done = subprocess.run([sys.executable, "-m", "raycl.train", "coherence", "--preset", "smoke", "--out",
-                           str(tmp_path / "run"), "--set", f"data.dev=[{evil}]"],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raycl.train",
+            "coherence",
+            "--preset",
+            "smoke",
+            "--out",
+            str(tmp_path / "run"),
+            "--set",
+            f"data.dev=[{evil}]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "system'" in lines[0] and str(evil) in lines[0], lines
@@ -175,8 +216,9 @@ class _Started(Exception):
 
 
 @pytest.mark.parametrize("entry", ["raycl.train", "raycl.tune"])
-def test_the_embedded_ray_has_the_cpus_two_workers_and_a_miner_reserve(tmp_path: Path, monkeypatch, entry: str
-                                                                        ) -> None:  # fmt: skip
+def test_the_embedded_ray_has_the_cpus_two_workers_and_a_miner_reserve(
+    tmp_path: Path, monkeypatch, entry: str
+) -> None:
     """``raycl.train coherence --preset smoke --set scaling.num_workers=2`` on a 2-core laptop: 2 workers of 1 CPU
     and a miner of 0.5 wait for ever on an embedded Ray of 2 CPUs (Train V2 retries the worker group's start,
     silently). The embedded Ray gets at least what one run reserves."""
@@ -198,6 +240,7 @@ def test_the_embedded_ray_has_the_cpus_two_workers_and_a_miner_reserve(tmp_path:
     reserved = 2 * cfg.scaling.cpus_per_worker + cfg.mining.num_miners * cfg.mining.cpus_per_miner
     assert reserved > 2
     with pytest.raises(_Started):
-        importlib.import_module(entry).main(["coherence", "--preset", "smoke", "--set", "scaling.num_workers=2",
-                                             "--out", str(tmp_path / "run")])  # fmt: skip
+        importlib.import_module(entry).main(
+            ["coherence", "--preset", "smoke", "--set", "scaling.num_workers=2", "--out", str(tmp_path / "run")]
+        )
     assert started["address"] is None and float(started["num_cpus"]) >= reserved  # type: ignore[arg-type]

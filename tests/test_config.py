@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from raycl.config import expand_values, from_dict, parse_set, set_dotted, to_dict
-from raycl.configs import load_space
-from raycl.configs.gec import GecConfig
+from raycl.config.tasks import load_space
+from raycl.config.tasks.gec import GecConfig
 from raycl.distributed.sweep import to_param_space
 from raycl.errors import UserError
 
@@ -39,10 +39,17 @@ def test_preset_search_replaces_the_grid_and_sections_merge() -> None:
 
 
 def test_typed_overrides_and_file_specs_with_brackets() -> None:
-    s = load_space("gec_pd", overrides=[
-        "loss.margin=0.3", "mining.k=2", "scaling.use_gpu=false", "model.name=null",
-        "data.finetune=[CWEB-S.dev.m2[1000:], CWEB-G.dev.m2[1000:]]", "data.dev.cweb=CWEB-S.dev.m2[:1000]",
-    ])  # fmt: skip
+    s = load_space(
+        "gec_pd",
+        overrides=[
+            "loss.margin=0.3",
+            "mining.k=2",
+            "scaling.use_gpu=false",
+            "model.name=null",
+            "data.finetune=[CWEB-S.dev.m2[1000:], CWEB-G.dev.m2[1000:]]",
+            "data.dev.cweb=CWEB-S.dev.m2[:1000]",
+        ],
+    )
     c = s.config
     assert c.loss.margin == 0.3 and isinstance(c.loss.margin, float) and c.mining.k == 2
     assert c.scaling.use_gpu is False and c.model.name is None

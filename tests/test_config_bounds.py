@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from raycl.config import validate
-from raycl.configs import task_config
+from raycl.config.tasks import task_config
 from raycl.errors import UserError, shown
 from raycl.miners.false_negatives import MODES as FN_MODES
 from raycl.models.classifier import CLASSIFIER_PRESETS
@@ -54,8 +54,18 @@ def _refused(cfg: Any) -> str:
     return str(err.value)
 
 
-def edge(space: str, key: str, ok: Any, bad: Any, expected: str, *, msg_key: str | None = None, got: Any = _BAD,
-         base: dict[str, Any] | None = None, tag: str = "") -> Any:  # fmt: skip
+def edge(
+    space: str,
+    key: str,
+    ok: Any,
+    bad: Any,
+    expected: str,
+    *,
+    msg_key: str | None = None,
+    got: Any = _BAD,
+    base: dict[str, Any] | None = None,
+    tag: str = "",
+) -> Any:
     """One row: ``key=ok`` passes, ``key=bad`` fails naming ``msg_key`` (default ``key``) with ``expected``;
     ``base`` is set first in both; ``got`` is what the message shows when it is not ``bad`` itself."""
     row = (space, key, ok, bad, msg_key or key, expected, bad if got is _BAD else got, base or {})
@@ -90,9 +100,17 @@ COMMON = [
     edge("gec", "optim.precision", "fp16", "FP16", "fp32 | bf16 | fp16"),
     edge("gec", "optim.update_freq", 1, 0, "an integer ≥ 1"),
     edge("gec", "optim.prefetch", 0, -1, "an integer ≥ 0 (0: no background thread)"),
-    *[edge("gec", "optim.compile_mode", mode, "fast", "default | reduce-overhead | max-autotune | "
-           "max-autotune-no-cudagraphs", tag=mode)
-      for mode in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")],  # fmt: skip
+    *[
+        edge(
+            "gec",
+            "optim.compile_mode",
+            mode,
+            "fast",
+            "default | reduce-overhead | max-autotune | max-autotune-no-cudagraphs",
+            tag=mode,
+        )
+        for mode in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+    ],
     # OptimSection (GEC's)
     edge("gec", "optim.lr", 1e-12, 0.0, "> 0"),
     edge("gec", "optim.betas", [0.0, 0.999], [0.9, 1.0], "two numbers in [0, 1)"),
@@ -108,8 +126,15 @@ COMMON = [
     # MiningSection (GEC's and coherence's)
     edge("gec", "mining.num_miners", 1, 0, "an integer ≥ 1"),
     edge("gec", "mining.cpus_per_miner", 0.0, -0.01, "non-negative resources", got=(-0.01, 0.0)),
-    edge("gec", "mining.gpus_per_miner", 0.0, -0.01, "non-negative resources", msg_key="mining.cpus_per_miner",
-         got=(1.0, -0.01)),
+    edge(
+        "gec",
+        "mining.gpus_per_miner",
+        0.0,
+        -0.01,
+        "non-negative resources",
+        msg_key="mining.cpus_per_miner",
+        got=(1.0, -0.01),
+    ),
     edge("gec", "mining.gpus_per_miner", 0.5, 1.5, "a fraction in [0, 1] or whole GPUs"),
     edge("gec", "mining.gpus_per_miner", 1.0, 1.01, "a fraction in [0, 1] or whole GPUs"),
     edge("gec", "mining.gpus_per_miner", 2.0, 2.5, "a fraction in [0, 1] or whole GPUs"),
@@ -120,15 +145,39 @@ COMMON = [
     edge("gec", "mining.queue_size", 32, 31, "≥ mining.task_size = 32"),
     edge("gec", "mining.queue_size", 7, 6, "≥ mining.task_size = 7", base={"mining.task_size": 7}, tag="task7"),
     edge("gec", "mining.lease_s", 0.001, 0.0, "> 0 seconds"),
-    *[edge("gec", "mining.engine", engine, "vllm", "auto | hf | ctranslate2", tag=engine)
-      for engine in ("auto", "hf", "ctranslate2")],
-    *[edge("gec", "mining.precision", "int8", "int4", "fp32 | bf16 | fp16 | int8", base={"mining.engine": engine},
-           tag=engine) for engine in ("auto", "ctranslate2")],  # fmt: skip
-    edge("gec", "mining.precision", "bf16", "int8", "fp32 | bf16 | fp16 (int8 with mining.engine=ctranslate2 or "
-         "auto)", base={"mining.engine": "hf"}, tag="hf"),  # fmt: skip
+    *[
+        edge("gec", "mining.engine", engine, "vllm", "auto | hf | ctranslate2", tag=engine)
+        for engine in ("auto", "hf", "ctranslate2")
+    ],
+    *[
+        edge(
+            "gec",
+            "mining.precision",
+            "int8",
+            "int4",
+            "fp32 | bf16 | fp16 | int8",
+            base={"mining.engine": engine},
+            tag=engine,
+        )
+        for engine in ("auto", "ctranslate2")
+    ],
+    edge(
+        "gec",
+        "mining.precision",
+        "bf16",
+        "int8",
+        "fp32 | bf16 | fp16 (int8 with mining.engine=ctranslate2 or auto)",
+        base={"mining.engine": "hf"},
+        tag="hf",
+    ),
     # a miner without an engine (coherence's) is an hf one
-    edge("coherence", "mining.precision", "fp16", "int8", "fp32 | bf16 | fp16 (int8 with mining.engine="
-         "ctranslate2 or auto)"),  # fmt: skip
+    edge(
+        "coherence",
+        "mining.precision",
+        "fp16",
+        "int8",
+        "fp32 | bf16 | fp16 (int8 with mining.engine=ctranslate2 or auto)",
+    ),
     edge("coherence", "mining.num_miners", 1, 0, "an integer ≥ 1"),
 ]
 
@@ -143,18 +192,34 @@ UPPER = [
     edge("gec", "scaling.cpus_per_worker", 1024.0, 1024.5, AMOUNT),
     edge("gec", "scaling.cpus_per_worker", 1024.0, math.inf, AMOUNT, tag="inf"),
     edge("gec", "scaling.gpus_per_worker", 1024.0, 1025.0, AMOUNT),
-    edge("gec", "scaling.resources", {"trainer": 1024.0}, {"trainer": math.inf}, AMOUNT,
-         msg_key="scaling.resources.trainer", got=math.inf),  # fmt: skip
+    edge(
+        "gec",
+        "scaling.resources",
+        {"trainer": 1024.0},
+        {"trainer": math.inf},
+        AMOUNT,
+        msg_key="scaling.resources.trainer",
+        got=math.inf,
+    ),
     edge("gec", "tune.driver_cpus", 1024.0, 1e9, AMOUNT),
     edge("gec", "mining.cpus_per_miner", 1024.0, 2048.0, AMOUNT),
-    edge("gec", "mining.resources", {"miner": 1.0}, {"miner": -math.inf}, AMOUNT, msg_key="mining.resources.miner",
-         got=-math.inf),  # fmt: skip
+    edge(
+        "gec",
+        "mining.resources",
+        {"miner": 1.0},
+        {"miner": -math.inf},
+        AMOUNT,
+        msg_key="mining.resources.miner",
+        got=-math.inf,
+    ),
     edge("gec", "scaling.start_timeout_s", 604_800.0, 604_800.5, SECONDS),
     edge("gec", "scaling.start_timeout_s", 604_800.0, math.inf, SECONDS, tag="inf"),
     edge("gec", "scaling.collective_timeout_s", 604_800, 10**20, SECONDS),
     edge("gec", "mining.lease_s", 604_800.0, math.nan, SECONDS),
-    *[edge(space, "optim.epochs", 100_000, 10**15, "an integer ≤ 100,000", tag=space)
-      for space in ("gec", "idiom", "coherence")],  # fmt: skip
+    *[
+        edge(space, "optim.epochs", 100_000, 10**15, "an integer ≤ 100,000", tag=space)
+        for space in ("gec", "idiom", "coherence")
+    ],
     edge("sts", "pretrain.epochs", 100_000, 100_001, "an integer ≤ 100,000"),
     edge("coherence", "optim.anneal_epochs", 100_000, 100_001, "an integer ≤ 100,000"),
     edge("gec", "optim.seed", 2**32 - 1, 2**32, "an integer ≤ 4,294,967,295"),
@@ -190,24 +255,61 @@ GEC = [
     edge("gec", "mining.max_len_b", 1, 0, "an integer ≥ 1"),
     edge("gec", "eval.beam", 1, 0, "an integer ≥ 1"),
     edge("gec", "data.annotator", 0, -1, "an integer ≥ 0"),
-    *[edge("gec", f"data.builtin.{n}", 1, 0, "positive sizes", msg_key="data.builtin", tag=n,
-           got={"n_train": 6000, "n_finetune": 1500, "n_dev": 300, "n_test": 300, "seed": 1, n: 0})
-      for n in ("n_train", "n_finetune", "n_dev", "n_test")],  # fmt: skip
+    *[
+        edge(
+            "gec",
+            f"data.builtin.{n}",
+            1,
+            0,
+            "positive sizes",
+            msg_key="data.builtin",
+            tag=n,
+            got={"n_train": 6000, "n_finetune": 1500, "n_dev": 300, "n_test": 300, "seed": 1, n: 0},
+        )
+        for n in ("n_train", "n_finetune", "n_dev", "n_test")
+    ],
 ]
 
 IDIOM = [
-    *[edge("idiom", "model.preset", p, "base", f"one of {', '.join(CLASSIFIER_PRESETS)}", tag=p,
-           base={"model.max_len": SMOKE_MAX_LEN}) for p in CLASSIFIER_PRESETS],  # a length every preset takes
+    *[
+        edge(
+            "idiom",
+            "model.preset",
+            p,
+            "base",
+            f"one of {', '.join(CLASSIFIER_PRESETS)}",
+            tag=p,
+            base={"model.max_len": SMOKE_MAX_LEN},
+        )
+        for p in CLASSIFIER_PRESETS
+    ],  # a length every preset takes
     edge("idiom", "model.max_len", 8, 7, "an integer in [8, 512]"),
     edge("idiom", "model.max_len", 512, 513, "an integer in [8, 512]"),
-    edge("idiom", "model.max_len", 512, 513, "an integer in [8, 512]", base={"model.preset": "small"},
-         tag="small"),  # fmt: skip
-    edge("idiom", "model.max_len", SMOKE_MAX_LEN, SMOKE_MAX_LEN + 1, f"an integer in [8, {SMOKE_MAX_LEN}]",
-         base={"model.preset": "smoke"}, tag="smoke"),  # fmt: skip
-    edge("idiom", "model.max_len", 8, 7, f"an integer in [8, {SMOKE_MAX_LEN}]", base={"model.preset": "smoke"},
-         tag="smoke-low"),  # fmt: skip
-    *[edge("idiom", "data.setting", s, "few_shot", "zero_shot, one_shot or both", tag=s)
-      for s in ("zero_shot", "one_shot", "both")],
+    edge(
+        "idiom", "model.max_len", 512, 513, "an integer in [8, 512]", base={"model.preset": "small"}, tag="small"
+    ),
+    edge(
+        "idiom",
+        "model.max_len",
+        SMOKE_MAX_LEN,
+        SMOKE_MAX_LEN + 1,
+        f"an integer in [8, {SMOKE_MAX_LEN}]",
+        base={"model.preset": "smoke"},
+        tag="smoke",
+    ),
+    edge(
+        "idiom",
+        "model.max_len",
+        8,
+        7,
+        f"an integer in [8, {SMOKE_MAX_LEN}]",
+        base={"model.preset": "smoke"},
+        tag="smoke-low",
+    ),
+    *[
+        edge("idiom", "data.setting", s, "few_shot", "zero_shot, one_shot or both", tag=s)
+        for s in ("zero_shot", "one_shot", "both")
+    ],
     edge("idiom", "optim.lr", 1e-12, 0.0, "a number > 0"),
     edge("idiom", "optim.weight_decay", 0.0, -0.01, "a number ≥ 0"),
     edge("idiom", "optim.eps", 1e-12, 0.0, "a number > 0"),
@@ -218,29 +320,75 @@ IDIOM = [
     edge("idiom", "optim.epochs", 0, -1, "an integer ≥ 0"),
     edge("idiom", "ema.decay", 0.0, -0.01, "a number in [0, 1]"),
     edge("idiom", "ema.decay", 1.0, 1.01, "a number in [0, 1]"),
-    *[edge("idiom", "adversarial.method", m, "vat", "one of none, fgm, pgd, freelb, smart", tag=m)
-      for m in ("none", "fgm", "pgd", "freelb", "smart")],
+    *[
+        edge("idiom", "adversarial.method", m, "vat", "one of none, fgm, pgd, freelb, smart", tag=m)
+        for m in ("none", "fgm", "pgd", "freelb", "smart")
+    ],
     edge("idiom", "adversarial.epsilon", 0.0, -0.01, "a number ≥ 0 (0 = off)"),
     edge("idiom", "adversarial.alpha", 0.0, -0.01, "a number ≥ 0"),
     edge("idiom", "adversarial.steps", 1, 0, "an integer ≥ 1"),
     edge("idiom", "adversarial.smart_mu", 0.0, -0.01, "a number ≥ 0"),
     edge("idiom", "ladder.settings", [], ["both"], "a list of zero_shot, one_shot", tag="empty"),
-    edge("idiom", "ladder.settings", ["zero_shot", "one_shot"], ["zero_shot", "few_shot"],
-         "a list of zero_shot, one_shot"),  # fmt: skip
+    edge(
+        "idiom",
+        "ladder.settings",
+        ["zero_shot", "one_shot"],
+        ["zero_shot", "few_shot"],
+        "a list of zero_shot, one_shot",
+    ),
     edge("idiom", "eval.batch_size", 1, 0, "an integer ≥ 1"),
     # the official files come with their partners
-    edge("idiom", "data.dev", "", "dev.tsv", "data.dev and data.dev_gold both given or both empty (built-in)",
-         msg_key="data.dev_gold", got=""),  # fmt: skip
-    edge("idiom", "data.dev_gold", "", "gold.csv", "data.dev and data.dev_gold both given or both empty "
-         "(built-in)"),  # fmt: skip
-    edge("idiom", "data.dev_gold", "gold.csv", "", "data.dev and data.dev_gold both given or both empty "
-         "(built-in)", base={"data.dev": "dev.tsv"}, tag="with-dev"),  # fmt: skip
-    pair("idiom", {"data.dev": "dev.tsv", "data.dev_gold": "gold.csv", "data.dev_submission_format": "f.csv"},
-         {"data.dev_submission_format": "f.csv"}, "data.dev_submission_format", "data.dev given with it", "f.csv"),
-    edge("idiom", "data.eval", "eval.tsv", "", "data.eval given with it", msg_key="data.eval_submission_format",
-         got="f.csv", base={"data.eval_submission_format": "f.csv"}, tag="format"),
-    edge("idiom", "data.eval", "eval.tsv", "", "data.eval given with it", msg_key="data.eval_gold",
-         got="gold.csv", base={"data.eval_gold": "gold.csv"}, tag="gold"),
+    edge(
+        "idiom",
+        "data.dev",
+        "",
+        "dev.tsv",
+        "data.dev and data.dev_gold both given or both empty (built-in)",
+        msg_key="data.dev_gold",
+        got="",
+    ),
+    edge(
+        "idiom", "data.dev_gold", "", "gold.csv", "data.dev and data.dev_gold both given or both empty (built-in)"
+    ),
+    edge(
+        "idiom",
+        "data.dev_gold",
+        "gold.csv",
+        "",
+        "data.dev and data.dev_gold both given or both empty (built-in)",
+        base={"data.dev": "dev.tsv"},
+        tag="with-dev",
+    ),
+    pair(
+        "idiom",
+        {"data.dev": "dev.tsv", "data.dev_gold": "gold.csv", "data.dev_submission_format": "f.csv"},
+        {"data.dev_submission_format": "f.csv"},
+        "data.dev_submission_format",
+        "data.dev given with it",
+        "f.csv",
+    ),
+    edge(
+        "idiom",
+        "data.eval",
+        "eval.tsv",
+        "",
+        "data.eval given with it",
+        msg_key="data.eval_submission_format",
+        got="f.csv",
+        base={"data.eval_submission_format": "f.csv"},
+        tag="format",
+    ),
+    edge(
+        "idiom",
+        "data.eval",
+        "eval.tsv",
+        "",
+        "data.eval given with it",
+        msg_key="data.eval_gold",
+        got="gold.csv",
+        base={"data.eval_gold": "gold.csv"},
+        tag="gold",
+    ),
 ]
 
 STS = [
@@ -253,9 +401,14 @@ STS = [
     edge("sts", "moco.queue_size", 0, -1, "an integer ≥ 0"),
     edge("sts", "moco.m", 0.0, -0.01, "a number in [0, 1]"),
     edge("sts", "moco.m", 1.0, 1.01, "a number in [0, 1]"),
-    *[row for phase in ("pretrain", "finetune") for row in (
-        edge("sts", f"{phase}.epochs", 0, -1, "an integer ≥ 0"),
-        edge("sts", f"{phase}.eval_every", 1, 0, "an integer ≥ 1"))],  # fmt: skip
+    *[
+        row
+        for phase in ("pretrain", "finetune")
+        for row in (
+            edge("sts", f"{phase}.epochs", 0, -1, "an integer ≥ 0"),
+            edge("sts", f"{phase}.eval_every", 1, 0, "an integer ≥ 1"),
+        )
+    ],
     edge("sts", "optim.lr", 1e-12, 0.0, "a number > 0"),
     edge("sts", "optim.weight_decay", 0.0, -0.01, "a number ≥ 0"),
     edge("sts", "optim.clip_norm", 0.0, -0.01, "a number ≥ 0 (0 = no clipping)"),
@@ -264,13 +417,35 @@ STS = [
     edge("sts", "optim.warmup", "released", "linear", "released | steps"),
     edge("sts", "optim.warmup", "steps", "Steps", "released | steps"),
     # each objective steps its own optimiser every batch with loss.joint=alternate, unless there is one objective
-    edge("sts", "optim.update_freq", 1, 2, "1 with loss.joint=alternate (each objective steps its own optimiser "
-         "every batch)"),  # fmt: skip
-    edge("sts", "loss.joint", "sum", "alternate", "1 with loss.joint=alternate (each objective steps its own "
-         "optimiser every batch)", msg_key="optim.update_freq", got=2, base={"optim.update_freq": 2},
-         tag="update_freq2"),  # fmt: skip
-    edge("sts", "loss.lam", 0.0, 0.01, "1 with loss.joint=alternate (each objective steps its own optimiser "
-         "every batch)", msg_key="optim.update_freq", got=2, base={"optim.update_freq": 2}, tag="update_freq2"),
+    edge(
+        "sts",
+        "optim.update_freq",
+        1,
+        2,
+        "1 with loss.joint=alternate (each objective steps its own optimiser every batch)",
+    ),
+    edge(
+        "sts",
+        "loss.joint",
+        "sum",
+        "alternate",
+        "1 with loss.joint=alternate (each objective steps its own optimiser every batch)",
+        msg_key="optim.update_freq",
+        got=2,
+        base={"optim.update_freq": 2},
+        tag="update_freq2",
+    ),
+    edge(
+        "sts",
+        "loss.lam",
+        0.0,
+        0.01,
+        "1 with loss.joint=alternate (each objective steps its own optimiser every batch)",
+        msg_key="optim.update_freq",
+        got=2,
+        base={"optim.update_freq": 2},
+        tag="update_freq2",
+    ),
     edge("sts", "optim.batch_size", 2, 1, "an integer ≥ 2 (in-batch negatives)"),
     edge("sts", "eval.batch_size", 2, 1, "an integer ≥ 2"),
 ]
@@ -278,27 +453,75 @@ _DEV = {"data.dev": "dev.csv", "data.dev_gold": "gold.csv", "data.dev_submission
 _DEV_TEXT = "data.dev, data.dev_gold, data.dev_submission_format all given or all empty (built-in)"
 for _key in _DEV:  # each of the three left out of the others
     _given = {k: v for k, v in _DEV.items() if k != _key}
-    STS.append(edge("sts", _key, _DEV[_key], "", _DEV_TEXT, msg_key="data.dev", base=_given, tag="missing",
-                    got={k.removeprefix("data."): _given.get(k, "") for k in _DEV}))  # fmt: skip
-    STS.append(edge("sts", _key, "", _DEV[_key], _DEV_TEXT, msg_key="data.dev", tag="alone",
-                    got={k.removeprefix("data."): v if k == _key else "" for k, v in _DEV.items()}))  # fmt: skip
+    STS.append(
+        edge(
+            "sts",
+            _key,
+            _DEV[_key],
+            "",
+            _DEV_TEXT,
+            msg_key="data.dev",
+            base=_given,
+            tag="missing",
+            got={k.removeprefix("data."): _given.get(k, "") for k in _DEV},
+        )
+    )
+    STS.append(
+        edge(
+            "sts",
+            _key,
+            "",
+            _DEV[_key],
+            _DEV_TEXT,
+            msg_key="data.dev",
+            tag="alone",
+            got={k.removeprefix("data."): v if k == _key else "" for k, v in _DEV.items()},
+        )
+    )
 _EVAL_TEXT = "data.eval, data.eval_submission_format all given or all empty (built-in)"
 STS += [
-    edge("sts", "data.eval", "eval.csv", "", _EVAL_TEXT, msg_key="data.eval", tag="missing",
-         got={"eval": "", "eval_submission_format": "f.csv"}, base={"data.eval_submission_format": "f.csv"}),
-    edge("sts", "data.eval", "", "eval.csv", _EVAL_TEXT, msg_key="data.eval", tag="alone",
-         got={"eval": "eval.csv", "eval_submission_format": ""}),  # fmt: skip
+    edge(
+        "sts",
+        "data.eval",
+        "eval.csv",
+        "",
+        _EVAL_TEXT,
+        msg_key="data.eval",
+        tag="missing",
+        got={"eval": "", "eval_submission_format": "f.csv"},
+        base={"data.eval_submission_format": "f.csv"},
+    ),
+    edge(
+        "sts",
+        "data.eval",
+        "",
+        "eval.csv",
+        _EVAL_TEXT,
+        msg_key="data.eval",
+        tag="alone",
+        got={"eval": "eval.csv", "eval_submission_format": ""},
+    ),
     edge("sts", "data.eval_gold", "", "gold.csv", "data.eval given with it"),
-    pair("sts", {"data.eval": "eval.csv", "data.eval_submission_format": "f.csv", "data.eval_gold": "gold.csv"},
-         {"data.eval_gold": "gold.csv"}, "data.eval_gold", "data.eval given with it", "gold.csv"),
+    pair(
+        "sts",
+        {"data.eval": "eval.csv", "data.eval_submission_format": "f.csv", "data.eval_gold": "gold.csv"},
+        {"data.eval_gold": "gold.csv"},
+        "data.eval_gold",
+        "data.eval given with it",
+        "gold.csv",
+    ),
 ]
 
 COHERENCE = [
-    *[edge("coherence", "model.preset", p, "xlnet", f"one of {', '.join(COHERENCE_PRESETS)}", tag=p)
-      for p in COHERENCE_PRESETS],
+    *[
+        edge("coherence", "model.preset", p, "xlnet", f"one of {', '.join(COHERENCE_PRESETS)}", tag=p)
+        for p in COHERENCE_PRESETS
+    ],
     edge("coherence", "model.max_len", 0, -1, "an integer ≥ 0 (0 = the preset's)"),
-    *[edge("coherence", "loss.kind", k, "margin", "pairwise or contrastive or momentum", tag=k)
-      for k in ("pairwise", "contrastive", "momentum")],
+    *[
+        edge("coherence", "loss.kind", k, "margin", "pairwise or contrastive or momentum", tag=k)
+        for k in ("pairwise", "contrastive", "momentum")
+    ],
     edge("coherence", "loss.margin", 0.0, -0.01, "a number ≥ 0"),
     edge("coherence", "loss.lam", 0.0, -0.01, "a number in [0, 1]"),
     edge("coherence", "loss.lam", 1.0, 1.01, "a number in [0, 1]"),
@@ -316,19 +539,43 @@ COHERENCE = [
     edge("coherence", "optim.batch_size", 1, 0, "an integer ≥ 1"),
     edge("coherence", "optim.epochs", 0, -1, "an integer ≥ 0"),
     edge("coherence", "eval.num_negs", 1, 0, "an integer ≥ 1"),
-    edge("coherence", "data.permute.copies", 1, 0, "copies ≥ 1, min_sentences ≥ 2, block_size ≥ 2",
-         msg_key="data.permute", got=(0, 4, 10)),  # fmt: skip
-    edge("coherence", "data.permute.min_sentences", 2, 1, "copies ≥ 1, min_sentences ≥ 2, block_size ≥ 2",
-         msg_key="data.permute", got=(20, 1, 10)),  # fmt: skip
-    edge("coherence", "data.permute.block_size", 2, 1, "copies ≥ 1, min_sentences ≥ 2, block_size ≥ 2",
-         msg_key="data.permute", got=(20, 4, 1)),  # fmt: skip
+    edge(
+        "coherence",
+        "data.permute.copies",
+        1,
+        0,
+        "copies ≥ 1, min_sentences ≥ 2, block_size ≥ 2",
+        msg_key="data.permute",
+        got=(0, 4, 10),
+    ),
+    edge(
+        "coherence",
+        "data.permute.min_sentences",
+        2,
+        1,
+        "copies ≥ 1, min_sentences ≥ 2, block_size ≥ 2",
+        msg_key="data.permute",
+        got=(20, 1, 10),
+    ),
+    edge(
+        "coherence",
+        "data.permute.block_size",
+        2,
+        1,
+        "copies ≥ 1, min_sentences ≥ 2, block_size ≥ 2",
+        msg_key="data.permute",
+        got=(20, 4, 1),
+    ),
 ]
 
 
-@pytest.mark.parametrize(("space", "key", "ok", "bad", "msg_key", "expected", "got", "base"),
-                         [*COMMON, *UPPER, *GEC, *IDIOM, *STS, *COHERENCE])  # fmt: skip
-def test_edge_passes_and_beyond_is_refused_naming_the_key(space: str, key: str, ok: Any, bad: Any, msg_key: str,
-                                                          expected: str, got: Any, base: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("space", "key", "ok", "bad", "msg_key", "expected", "got", "base"),
+    [*COMMON, *UPPER, *GEC, *IDIOM, *STS, *COHERENCE],
+)
+def test_edge_passes_and_beyond_is_refused_naming_the_key(
+    space: str, key: str, ok: Any, bad: Any, msg_key: str, expected: str, got: Any, base: dict[str, Any]
+) -> None:
     def settings(value: Any) -> dict[str, Any]:
         return {**base, **({key: value} if key else value)}  # no key: a pair() row, the value is the settings
 
@@ -348,9 +595,11 @@ def test_every_task_default_passes_and_gets_the_common_checks(space: str) -> Non
 
 
 def _two_rank_text(workers: int, gpus: float) -> str:
-    return (f"{WHERE}: config key 'scaling.gpus_per_worker': expected > 0.5 with scaling.num_workers={workers} "
-            f"GPU workers (Ray may put two workers of {gpus:g} GPU on one GPU, and NCCL refuses two ranks of one "
-            f"run on one GPU), got {gpus:g}; share a GPU with one worker, or give each worker a GPU")  # fmt: skip
+    return (
+        f"{WHERE}: config key 'scaling.gpus_per_worker': expected > 0.5 with scaling.num_workers={workers} "
+        f"GPU workers (Ray may put two workers of {gpus:g} GPU on one GPU, and NCCL refuses two ranks of one "
+        f"run on one GPU), got {gpus:g}; share a GPU with one worker, or give each worker a GPU"
+    )
 
 
 @pytest.mark.parametrize(
@@ -364,8 +613,9 @@ def _two_rank_text(workers: int, gpus: float) -> str:
     ],
 )
 def test_gpu_workers_of_one_run_never_share_a_gpu(use_gpu: bool, workers: int, gpus: float, refused: bool) -> None:
-    cfg = _config("gec", {"scaling.use_gpu": use_gpu, "scaling.num_workers": workers,
-                          "scaling.gpus_per_worker": gpus})  # fmt: skip
+    cfg = _config(
+        "gec", {"scaling.use_gpu": use_gpu, "scaling.num_workers": workers, "scaling.gpus_per_worker": gpus}
+    )
     if refused:
         assert _refused(cfg) == _two_rank_text(workers, gpus)
     else:
@@ -412,7 +662,7 @@ def _space_file(tmp_path: Path, text: str) -> Path:
 
 
 def _load_refused(space: str, overrides: list[str] | None = None) -> str:
-    from raycl.configs import load_space
+    from raycl.config.tasks import load_space
 
     with pytest.raises(UserError) as err:
         load_space(space, overrides=overrides)
@@ -425,11 +675,13 @@ def test_a_search_space_is_counted_before_it_is_expanded(tmp_path: Path) -> None
     step of 1e-10 expands (its decimals read from the number, not from its repr's '.'); a grid of more trials
     than the cap, counted over keys, is refused too."""
     from raycl.config import MAX_SEARCH_VALUES, expand_values
-    from raycl.configs import load_space
+    from raycl.config.tasks import load_space
 
     path = _space_file(tmp_path, "task: idiom\nsearch:\n  optim.lr: {qrange: [0.00001, 1000000, 0.00001]}\n")
-    assert _load_refused(str(path)) == (f"{path}: search key 'optim.lr': 'qrange' [1e-05, 1000000, 1e-05] expands "
-                                        f"to 100,000,000,000 values, expected at most {MAX_SEARCH_VALUES:,}")
+    assert _load_refused(str(path)) == (
+        f"{path}: search key 'optim.lr': 'qrange' [1e-05, 1000000, 1e-05] expands "
+        f"to 100,000,000,000 values, expected at most {MAX_SEARCH_VALUES:,}"
+    )
     path = _space_file(tmp_path, "task: idiom\nsearch:\n  optim.warmup_ratio: {qrange: [0.0, 1.0e-9, 1.0e-10]}\n")
     assert load_space(str(path)).search["optim.warmup_ratio"] == {"qrange": [0.0, 1e-9, 1e-10]}
     assert expand_values("qrange", [0.0, 1e-9, 1e-10]) == [round(i * 1e-10, 10) for i in range(11)]
@@ -437,11 +689,15 @@ def test_a_search_space_is_counted_before_it_is_expanded(tmp_path: Path) -> None
     assert "expands to inf values" in _load_refused(str(path))  # (stop - start) / step overflows: counted as inf
     path = _space_file(tmp_path, "task: idiom\nsearch:\n  optim.warmup_ratio: {qrange: [0.0, 0.5, .inf]}\n")
     assert "of finite numbers" in _load_refused(str(path))
-    grid = "task: idiom\ntune: {num_samples: 2}\nsearch:\n  optim.warmup_ratio: {qrange: [0.0, 0.5, 0.001]}\n" \
-           "  optim.weight_decay: {grid: [0.0, 0.01, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]}\n"  # fmt: skip
+    grid = (
+        "task: idiom\ntune: {num_samples: 2}\nsearch:\n  optim.warmup_ratio: {qrange: [0.0, 0.5, 0.001]}\n"
+        "  optim.weight_decay: {grid: [0.0, 0.01, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]}\n"
+    )
     path = _space_file(tmp_path, grid)
-    assert _load_refused(str(path)) == (f"{path}: 'search' expands to 10,020 trials (5,010 grid points × "
-                                        "tune.num_samples = 2), expected at most 10,000")  # fmt: skip
+    assert _load_refused(str(path)) == (
+        f"{path}: 'search' expands to 10,020 trials (5,010 grid points × "
+        "tune.num_samples = 2), expected at most 10,000"
+    )
     assert load_space(str(_space_file(tmp_path, grid.replace("num_samples: 2", "num_samples: 1")))).search
 
 
@@ -449,18 +705,22 @@ def test_numbers_from_the_command_line_and_yaml_are_read_and_bounded() -> None:
     """``--set`` reads scientific notation as the number it is (YAML 1.1 reads it as a string), so ``1e15``
     epochs meets the bound that names it; a YAML integer of 5,000 digits is refused as one line, not a
     ValueError from ``int()``; infinities and NaN are refused by the bounds."""
-    from raycl.configs import load_space
+    from raycl.config.tasks import load_space
 
     assert load_space("idiom", overrides=["optim.lr=2e-5"]).config.optim.lr == 2e-5
-    assert _load_refused("idiom", ["optim.epochs=1e15"]) == ("--set: config key 'optim.epochs': expected an "
-                                                             "integer ≤ 100,000, got 1000000000000000")
+    assert _load_refused("idiom", ["optim.epochs=1e15"]) == (
+        "--set: config key 'optim.epochs': expected an integer ≤ 100,000, got 1000000000000000"
+    )
     assert _load_refused("idiom", ["scaling.start_timeout_s=.inf"]) == (
-        f"--set: config key 'scaling.start_timeout_s': expected {SECONDS}, got inf")
+        f"--set: config key 'scaling.start_timeout_s': expected {SECONDS}, got inf"
+    )
     assert _load_refused("idiom", ["scaling.cpus_per_worker=.inf"]) == (
-        f"--set: config key 'scaling.cpus_per_worker': expected {AMOUNT}, got inf")
+        f"--set: config key 'scaling.cpus_per_worker': expected {AMOUNT}, got inf"
+    )
     digits = "9" * 5000
     assert _load_refused("idiom", [f"optim.epochs={digits}"]).startswith(
-        "--set: config key 'optim.epochs': expected an integer, got '999")
+        "--set: config key 'optim.epochs': expected an integer, got '999"
+    )
     one_and_a_half = _load_refused("idiom", ["optim.epochs=1.5"])
     assert one_and_a_half == "--set: config key 'optim.epochs': expected an integer, got 1.5"
 
@@ -482,10 +742,12 @@ def test_a_data_slice_bound_is_an_integer_of_at_most_a_trillion(bound: str) -> N
     assert parse_spec(f"a.m2[-{MAX_BOUND}:{MAX_BOUND}]", must_exist=False).stop == MAX_BOUND
 
 
-@pytest.mark.parametrize("setting", ["scaling.cpus_per_worker=.inf", "scaling.collective_timeout_s=1e20",
-                                     "optim.epochs=1e15"])  # fmt: skip
+@pytest.mark.parametrize(
+    "setting", ["scaling.cpus_per_worker=.inf", "scaling.collective_timeout_s=1e20", "optim.epochs=1e15"]
+)
 def test_the_cli_refuses_an_unbounded_number_in_one_line_before_ray_starts(
-        tmp_path: Path, setting: str, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    tmp_path: Path, setting: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     """As the issue ran them: exit status 2, one line naming the key, nothing under ``--out`` (Ray never
     started: its session folder and the run folder's ``ray/`` are made only after the checks). The first as a
     process of its own (its exit status, no traceback); the others through the same ``main`` in this process."""
@@ -495,8 +757,9 @@ def test_the_cli_refuses_an_unbounded_number_in_one_line_before_ray_starts(
     out = tmp_path / "run"
     argv = ["idiom", "--preset", "smoke", "--set", setting, "--out", str(out)]
     if setting.startswith("scaling.cpus_per_worker"):
-        proc = subprocess.run([sys.executable, "-m", "raycl.tune", *argv], capture_output=True, text=True,
-                              timeout=120)  # fmt: skip
+        proc = subprocess.run(
+            [sys.executable, "-m", "raycl.tune", *argv], capture_output=True, text=True, timeout=120
+        )
         code, err = proc.returncode, proc.stderr
     else:
         from raycl import tune
@@ -511,12 +774,17 @@ def test_the_cli_refuses_an_unbounded_number_in_one_line_before_ray_starts(
     assert not out.exists() or not any(out.rglob("*"))
 
 
-@pytest.mark.parametrize(("text", "why"), [
-    ("a: &a [*a]\n", "an alias refers to a node that holds it"),  # found by tests/test_fuzz_readers.py
-    ("a: &a {b: *a}\n", "an alias refers to a node that holds it"),
-    ("".join(f"a{i}: &a{i} [*a{i - 1}]\n" if i else "a0: &a0 [x]\n" for i in range(70)),
-     "aliases nest deeper than 64 levels"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("a: &a [*a]\n", "an alias refers to a node that holds it"),  # found by tests/test_fuzz_readers.py
+        ("a: &a {b: *a}\n", "an alias refers to a node that holds it"),
+        (
+            "".join(f"a{i}: &a{i} [*a{i - 1}]\n" if i else "a0: &a0 [x]\n" for i in range(70)),
+            "aliases nest deeper than 64 levels",
+        ),
+    ],
+)
 def test_yaml_aliases_that_nest_without_end_are_one_line(tmp_path: Path, text: str, why: str) -> None:
     """A recursive alias made the alias counter recurse until RecursionError; aliases of aliases nest deeper than
     the text's own nesting, which the loader bounds."""

@@ -18,8 +18,9 @@ from raycl.distributed.weights import start_weight_store
 from raycl.testing.miners import ECHO
 
 
-def _epoch_with_a_publication(ray: Any, max_staleness: int, *, before_close: Callable[[], None] = lambda: None
-                              ) -> tuple[StreamConsumer, list[Any], dict[str, Any]]:  # fmt: skip
+def _epoch_with_a_publication(
+    ray: Any, max_staleness: int, *, before_close: Callable[[], None] = lambda: None
+) -> tuple[StreamConsumer, list[Any], dict[str, Any]]:
     """Take 4 items at version 0, publish twice while the buffer is full of version-0 items, take the rest;
     ``before_close`` runs while the actors are still alive."""
     store, stream = start_weight_store(), start_stream(world_size=1, capacity=8, task_size=2)

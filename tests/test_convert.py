@@ -30,10 +30,14 @@ def _fairseq_state(seed: int, *, separate_output: bool) -> dict[str, torch.Tenso
         return torch.randn(*shape, generator=g) * 0.3
 
     emb = rand(ROWS, D)
-    sd: dict[str, torch.Tensor] = {"encoder.embed_tokens.weight": emb, "decoder.embed_tokens.weight": emb,
-                                   "encoder.embed_positions._float_tensor": torch.zeros(1),
-                                   "decoder.embed_positions._float_tensor": torch.zeros(1),
-                                   "encoder.version": torch.tensor([3.0]), "decoder.version": torch.tensor([3.0])}
+    sd: dict[str, torch.Tensor] = {
+        "encoder.embed_tokens.weight": emb,
+        "decoder.embed_tokens.weight": emb,
+        "encoder.embed_positions._float_tensor": torch.zeros(1),
+        "decoder.embed_positions._float_tensor": torch.zeros(1),
+        "encoder.version": torch.tensor([3.0]),
+        "decoder.version": torch.tensor([3.0]),
+    }
     for side in ("encoder", "decoder"):
         for i in range(LAYERS):
             attns = ["self_attn", "encoder_attn"] if side == "decoder" else ["self_attn"]
@@ -51,11 +55,23 @@ def _fairseq_state(seed: int, *, separate_output: bool) -> dict[str, torch.Tenso
     return sd
 
 
-ARGS = dict(arch="transformer_vaswani_wmt_en_de_big", encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
-            encoder_embed_dim=D, decoder_embed_dim=D, share_all_embeddings=True, source_lang="src",
-            target_lang="trg",
-            dropout=0.3, attention_dropout=0.1, activation_fn="relu", max_source_positions=64,
-            max_target_positions=64, encoder_normalize_before=False, decoder_normalize_before=False)  # fmt: skip
+ARGS = dict(
+    arch="transformer_vaswani_wmt_en_de_big",
+    encoder_attention_heads=HEADS,
+    decoder_attention_heads=HEADS,
+    encoder_embed_dim=D,
+    decoder_embed_dim=D,
+    share_all_embeddings=True,
+    source_lang="src",
+    target_lang="trg",
+    dropout=0.3,
+    attention_dropout=0.1,
+    activation_fn="relu",
+    max_source_positions=64,
+    max_target_positions=64,
+    encoder_normalize_before=False,
+    decoder_normalize_before=False,
+)
 
 
 def _write(tmp: Path, *, cfg_style: bool = False, **over: object) -> tuple[Path, Path, Path]:
@@ -105,8 +121,9 @@ def _ln(sd: dict, p: str, x: torch.Tensor) -> torch.Tensor:
 
 
 def _ffn(sd: dict, p: str, x: torch.Tensor) -> torch.Tensor:
-    return F.linear(F.relu(F.linear(x, sd[f"{p}.fc1.weight"], sd[f"{p}.fc1.bias"])), sd[f"{p}.fc2.weight"],
-                    sd[f"{p}.fc2.bias"])  # fmt: skip
+    return F.linear(
+        F.relu(F.linear(x, sd[f"{p}.fc1.weight"], sd[f"{p}.fc1.bias"])), sd[f"{p}.fc2.weight"], sd[f"{p}.fc2.bias"]
+    )
 
 
 def reference_score(sd: dict, src: list[int], tgt: list[int]) -> float:
@@ -165,14 +182,19 @@ def test_a_converted_model_decodes_and_mines(tmp_path: Path) -> None:
     ckpt, dicts, codes = _write(tmp_path)
     convert_fairseq_transformer(ckpt, dict_dir=dicts, bpe_codes=codes, out=tmp_path / "hf")
     scorer = Seq2SeqScorer.from_pretrained(tmp_path / "hf")
-    (mined,) = BeamSearchMiner(scorer, k=2, beam=3, max_len_b=6).mine([GecExample("a", "the cat sat .",
-                                                                                      "the cats sat .")])
+    (mined,) = BeamSearchMiner(scorer, k=2, beam=3, max_len_b=6).mine(
+        [GecExample("a", "the cat sat .", "the cats sat .")]
+    )
     assert mined.id == "a" and len(mined.negatives) == len(mined.scores) >= 1
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "raycl.convert", "fairseq-transformer", *args],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "raycl.convert", "fairseq-transformer", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _refused(capsys: pytest.CaptureFixture[str], *args: str) -> str:

@@ -73,8 +73,9 @@ def test_each_planted_sync_is_counted_once_with_its_line(name: str) -> None:
     assert event.site.startswith(f"tests/test_counting.py:{_line(step)} in ")
 
 
-@pytest.mark.parametrize("checkout", ["raycl", "a folder with spaces/raycl", "a/b/c/d/e/f/g/raycl-main",
-                                      "torch/raycl", "tests"])
+@pytest.mark.parametrize(
+    "checkout", ["raycl", "a folder with spaces/raycl", "a/b/c/d/e/f/g/raycl-main", "torch/raycl", "tests"]
+)
 def test_a_site_is_shown_from_the_checkout_whatever_its_folder_is_called(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, checkout: str
 ) -> None:

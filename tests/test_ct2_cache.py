@@ -22,8 +22,17 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny")
     pairs = generate_pairs(60, error_rate=0.5, edits_per_error=1.0, seed=0)
     texts = [t for _, m in pairs for t in (m.source, _target(m, 0))]
-    return build_model("smoke", out_dir=out, texts=texts, vocab_size=300, d_model=32, encoder_ffn_dim=64,
-                       decoder_ffn_dim=64, encoder_layers=1, decoder_layers=1)  # fmt: skip
+    return build_model(
+        "smoke",
+        out_dir=out,
+        texts=texts,
+        vocab_size=300,
+        d_model=32,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        encoder_layers=1,
+        decoder_layers=1,
+    )
 
 
 def test_three_miners_on_one_node_convert_once(ray_local, tiny: Path, tmp_path: Path) -> None:  # noqa: ANN001
@@ -83,8 +92,9 @@ def test_versions_older_than_the_newest_two_are_pruned_but_the_base_stays(tiny: 
     ct2 = CT2Seq2Seq.from_pretrained(tiny, cache_dir=cache)
     state = {k: v.clone() for k, v in ct2_state(tiny).items()}
     for version in (1, 2, 3):
-        ct2.load_state_dict({k: v * (1 + version / 10) if v.is_floating_point() else v for k, v in state.items()},
-                            version=version)  # fmt: skip
+        ct2.load_state_dict(
+            {k: v * (1 + version / 10) if v.is_floating_point() else v for k, v in state.items()}, version=version
+        )
     kept = sorted(p.name.split("-")[0] for p in cache.iterdir() if p.is_dir() and not p.name.startswith("."))
     assert kept == ["v0", "v2", "v3"]
     assert ct2.score_texts(["a b ."], ["a b ."])[0] < 0  # the loaded version still decodes

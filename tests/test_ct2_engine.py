@@ -28,8 +28,17 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny BART taught GEC on the built-in corpus until it corrects text (token loss < 1.5); trained once a
     session."""
     out = tmp_path_factory.mktemp("trained")
-    build_model("smoke", out_dir=out, texts=[t for p in TRAIN for t in p], vocab_size=500, d_model=64,
-                encoder_ffn_dim=128, decoder_ffn_dim=128, encoder_layers=2, decoder_layers=2)  # fmt: skip
+    build_model(
+        "smoke",
+        out_dir=out,
+        texts=[t for p in TRAIN for t in p],
+        vocab_size=500,
+        d_model=64,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        encoder_layers=2,
+        decoder_layers=2,
+    )
     torch.manual_seed(0)
     scorer = Seq2SeqScorer.from_pretrained(out)
     opt = torch.optim.AdamW(scorer.parameters(), lr=1e-3)
@@ -56,12 +65,18 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _compare(a: list[list[tuple[str, float]]], b: list[list[tuple[str, float]]]) -> dict[str, float]:
     # scores of the lists both engines return alike, rank by rank (two hypotheses may decode to one text)
-    both = [(p, q) for x, y in zip(a, b, strict=True) if [t for t, _ in x] == [t for t, _ in y]
-            for (_, p), (_, q) in zip(x, y, strict=True)]
+    both = [
+        (p, q)
+        for x, y in zip(a, b, strict=True)
+        if [t for t, _ in x] == [t for t, _ in y]
+        for (_, p), (_, q) in zip(x, y, strict=True)
+    ]
     pairs = list(zip(a, b, strict=True))
-    return {"top1": sum([t for t, _ in x[:1]] == [t for t, _ in y[:1]] for x, y in pairs) / len(a),
-            "same_set": sum({t for t, _ in x} == {t for t, _ in y} for x, y in zip(a, b, strict=True)) / len(a),
-            "max_score_diff": max((abs(p - q) for p, q in both), default=0.0)}  # fmt: skip
+    return {
+        "top1": sum([t for t, _ in x[:1]] == [t for t, _ in y[:1]] for x, y in pairs) / len(a),
+        "same_set": sum({t for t, _ in x} == {t for t, _ in y} for x, y in zip(a, b, strict=True)) / len(a),
+        "max_score_diff": max((abs(p - q) for p, q in both), default=0.0),
+    }
 
 
 KW = dict(num_beams=5, num_return_sequences=5, max_new_tokens=200, drop_cut=True, rank_by="beam")  # mining's
@@ -162,8 +177,9 @@ def test_two_trials_publishing_their_own_version_1_never_share_a_conversion(trai
         assert engine.score_texts(HELD_OUT[:4], HELD_OUT[:4]) == pytest.approx(want, abs=1e-3)
 
 
-def test_auto_picks_ctranslate2_where_it_converts_the_model_and_runs_the_precision(trained: Path,
-                                                                                   tmp_path: Path) -> None:
+def test_auto_picks_ctranslate2_where_it_converts_the_model_and_runs_the_precision(
+    trained: Path, tmp_path: Path
+) -> None:
     assert choose_engine("auto", trained, device="cpu", precision="fp32").engine == "ctranslate2"
     assert choose_engine("auto", trained, device="cpu", precision="int8").engine == "ctranslate2"
     got = choose_engine("auto", trained, device="cpu", precision="fp16")  # no float16 on CPUs

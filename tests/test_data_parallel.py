@@ -31,9 +31,18 @@ def _scorer(tok_dir: Path) -> Seq2SeqScorer:
     texts = [t for e in EXAMPLES for t in (e.source, e.target)] + [n for ns in NEGATIVES for n in ns]
     tokenizer = train_bpe_tokenizer(texts * 3, tok_dir, vocab_size=300)
     torch.manual_seed(0)
-    config = BartConfig(vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1,
-                        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-                        decoder_ffn_dim=32, max_position_embeddings=64, dropout=0.0)  # fmt: skip
+    config = BartConfig(
+        vocab_size=len(tokenizer),
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        dropout=0.0,
+    )
     return Seq2SeqScorer(BartForConditionalGeneration(config).double().eval(), tokenizer)
 
 

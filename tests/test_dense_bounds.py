@@ -41,7 +41,7 @@ def test_a_link_planted_at_a_temp_name_writes_nothing_through_it(tmp_path: Path)
     names the dense miner used to build (``.corpus.parquet.tmp``, ``.part-00000.usearch.<pid>.tmp``) are never
     followed (undo: the old names write the corpus and the index into the victim)."""
     pytest.importorskip("usearch")
-    from raycl.distributed.dense_mining import _save_index
+    from raycl.distributed.dense import _save_index
     from raycl.miners.dense_io import corpus_parquet, read_corpus_range
 
     victim = tmp_path / "victim.txt"
@@ -71,8 +71,9 @@ def _bomb(path: Path, column: str = "anchor") -> Path:
     return path
 
 
-def test_a_dictionary_bomb_as_pairs_or_corpus_is_refused_in_one_line(tmp_path: Path,
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_dictionary_bomb_as_pairs_or_corpus_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The pairs file, a corpus range and the command each refuse the bomb before decoding it (undo: pyarrow's
     ``read_table`` / ``read_row_groups`` decode the whole gigabyte and the pairs are taken)."""
     from raycl.miners.dense_io import read_corpus_range, read_pairs
@@ -110,8 +111,10 @@ def test_json_lines_csv_and_text_inputs_are_held_to_their_bounds(tmp_path: Path)
     with pytest.raises(UserError, match=r"long.txt:2: a line longer than .* expected one text per line"):
         corpus_parquet(tmp_path / "long.txt", tmp_path, None)
     (tmp_path / "ok.csv").write_text('anchor,positive\n"a, with comma",b\nc,d\n')
-    assert read_pairs(tmp_path / "ok.csv").to_list() == [{"anchor": "a, with comma", "positive": "b"},
-                                                         {"anchor": "c", "positive": "d"}]  # fmt: skip
+    assert read_pairs(tmp_path / "ok.csv").to_list() == [
+        {"anchor": "a, with comma", "positive": "b"},
+        {"anchor": "c", "positive": "d"},
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- 3. out, URIs
@@ -144,7 +147,8 @@ def server() -> Iterator[tuple[str, list[str]]]:
 
 
 def test_http_inputs_and_out_are_refused_before_any_request(
-        server: tuple[str, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    server: tuple[str, list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``--data``, ``--corpus``, ``--model``, ``--cross-encoder``, ``--out`` (and the library's arguments) as
     http(s) URIs: check_uri's one line, zero requests (undo: 'no such file' or a hub lookup instead)."""
     import raycl
@@ -163,7 +167,8 @@ def test_http_inputs_and_out_are_refused_before_any_request(
 
 
 def test_an_out_others_can_write_is_refused_unless_trusted(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A world-writable OUT (its shards and manifest are read back on a resume) and an OUT holding a link out of
     it: refused in the words of ``raycl.mine gec``, before anything is written; ``--trust-out`` / ``trust_out``
     take it (undo: the dense command writes into it)."""
@@ -173,36 +178,52 @@ def test_an_out_others_can_write_is_refused_unless_trusted(
     out.mkdir()
     out.chmod(0o777)
     line = _refused(["dense", "--model", str(tmp_path), "--data", str(pairs), "--out", str(out)], capsys)
-    assert line.endswith("shared: writable by users other than its owner (mode drwxrwxrwx): refused, expected an "
-                         "output of raycl.mine that only you (or root) can have written; make it yours (chown -R, "
-                         "chmod -R go-w, or copy it: cp -r), or choose another --out; or, if you trust everyone "
-                         "who can write it, rerun with --trust-out"), line  # fmt: skip
+    assert line.endswith(
+        "shared: writable by users other than its owner (mode drwxrwxrwx): refused, expected an "
+        "output of raycl.mine that only you (or root) can have written; make it yours (chown -R, "
+        "chmod -R go-w, or copy it: cp -r), or choose another --out; or, if you trust everyone "
+        "who can write it, rerun with --trust-out"
+    ), line
     with pytest.raises(UserError, match=r"choose another out; or, .* rerun with trust_out=True"):
         raycl.mine_dense_negatives(str(pairs), tmp_path, out=out, verbose=False)
     assert list(out.iterdir()) == []
     out.chmod(0o755)
     (out / "_mining.json").symlink_to(tmp_path / "elsewhere.json")
-    assert "a symbolic link to" in _refused(["dense", "--model", str(tmp_path), "--data", str(pairs), "--out",
-                                             str(out)], capsys)  # fmt: skip
+    assert "a symbolic link to" in _refused(
+        ["dense", "--model", str(tmp_path), "--data", str(pairs), "--out", str(out)], capsys
+    )
     # trusted: past the check, on to the model (this folder is none: its own one line)
-    line = _refused(["dense", "--model", str(tmp_path), "--data", str(pairs), "--out", str(out), "--trust-out"],
-                    capsys)  # fmt: skip
+    line = _refused(
+        ["dense", "--model", str(tmp_path), "--data", str(pairs), "--out", str(out), "--trust-out"], capsys
+    )
     assert "no config.json" in line
 
 
 # ---------------------------------------------------------------------------------------------- 4. numbers
-@pytest.mark.parametrize("flag, value", [("--max-score", "inf"), ("--relative-margin", "1e300"),
-                                         ("--min-score", "1e400"), ("--num-negatives", "1" + "0" * 30),
-                                         ("--batch-size", "10000000"), ("--range-max", "99999999999"),
-                                         ("--gpus-per-miner", "inf"), ("--seed", "-1"),
-                                         ("--num-miners", "1-100000000")])  # fmt: skip
-def test_a_number_out_of_bounds_is_one_line_before_anything_starts(flag: str, value: str, tmp_path: Path,
-                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--max-score", "inf"),
+        ("--relative-margin", "1e300"),
+        ("--min-score", "1e400"),
+        ("--num-negatives", "1" + "0" * 30),
+        ("--batch-size", "10000000"),
+        ("--range-max", "99999999999"),
+        ("--gpus-per-miner", "inf"),
+        ("--seed", "-1"),
+        ("--num-miners", "1-100000000"),
+    ],
+)
+def test_a_number_out_of_bounds_is_one_line_before_anything_starts(
+    flag: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Infinite, NaN or absurd numbers: one line naming the option, exit 2, nothing written (undo: inf passes
     ``dense_options``, a 10^30 window or batch reaches the actors)."""
     out = tmp_path / "out"
-    line = _refused(["dense", "--model", str(tmp_path), "--data", str(_pairs(tmp_path)), "--out", str(out), flag,
-                     value], capsys)  # fmt: skip
+    line = _refused(
+        ["dense", "--model", str(tmp_path), "--data", str(_pairs(tmp_path)), "--out", str(out), flag, value],
+        capsys,
+    )
     assert f"{flag}: expected a" in line and not out.exists()
 
 
@@ -210,8 +231,13 @@ def test_the_library_bounds_its_numbers_too(tmp_path: Path) -> None:
     import raycl
 
     pairs = str(_pairs(tmp_path))
-    for key, value in (("batch_size", 10**30), ("absolute_margin", float("inf")), ("num_negatives", 2.5),
-                       ("cpus_per_miner", float("nan")), ("num_miners", (1, 10**9))):  # fmt: skip
+    for key, value in (
+        ("batch_size", 10**30),
+        ("absolute_margin", float("inf")),
+        ("num_negatives", 2.5),
+        ("cpus_per_miner", float("nan")),
+        ("num_miners", (1, 10**9)),
+    ):
         with pytest.raises(UserError, match=f"^{key}: expected a"):
             raycl.mine_dense_negatives(pairs, tmp_path, out=tmp_path / "out", verbose=False, **{key: value})
     assert not (tmp_path / "out").exists()

@@ -50,8 +50,13 @@ def tiny(tmp_path_factory: pytest.TempPathFactory, minilm: str) -> str:
 
     torch.manual_seed(0)
     out = tmp_path_factory.mktemp("tiny")
-    config = BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                        max_position_embeddings=128)  # fmt: skip
+    config = BertConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+    )
     BertModel(config, add_pooling_layer=False).save_pretrained(out)
     AutoTokenizer.from_pretrained(minilm).save_pretrained(out)
     return str(out)
@@ -66,8 +71,9 @@ def _agreement(ours: dict[str, list[str]], theirs: dict[str, list[str]]) -> floa
     return sum(ours.get(k) == theirs.get(k) for k in keys) / len(keys)
 
 
-def test_same_negatives_as_sentence_transformers(minilm: str, pairs: Any, tmp_path: Path, ray_local: Any,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_same_negatives_as_sentence_transformers(
+    minilm: str, pairs: Any, tmp_path: Path, ray_local: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
     """≥ 99% of queries get the very same 3 negatives (n-tuple, exact search): without margins in this process
     and through the command, with relative_margin 0.05 on 2 Ray miners."""
     st = pytest.importorskip("sentence_transformers")
@@ -80,22 +86,48 @@ def test_same_negatives_as_sentence_transformers(minilm: str, pairs: Any, tmp_pa
     kw: dict[str, Any] = {"num_negatives": 3, "output_format": "n-tuple", "output_scores": True}
     cache = str(tmp_path / "st-cache")  # sentence-transformers embeds once for both of its runs
     theirs = mine_hard_negatives(pairs, model, verbose=False, cache_folder=cache, **kw)
-    theirs_margin = mine_hard_negatives(pairs, model, verbose=False, cache_folder=cache, relative_margin=0.05,
-                                        **kw)  # fmt: skip
+    theirs_margin = mine_hard_negatives(
+        pairs, model, verbose=False, cache_folder=cache, relative_margin=0.05, **kw
+    )
 
     ours = raycl.mine_dense_negatives(pairs, minilm, num_miners=0, verbose=False, **kw)
     assert _agreement(_negatives(ours), _negatives(theirs)) >= 0.99
     assert len(ours) >= 0.99 * len(theirs)
     pairs.to_parquet(tmp_path / "pairs.parquet")
-    assert main(["dense", "--model", minilm, "--data", str(tmp_path / "pairs.parquet"), "--out",
-                 str(tmp_path / "cli"), "--num-miners", "0", "--output-format", "n-tuple", "--json"]) == 0
+    assert (
+        main(
+            [
+                "dense",
+                "--model",
+                minilm,
+                "--data",
+                str(tmp_path / "pairs.parquet"),
+                "--out",
+                str(tmp_path / "cli"),
+                "--num-miners",
+                "0",
+                "--output-format",
+                "n-tuple",
+                "--json",
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     cli = pq.read_table(tmp_path / "cli").to_pylist()
     assert summary["queries"] == len(pairs) and summary["rows"] == len(cli)
     assert _agreement(_negatives(cli), _negatives(theirs)) >= 0.99
 
-    two = raycl.mine_dense_negatives(pairs, minilm, num_miners=2, cpus_per_miner=0.5, relative_margin=0.05,
-                                     query_block_size=50, verbose=False, **kw)  # fmt: skip
+    two = raycl.mine_dense_negatives(
+        pairs,
+        minilm,
+        num_miners=2,
+        cpus_per_miner=0.5,
+        relative_margin=0.05,
+        query_block_size=50,
+        verbose=False,
+        **kw,
+    )
     assert _agreement(_negatives(two), _negatives(theirs_margin)) >= 0.99
     shared = {r["anchor"]: r["scores"] for r in theirs_margin}
     worst = max(np.abs(np.subtract(r["scores"], shared[r["anchor"]])).max() for r in two if r["anchor"] in shared)
@@ -110,8 +142,15 @@ def _corpus(tmp_path: Path, n: int = 400) -> Path:
 
 
 def _tiny_kw(tmp_path: Path) -> dict[str, Any]:
-    return {"corpus": str(_corpus(tmp_path)), "corpus_shard_size": 100, "query_block_size": 10,
-            "relative_margin": 0.02, "num_negatives": 2, "output_scores": True, "verbose": False}  # fmt: skip
+    return {
+        "corpus": str(_corpus(tmp_path)),
+        "corpus_shard_size": 100,
+        "query_block_size": 10,
+        "relative_margin": 0.02,
+        "num_negatives": 2,
+        "output_scores": True,
+        "verbose": False,
+    }
 
 
 def _table(out: Path) -> list[dict[str, Any]]:
@@ -126,8 +165,15 @@ def test_killed_miners_rerun_equals_an_unkilled_run(tiny: str, tmp_path: Path, r
     pairs = docstring_pairs(60, max_chars=200)
     kw = _tiny_kw(tmp_path)
     ref = raycl.mine_dense_negatives(pairs, tiny, num_miners=0, out=tmp_path / "ref", **kw)
-    got = raycl.mine_dense_negatives(pairs, tiny, num_miners=2, cpus_per_miner=0.5, out=tmp_path / "killed",
-                                     faults=Chaos(fail_after_tasks=1), **kw)  # fmt: skip
+    got = raycl.mine_dense_negatives(
+        pairs,
+        tiny,
+        num_miners=2,
+        cpus_per_miner=0.5,
+        out=tmp_path / "killed",
+        faults=Chaos(fail_after_tasks=1),
+        **kw,
+    )
     assert len(ref) > 0 and got.to_list() == ref.to_list()
     assert _table(tmp_path / "killed") == _table(tmp_path / "ref")
     assert len(shard_files(tmp_path / "killed")) == 6
@@ -151,8 +197,12 @@ def test_killed_driver_rerun_equals_an_unkilled_run(tiny: str, tmp_path: Path) -
     pairs, kw = docstring_pairs(60, max_chars=200), _tiny_kw(tmp_path)
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "RAYCL_PROGRESS": "off"}
-    proc = subprocess.Popen([sys.executable, "-c", _DRIVER.format(kw=kw), tiny, str(out)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _DRIVER.format(kw=kw), tiny, str(out)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 240
     while len(shard_files(out)) < 2 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -180,8 +230,9 @@ def test_rerun_resumes_nothing_done_and_refuses_other_settings(tiny: str, tmp_pa
     with pytest.raises(UserError, match=r"num_negatives 2 → 3"):
         raycl.mine_dense_negatives(pairs, tiny, num_miners=0, out=out, **{**kw, "num_negatives": 3})
     assert {p.name: p.stat().st_mtime_ns for p in shard_files(out)} == stamps
-    fresh = raycl.mine_dense_negatives(pairs, tiny, num_miners=0, out=out, overwrite=True,
-                                       **{**kw, "num_negatives": 3})  # fmt: skip
+    fresh = raycl.mine_dense_negatives(
+        pairs, tiny, num_miners=0, out=out, overwrite=True, **{**kw, "num_negatives": 3}
+    )
     assert len(fresh) > 0 and (out / "_scores.png").stat().st_size > 0
     report = json.loads((out / "_report.json").read_text())
     assert report["negatives"] > 0 and report["rows"] == len(fresh)
@@ -229,8 +280,17 @@ def test_bad_input_is_one_line_exit_2(tiny: str, tmp_path: Path, capsys: pytest.
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "seq2seq").mkdir()
     (tmp_path / "seq2seq" / "config.json").write_text(json.dumps({"is_encoder_decoder": True}))
-    base = ["dense", "--model", tiny, "--data", str(tmp_path / "pairs.parquet"), "--out", str(tmp_path / "o"),
-            "--num-miners", "0"]  # fmt: skip
+    base = [
+        "dense",
+        "--model",
+        tiny,
+        "--data",
+        str(tmp_path / "pairs.parquet"),
+        "--out",
+        str(tmp_path / "o"),
+        "--num-miners",
+        "0",
+    ]
     cases = [
         (["--anchor-column-name", "query"], "no column 'query' (anchor_column_name)"),
         (["--corpus", str(tmp_path / "empty.txt")], "an empty corpus"),
@@ -259,8 +319,9 @@ def test_cross_encoder_rescores_as_sentence_transformers(tiny: str, minilm: str,
 
     torch.manual_seed(1)
     cross = tmp_path / "cross"
-    config = BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
-                        num_labels=1)  # fmt: skip
+    config = BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, num_labels=1
+    )
     # raw logits, spread wide: a random model's sigmoids all lie near 0.5, where float noise reorders them
     config.sentence_transformers = {"activation_fn": "torch.nn.modules.linear.Identity"}
     model = BertForSequenceClassification(config)
@@ -272,13 +333,19 @@ def test_cross_encoder_rescores_as_sentence_transformers(tiny: str, minilm: str,
 
     pairs = datasets.Dataset.from_list(docstring_pairs(40, max_chars=200))
     kw: dict[str, Any] = {"num_negatives": 2, "output_format": "n-tuple", "output_scores": True}
-    probe = raycl.mine_dense_negatives(pairs, tiny, cross_encoder=cross, relative_margin=0.0, num_miners=0,
-                                       verbose=False, **kw)  # fmt: skip
+    probe = raycl.mine_dense_negatives(
+        pairs, tiny, cross_encoder=cross, relative_margin=0.0, num_miners=0, verbose=False, **kw
+    )
     bound = float(np.median([s for r in probe for s in r["scores"][1:]]))
     kw["max_score"] = bound
     ours = raycl.mine_dense_negatives(pairs, tiny, cross_encoder=cross, num_miners=0, verbose=False, **kw)
-    theirs = mine_hard_negatives(pairs, st.SentenceTransformer(tiny, device="cpu"),
-                                 cross_encoder=st.CrossEncoder(str(cross), device="cpu"), verbose=False, **kw)
+    theirs = mine_hard_negatives(
+        pairs,
+        st.SentenceTransformer(tiny, device="cpu"),
+        cross_encoder=st.CrossEncoder(str(cross), device="cpu"),
+        verbose=False,
+        **kw,
+    )
     assert len(ours) > 0 and _agreement(_negatives(ours, 2), _negatives(theirs, 2)) >= 0.95
     from raycl.models.cross_scorer import CrossScorer
 
@@ -301,8 +368,13 @@ def test_an_object_store_out_resumes_from_the_store(s3: dict[str, str], tiny: st
     pairs, kw = docstring_pairs(30, max_chars=200), _tiny_kw(tmp_path)
     first = raycl.mine_dense_negatives(pairs, tiny, num_miners=0, out=uri, **kw)
     objects = storage.listing(uri)
-    assert {"_mining.json", "part-00000.parquet", "part-00002.parquet", "_embeddings/part-00004.parquet",
-            "_report.json"} <= set(objects)  # fmt: skip
+    assert {
+        "_mining.json",
+        "part-00000.parquet",
+        "part-00002.parquet",
+        "_embeddings/part-00004.parquet",
+        "_report.json",
+    } <= set(objects)
     shutil.rmtree(storage.stage_dir(uri))
     again = raycl.mine_dense_negatives(pairs, tiny, num_miners=0, out=uri, **kw)
     report = json.loads(storage.read_text(f"{uri}/_report.json"))

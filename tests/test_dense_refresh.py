@@ -15,14 +15,20 @@ from typing import Any
 import pytest
 import torch
 
-from raycl.configs import load_space
+from raycl.config.tasks import load_space
 from raycl.errors import UserError
 from raycl.models.sentence_encoder import SentenceEncoder, build_sentence_encoder
 from raycl.recipes import recipe_for
 
 sts = recipe_for("sts")
-REFRESH = ["mining.dense=true", "mining.pool=8", "mining.refresh=true", "mining.refresh_every=2",
-           "mining.cpus_per_miner=0.25", "mining.task_size=8"]  # fmt: skip
+REFRESH = [
+    "mining.dense=true",
+    "mining.pool=8",
+    "mining.refresh=true",
+    "mining.refresh_every=2",
+    "mining.cpus_per_miner=0.25",
+    "mining.task_size=8",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +51,8 @@ def _table(refreshed: Any) -> dict[str, list[str]]:
 
 
 def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_loses_no_anchor(
-        ray_local, tmp_path: Path) -> None:  # fmt: skip
+    ray_local, tmp_path: Path
+) -> None:
     """Two miners, one killed after its first task (before handing it back). Round 1 (version 1 = the base
     weights) equals the static pool's selection with its margin; after the weights change, round 2 (version 2)
     equals a pool mined afresh with the changed model — the corpus was embedded again — and differs from round 1.
@@ -59,8 +66,17 @@ def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_l
     from raycl.recipes.sts.recipe import KIND, miner_options, mining_section
     from raycl.testing.faults import Chaos
 
-    space = load_space("sts", preset="smoke", overrides=[*REFRESH, "mining.num_negatives=2", "mining.num_miners=2",
-                                                         "mining.relative_margin=0.003", "mining.max_staleness=0"])
+    space = load_space(
+        "sts",
+        preset="smoke",
+        overrides=[
+            *REFRESH,
+            "mining.num_negatives=2",
+            "mining.num_miners=2",
+            "mining.relative_margin=0.003",
+            "mining.max_staleness=0",
+        ],
+    )
     cfg, _ = sts.with_data(space.config, tmp_path / "data")
     from raycl.recipes.sts.negatives import mining_pairs
 
@@ -72,8 +88,17 @@ def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_l
     try:
         service.pool.ready()  # both built and asking: round 1's first tasks go to both, miner 0 dies holding one
         anchors = refresh_anchors(cfg, 1)
-        got = RefreshedNegatives({}, anchors, stream=service.stream, store=service.store, rank=0, world_size=1,
-                                 refresh_every=1, max_staleness=0, wait_s=120)  # fmt: skip
+        got = RefreshedNegatives(
+            {},
+            anchors,
+            stream=service.stream,
+            store=service.store,
+            rank=0,
+            world_size=1,
+            refresh_every=1,
+            max_staleness=0,
+            wait_s=120,
+        )
         model = SentenceEncoder.from_pretrained(base)
         got.after_update(1, model)  # version 1: the base weights
         n = len(anchors[0])
@@ -85,8 +110,12 @@ def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_l
         assert first == _pool_selection(cfg, base, tmp_path / "pool1")
         pool = read_negatives(tmp_path / "pool1")  # the static path never hands an anchor its own copy either
         assert any(a in v.negatives[:2] for a, v in pool.items())  # its nearest text, in the pool
-        static = negatives_for(dataclasses.replace(cfg, mining=dataclasses.replace(
-            cfg.mining, relative_margin=None, negatives=str(tmp_path / "pool1"))))  # fmt: skip
+        static = negatives_for(
+            dataclasses.replace(
+                cfg,
+                mining=dataclasses.replace(cfg.mining, relative_margin=None, negatives=str(tmp_path / "pool1")),
+            )
+        )
         assert static and all(a not in negs and len(negs) == 2 for a, negs in static.items())
         with torch.no_grad():  # another model: the negatives must follow it
             torch.manual_seed(1)
@@ -109,22 +138,42 @@ def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_l
 
 
 def test_refresh_settings_are_checked_in_one_line(tmp_path: Path) -> None:
-    for bad, line in (("mining.refresh_every=0", "mining.refresh_every': expected an integer ≥ 1 with "
-                                                 "mining.refresh"),
-                      ("mining.max_staleness=-1", "mining.max_staleness': expected an integer ≥ 0"),
-                      ("mining.num_miners=0", "mining.num_miners': expected an integer ≥ 1"),
-                      ("mining.wait_s=-2", "mining.wait_s': expected a number of seconds ≥ 0")):  # fmt: skip
+    for bad, line in (
+        ("mining.refresh_every=0", "mining.refresh_every': expected an integer ≥ 1 with mining.refresh"),
+        ("mining.max_staleness=-1", "mining.max_staleness': expected an integer ≥ 0"),
+        ("mining.num_miners=0", "mining.num_miners': expected an integer ≥ 1"),
+        ("mining.wait_s=-2", "mining.wait_s': expected a number of seconds ≥ 0"),
+    ):
         with pytest.raises(UserError, match=line):
-            load_space("sts", overrides=["mining.dense=true", "mining.refresh=true", "mining.refresh_every=5",
-                                         bad])  # fmt: skip
+            load_space(
+                "sts", overrides=["mining.dense=true", "mining.refresh=true", "mining.refresh_every=5", bad]
+            )
     cfg = load_space("sts", overrides=["mining.refresh=true", "mining.refresh_every=5"]).config
     dense = dataclasses.replace(cfg, mining=dataclasses.replace(cfg.mining, dense=True))
     assert not cfg.refreshes and dense.refreshes  # a rung without dense negatives refreshes none
     out = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "raycl.train", "sts", "--preset", "smoke", "--out", str(out),
-                           "--set", "mining.dense=true", "--set", "mining.refresh=true", "--set",
-                           "mining.refresh_every=0"],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "RAY_ADDRESS": ""})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raycl.train",
+            "sts",
+            "--preset",
+            "smoke",
+            "--out",
+            str(out),
+            "--set",
+            "mining.dense=true",
+            "--set",
+            "mining.refresh=true",
+            "--set",
+            "mining.refresh_every=0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RAY_ADDRESS": ""},
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().count("\n") == 0
     assert "config key 'mining.refresh_every': expected an integer ≥ 1 with mining.refresh" in done.stderr

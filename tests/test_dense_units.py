@@ -23,8 +23,9 @@ def _cands(rows: list[list[tuple[str, float]]]) -> Candidates:
     return Candidates(scores, keys, texts)
 
 
-def _pick(cands: Candidates, pos: list[list[str]], pos_scores: list[list[float]], **kw: object
-          ) -> tuple[list[list[str]], Stats]:  # fmt: skip
+def _pick(
+    cands: Candidates, pos: list[list[str]], pos_scores: list[list[float]], **kw: object
+) -> tuple[list[list[str]], Stats]:
     opts = dense_options(max_positives=max(len(p) for p in pos), **kw)  # type: ignore[arg-type]
     stats = Stats()
     chosen = select(cands, [keys_of(p) for p in pos], pos_scores, opts, 0, stats)
@@ -46,11 +47,17 @@ def test_relative_margin_with_a_negative_positive_score_sentence_transformers_38
 def test_absolute_margin_and_score_bounds() -> None:
     """keep s ≤ p − m (hardest positive p: the lowest of a query's), then s ≤ max_score, then s ≥ min_score."""
     cands = _cands([[("P1", 0.9), ("a", 0.65), ("b", 0.58), ("c", 0.5), ("d", 0.3), ("e", 0.1)]])
-    got, stats = _pick(cands, [["P1", "P2"]], [[0.9, 0.7]], absolute_margin=0.1, max_score=0.55, min_score=0.2,
-                       num_negatives=3)  # fmt: skip
+    got, stats = _pick(
+        cands, [["P1", "P2"]], [[0.9, 0.7]], absolute_margin=0.1, max_score=0.55, min_score=0.2, num_negatives=3
+    )
     assert got == [["c", "d"]]
-    assert stats.dropped == {"positives": 1, "absolute_margin": 1, "relative_margin": 0, "max_score": 1,
-                             "min_score": 1}  # fmt: skip
+    assert stats.dropped == {
+        "positives": 1,
+        "absolute_margin": 1,
+        "relative_margin": 0,
+        "max_score": 1,
+        "min_score": 1,
+    }
     assert stats.short == 1 and stats.negatives == 2 and stats.candidates == 6
 
 
@@ -83,22 +90,31 @@ def test_range_min_counts_survivors_and_random_is_seeded() -> None:
     cands = _cands([[("P", 0.95)] + [(f"t{i}", 0.9 - i / 100) for i in range(10)]])
     got, _ = _pick(cands, [["P"]], [[0.95]], num_negatives=2, range_min=3, range_max=8)
     assert got == [["t3", "t4"]]
-    draws = {tuple(_pick(cands, [["P"]], [[0.95]], num_negatives=3, range_max=10, sampling_strategy="random",
-                         seed=seed)[0][0]) for seed in range(6)}  # fmt: skip
+    draws = {
+        tuple(
+            _pick(cands, [["P"]], [[0.95]], num_negatives=3, range_max=10, sampling_strategy="random", seed=seed)[
+                0
+            ][0]
+        )
+        for seed in range(6)
+    }
     assert len(draws) > 1
     for d in draws:
         ranks = [int(t[1:]) for t in d]
         assert ranks == sorted(ranks) and all(r < 10 for r in ranks)  # descending score, inside the window
     again = _pick(cands, [["P"]], [[0.95]], num_negatives=3, range_max=10, sampling_strategy="random", seed=1)
-    assert again[0] == _pick(cands, [["P"]], [[0.95]], num_negatives=3, range_max=10, sampling_strategy="random",
-                             seed=1)[0]  # fmt: skip
+    assert (
+        again[0]
+        == _pick(cands, [["P"]], [[0.95]], num_negatives=3, range_max=10, sampling_strategy="random", seed=1)[0]
+    )
 
 
 def test_include_positives_keeps_them_in_an_n_tuple() -> None:
     opts = dense_options(max_positives=1, include_positives=True, output_format="triplet")
     assert opts.output_format == "n-tuple"
-    got, stats = _pick(_cands([[("P", 0.9), ("a", 0.5)]]), [["P"]], [[0.9]], include_positives=True,
-                       num_negatives=2)  # fmt: skip
+    got, stats = _pick(
+        _cands([[("P", 0.9), ("a", 0.5)]]), [["P"]], [[0.9]], include_positives=True, num_negatives=2
+    )
     assert got == [["P", "a"]] and stats.dropped["positives"] == 0
 
 
@@ -109,14 +125,17 @@ def test_default_range_max_widens_with_a_filter() -> None:
     assert dense_options(num_negatives=3, max_positives=1, min_score=0.1, cross_encoder=True).range_max == 31
 
 
-@pytest.mark.parametrize(("kw", "text"), [
-    ({"range_min": 5, "range_max": 5}, "range_min 5 ≥ range_max 5"),
-    ({"num_negatives": 4, "range_max": 3}, "num_negatives 4 > range_max"),
-    ({"num_negatives": 0}, "num_negatives"),
-    ({"output_format": "pairs"}, "output_format"),
-    ({"sampling_strategy": "best"}, "sampling_strategy"),
-    ({"min_score": 0.5, "max_score": 0.2}, "min_score 0.5 > max_score 0.2"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("kw", "text"),
+    [
+        ({"range_min": 5, "range_max": 5}, "range_min 5 ≥ range_max 5"),
+        ({"num_negatives": 4, "range_max": 3}, "num_negatives 4 > range_max"),
+        ({"num_negatives": 0}, "num_negatives"),
+        ({"output_format": "pairs"}, "output_format"),
+        ({"sampling_strategy": "best"}, "sampling_strategy"),
+        ({"min_score": 0.5, "max_score": 0.2}, "min_score 0.5 > max_score 0.2"),
+    ],
+)
 def test_bad_options_are_one_line(kw: dict[str, object], text: str) -> None:
     with pytest.raises(UserError, match=text):
         dense_options(max_positives=1, **kw)  # type: ignore[arg-type]
@@ -128,8 +147,10 @@ def test_group_pairs_counts_rows_like_sentence_transformers() -> None:
 
 
 def test_the_four_formats() -> None:
-    recs = [Mined("q", ["p1", "p2"], [0.9, 0.8], ["n1", "n2"], [0.5, 0.4]),
-            Mined("r", ["p3"], [0.7], ["m"], [0.3])]
+    recs = [
+        Mined("q", ["p1", "p2"], [0.9, 0.8], ["n1", "n2"], [0.5, 0.4]),
+        Mined("r", ["p3"], [0.7], ["m"], [0.3]),
+    ]
 
     def rows(fmt: str, scores: bool) -> list[dict[str, object]]:
         opts = dense_options(num_negatives=2, max_positives=2, output_format=fmt, output_scores=scores)
@@ -137,15 +158,28 @@ def test_the_four_formats() -> None:
         return [dict(zip(cols, r, strict=True)) for r in zip(*cols.values(), strict=True)]
 
     triplets = rows("triplet", True)
-    assert [(r["answer"], r["negative"]) for r in triplets] == [("p1", "n1"), ("p1", "n2"), ("p2", "n1"),
-                                                                 ("p2", "n2"), ("p3", "m")]  # fmt: skip
+    assert [(r["answer"], r["negative"]) for r in triplets] == [
+        ("p1", "n1"),
+        ("p1", "n2"),
+        ("p2", "n1"),
+        ("p2", "n2"),
+        ("p3", "m"),
+    ]
     assert triplets[0]["scores"] == [0.9, 0.5]
     tuples = rows("n-tuple", True)  # r has one negative of two: no row
     both = {"query": "q", "negative_1": "n1", "negative_2": "n2"}
-    assert tuples == [{**both, "answer": "p1", "scores": [0.9, 0.5, 0.4]},
-                      {**both, "answer": "p2", "scores": [0.8, 0.5, 0.4]}]
+    assert tuples == [
+        {**both, "answer": "p1", "scores": [0.9, 0.5, 0.4]},
+        {**both, "answer": "p2", "scores": [0.8, 0.5, 0.4]},
+    ]
     assert [(r["answer"], r["label"]) for r in rows("labeled-pair", False)] == [
-        ("p1", 1), ("p2", 1), ("n1", 0), ("n2", 0), ("p3", 1), ("m", 0)]
+        ("p1", 1),
+        ("p2", 1),
+        ("n1", 0),
+        ("n2", 0),
+        ("p3", 1),
+        ("m", 0),
+    ]
     assert rows("labeled-pair", True)[2] == {"query": "q", "answer": "n1", "score": 0.5}
     lists = rows("labeled-list", False)
     assert lists[0] == {"query": "q", "answer": ["p1", "n1", "n2"], "labels": [1, 0, 0]}

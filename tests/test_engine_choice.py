@@ -13,8 +13,10 @@ from raycl.models.engines import choose_engine
 def test_gpu_miners_choose_auto_on_their_own_device_and_the_driver_says_so() -> None:
     got = choose_engine("auto", "no/such/model", device="cpu", precision="bf16", gpus_per_miner=0.5)
     assert got.deferred and got.engine == "auto"
-    assert got.line("bf16") == ("mining.engine=auto: each GPU miner decodes with CTranslate2 if it converts the "
-                                "model and runs bf16 there, else with HF")  # fmt: skip
+    assert got.line("bf16") == (
+        "mining.engine=auto: each GPU miner decodes with CTranslate2 if it converts the "
+        "model and runs bf16 there, else with HF"
+    )
     configured = choose_engine("hf", "no/such/model", device="cpu", precision="fp32", gpus_per_miner=0.5)
     assert (configured.engine, configured.why, configured.line("fp32")) == ("hf", "as configured", None)
     with pytest.raises(UserError) as err:

@@ -25,8 +25,17 @@ CUBLAS_ERROR = "Library libcublas.so.12 is not found or cannot be loaded"  # CTr
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny")
     texts = ["the cat sat on the mat .", "a dog ran in the park .", "she go to school every day ."]
-    return build_model("smoke", out_dir=out, texts=texts * 20, vocab_size=120, d_model=16, encoder_ffn_dim=32,
-                       decoder_ffn_dim=32, encoder_layers=1, decoder_layers=1)  # fmt: skip
+    return build_model(
+        "smoke",
+        out_dir=out,
+        texts=texts * 20,
+        vocab_size=120,
+        d_model=16,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        encoder_layers=1,
+        decoder_layers=1,
+    )
 
 
 @pytest.fixture
@@ -103,9 +112,12 @@ def test_ctranslate2_asked_without_it_is_one_line_naming_the_package(tiny: Path,
 
 
 def test_auto_on_a_gpu_without_cublas_12_falls_back_when_the_model_loads(
-    tiny: Path, cuda13: None, hf_on_the_cpu: list[str], capfd: pytest.CaptureFixture[str],
+    tiny: Path,
+    cuda13: None,
+    hf_on_the_cpu: list[str],
+    capfd: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     """The library probe finds cuBLAS 12 (say, another process's), yet the engine's own load fails: HF decodes."""
     monkeypatch.setattr(ct2_engine, "_dlopen", lambda name: None)
     assert choose_engine("auto", tiny, device="cuda", precision="bf16").engine == "ctranslate2"  # as imported
@@ -135,19 +147,22 @@ def test_auto_on_a_gpu_without_cublas_12_is_known_before_the_model_loads(
     assert "cannot load libcublas.so.12" in str(err.value) and "\n" not in str(err.value)
 
 
-def test_ctranslate2_asked_on_a_gpu_without_cublas_12_is_one_line(tiny: Path, cuda13: None,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ctranslate2_asked_on_a_gpu_without_cublas_12_is_one_line(
+    tiny: Path, cuda13: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(ct2_engine, "_dlopen", lambda name: None)
     with pytest.raises(UserError) as err:
-        build_beam_miner(str(tiny), {"k": 1, "beam": 2, "engine": "ctranslate2", "device": "cuda",
-                                     "precision": "bf16"})  # fmt: skip
+        build_beam_miner(
+            str(tiny), {"k": 1, "beam": 2, "engine": "ctranslate2", "device": "cuda", "precision": "bf16"}
+        )
     msg = str(err.value)
     assert msg.startswith("mining.engine=ctranslate2: CTranslate2 cannot load libcublas.so.12 on cuda")
     assert "pip install nvidia-cublas-cu12" in msg and "\n" not in msg
 
 
-def test_another_load_error_is_not_taken_for_a_missing_library(tiny: Path, cuda13: None,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_another_load_error_is_not_taken_for_a_missing_library(
+    tiny: Path, cuda13: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import ctranslate2
 
     monkeypatch.setattr(ct2_engine, "_dlopen", lambda name: None)

@@ -34,9 +34,9 @@ from conftest import GEC_TINY
 
 from raycl import driver
 from raycl.config import set_dotted
-from raycl.configs import load_space
+from raycl.config.tasks import load_space
 from raycl.data.gec import load_examples
-from raycl.distributed.trainer import fit
+from raycl.distributed.training import fit
 from raycl.miners.beam_search import MinedNegatives, write_negatives_parquet
 from raycl.recipes import recipe_for
 from raycl.recipes.coherence.recipe import train_items
@@ -80,8 +80,9 @@ def _prepare(space: str, overrides: list[str], tmp: Path, *, dropout: bool = Fal
     return run
 
 
-def _train(run: driver.Run, task: Any, out: Path, *, workers: int, kill: dict[str, Any] | None = None
-           ) -> list[dict[str, Any]]:  # fmt: skip
+def _train(
+    run: driver.Run, task: Any, out: Path, *, workers: int, kill: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """One training on ``workers`` Ray Train workers (0: in-process); every rank's final state. ``kill``: a rank's
     process exits at a step (``raycl.testing.loop_hooks.CrashSwitch``) and the worker group resumes from the last
     checkpoint."""
@@ -89,8 +90,14 @@ def _train(run: driver.Run, task: Any, out: Path, *, workers: int, kill: dict[st
     if kill:
         hooks.append(CrashSwitch(**kill, marker=str(out / "killed")))
     job = Job(task, str(run.base_model), str(out), use_gpu=False, hooks=tuple(hooks))
-    scaling = dataclasses.replace(task.cfg.scaling, num_workers=workers, cpus_per_worker=0.5, use_gpu=False,
-                                  max_failures=1 if kill else 0, collective_timeout_s=60)  # a hang fails in 60 s
+    scaling = dataclasses.replace(
+        task.cfg.scaling,
+        num_workers=workers,
+        cpus_per_worker=0.5,
+        use_gpu=False,
+        max_failures=1 if kill else 0,
+        collective_timeout_s=60,
+    )  # a hang fails in 60 s
     result = fit(functools.partial(loop.run, job), scaling=scaling, name=out.name, storage_path=out / "ray")
     assert result.error is None, result.error
     return [torch.load(out / "probe" / f"rank{r}.pt", weights_only=False) for r in range(max(workers, 1))]
@@ -170,18 +177,32 @@ def test_idiom_two_workers_train_as_one_with_fgm_and_an_uneven_last_batch(ray_lo
     assert_ranks_identical(two)
     big = _train(run, make([f"optim.batch_size={2 * b}", "adversarial.method=fgm"]), tmp_path / "big", workers=0)
     assert_same_training(two[0], big[0], what="FGM: 2 workers vs 1 worker with batch 2B")
-    plain = _train(run, make([f"optim.batch_size={2 * b}", "adversarial.method=none"]), tmp_path / "plain",
-                   workers=0)  # fmt: skip
-    acc = _train(run, make([f"optim.batch_size={b}", "adversarial.method=none", "optim.update_freq=2"]),
-                 tmp_path / "acc", workers=0)  # fmt: skip
+    plain = _train(
+        run, make([f"optim.batch_size={2 * b}", "adversarial.method=none"]), tmp_path / "plain", workers=0
+    )
+    acc = _train(
+        run,
+        make([f"optim.batch_size={b}", "adversarial.method=none", "optim.update_freq=2"]),
+        tmp_path / "acc",
+        workers=0,
+    )
     assert_same_training(plain[0], acc[0], what="batch 2B vs update_freq 2")
 
 
 COHERENCE = [
-    "data.builtin.train=6", "data.builtin.dev=4", "data.builtin.test=4", "data.builtin.intrusion=4",
-    "data.builtin.lmvlm=4", "data.permute.copies=1", "mining.num_negs=2", "eval.num_negs=2",
-    "momentum.queue_size=8", "optim.epochs=2", "optim.eval_every=3", "scaling.num_workers=0",
-]  # fmt: skip
+    "data.builtin.train=6",
+    "data.builtin.dev=4",
+    "data.builtin.test=4",
+    "data.builtin.intrusion=4",
+    "data.builtin.lmvlm=4",
+    "data.permute.copies=1",
+    "mining.num_negs=2",
+    "eval.num_negs=2",
+    "momentum.queue_size=8",
+    "optim.epochs=2",
+    "optim.eval_every=3",
+    "scaling.num_workers=0",
+]
 
 
 def test_coherence_two_workers_train_as_one_with_an_odd_number_of_documents(ray_local, tmp_path: Path) -> None:
@@ -246,13 +267,26 @@ def test_gec_two_workers_train_as_one(ray_local, tmp_path: Path) -> None:
     sentences, one or two negatives each (CL's source and a truncated target), 2 epochs: 2 × 5 vs 10 vs 5 × 2."""
     run = _prepare("gec_pd", [*GEC, "data.builtin.n_finetune=37"], tmp_path)
     examples = load_examples(run.cfg.data.finetune, annotator=run.cfg.data.annotator)
-    mined = [MinedNegatives(ex.id, (ex.source, " ".join(ex.target.split()[:-1]))[: 1 + i % 2],
-                            (0.0,) * (1 + i % 2)) for i, ex in enumerate(examples)]  # fmt: skip
+    mined = [
+        MinedNegatives(ex.id, (ex.source, " ".join(ex.target.split()[:-1]))[: 1 + i % 2], (0.0,) * (1 + i % 2))
+        for i, ex in enumerate(examples)
+    ]
     negatives = write_negatives_parquet(tmp_path / "negatives.parquet", examples, mined, model_version=0)
 
     def make(over: list[str]) -> GecTask:
-        return GecTask(_cfg(run, ["optim.epochs=2", "optim.max_tokens=0", "optim.warmup_updates=2",
-                                  f"mining.negatives={negatives}", *over]), "finetune")  # fmt: skip
+        return GecTask(
+            _cfg(
+                run,
+                [
+                    "optim.epochs=2",
+                    "optim.max_tokens=0",
+                    "optim.warmup_updates=2",
+                    f"mining.negatives={negatives}",
+                    *over,
+                ],
+            ),
+            "finetune",
+        )
 
     _three_ways(run, make, tmp_path, batch="optim.batch_size", size=5)
 
@@ -261,8 +295,9 @@ def test_gec_token_budget_ranks_take_the_same_updates(ray_local, tmp_path: Path)
     """A token budget cuts each rank's share into its own batches; the rank with fewer joins the other's updates
     (zero gradients, the same optimizer step, schedule, fp16 scaler and step count) and the ranks end identical."""
     run = _prepare("gec_pd", [*GEC, "data.builtin.n_train=41"], tmp_path)
-    cfg = _cfg(run, ["pretrain.epochs=2", "pretrain.batch_size=21", "pretrain.max_tokens=90",
-                     "optim.precision=fp16"])  # the fp16 scaler: the joined rank's must move with the other's
+    cfg = _cfg(
+        run, ["pretrain.epochs=2", "pretrain.batch_size=21", "pretrain.max_tokens=90", "optim.precision=fp16"]
+    )  # the fp16 scaler: the joined rank's must move with the other's
     two = _train(run, GecTask(cfg, "pretrain"), tmp_path / "two", workers=2)
     assert_ranks_identical(two)
     assert two[0]["progress"]["step"] >= 3 and two[0]["scaler"] is not None

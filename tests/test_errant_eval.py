@@ -23,9 +23,9 @@ from scipy.stats import binomtest
 
 from raycl.data.m2 import Edit, M2Sentence, read_m2, write_m2
 from raycl.errors import UserError
-from raycl.evaluation import gec_metrics
-from raycl.evaluation.errant_scorer import accumulate, annotate_hypotheses, score_corpus, sentence_counts
-from raycl.evaluation.gec_metrics import (
+from raycl.scoring import gec_metrics
+from raycl.scoring.errant_scorer import accumulate, annotate_hypotheses, score_corpus, sentence_counts
+from raycl.scoring.gec_metrics import (
     HypothesisEdits,
     bootstrap_sign_test,
     evaluate_gec,
@@ -36,24 +36,45 @@ from raycl.evaluation.gec_metrics import (
 # (source, annotator 0's correction, annotator 1's correction): learner-style errors, tokenised
 CORPUS = [
     ("He go to school every day .", "He goes to school every day .", "He went to school every day ."),
-    ("I have many informations about it .", "I have a lot of information about it .",
-     "I have much information about it ."),
-    ("She is more taller than her sister .", "She is taller than her sister .",
-     "She is much taller than her sister ."),
-    ("We discussed about the problem yesterday .", "We discussed the problem yesterday .",
-     "We talked about the problem yesterday ."),
-    ("The childs are playing in garden .", "The children are playing in the garden .",
-     "The children are playing in a garden ."),
+    (
+        "I have many informations about it .",
+        "I have a lot of information about it .",
+        "I have much information about it .",
+    ),
+    (
+        "She is more taller than her sister .",
+        "She is taller than her sister .",
+        "She is much taller than her sister .",
+    ),
+    (
+        "We discussed about the problem yesterday .",
+        "We discussed the problem yesterday .",
+        "We talked about the problem yesterday .",
+    ),
+    (
+        "The childs are playing in garden .",
+        "The children are playing in the garden .",
+        "The children are playing in a garden .",
+    ),
     ("I am agree with you .", "I agree with you .", "I agree with you ."),
     ("He don't like apples .", "He doesn't like apples .", "He does not like apples ."),
     ("This are my friends book .", "This is my friend's book .", "These are my friends' books ."),
-    ("I look forward to hear from you .", "I look forward to hearing from you .",
-     "I look forward to hearing from you ."),
-    ("There is many people in the room .", "There are many people in the room .",
-     "There are a lot of people in the room ."),
+    (
+        "I look forward to hear from you .",
+        "I look forward to hearing from you .",
+        "I look forward to hearing from you .",
+    ),
+    (
+        "There is many people in the room .",
+        "There are many people in the room .",
+        "There are a lot of people in the room .",
+    ),
     ("She can sings very well .", "She can sing very well .", "She sings very well ."),
-    ("I went to the shop for buy bread .", "I went to the shop to buy bread .",
-     "I went to the shop to buy some bread ."),
+    (
+        "I went to the shop for buy bread .",
+        "I went to the shop to buy bread .",
+        "I went to the shop to buy some bread .",
+    ),
     ("My father work in a bank .", "My father works in a bank .", "My father works at a bank ."),
     ("It was a very interested film .", "It was a very interesting film .", "It was a very interesting movie ."),
     ("They was late for the meeting .", "They were late for the meeting .", "They were late to the meeting ."),
@@ -69,8 +90,11 @@ CORPUS = [
     ("I didn't went there .", "I didn't go there .", "I did not go there ."),
     ("She married with a doctor .", "She married a doctor .", "She got married to a doctor ."),
     ("It depends of the weather .", "It depends on the weather .", "It depends on the weather ."),
-    ("I am living in London for two years .", "I have been living in London for two years .",
-     "I have lived in London for two years ."),
+    (
+        "I am living in London for two years .",
+        "I have been living in London for two years .",
+        "I have lived in London for two years .",
+    ),
     ("He suggested me to go .", "He suggested that I go .", "He suggested I should go ."),
     ("The car what I bought is red .", "The car that I bought is red .", "The car I bought is red ."),
     ("I enjoy to swim in summer .", "I enjoy swimming in summer .", "I enjoy swimming in the summer ."),
@@ -112,8 +136,13 @@ S I has a cat .
 A 1 2|||R:VERB:SVA|||have|||REQUIRED|||-NONE-|||1
 
 """
-EXTRA_HYPS = ["Me and him go there .", "The information is useful .", "He walks home .",
-              "Thank you so much .", "I has a cat ."]
+EXTRA_HYPS = [
+    "Me and him go there .",
+    "The information is useful .",
+    "He walks home .",
+    "Thank you so much .",
+    "I has a cat .",
+]
 
 
 @pytest.fixture(scope="module")
@@ -133,8 +162,15 @@ def bench(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     hyp_txt.write_text("".join(h + "\n" for h in hyps))
     all_src.write_text("".join(s.source + "\n" for s in refs))
     run_errant_parallel(["-orig", str(all_src), "-cor", str(hyp_txt), "-out", str(d / "hyp.m2")])
-    return {"dir": d, "ref": ref, "refs": refs, "gold_only": gold_only, "hyps": hyps, "hyp_m2": d / "hyp.m2",
-            "edits": annotate_hypotheses(hyps, [s.source for s in refs])}
+    return {
+        "dir": d,
+        "ref": ref,
+        "refs": refs,
+        "gold_only": gold_only,
+        "hyps": hyps,
+        "hyp_m2": d / "hyp.m2",
+        "edits": annotate_hypotheses(hyps, [s.source for s in refs]),
+    }
 
 
 def run_errant_parallel(argv: list[str]) -> None:
@@ -198,8 +234,10 @@ def categories(out: str) -> dict[str, tuple[int, int, int]]:
 def filter_m2(src: Path, dst: Path, annotator: int) -> Path:
     """The reference M2 with only one annotator's A lines (how errant users score one annotator)."""
     blocks = src.read_text().strip().split("\n\n")
-    keep = ["\n".join(ln for ln in b.split("\n") if ln.startswith("S") or ln.endswith(f"|||{annotator}"))
-            for b in blocks]
+    keep = [
+        "\n".join(ln for ln in b.split("\n") if ln.startswith("S") or ln.endswith(f"|||{annotator}"))
+        for b in blocks
+    ]
     dst.write_text("\n\n".join(keep) + "\n")
     return dst
 
@@ -216,8 +254,9 @@ def test_tokenize_mode_equals_errant_parallel_tok(bench: dict[str, Any]) -> None
     hyps = ["He did n't go there, did he ?", "It's a nice day.", "I am   here ."]
     (d / "t_src.txt").write_text("\n".join(sources) + "\n")
     (d / "t_hyp.txt").write_text("\n".join(hyps) + "\n")
-    run_errant_parallel(["-orig", str(d / "t_src.txt"), "-cor", str(d / "t_hyp.txt"), "-out", str(d / "t.m2"),
-                         "-tok"])
+    run_errant_parallel(
+        ["-orig", str(d / "t_src.txt"), "-cor", str(d / "t_hyp.txt"), "-out", str(d / "t.m2"), "-tok"]
+    )
     theirs = [[e for e in s.edits if not e.is_noop] for s in read_m2(d / "t.m2")]
     assert [list(e) for e in annotate_hypotheses(hyps, sources, tokenize=True)] == theirs
 
@@ -249,7 +288,8 @@ def test_resampled_order_equals_errant_compare_on_resampled_files(bench: dict[st
         (d / name).write_text("\n\n".join(blocks[i] for i in order) + "\n")
     ours = accumulate(sentence_counts(bench["edits"], bench["refs"]), order=order, cats=False)
     assert (ours.tp, ours.fp, ours.fn, ours.p, ours.r, ours.f) == overall(
-        errant_compare(d / "hyp_bs.m2", d / "ref_bs.m2"))
+        errant_compare(d / "hyp_bs.m2", d / "ref_bs.m2")
+    )
 
 
 def test_unchanged_output_has_no_true_or_false_positives(bench: dict[str, Any]) -> None:
@@ -273,6 +313,7 @@ def test_annotator_targets_score_perfectly_for_that_annotator(bench: dict[str, A
 
 def naive_overlap(hyp_edits: Any, refs: list[M2Sentence], annotator: int) -> tuple[float, float]:
     """OE/IE via explicit token-position sets of each closed range [start, end]."""
+
     def points(e: Edit) -> set[int]:
         return set(range(e.start, e.end + 1))
 
@@ -297,8 +338,9 @@ def test_overlap_ratios_match_naive_sets(bench: dict[str, Any], annotator: int) 
 
 
 def test_overlap_closed_intervals_on_hand_cases() -> None:
-    ref = M2Sentence("a b c d e", (Edit(0, 2, "R:X", "x", 0), Edit(3, 4, "R:X", "y", 0),
-                                   Edit(-1, -1, "noop", "-NONE-", 1)))
+    ref = M2Sentence(
+        "a b c d e", (Edit(0, 2, "R:X", "x", 0), Edit(3, 4, "R:X", "y", 0), Edit(-1, -1, "noop", "-NONE-", 1))
+    )
     hyp = [Edit(2, 2, "M:X", "z", 0), Edit(4, 5, "R:X", "w", 0), Edit(5, 5, "M:X", "v", 0)]
     # insertion at 2 touches [0, 2]; [4, 5] touches [3, 4]; the insertion at 5 touches nothing
     o = overlap_ratios([hyp], [ref], annotator=0)
@@ -343,14 +385,21 @@ def test_evaluate_gec_rows_average_and_combined(bench: dict[str, Any], monkeypat
     for a in (0, 1):
         s = score_corpus(bench["edits"], bench["refs"], annotator=a)
         assert {k: ref["annotators"][str(a)][k] for k in ("tp", "fp", "fn", "p", "r", "f0.5")} == {
-            "tp": s.tp, "fp": s.fp, "fn": s.fn, "p": s.p, "r": s.r, "f0.5": s.f}
+            "tp": s.tp,
+            "fp": s.fp,
+            "fn": s.fn,
+            "p": s.p,
+            "r": s.r,
+            "f0.5": s.f,
+        }
     for k in ("p", "r", "f0.5", "oe", "ie"):
         assert ref["average"][k] == pytest.approx((ref["annotators"]["0"][k] + ref["annotators"]["1"][k]) / 2)
     assert ref["combined"]["tp"] == score_corpus(bench["edits"], bench["refs"]).tp
     assert res["average"] == ref["average"]
     only1 = evaluate_gec(system, {"a.m2": bench["refs"]}, annotator=1)["refs"]["a.m2"]
     assert list(only1["annotators"]) == ["1"] and only1["combined"] == {
-        k: v for k, v in only1["annotators"]["1"].items() if k not in ("oe", "ie")}
+        k: v for k, v in only1["annotators"]["1"].items() if k not in ("oe", "ie")
+    }
     assert len(calls) == 1
 
 
@@ -358,8 +407,10 @@ def test_the_average_over_references_is_the_mean_of_each_files_average(bench: di
     """Two reference files that score differently (the second keeps one annotator's edits, and drops a third of
     its sentences' edits): the top-level average is the mean of the two files' averages, not either one."""
     refs = bench["refs"]
-    thinned = [M2Sentence(s.source, tuple(e for e in s.edits if e.annotator == 0) if i % 3 else ())
-               for i, s in enumerate(refs)]  # fmt: skip
+    thinned = [
+        M2Sentence(s.source, tuple(e for e in s.edits if e.annotator == 0) if i % 3 else ())
+        for i, s in enumerate(refs)
+    ]
     res = evaluate_gec(HypothesisEdits(bench["hyps"]), {"both.m2": refs, "thinned.m2": thinned})
     a, b = res["refs"]["both.m2"]["average"], res["refs"]["thinned.m2"]["average"]
     assert list(res["refs"]["thinned.m2"]["annotators"]) == ["0"]
@@ -372,8 +423,11 @@ def test_the_average_over_references_is_the_mean_of_each_files_average(bench: di
 
 def test_hypothesis_count_mismatch_names_file_and_counts(bench: dict[str, Any]) -> None:
     system = HypothesisEdits(bench["hyps"][:-2], name="out.txt")
-    with pytest.raises(UserError, match=rf"^out\.txt: {len(bench['hyps']) - 2} hypothesis lines, but ref\.m2 has "
-                                        rf"{len(bench['refs'])} sentences"):
+    with pytest.raises(
+        UserError,
+        match=rf"^out\.txt: {len(bench['hyps']) - 2} hypothesis lines, but ref\.m2 has "
+        rf"{len(bench['refs'])} sentences",
+    ):
         evaluate_gec(system, {"ref.m2": bench["refs"]})
     with pytest.raises(UserError, match="ref.m2: no annotator 7"):
         evaluate_gec(HypothesisEdits(bench["hyps"]), {"ref.m2": bench["refs"]}, annotator=7)
@@ -420,15 +474,23 @@ def test_fewer_false_positives_break_an_f_tie(tmp_path: Path) -> None:
     """Annotator 0 lists X twice (2 TP, FP on Y), annotator 1 has X, Y and 4 more edits (2 TP, 4 FN):
     F0.5 = 1.25·2 / (1.25·2 + 1) for both, so errant keeps the one with fewer FP (annotator 1)."""
     x, y = Edit(0, 1, "R:NOUN", "x", 0), Edit(2, 3, "R:VERB", "y", 0)
-    ref = M2Sentence("a b c d e f g", (x, Edit(0, 1, "R:OTHER", "x", 0), Edit(0, 1, "R:NOUN", "x", 1),
-                                       Edit(2, 3, "R:VERB", "y", 1),
-                                       *(Edit(i, i + 1, "R:DET", "z", 1) for i in range(3, 7))))
+    ref = M2Sentence(
+        "a b c d e f g",
+        (
+            x,
+            Edit(0, 1, "R:OTHER", "x", 0),
+            Edit(0, 1, "R:NOUN", "x", 1),
+            Edit(2, 3, "R:VERB", "y", 1),
+            *(Edit(i, i + 1, "R:DET", "z", 1) for i in range(3, 7)),
+        ),
+    )
     write_m2(tmp_path / "ref.m2", [ref])
     write_m2(tmp_path / "hyp.m2", [M2Sentence(ref.source, (x, y))])
     ours = score_corpus([(x, y)], read_m2(tmp_path / "ref.m2"))
     assert (ours.tp, ours.fp, ours.fn) == (2, 0, 4)
     assert (ours.tp, ours.fp, ours.fn, ours.p, ours.r, ours.f) == overall(
-        errant_compare(tmp_path / "hyp.m2", tmp_path / "ref.m2"))
+        errant_compare(tmp_path / "hyp.m2", tmp_path / "ref.m2")
+    )
 
 
 # ------------------------------------------------------------ bootstrap against a plain loop, pass-through
@@ -446,19 +508,30 @@ def toy_corpus(seed: int) -> tuple[list[M2Sentence], list[tuple[Edit, ...]], lis
     refs, sys_a, sys_b = [], [], []
     for _ in range(12):
         spans = rng.sample(range(20), 8)
-        gold = [Edit(s, s + 1, "R:NOUN", f"g{s}", a) for a, group in ((0, spans[:3]), (1, spans[2:5]))
-                for s in group]  # spans[2]: the same edit from both annotators
+        gold = [
+            Edit(s, s + 1, "R:NOUN", f"g{s}", a) for a, group in ((0, spans[:3]), (1, spans[2:5])) for s in group
+        ]  # spans[2]: the same edit from both annotators
         refs.append(M2Sentence(" ".join(["w"] * 22), tuple(gold)))
         pool = [Edit(s, s + 1, "R:NOUN", f"g{s}", 0) for s in spans[:5]] + [
-            Edit(s, s + 1, "R:NOUN", "x", 0) for s in spans[5:]]  # 5 distinct gold edits, 3 wrong ones
+            Edit(s, s + 1, "R:NOUN", "x", 0) for s in spans[5:]
+        ]  # 5 distinct gold edits, 3 wrong ones
         sys_a.append(tuple(rng.sample(pool[:3], rng.randint(0, 2)) + rng.sample(pool[5:], rng.randint(0, 1))))
         sys_b.append(tuple(rng.sample(pool, rng.randint(3, 7))) if len(sys_b) < 2 else sys_a[-1])
     return refs, sys_a, sys_b
 
 
-def naive_bootstrap(a: list[tuple[Edit, ...]], b: list[tuple[Edit, ...]], refs: list[M2Sentence], *, samples: int,
-                    seed: int, annotator: int, beta: float) -> dict[str, float | int]:
+def naive_bootstrap(
+    a: list[tuple[Edit, ...]],
+    b: list[tuple[Edit, ...]],
+    refs: list[M2Sentence],
+    *,
+    samples: int,
+    seed: int,
+    annotator: int,
+    beta: float,
+) -> dict[str, float | int]:
     """One annotator: each sentence's counts are fixed (no reference to choose), a sample's are their sum."""
+
     def counts(hyp: tuple[Edit, ...], ref: M2Sentence) -> tuple[int, int, int]:
         gold = {(e.start, e.end, e.correction) for e in ref.edits if e.annotator == annotator}
         tp = sum((e.start, e.end, e.correction) in gold for e in hyp)
@@ -471,8 +544,12 @@ def naive_bootstrap(a: list[tuple[Edit, ...]], b: list[tuple[Edit, ...]], refs: 
         idx = rng.integers(0, len(refs), size=len(refs))
         f = [naive_errant_f(*(sum(per[i][k] for i in idx) for k in range(3)), beta) for per in (per_a, per_b)]
         wins, losses = wins + (f[0] > f[1]), losses + (f[0] < f[1])
-    return {"wins": wins, "losses": losses, "ties": samples - wins - losses,
-            "p_value": float(binomtest(wins, wins + losses, 0.5, "greater").pvalue) if wins + losses else 1.0}
+    return {
+        "wins": wins,
+        "losses": losses,
+        "ties": samples - wins - losses,
+        "p_value": float(binomtest(wins, wins + losses, 0.5, "greater").pvalue) if wins + losses else 1.0,
+    }
 
 
 def test_bootstrap_sign_test_equals_a_plain_loop_and_its_defaults() -> None:
@@ -500,12 +577,15 @@ def test_evaluate_gec_passes_beta_tokenize_and_names_through(bench: dict[str, An
         row = res[key] if key == "combined" else res[key]["0"]
         s = score_corpus(bench["edits"], refs, annotator=annotator, beta=1.0)
         assert (row["tp"], row["p"], row["r"], row["f1"]) == (s.tp, s.p, s.r, s.f) and s.f != score_corpus(
-            bench["edits"], refs, annotator=annotator).f
+            bench["edits"], refs, annotator=annotator
+        ).f
     default = gec_metrics.score_reference(bench["edits"], refs, annotators=[1])  # beta 0.5 by default
     assert default["combined"]["f0.5"] == score_corpus(bench["edits"], refs, annotator=1).f
     # tokenize: raw lines are split by spaCy first, for the HypothesisEdits built inside evaluate_gec too
-    sources, raw = ("Its a nice day .", "He did n't go .", "I am here ."), ["It's a nice day.", "He didn't go.",
-                                                                              "I am here ."]
+    sources, raw = (
+        ("Its a nice day .", "He did n't go .", "I am here ."),
+        ["It's a nice day.", "He didn't go.", "I am here ."],
+    )
     toy = [M2Sentence(s, (Edit(0, 1, "R:ORTH", "It 's", 0),)) for s in sources]
     tok, plain = (annotate_hypotheses(raw, sources, tokenize=t) for t in (True, False))
     assert tok != plain

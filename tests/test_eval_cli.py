@@ -13,8 +13,8 @@ import pytest
 
 from raycl.data.m2 import Edit, M2Sentence, read_m2, write_m2
 from raycl.eval import main
-from raycl.evaluation import errant_scorer
-from raycl.evaluation.gec_metrics import evaluate_gec
+from raycl.scoring import errant_scorer
+from raycl.scoring.gec_metrics import evaluate_gec
 
 REPO = Path(__file__).resolve().parents[1]
 Cap = pytest.CaptureFixture[str]
@@ -29,8 +29,15 @@ REFS = [
     M2Sentence("I like apple .", (_e(2, 3, "R:NOUN:NUM", "apples", 0), _e(2, 2, "M:DET", "an", 1))),
     M2Sentence("This are good .", (_e(1, 2, "R:VERB:SVA", "is", 0), _e(1, 2, "R:VERB:SVA", "is", 1))),
     M2Sentence("Thank you .", (_e(-1, -1, "noop", "-NONE-", 0), _e(-1, -1, "noop", "-NONE-", 1))),
-    M2Sentence("She have a cats .", (_e(1, 2, "R:VERB:SVA", "has", 0), _e(3, 4, "R:NOUN:NUM", "cat", 0),
-                                     _e(1, 2, "R:VERB:SVA", "has", 1), _e(2, 3, "U:DET", "", 1))),
+    M2Sentence(
+        "She have a cats .",
+        (
+            _e(1, 2, "R:VERB:SVA", "has", 0),
+            _e(3, 4, "R:NOUN:NUM", "cat", 0),
+            _e(1, 2, "R:VERB:SVA", "has", 1),
+            _e(2, 3, "U:DET", "", 1),
+        ),
+    ),
 ]
 HYPS = ["He goes to school .", "I like the apple .", "This are good .", "Thank you very much .", "She has cats ."]
 
@@ -39,12 +46,22 @@ HYPS = ["He goes to school .", "I like the apple .", "This are good .", "Thank y
 def files(tmp_path: Path) -> dict[str, str]:
     write_m2(tmp_path / "ref.m2", REFS)
     for a in (0, 1):  # CWEB style: one file per annotator
-        write_m2(tmp_path / f"ann{a}.m2", [M2Sentence(s.source, tuple(e for e in s.edits if e.annotator == a))
-                                           for s in REFS])
+        write_m2(
+            tmp_path / f"ann{a}.m2",
+            [M2Sentence(s.source, tuple(e for e in s.edits if e.annotator == a)) for s in REFS],
+        )
     (tmp_path / "hyp.txt").write_text("\n".join(HYPS) + "\n")
     (tmp_path / "src.txt").write_text("".join(s.source + "\n" for s in REFS))
-    return {k: str(tmp_path / f) for k, f in
-            {"ref": "ref.m2", "ann0": "ann0.m2", "ann1": "ann1.m2", "hyp": "hyp.txt", "src": "src.txt"}.items()}
+    return {
+        k: str(tmp_path / f)
+        for k, f in {
+            "ref": "ref.m2",
+            "ann0": "ann0.m2",
+            "ann1": "ann1.m2",
+            "hyp": "hyp.txt",
+            "src": "src.txt",
+        }.items()
+    }
 
 
 def run_json(capsys: Cap, *argv: str) -> dict[str, Any]:
@@ -144,8 +161,13 @@ def test_progress_bar_only_on_a_tty_for_long_files(monkeypatch: pytest.MonkeyPat
 
 
 def test_module_entry_point_prints_only_json(files: dict[str, str]) -> None:
-    proc = subprocess.run([sys.executable, "-m", "raycl.eval", "gec", "--hyp", files["hyp"], "--ref", files["ref"],
-                           "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "raycl.eval", "gec", "--hyp", files["hyp"], "--ref", files["ref"], "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["refs"][files["ref"]]["combined"]["tp"] >= 3
 

@@ -43,8 +43,9 @@ def _norm(t: str) -> str:
     return " ".join(t.split())
 
 
-def _naive(examples: list[GecExample], *, k: int, source_negative: bool,
-           refill: bool) -> dict[str, dict[str, int]]:
+def _naive(
+    examples: list[GecExample], *, k: int, source_negative: bool, refill: bool
+) -> dict[str, dict[str, int]]:
     """The counts recomputed independently: what the paper's rule selects, then which of it equal a correction of
     an annotator other than the target's (its own edits applied by hand here)."""
     other_fixes = [{"He go home ."}, {"I live at Paris ."}, {"She likes tea ."}, set(), {"It rains much lot ."}]
@@ -74,19 +75,31 @@ def examples(tmp_path_factory: pytest.TempPathFactory) -> list[GecExample]:
 def test_references_are_every_annotators_correction(examples: list[GecExample]) -> None:
     assert examples[0].references == ("He goes home .", "He go home .")  # annotator 1's noop: the source
     assert examples[3].references == ("They are here .",)
-    assert examples[4].target == "It rains a lot ." and examples[4].references == ("It rains a lot .",
-                                                                                    "It rains much lot .")
+    assert examples[4].target == "It rains a lot ." and examples[4].references == (
+        "It rains a lot .",
+        "It rains much lot .",
+    )
 
 
 @pytest.mark.parametrize("k,source_negative,refill", RULES)
-def test_counts_on_a_hand_made_m2_equal_a_naive_count(examples: list[GecExample], k: int, source_negative: bool,
-                                                      refill: bool) -> None:
+def test_counts_on_a_hand_made_m2_equal_a_naive_count(
+    examples: list[GecExample], k: int, source_negative: bool, refill: bool
+) -> None:
     counts = FalseNegativeCounts()
     for ex, nbest in zip(examples, NBEST, strict=True):
-        kept = select_negatives(nbest, ex.target, ex.source, k=k, source_negative=source_negative, refill=refill,
-                                references=ex.references, counts=counts)  # fmt: skip
-        assert kept == select_negatives(nbest, ex.target, ex.source, k=k, source_negative=source_negative,
-                                        refill=refill)  # keep: exactly today's selection  # fmt: skip
+        kept = select_negatives(
+            nbest,
+            ex.target,
+            ex.source,
+            k=k,
+            source_negative=source_negative,
+            refill=refill,
+            references=ex.references,
+            counts=counts,
+        )
+        assert kept == select_negatives(
+            nbest, ex.target, ex.source, k=k, source_negative=source_negative, refill=refill
+        )  # keep: exactly today's selection
     assert counts.as_dict() == _naive(examples, k=k, source_negative=source_negative, refill=refill)
 
 
@@ -94,8 +107,9 @@ def test_each_case_is_counted_as_the_issue_says(examples: list[GecExample]) -> N
     per = []
     for ex, nbest in zip(examples, NBEST, strict=True):
         c = FalseNegativeCounts()
-        select_negatives(nbest, ex.target, ex.source, k=3, source_negative=True, references=ex.references,
-                         counts=c)
+        select_negatives(
+            nbest, ex.target, ex.source, k=3, source_negative=True, references=ex.references, counts=c
+        )
         per.append(c.as_dict())
     assert per[0]["source"] == {"selected": 1, "refuted": 1}  # annotator 1's noop: the source is correct
     assert per[1]["beam"] == {"selected": 2, "refuted": 1}  # "at" is annotator 1's fix, "to" is not
@@ -105,14 +119,32 @@ def test_each_case_is_counted_as_the_issue_says(examples: list[GecExample]) -> N
 
 
 @pytest.mark.parametrize("k,source_negative,refill", RULES)
-def test_drop_never_selects_a_refuted_negative(examples: list[GecExample], k: int, source_negative: bool,
-                                              refill: bool) -> None:
+def test_drop_never_selects_a_refuted_negative(
+    examples: list[GecExample], k: int, source_negative: bool, refill: bool
+) -> None:
     counted, total = FalseNegativeCounts(), FalseNegativeCounts()
     for ex, nbest in zip(examples, NBEST, strict=True):
-        keep = select_negatives(nbest, ex.target, ex.source, k=k, source_negative=source_negative, refill=refill,
-                                references=ex.references, counts=total)  # fmt: skip
-        drop = select_negatives(nbest, ex.target, ex.source, k=k, source_negative=source_negative, refill=refill,
-                                references=ex.references, false_negatives="drop", counts=counted)  # fmt: skip
+        keep = select_negatives(
+            nbest,
+            ex.target,
+            ex.source,
+            k=k,
+            source_negative=source_negative,
+            refill=refill,
+            references=ex.references,
+            counts=total,
+        )
+        drop = select_negatives(
+            nbest,
+            ex.target,
+            ex.source,
+            k=k,
+            source_negative=source_negative,
+            refill=refill,
+            references=ex.references,
+            false_negatives="drop",
+            counts=counted,
+        )
         wrong = {_norm(r) for r in ex.references} - {ex.target}
         assert not wrong & set(drop)
         if not refill:  # the paper's selection less the refuted ones
@@ -134,7 +166,7 @@ def test_parquet_keeps_the_references(examples: list[GecExample], tmp_path: Path
 
 
 def test_config_keeps_them_in_every_paper_preset_and_refuses_a_bad_value() -> None:
-    from raycl.configs import load_space
+    from raycl.config.tasks import load_space
     from raycl.errors import UserError
 
     for name in ("gec_pd", "gec_bart"):
@@ -145,18 +177,27 @@ def test_config_keeps_them_in_every_paper_preset_and_refuses_a_bad_value() -> No
 
 
 def test_drop_on_a_file_without_references_is_refused_and_refilters_one_with_them(
-        examples: list[GecExample], tmp_path: Path) -> None:  # fmt: skip
+    examples: list[GecExample], tmp_path: Path
+) -> None:
     from raycl.errors import UserError
     from raycl.miners.beam_search import MinedNegatives
     from raycl.miners.shards import check_references, read_negatives, without_false_negatives
 
-    negs = {"two.m2:0": ("He went home .", "He go home ."), "two.m2:1": ("I live at Paris .", "I live to Paris ."),
-            "two.m2:3": ("They is here .",)}  # fmt: skip
+    negs = {
+        "two.m2:0": ("He went home .", "He go home ."),
+        "two.m2:1": ("I live at Paris .", "I live to Paris ."),
+        "two.m2:3": ("They is here .",),
+    }
     mined = [MinedNegatives(ex.id, negs.get(ex.id, ()), (0.0,) * len(negs.get(ex.id, ()))) for ex in examples]
     path = write_negatives_parquet(tmp_path / "n.parquet", examples, mined, model_version=0)
     got = without_false_negatives(path, {i: list(m.negatives) for i, m in read_negatives(path).items()})
-    assert got == {"two.m2:0": ["He went home ."], "two.m2:1": ["I live to Paris ."], "two.m2:2": [],
-                   "two.m2:3": ["They is here ."], "two.m2:4": []}  # one annotator: the source stays a negative
+    assert got == {
+        "two.m2:0": ["He went home ."],
+        "two.m2:1": ["I live to Paris ."],
+        "two.m2:2": [],
+        "two.m2:3": ["They is here ."],
+        "two.m2:4": [],
+    }  # one annotator: the source stays a negative
     old = tmp_path / "old.parquet"
     pq.write_table(pq.read_table(path).drop_columns(["references"]), old)
     with pytest.raises(UserError, match=r"old\.parquet: no 'references' column") as err:
@@ -180,7 +221,7 @@ def test_a_miner_pools_selections_carry_their_counts_to_the_trials_file(tmp_path
     ``drop`` too, where the negatives it trained on no longer hold the refuted ones."""
     import json
 
-    from raycl.configs import load_space
+    from raycl.config.tasks import load_space
     from raycl.distributed.messages import MinedBatch, MineTask
     from raycl.miners.beam_search import BeamSearchMiner, MinedNegatives
     from raycl.recipes.gec.recipe import FN_FILE, _write_negatives
@@ -188,8 +229,9 @@ def test_a_miner_pools_selections_carry_their_counts_to_the_trials_file(tmp_path
     path = tmp_path / "two.m2"
     write_m2(path, SENTS)
     examples = load_examples([str(path)])
-    cfg = load_space("gec_pd", preset="smoke", overrides=[f"data.finetune=[{path}]",
-                                                          f"mining.false_negatives={mode}"]).config  # fmt: skip
+    cfg = load_space(
+        "gec_pd", preset="smoke", overrides=[f"data.finetune=[{path}]", f"mining.false_negatives={mode}"]
+    ).config
     miner = BeamSearchMiner(_Scorer(), k=2, beam=3, false_negatives=mode)  # type: ignore[arg-type]
     nbests = [MinedNegatives(ex.id, tuple(nb), (0.0,) * len(nb)) for ex, nb in zip(examples, NBEST, strict=True)]
     records = miner.select(nbests, examples)

@@ -80,9 +80,15 @@ def test_global_batches_are_strided_shares_of_one_shuffle() -> None:
     random.Random(5).shuffle(order)
     # world 2, batch 2: global batches of 4 from the shuffle, the last one short (3 left)
     assert global_batches(11, batch_size=2, seed=5, rank=0, world_size=2) == [
-        order[0:4:2], order[4:8:2], order[8:11:2]]  # fmt: skip
+        order[0:4:2],
+        order[4:8:2],
+        order[8:11:2],
+    ]
     assert global_batches(11, batch_size=2, seed=5, rank=1, world_size=2) == [
-        order[1:4:2], order[5:8:2], order[9:11:2]]  # fmt: skip
+        order[1:4:2],
+        order[5:8:2],
+        order[9:11:2],
+    ]
     # one example left for 2 ranks: rank 1's share of the last global batch is empty, and left out
     assert global_batches(5, batch_size=2, seed=5, rank=1, world_size=2)[-1] != []
     assert len(global_batches(5, batch_size=2, seed=5, rank=0, world_size=2)) == 2
@@ -90,20 +96,32 @@ def test_global_batches_are_strided_shares_of_one_shuffle() -> None:
     assert global_batches(0, batch_size=2, seed=5, rank=0, world_size=1) == []
 
 
-def _static(exs: list[GecExample], negatives: dict[str, list[str]], *, batch_size: int, seed: int, rank: int = 0,
-            world_size: int = 1) -> StaticNegatives[GecExample]:  # fmt: skip
+def _static(
+    exs: list[GecExample],
+    negatives: dict[str, list[str]],
+    *,
+    batch_size: int,
+    seed: int,
+    rank: int = 0,
+    world_size: int = 1,
+) -> StaticNegatives[GecExample]:
     """Pre-mined negatives in the GEC recipe's plan: this rank's share of each epoch's seeded global batches."""
+
     def plan(epoch: int) -> list[list[int]]:
-        return global_batches(len(exs), batch_size=batch_size, seed=seed * 1000 + epoch, rank=rank,
-                              world_size=world_size)  # fmt: skip
+        return global_batches(
+            len(exs), batch_size=batch_size, seed=seed * 1000 + epoch, rank=rank, world_size=world_size
+        )
 
     return StaticNegatives(exs, negatives, plan)
 
 
 def _asked(source: StaticNegatives[GecExample], epoch: int) -> list[tuple[list[GecExample], list[list[str]]]]:
     """Each pool of ``epoch`` with the negatives the source gives for its ids, as a worker asks for them."""
-    return [(pool, source.negatives([ex.id for ex in pool], 0)) for pool in source.pools(epoch, 0, None)  # type: ignore[arg-type]
-            if not isinstance(pool, Call)]  # fmt: skip
+    return [
+        (pool, source.negatives([ex.id for ex in pool], 0))
+        for pool in source.pools(epoch, 0, None)  # type: ignore[arg-type]
+        if not isinstance(pool, Call)
+    ]
 
 
 def test_static_negatives_carry_the_negatives_of_their_base_ids() -> None:
@@ -117,8 +135,14 @@ def test_static_negatives_carry_the_negatives_of_their_base_ids() -> None:
     assert _asked(feed, 4) != got  # another epoch, another shuffle
     one = _asked(_static(exs, negatives, batch_size=4, seed=7), 0)
     pairs = sorted((ex.id, ng) for chunk, negs in one for ex, ng in zip(chunk, negs, strict=True))
-    assert pairs == [("f:0", ["a", "b"]), ("f:0#pad", ["a", "b"]), ("f:1", []), ("f:2", []), ("f:3", ["c"]),
-                     ("f:4", [])]  # fmt: skip  # a padding copy has its base example's negatives
+    assert pairs == [
+        ("f:0", ["a", "b"]),
+        ("f:0#pad", ["a", "b"]),
+        ("f:1", []),
+        ("f:2", []),
+        ("f:3", ["c"]),
+        ("f:4", []),
+    ]  # a padding copy has its base example's negatives
     assert feed.metrics() == {"timing/mine_wait": 0.0, "timing/mine_wait_first": 0.0}
     assert feed.state() == {} and feed.version == 0 and feed.read_ahead
     feed.resume({"version": 3}, None)  # type: ignore[arg-type]  # mined once, by the base model: nothing moves

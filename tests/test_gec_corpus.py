@@ -11,13 +11,25 @@ from raycl.data import gec_corpus as gc
 from raycl.data.gec import load_examples, load_references
 from raycl.data.m2 import M2Sentence, read_m2
 
-TYPES = {"M:DET", "R:DET", "U:DET", "R:PREP", "R:VERB:SVA", "R:NOUN:NUM", "R:VERB:FORM", "R:SPELL", "M:PUNCT",
-         "U:PUNCT", "R:WO"}
+TYPES = {
+    "M:DET",
+    "R:DET",
+    "U:DET",
+    "R:PREP",
+    "R:VERB:SVA",
+    "R:NOUN:NUM",
+    "R:VERB:FORM",
+    "R:SPELL",
+    "M:PUNCT",
+    "U:PUNCT",
+    "R:WO",
+}
 
 
 def _gen(n: int, density: gc.Density, *, seed: int = 3, annotators: int = 1) -> list[M2Sentence]:
-    return gc.generate(n, error_rate=density.error_rate, edits_per_error=density.edits_per_error,
-                       annotators=annotators, seed=seed)
+    return gc.generate(
+        n, error_rate=density.error_rate, edits_per_error=density.edits_per_error, annotators=annotators, seed=seed
+    )
 
 
 def _naive_density(sents: list[M2Sentence], annotator: int = 0) -> tuple[float, float]:
@@ -103,9 +115,9 @@ def test_write_builtin_corpus_round_trips(tmp_path: Path) -> None:
     assert rest[0].target == read_m2(paths["dev"])[60].target(0)
 
 
-
 def test_the_builtin_finetune_split_has_a_second_annotator_who_often_leaves_a_sentence_as_it_is(
-        tmp_path: Path) -> None:  # fmt: skip
+    tmp_path: Path,
+) -> None:
     """Issue 24: D_F's annotator 1 leaves about half of annotator 0's edited sentences unchanged (CWEB dev: 46% and
     57%), drawn apart from annotator 0's sentences, which stay those of the one-annotator corpus."""
     paths = gc.write_builtin_corpus(tmp_path, n_train=1, n_finetune=1500, n_dev=1, n_test=1, seed=1)

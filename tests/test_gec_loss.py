@@ -50,10 +50,17 @@ def scorer(tmp_path_factory: pytest.TempPathFactory) -> Seq2SeqScorer:
     tokenizer = train_bpe_tokenizer(texts * 3, Path(tmp_path_factory.mktemp("tok")), vocab_size=300)
     torch.manual_seed(0)
     config = BartConfig(
-        vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+        vocab_size=len(tokenizer),
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
         dropout=0.1,
-    )  # fmt: skip
+    )
     return Seq2SeqScorer(BartForConditionalGeneration(config).double(), tokenizer)
 
 
@@ -141,8 +148,10 @@ def test_collate_lays_out_one_row_per_scored_pair(scorer: Seq2SeqScorer) -> None
     # rows: the 4 positives, then slot 0 of sentences 0, 2, 3; slot 1 of 0, 3; slot 2 of 3 (filler never scored)
     want = [(i, -1, e.target) for i, e in enumerate(EXAMPLES)]
     want += [(i, j, NEGATIVES[i][j]) for j in range(4) for i in range(4) if j < len(NEGATIVES[i])]
-    got = [(int(i), int(j), _decode(scorer, t))
-           for i, j, t in zip(batch.row_sentence, batch.row_slot, batch.row_tgt, strict=True)]  # fmt: skip
+    got = [
+        (int(i), int(j), _decode(scorer, t))
+        for i, j, t in zip(batch.row_sentence, batch.row_slot, batch.row_tgt, strict=True)
+    ]
     assert got == want and batch.num_slots == 4 and batch.n_neg.tolist() == [2, 0, 1, 3]
     for r, (i, _, _) in enumerate(want):  # each row holds its own copy of its sentence's source
         src = batch.row_src[r][batch.row_src_mask[r].bool()]
@@ -167,8 +176,9 @@ def test_collate_pads_to_a_multiple_and_tensors_round_trip(scorer: Seq2SeqScorer
         row = plain.row_tgt[4:][(plain.row_sentence[4:] == i) & (plain.row_slot[4:] == j)][0]
         negs[i, j, : row.numel()] = row
     negs[1, 0, :3] = 7  # filler (n_1 = 0) is ignored whatever it holds
-    again = batch_from_tensors(plain.src_ids, plain.src_mask, plain.target_ids, negs, plain.n_neg,
-                                  pad_id=scorer.pad_id, num_slots=4)  # fmt: skip
+    again = batch_from_tensors(
+        plain.src_ids, plain.src_mask, plain.target_ids, negs, plain.n_neg, pad_id=scorer.pad_id, num_slots=4
+    )
     for f in ("row_src", "row_src_mask", "row_tgt", "row_sentence", "row_slot", "n_neg"):
         assert torch.equal(getattr(again, f), getattr(plain, f)), f
     assert (again.ntokens, again.spans, again.src_padded) == (plain.ntokens, plain.spans, plain.src_padded)
@@ -263,10 +273,19 @@ def _dropout_scorer(scorer: Seq2SeqScorer, *, attention_dropout: float, only: st
     """A tiny BART with dropout 0.3 (GEC-BART's), in train mode; ``only``: keep dropout in that part alone."""
     torch.manual_seed(5)
     config = BartConfig(
-        vocab_size=len(scorer.tokenizer), d_model=16, encoder_layers=1, decoder_layers=1,
-        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
-        max_position_embeddings=64, dropout=0.3, activation_dropout=0.3, attention_dropout=attention_dropout,
-    )  # fmt: skip
+        vocab_size=len(scorer.tokenizer),
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        dropout=0.3,
+        activation_dropout=0.3,
+        attention_dropout=attention_dropout,
+    )
     model = BartForConditionalGeneration(config).double()
     if only is not None:
         off = model.model.decoder if only == "encoder" else model.model.encoder
@@ -356,8 +375,10 @@ SYNC_OPS = {"_local_scalar_dense", "nonzero", "masked_select", "is_nonzero", "eq
 
 
 # the packages' own folders, not folder names: a checkout may be called raycl, or lie in a folder named torch
-_HOME = {name: str(Path(module.__file__).parent) + os.sep for name, module in
-         (("torch", torch), ("transformers", transformers), ("raycl", raycl))}  # fmt: skip
+_HOME = {
+    name: str(Path(module.__file__).parent) + os.sep
+    for name, module in (("torch", torch), ("transformers", transformers), ("raycl", raycl))
+}
 
 
 def _origin() -> str:
@@ -442,8 +463,8 @@ def test_no_full_vocabulary_fp32_tensor_is_kept_for_the_backward(scorer: Seq2Seq
 
 
 def test_every_preset_runs_the_joint_pass_and_a_bad_value_is_one_line() -> None:
-    from raycl.configs import load_space
-    from raycl.configs.gec import GecConfig
+    from raycl.config.tasks import load_space
+    from raycl.config.tasks.gec import GecConfig
     from raycl.errors import UserError
 
     assert GecConfig().loss.passes == "joint"

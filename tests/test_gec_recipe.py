@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 from conftest import GEC_TINY
 
 from raycl import driver
-from raycl.configs import load_space
+from raycl.config.tasks import load_space
 from raycl.data.m2 import read_m2
 from raycl.recipes import recipe_for
 from raycl.recipes.gec.report import FN_DROPPED
@@ -53,8 +53,13 @@ def test_builtin_dev_and_test_have_two_annotators(tmp_path: Path) -> None:
 
 
 def test_tune_sweep_and_baselines_on_local_ray(ray_local, tmp_path: Path) -> None:
-    over = [*TINY, "scaling.num_workers=1", "scaling.cpus_per_worker=0.5", "tune.driver_cpus=0.1",
-            "tune.max_concurrent_trials=2"]
+    over = [
+        *TINY,
+        "scaling.num_workers=1",
+        "scaling.cpus_per_worker=0.5",
+        "tune.driver_cpus=0.1",
+        "tune.max_concurrent_trials=2",
+    ]
     space = load_space("gec_pd", preset="smoke", overrides=over)
     space.search = {"loss.margin": {"grid": [0.25, 0.85]}, "mining.k": {"grid": [2]}}
     summary = driver.run_tune(gec, space, tmp_path)
@@ -79,8 +84,10 @@ def _check_false_negatives(run_dir: Path, rows: list[dict[str, str]], summary: d
     """Issue 24: each contrastive trial counted its selection's false negatives (before any drop), the report shows
     the rates and the sign test of the ladder's row without them against CL, from the kept test hypotheses."""
     by = {r["method"]: r for r in rows if r["method"] != "CL" or r["trial_id"] == summary["best"]["trial_id"]}
-    counts = {m: [int(by[m][f"fn/{k}_{w}"]) for k in ("source", "beam") for w in ("selected", "refuted")]
-              for m in ("CL", "CL⁻", FN_DROPPED)}  # fmt: skip
+    counts = {
+        m: [int(by[m][f"fn/{k}_{w}"]) for k in ("source", "beam") for w in ("selected", "refuted")]
+        for m in ("CL", "CL⁻", FN_DROPPED)
+    }
     assert counts[FN_DROPPED] == counts["CL"] and counts["CL"][1] > 0  # one selection, counted before the drop
     assert not by["NLL"].get("fn/source_selected")  # no negatives, no counts
     for method in ("CL", FN_DROPPED):  # recomputed from the trial's own negatives and references
@@ -101,7 +108,9 @@ def test_malformed_m2_in_a_run_exits_2_with_one_line(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "raycl.train", "gec_pd", "--preset", "smoke", "--out", str(tmp_path / "run")]
     proc = subprocess.run(
         [*cmd, *sets],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
@@ -133,9 +142,18 @@ def _check_mined_once(run_dir: Path, cfg) -> None:  # type: ignore[no-untyped-de
     for d in trials:
         got = {r["id"]: r["negatives"] for r in pq.read_table(d / "negatives.parquet").to_pylist()}
         cl, drop = method[d.name] != "CL⁻", method[d.name] == FN_DROPPED
-        miner = build_beam_miner(str(run_dir / "base_model"), {  # a per-trial miner, as before: same engine
-            "k": m.k, "beam": m.beam, "source_negative": cl, "max_len_b": m.max_len_b,
-            "batch_size": m.task_size, "engine": m.engine, "precision": m.precision,
-            "false_negatives": "drop" if drop else "keep"})  # fmt: skip
+        miner = build_beam_miner(
+            str(run_dir / "base_model"),
+            {  # a per-trial miner, as before: same engine
+                "k": m.k,
+                "beam": m.beam,
+                "source_negative": cl,
+                "max_len_b": m.max_len_b,
+                "batch_size": m.task_size,
+                "engine": m.engine,
+                "precision": m.precision,
+                "false_negatives": "drop" if drop else "keep",
+            },
+        )
         want = {r.id: list(r.negatives) for r in miner.mine(finetune)}
         assert got == want, (d.name, method[d.name])

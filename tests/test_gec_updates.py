@@ -35,8 +35,18 @@ def test_a_token_budget_schedule_decays_over_the_updates_the_run_makes(ray_local
     learning rate after epoch 1 is where linear decay over the run's real number of updates puts it, and 0 at the
     end."""
     run = _prepare("gec_pd", [*GEC, "data.builtin.n_finetune=40"], tmp_path)
-    cfg = _cfg(run, ["optim.epochs=2", "optim.batch_size=20", "optim.max_tokens=120", "optim.scheduler=polynomial",
-                     "optim.warmup_updates=0", "loss.trade_off=0", "optim.lr=0.001"])  # fmt: skip
+    cfg = _cfg(
+        run,
+        [
+            "optim.epochs=2",
+            "optim.batch_size=20",
+            "optim.max_tokens=120",
+            "optim.scheduler=polynomial",
+            "optim.warmup_updates=0",
+            "loss.trade_off=0",
+            "optim.lr=0.001",
+        ],
+    )
     state = _train(run, GecTask(cfg, "finetune"), tmp_path / "poly", workers=0)[0]
     epoch1, epoch2 = read_history(tmp_path / "poly")[:2]
     total = state["progress"]["step"]

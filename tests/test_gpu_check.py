@@ -32,8 +32,11 @@ def test_with_torch_transformers_and_ray_only_the_tests_and_the_benchmark_run() 
     assert got["smoke-idiom"] is not None and "pyarrow" in got["smoke-idiom"]
     without_ray = _planned({**have, "ray": False})
     assert all(why is not None and "ray" in why for why in without_ray.values())  # all skipped, and said
-    assert all(why is not None and why.startswith("not installed: ") for n, why in got.items()
-               if n not in ("gpu-tests", "bench-train", "bench-compile"))  # fmt: skip
+    assert all(
+        why is not None and why.startswith("not installed: ")
+        for n, why in got.items()
+        if n not in ("gpu-tests", "bench-train", "bench-compile")
+    )
 
 
 def test_without_errant_every_part_but_gecs_smoke_runs() -> None:
@@ -56,8 +59,12 @@ def _part(code: str, timeout: float = 60) -> Any:
 
 
 def test_a_parts_end_is_passed_failed_missing_or_over_its_time() -> None:
-    assert vars(_part("print('ok')")) | {"seconds": 0} == {"status": "passed", "why": "", "seconds": 0,
-                                                          "result": {"said": "ok"}}  # fmt: skip
+    assert vars(_part("print('ok')")) | {"seconds": 0} == {
+        "status": "passed",
+        "why": "",
+        "seconds": 0,
+        "result": {"said": "ok"},
+    }
     missing = _part("import not_a_module_here")
     assert (missing.status, missing.why) == ("missing", "not installed: not_a_module_here")
     failed = _part("raise SystemExit('broken')")
@@ -72,8 +79,10 @@ def test_parts_past_the_budget_are_skipped_and_said() -> None:
 
 
 def test_readme_rows_name_the_card_and_each_part() -> None:
-    outcomes = {"gpu-tests": gc.Outcome("passed", "", 12.0, {"passed": 6}),
-                "smoke-gec": gc.Outcome("skipped", "not installed: errant")}  # fmt: skip
+    outcomes = {
+        "gpu-tests": gc.Outcome("passed", "", 12.0, {"passed": 6}),
+        "smoke-gec": gc.Outcome("skipped", "not installed: errant"),
+    }
     rows = gc.rows(outcomes, {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130", "cuda": "13.0"})
     assert rows[0].startswith("| benchmark (NVIDIA H200, torch 2.11.0+cu130 (CUDA 13.0), ")
     assert rows[2] == "| `pytest -m gpu tests` | passed in 12 s: 6 passed |"
@@ -85,23 +94,42 @@ def test_a_smoke_run_row_says_where_its_training_time_went(tmp_path: Path) -> No
     histories: a smoke run's steps are a small part of its ``train_s``."""
     trial = tmp_path / "trials" / "zero_shot"
     trial.mkdir(parents=True)
-    rows = [{"start": 1, "resumed": False},
-            {"report": 1, "step": 9, "timing/worker_boot": 7.5, "timing/start": 0.25, "timing/first_step": 0.5,
-             "timing/step": 0.03, "timing/eval": 0.75},
-            {"report": 2, "step": 36, "timing/step": 0.04, "timing/eval": 0.02}]  # fmt: skip
+    rows = [
+        {"start": 1, "resumed": False},
+        {
+            "report": 1,
+            "step": 9,
+            "timing/worker_boot": 7.5,
+            "timing/start": 0.25,
+            "timing/first_step": 0.5,
+            "timing/step": 0.03,
+            "timing/eval": 0.75,
+        },
+        {"report": 2, "step": 36, "timing/step": 0.04, "timing/eval": 0.02},
+    ]
     (trial / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = json.dumps({"timings": {"prepare_s": 0.1, "train_s": 24.5}, "run_dir": str(tmp_path)})
     got = gc._train_summary(f"some log\n{out}\n")
-    assert got["trials"] == {"zero_shot": {"worker_boot": 7.5, "start": 0.25, "first_step": 0.5, "step": 0.03,
-                                           "eval": 0.75, "steps": 36}}  # fmt: skip
+    assert got["trials"] == {
+        "zero_shot": {
+            "worker_boot": 7.5,
+            "start": 0.25,
+            "first_step": 0.5,
+            "step": 0.03,
+            "eval": 0.75,
+            "steps": 36,
+        }
+    }
     row = gc.rows({"smoke-idiom": gc.Outcome("passed", "", 30.0, got)}, {"gpu": "X"})[2]
-    assert row.endswith("train_s 24.5; zero_shot: worker_boot 7.50, start 0.25, first_step 0.50, step 0.03, "
-                        "eval 0.75, steps 36 |"), row  # fmt: skip
+    assert row.endswith(
+        "train_s 24.5; zero_shot: worker_boot 7.50, start 0.25, first_step 0.50, step 0.03, eval 0.75, steps 36 |"
+    ), row
 
 
 def test_the_command_runs_here_and_reports_every_gpu_part_skipped() -> None:
-    done = subprocess.run([sys.executable, "bench/gpu_check.py", "--json"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "bench/gpu_check.py", "--json"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     got = json.loads(done.stdout)
     assert got["ok"] and got["gpu_check"]["available"] is False

@@ -23,8 +23,17 @@ WORDS = "the cat sat on a mat and then it ran to see what the dog did in the par
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny")
-    return build_model("smoke", out_dir=out, texts=[" ".join(WORDS)] * 30, vocab_size=120, d_model=16,
-                       encoder_ffn_dim=32, decoder_ffn_dim=32, encoder_layers=1, decoder_layers=1)  # fmt: skip
+    return build_model(
+        "smoke",
+        out_dir=out,
+        texts=[" ".join(WORDS)] * 30,
+        vocab_size=120,
+        d_model=16,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        encoder_layers=1,
+        decoder_layers=1,
+    )
 
 
 def _examples(n: int) -> list[GecExample]:
@@ -37,8 +46,9 @@ def _padding(batches: list[list[str]]) -> int:
     return sum(max(len(s.split()) for s in b) * len(b) - sum(len(s.split()) for s in b) for b in batches)
 
 
-def test_sources_reach_the_engine_in_batches_of_similar_length(tiny: Path, monkeypatch: pytest.MonkeyPatch
-                                                               ) -> None:  # fmt: skip
+def test_sources_reach_the_engine_in_batches_of_similar_length(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     scorer = Seq2SeqScorer.from_pretrained(tiny)
     batches: list[list[str]] = []
     real = scorer.generate
@@ -70,4 +80,5 @@ def test_a_gpu_miners_weights_are_in_its_precision_and_nothing_is_autocast(tiny:
     got = miner.mine(_examples(4))
     assert len(got) == 4 and all(all(isinstance(s, float) for s in r.scores) for r in got)
     assert next(in_precision(Seq2SeqScorer.from_pretrained(tiny), "cuda", "fp32").parameters()).dtype == (
-        torch.float32)
+        torch.float32
+    )

@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 NO_CUDA_NODE = """
 import json, sys, tempfile
 import ray
-from raycl.configs import load_space
+from raycl.config.tasks import load_space
 from raycl.distributed.miner_pool import MinerFactory
-from raycl.distributed.trainer import fit
+from raycl.distributed.training import fit
 from raycl.errors import UserError
 
 ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False,
@@ -51,8 +51,14 @@ print(json.dumps(out))
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without CUDA")
 def test_a_gpu_on_a_node_without_cuda_ends_a_training_in_one_line_and_a_miner_warns() -> None:
     env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", NO_CUDA_NODE, str(ROOT)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", NO_CUDA_NODE, str(ROOT)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     line = got["train"]
@@ -61,5 +67,6 @@ def test_a_gpu_on_a_node_without_cuda_ends_a_training_in_one_line_and_a_miner_wa
     assert "NCCL built in" not in line
     assert got["miner"] == "built"
     warned = [x for x in done.stderr.splitlines() if "raycl: warning: a miner was given a GPU" in x]
-    assert warned and "(mining.gpus_per_miner)" in warned[0] and "it mines on the CPU" in warned[0], \
-        done.stderr[-3000:]  # fmt: skip
+    assert warned and "(mining.gpus_per_miner)" in warned[0] and "it mines on the CPU" in warned[0], done.stderr[
+        -3000:
+    ]

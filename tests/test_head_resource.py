@@ -12,8 +12,9 @@ from raycl.distributed.resources import HEAD_RESOURCE, HEAD_SHARE, driver_bundle
 
 
 @pytest.mark.slow
-def test_tune_accepts_a_trial_bundle_of_cpu_plus_a_share_of_the_head_resource(ray_local: Any, tmp_path: Any
-                                                                               ) -> None:  # fmt: skip
+def test_tune_accepts_a_trial_bundle_of_cpu_plus_a_share_of_the_head_resource(
+    ray_local: Any, tmp_path: Any
+) -> None:
     from ray import tune
     from ray.tune.execution.placement_groups import PlacementGroupFactory
 
@@ -26,8 +27,10 @@ def test_tune_accepts_a_trial_bundle_of_cpu_plus_a_share_of_the_head_resource(ra
     assert ray_local.cluster_resources()[HEAD_RESOURCE] == 1.0  # init_ray's embedded Ray is the head
     bundle = driver_bundle(0.25)
     assert bundle == {"CPU": 0.25, HEAD_RESOURCE: HEAD_SHARE}
-    tuner = tune.Tuner(tune.with_resources(_trial, PlacementGroupFactory([bundle])),
-                       run_config=tune.RunConfig(storage_path=str(tmp_path), verbose=0))  # fmt: skip
+    tuner = tune.Tuner(
+        tune.with_resources(_trial, PlacementGroupFactory([bundle])),
+        run_config=tune.RunConfig(storage_path=str(tmp_path), verbose=0),
+    )
     result = tuner.fit()[0]
     assert result.error is None and result.metrics["assigned"] == pytest.approx(HEAD_SHARE)
 

@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from raycl import driver
-from raycl.configs import load_space
+from raycl.config.tasks import load_space
 from raycl.errors import UserError
-from raycl.evaluation.semeval_metrics import evaluate_idiom
 from raycl.models.classifier import load_classifier
 from raycl.recipes import recipe_for
 from raycl.recipes.idiom.worker import train_examples
 from raycl.report import read_history
+from raycl.scoring.semeval_metrics import evaluate_idiom
 from raycl.training.batching import BatchPlan
 
 idiom = recipe_for("idiom")
@@ -80,9 +80,18 @@ def test_the_kept_model_holds_the_ema_weights(tmp_path: Path, ema: bool) -> None
     weight of a tiny model), so the live θ₁ = θ₀ ± lr and the shadow
     0.5·θ₁ + 0.5·θ₀ = θ₀ ± lr/2: the kept model is off its initial weights by lr/2 with EMA, by lr without."""
     lr = 1e-3
-    over = ["optim.epochs=1", "adversarial.method=none", "optim.batch_size=200", "ema.decay=0.5",
-            f"ema.enabled={str(ema).lower()}", f"optim.lr={lr}", "optim.warmup_ratio=0", "optim.eps=1.0e-12",
-            "data.setting=zero_shot", "scaling.num_workers=0"]  # fmt: skip
+    over = [
+        "optim.epochs=1",
+        "adversarial.method=none",
+        "optim.batch_size=200",
+        "ema.decay=0.5",
+        f"ema.enabled={str(ema).lower()}",
+        f"optim.lr={lr}",
+        "optim.warmup_ratio=0",
+        "optim.eps=1.0e-12",
+        "data.setting=zero_shot",
+        "scaling.num_workers=0",
+    ]
     driver.run_train(idiom, load_space("idiom", preset="smoke", overrides=over), tmp_path)
     init, _ = load_classifier(tmp_path / "base_model")
     kept, _ = load_classifier(tmp_path / "trials" / "zero_shot" / "best_model")
@@ -138,9 +147,24 @@ def test_a_malformed_csv_ends_in_one_line_before_anything_runs(tmp_path: Path) -
     bad = tmp_path / "bad_train.csv"
     bad.write_text("\n".join([*lines[:3], "train.EN.1.9,EN,big fish,zero_shot,a,b,c,2"]) + "\n")
     out = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "raycl.train", "idiom", "--preset", "smoke", "--out", str(out),
-                           "--set", f"data.train_zero_shot={bad}"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "RAY_ADDRESS": ""})  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raycl.train",
+            "idiom",
+            "--preset",
+            "smoke",
+            "--out",
+            str(out),
+            "--set",
+            f"data.train_zero_shot={bad}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RAY_ADDRESS": ""},
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().count("\n") == 0
     assert f"{bad}:4: Label '2', expected 0 (idiomatic) or 1 (non-idiomatic)" in done.stderr
@@ -180,7 +204,7 @@ class _DevScores:
 def test_dev_is_scored_with_the_ema_weights_and_the_live_ones_come_back(ema: bool) -> None:
     """The shadow is set far from the live weights (all 1 against all 0): the dev score of an evaluation with the
     EMA applied is the shadow's sum, without EMA the live weights' (0); the live weights are back afterwards."""
-    from raycl.configs.idiom import IdiomConfig
+    from raycl.config.tasks.idiom import IdiomConfig
     from raycl.memory.ema import EMA
     from raycl.recipes.idiom.worker import IdiomState, IdiomTask
 

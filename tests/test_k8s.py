@@ -50,17 +50,38 @@ SCHEMA: dict[str, Any] = {
             "rayVersion!": str,  # required by KubeRay's validation once authOptions.mode is token
             "authOptions": {"mode": frozenset({"disabled", "token"}), "secretName": str},
             "enableInTreeAutoscaling": bool,
-            "autoscalerOptions": {"idleTimeoutSeconds": int,
-                                  "upscalingMode": frozenset({"Default", "Aggressive", "Conservative"})},
-            "headGroupSpec!": {**_POD_GROUP, "serviceType": frozenset({"ClusterIP", "NodePort", "LoadBalancer"}),
-                               "enableIngress": bool},
-            "workerGroupSpecs": [{**_POD_GROUP, "groupName!": str, "replicas": int, "minReplicas!": int,
-                                  "maxReplicas!": int, "idleTimeoutSeconds": int, "numOfHosts": int}],
+            "autoscalerOptions": {
+                "idleTimeoutSeconds": int,
+                "upscalingMode": frozenset({"Default", "Aggressive", "Conservative"}),
+            },
+            "headGroupSpec!": {
+                **_POD_GROUP,
+                "serviceType": frozenset({"ClusterIP", "NodePort", "LoadBalancer"}),
+                "enableIngress": bool,
+            },
+            "workerGroupSpecs": [
+                {
+                    **_POD_GROUP,
+                    "groupName!": str,
+                    "replicas": int,
+                    "minReplicas!": int,
+                    "maxReplicas!": int,
+                    "idleTimeoutSeconds": int,
+                    "numOfHosts": int,
+                }
+            ],
         },
     },
 }
-_PRIMITIVES: dict[str, Any] = {"str": str, "int": int, "bool": bool, "float": (int, float), "object": object,
-                               "datetime": str, "bytes": str}
+_PRIMITIVES: dict[str, Any] = {
+    "str": str,
+    "int": int,
+    "bool": bool,
+    "float": (int, float),
+    "object": object,
+    "datetime": str,
+    "bytes": str,
+}
 
 
 def _manifest() -> dict[str, Any]:
@@ -139,8 +160,10 @@ def _pod_templates(job: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _autoscaling_config(job: dict[str, Any]) -> dict[str, Any]:
     """The node types that Ray's own KubeRay autoscaler derives from the cluster spec (and validates)."""
-    cr = {"metadata": {"name": job["metadata"]["name"], "namespace": "default"},
-          "spec": job["spec"]["rayClusterSpec"]}
+    cr = {
+        "metadata": {"name": job["metadata"]["name"], "namespace": "default"},
+        "spec": job["spec"]["rayClusterSpec"],
+    }
     return _derive_autoscaling_config_from_ray_cr(copy.deepcopy(cr))
 
 
@@ -156,8 +179,11 @@ def _auth_problems(job: dict[str, Any]) -> list[str]:
         problems.append("rayClusterSpec.authOptions.secretName: the token must be the user's Secret")
     for template in _pod_templates(job):
         for c in template["spec"]["containers"]:
-            names = {e["name"] for e in c.get("env", [])} & {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN",
-                                                             "RAY_AUTH_TOKEN_PATH"}
+            names = {e["name"] for e in c.get("env", [])} & {
+                "RAY_AUTH_MODE",
+                "RAY_AUTH_TOKEN",
+                "RAY_AUTH_TOKEN_PATH",
+            }
             if names:  # KubeRay leaves a variable that the container sets alone
                 problems.append(f"container {c['name']}: sets {sorted(names)} over KubeRay's token settings")
     head = rc["headGroupSpec"]
@@ -182,26 +208,46 @@ def _rename(d: dict[str, Any], old: str, new: str) -> None:
 
 
 MISTAKES = {
-    "misspelt RayJob field": (lambda j: _rename(j["spec"], "shutdownAfterJobFinishes", "shutdownAfterJobFinish"),
-                              "RayJob.spec.shutdownAfterJobFinish: not a field"),
-    "RayJob field in the cluster spec": (lambda j: j["spec"]["rayClusterSpec"].update(entrypoint="python"),
-                                         "rayClusterSpec.entrypoint: not a field"),
-    "misspelt worker group field": (lambda j: _rename(j["spec"]["rayClusterSpec"]["workerGroupSpecs"][0],
-                                                      "minReplicas", "minReplica"), "minReplica: not a field"),
-    "unknown auth mode": (lambda j: j["spec"]["rayClusterSpec"]["authOptions"].update(mode="tokens"),
-                          "authOptions.mode: 'tokens' is not one of"),
-    "misspelt container field": (lambda j: _rename(_pod_templates(j)[1]["spec"]["containers"][0], "volumeMounts",
-                                                   "volumeMount"), "volumeMount: not a field of V1Container"),
-    "snake_case container field": (lambda j: _rename(_pod_templates(j)[2]["spec"]["containers"][0], "envFrom",
-                                                     "env_from"), "env_from: not a field of V1Container"),
-    "pod field in the container": (lambda j: _pod_templates(j)[1]["spec"]["containers"][0].update(
-        nodeSelector={"a": "b"}), "containers[0].nodeSelector: not a field of V1Container"),
-    "misspelt volume source": (lambda j: _rename(_pod_templates(j)[0]["spec"]["volumes"][1], "emptyDir",
-                                                 "emptydir"), "emptydir: not a field of V1Volume"),
-    "env value not a string": (lambda j: _pod_templates(j)[0]["spec"]["containers"][0]["env"].append(
-        {"name": "X", "value": 1}), "env[2].value: expected str"),
-    "container without a name": (lambda j: _pod_templates(j)[2]["spec"]["containers"][0].pop("name"),
-                                 "spec.containers.0.name\n  Field required"),
+    "misspelt RayJob field": (
+        lambda j: _rename(j["spec"], "shutdownAfterJobFinishes", "shutdownAfterJobFinish"),
+        "RayJob.spec.shutdownAfterJobFinish: not a field",
+    ),
+    "RayJob field in the cluster spec": (
+        lambda j: j["spec"]["rayClusterSpec"].update(entrypoint="python"),
+        "rayClusterSpec.entrypoint: not a field",
+    ),
+    "misspelt worker group field": (
+        lambda j: _rename(j["spec"]["rayClusterSpec"]["workerGroupSpecs"][0], "minReplicas", "minReplica"),
+        "minReplica: not a field",
+    ),
+    "unknown auth mode": (
+        lambda j: j["spec"]["rayClusterSpec"]["authOptions"].update(mode="tokens"),
+        "authOptions.mode: 'tokens' is not one of",
+    ),
+    "misspelt container field": (
+        lambda j: _rename(_pod_templates(j)[1]["spec"]["containers"][0], "volumeMounts", "volumeMount"),
+        "volumeMount: not a field of V1Container",
+    ),
+    "snake_case container field": (
+        lambda j: _rename(_pod_templates(j)[2]["spec"]["containers"][0], "envFrom", "env_from"),
+        "env_from: not a field of V1Container",
+    ),
+    "pod field in the container": (
+        lambda j: _pod_templates(j)[1]["spec"]["containers"][0].update(nodeSelector={"a": "b"}),
+        "containers[0].nodeSelector: not a field of V1Container",
+    ),
+    "misspelt volume source": (
+        lambda j: _rename(_pod_templates(j)[0]["spec"]["volumes"][1], "emptyDir", "emptydir"),
+        "emptydir: not a field of V1Volume",
+    ),
+    "env value not a string": (
+        lambda j: _pod_templates(j)[0]["spec"]["containers"][0]["env"].append({"name": "X", "value": 1}),
+        "env[2].value: expected str",
+    ),
+    "container without a name": (
+        lambda j: _pod_templates(j)[2]["spec"]["containers"][0].pop("name"),
+        "spec.containers.0.name\n  Field required",
+    ),
     "missing entrypoint": (lambda j: j["spec"].pop("entrypoint"), "RayJob.spec.entrypoint: required"),
 }
 
@@ -225,8 +271,9 @@ def test_the_groups_have_the_shapes_of_cluster_yaml_and_hold_the_documented_job(
     for group, node_type in pairs.items():
         ours = k8s_types["headgroup" if group == "head" else group]
         theirs = aws["available_node_types"][node_type]
-        assert {k: v for k, v in ours["resources"].items() if k != "memory" and v} == \
-               {k: v for k, v in theirs["resources"].items() if v}, group  # fmt: skip
+        assert {k: v for k, v in ours["resources"].items() if k != "memory" and v} == {
+            k: v for k, v in theirs["resources"].items() if v
+        }, group
         if group != "head":
             assert (ours["min_workers"], ours["max_workers"]) == (theirs["min_workers"], theirs["max_workers"])
     rc = job["spec"]["rayClusterSpec"]
@@ -243,8 +290,11 @@ def test_the_groups_have_the_shapes_of_cluster_yaml_and_hold_the_documented_job(
     assert argv[:3] == ["python", "-m", "raycl.tune"]
     documented = _documented_job()
     out = argv.index("--out") + 1
-    assert argv[out].startswith("s3://") and argv[3:out] + argv[out + 1 :] == \
-           documented[: documented.index("--out") + 1] + documented[documented.index("--out") + 2 :]  # fmt: skip
+    assert (
+        argv[out].startswith("s3://")
+        and argv[3:out] + argv[out + 1 :]
+        == documented[: documented.index("--out") + 1] + documented[documented.index("--out") + 2 :]
+    )
     args = cli.space_parser("python -m raycl.tune", "").parse_args(argv[3:])
     check_job_fits(args, k8s)
     assert job["spec"]["shutdownAfterJobFinishes"] is True
@@ -269,10 +319,12 @@ AUTH_HOLES = {
     "mode disabled": lambda rc: rc["authOptions"].update(mode="disabled"),
     "a generated token nobody has": lambda rc: rc["authOptions"].pop("secretName"),
     "a container turns it off": lambda rc: rc["workerGroupSpecs"][1]["template"]["spec"]["containers"][0][
-        "env"].append({"name": "RAY_AUTH_MODE", "value": "disabled"}),
+        "env"
+    ].append({"name": "RAY_AUTH_MODE", "value": "disabled"}),
     "a LoadBalancer dashboard": lambda rc: rc["headGroupSpec"].update(serviceType="LoadBalancer"),
-    "a LoadBalancer head Service": lambda rc: rc["headGroupSpec"].update(headService={"spec": {"type":
-                                                                                             "LoadBalancer"}}),
+    "a LoadBalancer head Service": lambda rc: rc["headGroupSpec"].update(
+        headService={"spec": {"type": "LoadBalancer"}}
+    ),
     "an Ingress": lambda rc: rc["headGroupSpec"].update(enableIngress=True),
 }
 

@@ -21,8 +21,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("models", ("models",)),
     ("memory", ("memory",)),
     ("data", ("data",)),
-    ("mining and scoring", ("miners", "evaluation")),
-    ("task configs", ("configs",)),
+    ("mining and scoring", ("miners", "scoring")),
+    ("task configs", ("config.tasks",)),
     ("collectives", ("collectives",)),
     ("Ray", ("distributed",)),
     ("training loop", ("training",)),
@@ -54,8 +54,11 @@ def imports(path: Path, source: str | None = None) -> Iterator[tuple[str, int]]:
     here = module_of(path)
     for node in ast.walk(ast.parse(source if source is not None else path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
-            yield from ((a.name.removeprefix("raycl.") if a.name != "raycl" else "", node.lineno)
-                        for a in node.names if a.name == "raycl" or a.name.startswith("raycl."))  # fmt: skip
+            yield from (
+                (a.name.removeprefix("raycl.") if a.name != "raycl" else "", node.lineno)
+                for a in node.names
+                if a.name == "raycl" or a.name.startswith("raycl.")
+            )
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # relative: from the importing module's package
@@ -67,7 +70,8 @@ def imports(path: Path, source: str | None = None) -> Iterator[tuple[str, int]]:
             for a in node.names:
                 sub = f"{base}.{a.name}" if base else a.name
                 is_module = (ROOT / sub.replace(".", "/")).with_suffix(".py").exists() or (
-                    ROOT / sub.replace(".", "/") / "__init__.py").exists()
+                    ROOT / sub.replace(".", "/") / "__init__.py"
+                ).exists()
                 yield (sub if is_module else base), node.lineno
 
 
@@ -82,8 +86,10 @@ def test_every_import_stays_on_its_floor_or_goes_down() -> None:
         for target, line in imports(path):
             theirs = floor_of(target)
             if theirs > mine:
-                up.append(f"{path.relative_to(ROOT.parent)}:{line} imports raycl.{target}: "
-                          f"{FLOORS[mine][0]} -> {FLOORS[theirs][0]}")  # fmt: skip
+                up.append(
+                    f"{path.relative_to(ROOT.parent)}:{line} imports raycl.{target}: "
+                    f"{FLOORS[mine][0]} -> {FLOORS[theirs][0]}"
+                )
     assert up == [], "imports that run back up a floor:\n" + "\n".join(up)
 
 
@@ -126,7 +132,8 @@ def test_the_floors_cover_every_module_and_a_planted_import_up_is_seen() -> None
     errors = ROOT / "errors.py"
     planted = errors.read_text(encoding="utf-8") + (
         "\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from raycl.training.loop import run\n"
-        "def f() -> None:\n    from raycl import driver\n")
+        "def f() -> None:\n    from raycl import driver\n"
+    )
     seen = {t for t, _ in imports(errors, planted)}
     assert {"training.loop", "driver"} <= seen  # a type-only import and one inside a function are both seen
     assert all(floor_of(t) > floor_of("errors") for t in ("training.loop", "driver"))
@@ -135,9 +142,13 @@ def test_the_floors_cover_every_module_and_a_planted_import_up_is_seen() -> None
 def test_no_product_module_imports_the_test_doubles() -> None:
     """``raycl.testing`` (miner faults, echo and null miners) plugs into the product's typed seams from tests and
     benchmarks; a product module that imported it would ship the doubles in a run."""
-    found = [f"{path.relative_to(ROOT.parent)}:{line} imports raycl.{target}"
-             for path in _sources() if floor_of(module_of(path)) != floor_of("testing")
-             for target, line in imports(path) if target.split(".")[0] == "testing"]  # fmt: skip
+    found = [
+        f"{path.relative_to(ROOT.parent)}:{line} imports raycl.{target}"
+        for path in _sources()
+        if floor_of(module_of(path)) != floor_of("testing")
+        for target, line in imports(path)
+        if target.split(".")[0] == "testing"
+    ]
     assert found == [], "product modules that import the test doubles:\n" + "\n".join(found)
     planted = (ROOT / "driver.py").read_text(encoding="utf-8") + "\nfrom raycl.testing.faults import Chaos\n"
     assert "testing.faults" in {t for t, _ in imports(ROOT / "driver.py", planted)}  # such an import is seen

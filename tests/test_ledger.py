@@ -24,8 +24,15 @@ def items(rank: int, n: int) -> list[Ex]:
 def mined(task: MineTask, miner_id: int, *, version: int = 0, drop: int = 0) -> MinedBatch:
     """A result for ``task``; each negative names the id and the miner, so a delivery can be traced back."""
     ids = task.ids[: len(task.ids) - drop]
-    return MinedBatch(ids, tuple((f"{i}@{miner_id}",) for i in ids), tuple((-1.0,) for _ in ids), version,
-                      miner_id, task.epoch, task.task_id)  # fmt: skip
+    return MinedBatch(
+        ids,
+        tuple((f"{i}@{miner_id}",) for i in ids),
+        tuple((-1.0,) for _ in ids),
+        version,
+        miner_id,
+        task.epoch,
+        task.task_id,
+    )
 
 
 def drain(led: Ledger, *, capacity: int | None = None) -> list[list[StreamItem]]:
@@ -48,8 +55,9 @@ def test_each_rank_gets_its_items_once_in_a_seeded_order() -> None:
     led = Ledger(world_size=2, task_size=4, seed=7)
     led.start_epoch(0, [items(0, 10), items(1, 7)])
     got = drain(led)
-    assert [sorted(i.id for i in g) for g in got] == [sorted(e.id for e in items(r, n))
-                                                    for r, n in ((0, 10), (1, 7))]  # fmt: skip
+    assert [sorted(i.id for i in g) for g in got] == [
+        sorted(e.id for e in items(r, n)) for r, n in ((0, 10), (1, 7))
+    ]
     order0 = [i.id for i in got[0]]
     assert order0 != [e.id for e in items(0, 10)]  # shuffled
     again = Ledger(world_size=2, task_size=3, seed=7)  # other task size, same seed: same order
@@ -270,5 +278,6 @@ def test_scheduled_version_floors_cut_tasks_at_chunk_boundaries() -> None:
         tasks.append(task)
         led.complete(mined(task, 0, version=task.min_version))
     assert [[x.id for x in t.items] for t in tasks] == [
-        [x.id for x in xs[a:b]] for a, b in ((0, 4), (4, 5), (5, 9), (9, 10), (10, 12))]
+        [x.id for x in xs[a:b]] for a, b in ((0, 4), (4, 5), (5, 9), (9, 10), (10, 12))
+    ]
     assert [t.min_version for t in tasks] == [0, 0, 1, 1, 2]

@@ -21,7 +21,7 @@ from torch import nn
 
 import raycl
 from raycl.collectives import collective_device
-from raycl.configs.gec import GecConfig
+from raycl.config.tasks.gec import GecConfig
 from raycl.distributed import session
 from raycl.losses.gec_margin import GecContrastiveLoss
 from raycl.losses.infonce_queue import InfoNCEQueueLoss
@@ -125,8 +125,7 @@ class ToyTask(TaskBase):
     def collate(self, st: TrainState, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
         return X[rows], Y[rows]  # on the CPU: the loop puts them on the worker's device
 
-    def step(self, st: TrainState, data: tuple[torch.Tensor, torch.Tensor], ctx: StepContext
-             ) -> dict[str, Any]:  # fmt: skip
+    def step(self, st: TrainState, data: tuple[torch.Tensor, torch.Tensor], ctx: StepContext) -> dict[str, Any]:
         x, y = data
         pred = ctx.module(x).squeeze(-1)  # (b,)
         loss = ((pred - y) ** 2).mean()
@@ -238,12 +237,18 @@ class ScriptedDev(ToyTask):
 
 # the reports that keep their model: the first, then each that beats the best so far (an undefined score never
 # does; ties keep the earlier), written out by hand
-@pytest.mark.parametrize(("script", "flags"), [((0.1, 0.5, 0.5, 0.2), (1, 1, None, None)),
-                                               ((None, 0.3, 0.2, 0.4), (1, 1, None, 1)),
-                                               ((0.3, None, 0.2, 0.3), (1, None, None, None)),
-                                               ((-1.0, -2.0, -0.5, -0.5), (1, None, 1, None))])
-def test_the_best_epoch_is_the_first_with_the_highest_dev_score(tmp_path: Path, monkeypatch, script: tuple,
-                                                                flags: tuple) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("script", "flags"),
+    [
+        ((0.1, 0.5, 0.5, 0.2), (1, 1, None, None)),
+        ((None, 0.3, 0.2, 0.4), (1, 1, None, 1)),
+        ((0.3, None, 0.2, 0.3), (1, None, None, None)),
+        ((-1.0, -2.0, -0.5, -0.5), (1, None, 1, None)),
+    ],
+)
+def test_the_best_epoch_is_the_first_with_the_highest_dev_score(
+    tmp_path: Path, monkeypatch, script: tuple, flags: tuple
+) -> None:
     fake = FakeSession(tmp_path)
     fake.install(monkeypatch)
     task = ScriptedDev(epochs=4, script=script)
@@ -263,16 +268,26 @@ def _scorer(tmp: Path) -> Seq2SeqScorer:
     texts = [t for e in EXAMPLES for t in (e.source, e.target)] + [n for ns in NEGATIVES for n in ns]
     tok = train_bpe_tokenizer(texts * 3, tmp / "tok", vocab_size=300)
     torch.manual_seed(0)
-    config = BartConfig(vocab_size=len(tok), d_model=32, encoder_layers=1, decoder_layers=1, dropout=0.0,
-                        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
-                        decoder_ffn_dim=64, max_position_embeddings=64)  # fmt: skip
+    config = BartConfig(
+        vocab_size=len(tok),
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        dropout=0.0,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+    )
     return Seq2SeqScorer(BartForConditionalGeneration(config).eval(), tok)
 
 
 def _gec_grads(tmp: Path, batches: list[list[int]], freq: int, **optim: Any) -> dict[str, torch.Tensor]:
     """The gradient the loop's update sees (after the division by the global token count) for ``batches``."""
-    cfg = dataclasses.replace(GecConfig(), optim=dataclasses.replace(GecConfig().optim, update_freq=freq,
-                                                                     clip_norm=0.0, **optim))  # fmt: skip
+    cfg = dataclasses.replace(
+        GecConfig(), optim=dataclasses.replace(GecConfig().optim, update_freq=freq, clip_norm=0.0, **optim)
+    )
     seen: dict[str, torch.Tensor] = {}
 
     class Capture(GecTask):
@@ -284,8 +299,9 @@ def _gec_grads(tmp: Path, batches: list[list[int]], freq: int, **optim: Any) -> 
 
     scorer = _scorer(tmp)
     opt = torch.optim.SGD(scorer.parameters(), lr=0.0)
-    st = GecState(scorer, [opt], [None], {}, loss_fn=GecContrastiveLoss(margin=5.0, trade_off=0.5,
-                                                                         label_smoothing=0.1))  # fmt: skip
+    st = GecState(
+        scorer, [opt], [None], {}, loss_fn=GecContrastiveLoss(margin=5.0, trade_off=0.5, label_smoothing=0.1)
+    )
     w = Worker(0, 1, torch.device("cpu"), Precision("fp32", torch.device("cpu")), tmp, Job(None, "", ""))
     task = Capture(cfg, "finetune")
     runner = loop.Loop(task, st, w)
@@ -324,8 +340,9 @@ def test_a_compiled_step_equals_the_eager_one(tmp_path: Path) -> None:
     eager = _gec_grads(tmp_path, [[0, 1, 2, 3], [1, 2]], freq=2)
     torch._dynamo.reset()
     counters.clear()
-    compiled = _gec_grads(tmp_path, [[0, 1, 2, 3], [1, 2]], freq=2, compile=True,
-                          compile_backend="raycl_test_recording")  # fmt: skip
+    compiled = _gec_grads(
+        tmp_path, [[0, 1, 2, 3], [1, 2]], freq=2, compile=True, compile_backend="raycl_test_recording"
+    )
     assert graphs, "nothing went through torch.compile"
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert len(graphs) <= 2, len(graphs)  # the two batches' shapes (lengths padded to multiples of 8), no more
@@ -340,8 +357,9 @@ def test_bf16_and_fp32_gec_losses_agree_and_stay_fp32(tmp_path: Path) -> None:
     loss_fn = GecContrastiveLoss(margin=1.0, trade_off=0.5, label_smoothing=0.1)
     fp32 = gec_loss(scorer, batch, loss_fn)
     with Precision("bf16", torch.device("cpu")).autocast():
-        lprobs = scorer.log_probs(batch.src_ids, batch.src_mask, scorer.shift_right(batch.target_ids),
-                                  batch.target_ids)  # fmt: skip
+        lprobs = scorer.log_probs(
+            batch.src_ids, batch.src_mask, scorer.shift_right(batch.target_ids), batch.target_ids
+        )
         bf16 = gec_loss(scorer, batch, loss_fn)
     assert lprobs.dtype == torch.float32 and bf16.loss.dtype == torch.float32  # log-softmax sums in fp32
     torch.testing.assert_close(bf16.loss, fp32.loss, rtol=3e-2, atol=1e-2)
@@ -371,15 +389,35 @@ def test_the_toy_run_trains_at_low_precision(tmp_path: Path, monkeypatch, precis
 
 
 # ---------------------------------------------------------------------------------------------- the GPU bugs
-COLLECTIVES = {"all_reduce", "all_gather", "all_gather_object", "all_gather_into_tensor", "broadcast",
-               "broadcast_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter", "gather",
-               "gather_object", "all_to_all", "send", "recv", "barrier"}
+COLLECTIVES = {
+    "all_reduce",
+    "all_gather",
+    "all_gather_object",
+    "all_gather_into_tensor",
+    "broadcast",
+    "broadcast_object_list",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+    "gather",
+    "gather_object",
+    "all_to_all",
+    "send",
+    "recv",
+    "barrier",
+}
 
 
 def _collective_calls(tree: ast.AST) -> list[ast.Call]:
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
-    return [c for c in calls if isinstance(c.func, ast.Attribute) and c.func.attr in COLLECTIVES
-            and ast.unparse(c.func.value) in ("dist", "torch.distributed")]  # fmt: skip
+    return [
+        c
+        for c in calls
+        if isinstance(c.func, ast.Attribute)
+        and c.func.attr in COLLECTIVES
+        and ast.unparse(c.func.value) in ("dist", "torch.distributed")
+    ]
 
 
 def _on_backend_device(name: str, assigned: dict[str, str], seen: frozenset[str] = frozenset()) -> bool:
@@ -404,13 +442,22 @@ def test_collectives_use_the_backends_device() -> None:
     assert collective_device("gloo") == torch.device("cpu")
     root = Path(raycl.__file__).parent
     home = root / "collectives.py"
-    outside = [f"{path.relative_to(root)}:{c.lineno} {ast.unparse(c.func)}" for path in sorted(root.rglob("*.py"))
-               if path != home for c in _collective_calls(ast.parse(path.read_text(encoding="utf-8")))]
+    outside = [
+        f"{path.relative_to(root)}:{c.lineno} {ast.unparse(c.func)}"
+        for path in sorted(root.rglob("*.py"))
+        if path != home
+        for c in _collective_calls(ast.parse(path.read_text(encoding="utf-8")))
+    ]
     assert outside == [], f"collectives outside raycl/collectives.py: {outside}"
     checked = 0
     for fn in (n for n in ast.walk(ast.parse(home.read_text(encoding="utf-8"))) if isinstance(n, ast.FunctionDef)):
-        assigned = {t.id: ast.unparse(n.value) for n in ast.walk(fn) if isinstance(n, ast.Assign)
-                    for t in n.targets if isinstance(t, ast.Name)}  # fmt: skip
+        assigned = {
+            t.id: ast.unparse(n.value)
+            for n in ast.walk(fn)
+            if isinstance(n, ast.Assign)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
         for call in _collective_calls(fn):
             for arg in call.args:
                 assert isinstance(arg, ast.Name), f"{fn.name}: {ast.unparse(call)}"
@@ -437,10 +484,16 @@ class _Devices:
         monkeypatch.setattr(torch.cuda, "device_count", lambda: len(self.states))
         monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": self.states[self._index(device)])
         monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: list(self.states))
-        monkeypatch.setattr(torch.cuda, "set_rng_state",
-                            lambda state, device="cuda": self.states.__setitem__(self._index(device), state))
-        monkeypatch.setattr(torch.cuda, "set_rng_state_all",
-                            lambda states: [torch.cuda.set_rng_state(t, i) for i, t in enumerate(states)])
+        monkeypatch.setattr(
+            torch.cuda,
+            "set_rng_state",
+            lambda state, device="cuda": self.states.__setitem__(self._index(device), state),
+        )
+        monkeypatch.setattr(
+            torch.cuda,
+            "set_rng_state_all",
+            lambda states: [torch.cuda.set_rng_state(t, i) for i, t in enumerate(states)],
+        )
 
 
 def test_a_worker_restores_its_own_devices_rng_where_it_sees_fewer_devices(monkeypatch) -> None:
@@ -468,7 +521,7 @@ def test_a_miner_without_a_gpu_share_stays_on_the_cpu(monkeypatch) -> None:
 
 
 def test_unknown_settings_are_refused_with_the_key() -> None:
-    from raycl.configs import load_space
+    from raycl.config.tasks import load_space
     from raycl.errors import UserError
 
     with pytest.raises(UserError, match="optim.precision"):
@@ -639,7 +692,7 @@ def test_token_batches_keep_fairseqs_budget_over_the_whole_target_line(tmp_path:
 
 
 def test_the_paper_presets_batch_by_tokens() -> None:
-    from raycl.configs import load_space
+    from raycl.config.tasks import load_space
 
     pd, bart = load_space("gec_pd").config, load_space("gec_bart").config
     assert (pd.optim.max_tokens, pd.optim.update_freq) == (4096, 1)

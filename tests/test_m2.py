@@ -12,8 +12,10 @@ from raycl.data.specs import Spec, parse_spec
 from raycl.errors import UserError
 
 A_DET = "A 0 1|||R:DET|||The|||REQUIRED|||-NONE-|||0"
-GOOD = f"S A cat sleep .\n{A_DET}\nA 2 3|||R:VERB:SVA|||sleeps|||REQUIRED|||-NONE-|||0\n\nS Fine .\n" \
-       "A -1 -1|||noop|||-NONE-|||REQUIRED|||-NONE-|||0\n\n"
+GOOD = (
+    f"S A cat sleep .\n{A_DET}\nA 2 3|||R:VERB:SVA|||sleeps|||REQUIRED|||-NONE-|||0\n\nS Fine .\n"
+    "A -1 -1|||noop|||-NONE-|||REQUIRED|||-NONE-|||0\n\n"
+)
 
 
 def _write(tmp_path: Path, content: str | bytes, name: str = "x.m2") -> Path:
@@ -76,8 +78,9 @@ MALFORMED = [
 
 
 @pytest.mark.parametrize(("name", "content", "line", "expected"), MALFORMED, ids=[m[0] for m in MALFORMED])
-def test_malformed_m2_names_file_line_and_expectation(tmp_path: Path, name: str, content: str | bytes,
-                                                      line: int | None, expected: str) -> None:
+def test_malformed_m2_names_file_line_and_expectation(
+    tmp_path: Path, name: str, content: str | bytes, line: int | None, expected: str
+) -> None:
     path = _write(tmp_path, content, name)
     with pytest.raises(UserError) as err:
         read_m2(path)
@@ -108,8 +111,19 @@ def _m2_of(tmp_path: Path, n: int, name: str = "c.m2") -> Path:
     return tmp_path / name
 
 
-@pytest.mark.parametrize("text", ["c.m2", "c.m2[1000:]", "c.m2[:1000]", "c.m2[-5:]", "c.m2[3:-2]", "a.txt|b.txt",
-                                  "a.txt|b.txt[10:20]", "d.tsv[:-1]"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "c.m2",
+        "c.m2[1000:]",
+        "c.m2[:1000]",
+        "c.m2[-5:]",
+        "c.m2[3:-2]",
+        "a.txt|b.txt",
+        "a.txt|b.txt[10:20]",
+        "d.tsv[:-1]",
+    ],
+)
 def test_spec_str_round_trips(text: str) -> None:
     spec = parse_spec(text, must_exist=False)
     assert str(spec) == text and parse_spec(str(spec), must_exist=False) == spec
@@ -122,14 +136,17 @@ def test_spec_formats() -> None:
     assert (pair.format, pair.path, pair.target_path, pair.stop) == ("pair", Path("a.src"), Path("a.tgt"), 5)
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("x.m2[1:a]", "data spec 'x.m2[1:a]': expected PATH or PATH[START:STOP] with integer bounds"),
-    ("x.m2[5]", "expected PATH or PATH[START:STOP]"),
-    ("x.m2[::2]", "expected PATH or PATH[START:STOP]"),
-    ("x.m2[1.5:]", "expected PATH or PATH[START:STOP]"),
-    ("x.txt", "unknown format, expected an M2 file (first line 'S ...'), a .tsv file or SRC|TGT"),
-    ("a|b|c", "expected PATH, or SRC|TGT"),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("x.m2[1:a]", "data spec 'x.m2[1:a]': expected PATH or PATH[START:STOP] with integer bounds"),
+        ("x.m2[5]", "expected PATH or PATH[START:STOP]"),
+        ("x.m2[::2]", "expected PATH or PATH[START:STOP]"),
+        ("x.m2[1.5:]", "expected PATH or PATH[START:STOP]"),
+        ("x.txt", "unknown format, expected an M2 file (first line 'S ...'), a .tsv file or SRC|TGT"),
+        ("a|b|c", "expected PATH, or SRC|TGT"),
+    ],
+)
 def test_bad_specs(text: str, expected: str) -> None:
     with pytest.raises(UserError) as err:
         parse_spec(text, must_exist=False)
@@ -152,8 +169,21 @@ def test_missing_spec_file(tmp_path: Path) -> None:
         parse_spec(str(tmp_path / "gone.m2") + "[:10]")
 
 
-@pytest.mark.parametrize("bounds", [(1000, None), (None, 1000), (-5, None), (3, -2), (-7, -3), (None, -1),
-                                    (2000, None), (0, 0), (None, None), (-3000, 10)])
+@pytest.mark.parametrize(
+    "bounds",
+    [
+        (1000, None),
+        (None, 1000),
+        (-5, None),
+        (3, -2),
+        (-7, -3),
+        (None, -1),
+        (2000, None),
+        (0, 0),
+        (None, None),
+        (-3000, 10),
+    ],
+)
 def test_select_slices_like_python(bounds: tuple[int | None, int | None]) -> None:
     start, stop = bounds
     items = [f"sent{i}" for i in range(1500)]
@@ -179,9 +209,11 @@ def test_overlapping_specs_are_rejected(tmp_path: Path) -> None:
 
 
 def test_annotator_choice_falls_back_to_lowest_present(tmp_path: Path) -> None:
-    sents = [M2Sentence("a b", (Edit(0, 1, "R:X", "A", 0), Edit(1, 2, "R:X", "B", 1))),
-             M2Sentence("c d", (Edit(0, 1, "R:X", "C", 2),)),
-             M2Sentence("e f", (Edit(-1, -1, "noop", "-NONE-", 0),))]
+    sents = [
+        M2Sentence("a b", (Edit(0, 1, "R:X", "A", 0), Edit(1, 2, "R:X", "B", 1))),
+        M2Sentence("c d", (Edit(0, 1, "R:X", "C", 2),)),
+        M2Sentence("e f", (Edit(-1, -1, "noop", "-NONE-", 0),)),
+    ]
     write_m2(tmp_path / "ann.m2", sents)
     targets = [e.target for e in load_examples([str(tmp_path / "ann.m2")], annotator=1)]
     assert targets == ["a B", "C d", "e f"]
@@ -194,8 +226,9 @@ def test_parallel_pair_and_tsv(tmp_path: Path) -> None:
     _write(tmp_path, "a b\tA b\r\nc d\tc D\ne\tE", "p.tsv")
     pair = load_examples([f"{tmp_path / 'p.src'}|{tmp_path / 'p.tgt'}[1:]"])
     assert pair == [GecExample("p.src:1", "c d", "c D", ("c D",)), GecExample("p.src:2", "e", "E", ("E",))]
-    assert [(e.source, e.target) for e in load_examples([str(tmp_path / "p.tsv")])] == \
-        read_parallel(parse_spec(f"{tmp_path / 'p.src'}|{tmp_path / 'p.tgt'}"))
+    assert [(e.source, e.target) for e in load_examples([str(tmp_path / "p.tsv")])] == read_parallel(
+        parse_spec(f"{tmp_path / 'p.src'}|{tmp_path / 'p.tgt'}")
+    )
 
 
 def test_parallel_errors(tmp_path: Path) -> None:
@@ -232,8 +265,12 @@ def test_per_annotator_files_of_one_set_merge_and_different_sets_concatenate(tmp
     from raycl.data.gec import load_references
 
     a0 = _write(tmp_path, "S a cat sat\nA 0 1|||R:DET|||the|||REQUIRED|||-NONE-|||0\n\nS ok\n", "t.ann0.m2")
-    a1 = _write(tmp_path, "S a cat sat\nA -1 -1|||noop|||-NONE-|||REQUIRED|||-NONE-|||0\n\nS ok\n"
-                "A 0 1|||R:OTHER|||fine|||REQUIRED|||-NONE-|||0\n", "t.ann1.m2")  # fmt: skip
+    a1 = _write(
+        tmp_path,
+        "S a cat sat\nA -1 -1|||noop|||-NONE-|||REQUIRED|||-NONE-|||0\n\nS ok\n"
+        "A 0 1|||R:OTHER|||fine|||REQUIRED|||-NONE-|||0\n",
+        "t.ann1.m2",
+    )
     merged = load_references([str(a0), str(a1)])
     assert [s.source for s in merged] == ["a cat sat", "ok"]
     assert [s.annotators() for s in merged] == [[0, 1], [0, 1]]

@@ -11,8 +11,16 @@ from transformers import BertConfig, BertModel, RobertaConfig, RobertaForSequenc
 from raycl.models.masks import attention_mask, prepared
 from raycl.training.counting import count_ops
 
-SMALL = dict(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-             max_position_embeddings=40, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+SMALL = dict(
+    vocab_size=50,
+    hidden_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=32,
+    max_position_embeddings=40,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
 
 
 def _models(attn: str) -> list[torch.nn.Module]:

@@ -28,13 +28,22 @@ import numpy as np
 import pytest
 import torch
 
-from raycl.configs import load_space
+from raycl.config.tasks import load_space
 from raycl.recipes import recipe_for
 
 MWE = "IDbigfishID"
-SENTENCES = ["He kicked the bucket last week .", "The big fish swims in the sea .", "She spilled the beans .",
-             "A cat sat on the mat .", "They were on cloud nine .", "The dog barked all night .",
-             "We went home early .", "It rained on Sunday .", "The market fell sharply .", "Birds sing at dawn ."]
+SENTENCES = [
+    "He kicked the bucket last week .",
+    "The big fish swims in the sea .",
+    "She spilled the beans .",
+    "A cat sat on the mat .",
+    "They were on cloud nine .",
+    "The dog barked all night .",
+    "We went home early .",
+    "It rained on Sunday .",
+    "The market fell sharply .",
+    "Birds sing at dawn .",
+]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -94,8 +103,17 @@ def encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 HELD_OUT = [  # (split, s1, s2, score): dev and test rows are the geometry's pairs; train rows are not
-    ("train", 0, 1, 5.0), ("dev", 0, 1, 4.5), ("dev", 2, 3, 1.0), ("dev", 4, 5, 4.0), ("dev", 6, 7, 3.99),
-    ("test", 8, 9, 5.0), ("test", 1, 2, 2.5), ("test", 3, 4, 4.2), ("test", 5, 0, 0.0), ("dev", 7, 8, 4.8)]
+    ("train", 0, 1, 5.0),
+    ("dev", 0, 1, 4.5),
+    ("dev", 2, 3, 1.0),
+    ("dev", 4, 5, 4.0),
+    ("dev", 6, 7, 3.99),
+    ("test", 8, 9, 5.0),
+    ("test", 1, 2, 2.5),
+    ("test", 3, 4, 4.2),
+    ("test", 5, 0, 0.0),
+    ("dev", 7, 8, 4.8),
+]
 
 
 def _evaluator(tmp_path: Path, rows: Sequence[tuple[str, int, int, float]], *, batch: int, cross: bool):  # type: ignore[no-untyped-def]
@@ -106,8 +124,15 @@ def _evaluator(tmp_path: Path, rows: Sequence[tuple[str, int, int, float]], *, b
         w = csv.writer(f)
         w.writerow(["split", "Language", "sentence1", "sentence2", "score"])
         w.writerows([split, "EN", SENTENCES[a], SENTENCES[b], score] for split, a, b, score in rows)
-    space = load_space("sts", preset="smoke", overrides=[f"eval.batch_size={batch}", "eval.align_min_score=4.0",
-                                                         f"model.cross_attention={str(cross).lower()}"])
+    space = load_space(
+        "sts",
+        preset="smoke",
+        overrides=[
+            f"eval.batch_size={batch}",
+            "eval.align_min_score=4.0",
+            f"model.cross_attention={str(cross).lower()}",
+        ],
+    )
     cfg, _ = recipe_for("sts").with_data(space.config, tmp_path / "data")
     cfg.data.sts_pretrain = [str(csv_path)]
     return Evaluator(cfg)
@@ -143,13 +168,15 @@ def test_sts_geometry_degenerate_cases(encoder_dir: Path, tmp_path: Path) -> Non
 
     enc = SentenceEncoder.from_pretrained(encoder_dir).double().eval()
     same = [("dev", i, i, 5.0) for i in range(4)]
-    assert _evaluator(tmp_path, same, batch=2, cross=False).geometry(enc, "pre_train")["align/pre_train"] == \
-        pytest.approx(0.0, abs=1e-12)
+    assert _evaluator(tmp_path, same, batch=2, cross=False).geometry(enc, "pre_train")[
+        "align/pre_train"
+    ] == pytest.approx(0.0, abs=1e-12)
     low = [("dev", 0, 1, 3.0), ("test", 2, 3, 1.0)]
     assert _evaluator(tmp_path, low, batch=2, cross=False).geometry(enc, "pre_train")["align/pre_train"] is None
     one = [("dev", 3, 3, 4.0), ("test", 3, 3, 0.5)]
-    assert _evaluator(tmp_path, one, batch=4, cross=False).geometry(enc, "x")["uniform/x"] == \
-        pytest.approx(0.0, abs=1e-12)
+    assert _evaluator(tmp_path, one, batch=4, cross=False).geometry(enc, "x")["uniform/x"] == pytest.approx(
+        0.0, abs=1e-12
+    )
 
 
 @pytest.mark.parametrize("cross", [True, False])
@@ -174,7 +201,7 @@ def test_sts_dev_spearman_of_the_models_cosines(encoder_dir: Path, tmp_path: Pat
 
 
 def test_sts_spearman_degenerate_cases() -> None:
-    from raycl.evaluation.semeval_metrics import spearman
+    from raycl.scoring.semeval_metrics import spearman
 
     gold = [0.5, 1.0, 3.0, 3.0, 4.5]
     assert spearman(gold, [1, 2, 3, 3, 9]) == pytest.approx(1.0)  # a perfect ranking, ties included
@@ -187,10 +214,20 @@ def test_sts_spearman_degenerate_cases() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- dense mining
-def naive_dense(scores: list[list[float]], texts: list[list[str]], positives: list[list[str]],
-                pos_scores: list[list[float]], *, num_negatives: int, range_min: int, range_max: int,
-                absolute_margin: float | None, relative_margin: float | None, max_score: float | None,
-                min_score: float | None) -> tuple[dict[str, int], list[list[str]], int, int]:
+def naive_dense(
+    scores: list[list[float]],
+    texts: list[list[str]],
+    positives: list[list[str]],
+    pos_scores: list[list[float]],
+    *,
+    num_negatives: int,
+    range_min: int,
+    range_max: int,
+    absolute_margin: float | None,
+    relative_margin: float | None,
+    max_score: float | None,
+    min_score: float | None,
+) -> tuple[dict[str, int], list[list[str]], int, int]:
     """Per candidate, the first of sentence-transformers' rules that drops it (positives, then the margins
     against the hardest positive p, then the score bounds); the survivors by descending score, ranks
     range_min … range_max−1, the first num_negatives. Returns (drops per rule, chosen texts, candidates,
@@ -233,12 +270,18 @@ def test_dense_report_counts_equal_a_loop_over_every_candidate(seed: int) -> Non
     texts = [list(rng.choice(vocab, size=width, replace=False)) for _ in range(n)]
     scores = np.round(rng.uniform(-0.6, 0.95, size=(n, width)), 3).astype(np.float32)
     scores[rng.uniform(size=(n, width)) < 0.1] = -np.inf  # an exhausted shard's padding
-    positives = [[texts[i][j] for j in rng.choice(width, size=rng.integers(1, 3), replace=False)]
-                 for i in range(n)]
+    positives = [
+        [texts[i][j] for j in rng.choice(width, size=rng.integers(1, 3), replace=False)] for i in range(n)
+    ]
     pos_scores = [[float(x) for x in rng.uniform(-0.3, 0.9, size=len(p)).astype(np.float32)] for p in positives]
-    kw = {"num_negatives": int(rng.integers(2, 5)), "range_min": int(rng.integers(0, 2)),
-          "absolute_margin": [None, 0.05][seed % 2], "relative_margin": [None, 0.1, 0.3][seed % 3],
-          "max_score": [None, 0.7][seed // 3 % 2], "min_score": [None, -0.2][seed // 2 % 2]}
+    kw = {
+        "num_negatives": int(rng.integers(2, 5)),
+        "range_min": int(rng.integers(0, 2)),
+        "absolute_margin": [None, 0.05][seed % 2],
+        "relative_margin": [None, 0.1, 0.3][seed % 3],
+        "max_score": [None, 0.7][seed // 3 % 2],
+        "min_score": [None, -0.2][seed // 2 % 2],
+    }
     opts = dense_options(max_positives=2, range_max=10, **kw)  # type: ignore[arg-type]
     stats = Stats()
     chosen_all = []
@@ -249,8 +292,7 @@ def test_dense_report_counts_equal_a_loop_over_every_candidate(seed: int) -> Non
         chosen = select(cands, [keys_of(p) for p in positives[lo:hi]], pos_scores[lo:hi], opts, lo, part)
         chosen_all += [[cands.texts[i, c] for c in cols] for i, cols in enumerate(chosen)]
         stats.merge(part.as_dict())
-    want = naive_dense(scores.astype(np.float64).tolist(), texts, positives, pos_scores, range_max=10,
-                       **kw)  # type: ignore[arg-type]
+    want = naive_dense(scores.astype(np.float64).tolist(), texts, positives, pos_scores, range_max=10, **kw)  # type: ignore[arg-type]
     dropped, naive_chosen, candidates, short = want
     assert stats.dropped == dropped and stats.candidates == candidates and stats.short == short
     assert [list(c) for c in chosen_all] == naive_chosen
@@ -258,8 +300,9 @@ def test_dense_report_counts_equal_a_loop_over_every_candidate(seed: int) -> Non
     assert sum(stats.hist["kept"]) == stats.negatives
     assert sum(stats.hist["dropped"]) == sum(v for k, v in dropped.items() if k != "positives")
     assert sum(stats.hist["positive"]) == sum(len(p) for p in positives)
-    kept_scores = [float(s) for i, c in enumerate(naive_chosen) for s, t in zip(scores[i], texts[i], strict=True)
-                   if t in c]  # Python floats: a float32 compared with a Python float rounds the edge to float32
+    kept_scores = [
+        float(s) for i, c in enumerate(naive_chosen) for s, t in zip(scores[i], texts[i], strict=True) if t in c
+    ]  # Python floats: a float32 compared with a Python float rounds the edge to float32
     edges = BINS.tolist()
     naive_hist = [0] * (len(edges) - 1)
     for s in kept_scores:
@@ -299,8 +342,13 @@ def test_idiom_dev_macro_f1_per_language_set(tmp_path: Path, setting: str) -> No
 
     def margins() -> dict[str, float]:  # logit 1 − logit 0 of each dev example, classified alone
         with torch.no_grad():
-            return {e.id: float(logits[1] - logits[0]) for e in ev.dev for logits in
-                    model(**encode_batch(tok, [model_input(e, setting)], max_len=cfg.model.max_len)).logits}
+            return {
+                e.id: float(logits[1] - logits[0])
+                for e in ev.dev
+                for logits in model(
+                    **encode_batch(tok, [model_input(e, setting)], max_len=cfg.model.max_len)
+                ).logits
+            }
 
     with torch.no_grad():  # an untrained head says one label for all: amplify it, split at the widest middle gap
         model.classifier.out_proj.weight.mul_(100.0)
@@ -342,8 +390,13 @@ def test_coherence_test_accuracy_and_alpha_with_the_model_as_a_coder(tmp_path: P
     from raycl.models.coherence_presets import build_coherence_model
     from raycl.recipes.coherence.evaluation import Evaluator
 
-    small = ["data.builtin.train=20", "data.builtin.dev=4", "data.builtin.test=16", "data.builtin.intrusion=16",
-             "data.builtin.lmvlm=16"]
+    small = [
+        "data.builtin.train=20",
+        "data.builtin.dev=4",
+        "data.builtin.test=16",
+        "data.builtin.intrusion=16",
+        "data.builtin.lmvlm=16",
+    ]
     space = load_space("coherence", preset="smoke", overrides=["eval.batch_size=3", "eval.num_negs=2", *small])
     cfg, _ = recipe_for("coherence").with_data(space.config, tmp_path / "data")
     ev = Evaluator(cfg)
@@ -389,10 +442,25 @@ def test_dense_summary_line_prints_the_reports_counts() -> None:
     """``raycl.mine dense``'s closing line: each count of the summary (thousands separated) and the seconds."""
     from raycl.distributed.dense_api import summary_line
 
-    s = {"queries": 1234, "negatives": 3456, "rows": 3400, "candidates": 98765, "short": 7, "num_negatives": 3,
-         "seconds": 12.345, "dropped": {"positives": 1200, "absolute_margin": 0, "relative_margin": 45678,
-                                        "max_score": 5, "min_score": 1}}
+    s = {
+        "queries": 1234,
+        "negatives": 3456,
+        "rows": 3400,
+        "candidates": 98765,
+        "short": 7,
+        "num_negatives": 3,
+        "seconds": 12.345,
+        "dropped": {
+            "positives": 1200,
+            "absolute_margin": 0,
+            "relative_margin": 45678,
+            "max_score": 5,
+            "min_score": 1,
+        },
+    }
     line = summary_line(s)
-    assert line == ("mined 1,234 queries: 3,456 negatives in 3,400 rows; of 98,765 candidates dropped: "
-                    "positives 1,200, absolute_margin 0, relative_margin 45,678, max_score 5, min_score 1; "
-                    "7 queries short of 3; 12.3 s")
+    assert line == (
+        "mined 1,234 queries: 3,456 negatives in 3,400 rows; of 98,765 candidates dropped: "
+        "positives 1,200, absolute_margin 0, relative_margin 45,678, max_score 5, min_score 1; "
+        "7 queries short of 3; 12.3 s"
+    )

@@ -54,16 +54,18 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
 
 def with_faults(monkeypatch: pytest.MonkeyPatch, faults: Chaos) -> None:
     """``python -m raycl.mine`` from here on gives its range miners ``faults`` (the CLI has no switch for them)."""
-    from raycl.distributed import corpus_mining
+    from raycl.distributed import corpus as ray_corpus
 
-    monkeypatch.setattr(corpus_mining, "mine_corpus", functools.partial(corpus_mining.mine_corpus, faults=faults))
+    monkeypatch.setattr(ray_corpus, "mine_corpus", functools.partial(ray_corpus.mine_corpus, faults=faults))
 
 
 def _mine(model_dir: Path, corpus: Path, out: Path, *extra: str, capsys: pytest.CaptureFixture[str]) -> dict:
     from raycl.mine import main
 
-    assert main(["gec", "--model", str(model_dir), "--data", str(corpus), "--out", str(out), *FAST, *extra,
-                 "--json"]) == 0  # fmt: skip
+    assert (
+        main(["gec", "--model", str(model_dir), "--data", str(corpus), "--out", str(out), *FAST, *extra, "--json"])
+        == 0
+    )
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
@@ -101,21 +103,28 @@ def test_overlapping_specs_are_refused_and_adjacent_ones_are_read_in_order(corpu
     assert [ex for r in ranges for ex in read_range(r)] == load_examples([str(corpus)])
 
 
-@pytest.mark.parametrize(("text", "line", "expected"), [
-    ("S a b .\nA 0 1|||R:DET|||the|||REQUIRED|||-NONE-|||0\n\nA 0 1|||R:DET|||x|||REQUIRED|||-NONE-|||0\n", 4,
-     "'A' line outside a block"),
-    ("S a b .\nS c d .\n", 2, "second 'S' line"),
-    ("S a b .\n\nX stray\n\nS c d .\n", 3, "expected 'S ', 'A ' or a blank line"),
-    ("", None, "empty M2 file"),
-    # the records themselves (issue 19): fields, spans, bytes — also deep inside a large range
-    ("S a b .\n\nS c d .\nA 0 1|||R:DET|||the|||REQUIRED|||-NONE-\n", 4, "expected 6"),
-    ("S a b .\n\nS c d .\nA 1 4|||R:DET|||the|||REQUIRED|||-NONE-|||0\n", 4, "out of range"),
-    ("S a b .\n\nS c d .\nA x 1|||R:DET|||the|||REQUIRED|||-NONE-|||0\n", 4, "two integers"),
-    (b"S a b .\n\nS c \xff d .\n", 3, "not UTF-8"),
-    (b"S a b .\n\nS c \x00 d .\n", 3, "NUL byte"),
-])  # fmt: skip
-def test_the_scan_checks_the_m2_structure_before_any_mining(tmp_path: Path, text: str | bytes, line: int | None,
-                                                             expected: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "line", "expected"),
+    [
+        (
+            "S a b .\nA 0 1|||R:DET|||the|||REQUIRED|||-NONE-|||0\n\nA 0 1|||R:DET|||x|||REQUIRED|||-NONE-|||0\n",
+            4,
+            "'A' line outside a block",
+        ),
+        ("S a b .\nS c d .\n", 2, "second 'S' line"),
+        ("S a b .\n\nX stray\n\nS c d .\n", 3, "expected 'S ', 'A ' or a blank line"),
+        ("", None, "empty M2 file"),
+        # the records themselves (issue 19): fields, spans, bytes — also deep inside a large range
+        ("S a b .\n\nS c d .\nA 0 1|||R:DET|||the|||REQUIRED|||-NONE-\n", 4, "expected 6"),
+        ("S a b .\n\nS c d .\nA 1 4|||R:DET|||the|||REQUIRED|||-NONE-|||0\n", 4, "out of range"),
+        ("S a b .\n\nS c d .\nA x 1|||R:DET|||the|||REQUIRED|||-NONE-|||0\n", 4, "two integers"),
+        (b"S a b .\n\nS c \xff d .\n", 3, "not UTF-8"),
+        (b"S a b .\n\nS c \x00 d .\n", 3, "NUL byte"),
+    ],
+)
+def test_the_scan_checks_the_m2_structure_before_any_mining(
+    tmp_path: Path, text: str | bytes, line: int | None, expected: str
+) -> None:
     bad = tmp_path / "bad.m2"
     bad.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
     with pytest.raises(UserError) as err:
@@ -126,7 +135,7 @@ def test_the_scan_checks_the_m2_structure_before_any_mining(tmp_path: Path, text
 
 def test_a_resumed_directory_keeps_its_shard_size_and_refuses_other_data(
     model_dir: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:  # fmt: skip
+) -> None:
     from raycl.mine import main
 
     out = tmp_path / "negs"
@@ -187,29 +196,47 @@ def test_sharded_in_process_equals_single_file_and_resumes(
     assert {i: m.negatives for i, m in got.items()} == {i: tuple(r["negatives"]) for i, r in single_file.items()}
 
 
-def test_shards_load_with_datasets(model_dir: Path, corpus: Path, tmp_path: Path,
-                                   capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_shards_load_with_datasets(
+    model_dir: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import datasets
 
     out = tmp_path / "negs"
     _mine(model_dir, corpus, out, "--num-miners", "0", "--shard-size", "5", capsys=capsys)
-    ds = datasets.load_dataset("parquet", data_files=str(out / "part-*.parquet"), split="train",
-                               cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    ds = datasets.load_dataset(
+        "parquet", data_files=str(out / "part-*.parquet"), split="train", cache_dir=str(tmp_path / "cache")
+    )
     assert ds.column_names == ["id", "source", "target", "negatives", "scores", "model_version", "references"]
     assert sorted(ds["id"]) == sorted(f"tiny.m2:{i}" for i in range(N))
 
 
-def test_usage_errors_are_one_line(model_dir: Path, corpus: Path, tmp_path: Path,
-                                   capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_usage_errors_are_one_line(
+    model_dir: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from raycl.mine import main
 
     (tmp_path / "file.parquet").write_bytes(b"")
-    for extra, where in ((["--shard-size", "0"], "--shard-size"), (["--num-miners", "-1"], "--num-miners"),
-                         (["--engine", "hf", "--precision", "int8"], "--precision int8"),
-                         (["--out", str(tmp_path / "file.parquet"), "--shards"], "file.parquet")):  # fmt: skip
+    for extra, where in (
+        (["--shard-size", "0"], "--shard-size"),
+        (["--num-miners", "-1"], "--num-miners"),
+        (["--engine", "hf", "--precision", "int8"], "--precision int8"),
+        (["--out", str(tmp_path / "file.parquet"), "--shards"], "file.parquet"),
+    ):
         with pytest.raises(SystemExit) as exc:
-            main(["gec", "--model", str(model_dir), "--data", str(corpus), "--out", str(tmp_path / "o"),
-                  "--num-miners", "0", *extra])  # fmt: skip
+            main(
+                [
+                    "gec",
+                    "--model",
+                    str(model_dir),
+                    "--data",
+                    str(corpus),
+                    "--out",
+                    str(tmp_path / "o"),
+                    "--num-miners",
+                    "0",
+                    *extra,
+                ]
+            )
         err = capsys.readouterr().err
         assert exc.value.code == 2 and err.count("\n") == 1 and where in err, err
 
@@ -226,15 +253,21 @@ def _miner_actors() -> dict[str, int]:
 
 @pytest.mark.slow
 def test_pool_output_equals_single_file_even_when_miners_crash(
-    ray_local: Any, model_dir: Path, corpus: Path, single_file: dict[str, Any], tmp_path: Path,
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+    ray_local: Any,
+    model_dir: Path,
+    corpus: Path,
+    single_file: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # Each miner's first life dies (os._exit) after mining its first range, before writing it: Ray restarts the
     # actor, Ray Data retries the range, and the shards still hold every id exactly once.
     with_faults(monkeypatch, Chaos(fail_after_tasks=1))
     out, before = tmp_path / "negs", _miner_actors()
-    summary = _mine(model_dir, corpus, out, "--num-miners", "2", "--cpus-per-miner", "0.5", "--shard-size", "4",
-                    capsys=capsys)  # fmt: skip
+    summary = _mine(
+        model_dir, corpus, out, "--num-miners", "2", "--cpus-per-miner", "0.5", "--shard-size", "4", capsys=capsys
+    )
     assert summary["num_miners"] == 2 and summary["examples"] == N and summary["shards"] == 3
     ours = {a: n for a, n in _miner_actors().items() if a not in before}
     assert len(ours) == 2 and all(n >= 1 for n in ours.values()), ours  # both crashed and were restarted
@@ -256,7 +289,7 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str], *, status: int
 
 def test_a_resumed_directory_refuses_other_mining_settings_and_overwrite_starts_afresh(
     model_dir: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:  # fmt: skip
+) -> None:
     import shutil
 
     out = tmp_path / "negs"
@@ -270,13 +303,16 @@ def test_a_resumed_directory_refuses_other_mining_settings_and_overwrite_starts_
     config = json.loads((other_model / "config.json").read_text())
     (other_model / "config.json").write_text(json.dumps({**config, "dropout": 0.123}))  # same shapes, other file
     base = ["--data", str(corpus), "--out", str(out), *FAST, "--num-miners", "0"]
-    for extra, named in ((["--k", "3"], "mining.k 2 → 3"), (["--beam", "4"], "mining.beam 3 → 4"),
-                         (["--no-source-negative"], "mining.source_negative true → false"),
-                         (["--rank-by", "sum_logprob"], "mining.rank_by"), (["--refill"], "mining.refill"),
-                         (["--max-len-b", "7"], "mining.max_len_b 6 → 7"),
-                         (["--engine", "hf" if manifest["engine"] == "ctranslate2" else "ctranslate2"],
-                          "mining.engine"),
-                         (["--model", str(other_model)], "mining.model")):  # fmt: skip
+    for extra, named in (
+        (["--k", "3"], "mining.k 2 → 3"),
+        (["--beam", "4"], "mining.beam 3 → 4"),
+        (["--no-source-negative"], "mining.source_negative true → false"),
+        (["--rank-by", "sum_logprob"], "mining.rank_by"),
+        (["--refill"], "mining.refill"),
+        (["--max-len-b", "7"], "mining.max_len_b 6 → 7"),
+        (["--engine", "hf" if manifest["engine"] == "ctranslate2" else "ctranslate2"], "mining.engine"),
+        (["--model", str(other_model)], "mining.model"),
+    ):
         argv = ["--model", str(model_dir), *base, *extra] if "--model" not in extra else [*extra, *base]
         err = _refused(argv, capsys)
         assert named in err and "--overwrite" in err, err
@@ -287,9 +323,12 @@ def test_a_resumed_directory_refuses_other_mining_settings_and_overwrite_starts_
 
 
 def test_data_is_known_by_its_content_and_a_resume_does_not_read_it_again(
-    model_dir: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    model_dir: Path,
+    corpus: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     import os
 
     import raycl.miners.corpus
@@ -308,29 +347,33 @@ def test_data_is_known_by_its_content_and_a_resume_does_not_read_it_again(
     text = data.read_bytes()
     data.write_bytes(text.replace(b"He do n't", b"He di n't"))  # same name, same size, other sentences
     assert data.stat().st_size == len(text)
-    err = _refused(["--model", str(model_dir), "--data", str(data), "--out", str(out), *FAST, "--num-miners", "0"],
-                   capsys)  # fmt: skip
+    err = _refused(
+        ["--model", str(model_dir), "--data", str(data), "--out", str(out), *FAST, "--num-miners", "0"], capsys
+    )
     assert "data tiny.m2 (blake2b" in err, err
 
 
 def test_a_second_run_on_one_out_is_refused_and_leaves_the_first_runs_files(
     model_dir: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:  # fmt: skip
+) -> None:
     from raycl.miners.shards import locked_out_dir
 
     out = tmp_path / "negs"
     with locked_out_dir(out):  # the first run, mid-way: a shard being written
         writing = out / ".part-00003.parquet.4242.tmp"
         writing.write_bytes(b"half a shard")
-        err = _refused(["--model", str(model_dir), "--data", str(corpus), "--out", str(out), *FAST,
-                        "--num-miners", "0"], capsys)  # fmt: skip
+        err = _refused(
+            ["--model", str(model_dir), "--data", str(corpus), "--out", str(out), *FAST, "--num-miners", "0"],
+            capsys,
+        )
         assert "another raycl run is mining into it (pid" in err and writing.exists(), err
         assert not shard_files(out)
     assert _mine(model_dir, corpus, out, "--num-miners", "0", capsys=capsys)["examples"] == N  # free again
 
 
-def test_shards_and_manifest_are_synced_before_their_rename(tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_shards_and_manifest_are_synced_before_their_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import os
 
     from raycl.miners.corpus import negatives_table
@@ -350,8 +393,10 @@ def test_shards_and_manifest_are_synced_before_their_rename(tmp_path: Path,
 
     monkeypatch.setattr(os, "fsync", spy_fsync)
     monkeypatch.setattr(os, "replace", spy_replace)
-    writes = {"part-00007.parquet": lambda: write_shard(tmp_path, 7, negatives_table([], [])),
-              "_mining.json": lambda: atomic_write(tmp_path / "_mining.json", "{}")}
+    writes = {
+        "part-00007.parquet": lambda: write_shard(tmp_path, 7, negatives_table([], [])),
+        "_mining.json": lambda: atomic_write(tmp_path / "_mining.json", "{}"),
+    }
     for name, write in writes.items():
         events.clear()
         write()
@@ -361,12 +406,28 @@ def test_shards_and_manifest_are_synced_before_their_rename(tmp_path: Path,
 
 
 def test_a_failing_range_is_recorded_and_the_rerun_mines_only_it(
-    model_dir: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    model_dir: Path,
+    corpus: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     out = tmp_path / "negs"
-    argv = ["--model", str(model_dir), "--data", str(corpus), "--out", str(out), *FAST, "--num-miners", "0",
-            "--shard-size", "4", "--range-retries", "1"]  # fmt: skip
+    argv = [
+        "--model",
+        str(model_dir),
+        "--data",
+        str(corpus),
+        "--out",
+        str(out),
+        *FAST,
+        "--num-miners",
+        "0",
+        "--shard-size",
+        "4",
+        "--range-retries",
+        "1",
+    ]
     with monkeypatch.context() as m:  # range 1 raises every time it is mined
         with_faults(m, Chaos(raise_in_ranges=(1,)))
         err = _refused(argv, capsys, status=1)  # default --max-failed-ranges 0: stops at the first
@@ -385,16 +446,40 @@ def test_a_failing_range_is_recorded_and_the_rerun_mines_only_it(
 
 @pytest.mark.slow
 def test_a_range_whose_miner_dies_every_time_fails_alone_on_ray(
-    ray_local: Any, model_dir: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    ray_local: Any,
+    model_dir: Path,
+    corpus: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     # range 1 kills its miner (os._exit, as an OOM kill would) in every life: Ray restarts the actor and Ray Data
     # gives it the range again, until the attempts counted in OUT run out
     with_faults(monkeypatch, Chaos(die_in_ranges=(1,)))
     out, before = tmp_path / "negs", _miner_actors()
-    err = _refused(["--model", str(model_dir), "--data", str(corpus), "--out", str(out), *FAST, "--num-miners",
-                    "1", "--cpus-per-miner", "0.5", "--shard-size", "4", "--range-retries", "1",
-                    "--max-failed-ranges", "1"], capsys, status=1)  # fmt: skip
+    err = _refused(
+        [
+            "--model",
+            str(model_dir),
+            "--data",
+            str(corpus),
+            "--out",
+            str(out),
+            *FAST,
+            "--num-miners",
+            "1",
+            "--cpus-per-miner",
+            "0.5",
+            "--shard-size",
+            "4",
+            "--range-retries",
+            "1",
+            "--max-failed-ranges",
+            "1",
+        ],
+        capsys,
+        status=1,
+    )
     assert "part-00001.parquet (tiny.m2:14: its miner died in each of 2 attempts" in err, err
     assert [p.name for p in shard_files(out)] == ["part-00000.parquet", "part-00002.parquet"]
     assert [f["range"] for f in json.loads((out / "_failures.json").read_text())] == [1]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
-from raycl.configs import load_space
-from raycl.configs.gec import DECODING, SELECTION
+from raycl.config.tasks import load_space
+from raycl.config.tasks.gec import DECODING, SELECTION
 from raycl.distributed.miner_pool import ACTOR_KEYS
 from raycl.miners.beam_search import BeamSearchMiner
 from raycl.miners.permutation import PermutationMiner
@@ -19,8 +19,16 @@ def _keywords(cls: type) -> set[str]:
 
 
 def test_gec_miner_options_are_the_beam_miners_keywords_read_from_their_keys() -> None:
-    m = dataclasses.replace(load_space("gec_pd", preset="smoke").config.mining, k=2, beam=6, refill=True,
-                            source_negative=False, false_negatives="drop", rank_by="sum_logprob", batch_size=7)
+    m = dataclasses.replace(
+        load_space("gec_pd", preset="smoke").config.mining,
+        k=2,
+        beam=6,
+        refill=True,
+        source_negative=False,
+        false_negatives="drop",
+        rank_by="sum_logprob",
+        batch_size=7,
+    )
     trial = m.miner_options()
     assert set(trial) - {"engine"} == _keywords(BeamSearchMiner) - {"nbest"}  # the engine: the actor's build
     assert all(trial[key] == getattr(m, key) for key in trial)  # each option from the key of its name
@@ -33,5 +41,10 @@ def test_coherence_miner_options_are_the_ranking_miners_keywords_and_its_wait() 
     m = dataclasses.replace(load_space("coherence").config.mining, num_rank=9, num_negs=3, lease_s=12.5)
     got = m.miner_options()
     assert set(got) - set(ACTOR_KEYS) == _keywords(PermutationMiner)
-    assert got == {"batch_size": m.batch_size, "precision": m.precision, "num_rank": 9, "num_negs": 3,
-                   "version_wait_s": 12.5}  # fmt: skip  # a task waits up to its lease for its chunk's weights
+    assert got == {
+        "batch_size": m.batch_size,
+        "precision": m.precision,
+        "num_rank": 9,
+        "num_negs": 3,
+        "version_wait_s": 12.5,
+    }  # a task waits up to its lease for its chunk's weights

@@ -144,6 +144,7 @@ def test_momentum_moves_a_source_to_its_targets_device(monkeypatch: pytest.Monke
     # sources handed to the fused add are recorded): a CPU source must be moved to its target's device first
     seen: list[str] = []
     real = torch._foreach_add_
+
     def add_(targets: list[torch.Tensor], sources: list[torch.Tensor], **kw: float) -> None:
         seen.extend(s.device.type for s in sources)
         real(targets, sources, **kw)

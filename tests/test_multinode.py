@@ -23,8 +23,9 @@ def test_an_epoch_survives_a_miner_kill_and_a_node_removal(tmp_path: Path) -> No
 
     out = tmp_path / "result.json"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    done = subprocess.run([sys.executable, __file__, str(out)], env=env, capture_output=True, text=True,
-                          timeout=180)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, __file__, str(out)], env=env, capture_output=True, text=True, timeout=180
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     print(f"\nmultinode: {result}")
@@ -65,10 +66,20 @@ def main(out: Path) -> None:
     ray.init(address=cluster.address)
     cluster.wait_for_nodes()
     head = ray.get_runtime_context().get_node_id()
-    stream = start_stream(world_size=2, capacity=16, task_size=4, lease_s=20.0, ordered=False,
-                          scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False))  # fmt: skip
-    pool = MinerPool(MinerFactory(ECHO, options={"k": 1, "delay_s": 0.01}), num_miners=3, cpus_per_miner=0.25,
-                     node_ids=[worker.node_id])  # fmt: skip
+    stream = start_stream(
+        world_size=2,
+        capacity=16,
+        task_size=4,
+        lease_s=20.0,
+        ordered=False,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False),
+    )
+    pool = MinerPool(
+        MinerFactory(ECHO, options={"k": 1, "delay_s": 0.01}),
+        num_miners=3,
+        cpus_per_miner=0.25,
+        node_ids=[worker.node_id],
+    )
     on_worker = lambda: sum(n == worker.node_id for n in ray.get([a.node_id.remote() for a in pool.actors()]))  # noqa: E731
     before = on_worker()
     pool.start(stream)
@@ -97,11 +108,18 @@ def main(out: Path) -> None:
     runs = pool.join(timeout=60)
     delivered = got[0] + got[1]
     expected = {e.id for s in sched for e in s}
-    result = dict(delivered=len(delivered), lost=len(expected - set(delivered)),
-                  duplicated=len(delivered) - len(set(delivered)), stats=stats, runs_ended=len(runs) == 3,
-                  miners_on_removed_node_before=before, miners_on_removed_node_after=after,
-                  consumed_at_removal=at_removal, miners_moved_after_s=round(moved_s, 1),
-                  mine_without_out=_mine_without_out(out.parent))  # fmt: skip
+    result = dict(
+        delivered=len(delivered),
+        lost=len(expected - set(delivered)),
+        duplicated=len(delivered) - len(set(delivered)),
+        stats=stats,
+        runs_ended=len(runs) == 3,
+        miners_on_removed_node_before=before,
+        miners_on_removed_node_after=after,
+        consumed_at_removal=at_removal,
+        miners_moved_after_s=round(moved_s, 1),
+        mine_without_out=_mine_without_out(out.parent),
+    )
     out.write_text(json.dumps(result))
     ray.shutdown()
     cluster.shutdown()
@@ -115,11 +133,13 @@ def _mine_without_out(tmp: Path) -> str:
 
     write_m2(tmp / "c.m2", [M2Sentence("the cat sat ."), M2Sentence("a dog ran .")])
     tiny = dict(d_model=16, encoder_ffn_dim=32, decoder_ffn_dim=32, encoder_layers=1, decoder_layers=1)
-    model = build_model("smoke", out_dir=tmp / "model", texts=["the cat sat .", "a dog ran ."] * 20,
-                        vocab_size=120, **tiny)  # fmt: skip
+    model = build_model(
+        "smoke", out_dir=tmp / "model", texts=["the cat sat .", "a dog ran ."] * 20, vocab_size=120, **tiny
+    )
     try:
-        raycl.mine_negatives(model, str(tmp / "c.m2"), k=1, max_len_b=4, num_miners=1, cpus_per_miner=0.25,
-                             progress=False)  # fmt: skip
+        raycl.mine_negatives(
+            model, str(tmp / "c.m2"), k=1, max_len_b=4, num_miners=1, cpus_per_miner=0.25, progress=False
+        )
     except UserError as err:
         return str(err)
     return ""

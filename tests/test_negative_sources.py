@@ -9,8 +9,8 @@ import dataclasses
 
 import pytest
 
-from raycl.configs.coherence import CoherenceMiningSection
-from raycl.configs.gec import GecMiningSection
+from raycl.config.tasks.coherence import CoherenceMiningSection
+from raycl.config.tasks.gec import GecMiningSection
 from raycl.data.coherence import CoherenceItem
 from raycl.data.gec import GecExample
 from raycl.miners.sources import LiveStream, Permutations, PreMined, SharedNBest
@@ -26,12 +26,22 @@ STREAM, STORE, NBEST = object(), object(), object()  # what the driver holds: ac
 
 
 def test_the_gec_mining_section_names_the_source_the_driver_has() -> None:
-    m = GecMiningSection(k=2, source_negative=False, refill=True, false_negatives="drop", max_staleness=1,
-                         sync_every=5, refresh_every=2, negatives="/data/negs.parquet")  # fmt: skip
-    assert m.source(nbest=NBEST) == SharedNBest(NBEST, k=2, source_negative=False, refill=True,
-                                                false_negatives="drop")  # fmt: skip
-    assert m.source(stream=STREAM, store=STORE) == LiveStream(STREAM, STORE, max_staleness=1, sync_every=5,
-                                                              refresh_every=2)  # fmt: skip
+    m = GecMiningSection(
+        k=2,
+        source_negative=False,
+        refill=True,
+        false_negatives="drop",
+        max_staleness=1,
+        sync_every=5,
+        refresh_every=2,
+        negatives="/data/negs.parquet",
+    )
+    assert m.source(nbest=NBEST) == SharedNBest(
+        NBEST, k=2, source_negative=False, refill=True, false_negatives="drop"
+    )
+    assert m.source(stream=STREAM, store=STORE) == LiveStream(
+        STREAM, STORE, max_staleness=1, sync_every=5, refresh_every=2
+    )
     assert m.source() == PreMined("/data/negs.parquet", drop_false_negatives=True)
     assert dataclasses.replace(m, false_negatives="keep").source() == PreMined("/data/negs.parquet")
     assert GecMiningSection().source() is None  # nothing mined or pre-mined: a worker that needs some says so

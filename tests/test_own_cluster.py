@@ -52,8 +52,9 @@ def test_ray_processes_of_a_run_know_their_own_cluster_beside_another_ray(ray_lo
     """About 10 s on 2 cores (a second Ray with its dashboard)."""
     assert ray_local.is_initialized()  # the session's Ray: the other instance on this machine
     env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=180)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["ok"], got["error"]

@@ -41,8 +41,9 @@ def _plant_sweep(folder: Path, marker: Path) -> None:
     """A Tune experiment folder as ``Tuner.can_restore`` finds one: ``tuner.pkl`` and an experiment state."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "tuner.pkl").write_bytes(pickle.dumps(Payload(marker)))
-    (folder / "experiment_state-2026-01-01_00-00-00.json").write_text(json.dumps({"trial_data": [],
-                                                                                 "runner_data": {}}))
+    (folder / "experiment_state-2026-01-01_00-00-00.json").write_text(
+        json.dumps({"trial_data": [], "runner_data": {}})
+    )
 
 
 def _run_folder(root: Path) -> Path:
@@ -54,8 +55,13 @@ def _run_folder(root: Path) -> Path:
 
 def _tune(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "RAY_ADDRESS": ""}
-    return subprocess.run([sys.executable, "-m", "raycl.tune", "idiom", "--preset", "smoke", "--out", str(out),
-                           *extra], capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "raycl.tune", "idiom", "--preset", "smoke", "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int, bytes | str]]:
@@ -80,8 +86,10 @@ def test_a_sweep_linked_out_of_the_run_folder_is_not_restored(tmp_path: Path) ->
     before = _snapshot(tmp_path)
     done = _tune(run)
     assert done.returncode == 2, done.stderr[-3000:]
-    assert done.stderr.splitlines() == [f"raycl: error: {run / 'ray' / 'sweep'}: a symbolic link to "
-                                        f"{(shared / 'sweep').resolve()}, outside {run}: {REFUSED}"]  # fmt: skip
+    assert done.stderr.splitlines() == [
+        f"raycl: error: {run / 'ray' / 'sweep'}: a symbolic link to "
+        f"{(shared / 'sweep').resolve()}, outside {run}: {REFUSED}"
+    ]
     assert not marker.exists() and _snapshot(tmp_path) == before
 
 
@@ -95,8 +103,9 @@ def test_a_run_folder_another_user_owns_is_not_restored(tmp_path: Path) -> None:
     before = _snapshot(tmp_path)
     done = _tune(run)
     assert done.returncode == 2, done.stderr[-3000:]
-    assert done.stderr.splitlines() == [f"raycl: error: {run}: owned by uid {FOREIGN}, not by this user (uid 0) "
-                                        f"or root: {REFUSED}"]  # fmt: skip
+    assert done.stderr.splitlines() == [
+        f"raycl: error: {run}: owned by uid {FOREIGN}, not by this user (uid 0) or root: {REFUSED}"
+    ]
     assert not marker.exists() and _snapshot(tmp_path) == before
 
 
@@ -111,7 +120,8 @@ def _refused(verb: str, argv: list[str], capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_a_fresh_out_others_can_write_or_replace_is_refused_before_anything_is_written(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     open_ = tmp_path / "open"
     open_.mkdir(mode=0o777)
     open_.chmod(0o777)  # an empty folder anyone can write
@@ -142,8 +152,9 @@ def test_a_folder_of_the_users_own_passes_and_trust_out_takes_another(tmp_path: 
         open_run_folder(run, space="idiom", trusted=True)
 
 
-def test_mine_refuses_a_shard_directory_others_can_write(tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_mine_refuses_a_shard_directory_others_can_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     shards = tmp_path / "negs"
     shards.mkdir()
     (shards / "part-00000.parquet").write_bytes(b"PAR1")
@@ -157,8 +168,9 @@ def _negatives(path: Path) -> None:
     from raycl.data.gec import GecExample
     from raycl.miners.beam_search import MinedNegatives, write_negatives_parquet
 
-    write_negatives_parquet(path, [GecExample("a:0", "s", "t")], [MinedNegatives("a:0", ("n",), (-1.0,))],
-                            model_version=0)  # fmt: skip
+    write_negatives_parquet(
+        path, [GecExample("a:0", "s", "t")], [MinedNegatives("a:0", ("n",), (-1.0,))], model_version=0
+    )
 
 
 def _shard(path: Path) -> None:
@@ -188,7 +200,7 @@ def _model(path: Path) -> None:
 
 def _config(path: Path) -> None:
     from raycl.config import dump_yaml
-    from raycl.configs import load_space
+    from raycl.config.tasks import load_space
 
     dump_yaml(load_space("idiom", preset="smoke").config, path)
 
@@ -210,8 +222,8 @@ def _writers() -> dict[str, tuple[str, Callable[[Path], None]]]:
     from raycl.data.m2 import M2Sentence, write_m2
     from raycl.data.semeval import write_csv
     from raycl.distributed.tune_state import _remember
-    from raycl.evaluation.embedding_geometry import plot_alignment_uniformity
     from raycl.progress import ProgressWriter
+    from raycl.scoring.embedding_geometry import plot_alignment_uniformity
     from raycl.training.checkpoint import save_state
 
     pid, thread = os.getpid(), threading.get_ident()
@@ -320,8 +332,8 @@ def metadata_server() -> Iterator[tuple[str, list[str]]]:
 
 
 def test_http_and_other_schemes_are_refused_before_any_request(
-        metadata_server: tuple[str, list[str]], tmp_path: Path, cache: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    metadata_server: tuple[str, list[str]], tmp_path: Path, cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from raycl import storage
 
     base, hits = metadata_server
@@ -329,18 +341,33 @@ def test_http_and_other_schemes_are_refused_before_any_request(
     model.mkdir()
     (model / "config.json").write_text("{}")
     url = f"{base}/latest/meta-data/iam/security-credentials/role"
-    err = _refused("train", ["idiom", "--preset", "smoke", "--set", f"model.checkpoint={url}", "--out",
-                             str(tmp_path / "run")], capsys)  # fmt: skip
-    assert err.endswith(f"idiom.yaml: config key 'model.checkpoint': {url}: not a storage raycl reads or writes, "
-                        "refused before any request; expected a local path or a URI of file://, s3://, s3a://, "
-                        "gs://, gcs://, hdfs://, abfs://, abfss://, az:// (fsspec's chained '::' URIs, http(s) "
-                        "and other schemes are not storage)")  # fmt: skip
-    for verb, argv in (("tune", ["idiom", "--preset", "smoke", "--out", url]),
-                       ("train", ["gec_pd", "--set", f"mining.negatives=https{base[4:]}/negs.parquet"]),
-                       ("mine", ["gec", "--model", str(model), "--data", "x.m2", "--out", f"{base}/negs"])):
+    err = _refused(
+        "train",
+        ["idiom", "--preset", "smoke", "--set", f"model.checkpoint={url}", "--out", str(tmp_path / "run")],
+        capsys,
+    )
+    assert err.endswith(
+        f"idiom.yaml: config key 'model.checkpoint': {url}: not a storage raycl reads or writes, "
+        "refused before any request; expected a local path or a URI of file://, s3://, s3a://, "
+        "gs://, gcs://, hdfs://, abfs://, abfss://, az:// (fsspec's chained '::' URIs, http(s) "
+        "and other schemes are not storage)"
+    )
+    for verb, argv in (
+        ("tune", ["idiom", "--preset", "smoke", "--out", url]),
+        ("train", ["gec_pd", "--set", f"mining.negatives=https{base[4:]}/negs.parquet"]),
+        ("mine", ["gec", "--model", str(model), "--data", "x.m2", "--out", f"{base}/negs"]),
+    ):
         assert "not a storage raycl reads or writes" in _refused(verb, argv, capsys)
-    for uri in (url, f"https://127.0.0.1:{base.rsplit(':', 1)[1]}/x", "ftp://127.0.0.1/x", "memory://x/y",
-                "ssh://127.0.0.1/x", "github://org/repo/x", f"s3://b/x::{url}", "zip://a.bin::file:///etc/passwd"):
+    for uri in (
+        url,
+        f"https://127.0.0.1:{base.rsplit(':', 1)[1]}/x",
+        "ftp://127.0.0.1/x",
+        "memory://x/y",
+        "ssh://127.0.0.1/x",
+        "github://org/repo/x",
+        f"s3://b/x::{url}",
+        "zip://a.bin::file:///etc/passwd",
+    ):
         with pytest.raises(UserError, match="not a storage raycl reads or writes"):
             storage.fetch(uri)
     assert hits == [] and not (tmp_path / "run").exists() and not list(cache.rglob("*"))
@@ -353,7 +380,12 @@ def test_an_azure_container_is_not_a_credential_but_a_key_still_is() -> None:
     azure = "abfs://container@account.dfs.core.windows.net/runs/x"
     assert check_uri(azure) == azure and hide(azure) == azure
     assert check_uri("az://my-data@acct01.blob.core.windows.net/x")
-    for uri in ("abfs://container:S3cretKEY@account.dfs.core.windows.net/x", "s3://AKIAKEY@bucket/x",
-                "abfs://KEY@not-azure.example.org/x", "https://u:p@host/x", "gs://KEY@bucket/x"):
+    for uri in (
+        "abfs://container:S3cretKEY@account.dfs.core.windows.net/x",
+        "s3://AKIAKEY@bucket/x",
+        "abfs://KEY@not-azure.example.org/x",
+        "https://u:p@host/x",
+        "gs://KEY@bucket/x",
+    ):
         with pytest.raises(UserError, match="credentials in a URI are refused"):
             check_uri(uri)

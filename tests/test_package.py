@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from raycl.config import space_names
-from raycl.configs import load_space
+from raycl.config.tasks import load_space
 from raycl.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 import raycl
 from raycl.config import space_names, spaces_dir
-from raycl.configs import load_space
+from raycl.config.tasks import load_space
 package = Path(raycl.__file__).resolve().parent
 assert package == Path(sys.argv[1]).resolve() / "raycl", package
 assert Path(str(spaces_dir())).resolve().is_relative_to(package), spaces_dir()
@@ -61,9 +61,24 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy(ROOT / name, src / name)
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                           "--disable-pip-version-check", "-w", str(out), str(src)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "-w",
+            str(out),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     (built,) = out.glob("raycl-*.whl")
     return built
@@ -73,16 +88,24 @@ def test_the_wheel_carries_every_tune_space_and_the_raycl_command(wheel: Path) -
     with zipfile.ZipFile(wheel) as whl:
         names = whl.namelist()
         entry_points = configparser.ConfigParser()
-        entry_points.read_string(whl.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt")))
-                                 .decode())  # fmt: skip
-    assert sorted(n.removeprefix("raycl/tune_spaces/").removesuffix(".yaml") for n in names
-                  if n.startswith("raycl/tune_spaces/")) == SPACES  # fmt: skip
+        entry_points.read_string(
+            whl.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
+        )
+    assert (
+        sorted(
+            n.removeprefix("raycl/tune_spaces/").removesuffix(".yaml")
+            for n in names
+            if n.startswith("raycl/tune_spaces/")
+        )
+        == SPACES
+    )
     assert not [n for n in names if n.split("/")[0] not in ("raycl",) and ".dist-info/" not in n]
     assert entry_points["console_scripts"]["raycl"] == "raycl.__main__:main"
 
 
-def test_from_the_wheels_files_alone_every_space_loads_and_the_command_lists_them(wheel: Path,
-                                                                                 tmp_path: Path) -> None:
+def test_from_the_wheels_files_alone_every_space_loads_and_the_command_lists_them(
+    wheel: Path, tmp_path: Path
+) -> None:
     """The issue's reproduction: ``pip wheel .``, the wheel's files alone on the path, the working folder
     elsewhere — every space was missing (``known: ;``)."""
     site, elsewhere = tmp_path / "site", tmp_path / "elsewhere"
@@ -117,7 +140,8 @@ def test_raycl_lists_its_verbs_and_runs_each_as_python_m_raycl_verb(tmp_path: Pa
     assert wrong.returncode == 2 and "invalid choice: 'fit'" in wrong.stderr
     bad = python(["-m", "raycl", "train", "gec"], path=ROOT, cwd=tmp_path)  # the verb's one-line refusal
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-        f"raycl: error: unknown tune space 'gec' (known: {', '.join(SPACES)}; or give a path to a .yaml file)"]
+        f"raycl: error: unknown tune space 'gec' (known: {', '.join(SPACES)}; or give a path to a .yaml file)"
+    ]
 
 
 def test_the_installed_raycl_script_is_the_command() -> None:
@@ -127,7 +151,8 @@ def test_the_installed_raycl_script_is_the_command() -> None:
         pytest.skip("raycl is not installed in this environment, or was installed before it had the command")
     script = Path(sysconfig.get_path("scripts")) / "raycl"
     assert script.is_file(), f"the installed raycl declares the command, but {script} is missing"
-    done = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    done = subprocess.run(
+        [str(script), "--help"], capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"}
+    )
     assert done.returncode == 0 and done.stdout.startswith("usage: raycl ")
     assert [v for v in VERBS if f"\n  {v} " not in done.stdout] == []

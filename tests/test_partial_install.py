@@ -33,13 +33,18 @@ def without(tmp_path: Path, *absent: str) -> dict[str, str]:
     hook = tmp_path / "absent"
     hook.mkdir(exist_ok=True)
     (hook / "sitecustomize.py").write_text(BLOCKER)
-    return {**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}", "RAYCL_TEST_ABSENT": ",".join(absent),
-            "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    return {
+        **os.environ,
+        "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}",
+        "RAYCL_TEST_ABSENT": ",".join(absent),
+        "HF_HUB_OFFLINE": "1",
+    }
 
 
 def run(args: list[str], env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 # one Python for all three checks (torch, transformers and Ray are imported once: ~10 s on 2 cores)

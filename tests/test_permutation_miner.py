@@ -112,7 +112,8 @@ def test_an_item_with_exactly_num_negs_candidates_gets_them_all() -> None:
     assert PermutationMiner(scorer, num_rank=1, num_negs=1).mine([Item("1", DOC, negs)])[0].scores == (0.2,)
     nothing = FixedScorer({})
     assert PermutationMiner(nothing, num_rank=2, num_negs=2).mine([Item("x", DOC, negs[:1])]) == [
-        MinedPermutations("x", (), ())]
+        MinedPermutations("x", (), ())
+    ]
     assert PermutationMiner(nothing, num_rank=2, num_negs=2).mine([]) == []
     assert nothing.calls == []  # nothing to rank: the scorer is not called
 

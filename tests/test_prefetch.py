@@ -30,8 +30,9 @@ def _collate(seen_threads: list[str]) -> Any:
 @pytest.mark.parametrize("depth", [0, 1, 3])
 def test_the_batches_come_in_order_collated_and_the_thread_ends(depth: int) -> None:
     threads: list[str] = []
-    with Prefetcher([Batch(i, optimizer=i % 2) for i in range(7)], _collate(threads), device=torch.device("cpu"),
-                    depth=depth) as feed:  # fmt: skip
+    with Prefetcher(
+        [Batch(i, optimizer=i % 2) for i in range(7)], _collate(threads), device=torch.device("cpu"), depth=depth
+    ) as feed:
         got = list(feed)
     assert [b.data["x"].tolist() for b in got] == [[float(i)] * 2 for i in range(7)]
     assert [b.optimizer for b in got] == [i % 2 for i in range(7)]  # the rest of the batch travels with it
@@ -133,8 +134,12 @@ class _Frozen:
 
 def test_move_reaches_every_tensor_a_collate_may_build() -> None:
     Pair = namedtuple("Pair", "a b")
-    obj = _Frozen(torch.ones(2), 3, {"m": torch.zeros(1), "l": [torch.ones(1), "s"], "t": Pair(torch.ones(1), 2)},
-                  extra=(torch.ones(1),))  # fmt: skip
+    obj = _Frozen(
+        torch.ones(2),
+        3,
+        {"m": torch.zeros(1), "l": [torch.ones(1), "s"], "t": Pair(torch.ones(1), 2)},
+        extra=(torch.ones(1),),
+    )
     out = move(obj, lambda t: t * 2)
     assert isinstance(out, _Frozen) and out.n == 3 and out.ids.tolist() == [2.0, 2.0]
     assert out.inner["m"].tolist() == [0.0] and out.inner["l"][0].tolist() == [2.0] and out.inner["l"][1] == "s"

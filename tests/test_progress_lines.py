@@ -21,8 +21,17 @@ def test_a_training_through_a_pipe_prints_lines_within_the_asked_gaps(tmp_path: 
     env = {k: v for k, v in os.environ.items() if k != "RAYCL_PROGRESS"}
     env.update(RAY_ADDRESS="", RAYCL_PROGRESS_MIN_S=str(MIN_S), RAYCL_PROGRESS_MAX_S=str(MAX_S))
     sets = ["scaling.num_workers=0", "data.setting=zero_shot", "optim.epochs=24"]
-    cmd = [sys.executable, "-m", "raycl.train", "idiom", "--preset", "smoke", "--out", str(tmp_path / "run"),
-           *(a for s in sets for a in ("--set", s))]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "raycl.train",
+        "idiom",
+        "--preset",
+        "smoke",
+        "--out",
+        str(tmp_path / "run"),
+        *(a for s in sets for a in ("--set", s)),
+    ]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stderr is not None
@@ -32,9 +41,11 @@ def test_a_training_through_a_pipe_prints_lines_within_the_asked_gaps(tmp_path: 
     assert len(shown) >= 3, "\n".join(line for _, line in lines)
     gaps = [b[0] - a[0] for a, b in zip(shown, shown[1:], strict=False)]
     every = [b - a for a, b in zip([start, *(t for t, _ in lines)], [t for t, _ in lines], strict=False)]
-    print(f"\nlargest gap between progress lines: {max(gaps):.2f} s ({len(shown)} lines, MIN_S {MIN_S}, MAX_S "
-          f"{MAX_S}); between any two stderr lines from the start: {max(every):.2f} s ({len(lines)} lines, "
-          f"{lines[-1][0] - start:.1f} s)")  # fmt: skip
+    print(
+        f"\nlargest gap between progress lines: {max(gaps):.2f} s ({len(shown)} lines, MIN_S {MIN_S}, MAX_S "
+        f"{MAX_S}); between any two stderr lines from the start: {max(every):.2f} s ({len(lines)} lines, "
+        f"{lines[-1][0] - start:.1f} s)"
+    )
     assert max(gaps) <= MAX_S + 1.5 and min(gaps) >= MIN_S - 0.2, (gaps, shown)
     moving = [line for _, line in shown if "step/s" in line]
     assert moving and all(k in moving[-1] for k in ("/216 (", "loss ", "ETA ", "phase ")), moving
@@ -104,6 +115,9 @@ def test_every_environment_variable_raycl_reads_is_in_the_documented_table() -> 
     read |= set(re.findall(r'"([A-Z_][A-Z0-9_]*)"', keep.group(1)))  # passed on to the workers
     page = (root / "docs" / "commands.md").read_text(encoding="utf-8")  # its "Environment variables" table
     table = page.split("\n## Environment variables\n", 1)[1].split("\n#", 1)[0]
-    named = set(re.findall(r"`([A-Z_][A-Z0-9_]*)`", "\n".join(r.split("|")[1] for r in table.splitlines()
-                                                                if r.startswith("| `"))))  # fmt: skip
+    named = set(
+        re.findall(
+            r"`([A-Z_][A-Z0-9_]*)`", "\n".join(r.split("|")[1] for r in table.splitlines() if r.startswith("| `"))
+        )
+    )
     assert read - {"RAY_AIR_NEW_OUTPUT", "RAY_TRAIN_V2_ENABLED"} <= named, sorted(read - named)

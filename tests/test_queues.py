@@ -25,8 +25,8 @@ import pytest
 import torch
 from test_equivalence import _no_dropout
 
-from raycl.configs.coherence import CoherenceConfig
-from raycl.configs.sts import StsConfig
+from raycl.config.tasks.coherence import CoherenceConfig
+from raycl.config.tasks.sts import StsConfig
 from raycl.memory.negative_queue import NegativeQueue
 from raycl.models.coherence import CoherenceScorer, MomentumEncoder, prefix_slice
 from raycl.models.coherence_presets import build_coherence_model
@@ -39,10 +39,16 @@ from raycl.training.precision import Precision
 from raycl.training.task import Job, StepContext, Worker
 
 SENTENCES = [
-    "the cat sat on the mat", "a dog barked all night", "rain fell on the town", "she read the old letter",
-    "the market opened late", "he fixed the red bike", "birds sang at dawn", "the river rose quickly",
+    "the cat sat on the mat",
+    "a dog barked all night",
+    "rain fell on the town",
+    "she read the old letter",
+    "the market opened late",
+    "he fixed the red bike",
+    "birds sang at dawn",
+    "the river rose quickly",
     "they planted three trees",
-]  # fmt: skip
+]
 
 
 def _cos(a: list[float], b: list[float]) -> float:
@@ -84,8 +90,9 @@ def test_sts_moco_step_against_a_naive_ring(tmp_path: Path) -> None:
         with torch.no_grad():
             h = model.embed(ids, mask).tolist()  # (B, H): both SimCSE views, dropout off
             # θ_k ← m θ_k + (1 − m) θ_q, then this step's keys from the moved encoder
-            key_params = {n: m * p + (1 - m) * dict(model.named_parameters())[n].detach()
-                          for n, p in key_params.items()}  # fmt: skip
+            key_params = {
+                n: m * p + (1 - m) * dict(model.named_parameters())[n].detach() for n, p in key_params.items()
+            }
             f_k = copy.deepcopy(moco.encoder_k)
             f_k.load_state_dict({**f_k.state_dict(), **key_params})
             keys = mean_pool(f_k(ids, mask), mask).tolist()  # (B, H)
@@ -116,8 +123,10 @@ def test_coherence_momentum_step_against_a_naive_fifo(tmp_path: Path) -> None:
     folder = build_coherence_model("smoke", tmp_path / "coh", texts=[" ".join(d) for d in DOCS] * 4)
     _no_dropout(folder)
     scorer = CoherenceScorer.from_pretrained(folder)
-    momentum, queue = MomentumEncoder(scorer), NegativeQueue(int(scorer.encoder.config.hidden_size), size=4,
-                                                             num_negs=2)  # fmt: skip
+    momentum, queue = (
+        MomentumEncoder(scorer),
+        NegativeQueue(int(scorer.encoder.config.hidden_size), size=4, num_negs=2),
+    )
     _far_from(momentum.encoder)
     cfg = CoherenceConfig()
     cfg = replace(cfg, momentum=replace(cfg.momentum, m=0.5))  # a move large enough to see
@@ -142,16 +151,19 @@ def test_coherence_momentum_step_against_a_naive_fifo(tmp_path: Path) -> None:
         pos_term = math.exp(_cos(q, k_pos))
         l_m = -math.log(pos_term / (pos_term + sum(math.exp(_cos(q, k) - margin) for k in fifo)))
         batch = collate(scorer, pos, negs, momentum=True, rng=random.Random(seed))
-        out = coherence_loss(scorer, batch, kind="momentum", margin=margin, lam=lam, momentum=momentum,
-                             queue=queue)  # fmt: skip
+        out = coherence_loss(
+            scorer, batch, kind="momentum", margin=margin, lam=lam, momentum=momentum, queue=queue
+        )
         assert float(out.l_c) == pytest.approx(l_c, rel=1e-4), f"step {step}"
         assert float(out.l_m) == pytest.approx(l_m, rel=1e-4), f"step {step}"
         assert float(out.loss) == pytest.approx(lam * l_c + (1 - lam) * l_m, rel=1e-4)
         assert torch.allclose(queue.entries(), torch.tensor(fifo), atol=1e-5), f"step {step}: the FIFO"
         out.loss.backward()
         # after the backward, before the step: the momentum encoder moves toward the pre-step weights
-        expected = {n: m * p.detach() + (1 - m) * dict(scorer.encoder.named_parameters())[n].detach()
-                    for n, p in momentum.encoder.named_parameters()}  # fmt: skip
+        expected = {
+            n: m * p.detach() + (1 - m) * dict(scorer.encoder.named_parameters())[n].detach()
+            for n, p in momentum.encoder.named_parameters()
+        }
         task.before_update(SimpleNamespace(momentum=momentum, model=scorer))  # type: ignore[arg-type]
         for n, p in momentum.encoder.named_parameters():
             assert torch.allclose(p, expected[n], atol=1e-7), f"step {step}: momentum.{n}"

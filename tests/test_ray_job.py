@@ -57,11 +57,26 @@ def _free_ports(n: int) -> list[int]:
 
 def _node_args(temp_dir: Path) -> list[str]:
     """Every port a node listens on, free, and its own temp dir (other Rays may run on this host)."""
-    names = ["--node-manager-port", "--object-manager-port", "--metrics-export-port", "--runtime-env-agent-port",
-             "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port"]  # fmt: skip
+    names = [
+        "--node-manager-port",
+        "--object-manager-port",
+        "--metrics-export-port",
+        "--runtime-env-agent-port",
+        "--dashboard-agent-listen-port",
+        "--dashboard-agent-grpc-port",
+    ]
     ports = [a for name, port in zip(names, _free_ports(len(names)), strict=True) for a in (name, str(port))]
-    return [*ports, "--temp-dir", str(temp_dir), "--num-cpus", "1", "--node-ip-address", "127.0.0.1",
-            "--disable-usage-stats", "--block"]  # fmt: skip
+    return [
+        *ports,
+        "--temp-dir",
+        str(temp_dir),
+        "--num-cpus",
+        "1",
+        "--node-ip-address",
+        "127.0.0.1",
+        "--disable-usage-stats",
+        "--block",
+    ]
 
 
 def _get(url: str, token: str) -> Any:
@@ -70,8 +85,9 @@ def _get(url: str, token: str) -> Any:
         return json.load(r)
 
 
-def _wait(cond: Any, what: str, procs: list[subprocess.Popen[bytes]], logs: list[Path], timeout: float = 120
-          ) -> None:  # fmt: skip
+def _wait(
+    cond: Any, what: str, procs: list[subprocess.Popen[bytes]], logs: list[Path], timeout: float = 120
+) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         for p, log in zip(procs, logs, strict=True):
@@ -102,12 +118,27 @@ def cluster() -> Iterator[LocalCluster]:
             procs.append(subprocess.Popen([RAY, "start", *args], env=env, stdout=f, stderr=subprocess.STDOUT))
 
     try:
-        start(["--head", "--port", str(gcs), "--dashboard-port", str(dash), "--dashboard-host", "127.0.0.1",
-               "--ray-client-server-port", str(client), *_node_args(base / "h")], "head.log")  # fmt: skip
+        start(
+            [
+                "--head",
+                "--port",
+                str(gcs),
+                "--dashboard-port",
+                str(dash),
+                "--dashboard-host",
+                "127.0.0.1",
+                "--ray-client-server-port",
+                str(client),
+                *_node_args(base / "h"),
+            ],
+            "head.log",
+        )
         url = f"http://127.0.0.1:{dash}"
         _wait(lambda: _get(f"{url}/api/version", token), "the head's dashboard", procs, logs)
         start(["--address", f"127.0.0.1:{gcs}", *_node_args(base / "w")], "worker.log")
-        alive = lambda: sum(n["state"] == "ALIVE" for n in _get(f"{url}/api/v0/nodes", token)["data"]["result"]["result"])  # noqa: E731, E501
+        alive = lambda: sum(  # noqa: E731
+            n["state"] == "ALIVE" for n in _get(f"{url}/api/v0/nodes", token)["data"]["result"]["result"]
+        )
         _wait(lambda: alive() == 2, "2 alive nodes", procs, logs)
         yield LocalCluster(f"127.0.0.1:{gcs}", url, token)
     finally:
@@ -127,8 +158,10 @@ def _run_job(cluster: LocalCluster, args: list[str], timeout: float = 300) -> tu
 
     client = cluster.jobs()
     env_vars = {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}  # this checkout's raycl, not the venv's
-    job = client.submit_job(entrypoint=" ".join([sys.executable, "-m", "raycl.train", *args]),
-                            runtime_env={"working_dir": str(ROOT), "excludes": EXCLUDES, "env_vars": env_vars})
+    job = client.submit_job(
+        entrypoint=" ".join([sys.executable, "-m", "raycl.train", *args]),
+        runtime_env={"working_dir": str(ROOT), "excludes": EXCLUDES, "env_vars": env_vars},
+    )
     end = time.monotonic() + timeout
     while (status := client.get_job_status(job)) not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
         assert time.monotonic() < end, f"job still {status} after {timeout} s:\n{client.get_job_logs(job)[-3000:]}"
@@ -155,21 +188,44 @@ def test_a_job_with_a_relative_out_is_refused_in_one_line(cluster: LocalCluster)
     status, logs = _run_job(cluster, ["idiom", "--preset", "smoke", "--out", "runs/idiom", *TINY], timeout=120)
     assert status == "FAILED"
     assert "Traceback" not in logs
-    assert logs.strip().splitlines()[-1].startswith(
-        "raycl: error: --out runs/idiom is relative: inside a Ray job it would land in the job's working_dir")
+    assert (
+        logs.strip()
+        .splitlines()[-1]
+        .startswith(
+            "raycl: error: --out runs/idiom is relative: inside a Ray job it would land in the job's working_dir"
+        )
+    )
 
 
 @pytest.mark.cluster
-@pytest.mark.parametrize("auth", [{}, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 32}],
-                         ids=["no-token", "wrong-token"])  # fmt: skip
-def test_a_driver_the_cluster_refuses_ends_in_one_line(cluster: LocalCluster, tmp_path: Path,
-                                                       auth: dict[str, str]) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    "auth", [{}, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 32}], ids=["no-token", "wrong-token"]
+)
+def test_a_driver_the_cluster_refuses_ends_in_one_line(
+    cluster: LocalCluster, tmp_path: Path, auth: dict[str, str]
+) -> None:
     drop = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", runtime.JOB_CONFIG_ENV)
     env = {**{k: v for k, v in os.environ.items() if k not in drop}, "PYTHONPATH": str(ROOT), **auth}
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "raycl.train", "idiom", "--preset", "smoke", "--address",
-                           cluster.gcs, "--out", str(tmp_path / "run"), *TINY], env=env, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raycl.train",
+            "idiom",
+            "--preset",
+            "smoke",
+            "--address",
+            cluster.gcs,
+            "--out",
+            str(tmp_path / "run"),
+            *TINY,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     took = time.monotonic() - t0
     print(f"\n{auth or 'no token'}: exit {done.returncode} after {took:.1f} s: {done.stderr.strip()}")
     assert done.returncode == 2, done.stderr[-3000:]
@@ -203,8 +259,9 @@ def test_train_controllers_poll_their_workers_twice_a_second_unless_told(monkeyp
     assert runtime.TRAIN_POLL_ENV not in runtime._propagated_env()
 
 
-def test_inside_a_job_a_relative_or_default_out_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-                                                           ) -> None:  # fmt: skip
+def test_inside_a_job_a_relative_or_default_out_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     assert cli.run_folder(Path("runs/x"), "idiom") == Path("runs/x").resolve()  # outside a job: as before
     _in_job(monkeypatch, {})
     for out in (Path("runs/x"), None):
@@ -213,8 +270,9 @@ def test_inside_a_job_a_relative_or_default_out_is_refused(monkeypatch: pytest.M
     assert cli.run_folder(tmp_path / "x", "idiom") == tmp_path / "x"
 
 
-def test_a_run_folder_that_holds_a_run_says_it_is_resumed(tmp_path: Path, capsys: pytest.CaptureFixture[str]
-                                                          ) -> None:  # fmt: skip
+def test_a_run_folder_that_holds_a_run_says_it_is_resumed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     cli.say_resumed(cli.run_folder(tmp_path, "idiom"))
     assert "resumed run" not in capsys.readouterr().err  # an empty folder is a new run
     (tmp_path / "config.yaml").write_text("task: idiom\n")

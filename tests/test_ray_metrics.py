@@ -30,9 +30,15 @@ def _by(samples: list[tuple[dict[str, str], float]], tag: str) -> dict[str, floa
     return best
 
 
-EXPECTED = ("ray_raycl_stream_depth", "ray_raycl_miner_negatives_total", "ray_raycl_miner_negatives_per_s",
-            "ray_raycl_trainer_mine_wait_s_total", "ray_raycl_trainer_staleness",
-            "ray_raycl_trainer_refused_total", "ray_raycl_weight_version")  # fmt: skip
+EXPECTED = (
+    "ray_raycl_stream_depth",
+    "ray_raycl_miner_negatives_total",
+    "ray_raycl_miner_negatives_per_s",
+    "ray_raycl_trainer_mine_wait_s_total",
+    "ray_raycl_trainer_staleness",
+    "ray_raycl_trainer_refused_total",
+    "ray_raycl_weight_version",
+)
 
 
 def test_the_mining_pipeline_is_exported_as_ray_metrics(ray_local: Any) -> None:

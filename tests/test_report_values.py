@@ -20,29 +20,29 @@ from typing import Any
 import pytest
 from report_tables import best_of, percent, tables
 
-from raycl.configs import load_space
+from raycl.config.tasks import load_space
 from raycl.driver import Run
 from raycl.records import TrialOutcome
 
 # ---------------------------------------------------------------------------------------------------- GEC
 M2_FILES = {  # name -> M2 text; annotator 0's edits give Table 1's err% and e/s, a noop is no edit
     "train.m2": "S a b c .\nA 0 1|||R:DET|||the|||REQUIRED|||-NONE-|||0\n"
-                "A 2 3|||R:NOUN|||d|||REQUIRED|||-NONE-|||0\n\n"
-                "S x y .\nA -1 -1|||noop|||-NONE-|||REQUIRED|||-NONE-|||0\n\n"
-                "S p q r .\nA 1 2|||U:ADV||||||REQUIRED|||-NONE-|||0\n\n",
+    "A 2 3|||R:NOUN|||d|||REQUIRED|||-NONE-|||0\n\n"
+    "S x y .\nA -1 -1|||noop|||-NONE-|||REQUIRED|||-NONE-|||0\n\n"
+    "S p q r .\nA 1 2|||U:ADV||||||REQUIRED|||-NONE-|||0\n\n",
     "finetune.m2": "S one two .\n\nS three four .\nA 0 1|||R:OTHER|||five|||REQUIRED|||-NONE-|||0\n\n",
     "dev.m2": "S a b .\nA 0 1|||R:DET|||the|||REQUIRED|||-NONE-|||0\n"
-              "A 0 1|||R:DET|||an|||REQUIRED|||-NONE-|||1\n\n"
-              "S c d .\nA 1 1|||M:PUNCT|||,|||REQUIRED|||-NONE-|||1\n\n",
+    "A 0 1|||R:DET|||an|||REQUIRED|||-NONE-|||1\n\n"
+    "S c d .\nA 1 1|||M:PUNCT|||,|||REQUIRED|||-NONE-|||1\n\n",
     "test-s.m2": "S The cat sat on mat .\nA 4 4|||M:DET|||the|||REQUIRED|||-NONE-|||0\n"
-                 "A 4 4|||M:DET|||a|||REQUIRED|||-NONE-|||1\n\n"
-                 "S He go home .\nA 1 2|||R:VERB:SVA|||goes|||REQUIRED|||-NONE-|||0\n"
-                 "A 3 4|||U:PUNCT||||||REQUIRED|||-NONE-|||0\nA -1 -1|||noop|||-NONE-|||REQUIRED|||-NONE-|||1\n\n"
-                 "S All good here .\nA -1 -1|||noop|||-NONE-|||REQUIRED|||-NONE-|||0\n\n"
-                 "S Fine .\n\n",
+    "A 4 4|||M:DET|||a|||REQUIRED|||-NONE-|||1\n\n"
+    "S He go home .\nA 1 2|||R:VERB:SVA|||goes|||REQUIRED|||-NONE-|||0\n"
+    "A 3 4|||U:PUNCT||||||REQUIRED|||-NONE-|||0\nA -1 -1|||noop|||-NONE-|||REQUIRED|||-NONE-|||1\n\n"
+    "S All good here .\nA -1 -1|||noop|||-NONE-|||REQUIRED|||-NONE-|||0\n\n"
+    "S Fine .\n\n",
     "test-g.m2": "S We was late .\nA 1 2|||R:VERB:SVA|||were|||REQUIRED|||-NONE-|||0\n"
-                 "A 1 2|||R:VERB:SVA|||were|||REQUIRED|||-NONE-|||1\n\n"
-                 "S It rain .\nA 1 2|||R:VERB:SVA|||rains|||REQUIRED|||-NONE-|||1\n\n",
+    "A 1 2|||R:VERB:SVA|||were|||REQUIRED|||-NONE-|||1\n\n"
+    "S It rain .\nA 1 2|||R:VERB:SVA|||rains|||REQUIRED|||-NONE-|||1\n\n",
 }
 GEC_SETS = ("S", "G")
 GEC_KEYS = ("p", "r", "f05", "ie", "oe")
@@ -64,20 +64,34 @@ def naive_m2_stats(text: str) -> tuple[int, float, float]:
     return len(sentences), 100 * erroneous / len(sentences), sum(edits) / max(erroneous, 1)
 
 
-def _gec_history(rng: random.Random, epochs: int, *, first_epoch: int = 1, tie: bool = False,
-                 mined: bool = False, skip: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+def _gec_history(
+    rng: random.Random,
+    epochs: int,
+    *,
+    first_epoch: int = 1,
+    tie: bool = False,
+    mined: bool = False,
+    skip: tuple[str, ...] = (),
+) -> list[dict[str, Any]]:
     rows = []
     for e in range(first_epoch, first_epoch + epochs):
-        row: dict[str, Any] = {"epoch": e, "loss": rng.uniform(0.5, 3.0),
-                               "dev_f05": round(rng.uniform(0.1, 0.6), 4)}
+        row: dict[str, Any] = {
+            "epoch": e,
+            "loss": rng.uniform(0.5, 3.0),
+            "dev_f05": round(rng.uniform(0.1, 0.6), 4),
+        }
         row |= {f"test/{t}/{k}": round(rng.uniform(0.0, 1.0), 4) for t in GEC_SETS for k in GEC_KEYS}
         row["timing/step"] = round(rng.uniform(0.01, 0.2), 5)
         if mined:
             wait, first, wall = rng.uniform(0.5, 3.0), rng.uniform(0.0, 0.4), rng.uniform(10.0, 40.0)
-            row |= {"stream/negatives": float(rng.randrange(1, 50)), "timing/mine_wait": wait,
-                    "timing/mine_wait_first": first, "timing/interval": wall,
-                    "stream/staleness_max": float(rng.randrange(0, 4)),
-                    "stream/refused": float(rng.randrange(0, 3))}
+            row |= {
+                "stream/negatives": float(rng.randrange(1, 50)),
+                "timing/mine_wait": wait,
+                "timing/mine_wait_first": first,
+                "timing/interval": wall,
+                "stream/staleness_max": float(rng.randrange(0, 4)),
+                "stream/refused": float(rng.randrange(0, 3)),
+            }
         rows.append({k: v for k, v in row.items() if k not in skip})
     if tie:  # the same dev F0.5 twice: the earlier epoch is the one kept
         rows[-1]["dev_f05"] = max(r["dev_f05"] for r in rows)
@@ -91,31 +105,55 @@ def _gec_run(tmp_path: Path) -> tuple[Run, Any, list[TrialOutcome], list[TrialOu
         (data / name).write_text(text)
     space = load_space("gec_pd", preset="smoke")
     cfg = space.config
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(
-        cfg.data, train=[str(data / "train.m2")], finetune=[str(data / "finetune.m2")],
-        dev={"d": [str(data / "dev.m2")]}, test={"S": [str(data / "test-s.m2")], "G": [str(data / "test-g.m2")]}))
-    run = Run(cfg=cfg, run_dir=tmp_path / "run", base_model=tmp_path / "run" / "base_model", builtin=[],
-              counts={"train": 3, "finetune": 2}, timings={"pretrain_s": 12.345, "tune_s": 678.91})
+    cfg = dataclasses.replace(
+        cfg,
+        data=dataclasses.replace(
+            cfg.data,
+            train=[str(data / "train.m2")],
+            finetune=[str(data / "finetune.m2")],
+            dev={"d": [str(data / "dev.m2")]},
+            test={"S": [str(data / "test-s.m2")], "G": [str(data / "test-g.m2")]},
+        ),
+    )
+    run = Run(
+        cfg=cfg,
+        run_dir=tmp_path / "run",
+        base_model=tmp_path / "run" / "base_model",
+        builtin=[],
+        counts={"train": 3, "finetune": 2},
+        timings={"pretrain_s": 12.345, "tune_s": 678.91},
+    )
     run.run_dir.mkdir()
     rng = random.Random(43)
-    trials = [TrialOutcome("cl_a", {"loss.margin": 0.25, "mining.k": 2}, _gec_history(rng, 3, mined=True)),
-              TrialOutcome("cl_b", {"loss.margin": 0.85, "mining.k": 2}, _gec_history(rng, 3, mined=True)),
-              TrialOutcome("cl_c", {"loss.margin": 0.5, "mining.k": 4}, _gec_history(rng, 2))]
+    trials = [
+        TrialOutcome("cl_a", {"loss.margin": 0.25, "mining.k": 2}, _gec_history(rng, 3, mined=True)),
+        TrialOutcome("cl_b", {"loss.margin": 0.85, "mining.k": 2}, _gec_history(rng, 3, mined=True)),
+        TrialOutcome("cl_c", {"loss.margin": 0.5, "mining.k": 4}, _gec_history(rng, 2)),
+    ]
     for row, dev in zip(trials[0].history, (0.61, 0.7, 0.7), strict=True):  # the sweep's best, tied at epochs 2, 3
         row["dev_f05"] = dev
-    extra = [TrialOutcome("di", {"baseline": "di"}, _gec_history(rng, 1, first_epoch=0, skip=("test/G/ie",))),
-             TrialOutcome("nll", {"baseline": "nll"}, _gec_history(rng, 3, tie=True)),
-             TrialOutcome("fn", {"baseline": "cl_fn_drop"}, _gec_history(rng, 3, mined=True)),
-             TrialOutcome("clm", {"baseline": "cl_minus"}, _gec_history(rng, 2, mined=True))]
+    extra = [
+        TrialOutcome("di", {"baseline": "di"}, _gec_history(rng, 1, first_epoch=0, skip=("test/G/ie",))),
+        TrialOutcome("nll", {"baseline": "nll"}, _gec_history(rng, 3, tie=True)),
+        TrialOutcome("fn", {"baseline": "cl_fn_drop"}, _gec_history(rng, 3, mined=True)),
+        TrialOutcome("clm", {"baseline": "cl_minus"}, _gec_history(rng, 2, mined=True)),
+    ]
     return run, space, trials, extra
 
 
-FN_COUNTS = {"cl_a": {"source": {"selected": 7, "refuted": 2}, "beam": {"selected": 9, "refuted": 0},
-                      "mode": "keep"},
-             "fn": {"source": {"selected": 7, "refuted": 2}, "beam": {"selected": 0, "refuted": 0},
-                    "mode": "drop"}}
-NBEST_META = {"examples": 40, "beam_searched": 30, "resumed": 10, "mine_s": 12.345, "engine": "ctranslate2",
-              "engine_requested": "auto", "options": {"beam": 4, "precision": "int8"}}
+FN_COUNTS = {
+    "cl_a": {"source": {"selected": 7, "refuted": 2}, "beam": {"selected": 9, "refuted": 0}, "mode": "keep"},
+    "fn": {"source": {"selected": 7, "refuted": 2}, "beam": {"selected": 0, "refuted": 0}, "mode": "drop"},
+}
+NBEST_META = {
+    "examples": 40,
+    "beam_searched": 30,
+    "resumed": 10,
+    "mine_s": 12.345,
+    "engine": "ctranslate2",
+    "engine_requested": "auto",
+    "options": {"beam": 4, "precision": "int8"},
+}
 CORRECTED = {"cl_a": {"S": {0}, "G": set()}, "fn": {"S": {1}, "G": {0}}}  # sentences each row's output corrects
 
 
@@ -155,8 +193,13 @@ def test_gec_report_tables_2_and_3_and_the_sweep_are_the_dev_picked_epochs_value
     dev = {t.trial_id: best_of(t.history, "dev_f05")["dev_f05"] for t in trials}
     best_cl = max(trials, key=lambda t: dev[t.trial_id])
     assert best_cl.trial_id == "cl_a" and best_of(best_cl.history, "dev_f05")["epoch"] == 2  # the tie: epoch 2
-    expected = [("DI", extra[0]), ("NLL", extra[1]), ("CL⁻", extra[3]), ("CL (γ=0.25, k=2)", best_cl),
-                ("CL (false negatives dropped)", extra[2])]
+    expected = [
+        ("DI", extra[0]),
+        ("NLL", extra[1]),
+        ("CL⁻", extra[3]),
+        ("CL (γ=0.25, k=2)", best_cl),
+        ("CL (false negatives dropped)", extra[2]),
+    ]
     table2, table3 = got["Method"], got["Method#2"]
     assert [r["Method"] for r in table2] == [m for m, _ in expected]
     assert [r["Method"] for r in table3] == [m.split(" (γ")[0] for m, _ in expected]
@@ -179,8 +222,13 @@ def test_gec_report_tables_2_and_3_and_the_sweep_are_the_dev_picked_epochs_value
 
 def test_gec_report_data_table_is_counted_from_the_m2_text(gec: Rendered) -> None:
     rows = tables(gec.text)["Usage"]
-    files = [("Train (D_T)", "train.m2"), ("Fine-tune (D_F)", "finetune.m2"), ("Dev d", "dev.m2"),
-             ("Test S", "test-s.m2"), ("Test G", "test-g.m2")]
+    files = [
+        ("Train (D_T)", "train.m2"),
+        ("Fine-tune (D_F)", "finetune.m2"),
+        ("Dev d", "dev.m2"),
+        ("Test S", "test-s.m2"),
+        ("Test G", "test-g.m2"),
+    ]
     assert [r["Usage"] for r in rows] == [u for u, _ in files]
     for (_, name), row in zip(files, rows, strict=True):
         n, err, eps = naive_m2_stats(M2_FILES[name])
@@ -204,15 +252,27 @@ def test_gec_report_timings_and_mining_lines(gec: Rendered) -> None:
     wait = sum(r["timing/mine_wait"] for r in mined)
     first = sum(r["timing/mine_wait_first"] for r in mined)
     wall = sum(r["timing/interval"] for r in mined)
-    m = _line(text, r"mine_wait \(trainers waiting for negatives\): ([\d.]+) s of ([\d.]+) s of training "
-                    r"\(([\d.]+)%; steady state without each epoch's first batch: ([\d.]+)%\)")
-    assert m.groups() == (f"{wait:.1f}", f"{wall:.1f}", f"{100 * wait / wall:.1f}",
-                          f"{100 * (wait - first) / (wall - first):.1f}")
+    m = _line(
+        text,
+        r"mine_wait \(trainers waiting for negatives\): ([\d.]+) s of ([\d.]+) s of training "
+        r"\(([\d.]+)%; steady state without each epoch's first batch: ([\d.]+)%\)",
+    )
+    assert m.groups() == (
+        f"{wait:.1f}",
+        f"{wall:.1f}",
+        f"{100 * wait / wall:.1f}",
+        f"{100 * (wait - first) / (wall - first):.1f}",
+    )
     m = _line(text, r"staleness of the negatives used: max (\d+) versions; refused as too stale: (\d+)")
-    assert m.groups() == (f"{max(r['stream/staleness_max'] for r in mined):.0f}",
-                          f"{sum(r['stream/refused'] for r in mined):.0f}")
-    m = _line(text, r"beam 4, engine ctranslate2 \(auto\), int8\): (\d+) sentences, (\d+) sentences beam-searched "
-                    r"in ([\d.]+) s of miner time, (\d+) reused")
+    assert m.groups() == (
+        f"{max(r['stream/staleness_max'] for r in mined):.0f}",
+        f"{sum(r['stream/refused'] for r in mined):.0f}",
+    )
+    m = _line(
+        text,
+        r"beam 4, engine ctranslate2 \(auto\), int8\): (\d+) sentences, (\d+) sentences beam-searched "
+        r"in ([\d.]+) s of miner time, (\d+) reused",
+    )
     assert m.groups() == ("40", "30", "12.3", "10")
 
 
@@ -242,8 +302,9 @@ def test_gec_report_false_negative_rates_and_sign_test(gec: Rendered) -> None:
             sel, ref = FN_COUNTS[tid][kind]["selected"], FN_COUNTS[tid][kind]["refuted"]
             assert rows[label][kind] == (f"{ref}/{sel} ({100 * ref / sel:.1f}%)" if sel else "0/0 (–)")
         assert rows[label]["mining.false_negatives"] == FN_COUNTS[tid]["mode"]
-    found = re.findall(r"(\w): wins (\d+), losses (\d+), ties (\d+), p = ([\d.e-]+) \(CL better: p = ([\d.e-]+)\)",
-                       gec.text)
+    found = re.findall(
+        r"(\w): wins (\d+), losses (\d+), ties (\d+), p = ([\d.e-]+) \(CL better: p = ([\d.e-]+)\)", gec.text
+    )
     assert [f[0] for f in found] == list(GEC_SETS)
     for _, wins, losses, ties, p, p_other in found:
         w, lo = int(wins), int(losses)
@@ -257,19 +318,30 @@ def test_gec_report_false_negative_rates_and_sign_test(gec: Rendered) -> None:
 COH_TESTS = ("permuted", "lmvlm")
 
 
-def _coh_history(rng: random.Random, reports: int, *, mined: bool = False, tie: bool = False
-                 ) -> list[dict[str, Any]]:
+def _coh_history(
+    rng: random.Random, reports: int, *, mined: bool = False, tie: bool = False
+) -> list[dict[str, Any]]:
     rows = []
     for i in range(reports):
-        row: dict[str, Any] = {"step": 40 * (i + 1), "epoch": i // 2, "loss": rng.uniform(0.1, 1.0),
-                               "dev_acc": round(rng.uniform(0.4, 0.9), 4)}
+        row: dict[str, Any] = {
+            "step": 40 * (i + 1),
+            "epoch": i // 2,
+            "loss": rng.uniform(0.1, 1.0),
+            "dev_acc": round(rng.uniform(0.4, 0.9), 4),
+        }
         row |= {f"test/{t}/acc": round(rng.uniform(0.4, 0.9), 4) for t in COH_TESTS}
-        row |= {"test/lmvlm/alpha": round(rng.uniform(-0.2, 0.8), 4),
-                "test/lmvlm/human_alpha": round(rng.uniform(0.3, 0.7), 4)}
+        row |= {
+            "test/lmvlm/alpha": round(rng.uniform(-0.2, 0.8), 4),
+            "test/lmvlm/human_alpha": round(rng.uniform(0.3, 0.7), 4),
+        }
         if mined:
-            row |= {"stream/version": float(i + 1), "timing/mine_wait": rng.uniform(0.0, 2.0),
-                    "timing/interval": rng.uniform(5.0, 20.0), "stream/staleness_max": float(rng.randrange(0, 5)),
-                    "stream/refused": float(rng.randrange(0, 4))}
+            row |= {
+                "stream/version": float(i + 1),
+                "timing/mine_wait": rng.uniform(0.0, 2.0),
+                "timing/interval": rng.uniform(5.0, 20.0),
+                "stream/staleness_max": float(rng.randrange(0, 5)),
+                "stream/refused": float(rng.randrange(0, 4)),
+            }
         rows.append(row)
     if tie:
         rows[-1]["dev_acc"] = max(r["dev_acc"] for r in rows)
@@ -279,21 +351,35 @@ def _coh_history(rng: random.Random, reports: int, *, mined: bool = False, tie: 
 def _coh_run(tmp_path: Path) -> tuple[Run, Any, list[TrialOutcome], list[TrialOutcome]]:
     space = load_space("coherence", preset="smoke")
     cfg = space.config
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(
-        cfg.data, test={t: [f"{t}.pkl"] for t in COH_TESTS}, annotations={"lmvlm": "lmvlm_annotations.pkl"}))
-    run = Run(cfg=cfg, run_dir=tmp_path / "run", base_model=tmp_path / "base", builtin=["train"],
-              counts={"train": 120, "dev": 30}, timings={"pretrain_s": 3.21, "tune_s": 98.76})
+    cfg = dataclasses.replace(
+        cfg,
+        data=dataclasses.replace(
+            cfg.data, test={t: [f"{t}.pkl"] for t in COH_TESTS}, annotations={"lmvlm": "lmvlm_annotations.pkl"}
+        ),
+    )
+    run = Run(
+        cfg=cfg,
+        run_dir=tmp_path / "run",
+        base_model=tmp_path / "base",
+        builtin=["train"],
+        counts={"train": 120, "dev": 30},
+        timings={"pretrain_s": 3.21, "tune_s": 98.76},
+    )
     run.run_dir.mkdir()
     rng = random.Random(7)
-    trials = [TrialOutcome("full_a", {"loss.margin": 0.1, "momentum.m": 0.99}, _coh_history(rng, 4, mined=True)),
-              TrialOutcome("full_b", {"loss.margin": 0.3, "momentum.m": 0.9}, _coh_history(rng, 3, mined=True)),
-              TrialOutcome("full_c", {"loss.margin": 0.3, "momentum.m": 0.99}, _coh_history(rng, 3, tie=True))]
+    trials = [
+        TrialOutcome("full_a", {"loss.margin": 0.1, "momentum.m": 0.99}, _coh_history(rng, 4, mined=True)),
+        TrialOutcome("full_b", {"loss.margin": 0.3, "momentum.m": 0.9}, _coh_history(rng, 3, mined=True)),
+        TrialOutcome("full_c", {"loss.margin": 0.3, "momentum.m": 0.99}, _coh_history(rng, 3, tie=True)),
+    ]
     for row, dev in zip(trials[1].history, (0.91, 0.95, 0.95), strict=True):  # the best, tied at steps 80, 120
         row["dev_acc"] = dev
-    extra = [TrialOutcome("pw", {"baseline": "pairwise"}, _coh_history(rng, 2)),
-             TrialOutcome("con", {"baseline": "contrastive"}, _coh_history(rng, 3, tie=True)),
-             TrialOutcome("hn", {"baseline": "contrastive_hn"}, _coh_history(rng, 3, mined=True)),
-             TrialOutcome("nohn", {"baseline": "full_no_hn"}, _coh_history(rng, 2))]
+    extra = [
+        TrialOutcome("pw", {"baseline": "pairwise"}, _coh_history(rng, 2)),
+        TrialOutcome("con", {"baseline": "contrastive"}, _coh_history(rng, 3, tie=True)),
+        TrialOutcome("hn", {"baseline": "contrastive_hn"}, _coh_history(rng, 3, mined=True)),
+        TrialOutcome("nohn", {"baseline": "full_no_hn"}, _coh_history(rng, 2)),
+    ]
     del extra[3].history[0]["test/lmvlm/alpha"], extra[3].history[1]["test/lmvlm/alpha"]
     return run, space, trials, extra
 
@@ -305,8 +391,13 @@ def test_coherence_report_table_1_sweep_and_mining_lines(tmp_path: Path) -> None
     write_all(run, space, trials, extra)
     text = (run.run_dir / "report.md").read_text()
     got = tables(text)
-    expected = [("Pairwise", extra[0]), ("Contrastive", extra[1]), ("Full model", trials[1]),
-                ("Contrastive + hard negatives", extra[2]), ("Full model − hard negatives", extra[3])]
+    expected = [
+        ("Pairwise", extra[0]),
+        ("Contrastive", extra[1]),
+        ("Full model", trials[1]),
+        ("Contrastive + hard negatives", extra[2]),
+        ("Full model − hard negatives", extra[3]),
+    ]
     assert [r["Method"] for r in got["Method"]] == [m for m, _ in expected]
     for (_, trial), cells in zip(expected, got["Method"], strict=True):
         row = best_of(trial.history, "dev_acc", by="step")
@@ -324,10 +415,16 @@ def test_coherence_report_table_1_sweep_and_mining_lines(tmp_path: Path) -> None
         row = best_of(t.history, "dev_acc", by="step")
         assert [cells["τ"], cells["m"]] == [str(t.params["loss.margin"]), str(t.params["momentum.m"])]
         assert [cells["dev acc"], cells["permuted acc"], cells["lmvlm acc"]] == [
-            percent(row["dev_acc"]), percent(row["test/permuted/acc"]), percent(row["test/lmvlm/acc"])]
+            percent(row["dev_acc"]),
+            percent(row["test/permuted/acc"]),
+            percent(row["test/lmvlm/acc"]),
+        ]
     mining = {r["trial"]: r for r in got["trial"]}
-    names = {"full_a": "Full model τ=0.1, m=0.99", "full_b": "Full model τ=0.3, m=0.9",
-             "hn": "Contrastive + hard negatives"}
+    names = {
+        "full_a": "Full model τ=0.1, m=0.99",
+        "full_b": "Full model τ=0.3, m=0.9",
+        "hn": "Contrastive + hard negatives",
+    }
     assert sorted(mining) == sorted(names.values())
     for t in [*trials, *extra]:
         mined = [r for r in t.history if "stream/version" in r]

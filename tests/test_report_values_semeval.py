@@ -16,7 +16,7 @@ from typing import Any
 
 from report_tables import macro_f1, percent, tables
 
-from raycl.configs import load_space
+from raycl.config.tasks import load_space
 from raycl.driver import Run
 from raycl.recipes import recipe_for
 from raycl.records import TrialOutcome
@@ -31,14 +31,25 @@ def _ids(path: str) -> list[tuple[str, str]]:
         return [(r["ID"], r["Language"]) for r in csv.DictReader(f)]
 
 
-def _idiom_trial(tid: str, params: dict[str, Any], rng: random.Random, run: Run, dev_f1: float,
-                 inputs: dict[str, list[tuple[str, str]]]) -> tuple[TrialOutcome, dict[str, dict[str, int]]]:
+def _idiom_trial(
+    tid: str,
+    params: dict[str, Any],
+    rng: random.Random,
+    run: Run,
+    dev_f1: float,
+    inputs: dict[str, list[tuple[str, str]]],
+) -> tuple[TrialOutcome, dict[str, dict[str, int]]]:
     """A finished trial: two epoch reports, its closing report, and its submission files (random labels)."""
     setting = params["data.setting"]
-    final: dict[str, Any] = {"final": 1, "setting": setting, "best_epoch": float(rng.randrange(1, 4)),
-                             "dev_f1": dev_f1}
-    final |= {f"{p}/{lang}": round(rng.uniform(0.3, 0.9), 4)
-              for p in ("dev_f1", "test_f1") for lang in ("EN", "PT")}
+    final: dict[str, Any] = {
+        "final": 1,
+        "setting": setting,
+        "best_epoch": float(rng.randrange(1, 4)),
+        "dev_f1": dev_f1,
+    }
+    final |= {
+        f"{p}/{lang}": round(rng.uniform(0.3, 0.9), 4) for p in ("dev_f1", "test_f1") for lang in ("EN", "PT")
+    }
     final["test_f1"] = round(rng.uniform(0.3, 0.9), 4)
     history = [{"epoch": e, "dev_f1": round(rng.uniform(0.3, 0.9), 4)} for e in (1, 2)] + [final]
     labels: dict[str, dict[str, int]] = {}
@@ -56,8 +67,14 @@ def _idiom_trial(tid: str, params: dict[str, Any], rng: random.Random, run: Run,
 def _idiom_run(tmp_path: Path) -> tuple[Run, Any, list[TrialOutcome], list[TrialOutcome], dict[str, Any]]:
     space = load_space("idiom", preset="smoke")
     cfg, _ = recipe_for("idiom").with_data(space.config, tmp_path / "data")
-    run = Run(cfg=cfg, run_dir=tmp_path / "run", base_model=tmp_path / "base", builtin=["dev"],
-              counts={"dev": 10}, timings={"tune_s": 4.56})
+    run = Run(
+        cfg=cfg,
+        run_dir=tmp_path / "run",
+        base_model=tmp_path / "base",
+        builtin=["dev"],
+        counts={"dev": 10},
+        timings={"tune_s": 4.56},
+    )
     run.run_dir.mkdir()
     inputs = {"dev": _ids(cfg.data.dev), "eval": _ids(cfg.data.eval)}
     rng = random.Random(11)
@@ -70,16 +87,22 @@ def _idiom_run(tmp_path: Path) -> tuple[Run, Any, list[TrialOutcome], list[Trial
             w.writerows({**r, "Label": int(rng.random() < 0.3)} for r in rows)
     labels: dict[str, Any] = {}
     trials, extra = [], []
-    sweep = [("z1", "zero_shot", 2e-5, 0.7), ("z2", "zero_shot", 3e-5, 0.7), ("z3", "zero_shot", 5e-5, 0.6),
-             ("o1", "one_shot", 2e-5, 0.5), ("o2", "one_shot", 3e-5, 0.8)]  # z1, z2 tie: z1 is kept
+    sweep = [
+        ("z1", "zero_shot", 2e-5, 0.7),
+        ("z2", "zero_shot", 3e-5, 0.7),
+        ("z3", "zero_shot", 5e-5, 0.6),
+        ("o1", "one_shot", 2e-5, 0.5),
+        ("o2", "one_shot", 3e-5, 0.8),
+    ]  # z1, z2 tie: z1 is kept
     for tid, setting, lr, dev in sweep:
         t, labels[tid] = _idiom_trial(tid, {"data.setting": setting, "optim.lr": lr}, rng, run, dev, inputs)
         trials.append(t)
     for name in ("fgm", "baseline"):  # listed in the space's order (baseline first), whatever order they ran
         for setting in SETTINGS_A:
             tid = f"{name}_{setting}"
-            t, labels[tid] = _idiom_trial(tid, {"baseline": name, "data.setting": setting}, rng, run,
-                                          round(rng.uniform(0.3, 0.6), 4), inputs)
+            t, labels[tid] = _idiom_trial(
+                tid, {"baseline": name, "data.setting": setting}, rng, run, round(rng.uniform(0.3, 0.6), 4), inputs
+            )
             extra.append(t)
     return run, space, trials, extra, labels
 
@@ -106,9 +129,11 @@ def test_idiom_report_tables_3_4_and_the_sweep(tmp_path: Path) -> None:
     got = tables((run.run_dir / "report.md").read_text())
     kept = {s: _kept(trials, s) for s in SETTINGS_A}
     assert kept["zero_shot"].trial_id == "z1"
-    ladder = [("baseline", {s: next(t for t in extra if t.trial_id == f"baseline_{s}") for s in SETTINGS_A}),
-              ("+ EMA + FGM", {s: next(t for t in extra if t.trial_id == f"fgm_{s}") for s in SETTINGS_A}),
-              ("sweep best", kept)]
+    ladder = [
+        ("baseline", {s: next(t for t in extra if t.trial_id == f"baseline_{s}") for s in SETTINGS_A}),
+        ("+ EMA + FGM", {s: next(t for t in extra if t.trial_id == f"fgm_{s}") for s in SETTINGS_A}),
+        ("sweep best", kept),
+    ]
     main, per_language = got["Strategy"], got["Strategy#2"]
     assert [r["Strategy"] for r in main] == [r["Strategy"] for r in per_language] == [n for n, _ in ladder]
     for (_, by_setting), cells, lang_cells in zip(ladder, main, per_language, strict=True):
@@ -136,8 +161,10 @@ def test_idiom_report_official_scores_of_the_merged_submission(tmp_path: Path) -
     write_all(run, space, trials, extra)
     got = tables((run.run_dir / "report.md").read_text())
     kept = {s: _kept(trials, s).trial_id for s in SETTINGS_A}
-    for split, table, gold_path in (("dev", "zero-shot EN", run.cfg.data.dev_gold),
-                                    ("eval", "zero-shot EN#2", run.cfg.data.eval_gold)):
+    for split, table, gold_path in (
+        ("dev", "zero-shot EN", run.cfg.data.dev_gold),
+        ("eval", "zero-shot EN#2", run.cfg.data.eval_gold),
+    ):
         with open(gold_path, newline="", encoding="utf-8") as f:
             gold = [(r["ID"], r["Language"], int(r["Label"])) for r in csv.DictReader(f)]
         [cells] = got[table]
@@ -156,8 +183,12 @@ SUBSETS = ("ALL", "Idiom", "STS")
 
 def _sts_trial(tid: str, params: dict[str, Any], rng: random.Random, dev: float | None = None) -> TrialOutcome:
     final: dict[str, Any] = {"final": 1, "step": 30}
-    final |= {f"{split}/{s}/EN+PT/{k}": round(rng.uniform(-0.2, 0.9), 4)
-              for split in ("dev", "test") for s in SETTINGS_B for k in SUBSETS}
+    final |= {
+        f"{split}/{s}/EN+PT/{k}": round(rng.uniform(-0.2, 0.9), 4)
+        for split in ("dev", "test")
+        for s in SETTINGS_B
+        for k in SUBSETS
+    }
     final |= {f"{k}/{s}": rng.uniform(-3.0, 1.5) for k in ("align", "uniform") for s in SETTINGS_B}
     final["dev_spearman"] = final["dev/fine_tune/EN+PT/ALL"] if dev is None else dev
     history = [{"step": 10 * i, "dev_spearman": round(rng.uniform(0.0, 0.9), 4)} for i in (1, 2)] + [final]
@@ -168,19 +199,31 @@ def test_sts_report_table_5_geometry_and_sweep(tmp_path: Path) -> None:
     from raycl.recipes.sts.report import write_all
 
     space = load_space("sts", preset="smoke")
-    run = Run(cfg=space.config, run_dir=tmp_path / "run", base_model=tmp_path / "base", builtin=[],
-              counts={"train": 8}, timings={"tune_s": 1.0})
+    run = Run(
+        cfg=space.config,
+        run_dir=tmp_path / "run",
+        base_model=tmp_path / "base",
+        builtin=[],
+        counts={"train": 8},
+        timings={"tune_s": 1.0},
+    )
     run.run_dir.mkdir()
     rng = random.Random(5)
-    trials = [_sts_trial("a", {"moco.queue_size": 8, "loss.lam": 0.5}, rng, 0.4),
-              _sts_trial("b", {"moco.queue_size": 16, "loss.lam": 0.5}, rng, 0.75),
-              _sts_trial("c", {"moco.queue_size": 32, "loss.lam": 0.9}, rng, 0.6)]
+    trials = [
+        _sts_trial("a", {"moco.queue_size": 8, "loss.lam": 0.5}, rng, 0.4),
+        _sts_trial("b", {"moco.queue_size": 16, "loss.lam": 0.5}, rng, 0.75),
+        _sts_trial("c", {"moco.queue_size": 32, "loss.lam": 0.9}, rng, 0.6),
+    ]
     del trials[2].history[-1]["align/pre_train"]
     extra = [_sts_trial(n, {"baseline": n}, rng) for n in ("infonce", "mse_only", "cross_attention")]
     write_all(run, space, trials, extra)
     got = tables((run.run_dir / "report.md").read_text())
-    ladder = [("MSE only", extra[1]), ("+ cross-attention", extra[2]), ("+ InfoNCE (in-batch)", extra[0]),
-              ("+ MoCo queue", trials[1])]  # Table 5's order; the last row is the best closing dev ρ
+    ladder = [
+        ("MSE only", extra[1]),
+        ("+ cross-attention", extra[2]),
+        ("+ InfoNCE (in-batch)", extra[0]),
+        ("+ MoCo queue", trials[1]),
+    ]  # Table 5's order; the last row is the best closing dev ρ
     for name, split in (("Strategy", "dev"), ("Strategy#2", "test")):
         assert [r["Strategy"] for r in got[name]] == [m for m, _ in ladder]
         for (_, t), cells in zip(ladder, got[name], strict=True):
@@ -193,8 +236,10 @@ def test_sts_report_table_5_geometry_and_sweep(tmp_path: Path) -> None:
     for (_, t), cells in zip(ladder, geometry, strict=True):
         f = t.history[-1]
         for s in SETTINGS_B:
-            assert cells[f"{s} ℓ_align"] == f"{f[f'align/{s}']:.3f}" and cells[f"{s} ℓ_uniform"] == \
-                f"{f[f'uniform/{s}']:.3f}", (t.trial_id, s)
+            assert (
+                cells[f"{s} ℓ_align"] == f"{f[f'align/{s}']:.3f}"
+                and cells[f"{s} ℓ_uniform"] == f"{f[f'uniform/{s}']:.3f}"
+            ), (t.trial_id, s)
     sweep = got["point"]
     assert [r["point"] for r in sweep] == ["Q=8, λ=0.5", "Q=16, λ=0.5", "Q=32, λ=0.9"]
     assert [r["dev ρ"] for r in sweep] == [percent(t.history[-1]["dev_spearman"]) for t in trials]
@@ -211,5 +256,7 @@ def test_sts_report_a_missing_geometry_value_is_a_dash(tmp_path: Path) -> None:
     del trial.history[-1]["align/fine_tune"]
     write_all(run, space, [trial], [])
     [cells] = tables((run.run_dir / "report.md").read_text())["Strategy#3"]
-    assert cells["fine_tune ℓ_align"] == "–" and cells["fine_tune ℓ_uniform"] == \
-        f"{trial.history[-1]['uniform/fine_tune']:.3f}"
+    assert (
+        cells["fine_tune ℓ_align"] == "–"
+        and cells["fine_tune ℓ_uniform"] == f"{trial.history[-1]['uniform/fine_tune']:.3f}"
+    )

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from raycl.configs import load_space
+from raycl.config.tasks import load_space
 from raycl.distributed import resources
 from raycl.distributed.resources import Cluster, check, plan
 from raycl.errors import UserError
@@ -39,8 +39,12 @@ def test_a_whole_gpu_worker_and_half_a_gpu_miner_are_refused_on_one_gpu_in_one_l
         check(_plan("coherence", "paper"), ONE_GPU)  # use_gpu: a whole GPU per worker, the miner 0.5
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith("the run asks {GPU 1.5} at once")
-    for named in ("scaling.use_gpu=true", "scaling.gpus_per_worker=1", "mining.gpus_per_miner=0.5",
-                  "the cluster has {CPU 16, GPU 1} in all"):  # fmt: skip
+    for named in (
+        "scaling.use_gpu=true",
+        "scaling.gpus_per_worker=1",
+        "mining.gpus_per_miner=0.5",
+        "the cluster has {CPU 16, GPU 1} in all",
+    ):
         assert named in msg, msg
 
 
@@ -60,12 +64,26 @@ def test_each_mining_papers_one_gpu_preset_fits_one_gpu_and_idiom_and_sts_fit_as
 def test_a_sweep_runs_no_more_trials_at_once_than_fit_with_their_workers() -> None:
     two_cpus = Cluster({"CPU": 2.0}, [{"CPU": 2.0}])
     # each trial: its driver (0.1) + one 0.5-CPU worker; 3 fit in 2 CPUs, 4 do not
-    p = _plan("idiom", "smoke", "tune.max_concurrent_trials=4", "tune.driver_cpus=0.1",
-              "scaling.cpus_per_worker=0.5", sweep=True)  # fmt: skip
+    p = _plan(
+        "idiom",
+        "smoke",
+        "tune.max_concurrent_trials=4",
+        "tune.driver_cpus=0.1",
+        "scaling.cpus_per_worker=0.5",
+        sweep=True,
+    )
     assert check(p, two_cpus) == 3
     # GEC's shared n-best: its miner counts once for the run, not once a trial
-    p = _plan("gec_pd", "smoke", "tune.max_concurrent_trials=4", "tune.driver_cpus=0.1", "scaling.num_workers=1",
-              "scaling.cpus_per_worker=0.5", "mining.cpus_per_miner=0.25", sweep=True)  # fmt: skip
+    p = _plan(
+        "gec_pd",
+        "smoke",
+        "tune.max_concurrent_trials=4",
+        "tune.driver_cpus=0.1",
+        "scaling.num_workers=1",
+        "scaling.cpus_per_worker=0.5",
+        "mining.cpus_per_miner=0.25",
+        sweep=True,
+    )
     assert p.shared and check(p, two_cpus) == 2  # 0.25 + 2 × 0.6 ≤ 2 < 0.25 + 3 × 0.6
     p = _plan("gec_pd", "smoke", "mining.share=false", sweep=True)
     assert not p.shared and any(a.what == "miner" for a in p.per_trial)
@@ -118,8 +136,9 @@ def test_a_gpu_asked_where_there_is_none_ends_in_one_line_before_ray_starts(tmp_
     assert "and no GPU" in err[0] and "scaling.use_gpu=true" in err[0]
 
 
-def test_the_progress_line_says_what_a_training_waits_for_until_it_moves(tmp_path: Path, monkeypatch,
-                                                                          capsys) -> None:  # noqa: ANN001
+def test_the_progress_line_says_what_a_training_waits_for_until_it_moves(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:  # noqa: ANN001
     from raycl.progress import follow
 
     monkeypatch.setenv("RAYCL_PROGRESS", "lines")
@@ -138,11 +157,12 @@ def test_the_progress_line_says_what_a_training_waits_for_until_it_moves(tmp_pat
 
 
 # ---------------------------------------------------------------------------------------------- on Ray
-def test_a_worker_group_that_cannot_start_ends_the_run_after_its_bound(ray_local, tmp_path: Path,
-                                                                         monkeypatch) -> None:  # noqa: ANN001
+def test_a_worker_group_that_cannot_start_ends_the_run_after_its_bound(
+    ray_local, tmp_path: Path, monkeypatch
+) -> None:  # noqa: ANN001
     """A worker asking a resource the cluster lacks (taken, or an autoscaler that does not deliver): Ray Train
     retries its start for ever by default; here 2 attempts of 1 s, then one line (about 10 s)."""
-    from raycl.distributed.trainer import fit
+    from raycl.distributed.training import fit
 
     monkeypatch.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "1")
     sets = ["scaling.resources={absent: 1}", "scaling.start_timeout_s=2"]
@@ -152,15 +172,20 @@ def test_a_worker_group_that_cannot_start_ends_the_run_after_its_bound(ray_local
         fit(lambda: None, scaling=scaling, name="never", storage_path=tmp_path)
     assert time.monotonic() - t0 < 60
     msg = str(err.value)
-    assert msg.startswith("the Ray Train worker group did not start within scaling.start_timeout_s=2 s: 1 Ray "
-                          "Train worker × {CPU 1, absent 1}") and "\n" not in msg  # fmt: skip
+    assert (
+        msg.startswith(
+            "the Ray Train worker group did not start within scaling.start_timeout_s=2 s: 1 Ray "
+            "Train worker × {CPU 1, absent 1}"
+        )
+        and "\n" not in msg
+    )
 
 
 ONE_GPU_CLUSTER = """
 import json, sys
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
-from raycl.configs import load_space
+from raycl.config.tasks import load_space
 from raycl.distributed import resources
 from raycl.distributed.miner_pool import MinerFactory, MinerPool
 from raycl.distributed.runtime import init_ray
@@ -230,8 +255,14 @@ def test_on_a_one_gpu_cluster_1_plus_half_is_refused_and_half_plus_half_schedule
     GPU for its miner is refused in one line, and Ray indeed never places it; with 0.5 + 0.5 both are placed and
     each process knows its share (the memory cap's fraction). About 15 s."""
     env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", ONE_GPU_CLUSTER, str(ROOT)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", ONE_GPU_CLUSTER, str(ROOT)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["cluster"] == "the cluster has {CPU 4, GPU 1} in all, on 1 node ({CPU 4, GPU 1})"
@@ -241,8 +272,10 @@ def test_on_a_one_gpu_cluster_1_plus_half_is_refused_and_half_plus_half_schedule
     assert got["halves_checked"] == "fits"
     assert got["halves"] == {"scheduled": True, "worker_share": 0.5, "miner_share": 0.5}
     # where an autoscaler may add GPU nodes, its maximum counts: 1 + 0.5 GPUs can come
-    assert got["autoscaling"] == ("the cluster has {CPU 24, GPU 3} at most (its autoscaler's maximum, the GCS's "
-                                  "cluster config), its node types and nodes: {CPU 4, GPU 1}; {CPU 8, GPU 1}")
+    assert got["autoscaling"] == (
+        "the cluster has {CPU 24, GPU 3} at most (its autoscaler's maximum, the GCS's "
+        "cluster config), its node types and nodes: {CPU 4, GPU 1}; {CPU 8, GPU 1}"
+    )
     assert got["whole_checked_autoscaling"] == "fits"
 
 
@@ -281,8 +314,14 @@ def test_gpu_a_process_on_half_a_gpu_cannot_take_more_than_half_its_memory() -> 
     pytest.importorskip("ray")
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # Ray may live on it
     env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": path}
-    done = subprocess.run([sys.executable, "-c", HALF_A_GPU, str(ROOT)], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=240)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", HALF_A_GPU, str(ROOT)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == {"share": 0.5, "over_half": "refused"}
 

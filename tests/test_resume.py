@@ -31,8 +31,9 @@ from raycl.training import loop
 from raycl.training.task import Job
 
 
-def _run(run: Any, task: Any, out: Path, monkeypatch: pytest.MonkeyPatch, *, crash_after: int | None = None
-         ) -> dict[str, Any]:  # fmt: skip
+def _run(
+    run: Any, task: Any, out: Path, monkeypatch: pytest.MonkeyPatch, *, crash_after: int | None = None
+) -> dict[str, Any]:
     """The whole run (``crash_after``: stopped after that report, resumed from its checkpoint); the final state."""
     fake = FakeSession(out)
     fake.install(monkeypatch)
@@ -60,8 +61,9 @@ def _same_extras(a: dict[str, Any], b: dict[str, Any], name: str, key: str) -> N
 
 
 def test_idiom_resumes_with_its_schedule_dropout_and_ema(tmp_path: Path, monkeypatch) -> None:
-    run = _prepare("idiom", ["optim.epochs=3", "data.setting=zero_shot", "adversarial.method=fgm"], tmp_path,
-                   dropout=True)  # fmt: skip
+    run = _prepare(
+        "idiom", ["optim.epochs=3", "data.setting=zero_shot", "adversarial.method=fgm"], tmp_path, dropout=True
+    )
     task = IdiomTask(_cfg(run, ["optim.batch_size=16"]))
     whole = _run(run, task, tmp_path / "whole", monkeypatch)
     assert_the_total_was_counted_once(tmp_path / "whole", whole)
@@ -77,8 +79,14 @@ def test_gec_resumes_with_its_polynomial_schedule_and_dropout(tmp_path: Path, mo
     examples = load_examples(run.cfg.data.finetune, annotator=run.cfg.data.annotator)
     mined = [MinedNegatives(ex.id, (ex.source,), (0.0,)) for ex in examples]
     negatives = write_negatives_parquet(tmp_path / "negatives.parquet", examples, mined, model_version=0)
-    over = ["optim.epochs=3", "optim.batch_size=8", "optim.max_tokens=0", "optim.warmup_updates=3",
-            "optim.scheduler=polynomial", f"mining.negatives={negatives}"]  # fmt: skip
+    over = [
+        "optim.epochs=3",
+        "optim.batch_size=8",
+        "optim.max_tokens=0",
+        "optim.warmup_updates=3",
+        "optim.scheduler=polynomial",
+        f"mining.negatives={negatives}",
+    ]
     task = GecTask(_cfg(run, over), "finetune")
     whole = _run(run, task, tmp_path / "whole", monkeypatch)
     assert_the_total_was_counted_once(tmp_path / "whole", whole)
@@ -89,8 +97,15 @@ def test_gec_resumes_with_its_polynomial_schedule_and_dropout(tmp_path: Path, mo
 def test_sts_resumes_mid_epoch_with_moco_and_dropout(tmp_path: Path, monkeypatch) -> None:
     """Pre-training with MSE + InfoNCE and the MoCo queue, reports every 3 steps (mid-epoch), 2 epochs; stopped
     after the second report, inside epoch 1."""
-    over = ["pretrain.epochs=2", "finetune.epochs=0", "pretrain.eval_every=3", "loss.lam=0.5", "loss.joint=sum",
-            "moco.queue_size=12", "optim.batch_size=8"]  # fmt: skip
+    over = [
+        "pretrain.epochs=2",
+        "finetune.epochs=0",
+        "pretrain.eval_every=3",
+        "loss.lam=0.5",
+        "loss.joint=sum",
+        "moco.queue_size=12",
+        "optim.batch_size=8",
+    ]
     run = _prepare("sts", over, tmp_path, dropout=True)
     task = StsTask(_cfg(run, []))
     whole = _run(run, task, tmp_path / "whole", monkeypatch)

@@ -31,7 +31,7 @@ from conftest import S3_BUCKET
 from test_storage import objects_of_a_run
 
 from raycl import storage
-from raycl.distributed.trainer import has_checkpoint
+from raycl.distributed.training import has_checkpoint
 from raycl.records import STARTS, is_done, read_history
 from raycl.report import num
 

@@ -29,17 +29,33 @@ SECRETS = {
     "MLFLOW_TRACKING_URI": "https://raycl:Tr4ckingPassw0rd@mlflow.example.org",
     "DATABASE_URL": "postgresql://raycl:DbPassw0rdEXAMPLE@db.example.org/runs",
 }
-LEAKS = [v for k, v in SECRETS.items() if "URI" not in k and "URL" not in k] + ["Tr4ckingPassw0rd",
-                                                                                 "DbPassw0rdEXAMPLE", "S3Passw0rd"]
-SMOKE = ["idiom", "--preset", "smoke", "--set", "optim.epochs=1", "--set", "optim.batch_size=200", "--set",
-         "data.setting=zero_shot", "--set", "adversarial.method=none",
-         "--set", "scaling.num_workers=1"]  # fmt: skip
+LEAKS = [v for k, v in SECRETS.items() if "URI" not in k and "URL" not in k] + [
+    "Tr4ckingPassw0rd",
+    "DbPassw0rdEXAMPLE",
+    "S3Passw0rd",
+]
+SMOKE = [
+    "idiom",
+    "--preset",
+    "smoke",
+    "--set",
+    "optim.epochs=1",
+    "--set",
+    "optim.batch_size=200",
+    "--set",
+    "data.setting=zero_shot",
+    "--set",
+    "adversarial.method=none",
+    "--set",
+    "scaling.num_workers=1",
+]
 
 
 def _train(*args: str, timeout: int = 540) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **SECRETS, "RAY_ADDRESS": "", "RAYCL_VERBOSE": "1"}
-    return subprocess.run([sys.executable, "-m", "raycl.train", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "raycl.train", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,14 +77,20 @@ def test_credentials_stay_out_of_the_run_folder_and_its_output(smoke: Any, tmp_p
     where = [(p, p.read_bytes()) for p in run.rglob("*") if p.is_file()]
     where += [(Path("<stdout>"), done.stdout.encode()), (Path("<stderr>"), done.stderr.encode())]
     # a URI with a password in a --set value: the one-line error names the key and the file, not the password
-    bad = _train(*SMOKE, "--out", str(tmp_path / "bad"), "--set",
-                 "data.train_zero_shot=s3://AKIAX:S3Passw0rd@bucket/train.csv")  # fmt: skip
+    bad = _train(
+        *SMOKE,
+        "--out",
+        str(tmp_path / "bad"),
+        "--set",
+        "data.train_zero_shot=s3://AKIAX:S3Passw0rd@bucket/train.csv",
+    )
     assert bad.returncode == 2, bad.stderr[-2000:]
     assert bad.stderr.strip().startswith("raycl: error: ") and bad.stderr.strip().endswith(
         "config key 'data.train_zero_shot': s3://***@bucket/train.csv: credentials in a URI are refused (they "
         "would show in process lists, logs, Ray's job information and cache folder names); give the URI without "
         "them and the credentials through AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, an "
-        "instance profile; AWS_ENDPOINT_URL for the endpoint)")  # fmt: skip
+        "instance profile; AWS_ENDPOINT_URL for the endpoint)"
+    )
     where.append((Path("<stderr of the bad --set>"), bad.stderr.encode()))
     found = [(str(p), s) for p, data in where for s in LEAKS if s.encode() in data]
     assert not found, found
@@ -77,12 +99,18 @@ def test_credentials_stay_out_of_the_run_folder_and_its_output(smoke: Any, tmp_p
 
 def test_config_yaml_hides_a_uri_password(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from raycl.config import dump_yaml
-    from raycl.configs import load_space
+    from raycl.config.tasks import load_space
 
     monkeypatch.setenv("HF_TOKEN", SECRETS["HF_TOKEN"])
-    space = load_space("idiom", preset="smoke", overrides=[
-        "data.dev=https://me:S3Passw0rd@data.example.org/dev.csv", "data.dev_gold=gold.csv",
-        f"data.eval={SECRETS['HF_TOKEN']}.csv"])
+    space = load_space(
+        "idiom",
+        preset="smoke",
+        overrides=[
+            "data.dev=https://me:S3Passw0rd@data.example.org/dev.csv",
+            "data.dev_gold=gold.csv",
+            f"data.eval={SECRETS['HF_TOKEN']}.csv",
+        ],
+    )
     dump_yaml(space.config, tmp_path / "config.yaml")
     text = (tmp_path / "config.yaml").read_text()
     assert "https://me:***@data.example.org/dev.csv" in text and "eval: ***.csv" in text
@@ -115,7 +143,8 @@ def test_a_planted_state_pt_is_refused_before_any_worker_starts(smoke: Any, tmp_
     assert done.returncode == 2, done.stderr[-3000:]
     assert done.stderr.strip().splitlines() == [
         f"raycl: error: {state}: refused: holds posix.system; expected only tensors, numbers, strings and "
-        "containers (read with torch.load(weights_only=True): a checkpoint may not run code)"]
+        "containers (read with torch.load(weights_only=True): a checkpoint may not run code)"
+    ]
     assert not marker.exists()
     assert not list(run.glob("ray/**/checkpoint_*/state.pt"))[1:]  # nothing trained: no new checkpoint
 
@@ -180,7 +209,7 @@ def test_yaml_aliases_and_deep_nesting_are_refused_in_one_line(tmp_path: Path, c
 
 
 def test_a_long_value_in_a_message_is_cut() -> None:
-    from raycl.configs import load_space
+    from raycl.config.tasks import load_space
 
     with pytest.raises(UserError) as err:
         load_space("idiom", overrides=[f"optim.lr=[{', '.join(['x' * 1000] * 1000)}]"])
@@ -210,8 +239,9 @@ def test_a_line_longer_than_its_formats_limit_names_file_and_line(tmp_path: Path
 
 
 # ---------------------------------------------------------------------------------------------- issue 29
-def test_every_error_the_cli_prints_is_redacted(capsys: pytest.CaptureFixture[str],
-                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_every_error_the_cli_prints_is_redacted(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``cli_entry`` is the one place that prints errors: a ``UserError``'s line and, as Python exits on an
     internal error, its traceback (``sys.excepthook``) — both with a URI's password, credential query values and
     credential variables' values hidden, whoever built the message."""
@@ -219,8 +249,10 @@ def test_every_error_the_cli_prints_is_redacted(capsys: pytest.CaptureFixture[st
 
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # the CLI's hook, undone after the test
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRETS["AWS_SECRET_ACCESS_KEY"])
-    message = (f"ftp://alice:FtpPassw0rdEX29@host/run?X-Amz-Signature=S1gnatureEXAMPLE29&token=T0kenEXAMPLE29: "
-               f"cannot read ({SECRETS['AWS_SECRET_ACCESS_KEY']})")  # fmt: skip
+    message = (
+        f"ftp://alice:FtpPassw0rdEX29@host/run?X-Amz-Signature=S1gnatureEXAMPLE29&token=T0kenEXAMPLE29: "
+        f"cannot read ({SECRETS['AWS_SECRET_ACCESS_KEY']})"
+    )
 
     @cli_entry
     def main(argv: list[str] | None = None) -> None:
@@ -239,8 +271,10 @@ def test_every_error_the_cli_prints_is_redacted(capsys: pytest.CaptureFixture[st
     assert not [s for s in ("FtpPassw0rdEX29", "S1gnatureEXAMPLE29", "T0kenEXAMPLE29", *LEAKS) if s in err]
 
 
-BOMB = (r"part-00000.parquet: row group 0, column 'negatives.list.element': [\d,]+ compressed bytes decode to "
-        r"67,\d{3},\d{3} \([\d,]+x\), expected at most 100x \(a decompression bomb\): refused before")
+BOMB = (
+    r"part-00000.parquet: row group 0, column 'negatives.list.element': [\d,]+ compressed bytes decode to "
+    r"67,\d{3},\d{3} \([\d,]+x\), expected at most 100x \(a decompression bomb\): refused before"
+)
 
 
 def test_a_parquet_decompression_bomb_is_refused_before_it_is_decompressed(tmp_path: Path) -> None:
@@ -254,9 +288,18 @@ def test_a_parquet_decompression_bomb_is_refused_before_it_is_decompressed(tmp_p
     from raycl.miners.shards import done_ids, read_negatives
 
     n, big = 64, "a" * (1 << 20)
-    table = pa.table({"id": [f"x:{i}" for i in range(n)], "source": ["s"] * n, "target": ["t"] * n,
-                      "negatives": [[big]] * n, "scores": [[0.0]] * n, "model_version": [0] * n,
-                      "references": [["t"]] * n}, schema=negatives_schema())  # fmt: skip
+    table = pa.table(
+        {
+            "id": [f"x:{i}" for i in range(n)],
+            "source": ["s"] * n,
+            "target": ["t"] * n,
+            "negatives": [[big]] * n,
+            "scores": [[0.0]] * n,
+            "model_version": [0] * n,
+            "references": [["t"]] * n,
+        },
+        schema=negatives_schema(),
+    )
     (tmp_path / "shards").mkdir()
     bomb = tmp_path / "shards" / "part-00000.parquet"
     pq.write_table(table, bomb, compression="zstd", use_dictionary=False)
@@ -265,8 +308,11 @@ def test_a_parquet_decompression_bomb_is_refused_before_it_is_decompressed(tmp_p
     pool, default = pa.proxy_memory_pool(pa.default_memory_pool()), pa.default_memory_pool()
     pa.set_memory_pool(pool)  # what pyarrow allocates while raycl reads the file
     try:
-        for read in (lambda: read_negatives(bomb), lambda: read_negatives(bomb, ids=["x:1"]),
-                     lambda: done_ids(tmp_path / "shards")):  # fmt: skip
+        for read in (
+            lambda: read_negatives(bomb),
+            lambda: read_negatives(bomb, ids=["x:1"]),
+            lambda: done_ids(tmp_path / "shards"),
+        ):
             with pytest.raises(UserError, match=BOMB):
                 read()
         assert pool.max_memory() < 1 << 20, pool.max_memory()
@@ -279,16 +325,42 @@ def test_the_image_build_context_leaves_out_runs_tracking_stores_and_credentials
     matches it (moby's patternmatcher: ``**`` any number of folders, ``*`` and ``?`` within one, a pattern
     matching a path or any folder above it, the last matching pattern deciding, ``!`` keeping)."""
     root = Path(__file__).resolve().parents[1]
-    kept = [p.relative_to(root).as_posix() for d in ("raycl", "tune_spaces") for p in (root / d).rglob("*")
-            if p.is_file() and "__pycache__" not in p.parts]  # fmt: skip
+    kept = [
+        p.relative_to(root).as_posix()
+        for d in ("raycl", "tune_spaces")
+        for p in (root / d).rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    ]
     kept += ["pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE"]  # what `pip install` reads
-    out = ["mlflow.db", "mlruns/0/meta.yaml", "wandb/offline-run-1/run-1.wandb", "runs/idiom/20250101/report.md",
-           "my-run/raycl_run.json", "negs/part-00000.parquet", "neg.parquet", ".env", ".env.local", "prod.env",
-           "raycl/.env", "tune_spaces/mlflow.db", "raycl/wandb/debug.log", ".aws/credentials", "credentials.json",
-           "gcp-credentials.json", "id_rsa.pem", ".netrc", ".git/config", ".venv/bin/python", "tests/test_x.py",
-           "raycl/__pycache__/cli.cpython-311.pyc"]  # fmt: skip
-    patterns = [line.strip() for line in (root / ".dockerignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]  # fmt: skip
+    out = [
+        "mlflow.db",
+        "mlruns/0/meta.yaml",
+        "wandb/offline-run-1/run-1.wandb",
+        "runs/idiom/20250101/report.md",
+        "my-run/raycl_run.json",
+        "negs/part-00000.parquet",
+        "neg.parquet",
+        ".env",
+        ".env.local",
+        "prod.env",
+        "raycl/.env",
+        "tune_spaces/mlflow.db",
+        "raycl/wandb/debug.log",
+        ".aws/credentials",
+        "credentials.json",
+        "gcp-credentials.json",
+        "id_rsa.pem",
+        ".netrc",
+        ".git/config",
+        ".venv/bin/python",
+        "tests/test_x.py",
+        "raycl/__pycache__/cli.cpython-311.pyc",
+    ]
+    patterns = [
+        line.strip()
+        for line in (root / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     assert [p for p in kept if _docker_ignores(patterns, p)] == []
     assert [p for p in out if not _docker_ignores(patterns, p)] == []
 

@@ -33,7 +33,7 @@ def test_header_must_match_exactly(tmp_path: Path) -> None:
 
 def test_field_count_error_names_the_row_start_line(tmp_path: Path) -> None:
     # Row 1 spans two physical lines (a quoted newline), so the bad row starts on line 4.
-    text = ('ID,Language,MWE,Previous,Target,Next\n1,EN,big fish,"a\nb",t,n\n2,EN,big fish,p,t\n')
+    text = 'ID,Language,MWE,Previous,Target,Next\n1,EN,big fish,"a\nb",t,n\n2,EN,big fish,p,t\n'
     p = _write(tmp_path / "dev.csv", text)
     with pytest.raises(UserError, match=rf"^{p}:4: 5 fields, expected 6"):
         S.read_idiom_inputs(p)
@@ -82,8 +82,9 @@ def test_tokenise_pair_upstream_quirk_and_fixed() -> None:
     # Upstream: sentence 2 searched with MWE1's pattern, rewritten with MWE2's token.
     up = S.tokenise_pair("a big fish", "a big fish and a large fish", "big fish", "large fish")
     assert up == ("a IDbigfishID", "a IDlargefishID and a large fish")
-    fixed = S.tokenise_pair("a big fish", "a big fish and a large fish", "big fish", "large fish",
-                            upstream_quirk=False)
+    fixed = S.tokenise_pair(
+        "a big fish", "a big fish and a large fish", "big fish", "large fish", upstream_quirk=False
+    )
     assert fixed == ("a IDbigfishID", "a big fish and a IDlargefishID")
     # Upstream uses the MWE as a raw regex; the fixed mode escapes it.
     assert S.tokenise_pair("axb", "", "a.b", None)[0] == "IDa.bID"
@@ -106,8 +107,13 @@ def _rows(path: Path) -> list[list[str]]:
 def test_submission_writers_layout(tmp_path: Path) -> None:
     rows: list[S.SubmissionRow] = [("5", "EN", 1, 0), ("3", "PT", 0, None)]
     p = S.write_submission_a(tmp_path / "sub.csv", rows)
-    assert _rows(p) == [list(S.A_SUBMISSION_HEADER), ["5", "EN", "zero_shot", "1"], ["3", "PT", "zero_shot", "0"],
-                        ["5", "EN", "one_shot", "0"], ["3", "PT", "one_shot", ""]]
+    assert _rows(p) == [
+        list(S.A_SUBMISSION_HEADER),
+        ["5", "EN", "zero_shot", "1"],
+        ["3", "PT", "zero_shot", "0"],
+        ["5", "EN", "one_shot", "0"],
+        ["3", "PT", "one_shot", ""],
+    ]
     q = S.write_submission_b(tmp_path / "b.csv", [("9", "EN", 0.25, 0.1 + 0.2)])
     assert _rows(q)[1:] == [["9", "EN", "pre_train", "0.25"], ["9", "EN", "fine_tune", repr(0.1 + 0.2)]]
     assert not list(tmp_path.glob(".*.tmp"))

@@ -19,9 +19,9 @@ import torch
 
 from raycl.data.semeval import write_csv
 from raycl.errors import UserError
-from raycl.evaluation.embedding_geometry import alignment, plot_alignment_uniformity, uniformity
-from raycl.evaluation.semeval_eval import add_idiom_parser, add_sts_parser
-from raycl.evaluation.semeval_metrics import evaluate_idiom, evaluate_sts
+from raycl.scoring.embedding_geometry import alignment, plot_alignment_uniformity, uniformity
+from raycl.scoring.semeval_eval import add_idiom_parser, add_sts_parser
+from raycl.scoring.semeval_metrics import evaluate_idiom, evaluate_sts
 
 A_SUB = ["ID", "Language", "Setting", "Label"]
 A_GOLD = ["ID", "DataID", "Language", "Label"]
@@ -83,8 +83,9 @@ def naive_spearman(x: Sequence[float], y: Sequence[float]) -> float:
     return cov / math.sqrt(vx * vy)
 
 
-def naive_idiom(sub: list[list[str]], gold: list[list[str]],
-                average: str = "macro") -> dict[str, dict[str, float | None]]:
+def naive_idiom(
+    sub: list[list[str]], gold: list[list[str]], average: str = "macro"
+) -> dict[str, dict[str, float | None]]:
     out: dict[str, dict[str, float | None]] = {}
     for setting in ("zero_shot", "one_shot"):
         if not any(r[2] == setting for r in sub):
@@ -130,8 +131,11 @@ def _csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[str]]) -> Pa
 def _idiom_files(tmp: Path, rng: random.Random) -> tuple[Path, Path, list[list[str]], list[list[str]]]:
     n = rng.randrange(8, 40)
     ids = rng.sample(range(1, 100_000), n)
-    gold = [[str(i), f"dev.{lang}.1.{k}", lang, str(rng.randrange(2))]
-            for k, i in enumerate(ids) for lang in [rng.choice(["EN", "EN", "PT", "GL"])]]
+    gold = [
+        [str(i), f"dev.{lang}.1.{k}", lang, str(rng.randrange(2))]
+        for k, i in enumerate(ids)
+        for lang in [rng.choice(["EN", "EN", "PT", "GL"])]
+    ]
     sub = [[g[0], g[2], s, str(rng.randrange(2))] for s in ("zero_shot", "one_shot") for g in gold]
     return _csv(tmp / "sub.csv", A_SUB, sub), _csv(tmp / "gold.csv", A_GOLD, gold), sub, gold
 
@@ -145,8 +149,10 @@ def _sts_files(tmp: Path, rng: random.Random) -> tuple[Path, Path, list[list[str
             i1, i2, i3 = str(next(ids)), str(next(ids)), str(next(ids))
             gold += [[i1, f"dev.{lang}.{k}.1", lang, "1", ""], [i2, f"dev.{lang}.{k}.2", lang, "", i3]]
             extra.append((i3, lang))
-        gold += [[str(next(ids)), f"dev.{lang}.sts.{k}", lang, f"{rng.randrange(6) / 5:g}", ""]
-                 for k in range(rng.randrange(4, 12))]
+        gold += [
+            [str(next(ids)), f"dev.{lang}.sts.{k}", lang, f"{rng.randrange(6) / 5:g}", ""]
+            for k in range(rng.randrange(4, 12))
+        ]
     inputs = [(g[0], g[2]) for g in gold] + extra
     rng.shuffle(inputs)
     sub = [[i, lang, s, f"{rng.randrange(10) / 10:g}"] for s in ("pre_train", "fine_tune") for i, lang in inputs]
@@ -229,13 +235,25 @@ def test_naive_spearman_on_a_hand_example() -> None:
 
 def test_sts_consistency_target_uses_own_prediction(tmp_path: Path) -> None:
     # Row 11 has no gold sim: its target is the submission's prediction for row 12.
-    gold = [["10", "d.EN.1.1", "EN", "1", ""], ["11", "d.EN.1.2", "EN", "", "12"],
-            ["20", "d.EN.sts.1", "EN", "0.2", ""], ["21", "d.EN.sts.2", "EN", "0.8", ""]]
-    sub = [["10", "EN", "fine_tune", "0.9"], ["11", "EN", "fine_tune", "0.3"], ["12", "EN", "fine_tune", "0.3"],
-           ["20", "EN", "fine_tune", "0.1"], ["21", "EN", "fine_tune", "0.7"]]
+    gold = [
+        ["10", "d.EN.1.1", "EN", "1", ""],
+        ["11", "d.EN.1.2", "EN", "", "12"],
+        ["20", "d.EN.sts.1", "EN", "0.2", ""],
+        ["21", "d.EN.sts.2", "EN", "0.8", ""],
+    ]
+    sub = [
+        ["10", "EN", "fine_tune", "0.9"],
+        ["11", "EN", "fine_tune", "0.3"],
+        ["12", "EN", "fine_tune", "0.3"],
+        ["20", "EN", "fine_tune", "0.1"],
+        ["21", "EN", "fine_tune", "0.7"],
+    ]
     got = evaluate_sts(_csv(tmp_path / "s.csv", B_SUB, sub), _csv(tmp_path / "g.csv", B_GOLD, gold))
-    assert got["fine_tune"]["EN"] == {"ALL": pytest.approx(1.0), "Idiom": pytest.approx(1.0),
-                                      "STS": pytest.approx(1.0)}
+    assert got["fine_tune"]["EN"] == {
+        "ALL": pytest.approx(1.0),
+        "Idiom": pytest.approx(1.0),
+        "STS": pytest.approx(1.0),
+    }
     assert got["fine_tune"]["PT"] == {"ALL": None, "Idiom": None, "STS": None}  # no PT rows
     blank = [r if r[0] != "20" else ["20", "EN", "fine_tune", ""] for r in sub]
     got = evaluate_sts(_csv(tmp_path / "b.csv", B_SUB, blank), tmp_path / "g.csv")
@@ -317,8 +335,11 @@ def naive_alignment(x: list[list[float]], y: list[list[float]], alpha: float = 2
 
 def naive_uniformity(x: list[list[float]], t: float = 2.0) -> float:
     u = [_unit(v) for v in x]
-    terms = [math.exp(-t * sum((p - q) ** 2 for p, q in zip(u[i], u[j], strict=True)))
-             for i in range(len(u)) for j in range(i + 1, len(u))]
+    terms = [
+        math.exp(-t * sum((p - q) ** 2 for p, q in zip(u[i], u[j], strict=True)))
+        for i in range(len(u))
+        for j in range(i + 1, len(u))
+    ]
     return math.log(sum(terms) / len(terms))
 
 
@@ -363,7 +384,10 @@ def test_plot_writes_png(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert not list(out.parent.glob(".*.tmp")) and plt.get_fignums() == open_before
     fig, ax = drawn[0]
     assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == (
-        r"$\ell_{uniform}$", r"$\ell_{align}$", "alignment vs uniformity")
+        r"$\ell_{uniform}$",
+        r"$\ell_{align}$",
+        "alignment vs uniformity",
+    )
     markers = [(c.get_offsets().tolist(), c.get_sizes().tolist()) for c in ax.collections]
     assert markers == [([[u, a]], [40.0]) for a, u in points.values()]
     labels = [(t.get_text(), t.xy, t.xyann, t.anncoords, t.get_fontsize()) for t in ax.texts]
@@ -384,8 +408,13 @@ def _ab(tmp: Path, name: str, header: Sequence[str], rows: Sequence[Sequence[str
     return _csv(tmp / name, header, rows)
 
 
-def _each_refused(tmp_path: Path, cases: list[tuple[list[list[str]], list[list[str]] | None, str]], gold: Path,
-                  headers: tuple[Sequence[str], Sequence[str]], evaluate: Callable[[Path, Path], object]) -> None:
+def _each_refused(
+    tmp_path: Path,
+    cases: list[tuple[list[list[str]], list[list[str]] | None, str]],
+    gold: Path,
+    headers: tuple[Sequence[str], Sequence[str]],
+    evaluate: Callable[[Path, Path], object],
+) -> None:
     """Each case — (submission rows, gold rows or None for ``gold``, the whole message with {s} and {g}) —
     refused by ``evaluate`` with exactly its message."""
     for k, (sub_rows, g_rows, message) in enumerate(cases):
@@ -394,6 +423,7 @@ def _each_refused(tmp_path: Path, cases: list[tuple[list[list[str]], list[list[s
         with pytest.raises(UserError) as err:
             evaluate(s, g)
         assert str(err.value) == message.format(s=s, g=g), k
+
 
 def test_idiom_bad_values_name_their_file_and_line(tmp_path: Path) -> None:
     gold_rows = [["1", "d.EN.1.1", "EN", "0"], ["2", "d.EN.1.2", "EN", "1"]]
@@ -404,8 +434,11 @@ def test_idiom_bad_values_name_their_file_and_line(tmp_path: Path) -> None:
         (good, [gold_rows[0], ["2b", "d.EN.1.2", "EN", "1"]], "{g}:3: ID '2b', expected an integer"),
         ([good[0], ["2", "EN", "zero_shot", "yes"]], None, "{s}:3: Label 'yes', expected an integer (0 or 1)"),
         (good, [gold_rows[0], ["2", "d.EN.1.2", "EN", "one"]], "{g}:3: Label 'one', expected an integer (0 or 1)"),
-        ([good[0], ["2", "EN", "zero-shot", "1"]], None, "{s}:3: Setting 'zero-shot', expected one of zero_shot, "
-                                                          "one_shot"),
+        (
+            [good[0], ["2", "EN", "zero-shot", "1"]],
+            None,
+            "{s}:3: Setting 'zero-shot', expected one of zero_shot, one_shot",
+        ),
         ([], None, "{s}: no rows, expected Setting zero_shot or one_shot"),
     ]
     _each_refused(tmp_path, cases, gold, (A_SUB, A_GOLD), evaluate_idiom)
@@ -414,10 +447,23 @@ def test_idiom_bad_values_name_their_file_and_line(tmp_path: Path) -> None:
 def test_idiom_id_mismatch_messages(tmp_path: Path) -> None:
     """The first differing position, its submission line (the last row when the submission runs out first),
     the languages of the cell joined by a comma."""
-    gold = _ab(tmp_path, "g.csv", A_GOLD, [["1", "d.EN.1.1", "EN", "0"], ["2", "d.EN.1.2", "EN", "1"],
-                                           ["3", "d.EN.1.3", "EN", "0"], ["3", "d.EN.1.3", "EN", "0"]])
-    sub = _ab(tmp_path, "s.csv", A_SUB, [["1", "EN", "one_shot", "0"], ["2", "EN", "one_shot", "1"],
-                                         ["3", "EN", "one_shot", "0"]])
+    gold = _ab(
+        tmp_path,
+        "g.csv",
+        A_GOLD,
+        [
+            ["1", "d.EN.1.1", "EN", "0"],
+            ["2", "d.EN.1.2", "EN", "1"],
+            ["3", "d.EN.1.3", "EN", "0"],
+            ["3", "d.EN.1.3", "EN", "0"],
+        ],
+    )
+    sub = _ab(
+        tmp_path,
+        "s.csv",
+        A_SUB,
+        [["1", "EN", "one_shot", "0"], ["2", "EN", "one_shot", "1"], ["3", "EN", "one_shot", "0"]],
+    )
     tail = "(the gold file's IDs, in its order, each once)"
     with pytest.raises(UserError) as err:  # gold repeats ID 3: the submission ends first, at its line 4
         evaluate_idiom(sub, gold)
@@ -430,7 +476,7 @@ def test_idiom_id_mismatch_messages(tmp_path: Path) -> None:
 
 
 def test_score_idiom_default_average_is_macro_and_others_are_refused(tmp_path: Path) -> None:
-    from raycl.evaluation.semeval_metrics import score_idiom
+    from raycl.scoring.semeval_metrics import score_idiom
 
     gold = [(k + 2, [str(k), f"d.EN.1.{k}", "EN", t]) for k, t in enumerate("0001112")]
     sub = [(k + 2, [str(k), "EN", "zero_shot", p]) for k, p in enumerate("0110122")]
@@ -445,22 +491,41 @@ def test_score_idiom_default_average_is_macro_and_others_are_refused(tmp_path: P
 
 
 def test_sts_bad_values_name_their_file_and_line(tmp_path: Path) -> None:
-    gold_rows = [["10", "d.EN.1.1", "EN", "1", ""], ["11", "d.EN.1.2", "EN", "", "12"],
-                 ["20", "d.EN.sts.1", "EN", "0.4", ""]]
+    gold_rows = [
+        ["10", "d.EN.1.1", "EN", "1", ""],
+        ["11", "d.EN.1.2", "EN", "", "12"],
+        ["20", "d.EN.sts.1", "EN", "0.4", ""],
+    ]
     gold = _ab(tmp_path, "g.csv", B_GOLD, gold_rows)
-    good = [["10", "EN", "pre_train", "0.9"], ["11", "EN", "pre_train", "0.2"], ["12", "EN", "pre_train", "0.3"],
-            ["20", "EN", "pre_train", "0.5"]]
+    good = [
+        ["10", "EN", "pre_train", "0.9"],
+        ["11", "EN", "pre_train", "0.2"],
+        ["12", "EN", "pre_train", "0.3"],
+        ["20", "EN", "pre_train", "0.5"],
+    ]
     cases = [  # (submission rows, gold rows or None, the whole message)
         ([*good[:3], ["20", "EN", "pre_train", "high"]], None, "{s}:5: similarity 'high', expected a number"),
-        (good, [*gold_rows[:2], ["20", "d.EN.sts.1", "EN", "0,4", ""]],
-         "{g}:4: similarity '0,4', expected a number"),
-        (good[:3], None,
-         "{s}: no pre_train prediction for ID 20 (needed by {g}:4); expected a row for every ID of the split"),
+        (
+            good,
+            [*gold_rows[:2], ["20", "d.EN.sts.1", "EN", "0,4", ""]],
+            "{g}:4: similarity '0,4', expected a number",
+        ),
+        (
+            good[:3],
+            None,
+            "{s}: no pre_train prediction for ID 20 (needed by {g}:4); expected a row for every ID of the split",
+        ),
         ([*good, ["", "EN", "pre_train", "0.1"]], None, "{s}:6: ID '', expected an integer"),
-        ([*good, ["13", "EN", "pre_train", "0.1"]], None, "{s}:6: ID 13 is not in {g} (a submission for another "
-                                                          "split?); expected the IDs of the gold file"),
-        ([good[0], ["11", "EN", "pretrain", "0.1"]], None, "{s}:3: Setting 'pretrain', expected one of pre_train, "
-                                                            "fine_tune"),
+        (
+            [*good, ["13", "EN", "pre_train", "0.1"]],
+            None,
+            "{s}:6: ID 13 is not in {g} (a submission for another split?); expected the IDs of the gold file",
+        ),
+        (
+            [good[0], ["11", "EN", "pretrain", "0.1"]],
+            None,
+            "{s}:3: Setting 'pretrain', expected one of pre_train, fine_tune",
+        ),
         ([], None, "{s}: no rows, expected Setting pre_train or fine_tune"),
     ]
     _each_refused(tmp_path, cases, gold, (B_SUB, B_GOLD), evaluate_sts)
@@ -469,11 +534,20 @@ def test_sts_bad_values_name_their_file_and_line(tmp_path: Path) -> None:
 def test_sts_ids_compare_as_integers_or_as_written(tmp_path: Path) -> None:
     """A submission ID is known if the gold file has it as written (a non-integer ID too) or as the same
     integer (sign included); the scores are those of the rows the gold file looks up."""
-    gold_rows = [["-3", "d.EN.1.1", "EN", "0.2", ""], ["X7", "d.EN.1.2", "EN", "", "8"],
-                 ["5", "d.EN.1.3", "EN", "0.9", ""], ["6", "d.EN.1.4", "EN", "0.5", ""]]
-    sub_rows = [["-3", "EN", "fine_tune", "0.1"], ["X7", "EN", "fine_tune", "0.6"],
-                ["8", "EN", "fine_tune", "0.7"], ["5", "EN", "fine_tune", "0.8"], ["6", "EN", "fine_tune", "0.95"],
-                ["-03", "EN", "fine_tune", "0.0"]]  # the integer −3 again: known, never looked up
+    gold_rows = [
+        ["-3", "d.EN.1.1", "EN", "0.2", ""],
+        ["X7", "d.EN.1.2", "EN", "", "8"],
+        ["5", "d.EN.1.3", "EN", "0.9", ""],
+        ["6", "d.EN.1.4", "EN", "0.5", ""],
+    ]
+    sub_rows = [
+        ["-3", "EN", "fine_tune", "0.1"],
+        ["X7", "EN", "fine_tune", "0.6"],
+        ["8", "EN", "fine_tune", "0.7"],
+        ["5", "EN", "fine_tune", "0.8"],
+        ["6", "EN", "fine_tune", "0.95"],
+        ["-03", "EN", "fine_tune", "0.0"],
+    ]  # the integer −3 again: known, never looked up
     got = evaluate_sts(_ab(tmp_path, "s.csv", B_SUB, sub_rows), _ab(tmp_path, "g.csv", B_GOLD, gold_rows))
     rho = naive_spearman([0.2, 0.7, 0.9, 0.5], [0.1, 0.6, 0.8, 0.95])  # X7's target: the prediction for 8
     assert rho == pytest.approx(0.4)  # 1 − 6·Σd²/(n(n²−1)) with rank differences 0, 1, 1, −2
@@ -484,16 +558,28 @@ def test_sts_ids_compare_as_integers_or_as_written(tmp_path: Path) -> None:
 def test_sts_subsets_by_the_third_dataid_field_only(tmp_path: Path) -> None:
     """STS rows are those whose DataID has a third field equal to 'sts' (however many fields follow); shorter
     DataIDs are Idiom rows. Constant columns give None, not NaN."""
-    gold_rows = [["1", "a.sts", "EN", "0.1", ""], ["2", "b.EN", "EN", "0.5", ""],
-                 ["3", "x.EN.sts", "EN", "0.3", ""], ["4", "y.EN.sts.9.9", "EN", "0.8", ""],
-                 ["5", "z.EN.sts", "EN", "0.6", ""]]
-    sub_rows = [["1", "EN", "pre_train", "0.2"], ["2", "EN", "pre_train", "0.1"], ["3", "EN", "pre_train", "0.9"],
-                ["4", "EN", "pre_train", "0.4"], ["5", "EN", "pre_train", "0.95"]]
+    gold_rows = [
+        ["1", "a.sts", "EN", "0.1", ""],
+        ["2", "b.EN", "EN", "0.5", ""],
+        ["3", "x.EN.sts", "EN", "0.3", ""],
+        ["4", "y.EN.sts.9.9", "EN", "0.8", ""],
+        ["5", "z.EN.sts", "EN", "0.6", ""],
+    ]
+    sub_rows = [
+        ["1", "EN", "pre_train", "0.2"],
+        ["2", "EN", "pre_train", "0.1"],
+        ["3", "EN", "pre_train", "0.9"],
+        ["4", "EN", "pre_train", "0.4"],
+        ["5", "EN", "pre_train", "0.95"],
+    ]
     sub, gold = _ab(tmp_path, "s.csv", B_SUB, sub_rows), _ab(tmp_path, "g.csv", B_GOLD, gold_rows)
     got = evaluate_sts(sub, gold)["pre_train"]
     gold_sim, pred = [float(r[3]) for r in gold_rows], [float(r[3]) for r in sub_rows]
-    expected = {"ALL": naive_spearman(gold_sim, pred), "Idiom": naive_spearman(gold_sim[:2], pred[:2]),
-                "STS": naive_spearman(gold_sim[2:], pred[2:])}
+    expected = {
+        "ALL": naive_spearman(gold_sim, pred),
+        "Idiom": naive_spearman(gold_sim[:2], pred[:2]),
+        "STS": naive_spearman(gold_sim[2:], pred[2:]),
+    }
     assert len(set(expected.values())) == 3 and _close(got["EN"], expected)
     flat = [r[:3] + ["0.5"] for r in sub_rows]  # every prediction equal: ρ undefined
     got = evaluate_sts(_ab(tmp_path, "f.csv", B_SUB, flat), gold)["pre_train"]

@@ -14,9 +14,13 @@ from raycl.models.cross_attention import CrossAttention, mean_pool
 from raycl.models.sentence_encoder import CONFIG_FILE, SentenceEncoder, build_sentence_encoder
 
 TEXTS = [
-    "He kicked the bucket last week .", "The big fish swims in the sea .", "She spilled the beans at dinner .",
-    "A cat sat on the mat .", "O bicho de sete cabeças não existe .", "They were on cloud nine after the match .",
-]  # fmt: skip
+    "He kicked the bucket last week .",
+    "The big fish swims in the sea .",
+    "She spilled the beans at dinner .",
+    "A cat sat on the mat .",
+    "O bicho de sete cabeças não existe .",
+    "They were on cloud nine after the match .",
+]
 MWE = "IDbigfishID"
 
 
@@ -96,8 +100,13 @@ def test_padding_never_leaks_into_either_side(cross: CrossAttention) -> None:
 def test_no_residual_or_output_projection(cross: CrossAttention) -> None:
     """A zero value map gives zero outputs: nothing of the query sentence is added back."""
     assert sorted(n for n, _ in cross.named_parameters()) == [
-        "key.bias", "key.weight", "query.bias", "query.weight", "value.bias", "value.weight",
-    ]  # fmt: skip
+        "key.bias",
+        "key.weight",
+        "query.bias",
+        "query.weight",
+        "value.bias",
+        "value.weight",
+    ]
     with torch.no_grad():
         cross.value.weight.zero_()
         cross.value.bias.zero_()
@@ -115,8 +124,10 @@ def test_both_directions_share_weights(cross: CrossAttention) -> None:
 
 def test_mean_pool_matches_loop() -> None:
     h, mask = _rand(2, 3, 4, seed=5), torch.tensor([[1, 0, 1], [0, 0, 1]])
-    expected = [[sum(h[b, t, c].item() * mask[b, t].item() for t in range(3)) / mask[b].sum().item()
-                 for c in range(4)] for b in range(2)]  # fmt: skip
+    expected = [
+        [sum(h[b, t, c].item() * mask[b, t].item() for t in range(3)) / mask[b].sum().item() for c in range(4)]
+        for b in range(2)
+    ]
     torch.testing.assert_close(mean_pool(h, mask), torch.tensor(expected, dtype=torch.float64))
 
 
@@ -181,8 +192,10 @@ def test_small_preset_is_the_packaged_minilm(tmp_path: Path) -> None:
     assert small.hidden_size == plain.hidden_size == 384 and small.cross_attention.heads == 12
     assert len(small.tokenizer) == len(plain.tokenizer) + 1
     assert len(small.tokenizer.tokenize("they idkickthebucketid")) == 2
-    torch.testing.assert_close(small.encoder.encoder.layer[0].attention.self.query.weight,
-                               plain.encoder.encoder.layer[0].attention.self.query.weight)  # fmt: skip
+    torch.testing.assert_close(
+        small.encoder.encoder.layer[0].attention.self.query.weight,
+        plain.encoder.encoder.layer[0].attention.self.query.weight,
+    )
 
 
 def test_user_mistakes_name_the_key_or_file(tmp_path: Path, smoke_dir: Path) -> None:

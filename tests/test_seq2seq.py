@@ -32,8 +32,17 @@ SENTENCES = ["He do n't like it .", "This are a sentence .", "I has went to scho
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("smoke")
-    return build_model("smoke", out_dir=out, texts=SENTENCES, vocab_size=400, d_model=32, encoder_ffn_dim=64,
-                       decoder_ffn_dim=64, encoder_layers=1, decoder_layers=1)  # fmt: skip
+    return build_model(
+        "smoke",
+        out_dir=out,
+        texts=SENTENCES,
+        vocab_size=400,
+        d_model=32,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        encoder_layers=1,
+        decoder_layers=1,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,15 +66,24 @@ def test_tokenizer_round_trips_m2_text_and_has_bart_specials(tmp_path: Path) -> 
         ids = tok(s)["input_ids"]
         assert ids[0] == 0 and ids[-1] == 2 and tok.unk_token_id not in ids
         assert tok.decode(ids, skip_special_tokens=True) == s
-    assert "n't" in " ".join(sentences) and "\"" in " ".join(sentences)
+    assert "n't" in " ".join(sentences) and '"' in " ".join(sentences)
 
 
 def test_smoke_preset_builds_the_specified_bart(tmp_path: Path) -> None:
     path = build_model("smoke", out_dir=tmp_path, texts=SENTENCES, vocab_size=300)
     scorer = Seq2SeqScorer.from_pretrained(path)
     c = scorer.model.config
-    got = (c.d_model, c.encoder_layers, c.decoder_layers, c.encoder_attention_heads, c.decoder_attention_heads,
-           c.encoder_ffn_dim, c.decoder_ffn_dim, c.dropout, c.max_position_embeddings)  # fmt: skip
+    got = (
+        c.d_model,
+        c.encoder_layers,
+        c.decoder_layers,
+        c.encoder_attention_heads,
+        c.decoder_attention_heads,
+        c.encoder_ffn_dim,
+        c.decoder_ffn_dim,
+        c.dropout,
+        c.max_position_embeddings,
+    )
     assert got == (128, 2, 2, 4, 4, 256, 256, 0.1, 128)
     assert c.vocab_size == len(scorer.tokenizer)
 
@@ -196,11 +214,23 @@ def test_the_models_generation_config_changes_nothing(scorer: Seq2SeqScorer, mon
     sources = SENTENCES[:4]
     clean = scorer.generate(sources, num_beams=3, num_return_sequences=3, max_new_tokens=10)
     eos = scorer.tokenizer.eos_token_id
-    busy = GenerationConfig(**{**scorer.model.generation_config.to_dict(), "repetition_penalty": 3.0,
-                               "no_repeat_ngram_size": 1, "min_length": 8, "min_new_tokens": 8, "num_beams": 4,
-                               "bad_words_ids": [[5], [6]], "suppress_tokens": [7, 8],
-                               "begin_suppress_tokens": [9], "forced_bos_token_id": 10, "forced_eos_token_id": eos,
-                               "length_penalty": 2.0, "encoder_repetition_penalty": 2.0})  # fmt: skip
+    busy = GenerationConfig(
+        **{
+            **scorer.model.generation_config.to_dict(),
+            "repetition_penalty": 3.0,
+            "no_repeat_ngram_size": 1,
+            "min_length": 8,
+            "min_new_tokens": 8,
+            "num_beams": 4,
+            "bad_words_ids": [[5], [6]],
+            "suppress_tokens": [7, 8],
+            "begin_suppress_tokens": [9],
+            "forced_bos_token_id": 10,
+            "forced_eos_token_id": eos,
+            "length_penalty": 2.0,
+            "encoder_repetition_penalty": 2.0,
+        }
+    )
     monkeypatch.setattr(scorer.model, "generation_config", busy)
     assert scorer.generate(sources, num_beams=3, num_return_sequences=3, max_new_tokens=10) == clean
     assert scorer.model.generation_config is busy  # put back
@@ -217,8 +247,12 @@ def test_training_logits_equal_the_models_own_masking(scorer: Seq2SeqScorer, att
     try:
         with torch.no_grad():
             dec_mask = x.target_ids.ne(scorer.pad_id).long()  # HF's own decoder padding mask
-            want = scorer.model(input_ids=x.src_ids, attention_mask=x.src_mask,
-                                decoder_input_ids=x.prev_output_ids, decoder_attention_mask=dec_mask).logits
+            want = scorer.model(
+                input_ids=x.src_ids,
+                attention_mask=x.src_mask,
+                decoder_input_ids=x.prev_output_ids,
+                decoder_attention_mask=dec_mask,
+            ).logits
             prepared = scorer.logits(x.src_ids, x.src_mask, x.prev_output_ids, src_padded=True)  # a 4-D mask
             n = int(x.src_mask[0].sum())  # sentence 0 alone, trimmed: no padding, no mask at all
             one = scorer.logits(x.src_ids[:1, :n], None, x.prev_output_ids[:1], src_padded=False)

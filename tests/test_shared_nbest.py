@@ -27,12 +27,18 @@ from raycl.training.negatives import NBestNegatives
 from raycl.training.prefetch import Call
 
 WORDS = "the a cat dog sat ran on under mat house is are was were big small".split()
-EXAMPLES = [GecExample(f"d:{i}", " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(3 + i % 4)) + " .",
-                       " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(3 + i % 4)) + " !")
-            for i in range(12)]  # fmt: skip
+EXAMPLES = [
+    GecExample(
+        f"d:{i}",
+        " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(3 + i % 4)) + " .",
+        " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(3 + i % 4)) + " !",
+    )
+    for i in range(12)
+]
 OPTIONS = {"k": 2, "beam": 3, "batch_size": 4, "max_len_b": 8, "nbest": True}
-MINING = SimpleNamespace(num_miners=1, cpus_per_miner=0.25, gpus_per_miner=0.0, resources={}, task_size=4,
-                         lease_s=60.0)  # fmt: skip
+MINING = SimpleNamespace(
+    num_miners=1, cpus_per_miner=0.25, gpus_per_miner=0.0, resources={}, task_size=4, lease_s=60.0
+)
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +52,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _mine(model_dir: Path, out: Path, examples: list[GecExample]) -> tuple[dict, dict]:
     factory = MinerFactory(GEC_BEAM, str(model_dir), OPTIONS)
     said: list[str] = []
-    with shared_nbest(factory, MINING, examples, out, options={"beam": 3}, model_dir=model_dir,
-                      say=said.append, shard_size=4) as stream:  # fmt: skip
+    with shared_nbest(
+        factory, MINING, examples, out, options={"beam": 3}, model_dir=model_dir, say=said.append, shard_size=4
+    ) as stream:
         ray.get(stream.wait_ready.remote([ex.id for ex in examples], 0.0))
         while not ray.get(stream.progress.remote())["complete"]:
             ray.get(stream.wait_ready.remote(["never"], 0.2))
@@ -95,6 +102,7 @@ def test_feed_trains_on_lists_as_they_are_mined(ray_local, tmp_path: Path) -> No
     """No miners here: the test hands records in by hand, in an order of its choosing, and watches the batches."""
     stream = start_nbest_stream(examples=EXAMPLES, out_dir=str(tmp_path), task_size=4, lease_s=60.0)
     try:
+
         def share(epoch: int, rank: int) -> list[str]:  # this rank's part of the epoch's global batches
             batches = global_batches(len(EXAMPLES), batch_size=2, seed=epoch, rank=rank, world_size=2)
             return sorted(EXAMPLES[i].id for b in batches for i in b)
@@ -110,8 +118,10 @@ def test_feed_trains_on_lists_as_they_are_mined(ray_local, tmp_path: Path) -> No
                 assert not isinstance(pool, Call)
                 yield pool, feed.negatives([ex.id for ex in pool], feed.version)
 
-        feeds = [NBestNegatives(stream, EXAMPLES, functools.partial(plan, r), batch_size=2, select=select,
-                                poll_s=0.05) for r in range(2)]  # fmt: skip
+        feeds = [
+            NBestNegatives(stream, EXAMPLES, functools.partial(plan, r), batch_size=2, select=select, poll_s=0.05)
+            for r in range(2)
+        ]
         first_task = ray.get(stream.next_task.remote(0))
         ray.get(stream.put.remote(_records(first_task)))
         it = batches(feeds[0], 0)
@@ -137,6 +147,7 @@ def test_feed_trains_on_lists_as_they_are_mined(ray_local, tmp_path: Path) -> No
 
 def _records(task: MineTask) -> MinedBatch:
     """An n-best record per example: one hypothesis, then the source (last), as ``nbest=True`` miners send."""
+
     class R:  # noqa: B903
         def __init__(self, ex: GecExample) -> None:
             self.id, self.negatives, self.scores = ex.id, (f"{ex.id}~0", ex.source), (-1.0, -2.0)

@@ -44,8 +44,9 @@ RECIPES = ("gec", "idiom", "sts", "coherence")
 def _gec(tmp: Path) -> tuple[Any, Any]:
     run = _prepare("gec_pd", [*GEC, "data.builtin.n_finetune=24"], tmp, dropout=True)
     examples = load_examples(run.cfg.data.finetune, annotator=run.cfg.data.annotator)
-    mined = [MinedNegatives(ex.id, (ex.source, f"{ex.target} .", f"{ex.source} !"), (0.0, 0.0, 0.0))
-             for ex in examples]  # fmt: skip
+    mined = [
+        MinedNegatives(ex.id, (ex.source, f"{ex.target} .", f"{ex.source} !"), (0.0, 0.0, 0.0)) for ex in examples
+    ]
     negatives = write_negatives_parquet(tmp / "negatives.parquet", examples, mined, model_version=0)
     over = ["optim.batch_size=8", "optim.max_tokens=0", f"mining.negatives={negatives}"]
     return run, GecTask(_cfg(run, over), "finetune")
@@ -57,8 +58,14 @@ def _idiom(tmp: Path) -> tuple[Any, Any]:
 
 
 def _sts(tmp: Path) -> tuple[Any, Any]:
-    over = ["pretrain.epochs=1", "finetune.epochs=0", "loss.lam=0.5", "loss.joint=sum", "moco.queue_size=12",
-            "optim.batch_size=8"]  # fmt: skip
+    over = [
+        "pretrain.epochs=1",
+        "finetune.epochs=0",
+        "loss.lam=0.5",
+        "loss.joint=sum",
+        "moco.queue_size=12",
+        "optim.batch_size=8",
+    ]
     run = _prepare("sts", over, tmp, dropout=True)
     return run, StsTask(_cfg(run, []))
 
@@ -131,8 +138,9 @@ def test_a_steady_step_waits_for_no_device_value(recipe: str, prepared: dict[str
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_a_step_on_another_device_leaves_nothing_on_the_cpu(recipe: str, prepared: dict[str, Any], tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_step_on_another_device_leaves_nothing_on_the_cpu(
+    recipe: str, prepared: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import transformers.masking_utils as masks
 
     monkeypatch.setattr(masks, "_ignore_causal_mask_sdpa", lambda *a, **k: False)

@@ -81,8 +81,9 @@ def test_the_atomic_writers_upload_a_staged_file_as_soon_as_it_is_in_place(s3: d
 
 
 @pytest.mark.parametrize("scheme", ["file", "memory"])
-def test_a_pyarrow_or_fsspec_uri_round_trips_like_s3(scheme: str, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_pyarrow_or_fsspec_uri_round_trips_like_s3(
+    scheme: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``file://`` (pyarrow, real folders) and ``memory://`` (fsspec only: the path ``abfs://`` takes where pyarrow
     has no Azure file system; allowed here for the test, raycl refuses it otherwise) stage, upload and pull
     back."""
@@ -97,12 +98,16 @@ def test_a_pyarrow_or_fsspec_uri_round_trips_like_s3(scheme: str, tmp_path: Path
     storage.push(run)
     _forget_local(uri)
     again = storage.stage(uri)
-    assert sorted(p.relative_to(again).as_posix() for p in again.rglob("*")) == ["model", "model/config.json",
-                                                                                "report.md"]  # fmt: skip
+    assert sorted(p.relative_to(again).as_posix() for p in again.rglob("*")) == [
+        "model",
+        "model/config.json",
+        "report.md",
+    ]
 
 
-def test_a_bucket_that_does_not_exist_is_one_line(s3: dict[str, str], model_dir: Path, corpus: Path,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_a_bucket_that_does_not_exist_is_one_line(
+    s3: dict[str, str], model_dir: Path, corpus: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from raycl.mine import main
 
     with pytest.raises(SystemExit) as exc:
@@ -129,25 +134,53 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _mine(model_dir: Path, corpus: Path, uri: str, capsys: pytest.CaptureFixture[str], *extra: str) -> dict:
     from raycl.mine import main
 
-    assert main(["gec", "--model", str(model_dir), "--data", str(corpus), "--out", uri, "--k", "2",
-                 "--max-len-b", "6", "--num-miners", "0", "--shard-size", "2", "--json", *extra]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "gec",
+                "--model",
+                str(model_dir),
+                "--data",
+                str(corpus),
+                "--out",
+                uri,
+                "--k",
+                "2",
+                "--max-len-b",
+                "6",
+                "--num-miners",
+                "0",
+                "--shard-size",
+                "2",
+                "--json",
+                *extra,
+            ]
+        )
+        == 0
+    )
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
 def test_mine_writes_shards_and_manifest_to_the_store_and_resumes_from_it(
-        s3: dict[str, str], model_dir: Path, corpus: Path, capsys: pytest.CaptureFixture[str]
-) -> None:  # fmt: skip
+    s3: dict[str, str], model_dir: Path, corpus: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import pyarrow.parquet as pq
 
     uri = f"s3://{BUCKET}/negs"
     first = _mine(model_dir, corpus, uri, capsys)
     assert first["out"] == uri and first["shards_written"] == 3
     objects = storage.listing(uri)
-    assert sorted(objects) == ["_manifest.json", "_mining.json", "part-00000.parquet", "part-00001.parquet",
-                               "part-00002.parquet"]  # fmt: skip
+    assert sorted(objects) == [
+        "_manifest.json",
+        "_mining.json",
+        "part-00000.parquet",
+        "part-00001.parquet",
+        "part-00002.parquet",
+    ]
     index = json.loads(storage.read_text(f"{uri}/_manifest.json"))
-    assert {k: v["size"] for k, v in index["files"].items()} == {k: v for k, v in objects.items()
-                                                                 if k != "_manifest.json"}  # fmt: skip
+    assert {k: v["size"] for k, v in index["files"].items()} == {
+        k: v for k, v in objects.items() if k != "_manifest.json"
+    }
     fs, where = storage.filesystem(uri)
     rows = pq.read_table(f"{where}/part-00001.parquet", filesystem=fs).to_pylist()
     assert [r["id"] for r in rows] == ["tiny.m2:2", "tiny.m2:3"]
@@ -166,15 +199,29 @@ def test_mine_writes_shards_and_manifest_to_the_store_and_resumes_from_it(
 
 
 # ---------------------------------------------------------------------------------------------- train and tune
-IDIOM_SMALLEST = ["--preset", "smoke", "--set", "data.setting=zero_shot", "--set", "optim.epochs=1",
-                  "--set", "adversarial.method=none", "--set", "ema.enabled=false"]  # fmt: skip
+IDIOM_SMALLEST = [
+    "--preset",
+    "smoke",
+    "--set",
+    "data.setting=zero_shot",
+    "--set",
+    "optim.epochs=1",
+    "--set",
+    "adversarial.method=none",
+    "--set",
+    "ema.enabled=false",
+]
 
 
 def _cli(verb: str, space: str, uri: str, env: dict[str, str], *extra: str) -> dict:
     """``python -m raycl.VERB`` as a user runs it: its own embedded Ray, the store from the environment."""
-    done = subprocess.run([sys.executable, "-m", f"raycl.{verb}", space, *IDIOM_SMALLEST, *extra, "--out", uri,
-                           "--json"], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, **env, "PYTHONPATH": str(Path(__file__).parents[1])})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", f"raycl.{verb}", space, *IDIOM_SMALLEST, *extra, "--out", uri, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, **env, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
@@ -183,7 +230,8 @@ def objects_of_a_run(uri: str) -> dict[str, int]:
     objects = storage.listing(uri)
     index = json.loads(storage.read_text(f"{uri}/_manifest.json"))  # written last: the run's upload is whole
     assert {k: v["size"] for k, v in index["files"].items()} == {
-        k: v for k, v in objects.items() if not k.endswith("_manifest.json") and not k.startswith("ray/")}
+        k: v for k, v in objects.items() if not k.endswith("_manifest.json") and not k.startswith("ray/")
+    }
     assert json.loads(storage.read_text(f"{uri}/base_model/_manifest.json"))["complete"]
     return objects
 
@@ -193,8 +241,14 @@ def test_a_smoke_train_writes_its_run_and_ray_storage_to_the_store(s3: dict[str,
     summary = _cli("train", "idiom", uri, s3)
     assert summary["store"] == uri
     objects = objects_of_a_run(uri)
-    for key in ("config.yaml", "report.md", "results.csv", "best.json", "trials/zero_shot/history.jsonl",
-                "base_model/config.json"):  # fmt: skip
+    for key in (
+        "config.yaml",
+        "report.md",
+        "results.csv",
+        "best.json",
+        "trials/zero_shot/history.jsonl",
+        "base_model/config.json",
+    ):
         assert key in objects, sorted(objects)
     ray_train = [k for k in objects if k.startswith("ray/train-zero_shot/checkpoint_")]  # Ray Train's own storage
     assert ray_train, sorted(objects)
@@ -210,13 +264,18 @@ def _nbest_table(ids: list[str]) -> Any:
 
     from raycl.distributed.nbest import NBEST_COLUMNS
 
-    rows = {"id": ids, "negatives": [[f"neg of {i}", f"source {i}"] for i in ids],
-            "scores": [[-1.0, -2.0] for _ in ids], "model_version": [0 for _ in ids]}  # fmt: skip
+    rows = {
+        "id": ids,
+        "negatives": [[f"neg of {i}", f"source {i}"] for i in ids],
+        "scores": [[-1.0, -2.0] for _ in ids],
+        "model_version": [0 for _ in ids],
+    }
     return pa.table({c: rows[c] for c in NBEST_COLUMNS})
 
 
-def test_a_stream_on_another_node_reads_the_runs_nbest_from_the_store(s3: dict[str, str], tmp_path: Path,
-                                                                       ray_local: Any) -> None:  # fmt: skip
+def test_a_stream_on_another_node_reads_the_runs_nbest_from_the_store(
+    s3: dict[str, str], tmp_path: Path, ray_local: Any
+) -> None:
     """The run's shared n-best, written on the driver's node (each shard uploaded as it lands), read by an n-best
     stream actor given only the URI, in a process whose node cache is another folder (another node's disk, the
     store's credentials from its environment): it finds every list in the bucket and keeps them in its cache."""
@@ -231,9 +290,11 @@ def test_a_stream_on_another_node_reads_the_runs_nbest_from_the_store(s3: dict[s
     write_shard(nbest, 1, _nbest_table(["a.m2:2"]))
     other = tmp_path / "other-node-cache"
     examples = [GecExample(f"a.m2:{i}", f"source {i}", f"target {i}") for i in range(3)]
-    actor = ray_local.remote(NBestStream).options(
-        num_cpus=0, runtime_env={"env_vars": {**s3, "RAYCL_CACHE_DIR": str(other)}}
-    ).remote(examples=examples, out_dir=f"{uri}/nbest", task_size=2, lease_s=30.0)  # fmt: skip
+    actor = (
+        ray_local.remote(NBestStream)
+        .options(num_cpus=0, runtime_env={"env_vars": {**s3, "RAYCL_CACHE_DIR": str(other)}})
+        .remote(examples=examples, out_dir=f"{uri}/nbest", task_size=2, lease_s=30.0)
+    )
     progress = ray_local.get(actor.progress.remote())
     assert progress["resumed"] == 3 and progress["complete"], progress
     got = ray_local.get(actor.wait_ready.remote(["a.m2:2", "a.m2:0"], 1.0))
@@ -254,7 +315,7 @@ def test_a_stream_on_another_node_reads_the_runs_nbest_from_the_store(s3: dict[s
 def test_mines_last_check_finds_shards_written_on_other_nodes(s3: dict[str, str], tmp_path: Path) -> None:
     """``raycl.mine --out s3://…``: a miner on another node (its own node cache) writes its range's shard, which
     goes to the store; the driver's final check takes it from there (and caches it) instead of calling it lost."""
-    from raycl.distributed.corpus_mining import _check_done
+    from raycl.distributed.corpus import _check_done
     from raycl.miners.corpus import Range
     from raycl.miners.shards import schema, write_shard
 
@@ -277,7 +338,8 @@ def test_mines_last_check_finds_shards_written_on_other_nodes(s3: dict[str, str]
 
 # ---------------------------------------------------------------------------------------------- inputs
 def test_a_checkpoint_and_negatives_given_as_uris_are_fetched_to_the_nodes_cache(
-        s3: dict[str, str], model_dir: Path, tmp_path: Path) -> None:  # fmt: skip
+    s3: dict[str, str], model_dir: Path, tmp_path: Path
+) -> None:
     """``model.checkpoint=s3://…`` (a model folder as a user uploads it: plain objects, no manifest) and
     ``mining.negatives=s3://…`` (a shard folder) are fetched into the node's cache before Hugging Face or Parquet
     reads them; a node that lacks the cached copy fetches it when it reads the path it was given."""
@@ -286,7 +348,7 @@ def test_a_checkpoint_and_negatives_given_as_uris_are_fetched_to_the_nodes_cache
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from raycl.configs import load_space
+    from raycl.config.tasks import load_space
     from raycl.driver import Run
     from raycl.errors import UserError
     from raycl.miners.shards import read_negatives, schema
@@ -297,8 +359,15 @@ def test_a_checkpoint_and_negatives_given_as_uris_are_fetched_to_the_nodes_cache
     for path in model_dir.iterdir():
         with open(path, "rb") as f, fs.open_output_stream(f"{where}/base/{path.name}") as out:
             out.write(f.read())
-    rows = {"id": ["tiny.m2:0"], "source": ["x"], "target": ["y"], "negatives": [["a", "b"]],
-            "scores": [[-1.0, -2.0]], "model_version": [0], "references": [["y"]]}  # fmt: skip
+    rows = {
+        "id": ["tiny.m2:0"],
+        "source": ["x"],
+        "target": ["y"],
+        "negatives": [["a", "b"]],
+        "scores": [[-1.0, -2.0]],
+        "model_version": [0],
+        "references": [["y"]],
+    }
     pq.write_table(pa.table(rows, schema=schema()), f"{where}/negs/part-00000.parquet", filesystem=fs)
 
     over = [f"model.checkpoint=s3://{BUCKET}/inputs/base", f"mining.negatives=s3://{BUCKET}/inputs/negs"]
@@ -365,8 +434,8 @@ def _climbing(prefix: str, local: Path, target: Path) -> tuple[str, str]:
 
 
 def test_keys_that_climb_out_of_the_cache_are_refused_before_anything_is_written(
-        s3: dict[str, str], model_dir: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:  # fmt: skip
+    s3: dict[str, str], model_dir: Path, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``raycl.mine --out s3://…`` and an input fetched from ``model.checkpoint=s3://…``: a key holding ``..``
     names the object another path resolves to and a local copy outside the cache (here ``tmp_path/victim``)."""
     from raycl.errors import UserError
@@ -374,8 +443,10 @@ def test_keys_that_climb_out_of_the_cache_are_refused_before_anything_is_written
     victim, deep = tmp_path / "victim", "attack/p1/p2/p3/p4/p5"
     out, ckpt = f"s3://{BUCKET}/{deep}/mined", f"s3://{BUCKET}/{deep}/ckpt"
     inputs = storage.cache_root() / storage.INPUTS / storage.cache_name(ckpt)
-    keys = [*_climbing(f"{deep}/mined", storage.stage_dir(out), victim / "PWNED_mined"),
-            *_climbing(f"{deep}/ckpt", inputs, victim / "PWNED_ckpt")]  # fmt: skip
+    keys = [
+        *_climbing(f"{deep}/mined", storage.stage_dir(out), victim / "PWNED_mined"),
+        *_climbing(f"{deep}/ckpt", inputs, victim / "PWNED_ckpt"),
+    ]
     for key in keys:
         _plant(key, b"planted by whoever can write the bucket\n")
     try:
@@ -385,9 +456,11 @@ def test_keys_that_climb_out_of_the_cache_are_refused_before_anything_is_written
         assert "expected an HF model folder with config.json (--model)" in err
         assert not storage.stage_dir(out).exists()
         err = _refused("mine", [*mine, "--model", str(model_dir)], capsys)
-        assert err == (f"raycl: error: object key '{BUCKET}/{keys[0]}': a '.', '..' or empty segment, refused "
-                       "(it would be read from and written outside its prefix); expected plain keys under the "
-                       "run's or input's prefix (delete the object)\n")  # fmt: skip
+        assert err == (
+            f"raycl: error: object key '{BUCKET}/{keys[0]}': a '.', '..' or empty segment, refused "
+            "(it would be read from and written outside its prefix); expected plain keys under the "
+            "run's or input's prefix (delete the object)\n"
+        )
         with pytest.raises(UserError, match=rf"object key '{BUCKET}/{deep}/ckpt/\.\./"):
             storage.fetch(ckpt)
         assert not victim.exists()  # nothing written outside the cache
@@ -407,20 +480,38 @@ def test_a_uri_inside_the_cache_is_checked_before_anything_is_made(s3: dict[str,
 
 
 CREDENTIALED = {  # a URI as a user might give it, and the secret it carries
-    "s3 key in --out": ("train", "--out", f"s3://AKIAEXAMPLEKEY29:S3cretKEYexample29@{BUCKET}/run",
-                        "S3cretKEYexample29"),
+    "s3 key in --out": (
+        "train",
+        "--out",
+        f"s3://AKIAEXAMPLEKEY29:S3cretKEYexample29@{BUCKET}/run",
+        "S3cretKEYexample29",
+    ),
     "ftp password in --out": ("tune", "--out", "ftp://alice:FtpPassw0rdEX29@host/run", "FtpPassw0rdEX29"),
-    "presigned checkpoint": ("train", "--set", "model.checkpoint=https://b.s3.amazonaws.com/m?X-Amz-Credential="
-                             "AKIAEXAMPLEKEY29%2F2025&X-Amz-Signature=S1gnatureEXAMPLE29", "S1gnatureEXAMPLE29"),
-    "SAS token in mine --out": ("mine", "--out", f"s3://{BUCKET}/n?X-Amz-Security-Token=T0kenEXAMPLE29",
-                                "T0kenEXAMPLE29"),
-}  # fmt: skip
+    "presigned checkpoint": (
+        "train",
+        "--set",
+        "model.checkpoint=https://b.s3.amazonaws.com/m?X-Amz-Credential="
+        "AKIAEXAMPLEKEY29%2F2025&X-Amz-Signature=S1gnatureEXAMPLE29",
+        "S1gnatureEXAMPLE29",
+    ),
+    "SAS token in mine --out": (
+        "mine",
+        "--out",
+        f"s3://{BUCKET}/n?X-Amz-Security-Token=T0kenEXAMPLE29",
+        "T0kenEXAMPLE29",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(CREDENTIALED))
 def test_a_uri_that_carries_credentials_is_refused_and_never_shown_or_named(
-        case: str, s3: dict[str, str], model_dir: Path, corpus: Path, tmp_path: Path,
-        capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    case: str,
+    s3: dict[str, str],
+    model_dir: Path,
+    corpus: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     verb, option, value, secret = CREDENTIALED[case]
     if verb == "mine":
         argv = ["gec", "--model", str(model_dir), "--data", str(corpus), option, value]
@@ -438,16 +529,22 @@ def test_a_uri_that_carries_credentials_is_refused_and_never_shown_or_named(
 
 
 def test_a_store_endpoint_that_carries_credentials_is_refused(
-        s3: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:  # fmt: skip
+    s3: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://minio:M1nioPassw0rd29@127.0.0.1:9000")
     printed = _refused("train", ["idiom", *IDIOM_SMALLEST, "--out", f"s3://{BUCKET}/endpoint"], capsys)
-    assert printed.startswith("raycl: error: environment variable AWS_ENDPOINT_URL: http://***@127.0.0.1:9000: "
-                              "credentials in a URI are refused") and "M1nioPassw0rd29" not in printed
+    assert (
+        printed.startswith(
+            "raycl: error: environment variable AWS_ENDPOINT_URL: http://***@127.0.0.1:9000: "
+            "credentials in a URI are refused"
+        )
+        and "M1nioPassw0rd29" not in printed
+    )
 
 
 def test_the_input_cache_is_the_users_own_and_trusted_by_content_not_size(
-        s3: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    s3: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Another user of a shared ``RAYCL_CACHE_DIR`` cannot plant what ``fetch`` returns: the cache's folders are
     this user's (0700, another owner refused), and a cached copy is taken only when its download's record
     vouches for it — a copy replaced at the store's size is fetched again."""
@@ -482,8 +579,8 @@ def test_the_input_cache_is_the_users_own_and_trusted_by_content_not_size(
 
 # ------------------------------------------------------------------------------ attacks: a sweep restored from S3
 def test_a_planted_sweep_state_is_refused_in_one_line_before_ray_starts(
-        s3: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:  # fmt: skip
+    s3: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``raycl.tune … --out s3://…`` over a prefix where someone planted ``ray/sweep/tuner.pkl``: Tune's restore
     would unpickle it; raycl has no record of writing it, so the run stops before Ray starts — unless the user
     trusts the store (``--trust-store``)."""
@@ -503,10 +600,12 @@ def test_a_planted_sweep_state_is_refused_in_one_line_before_ray_starts(
     try:
         uri = f"s3://{BUCKET}/planted"
         err = _refused("tune", ["idiom", *IDIOM_SMALLEST, "--out", uri], capsys)
-        assert err.startswith(f"raycl: error: {uri}/ray/sweep: Ray Tune's saved sweep state, which restoring "
-                              "the sweep unpickles, was not written by raycl as this user on this machine (no "
-                              f"record in {storage.cache_root() / 'tune_state'}): refused; start afresh with "
-                              "another --out")
+        assert err.startswith(
+            f"raycl: error: {uri}/ray/sweep: Ray Tune's saved sweep state, which restoring "
+            "the sweep unpickles, was not written by raycl as this user on this machine (no "
+            f"record in {storage.cache_root() / 'tune_state'}): refused; start afresh with "
+            "another --out"
+        )
         assert "--trust-store" in err and not marker.exists()
         with pytest.raises(AssertionError, match="Ray started"):  # trusted: past the check, on to Ray
             importlib.import_module("raycl.tune").main(["idiom", *IDIOM_SMALLEST, "--out", uri, "--trust-store"])
@@ -514,8 +613,9 @@ def test_a_planted_sweep_state_is_refused_in_one_line_before_ray_starts(
         _unplant("planted/")
 
 
-def test_a_sweep_is_restored_only_from_state_raycl_wrote(s3: dict[str, str], tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_sweep_is_restored_only_from_state_raycl_wrote(
+    s3: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``run_sweep`` itself (no Ray needed to get as far as the restore): planted state is refused before
     ``Tuner.restore``; what raycl wrote through its guarded store passes; state replaced or added after the
     check is never what Tune reads; a pickle the run did not write is not unpickled; ``--trust-store`` takes
@@ -534,8 +634,15 @@ def test_a_sweep_is_restored_only_from_state_raycl_wrote(s3: dict[str, str], tmp
     _plant("restore/ray/sweep/tuner.pkl", pickle.dumps(_Shell(marker)))
     try:
         with pytest.raises(UserError, match=r"restore/ray/sweep: Ray Tune's saved sweep state, .*\(no record"):
-            run_sweep(lambda params: None, {}, trial_kwargs={}, tune_cfg=TuneSection(), name="sweep",
-                      storage_path=storage.stage(uri) / "ray", max_t=1)  # fmt: skip
+            run_sweep(
+                lambda params: None,
+                {},
+                trial_kwargs={},
+                tune_cfg=TuneSection(),
+                name="sweep",
+                storage_path=storage.stage(uri) / "ray",
+                max_t=1,
+            )
         assert not marker.exists()
 
         fs, where = storage.filesystem(f"{uri}/ray")

@@ -31,8 +31,16 @@ def shard(rank: int, n: int) -> list[GecExample]:
     return [GecExample(f"r{rank}:{i}", "s", "t") for i in range(n)]
 
 
-def take_all(ray: Any, stream: Any, rank: int, *, n: int = 5, pause_s: float = 0.0, epoch: int | None = None,
-             on_batch: Any = None) -> list[StreamItem]:  # fmt: skip
+def take_all(
+    ray: Any,
+    stream: Any,
+    rank: int,
+    *,
+    n: int = 5,
+    pause_s: float = 0.0,
+    epoch: int | None = None,
+    on_batch: Any = None,
+) -> list[StreamItem]:
     """A trainer: take batches of ``n`` until its epoch is exhausted."""
     got: list[StreamItem] = []
     while batch := ray.get(stream.take.remote(rank, n, timeout=60, epoch=epoch)):
@@ -60,8 +68,9 @@ def test_back_pressure_keeps_the_buffer_within_capacity(ray_local) -> None:
     pool.ready(timeout=60)
     ray.get(stream.start_epoch.remote(0, [shard(0, 40)]))
     fills: list[int] = []
-    got = take_all(ray, stream, 0, n=3, pause_s=0.03,
-                   on_batch=lambda _: fills.append(ray.get(stream.stats.remote())["fill"]))  # fmt: skip
+    got = take_all(
+        ray, stream, 0, n=3, pause_s=0.03, on_batch=lambda _: fills.append(ray.get(stream.stats.remote())["fill"])
+    )
     stats = ray.get(stream.stats.remote())
     print(f"\nback-pressure: max fill {stats['max_fill']} of {stats['capacity']}, sampled {max(fills)}")
     assert stats["max_fill"] <= 8 and max(fills) <= 8
@@ -219,12 +228,15 @@ def test_miners_take_their_resources_and_placement_group_bundles(ray_local) -> N
     pg = placement_group([{"CPU": 0.1}, {"CPU": 0.25}, {"CPU": 0.25}])
     ray.get(pg.ready(), timeout=30)
     pool = MinerPool(MinerFactory(ECHO), num_miners=2, cpus_per_miner=0.25, placement_group=pg, first_bundle=1)
-    assert [miner_options(i, cpus=0.25, gpus=0, placement_group=pg)["scheduling_strategy"]
-            .placement_group_bundle_index for i in range(2)] == [1, 2]  # fmt: skip
+    assert [
+        miner_options(i, cpus=0.25, gpus=0, placement_group=pg)["scheduling_strategy"].placement_group_bundle_index
+        for i in range(2)
+    ] == [1, 2]
     assert pool.ready(timeout=30) == [0, 0]
     mine = {a._actor_id.hex() for a in pool.actors()}
-    alive = list_actors(address=ray.get_runtime_context().gcs_address, filters=[("state", "=", "ALIVE")],
-                        detail=True)
+    alive = list_actors(
+        address=ray.get_runtime_context().gcs_address, filters=[("state", "=", "ALIVE")], detail=True
+    )
     placed = [a for a in alive if a.actor_id in mine]
     assert len(placed) == 2 and {a.placement_group_id for a in placed} == {pg.id.hex()}
     pool.shutdown()
@@ -234,13 +246,19 @@ def test_miners_take_their_resources_and_placement_group_bundles(ray_local) -> N
 # ---------------------------------------------------------------------------------------------- real miner
 EXAMPLES = [
     GecExample(f"x:{i}", src, tgt)
-    for i, (src, tgt) in enumerate([
-        ("He do n't like it .", "He does n't like it ."), ("This are a sentence .", "This is a sentence ."),
-        ("Fine as it is .", "Fine as it is ."),
-        ("I has went to the school yesterday .", "I went to school yesterday ."),
-        ("She go to school .", "She goes to school ."), ("They was happy .", "They were happy ."),
-        ("A apple a day .", "An apple a day ."), ("We is here now .", "We are here now ."),
-    ] * 2)  # fmt: skip
+    for i, (src, tgt) in enumerate(
+        [
+            ("He do n't like it .", "He does n't like it ."),
+            ("This are a sentence .", "This is a sentence ."),
+            ("Fine as it is .", "Fine as it is ."),
+            ("I has went to the school yesterday .", "I went to school yesterday ."),
+            ("She go to school .", "She goes to school ."),
+            ("They was happy .", "They were happy ."),
+            ("A apple a day .", "An apple a day ."),
+            ("We is here now .", "We are here now ."),
+        ]
+        * 2
+    )
 ]
 
 
@@ -266,8 +284,9 @@ def test_the_pool_mines_what_the_in_process_miner_mines_with_the_same_weights(ra
     store = start_weight_store()
     assert publish_weights(store, 1, scorer.state_dict())
     stream = start_stream(world_size=2, capacity=8, task_size=4)
-    pool = MinerPool(MinerFactory(GEC_BEAM, str(model_dir), opts), num_miners=2, cpus_per_miner=0.5,
-                     weight_store=store)  # fmt: skip
+    pool = MinerPool(
+        MinerFactory(GEC_BEAM, str(model_dir), opts), num_miners=2, cpus_per_miner=0.5, weight_store=store
+    )
     pool.start(stream)
     ray.get(stream.start_epoch.remote(0, [EXAMPLES[0::2], EXAMPLES[1::2]]))
     got = {i.id: i for r in range(2) for i in take_all(ray, stream, r)}

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from raycl.configs.gec import GecMiningSection
+from raycl.config.tasks.gec import GecMiningSection
 from raycl.data.gec import GecExample
 from raycl.training.negatives import Place, StreamNegatives, open_source
 from raycl.training.prefetch import Call

@@ -130,8 +130,9 @@ def test_the_losses_and_their_gradients_never_wait_for_the_device() -> None:
     assert c.syncs == 0, c.sync_sites
 
 
-def _naive_hard_negative_infonce(h: torch.Tensor, h_pos: torch.Tensor, queue: torch.Tensor,
-                                 negatives: list[list[list[float]]], tau: float) -> list[float]:  # fmt: skip
+def _naive_hard_negative_infonce(
+    h: torch.Tensor, h_pos: torch.Tensor, queue: torch.Tensor, negatives: list[list[list[float]]], tau: float
+) -> list[float]:
     """ℓ_i with anchor i's own mined negatives added to its denominator only (SimCSE's supervised form), one anchor
     and one negative at a time; ``negatives[i]`` holds anchor i's real negatives (any number, none allowed)."""
     losses = []
@@ -167,8 +168,11 @@ def test_no_mined_negatives_is_the_in_batch_and_queue_infonce_exactly() -> None:
     h, h_pos, queue = _rand(5, 4, seed=25), _rand(5, 4, seed=26), _rand(3, 4, seed=27)
     for q in (None, queue):
         plain = InfoNCEQueueLoss()(h, h_pos, q)
-        for negatives, mask in ((None, None), (torch.empty(5, 0, 4, dtype=torch.float64), None),
-                                (_rand(5, 2, 4, seed=28), torch.zeros(5, 2, dtype=torch.bool))):  # fmt: skip
+        for negatives, mask in (
+            (None, None),
+            (torch.empty(5, 0, 4, dtype=torch.float64), None),
+            (_rand(5, 2, 4, seed=28), torch.zeros(5, 2, dtype=torch.bool)),
+        ):
             out = InfoNCEQueueLoss()(h, h_pos, q, negatives, mask)
             assert torch.equal(out.per_example, plain.per_example) and torch.equal(out.loss, plain.loss)
 

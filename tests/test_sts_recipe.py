@@ -16,19 +16,24 @@ import pytest
 import torch
 
 from raycl import driver
-from raycl.configs import load_space
+from raycl.config.tasks import load_space
 from raycl.data.semeval import read_sts_train
-from raycl.evaluation.semeval_metrics import evaluate_sts
 from raycl.models.sentence_encoder import SentenceEncoder, build_sentence_encoder
 from raycl.recipes import recipe_for
 from raycl.recipes.sts.fits import finetune_pairs
 from raycl.report import read_history
+from raycl.scoring.semeval_metrics import evaluate_sts
 from raycl.training.batching import BatchPlan, Loader
 
 sts = recipe_for("sts")
 
-TINY = ["pretrain.epochs=1", "finetune.epochs=1", "pretrain.eval_every=4", "finetune.eval_every=4",
-        "moco.queue_size=16"]  # fmt: skip
+TINY = [
+    "pretrain.epochs=1",
+    "finetune.epochs=1",
+    "pretrain.eval_every=4",
+    "finetune.eval_every=4",
+    "moco.queue_size=16",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -91,8 +96,9 @@ def test_none_rows_are_labelled_by_the_pretrained_models_cosine(tmp_path: Path) 
     assert any(r.sim is None for r in rows)
 
 
-def epoch_batches(pairs: list[Any], sentences: list[str], *, batch_size: int, seed: int, rank: int,
-                  world_size: int) -> list[tuple[list[Any], list[str]]]:  # fmt: skip
+def epoch_batches(
+    pairs: list[Any], sentences: list[str], *, batch_size: int, seed: int, rank: int, world_size: int
+) -> list[tuple[list[Any], list[str]]]:
     """STS's epoch as its task draws it: the batch plan of the pairs and (if any) the sentences, two a rank."""
     loaders = [Loader(len(pairs)), *([Loader(len(sentences), min_rows=2 * world_size)] if sentences else [])]
     plan = BatchPlan(loaders, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size)
@@ -127,8 +133,10 @@ def test_tune_sweep_runs_table_5s_ladder(ray_local, tmp_path: Path) -> None:
     report = (tmp_path / "report.md").read_text()
     assert "| MSE only |" in report and "| + MoCo queue |" in report
     plain, mined, fresh = (100 * summary["table"][i]["dev_spearman"] for i in (1, 3, 4))
-    assert (f"in-batch only {plain:.2f} → pre-mined dense negatives {mined:.2f} ({mined - plain:+.2f}) → "
-            f"refreshed dense negatives {fresh:.2f} ({fresh - plain:+.2f})") in report
+    assert (
+        f"in-batch only {plain:.2f} → pre-mined dense negatives {mined:.2f} ({mined - plain:+.2f}) → "
+        f"refreshed dense negatives {fresh:.2f} ({fresh - plain:+.2f})"
+    ) in report
     assert [p.parent.name for p in (tmp_path / "mining").glob("*/_report.json")] == ["dense-pool16-score4"]
     # the refreshed row (a Ray Train worker, its miner in the trial's placement group): what its trainer read was
     # mined at most max_staleness (1) versions ago, mostly after version 0 (the pool), every 4 steps (the preset)
@@ -148,9 +156,24 @@ def test_a_malformed_csv_ends_in_one_line_before_anything_runs(tmp_path: Path) -
     bad = tmp_path / "bad_train.csv"
     bad.write_text("\n".join([*lines[:3], "train.en.99.1,big fish,None,EN,only five fields"]) + "\n")
     out = tmp_path / "run"
-    done = subprocess.run([sys.executable, "-m", "raycl.train", "sts", "--preset", "smoke", "--out", str(out),
-                           "--set", f"data.train_data={bad}"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "RAY_ADDRESS": ""})  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raycl.train",
+            "sts",
+            "--preset",
+            "smoke",
+            "--out",
+            str(out),
+            "--set",
+            f"data.train_data={bad}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RAY_ADDRESS": ""},
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().count("\n") == 0
     assert f"{bad}:4: 5 fields, expected 9" in done.stderr  # header, two rows, then the bad one
@@ -180,8 +203,10 @@ def test_released_warmup_and_the_contrastive_pool() -> None:
     assert warmup_steps(cfg, pre, steps=100 * 30, pair_batches=100, sentence_batches=200) == 600
     # the k-th one-epoch fine-tuning fit: 10% × k of its pair loader, past the fit's length from k = 10 on
     for k, want in ((1, 10), (5, 50), (12, 120)):
-        assert warmup_steps(cfg, Fit("fine_tune", 1, 250, 1, k), steps=100, pair_batches=100,
-                            sentence_batches=200) == want  # fmt: skip
+        assert (
+            warmup_steps(cfg, Fit("fine_tune", 1, 250, 1, k), steps=100, pair_batches=100, sentence_batches=200)
+            == want
+        )
     raycl_rule = set_dotted(cfg, {"optim.warmup": "steps"}, where="test")
     assert warmup_steps(raycl_rule, pre, steps=3000, pair_batches=100, sentence_batches=200) == 300
 
@@ -189,7 +214,7 @@ def test_released_warmup_and_the_contrastive_pool() -> None:
 def test_a_rank_that_cannot_see_the_pre_trained_model_stops_naming_the_path(tmp_path: Path) -> None:
     """Fine-tuning starts from the model pre-training kept in the run folder; a rank on a node that does not share
     that folder used to start silently from the initial model. It stops, naming the path (issue 18 f)."""
-    from raycl.configs.sts import StsConfig
+    from raycl.config.tasks.sts import StsConfig
     from raycl.recipes.sts.worker import StsTask
     from raycl.training.precision import Precision
     from raycl.training.task import Job, Worker
@@ -203,10 +228,13 @@ def test_a_rank_that_cannot_see_the_pre_trained_model_stops_naming_the_path(tmp_
     (tmp_path / "run" / "pre_train_model").mkdir(parents=True)
     (tmp_path / "run" / "pre_train_model" / "config.json").write_text("{}")
     assert task._kept(w, "pre_train") == tmp_path / "run" / "pre_train_model"
-    no_pretraining = StsTask(dataclasses.replace(StsConfig(), pretrain=dataclasses.replace(StsConfig().pretrain,
-                                                                                           epochs=0)))  # fmt: skip
-    assert no_pretraining._kept(Worker(1, 2, cpu, Precision("fp32", cpu), tmp_path / "other", w.job),
-                                "pre_train") == tmp_path / "init"  # no pre-training: the initial model
+    no_pretraining = StsTask(
+        dataclasses.replace(StsConfig(), pretrain=dataclasses.replace(StsConfig().pretrain, epochs=0))
+    )
+    assert (
+        no_pretraining._kept(Worker(1, 2, cpu, Precision("fp32", cpu), tmp_path / "other", w.job), "pre_train")
+        == tmp_path / "init"
+    )  # no pre-training: the initial model
 
 
 # ---------------------------------------------------------------------------------------------- dense negatives
@@ -217,28 +245,49 @@ def test_dense_negatives_are_mined_once_and_a_trials_selection_is_mining_with_it
     from raycl.miners.dense_io import read_anchor_negatives as read_negatives
     from raycl.recipes.sts.negatives import mining_pairs
 
-    space = load_space("sts", preset="smoke", overrides=[*TINY, "scaling.num_workers=0", "finetune.epochs=0",
-                                                         "mining.dense=true", "mining.pool=8"])  # fmt: skip
+    space = load_space(
+        "sts",
+        preset="smoke",
+        overrides=[*TINY, "scaling.num_workers=0", "finetune.epochs=0", "mining.dense=true", "mining.pool=8"],
+    )
     summary = driver.run_train(sts, space, tmp_path)
     assert summary["best"]["dev_spearman"] is not None
     pool = read_negatives(tmp_path / "mining" / "dense-pool8-score4")
     cfg = space.config
-    rows, corpus = mining_pairs(dataclasses.replace(cfg, data=dataclasses.replace(
-        cfg.data, sts_pretrain=[str(p) for p in sorted((tmp_path / "data").rglob("*sts*.csv"))])))  # fmt: skip
+    rows, corpus = mining_pairs(
+        dataclasses.replace(
+            cfg,
+            data=dataclasses.replace(
+                cfg.data, sts_pretrain=[str(p) for p in sorted((tmp_path / "data").rglob("*sts*.csv"))]
+            ),
+        )
+    )
     assert rows and set(pool) <= {r["anchor"] for r in rows} and len(pool) > len(rows) // 2
-    assert all(len(v.negatives) <= 8 and v.scores == tuple(sorted(v.scores or (), reverse=True))
-               for v in pool.values())  # fmt: skip
+    assert all(
+        len(v.negatives) <= 8 and v.scores == tuple(sorted(v.scores or (), reverse=True)) for v in pool.values()
+    )
     m = dataclasses.replace(cfg.mining, num_negatives=2, relative_margin=0.05)
-    direct = mine_dense_negatives(rows, str(tmp_path / "base_model"), "anchor", "positive", corpus=corpus,
-                                  num_negatives=2, relative_margin=0.05, range_max=8, output_format="triplet",
-                                  verbose=False, num_miners=0)  # fmt: skip
+    direct = mine_dense_negatives(
+        rows,
+        str(tmp_path / "base_model"),
+        "anchor",
+        "positive",
+        corpus=corpus,
+        num_negatives=2,
+        relative_margin=0.05,
+        range_max=8,
+        output_format="triplet",
+        verbose=False,
+        num_miners=0,
+    )
     want: dict[str, list[str]] = {}
     for r in direct:
         if r["negative"] not in want.setdefault(r["anchor"], []):
             want[r["anchor"]].append(r["negative"])
     got = {a: n for a, v in pool.items() if (n := v.select(m))}
-    assert got == want and any(len(v.select(m)) < len(v.select(dataclasses.replace(m, relative_margin=None)))
-                               for v in pool.values())  # the margin dropped some  # fmt: skip
+    assert got == want and any(
+        len(v.select(m)) < len(v.select(dataclasses.replace(m, relative_margin=None))) for v in pool.values()
+    )  # the margin dropped some
 
 
 def _negatives_file(path: Path, rows: list[dict[str, object]]) -> Path:
@@ -254,26 +303,33 @@ def test_pre_mined_negatives_in_every_format_and_bad_ones_in_one_line(tmp_path: 
     from raycl.miners.dense_io import read_anchor_negatives as read_negatives
     from raycl.recipes.sts.negatives import check_negatives
 
-    triplets = _negatives_file(tmp_path / "t.parquet", [
-        {"anchor": "a", "positive": "p", "negative": "x", "scores": [0.8, 0.9]},
-        {"anchor": "a", "positive": "p", "negative": "y", "scores": [0.8, 0.5]},
-        {"anchor": "a", "positive": "q", "negative": "x", "scores": [0.6, 0.9]},  # a second, harder positive
-        {"anchor": "b", "positive": "r", "negative": "z", "scores": [-0.2, -0.21]},
-        {"anchor": "b", "positive": "r", "negative": "w", "scores": [-0.2, -0.4]}])  # fmt: skip
+    triplets = _negatives_file(
+        tmp_path / "t.parquet",
+        [
+            {"anchor": "a", "positive": "p", "negative": "x", "scores": [0.8, 0.9]},
+            {"anchor": "a", "positive": "p", "negative": "y", "scores": [0.8, 0.5]},
+            {"anchor": "a", "positive": "q", "negative": "x", "scores": [0.6, 0.9]},  # a second, harder positive
+            {"anchor": "b", "positive": "r", "negative": "z", "scores": [-0.2, -0.21]},
+            {"anchor": "b", "positive": "r", "negative": "w", "scores": [-0.2, -0.4]},
+        ],
+    )
     got = read_negatives(triplets)
     assert got["a"].negatives == ("x", "y") and got["a"].positive_score == pytest.approx(0.6)
-    cfg = load_space("sts", overrides=["mining.dense=true", f"mining.negatives={triplets}",
-                                       "mining.relative_margin=0.1"]).config  # fmt: skip
+    cfg = load_space(
+        "sts", overrides=["mining.dense=true", f"mining.negatives={triplets}", "mining.relative_margin=0.1"]
+    ).config
     # a: p = 0.6 keeps s ≤ 0.54 (y only); b: p = −0.2 keeps s ≤ −0.22 (|p|, not p: −0.18 would keep z)
     assert got["a"].select(cfg.mining) == ["y"] and got["b"].select(cfg.mining) == ["w"]
     for m, a, b in ((0.05, ["y"], ["w"]), (0.15, [], ["w"]), (0.25, [], [])):  # keeps s ≤ p − m
         absolute = dataclasses.replace(cfg.mining, relative_margin=None, absolute_margin=m)
         assert (got["a"].select(absolute), got["b"].select(absolute)) == (a, b)
     assert check_negatives(cfg) == 2
-    ntuple = _negatives_file(tmp_path / "n.parquet", [{"anchor": "a", "positive": "p", "negative_1": "x",
-                                                       "negative_2": "y"}])  # fmt: skip
-    listed = _negatives_file(tmp_path / "l.parquet", [{"anchor": "a", "positive": ["p", "x", "y"],
-                                                       "labels": [1, 0, 0]}])  # fmt: skip
+    ntuple = _negatives_file(
+        tmp_path / "n.parquet", [{"anchor": "a", "positive": "p", "negative_1": "x", "negative_2": "y"}]
+    )
+    listed = _negatives_file(
+        tmp_path / "l.parquet", [{"anchor": "a", "positive": ["p", "x", "y"], "labels": [1, 0, 0]}]
+    )
     for path in (ntuple, listed):
         assert read_negatives(path)["a"].negatives == ("x", "y") and read_negatives(path)["a"].scores is None
     with pytest.raises(UserError, match=r"n.parquet: no scores, expected them with mining.relative_margin"):
@@ -295,8 +351,9 @@ def test_the_step_adds_each_sentences_mined_negatives_to_its_denominator(tmp_pat
     from raycl.recipes.sts.step import contrastive_loss
     from raycl.recipes.sts.worker import StsState, StsTask
 
-    enc = SentenceEncoder.from_pretrained(build_sentence_encoder(
-        "smoke", tmp_path / "m", texts=["a b c", "d e f", "g h", "x y", "z w"] * 4, seed=0)).eval()  # fmt: skip
+    enc = SentenceEncoder.from_pretrained(
+        build_sentence_encoder("smoke", tmp_path / "m", texts=["a b c", "d e f", "g h", "x y", "z w"] * 4, seed=0)
+    ).eval()
     mined = {"a b c": ["x y", "z w"], "g h": ["x y"]}
     cfg = load_space("sts", preset="smoke", overrides=["moco.queue_size=0"]).config
     task, st = StsTask(cfg), StsState(enc, [], [], {}, mined=mined)
@@ -318,8 +375,13 @@ def test_a_sweep_over_the_margin_and_the_count_is_checked_like_any_key(tmp_path:
 
     text = (Path(__file__).parents[1] / "tune_spaces" / "sts.yaml").read_text(encoding="utf-8")
     good = tmp_path / "good.yaml"
-    good.write_text(text.replace("search:", "search:\n  mining.relative_margin: {grid: [0.0, 0.05]}\n"
-                                 "  mining.num_negatives: {grid: [1, 3]}", 1))  # fmt: skip
+    good.write_text(
+        text.replace(
+            "search:",
+            "search:\n  mining.relative_margin: {grid: [0.0, 0.05]}\n  mining.num_negatives: {grid: [1, 3]}",
+            1,
+        )
+    )
     space = load_space(str(good), overrides=["mining.dense=true"])
     assert space.search["mining.num_negatives"] == {"grid": [1, 3]}
     bad = tmp_path / "bad.yaml"
@@ -332,10 +394,26 @@ def test_a_sweep_over_the_margin_and_the_count_is_checked_like_any_key(tmp_path:
 
 def test_bad_pre_mined_negatives_end_in_one_line_before_anything_runs(tmp_path: Path) -> None:
     out, missing = tmp_path / "run", tmp_path / "no_negatives"
-    done = subprocess.run([sys.executable, "-m", "raycl.train", "sts", "--preset", "smoke", "--out", str(out),
-                           "--set", "mining.dense=true", "--set", f"mining.negatives={missing}"],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "RAY_ADDRESS": ""})  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "raycl.train",
+            "sts",
+            "--preset",
+            "smoke",
+            "--out",
+            str(out),
+            "--set",
+            "mining.dense=true",
+            "--set",
+            f"mining.negatives={missing}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RAY_ADDRESS": ""},
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().count("\n") == 0
     assert f"mining.negatives: {missing}: expected a Parquet file or a folder of Parquet shards" in done.stderr

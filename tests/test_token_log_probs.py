@@ -38,8 +38,9 @@ def test_values_and_gradients_equal_log_softmax_in_fp32(chunk_bytes: int) -> Non
 
 def test_gradcheck_in_float64_across_chunks() -> None:
     logits, target = _inputs(torch.float64, rows=3, T=4)
-    assert torch.autograd.gradcheck(lambda x: tuple(token_log_probs(x, target, chunk_bytes=4 * V * 5)[:2]),
-                                    (logits,))  # fmt: skip
+    assert torch.autograd.gradcheck(
+        lambda x: tuple(token_log_probs(x, target, chunk_bytes=4 * V * 5)[:2]), (logits,)
+    )
 
 
 def test_bf16_logits_are_scored_in_fp32_within_bf16_tolerance() -> None:

@@ -14,7 +14,7 @@ import yaml
 from test_coherence_recipe import TINY, check_a_mined_run, check_the_sweep, sweep_space
 
 from raycl import cli
-from raycl.configs import load_space
+from raycl.config.tasks import load_space
 from raycl.distributed.tracking import safe_params
 
 SECRET = "wJalrXUtnFEMI-K7MDENG-raycl-test"
@@ -22,29 +22,46 @@ SECRET = "wJalrXUtnFEMI-K7MDENG-raycl-test"
 
 def test_secrets_are_never_params(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    params = safe_params({"data.train": f"s3://AKIDEXAMPLE:{SECRET}@bucket/train.m2", "loss.margin": 0.3,
-                          "storage.aws_access_key_id": "AKIDEXAMPLE", "model.hub_token": "hf_abcdefgh",
-                          "data.dev": f"/data/{SECRET}/dev.m2", "data.test": "https://user:hunter22@host/x.m2"})
-    assert params == {"data.train": "s3://AKIDEXAMPLE:***@bucket/train.m2", "loss.margin": "0.3",
-                      "data.dev": "/data/***/dev.m2", "data.test": "https://user:***@host/x.m2"}  # fmt: skip
-
+    params = safe_params(
+        {
+            "data.train": f"s3://AKIDEXAMPLE:{SECRET}@bucket/train.m2",
+            "loss.margin": 0.3,
+            "storage.aws_access_key_id": "AKIDEXAMPLE",
+            "model.hub_token": "hf_abcdefgh",
+            "data.dev": f"/data/{SECRET}/dev.m2",
+            "data.test": "https://user:hunter22@host/x.m2",
+        }
+    )
+    assert params == {
+        "data.train": "s3://AKIDEXAMPLE:***@bucket/train.m2",
+        "loss.margin": "0.3",
+        "data.dev": "/data/***/dev.m2",
+        "data.test": "https://user:***@host/x.m2",
+    }
 
 
 PRESIGNED = {  # credentials in query strings: a presigned S3 URL, an Azure SAS, a token, pyarrow's S3 options
-    "mining.negatives": ("https://b.s3.amazonaws.com/n.parquet?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential="
-                         "AKIAEXAMPLE29%2F20250101%2Fus-east-1&X-Amz-Expires=3600&X-Amz-Signature=S1gnatureEXAMPLE29",
-                         "https://b.s3.amazonaws.com/n.parquet?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=***"
-                         "&X-Amz-Expires=3600&X-Amz-Signature=***"),
-    "model.checkpoint": ("https://acct.blob.core.windows.net/c/m?sv=2022-11-02&sp=r&sig=AzureSASsigEXAMPLE29",
-                         "https://acct.blob.core.windows.net/c/m?sv=2022-11-02&sp=r&sig=***"),
+    "mining.negatives": (
+        "https://b.s3.amazonaws.com/n.parquet?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential="
+        "AKIAEXAMPLE29%2F20250101%2Fus-east-1&X-Amz-Expires=3600&X-Amz-Signature=S1gnatureEXAMPLE29",
+        "https://b.s3.amazonaws.com/n.parquet?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=***"
+        "&X-Amz-Expires=3600&X-Amz-Signature=***",
+    ),
+    "model.checkpoint": (
+        "https://acct.blob.core.windows.net/c/m?sv=2022-11-02&sp=r&sig=AzureSASsigEXAMPLE29",
+        "https://acct.blob.core.windows.net/c/m?sv=2022-11-02&sp=r&sig=***",
+    ),
     "data.dev": ("https://host/dev.csv?token=T0kenEXAMPLE29", "https://host/dev.csv?token=***"),
-    "data.test": ("s3://bucket/t.csv?region=us-east-1&secret_key=S3cretEXAMPLE29",
-                  "s3://bucket/t.csv?region=us-east-1&secret_key=***"),
-}  # fmt: skip
+    "data.test": (
+        "s3://bucket/t.csv?region=us-east-1&secret_key=S3cretEXAMPLE29",
+        "s3://bucket/t.csv?region=us-east-1&secret_key=***",
+    ),
+}
 
 
-def test_query_string_credentials_are_never_params_or_names(monkeypatch: pytest.MonkeyPatch,
-                                                            tmp_path: Path) -> None:  # fmt: skip
+def test_query_string_credentials_are_never_params_or_names(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """What MLflow gets (params, the parent run's name and ``raycl.run_dir`` tag, read back from a sqlite store
     with MLflow's client) and what W&B gets (``safe_config``: the config of every raycl-made W&B run, the run's
     name as its group) hold no credential of a query string; a staged run is named by its URI's last segment."""
@@ -52,11 +69,17 @@ def test_query_string_credentials_are_never_params_or_names(monkeypatch: pytest.
     from raycl.distributed.tracking import _Active, dotted, safe_config, tracked
 
     assert safe_params({k: v for k, (v, _) in PRESIGNED.items()}) == {k: v for k, (_, v) in PRESIGNED.items()}
-    config = {"model": {"checkpoint": PRESIGNED["model.checkpoint"][0], "name": "smoke"}, "loss": {"margin": 0.3},
-              "mining": {"negatives": PRESIGNED["mining.negatives"][0]}}  # fmt: skip
+    config = {
+        "model": {"checkpoint": PRESIGNED["model.checkpoint"][0], "name": "smoke"},
+        "loss": {"margin": 0.3},
+        "mining": {"negatives": PRESIGNED["mining.negatives"][0]},
+    }
     assert safe_config(dotted(config)) == {
-        "model.checkpoint": PRESIGNED["model.checkpoint"][1], "model.name": "smoke", "loss.margin": 0.3,
-        "mining.negatives": PRESIGNED["mining.negatives"][1]}  # fmt: skip
+        "model.checkpoint": PRESIGNED["model.checkpoint"][1],
+        "model.name": "smoke",
+        "loss.margin": 0.3,
+        "mining.negatives": PRESIGNED["mining.negatives"][1],
+    }
     client = _tracked(monkeypatch, tmp_path)
     monkeypatch.setenv("RAYCL_CACHE_DIR", str(tmp_path / "cache"))
     run_dir = storage.stage_dir("s3://raycl-test/runs/idiom")
@@ -73,7 +96,8 @@ def test_query_string_credentials_are_never_params_or_names(monkeypatch: pytest.
 
 
 def test_a_tracking_uri_with_a_password_is_said_once_without_it(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from raycl.distributed.tracking import check
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://raycl:Tr4ckingPassw0rd29@mlflow.example.org")
@@ -93,8 +117,9 @@ def test_track_is_parsed_and_checked() -> None:
         assert exit_.value.code == 2
 
 
-def test_wandb_without_a_key_is_one_line_before_anything_runs(monkeypatch: pytest.MonkeyPatch,
-                                                              tmp_path: Path) -> None:  # fmt: skip
+def test_wandb_without_a_key_is_one_line_before_anything_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from raycl.distributed.tracking import check
     from raycl.errors import UserError
 
@@ -177,8 +202,12 @@ def _wandb_runs(tmp_path: Path) -> list[dict[str, Any]]:
         for rec in records:
             kind = rec.WhichOneof("record_type")
             if kind == "run":
-                run.update(name=rec.run.display_name, job_type=rec.run.job_type, group=rec.run.run_group,
-                           project=rec.run.project)  # fmt: skip
+                run.update(
+                    name=rec.run.display_name,
+                    job_type=rec.run.job_type,
+                    group=rec.run.run_group,
+                    project=rec.run.project,
+                )
                 run["config"].update({i.key: json.loads(i.value_json) for i in rec.run.config.update})
             elif kind == "config":
                 run["config"].update({i.key: json.loads(i.value_json) for i in rec.config.update})
@@ -210,8 +239,10 @@ def _check_wandb(tmp_path: Path, *, job_type: str, count: int, metrics: set[str]
         assert len(steps) >= 1 and steps[0] >= 1, run["history"]
     for run in runs:  # what the note shows (pytest -s)
         keys = sorted({k for row in run["history"].values() for k in row if not k.startswith("_")})
-        print(f"\nW&B {run['job_type']} run {run['name']!r} (group {run['group']}): {len(run['config'])} config "
-              f"keys, steps {sorted(run['history'])}, metrics {keys}, artifacts {run['artifacts']}")  # fmt: skip
+        print(
+            f"\nW&B {run['job_type']} run {run['name']!r} (group {run['group']}): {len(run['config'])} config "
+            f"keys, steps {sorted(run['history'])}, metrics {keys}, artifacts {run['artifacts']}"
+        )
     return mine
 
 
@@ -223,8 +254,12 @@ def _read_back(client: Any) -> tuple[Any, list[Any]]:
     assert len(children) == len(runs) - 1
     artifacts = {f.path for f in client.list_artifacts(parent.info.run_id)}
     assert {"report.md", "best.json", "results.csv", "config.yaml", "dev_curves.png"} <= artifacts
-    assert (Path(client.get_experiment_by_name("raycl-test").artifact_location.removeprefix("file://"))
-            / parent.info.run_id / "artifacts" / "report.md").exists()
+    assert (
+        Path(client.get_experiment_by_name("raycl-test").artifact_location.removeprefix("file://"))
+        / parent.info.run_id
+        / "artifacts"
+        / "report.md"
+    ).exists()
     assert parent.info.status == "FINISHED" and "loss.margin" in parent.data.params
     assert "dev_acc" in parent.data.metrics  # best.json's scores
     for run in children:
@@ -241,8 +276,9 @@ def _read_back(client: Any) -> tuple[Any, list[Any]]:
 METRICS = {"loss", "timing/mine_wait", "stream/staleness_max", "stream/refused", "dev_acc"}
 
 
-def test_a_tracked_sweep_is_one_run_per_trial(ray_local: Any, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_tracked_sweep_is_one_run_per_trial(
+    ray_local: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The coherence recipe's smoke sweep (two points mined while training, side by side, then the pairwise
     baseline: ``test_coherence_recipe.check_the_sweep``), logged by Ray's MLflowLoggerCallback and
     WandbLoggerCallback at once: an MLflow child run and a W&B run per trial and per baseline, with the trial's
@@ -251,8 +287,9 @@ def test_a_tracked_sweep_is_one_run_per_trial(ray_local: Any, tmp_path: Path,
     summary = cli.run(sweep_space(), tmp_path / "run", sweep=True, track=("mlflow", "wandb"))
     check_the_sweep(ray_local, tmp_path / "run", summary)
     _, trials = _read_back(client)
-    sweep = sorted((t for t in trials if t.data.tags["raycl.sweep"] == "sweep"),
-                   key=lambda t: t.data.params["loss.margin"])  # fmt: skip
+    sweep = sorted(
+        (t for t in trials if t.data.tags["raycl.sweep"] == "sweep"), key=lambda t: t.data.params["loss.margin"]
+    )
     assert [t.data.params["loss.margin"] for t in sweep] == ["0.1", "0.3"] and len(trials) == 3
     assert all(METRICS <= set(t.data.metrics) for t in sweep)  # mined while training: the stream's figures
     (baseline,) = [t for t in trials if t not in sweep]
@@ -265,16 +302,18 @@ def _logged(run: dict[str, Any]) -> set[str]:
     return {k for row in run["history"].values() for k in row}
 
 
-def test_a_tracked_training_is_a_run_with_its_reports(ray_local: Any, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_tracked_training_is_a_run_with_its_reports(
+    ray_local: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``python -m raycl.train`` (no Tune): the coherence recipe's run mined while it trains with staleness 1
     (``test_coherence_recipe.check_a_mined_run``, with the eval CLI on its model), its training logged from its
     records as a trial is, in MLflow (a child run: dotted config, every report at its step, its config and
     history as artifacts) and W&B."""
     client = _tracked(monkeypatch, tmp_path)
     space = load_space("coherence", preset="smoke", overrides=[*TINY, "mining.max_staleness=1"])
-    check_a_mined_run(tmp_path / "run", cli.run(space, tmp_path / "run", sweep=False, track=("mlflow", "wandb")),
-                      staleness=1)  # fmt: skip
+    check_a_mined_run(
+        tmp_path / "run", cli.run(space, tmp_path / "run", sweep=False, track=("mlflow", "wandb")), staleness=1
+    )
     parent, (training,) = _read_back(client)
     history = [json.loads(line) for line in (tmp_path / "run/trials/train/history.jsonl").read_text().splitlines()]
     assert training.data.tags["raycl.sweep"] == "train" and training.info.run_name == "train-train"
@@ -283,8 +322,10 @@ def test_a_tracked_training_is_a_run_with_its_reports(ray_local: Any, tmp_path: 
     assert steps == [row["report"] for row in history if "loss" in row]
     artifacts = {f.path for f in client.list_artifacts(training.info.run_id)}
     assert artifacts >= {"config.yaml", "history.jsonl"}
-    print(f"\nMLflow run {training.info.run_name!r} (child of {parent.info.run_name!r}): "
-          f"{len(training.data.params)} params, loss at steps {steps}, metrics {sorted(training.data.metrics)}, "
-          f"artifacts {sorted(artifacts)}")  # fmt: skip
+    print(
+        f"\nMLflow run {training.info.run_name!r} (child of {parent.info.run_name!r}): "
+        f"{len(training.data.params)} params, loss at steps {steps}, metrics {sorted(training.data.metrics)}, "
+        f"artifacts {sorted(artifacts)}"
+    )
     (run,) = _check_wandb(tmp_path, job_type="training", count=1, metrics=METRICS)
     assert sorted(s for s, row in run["history"].items() if "loss" in row) == steps

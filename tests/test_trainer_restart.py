@@ -10,15 +10,23 @@ from pathlib import Path
 from conftest import GEC_TINY
 
 from raycl import driver
-from raycl.configs import load_space
+from raycl.config.tasks import load_space
 from raycl.recipes import recipe_for
 from raycl.records import read_history
 from raycl.testing.loop_hooks import CrashSwitch
 
 
 def test_a_trainer_killed_mid_epoch_resumes_from_its_checkpoint(ray_local, tmp_path: Path) -> None:
-    over = [*GEC_TINY, "scaling.num_workers=1", "scaling.cpus_per_worker=0.5", "scaling.max_failures=1",
-            "optim.epochs=2", "optim.batch_size=8", "mining.sync_every=2", "mining.max_staleness=1"]
+    over = [
+        *GEC_TINY,
+        "scaling.num_workers=1",
+        "scaling.cpus_per_worker=0.5",
+        "scaling.max_failures=1",
+        "optim.epochs=2",
+        "optim.batch_size=8",
+        "mining.sync_every=2",
+        "mining.max_staleness=1",
+    ]
     space = load_space("gec_pd", preset="smoke", overrides=over)
     gec = recipe_for("gec")
     run = driver.prepare(gec, space, tmp_path / "run")

@@ -30,8 +30,14 @@ def _space(tmp_path: Path) -> Path:
     space["presets"]["smoke"].update(
         search={"optim.lr": {"grid": [0.001, 0.0001, 0.001]}},
         ladder={"baselines": [], "settings": []},
-        tune={"max_concurrent_trials": 1, "driver_cpus": 1, "scheduler": "asha", "grace_period": 1,
-              "metric": "lr", "mode": "max"},  # fmt: skip
+        tune={
+            "max_concurrent_trials": 1,
+            "driver_cpus": 1,
+            "scheduler": "asha",
+            "grace_period": 1,
+            "metric": "lr",
+            "mode": "max",
+        },
     )
     path = tmp_path / "idiom_two.yaml"
     path.write_text(yaml.safe_dump(space, sort_keys=False), encoding="utf-8")
@@ -41,13 +47,27 @@ def _space(tmp_path: Path) -> Path:
 @pytest.mark.cluster
 def test_two_sweeps_at_once_on_one_machine_both_finish(tmp_path: Path) -> None:
     space = _space(tmp_path)
-    env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": str(ROOT), "RAYCL_WORKER_LOGS": "0",
-           "TUNE_DISABLE_STRICT_METRIC_CHECKING": "1"}  # a trial's last report (its test scores) has no lr
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": "",
+        "PYTHONPATH": str(ROOT),
+        "RAYCL_WORKER_LOGS": "0",
+        "TUNE_DISABLE_STRICT_METRIC_CHECKING": "1",
+    }  # a trial's last report (its test scores) has no lr
     sets = ["data.setting=zero_shot", "optim.epochs=2", "scaling.start_timeout_s=240"]
     procs = []
     for name in ("a", "b"):
-        cmd = [sys.executable, "-m", "raycl.tune", str(space), "--preset", "smoke", "--out", str(tmp_path / name),
-               *(a for s in sets for a in ("--set", s))]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "raycl.tune",
+            str(space),
+            "--preset",
+            "smoke",
+            "--out",
+            str(tmp_path / name),
+            *(a for s in sets for a in ("--set", s)),
+        ]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env))
         time.sleep(2)  # both Rays up while the other runs
     errs = [p.communicate(timeout=900)[1] for p in procs]

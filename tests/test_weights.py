@@ -58,9 +58,17 @@ def test_flatten_round_trip_is_exact_with_zero_copy_views() -> None:
 
 
 def test_a_model_loads_its_flattened_weights() -> None:
-    config = BartConfig(vocab_size=50, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-                        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
-                        max_position_embeddings=32)  # fmt: skip
+    config = BartConfig(
+        vocab_size=50,
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=32,
+    )
     torch.manual_seed(1)
     src, dst = BartForConditionalGeneration(config), BartForConditionalGeneration(config)
     buf, manifest = W.flatten_state_dict(src.state_dict())
@@ -152,7 +160,9 @@ def test_gec_miners_load_the_scorers_the_ddp_copys_or_the_inner_models_weights()
     for sd in forms:
         miner = SimpleNamespace(module=Scorer())
         GEC_BEAM.load(miner, sd)
-        assert all(torch.equal(a, b) for a, b in zip(miner.module.state_dict().values(),
-                                                     src.state_dict().values(), strict=True))  # fmt: skip
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(miner.module.state_dict().values(), src.state_dict().values(), strict=True)
+        )
     with pytest.raises(RuntimeError):
         GEC_BEAM.load(SimpleNamespace(module=Scorer()), {"weight": torch.zeros(3, 3)})

@@ -3,7 +3,7 @@
 A page asks for a generated part with an HTML comment on a line of its own:
 
 - ``<!-- raycl:config -->``: the configuration reference — every key of every task's config dataclasses
-  (``raycl/config/sections.py``, ``raycl/configs/<task>.py``) with its type, its default, the value each space file of
+  (``raycl/config/sections.py``, ``raycl/config/tasks/<task>.py``) with its type, its default, the value each space file of
   ``tune_spaces/`` gives it where that differs, and the comment written beside it in the code;
 - ``<!-- raycl:spaces -->``: the tune spaces: task, presets, search block and baselines of each file;
 - ``<!-- raycl:help VERB [SUBVERB] -->``: ``python -m raycl.VERB [SUBVERB] --help`` as the checkout prints it
@@ -142,7 +142,7 @@ def _code(text: str) -> str:
 def _spaces_of(task: str) -> dict[str, Any]:
     """Space name → its config as the file writes it (no preset), for every space file of ``task``."""
     from raycl.config import safe_yaml, space_names, spaces_dir
-    from raycl.configs import load_space
+    from raycl.config.tasks import load_space
 
     out = {}
     for name in space_names():
@@ -178,7 +178,7 @@ def _doc(cls: type) -> str:
 
 
 def _task_reference(task: str) -> list[str]:
-    from raycl.configs import task_config
+    from raycl.config.tasks import task_config
 
     cls = task_config(task)
     assert cls is not None
@@ -202,7 +202,7 @@ def _task_reference(task: str) -> list[str]:
 
 
 def config_reference() -> str:
-    from raycl.configs import TASK_CONFIGS
+    from raycl.config.tasks import TASK_CONFIGS
 
     out: list[str] = []
     for task in TASK_CONFIGS:

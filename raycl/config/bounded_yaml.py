@@ -24,8 +24,9 @@ class _BoundedLoader(yaml.SafeLoader):
         self._depth += 1
         try:
             if self._depth > MAX_YAML_DEPTH:
-                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels",
-                                                  self.peek_event().start_mark)  # fmt: skip
+                raise yaml.composer.ComposerError(
+                    None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", self.peek_event().start_mark
+                )
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -53,21 +54,27 @@ def _measure(n: Any, depth: int, done: dict[int, tuple[int, int]], open_: set[in
         if id(n) in open_:
             raise yaml.composer.ComposerError(None, None, "an alias refers to a node that holds it", n.start_mark)
         if depth > MAX_YAML_DEPTH:
-            raise yaml.composer.ComposerError(None, None, f"aliases nest deeper than {MAX_YAML_DEPTH} levels",
-                                              n.start_mark)  # fmt: skip
-        kids = [c for pair in n.value for c in pair] if isinstance(n, yaml.MappingNode) else (
-            n.value if isinstance(n, yaml.SequenceNode) else [])  # fmt: skip
+            raise yaml.composer.ComposerError(
+                None, None, f"aliases nest deeper than {MAX_YAML_DEPTH} levels", n.start_mark
+            )
+        kids = (
+            [c for pair in n.value for c in pair]
+            if isinstance(n, yaml.MappingNode)
+            else (n.value if isinstance(n, yaml.SequenceNode) else [])
+        )
         open_.add(id(n))
         parts = [_measure(c, depth + 1, done, open_) for c in kids]
         open_.discard(id(n))
         done[id(n)] = (1 + sum(p[0] for p in parts), 1 + max((p[1] for p in parts), default=0))
     nodes, height = done[id(n)]
     if nodes > MAX_YAML_NODES:
-        raise yaml.composer.ComposerError(None, None, f"aliases expand to more than {MAX_YAML_NODES} nodes",
-                                          n.start_mark)  # fmt: skip
+        raise yaml.composer.ComposerError(
+            None, None, f"aliases expand to more than {MAX_YAML_NODES} nodes", n.start_mark
+        )
     if depth + height - 1 > MAX_YAML_DEPTH:
-        raise yaml.composer.ComposerError(None, None, f"aliases nest deeper than {MAX_YAML_DEPTH} levels",
-                                          n.start_mark)  # fmt: skip
+        raise yaml.composer.ComposerError(
+            None, None, f"aliases nest deeper than {MAX_YAML_DEPTH} levels", n.start_mark
+        )
     return nodes, height
 
 

@@ -36,8 +36,10 @@ def check_search(config: Any, search: Any, where: str) -> dict[str, dict[str, li
         out[key] = {kind: values}
     trials = points * config.tune.num_samples
     if trials > MAX_TRIALS:
-        raise UserError(f"{where}: 'search' expands to {trials:,} trials ({points:,} grid points × "
-                        f"tune.num_samples = {config.tune.num_samples}), expected at most {MAX_TRIALS:,}")
+        raise UserError(
+            f"{where}: 'search' expands to {trials:,} trials ({points:,} grid points × "
+            f"tune.num_samples = {config.tune.num_samples}), expected at most {MAX_TRIALS:,}"
+        )
     return out
 
 
@@ -49,14 +51,22 @@ def _check_search_values(kind: str, values: Any, key: str, where: str) -> list[A
     if kind == "loguniform" and min(values) <= 0:
         raise UserError(f"{where}: search key '{key}': 'loguniform' bounds must be > 0, got {shown(values)}")
     if kind == "qrange":
-        if len(values) != 3 or not all(_is_num(v) and math.isfinite(v) for v in values) or values[2] <= 0 \
-                or values[1] < values[0]:
-            raise UserError(f"{where}: search key '{key}': 'qrange' expects [start, stop, step>0] of finite "
-                            f"numbers, got {shown(values)}")  # fmt: skip
+        if (
+            len(values) != 3
+            or not all(_is_num(v) and math.isfinite(v) for v in values)
+            or values[2] <= 0
+            or values[1] < values[0]
+        ):
+            raise UserError(
+                f"{where}: search key '{key}': 'qrange' expects [start, stop, step>0] of finite "
+                f"numbers, got {shown(values)}"
+            )
     count = search_count(kind, values)
     if count > MAX_SEARCH_VALUES:
-        raise UserError(f"{where}: search key '{key}': '{kind}' {shown(values)} expands to {count:,} values, "
-                        f"expected at most {MAX_SEARCH_VALUES:,}")  # fmt: skip
+        raise UserError(
+            f"{where}: search key '{key}': '{kind}' {shown(values)} expands to {count:,} values, "
+            f"expected at most {MAX_SEARCH_VALUES:,}"
+        )
     return values
 
 

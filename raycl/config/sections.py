@@ -1,5 +1,5 @@
 """The config sections every task shares: ``scaling``, ``tune``, the loop's options in ``optim`` and the miner
-pool's ``mining`` (each task's own sections extend them in ``raycl/configs/<task>.py``), and :class:`Space`, a
+pool's ``mining`` (each task's own sections extend them in ``raycl/config/tasks/<task>.py``), and :class:`Space`, a
 resolved tune space."""
 
 from __future__ import annotations
@@ -90,8 +90,6 @@ class MiningSection:
         """The keyword arguments of this section's miner (``MinerFactory.options``): the one place they are read
         from the config. Every miner takes these; a task's section adds its miner's own."""
         return {"batch_size": self.batch_size, "precision": self.precision}
-
-
 
 
 @dataclass

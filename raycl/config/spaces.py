@@ -87,15 +87,29 @@ def read_space(space: str, *, preset: str | None = None) -> tuple[Traversable, d
     return path, raw, raw.pop("search", {}) or {}, raw.pop("baselines", {}) or {}
 
 
-def build_space(path: Traversable, cls: type, raw: dict[str, Any], *, search: Any, baselines: Any,
-                preset: str | None, overrides: list[str] | None) -> Space:  # fmt: skip
+def build_space(
+    path: Traversable,
+    cls: type,
+    raw: dict[str, Any],
+    *,
+    search: Any,
+    baselines: Any,
+    preset: str | None,
+    overrides: list[str] | None,
+) -> Space:
     """The space of a task's config class ``cls``: built from ``raw``, validated, ``--set`` overrides applied, its
-    search and baselines checked against it (``raycl.configs.load_space`` finds ``cls`` from the ``task:`` key)."""
+    search and baselines checked against it (``raycl.config.tasks.load_space`` finds ``cls`` from the ``task:``
+    key)."""
     where = str(path)
     config = build(cls, raw, "", where)
     validate(config, where=where)
     if overrides:
         config = set_dotted(config, parse_set(overrides), where="--set", raw=True)
-    return Space(name=PurePath(path.name).stem, source=where, config=config,
-                 search=check_search(config, search, where), baselines=check_baselines(config, baselines, where),
-                 preset=preset)  # fmt: skip
+    return Space(
+        name=PurePath(path.name).stem,
+        source=where,
+        config=config,
+        search=check_search(config, search, where),
+        baselines=check_baselines(config, baselines, where),
+        preset=preset,
+    )

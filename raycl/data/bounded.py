@@ -28,8 +28,9 @@ def json_value(where: str, text: str, expected: str) -> Any:
 
     def integer(digits: str) -> int:
         if len(digits.lstrip("-")) > MAX_INT_DIGITS:
-            raise UserError(f"{where}: an integer of {len(digits.lstrip('-')):,} digits, expected at most "
-                            f"{MAX_INT_DIGITS}")  # fmt: skip
+            raise UserError(
+                f"{where}: an integer of {len(digits.lstrip('-')):,} digits, expected at most {MAX_INT_DIGITS}"
+            )
         return int(digits)
 
     try:
@@ -70,8 +71,9 @@ def read_json_file(path: str | Path, expected: str) -> Any:
     return json_value(at(path), text, expected)
 
 
-def bounded_lines(f: IO[str], path: str | Path, max_line: int = MAX_CSV_LINE, *,
-                  expected: str = "one CSV row per line") -> Iterator[str]:  # fmt: skip
+def bounded_lines(
+    f: IO[str], path: str | Path, max_line: int = MAX_CSV_LINE, *, expected: str = "one CSV row per line"
+) -> Iterator[str]:
     """The lines of the text file ``f`` (newlines kept, as ``csv.reader`` wants them), none longer than
     ``max_line`` characters: a longer one is refused when ``max_line + 1`` of its characters are read; bytes that
     are not UTF-8 are one line too."""
@@ -85,6 +87,5 @@ def bounded_lines(f: IO[str], path: str | Path, max_line: int = MAX_CSV_LINE, *,
             return
         lineno += 1
         if len(line.rstrip("\r\n")) > max_line:
-            raise UserError(f"{at(path, lineno)}: a line longer than {max_line:,} characters, expected "
-                            f"{expected}")  # fmt: skip
+            raise UserError(f"{at(path, lineno)}: a line longer than {max_line:,} characters, expected {expected}")
         yield line

@@ -215,8 +215,10 @@ class _NoGlobalsUnpickler(pickle.Unpickler):
         self._path = path
 
     def find_class(self, module: str, name: str) -> Any:
-        raise UserError(f"{at(self._path)}: pickle refers to '{module}.{name}'; only builtin containers and "
-                        "strings are allowed")
+        raise UserError(
+            f"{at(self._path)}: pickle refers to '{module}.{name}'; only builtin containers and "
+            "strings are allowed"
+        )
 
 
 def load_builtins_pickle(path: str | Path) -> Any:
@@ -228,8 +230,16 @@ def load_builtins_pickle(path: str | Path) -> Any:
             return _bounded(path, _NoGlobalsUnpickler(f, path=path).load(), os.fstat(f.fileno()).st_size)
     except OSError as err:
         raise UserError(f"{at(path)}: cannot read ({err.strerror or err})") from None
-    except (pickle.UnpicklingError, EOFError, ValueError, KeyError, IndexError, TypeError, OverflowError,
-            MemoryError) as err:
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        ValueError,
+        KeyError,
+        IndexError,
+        TypeError,
+        OverflowError,
+        MemoryError,
+    ) as err:
         raise UserError(f"{at(path)}: not a valid pickle ({type(err).__name__}: {err})") from None
 
 
@@ -242,8 +252,10 @@ def _bounded(path: Path, data: Any, size: int) -> Any:
         x = stack.pop()
         count += 1
         if count > size + 16:
-            raise UserError(f"{at(path)}: its containers are shared through the pickle memo ({size} bytes hold "
-                            "more references than bytes), expected every item to hold its own lists")  # fmt: skip
+            raise UserError(
+                f"{at(path)}: its containers are shared through the pickle memo ({size} bytes hold "
+                "more references than bytes), expected every item to hold its own lists"
+            )
         if isinstance(x, dict):
             stack += [*x.keys(), *x.values()]
         elif isinstance(x, list | tuple):
@@ -303,8 +315,7 @@ def read_pairs(path: str | Path) -> list[CoherenceItem]:
                 raw = json_value(at(path, lineno), line, "expected one object per line")
                 items.append(_item(at(path, lineno), raw, f"{path.stem}:{len(items)}"))
     else:
-        raise UserError(f"{at(path)}: not a pickle (no 0x80 protocol byte) and not .jsonl, expected a pairs "
-                        "file")
+        raise UserError(f"{at(path)}: not a pickle (no 0x80 protocol byte) and not .jsonl, expected a pairs file")
     if not items:
         raise UserError(f"{at(path)}: no pairs, expected a non-empty list")
     return items
@@ -313,8 +324,13 @@ def read_pairs(path: str | Path) -> list[CoherenceItem]:
 def _pair_dict(item: CoherenceItem) -> dict[str, Any]:
     source = item.id.split("#")[0]
     if len(item.negs) == 1:  # the repo's test-set layout
-        return {"pos": list(item.pos), "neg": list(item.negs[0]), "doc_id": item.id, "filename": source,
-                "reference_file": source}
+        return {
+            "pos": list(item.pos),
+            "neg": list(item.negs[0]),
+            "doc_id": item.id,
+            "filename": source,
+            "reference_file": source,
+        }
     return {"pos": list(item.pos), "negs": [list(n) for n in item.negs], "doc_id": item.id}
 
 

@@ -40,19 +40,42 @@ MIN_LEN, MAX_LEN = 4, 25
 
 _FEMALE = ["Maria", "Anna", "Lucy", "Emma", "Sara", "Nora", "Julia", "Clara", "Rosa", "Alice"]
 _MALE = ["Tom", "David", "Peter", "Sam", "Jack", "Leo", "Ben", "Max", "Paul", "Oscar"]
-_ROLES = ["baker", "farmer", "teacher", "doctor", "student", "fisherman", "painter", "carpenter", "nurse",
-          "musician", "gardener", "writer"]
+_ROLES = [
+    "baker",
+    "farmer",
+    "teacher",
+    "doctor",
+    "student",
+    "fisherman",
+    "painter",
+    "carpenter",
+    "nurse",
+    "musician",
+    "gardener",
+    "writer",
+]
 # (where the person lives, the area that weather and floods hit)
-_PLACES = [("a small town by the sea", "town"), ("a quiet village in the hills", "village"),
-           ("a busy city", "city"), ("a farm near the forest", "farm"), ("an old house by the river", "valley"),
-           ("a cabin in the mountains", "mountains")]
-_INTROS = ["{Name} was {a_role} who lived in {place}.", "There was once {a_role} named {Name} in {place}.",
-           "{Name}, a young {role}, had just moved to {place}."]
+_PLACES = [
+    ("a small town by the sea", "town"),
+    ("a quiet village in the hills", "village"),
+    ("a busy city", "city"),
+    ("a farm near the forest", "farm"),
+    ("an old house by the river", "valley"),
+    ("a cabin in the mountains", "mountains"),
+]
+_INTROS = [
+    "{Name} was {a_role} who lived in {place}.",
+    "There was once {a_role} named {Name} in {place}.",
+    "{Name}, a young {role}, had just moved to {place}.",
+]
 _FIRST = ["First,", "One morning,", "At the start of the spring,"]
 _NEXT = ["Then,", "After that,", "Later,", "The next day,", "A week later,", "Soon after,"]
-_ENDINGS = ["Finally, {Name} was happy with {poss} new home.", "In the end, {Name} wrote about all of it "
-            "in {poss} diary.", "Finally, {S} went to bed early, tired but glad.", "In the end, {Name} "
-            "decided to stay in the {area} for good."]
+_ENDINGS = [
+    "Finally, {Name} was happy with {poss} new home.",
+    "In the end, {Name} wrote about all of it in {poss} diary.",
+    "Finally, {S} went to bed early, tired but glad.",
+    "In the end, {Name} decided to stay in the {area} for good.",
+]
 # (object, adjectives, what is wrong with it, what the person does with it once it works)
 _OBJECTS = [
     ("bicycle", ["red", "old", "blue"], "had a flat tyre", "rode the bicycle to the market every day"),
@@ -81,16 +104,36 @@ _NEEDS = [
 ]
 # (event, what it did, what the person had to do, how things recovered)
 _EVENTS = [
-    ("a storm hit the {area}", "The storm broke two windows of {poss} house",
-     "{S} had to sleep at {poss} sister's house", "Later, {S} replaced the broken windows"),
-    ("heavy snow fell for three days", "The snow blocked the only road out of the {area}",
-     "{S} could not go to work", "When the snow melted, {S} went back to work"),
-    ("a fire started in an old barn", "The fire spread quickly to the fence", "{S} called the fire brigade",
-     "The firefighters put out the fire before it reached the house"),
-    ("the river flooded", "The water covered the fields around {poss} house",
-     "{S} moved the animals to higher ground", "After the water went down, {S} cleaned the yard"),
-    ("a strong wind blew all night", "The wind knocked down the old apple tree",
-     "{S} cut the tree into firewood", "The firewood kept {O} warm all winter"),
+    (
+        "a storm hit the {area}",
+        "The storm broke two windows of {poss} house",
+        "{S} had to sleep at {poss} sister's house",
+        "Later, {S} replaced the broken windows",
+    ),
+    (
+        "heavy snow fell for three days",
+        "The snow blocked the only road out of the {area}",
+        "{S} could not go to work",
+        "When the snow melted, {S} went back to work",
+    ),
+    (
+        "a fire started in an old barn",
+        "The fire spread quickly to the fence",
+        "{S} called the fire brigade",
+        "The firefighters put out the fire before it reached the house",
+    ),
+    (
+        "the river flooded",
+        "The water covered the fields around {poss} house",
+        "{S} moved the animals to higher ground",
+        "After the water went down, {S} cleaned the yard",
+    ),
+    (
+        "a strong wind blew all night",
+        "The wind knocked down the old apple tree",
+        "{S} cut the tree into firewood",
+        "The firewood kept {O} warm all winter",
+    ),
 ]
 
 
@@ -122,24 +165,35 @@ def _object_episode(story: _Story, conn: str, subject: str) -> list[str]:
     noun, adjs, problem, use = story.objects.pop()
     helper, friend = story.rng.choice(_HELPERS), story.friends.pop()
     s = story.slots
-    return [f"{conn} {subject} {story.rng.choice(_GOT)} {_a(story.rng.choice(adjs) + ' ' + noun)}.",
-            f"The {noun} {problem}.", f"Because of this, {s['S']} asked {s['poss']} {helper} {friend} for help.",
-            f"{friend} repaired the {noun} in one afternoon.", f"After that, {s['S']} {use}."]
+    return [
+        f"{conn} {subject} {story.rng.choice(_GOT)} {_a(story.rng.choice(adjs) + ' ' + noun)}.",
+        f"The {noun} {problem}.",
+        f"Because of this, {s['S']} asked {s['poss']} {helper} {friend} for help.",
+        f"{friend} repaired the {noun} in one afternoon.",
+        f"After that, {s['S']} {use}.",
+    ]
 
 
 def _meeting_episode(story: _Story, conn: str, subject: str) -> list[str]:
     need, help_, result = story.needs.pop()
     friend, role = story.friends.pop(), story.rng.choice(_ROLES)
     slots = {**story.slots, "F": friend}
-    return [f"{conn} {subject} met {_a(role)} named {friend} at the {story.rng.choice(_VENUES)}.",
-            f"The {role} was looking for {need}.", _fill(f"{{S}} wanted to help, so {{S}} {help_}.", slots),
-            _fill(f"As a result, {result}.", slots)]
+    return [
+        f"{conn} {subject} met {_a(role)} named {friend} at the {story.rng.choice(_VENUES)}.",
+        f"The {role} was looking for {need}.",
+        _fill(f"{{S}} wanted to help, so {{S}} {help_}.", slots),
+        _fill(f"As a result, {result}.", slots),
+    ]
 
 
 def _event_episode(story: _Story, conn: str, subject: str) -> list[str]:
     event, effect, action, recovery = story.events.pop()
-    return [_fill(f"{conn} {event}.", story.slots), _fill(f"{effect}.", story.slots),
-            _fill(f"Because of this, {action}.", story.slots), _fill(f"{recovery}.", story.slots)]
+    return [
+        _fill(f"{conn} {event}.", story.slots),
+        _fill(f"{effect}.", story.slots),
+        _fill(f"Because of this, {action}.", story.slots),
+        _fill(f"{recovery}.", story.slots),
+    ]
 
 
 _EPISODES = [_object_episode, _meeting_episode, _event_episode]
@@ -149,11 +203,23 @@ def _new_story(rng: random.Random) -> _Story:
     female = rng.random() < 0.5
     name = rng.choice(_FEMALE if female else _MALE)
     place, area = rng.choice(_PLACES)
-    slots = {"Name": name, "S": "she" if female else "he", "O": "her" if female else "him",
-             "poss": "her" if female else "his", "place": place, "area": area}
+    slots = {
+        "Name": name,
+        "S": "she" if female else "he",
+        "O": "her" if female else "him",
+        "poss": "her" if female else "his",
+        "place": place,
+        "area": area,
+    }
     friends = [f for f in _FEMALE + _MALE if f != name]
-    return _Story(slots, rng, rng.sample(_OBJECTS, len(_OBJECTS)), rng.sample(friends, len(friends)),
-                  rng.sample(_NEEDS, len(_NEEDS)), rng.sample(_EVENTS, len(_EVENTS)))
+    return _Story(
+        slots,
+        rng,
+        rng.sample(_OBJECTS, len(_OBJECTS)),
+        rng.sample(friends, len(friends)),
+        rng.sample(_NEEDS, len(_NEEDS)),
+        rng.sample(_EVENTS, len(_EVENTS)),
+    )
 
 
 def _story(rng: random.Random, length: int) -> tuple[str, ...]:
@@ -229,8 +295,9 @@ def lmvlm_pairs(documents: list[Document], *, seed: int) -> tuple[list[Coherence
     return items, coders
 
 
-def write_builtin_corpus(out_dir: str | Path, *, seed: int = 0,
-                         sizes: Mapping[str, int] | None = None) -> dict[str, Path]:
+def write_builtin_corpus(
+    out_dir: str | Path, *, seed: int = 0, sizes: Mapping[str, int] | None = None
+) -> dict[str, Path]:
     """Write the built-in corpus into ``out_dir`` (see the module docstring); returns ``{name: path}``.
 
     ``sizes`` gives the documents per split (keys of :data:`DEFAULT_SIZES`; missing keys keep the
@@ -245,9 +312,17 @@ def write_builtin_corpus(out_dir: str | Path, *, seed: int = 0,
     for name in DEFAULT_SIZES:
         split[name], docs = docs[: n[name]], docs[n[name] :]
     out = Path(out_dir)
-    paths = {name: out / file for name, file in [("train", "train.txt"), ("dev", "dev.pkl"), ("test", "test.pkl"),
-             ("intrusion", "intrusion_test.pkl"), ("lmvlm", "lmvlm.pkl"), ("lmvlm_annotations",
-             "lmvlm_annotations.pkl")]}
+    paths = {
+        name: out / file
+        for name, file in [
+            ("train", "train.txt"),
+            ("dev", "dev.pkl"),
+            ("test", "test.pkl"),
+            ("intrusion", "intrusion_test.pkl"),
+            ("lmvlm", "lmvlm.pkl"),
+            ("lmvlm_annotations", "lmvlm_annotations.pkl"),
+        ]
+    }
     write_documents(split["train"], paths["train"])
     write_pairs_pickle(build_permuted_set(split["dev"], num_negs=5, copies=1, seed=seed), paths["dev"])
     write_pairs_pickle(build_permuted_set(split["test"], num_negs=1, copies=TEST_COPIES, seed=seed), paths["test"])

@@ -38,15 +38,18 @@ def read_parallel(spec: Spec) -> list[tuple[str, str]]:
         for lineno, line in iter_lines(spec.path):
             fields = line.split("\t")
             if len(fields) != 2:
-                raise UserError(f"{at(spec.path, lineno)}: {len(fields)} tab-separated fields, "
-                                "expected 'source<TAB>target'")
+                raise UserError(
+                    f"{at(spec.path, lineno)}: {len(fields)} tab-separated fields, expected 'source<TAB>target'"
+                )
             pairs.append((fields[0], fields[1]))
         return pairs
     sources = [line for _, line in iter_lines(spec.path)]
     targets = [line for _, line in iter_lines(spec.target_path)]
     if len(sources) != len(targets):
-        raise UserError(f"data spec '{spec}': {spec.path} has {len(sources)} lines but {spec.target_path} has "
-                        f"{len(targets)}, expected one target line per source line")
+        raise UserError(
+            f"data spec '{spec}': {spec.path} has {len(sources)} lines but {spec.target_path} has "
+            f"{len(targets)}, expected one target line per source line"
+        )
     return list(zip(sources, targets, strict=True))
 
 
@@ -82,8 +85,10 @@ def load_examples(specs: Iterable[str], *, annotator: int = 0) -> list[GecExampl
         spec = parse_spec(text)
         for ex in _examples_of(spec, annotator=annotator):
             if ex.id in origin:
-                raise UserError(f"data spec {text!r}: example id {ex.id!r} also comes from {origin[ex.id]!r}, "
-                                "expected distinct file names and non-overlapping slices")
+                raise UserError(
+                    f"data spec {text!r}: example id {ex.id!r} also comes from {origin[ex.id]!r}, "
+                    "expected distinct file names and non-overlapping slices"
+                )
             origin[ex.id] = text
             examples.append(ex)
     return examples
@@ -115,8 +120,9 @@ def merge_annotators(parts: list[list[M2Sentence]]) -> list[M2Sentence]:
     for part in parts:
         ids = sorted({a for s in part for a in s.annotators()})
         renumber = {a: offset + i for i, a in enumerate(ids)}
-        merged = [M2Sentence(m.source, m.edits + _renumbered(s, renumber))
-                  for m, s in zip(merged, part, strict=True)]  # fmt: skip
+        merged = [
+            M2Sentence(m.source, m.edits + _renumbered(s, renumber)) for m, s in zip(merged, part, strict=True)
+        ]
         offset += len(ids)
     return merged
 

@@ -42,11 +42,26 @@ LOW_DENSITY_G = Density(error_rate=0.25, edits_per_error=1.85)
 
 # Relative frequency of each injected type (DET, PREP and PUNCT are among the commonest ERRANT types in BEA).
 _TYPE_WEIGHTS = {
-    "M:DET": 12, "R:DET": 7, "U:DET": 6, "R:PREP": 13, "R:VERB:SVA": 12, "R:NOUN:NUM": 11,
-    "R:VERB:FORM": 9, "R:SPELL": 13, "M:PUNCT": 9, "U:PUNCT": 4, "R:WO": 4,
+    "M:DET": 12,
+    "R:DET": 7,
+    "U:DET": 6,
+    "R:PREP": 13,
+    "R:VERB:SVA": 12,
+    "R:NOUN:NUM": 11,
+    "R:VERB:FORM": 9,
+    "R:SPELL": 13,
+    "M:PUNCT": 9,
+    "U:PUNCT": 4,
+    "R:WO": 4,
 }
-_KIND_TYPE = {"prep": "R:PREP", "sva": "R:VERB:SVA", "noun": "R:NOUN:NUM", "form": "R:VERB:FORM",
-              "comma": "M:PUNCT", "end": "M:PUNCT"}
+_KIND_TYPE = {
+    "prep": "R:PREP",
+    "sva": "R:VERB:SVA",
+    "noun": "R:NOUN:NUM",
+    "form": "R:VERB:FORM",
+    "comma": "M:PUNCT",
+    "end": "M:PUNCT",
+}
 _SPELLABLE = {"noun", "adj", "adv", "adv_manner", "verb", "sva", "form"}
 # Other valid corrections a second annotator may prefer (articles and prepositions often have several).
 _PREP_VARIANTS = {"in": "at", "at": "in", "on": "in", "about": "of", "near": "by", "during": "in"}
@@ -97,8 +112,9 @@ def _sites(toks: Sequence[g.Tok]) -> dict[str, list[int]]:
             sites["U:DET"].append(i)
         if tok.kind in _SPELLABLE and len(tok.text) >= 4 and tok.text.isalpha():
             sites["R:SPELL"].append(i)
-        if nxt is not None and ((tok.kind, nxt.kind) == ("adj", "noun") or
-                                (tok.kind == "adv" and nxt.kind in ("sva", "verb"))):
+        if nxt is not None and (
+            (tok.kind, nxt.kind) == ("adj", "noun") or (tok.kind == "adv" and nxt.kind in ("sva", "verb"))
+        ):
             sites["R:WO"].append(i)
         if i >= 2 and nxt is not None and tok.kind not in ("comma", "end") and toks[i - 1].kind != "comma":
             sites["U:PUNCT"].append(i)
@@ -156,8 +172,9 @@ def _inject(toks: Sequence[g.Tok], n_errors: int, rng: random.Random) -> list[_E
     return sorted(errors, key=lambda e: e.start)
 
 
-def _edits(clean: Sequence[str], errors: Sequence[_Error], *, annotators: int,
-           rng: random.Random) -> tuple[list[str], tuple[Edit, ...]]:
+def _edits(
+    clean: Sequence[str], errors: Sequence[_Error], *, annotators: int, rng: random.Random
+) -> tuple[list[str], tuple[Edit, ...]]:
     """The erroneous tokens and the M2 edits (over them) that correct them back to ``clean``."""
     wrong: list[str] = []
     edits: list[Edit] = []
@@ -177,8 +194,7 @@ def _edits(clean: Sequence[str], errors: Sequence[_Error], *, annotators: int,
     return wrong, tuple(out)
 
 
-def _second_annotator(edits: Sequence[Edit], variants: Sequence[Edit | None],
-                      rng: random.Random) -> list[Edit]:
+def _second_annotator(edits: Sequence[Edit], variants: Sequence[Edit | None], rng: random.Random) -> list[Edit]:
     """Annotator 1 agrees on most edits, sometimes misses one or prefers another valid correction."""
     second: list[Edit] = []
     for edit, variant in zip(edits, variants, strict=True):
@@ -200,20 +216,25 @@ def with_second_annotator(sentences: Sequence[M2Sentence], *, p_unchanged: float
     out = []
     for sent in sentences:
         edits = sent.edits_of(0)
-        ones = [] if rng.random() < p_unchanged else [Edit(e.start, e.end, e.type, e.correction, 1) for e in edits
-                                                      if rng.random() >= P_MISS]  # fmt: skip
+        ones = (
+            []
+            if rng.random() < p_unchanged
+            else [Edit(e.start, e.end, e.type, e.correction, 1) for e in edits if rng.random() >= P_MISS]
+        )
         out.append(M2Sentence(sent.source, (*sent.edits, *(ones or [Edit(-1, -1, NOOP, "-NONE-", 1)]))))
     return out
 
 
-def generate_pairs(n: int, *, error_rate: float, edits_per_error: float, annotators: int = 1,
-                   seed: int) -> list[tuple[str, M2Sentence]]:
+def generate_pairs(
+    n: int, *, error_rate: float, edits_per_error: float, annotators: int = 1, seed: int
+) -> list[tuple[str, M2Sentence]]:
     """Like :func:`generate`, each M2 sentence with the clean sentence it was made from."""
     if annotators not in (1, 2):
         raise ValueError(f"annotators must be 1 or 2, got {annotators}")
     if not 0.0 <= error_rate <= 1.0 or edits_per_error < 1.0:
-        raise ValueError(f"need 0 <= error_rate <= 1 and edits_per_error >= 1, got {error_rate} and "
-                         f"{edits_per_error}")
+        raise ValueError(
+            f"need 0 <= error_rate <= 1 and edits_per_error >= 1, got {error_rate} and {edits_per_error}"
+        )
     rng = random.Random(seed)
     out: list[tuple[str, M2Sentence]] = []
     for _ in range(n):
@@ -227,15 +248,17 @@ def generate_pairs(n: int, *, error_rate: float, edits_per_error: float, annotat
     return out
 
 
-def generate(n: int, *, error_rate: float, edits_per_error: float, annotators: int = 1,
-             seed: int) -> list[M2Sentence]:
+def generate(
+    n: int, *, error_rate: float, edits_per_error: float, annotators: int = 1, seed: int
+) -> list[M2Sentence]:
     """``n`` sentences as M2: the S line is the (possibly) erroneous sentence, annotator 0's edits restore
     the clean one. A sentence is erroneous with probability ``error_rate`` and then gets
     1 + Poisson(``edits_per_error`` - 1) edits (fewer in the rare sentence without enough free sites), so
     :func:`stats` lands within a few percent of the requested density. With ``annotators=2`` annotator 1
     misses an edit with probability ``P_MISS`` and picks another valid correction with ``P_VARIANT``."""
-    pairs = generate_pairs(n, error_rate=error_rate, edits_per_error=edits_per_error, annotators=annotators,
-                           seed=seed)
+    pairs = generate_pairs(
+        n, error_rate=error_rate, edits_per_error=edits_per_error, annotators=annotators, seed=seed
+    )
     return [m2 for _, m2 in pairs]
 
 
@@ -261,12 +284,20 @@ def stats(sentences: Sequence[M2Sentence], *, annotator: int = 0) -> CorpusStats
         by_type.update(e.type for e in edits)
     n, n_edits = len(sentences), sum(by_type.values())
     err_rate = erroneous / max(n, 1)
-    return CorpusStats(sentences=n, erroneous=erroneous, edits=n_edits, err_rate=err_rate, err_pct=100 * err_rate,
-                       edits_per_error=n_edits / max(erroneous, 1), by_type=dict(by_type))
+    return CorpusStats(
+        sentences=n,
+        erroneous=erroneous,
+        edits=n_edits,
+        err_rate=err_rate,
+        err_pct=100 * err_rate,
+        edits_per_error=n_edits / max(erroneous, 1),
+        by_type=dict(by_type),
+    )
 
 
-def write_builtin_corpus(out_dir: str | Path, *, n_train: int, n_finetune: int, n_dev: int, n_test: int,
-                         seed: int) -> dict[str, Path]:
+def write_builtin_corpus(
+    out_dir: str | Path, *, n_train: int, n_finetune: int, n_dev: int, n_test: int, seed: int
+) -> dict[str, Path]:
     """Write the demo's GEC data (each file atomically) and return ``{split: path}``.
 
     ``train`` is BEA-like (high density, 1 annotator); ``finetune`` CWEB-like, with a second annotator who leaves
@@ -284,8 +315,13 @@ def write_builtin_corpus(out_dir: str | Path, *, n_train: int, n_finetune: int, 
     out_dir = Path(out_dir)
     paths: dict[str, Path] = {}
     for k, (split, (n, density, annotators)) in enumerate(plan.items()):
-        sentences = generate(n, error_rate=density.error_rate, edits_per_error=density.edits_per_error,
-                             annotators=annotators, seed=seed * 1009 + k)  # distinct stream per split
+        sentences = generate(
+            n,
+            error_rate=density.error_rate,
+            edits_per_error=density.edits_per_error,
+            annotators=annotators,
+            seed=seed * 1009 + k,
+        )  # distinct stream per split
         if split == "finetune":
             sentences = with_second_annotator(sentences, p_unchanged=P_UNCHANGED, seed=seed * 1009 + 100 + k)
         paths[split] = out_dir / f"{split}.m2"

@@ -57,10 +57,22 @@ _FREQ_ADVERBS = "always often usually never sometimes rarely"
 _MANNER_ADVERBS = "quickly slowly carefully quietly happily loudly badly easily"
 _DEGREE = "very quite really too"
 _PREP_ALTS = {
-    "in": ("on", "at"), "on": ("in", "at"), "at": ("in", "on"), "to": ("for", "at"), "for": ("to", "of"),
-    "with": ("by", "to"), "about": ("of", "on"), "near": ("by", "at"), "under": ("on", "in"),
-    "behind": ("after", "in"), "after": ("since", "from"), "before": ("until", "at"), "during": ("in", "on"),
-    "from": ("of", "by"), "of": ("for", "from"), "outside": ("out", "in"),
+    "in": ("on", "at"),
+    "on": ("in", "at"),
+    "at": ("in", "on"),
+    "to": ("for", "at"),
+    "for": ("to", "of"),
+    "with": ("by", "to"),
+    "about": ("of", "on"),
+    "near": ("by", "at"),
+    "under": ("on", "in"),
+    "behind": ("after", "in"),
+    "after": ("since", "from"),
+    "before": ("until", "at"),
+    "during": ("in", "on"),
+    "from": ("of", "by"),
+    "of": ("for", "from"),
+    "outside": ("out", "in"),
 }
 _PLACE_PREPS = ("in", "in", "at", "near", "behind", "outside")
 _EVENT_PREPS = ("after", "before", "during")
@@ -83,8 +95,15 @@ class Tok:
 
     __slots__ = ("text", "kind", "alts", "droppable", "bare")
 
-    def __init__(self, text: str, kind: str = "w", alts: tuple[str, ...] = (), *,
-                 droppable: bool = False, bare: bool = False) -> None:
+    def __init__(
+        self,
+        text: str,
+        kind: str = "w",
+        alts: tuple[str, ...] = (),
+        *,
+        droppable: bool = False,
+        bare: bool = False,
+    ) -> None:
         self.text = text
         self.kind = kind  # det prep sva form noun adj adv verb name comma end w
         self.alts = alts
@@ -148,19 +167,49 @@ MANNER_ADVERBS, DEGREE = _MANNER_ADVERBS.split(), _DEGREE.split()
 # --- grammar ---------------------------------------------------------------------------------------------
 _BE = {"1sg": "am", "3sg": "is", "pl": "are"}
 _WAS = {"1sg": "was", "3sg": "was", "pl": "were"}
-_OTHER = {"am": "is", "is": "are", "are": "is", "was": "were", "were": "was", "has": "have", "have": "has",
-          "does": "do", "do": "does"}
+_OTHER = {
+    "am": "is",
+    "is": "are",
+    "are": "is",
+    "was": "were",
+    "were": "was",
+    "has": "have",
+    "have": "has",
+    "does": "do",
+    "do": "does",
+}
 _PRONOUNS = (("I", "1sg"), ("you", "pl"), ("he", "3sg"), ("she", "3sg"), ("we", "pl"), ("they", "pl"))
 _OBJECT_PRONOUNS = ("me", "him", "her", "us", "them", "you")
 _SG_DETS = ("the",) * 5 + ("a",) * 4 + ("this", "that", "my", "your", "his", "her", "our", "their", "every")
 _PL_DETS = ("the",) * 4 + ("", "") * 2 + ("these", "those", "some", "many", "my", "their", "two", "several")
 # Replacements a tagger still reads as determiners (DT/PRP$), so ERRANT calls them R:DET; "many", "several"
 # and "two" are tagged JJ/CD, so they host no determiner error.
-_DET_ALTS = {"this": ("these",), "that": ("those",), "every": ("all", "these"), "these": ("this",),
-             "those": ("that",), "some": ("a",)}
+_DET_ALTS = {
+    "this": ("these",),
+    "that": ("those",),
+    "every": ("all", "these"),
+    "these": ("this",),
+    "those": ("that",),
+    "some": ("a",),
+}
 _QUANTIFIERS = {"many", "several", "two"}
-_TENSES = ("present",) * 6 + ("past",) * 5 + ("prog", "prog", "perfect", "perfect", "modal", "modal", "modal",
-           "neg_present", "neg_past", "past_prog", "neg_modal")
+_TENSES = (
+    ("present",) * 6
+    + ("past",) * 5
+    + (
+        "prog",
+        "prog",
+        "perfect",
+        "perfect",
+        "modal",
+        "modal",
+        "modal",
+        "neg_present",
+        "neg_past",
+        "past_prog",
+        "neg_modal",
+    )
+)
 _MODALS = ("can", "will", "should", "must", "might", "could", "would")
 _NEG_MODALS = (("ca", "future"), ("wo", "future"), ("should", "any"), ("could", "any"))
 _TIMES = {
@@ -194,8 +243,9 @@ def _det(rng: random.Random, plural: bool, following: str) -> Tok | None:
     return Tok(word, "det", _DET_ALTS.get(word, ("these", "those")))
 
 
-def noun_phrase(rng: random.Random, nouns: list[tuple[str, str]], *, plural_p: float = 0.35,
-                adj_p: float = 0.3) -> tuple[list[Tok], str]:
+def noun_phrase(
+    rng: random.Random, nouns: list[tuple[str, str]], *, plural_p: float = 0.35, adj_p: float = 0.3
+) -> tuple[list[Tok], str]:
     """Determiner (or none, for plurals), optional adjective, noun; and the agreement it asks of a verb."""
     sg, pl = pick(rng, nouns)
     plural = rng.random() < plural_p

@@ -90,8 +90,9 @@ _A_FIELDS = "span|||type|||correction|||required|||comment|||annotator"
 MAX_LINE = 1 << 20  # characters: an M2 'S' line or a parallel-text sentence (a long GEC sentence is ~2,000)
 
 
-def iter_lines(path: str | Path, *, chunk_bytes: int = 1 << 22, start: int = 0, first_line: int = 1,
-               max_line: int = MAX_LINE) -> Iterator[tuple[int, str]]:  # fmt: skip
+def iter_lines(
+    path: str | Path, *, chunk_bytes: int = 1 << 22, start: int = 0, first_line: int = 1, max_line: int = MAX_LINE
+) -> Iterator[tuple[int, str]]:
     """``(line number, text)`` of a UTF-8 text file, line ends (LF or CRLF) stripped; from byte ``start`` (a line
     start, numbered ``first_line``) when a reader takes one range of a large file (``raycl.miners.corpus``).
 
@@ -152,8 +153,9 @@ def _decode(path: str | Path, data: bytes, *, first_line: int) -> str:
 def _parse_edit(path: str | Path, lineno: int, line: str, n_tokens: int) -> Edit:
     fields = line[2:].split("|||")
     if len(fields) != 6:
-        raise UserError(f"{at(path, lineno)}: 'A' line has {len(fields)} '|||'-separated fields, expected 6 "
-                        f"({_A_FIELDS})")
+        raise UserError(
+            f"{at(path, lineno)}: 'A' line has {len(fields)} '|||'-separated fields, expected 6 ({_A_FIELDS})"
+        )
     span = fields[0].split()
     try:
         if len(span) != 2:
@@ -163,8 +165,10 @@ def _parse_edit(path: str | Path, lineno: int, line: str, n_tokens: int) -> Edit
         raise UserError(f"{at(path, lineno)}: span {fields[0]!r}, expected two integers 'START END'") from None
     if (start, end) != (-1, -1):
         if start < 0 or start > end or end > n_tokens:
-            raise UserError(f"{at(path, lineno)}: span {start} {end} out of range, expected "
-                            f"0 <= start <= end <= {n_tokens} (tokens in the S line) or '-1 -1' for noop")
+            raise UserError(
+                f"{at(path, lineno)}: span {start} {end} out of range, expected "
+                f"0 <= start <= end <= {n_tokens} (tokens in the S line) or '-1 -1' for noop"
+            )
     try:
         annotator = int(fields[5])
     except ValueError:
@@ -191,8 +195,10 @@ def iter_m2(path: str | Path, lines: Iterable[tuple[int, str]] | None = None) ->
                 source, edits = None, []
         elif line.startswith("S ") or line == "S":
             if source is not None:
-                raise UserError(f"{at(path, lineno)}: second 'S' line in a block, expected 'A ' lines or a "
-                                "blank line between sentences")
+                raise UserError(
+                    f"{at(path, lineno)}: second 'S' line in a block, expected 'A ' lines or a "
+                    "blank line between sentences"
+                )
             source, seen = line[2:], True
             n_tokens = len(source.split())
         elif line.startswith("A "):
@@ -200,8 +206,9 @@ def iter_m2(path: str | Path, lines: Iterable[tuple[int, str]] | None = None) ->
                 raise UserError(f"{at(path, lineno)}: 'A' line outside a block, expected an 'S ' line first")
             edits.append(_parse_edit(path, lineno, line, n_tokens))
         else:
-            raise UserError(f"{at(path, lineno)}: line starts with {line[:10]!r}, expected 'S ', 'A ' or a "
-                            "blank line")
+            raise UserError(
+                f"{at(path, lineno)}: line starts with {line[:10]!r}, expected 'S ', 'A ' or a blank line"
+            )
     if source is not None:
         yield M2Sentence(source, tuple(edits))
     elif not seen:

@@ -32,8 +32,17 @@ A_TRAIN_HEADER = ("DataID", "Language", "MWE", "Setting", "Previous", "Target", 
 A_INPUT_HEADER = ("ID", "Language", "MWE", "Previous", "Target", "Next")
 A_GOLD_HEADER = ("ID", "DataID", "Language", "Label")
 A_SUBMISSION_HEADER = ("ID", "Language", "Setting", "Label")
-B_TRAIN_HEADER = ("ID", "MWE1", "MWE2", "Language", "sentence_1", "sentence_2", "sim", "alternative_1",
-                  "alternative_2")
+B_TRAIN_HEADER = (
+    "ID",
+    "MWE1",
+    "MWE2",
+    "Language",
+    "sentence_1",
+    "sentence_2",
+    "sim",
+    "alternative_1",
+    "alternative_2",
+)
 B_INPUT_HEADER = ("ID", "Language", "MWE1", "MWE2", "sentence1", "sentence2")
 B_GOLD_HEADER = ("ID", "DataID", "Language", "sim", "otherID")
 B_SUBMISSION_HEADER = ("ID", "Language", "Setting", "Sim")
@@ -99,8 +108,9 @@ class StsPair:
     def tokenised(self, *, upstream_quirk: bool = True) -> tuple[str, str]:
         """Both sentences with the MWEs replaced by their single tokens (see the module docstring)."""
         try:
-            return tokenise_pair(self.sentence1, self.sentence2, self.mwe1, self.mwe2,
-                                 upstream_quirk=upstream_quirk)
+            return tokenise_pair(
+                self.sentence1, self.sentence2, self.mwe1, self.mwe2, upstream_quirk=upstream_quirk
+            )
         except ValueError as err:
             raise UserError(f"ID {self.id}: {err}") from None
 
@@ -154,8 +164,9 @@ def replace_mwe(sentence: str, pattern: str, token: str, *, escape: bool = False
     return out
 
 
-def tokenise_pair(sentence1: str, sentence2: str, mwe1: str | None, mwe2: str | None, *,
-                  upstream_quirk: bool = True) -> tuple[str, str]:
+def tokenise_pair(
+    sentence1: str, sentence2: str, mwe1: str | None, mwe2: str | None, *, upstream_quirk: bool = True
+) -> tuple[str, str]:
     """Replace MWE1 in sentence 1 and MWE2 in sentence 2 by their tokens (the quirk: see module docstring)."""
     if mwe1 is not None:
         sentence1 = replace_mwe(sentence1, mwe1, mwe_token(mwe1), escape=not upstream_quirk)
@@ -186,8 +197,9 @@ def read_rows(path: str | Path, header: Sequence[str]) -> Iterator[tuple[int, li
             for row in reader:
                 if row:
                     if len(row) != len(header):
-                        raise UserError(f"{at(path, start)}: {len(row)} fields, expected {len(header)} "
-                                        f"({', '.join(header)})")
+                        raise UserError(
+                            f"{at(path, start)}: {len(row)} fields, expected {len(header)} ({', '.join(header)})"
+                        )
                     yield start, row
                 start = reader.line_num + 1
         except csv.Error as err:
@@ -236,23 +248,32 @@ def read_idiom_train(path: str | Path) -> list[IdiomExample]:
 
 def read_idiom_inputs(path: str | Path) -> list[IdiomExample]:
     """A dev/eval/test input file of Subtask A (no labels)."""
-    return [IdiomExample(i, lang, mwe, prev, target, nxt)
-            for _, (i, lang, mwe, prev, target, nxt) in read_rows(path, A_INPUT_HEADER)]
+    return [
+        IdiomExample(i, lang, mwe, prev, target, nxt)
+        for _, (i, lang, mwe, prev, target, nxt) in read_rows(path, A_INPUT_HEADER)
+    ]
 
 
 def read_idiom_gold(path: str | Path) -> list[IdiomGold]:
-    return [IdiomGold(i, d, lang, _label(path, line, label))
-            for line, (i, d, lang, label) in read_rows(path, A_GOLD_HEADER)]
+    return [
+        IdiomGold(i, d, lang, _label(path, line, label))
+        for line, (i, d, lang, label) in read_rows(path, A_GOLD_HEADER)
+    ]
 
 
-def with_gold(examples: Sequence[IdiomExample], gold: Sequence[IdiomGold], *,
-              name: str = "gold") -> list[IdiomExample]:
+def with_gold(
+    examples: Sequence[IdiomExample], gold: Sequence[IdiomGold], *, name: str = "gold"
+) -> list[IdiomExample]:
     """``examples`` labelled from ``gold``, which must list the same IDs in the same order (as upstream)."""
     if [e.id for e in examples] != [g.id for g in gold]:
-        k = next((i for i, (e, g) in enumerate(zip(examples, gold, strict=False)) if e.id != g.id),
-                 min(len(examples), len(gold)))
-        raise UserError(f"{name}: IDs differ from the inputs' at row {k + 1} ({len(gold)} gold rows, "
-                        f"{len(examples)} inputs); expected the same IDs in the same order")
+        k = next(
+            (i for i, (e, g) in enumerate(zip(examples, gold, strict=False)) if e.id != g.id),
+            min(len(examples), len(gold)),
+        )
+        raise UserError(
+            f"{name}: IDs differ from the inputs' at row {k + 1} ({len(gold)} gold rows, "
+            f"{len(examples)} inputs); expected the same IDs in the same order"
+        )
     return [replace(e, label=g.label) for e, g in zip(examples, gold, strict=True)]
 
 
@@ -269,8 +290,10 @@ def read_sts_train(path: str | Path) -> list[StsPair]:
 
 def read_sts_inputs(path: str | Path) -> list[StsPair]:
     """A Subtask B dev/eval/test input file."""
-    return [StsPair(i, lang, _mwe(m1), _mwe(m2), s1, s2)
-            for _, (i, lang, m1, m2, s1, s2) in read_rows(path, B_INPUT_HEADER)]
+    return [
+        StsPair(i, lang, _mwe(m1), _mwe(m2), s1, s2)
+        for _, (i, lang, m1, m2, s1, s2) in read_rows(path, B_INPUT_HEADER)
+    ]
 
 
 def read_sts_gold(path: str | Path) -> list[StsGold]:
@@ -314,13 +337,17 @@ def _cell(value: Value) -> str:
 
 
 def write_idiom_train(path: str | Path, examples: Iterable[IdiomExample]) -> Path:
-    return write_csv(path, A_TRAIN_HEADER, ((e.id, e.language, e.mwe, e.setting, e.previous, e.target, e.next,
-                                             _cell(e.label)) for e in examples))
+    return write_csv(
+        path,
+        A_TRAIN_HEADER,
+        ((e.id, e.language, e.mwe, e.setting, e.previous, e.target, e.next, _cell(e.label)) for e in examples),
+    )
 
 
 def write_idiom_inputs(path: str | Path, examples: Iterable[IdiomExample]) -> Path:
-    return write_csv(path, A_INPUT_HEADER,
-                     ((e.id, e.language, e.mwe, e.previous, e.target, e.next) for e in examples))
+    return write_csv(
+        path, A_INPUT_HEADER, ((e.id, e.language, e.mwe, e.previous, e.target, e.next) for e in examples)
+    )
 
 
 def write_idiom_gold(path: str | Path, gold: Iterable[IdiomGold]) -> Path:
@@ -332,34 +359,51 @@ def _none(mwe: str | None) -> str:
 
 
 def write_sts_train(path: str | Path, pairs: Iterable[StsPair]) -> Path:
-    rows = ((p.id, _none(p.mwe1), _none(p.mwe2), p.language, p.sentence1, p.sentence2,
-             NONE if p.sim is None else _cell(p.sim), p.alternative_1, p.alternative_2) for p in pairs)
+    rows = (
+        (
+            p.id,
+            _none(p.mwe1),
+            _none(p.mwe2),
+            p.language,
+            p.sentence1,
+            p.sentence2,
+            NONE if p.sim is None else _cell(p.sim),
+            p.alternative_1,
+            p.alternative_2,
+        )
+        for p in pairs
+    )
     return write_csv(path, B_TRAIN_HEADER, rows)
 
 
 def write_sts_inputs(path: str | Path, pairs: Iterable[StsPair]) -> Path:
-    return write_csv(path, B_INPUT_HEADER, ((p.id, p.language, _none(p.mwe1), _none(p.mwe2), p.sentence1,
-                                             p.sentence2) for p in pairs))
+    return write_csv(
+        path,
+        B_INPUT_HEADER,
+        ((p.id, p.language, _none(p.mwe1), _none(p.mwe2), p.sentence1, p.sentence2) for p in pairs),
+    )
 
 
 def write_sts_gold(path: str | Path, gold: Iterable[StsGold]) -> Path:
-    return write_csv(path, B_GOLD_HEADER,
-                     ((g.id, g.data_id, g.language, _cell(g.sim), g.other_id or "") for g in gold))
+    return write_csv(
+        path, B_GOLD_HEADER, ((g.id, g.data_id, g.language, _cell(g.sim), g.other_id or "") for g in gold)
+    )
 
 
 def write_sts_pretrain(path: str | Path, pairs: Iterable[ScoredPair]) -> Path:
-    return write_csv(path, STS_PRETRAIN_HEADER,
-                     ((p.split, p.language, p.sentence1, p.sentence2, _cell(p.score)) for p in pairs))
+    return write_csv(
+        path, STS_PRETRAIN_HEADER, ((p.split, p.language, p.sentence1, p.sentence2, _cell(p.score)) for p in pairs)
+    )
 
 
 SubmissionRow = tuple[str, str, Value, Value]  # (ID, Language, first setting's value, second setting's value)
 
 
-def _write_submission(path: str | Path, header: Sequence[str], settings: Sequence[str],
-                      rows: Sequence[SubmissionRow]) -> Path:
+def _write_submission(
+    path: str | Path, header: Sequence[str], settings: Sequence[str], rows: Sequence[SubmissionRow]
+) -> Path:
     # The official layout: every ID in input order under the first setting, then again under the second.
-    out = [(i, lang, setting, _cell(values[k])) for k, setting in enumerate(settings)
-           for i, lang, *values in rows]
+    out = [(i, lang, setting, _cell(values[k])) for k, setting in enumerate(settings) for i, lang, *values in rows]
     return write_csv(path, header, out)
 
 
@@ -373,8 +417,7 @@ def write_submission_b(path: str | Path, rows: Sequence[SubmissionRow]) -> Path:
     return _write_submission(path, B_SUBMISSION_HEADER, B_SETTINGS, rows)
 
 
-def fill_submission(format_csv: str | Path, predictions: Mapping[tuple[str, str], Value],
-                    out: str | Path) -> Path:
+def fill_submission(format_csv: str | Path, predictions: Mapping[tuple[str, str], Value], out: str | Path) -> Path:
     """Fill an official ``*_submission_format.csv`` from ``{(ID, Setting): value}``, keeping its row order.
 
     Rows without a prediction keep their cell (blank in the format files); a prediction whose (ID, Setting)
@@ -387,6 +430,8 @@ def fill_submission(format_csv: str | Path, predictions: Mapping[tuple[str, str]
         rows.append((i, lang, setting, _cell(predictions[(i, setting)]) if (i, setting) in predictions else value))
     unknown = [key for key in predictions if key not in seen]
     if unknown:
-        raise UserError(f"{at(format_csv)}: {len(unknown)} predictions have no row here, e.g. ID {unknown[0][0]} "
-                        f"setting {unknown[0][1]}; expected the IDs of this split")
+        raise UserError(
+            f"{at(format_csv)}: {len(unknown)} predictions have no row here, e.g. ID {unknown[0][0]} "
+            f"setting {unknown[0][1]}; expected the IDs of this split"
+        )
     return write_csv(out, header, rows)

@@ -80,8 +80,10 @@ def _bound(text: str, spec: str) -> int | None:
     if not _INT.match(text):
         raise UserError(f"data spec {spec!r}: {_EXPECTED}")
     if len(text.lstrip("+-")) > len(str(MAX_BOUND)) or abs(int(text)) > MAX_BOUND:  # digits counted first
-        raise UserError(f"data spec {shown(spec)}: slice bound {shown(text)}, expected an integer of magnitude at "
-                        f"most {MAX_BOUND:,} (sentences)")  # fmt: skip
+        raise UserError(
+            f"data spec {shown(spec)}: slice bound {shown(text)}, expected an integer of magnitude at "
+            f"most {MAX_BOUND:,} (sentences)"
+        )
     return int(text)
 
 
@@ -108,8 +110,10 @@ def parse_spec(spec: str, *, must_exist: bool = True) -> Spec:
     if len(paths) == 1 and paths[0].suffix.lower() not in (".m2", ".tsv"):
         kind = _sniff(paths[0], spec) if paths[0].is_file() else None
         if kind is None:
-            raise UserError(f"data spec {spec!r}: unknown format, expected an M2 file (first line 'S ...'), "
-                            "a .tsv file or SRC|TGT text files")
+            raise UserError(
+                f"data spec {spec!r}: unknown format, expected an M2 file (first line 'S ...'), "
+                "a .tsv file or SRC|TGT text files"
+            )
     return Spec(paths[0], start, stop, paths[1] if len(paths) == 2 else None, kind)
 
 

@@ -48,8 +48,11 @@ class NodeTypes:
 
     def holding(self, bundle: Bundle) -> list[str]:
         """The names of the node types one node of which holds ``bundle``."""
-        return [t.name for t in self.types if t.max_count > 0 and all(
-            v <= t.resources.get(k, 0.0) + 1e-9 for k, v in bundle.items() if v > 0)]  # fmt: skip
+        return [
+            t.name
+            for t in self.types
+            if t.max_count > 0 and all(v <= t.resources.get(k, 0.0) + 1e-9 for k, v in bundle.items() if v > 0)
+        ]
 
 
 FIXED = "fixed"  # an autoscaler without a config: the alive nodes are the cluster
@@ -63,8 +66,10 @@ def from_yaml(config: dict[str, Any], source: str) -> NodeTypes:
         config = _from_kuberay(config, source)
     types = config.get("available_node_types") if isinstance(config, dict) else None
     if not isinstance(types, dict) or not types:
-        raise UserError(f"{at(source)}: available_node_types: expected a mapping of node types (a `ray up` "
-                        "cluster config or a KubeRay RayCluster/RayJob manifest)")  # fmt: skip
+        raise UserError(
+            f"{at(source)}: available_node_types: expected a mapping of node types (a `ray up` "
+            "cluster config or a KubeRay RayCluster/RayJob manifest)"
+        )
     head = config.get("head_node_type")
     found = []
     for name, node in types.items():
@@ -75,8 +80,9 @@ def from_yaml(config: dict[str, Any], source: str) -> NodeTypes:
             bundle = {str(k): float(v) for k, v in res.items()}
             count = 1 if name == head else int(node.get("max_workers", config.get("max_workers", 0)))
         except (TypeError, ValueError):
-            raise UserError(f"{at(source)}: available_node_types.{name}: resources and max_workers must be "
-                            "numbers") from None  # fmt: skip
+            raise UserError(
+                f"{at(source)}: available_node_types.{name}: resources and max_workers must be numbers"
+            ) from None
         found.append(NodeType(str(name), bundle, count))
     top = config.get("max_workers")
     return NodeTypes(found, source, int(top) if isinstance(top, int) else None)
@@ -135,9 +141,17 @@ def _from_gcs() -> NodeTypes | None:
     config = ray_state.get_cluster_config()
     if config is None or not config.node_group_configs:
         return None
-    return NodeTypes([NodeType(g.name, {k: float(v) for k, v in g.resources.items()},
-                               int(g.max_count) if g.max_count >= 0 else 10**6)
-                      for g in config.node_group_configs], "the GCS's cluster config")  # fmt: skip
+    return NodeTypes(
+        [
+            NodeType(
+                g.name,
+                {k: float(v) for k, v in g.resources.items()},
+                int(g.max_count) if g.max_count >= 0 else 10**6,
+            )
+            for g in config.node_group_configs
+        ],
+        "the GCS's cluster config",
+    )
 
 
 def before_connecting(address: str, explicit: str | None = None) -> NodeTypes | None:

@@ -33,30 +33,47 @@ class StreamStats:
 
     def metrics(self) -> dict[str, float]:
         s = self.staleness
-        return {"timing/mine_wait": self.mine_wait, "timing/mine_wait_first": self.first_wait,
-                "stream/refused": float(self.refused), "stream/negatives": float(self.negatives),
-                "stream/staleness_mean": sum(s) / len(s) if s else 0.0,
-                "stream/staleness_max": float(max(s)) if s else 0.0}  # fmt: skip
+        return {
+            "timing/mine_wait": self.mine_wait,
+            "timing/mine_wait_first": self.first_wait,
+            "stream/refused": float(self.refused),
+            "stream/negatives": float(self.negatives),
+            "stream/staleness_mean": sum(s) / len(s) if s else 0.0,
+            "stream/staleness_max": float(max(s)) if s else 0.0,
+        }
 
 
 class StreamConsumer:
-    def __init__(self, stream: Any, store: Any, *, rank: int, world_size: int, max_staleness: int,
-                 version: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self, stream: Any, store: Any, *, rank: int, world_size: int, max_staleness: int, version: int = 0
+    ) -> None:
         self.stream, self.store, self.rank, self.world_size = stream, store, rank, world_size
         self.max_staleness, self.version = max_staleness, version
         self.stats = StreamStats()
 
-    def start_epoch(self, epoch: int, items_per_rank: list[list[Any]], *, shuffle: bool = True,
-                    min_versions: dict[str, int] | None = None) -> None:  # fmt: skip
+    def start_epoch(
+        self,
+        epoch: int,
+        items_per_rank: list[list[Any]],
+        *,
+        shuffle: bool = True,
+        min_versions: dict[str, int] | None = None,
+    ) -> None:
         """Rank 0 schedules ``epoch`` (shuffled by epoch, or in the given order); cached negatives fresh enough for
         ``max_staleness`` are reused. If the stream already runs this epoch, a restarted trainer is replaying it:
         every item is delivered again."""
         self.stats = StreamStats()
         if self.rank != 0:
             return
-        started = ray.get(self.stream.start_epoch.remote(epoch, items_per_rank, shuffle=shuffle,
-                                                         reuse_version=self.version - self.max_staleness,
-                                                         min_versions=min_versions))  # fmt: skip
+        started = ray.get(
+            self.stream.start_epoch.remote(
+                epoch,
+                items_per_rank,
+                shuffle=shuffle,
+                reuse_version=self.version - self.max_staleness,
+                min_versions=min_versions,
+            )
+        )
         if not started:
             empty: list[list[str]] = [[] for _ in range(self.world_size)]
             ray.get(self.stream.restore.remote({"epoch": epoch, "consumed": empty}))
@@ -110,5 +127,9 @@ class StreamConsumer:
 
     def buffer(self) -> dict[str, float]:
         s = ray.get(self.stream.stats.remote())
-        return {"stream/fill": float(s["fill"]), "stream/capacity": float(s["capacity"]),
-                "stream/max_fill": float(s["max_fill"]), "stream/reassigned": float(s["reassigned"])}  # fmt: skip
+        return {
+            "stream/fill": float(s["fill"]),
+            "stream/capacity": float(s["capacity"]),
+            "stream/max_fill": float(s["max_fill"]),
+            "stream/reassigned": float(s["reassigned"]),
+        }

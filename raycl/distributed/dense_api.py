@@ -1,6 +1,6 @@
 """``raycl.mine_dense_negatives``: sentence-transformers' ``mine_hard_negatives``, on a Ray actor pool, resumable.
 
-The pipeline is :mod:`raycl.distributed.dense_mining`; the filters, their formulas and the formats are
+The pipeline is :mod:`raycl.distributed.dense`; the filters, their formulas and the formats are
 :mod:`raycl.miners.dense`.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from raycl import storage
-from raycl.distributed.dense_mining import (
+from raycl.distributed.dense import (
     Encoding,
     OutDir,
     Pool,
@@ -128,17 +128,28 @@ def run_dense(**kw: Any) -> tuple[dict[str, Any], Any]:
     kw = {**kw, **{k: _input(kw[k], k) for k in ("dataset", "corpus", "model", "cross_encoder")}}
     pairs = read_pairs(kw["dataset"]) if isinstance(kw["dataset"], (str, Path)) else _dataset(kw["dataset"])
     where = str(kw["dataset"]) if isinstance(kw["dataset"], (str, Path)) else "dataset"
-    anchor, positive = check_columns(pairs.column_names, kw["anchor_column_name"], kw["positive_column_name"],
-                                     where)  # fmt: skip
+    anchor, positive = check_columns(
+        pairs.column_names, kw["anchor_column_name"], kw["positive_column_name"], where
+    )
     if len(pairs) == 0:
         raise UserError(f"{where}: no pairs, expected at least one (anchor, positive) row")
     queries, positives, max_pos = group_pairs([str(a) for a in pairs[anchor]], [str(p) for p in pairs[positive]])
     options = dense_options(
-        num_negatives=kw["num_negatives"], range_min=kw["range_min"], range_max=kw["range_max"],
-        max_positives=max_pos, sampling_strategy=kw["sampling_strategy"], max_score=kw["max_score"],
-        min_score=kw["min_score"], absolute_margin=kw["absolute_margin"], relative_margin=kw["relative_margin"],
-        include_positives=kw["include_positives"], output_format=kw["output_format"],
-        output_scores=kw["output_scores"], seed=kw["seed"], cross_encoder=kw["cross_encoder"] is not None)
+        num_negatives=kw["num_negatives"],
+        range_min=kw["range_min"],
+        range_max=kw["range_max"],
+        max_positives=max_pos,
+        sampling_strategy=kw["sampling_strategy"],
+        max_score=kw["max_score"],
+        min_score=kw["min_score"],
+        absolute_margin=kw["absolute_margin"],
+        relative_margin=kw["relative_margin"],
+        include_positives=kw["include_positives"],
+        output_format=kw["output_format"],
+        output_scores=kw["output_scores"],
+        seed=kw["seed"],
+        cross_encoder=kw["cross_encoder"] is not None,
+    )
     filtered = any(kw[k] is not None for k in ("absolute_margin", "relative_margin", "max_score", "min_score"))
     encoding, pool = _encoding(kw, rescore=filtered), _pool(kw)
     if kw["index"] not in INDEXES:
@@ -153,30 +164,74 @@ def run_dense(**kw: Any) -> tuple[dict[str, Any], Any]:
         unique = list(dict.fromkeys(p for ps in positives for p in ps))
         start = len(corpus)
         size = int(kw["corpus_shard_size"])
-        corpus += [{"index": start + j, "count": len(unique[s : s + size]), "texts": unique[s : s + size]}
-                   for j, s in enumerate(range(0, len(unique), size))]  # fmt: skip
-        check_settings(out_dir, settings(encoding, options, pairs=texts_digest(queries, positives),
-                                         columns=[anchor, positive], corpus=corpus_key, index=kw["index"],
-                                         corpus_shard_size=size, query_block_size=int(kw["query_block_size"])))
+        corpus += [
+            {"index": start + j, "count": len(unique[s : s + size]), "texts": unique[s : s + size]}
+            for j, s in enumerate(range(0, len(unique), size))
+        ]
+        check_settings(
+            out_dir,
+            settings(
+                encoding,
+                options,
+                pairs=texts_digest(queries, positives),
+                columns=[anchor, positive],
+                corpus=corpus_key,
+                index=kw["index"],
+                corpus_shard_size=size,
+                query_block_size=int(kw["query_block_size"]),
+            ),
+        )
         blocks = blocks_of(queries, positives, int(kw["query_block_size"]))
-        work = mine_blocks(out_dir, encoding=encoding, options=options, columns=(anchor, positive), corpus=corpus,
-                           blocks=blocks, index=kw["index"], pool=pool, faults=kw["faults"])
+        work = mine_blocks(
+            out_dir,
+            encoding=encoding,
+            options=options,
+            columns=(anchor, positive),
+            corpus=corpus,
+            blocks=blocks,
+            index=kw["index"],
+            pool=pool,
+            faults=kw["faults"],
+        )
         stats = read_stats(out_dir)
         schema = arrow_schema(options, anchor, positive)
         rows = _rows(out_dir)
-        summary = {"out": str(kw["out"]) if kw["out"] is not None else None, "queries": len(queries),
-                   "pairs": len(pairs), "rows": rows, "negatives": stats.negatives, "candidates": stats.candidates,
-                   "dropped": stats.dropped, "short": stats.short, "num_negatives": options.num_negatives,
-                   "range_max": options.range_max, "num_miners": _shown(pool.num_miners), "index": kw["index"],
-                   **work, "seconds": round(time.perf_counter() - t0, 3)}  # fmt: skip
+        summary = {
+            "out": str(kw["out"]) if kw["out"] is not None else None,
+            "queries": len(queries),
+            "pairs": len(pairs),
+            "rows": rows,
+            "negatives": stats.negatives,
+            "candidates": stats.candidates,
+            "dropped": stats.dropped,
+            "short": stats.short,
+            "num_negatives": options.num_negatives,
+            "range_max": options.range_max,
+            "num_miners": _shown(pool.num_miners),
+            "index": kw["index"],
+            **work,
+            "seconds": round(time.perf_counter() - t0, 3),
+        }
         write_report(out_dir, stats, summary=summary)
         ds = read_output(out_dir, schema)
     return summary, ds
 
 
-NUMBERS = ("num_negatives", "range_min", "range_max", "max_score", "min_score", "absolute_margin",
-           "relative_margin", "batch_size", "seed", "corpus_shard_size", "query_block_size", "cpus_per_miner",
-           "gpus_per_miner")  # fmt: skip
+NUMBERS = (
+    "num_negatives",
+    "range_min",
+    "range_max",
+    "max_score",
+    "min_score",
+    "absolute_margin",
+    "relative_margin",
+    "batch_size",
+    "seed",
+    "corpus_shard_size",
+    "query_block_size",
+    "cpus_per_miner",
+    "gpus_per_miner",
+)
 LIBRARY_HINT = TRUST_HINT.replace("--out", "out").replace("--trust-out", "trust_out=True")
 
 
@@ -209,8 +264,9 @@ def _dataset(data: Any) -> Any:
         return datasets.Dataset.from_list(list(data))
     if isinstance(data, dict):
         return datasets.Dataset.from_dict(data)
-    raise UserError(f"dataset: expected a datasets.Dataset, a list of dicts or a pairs file, got "
-                    f"{type(data).__name__}")  # fmt: skip
+    raise UserError(
+        f"dataset: expected a datasets.Dataset, a list of dicts or a pairs file, got {type(data).__name__}"
+    )
 
 
 def _encoding(kw: dict[str, Any], *, rescore: bool) -> Encoding:
@@ -227,10 +283,15 @@ def _encoding(kw: dict[str, Any], *, rescore: bool) -> Encoding:
     if kw["cross_encoder"] is not None:
         cross = resolve_model(kw["cross_encoder"])
         check_cross_encoder(cross)
-    return Encoding(str(folder), query_prompt=resolve_prompt(folder, kw["query_prompt"], kw["query_prompt_name"]),
-                    corpus_prompt=resolve_prompt(folder, kw["corpus_prompt"], kw["corpus_prompt_name"]),
-                    batch_size=int(kw["batch_size"]), device=kw["device"], precision=kw["precision"],
-                    cross_encoder=str(cross) if cross is not None and rescore else None)  # fmt: skip
+    return Encoding(
+        str(folder),
+        query_prompt=resolve_prompt(folder, kw["query_prompt"], kw["query_prompt_name"]),
+        corpus_prompt=resolve_prompt(folder, kw["corpus_prompt"], kw["corpus_prompt_name"]),
+        batch_size=int(kw["batch_size"]),
+        device=kw["device"],
+        precision=kw["precision"],
+        cross_encoder=str(cross) if cross is not None and rescore else None,
+    )
 
 
 def parse_miners(value: int | tuple[int, int] | str) -> int | tuple[int, int]:
@@ -252,10 +313,16 @@ def parse_miners(value: int | tuple[int, int] | str) -> int | tuple[int, int]:
 
 def _pool(kw: dict[str, Any]) -> Pool:
     if kw["cpus_per_miner"] < 0 or kw["gpus_per_miner"] < 0:
-        raise UserError(f"cpus_per_miner/gpus_per_miner: expected ≥ 0, got {kw['cpus_per_miner']}, "
-                        f"{kw['gpus_per_miner']}")  # fmt: skip
-    return Pool(parse_miners(kw["num_miners"]), float(kw["cpus_per_miner"]), float(kw["gpus_per_miner"]),
-                kw["address"], progress=bool(kw["verbose"]))  # fmt: skip
+        raise UserError(
+            f"cpus_per_miner/gpus_per_miner: expected ≥ 0, got {kw['cpus_per_miner']}, {kw['gpus_per_miner']}"
+        )
+    return Pool(
+        parse_miners(kw["num_miners"]),
+        float(kw["cpus_per_miner"]),
+        float(kw["gpus_per_miner"]),
+        kw["address"],
+        progress=bool(kw["verbose"]),
+    )
 
 
 def _corpus(corpus: Any, column: str | None, out_dir: Path, size: int) -> tuple[list[dict[str, Any]], Any]:
@@ -272,8 +339,10 @@ def _corpus(corpus: Any, column: str | None, out_dir: Path, size: int) -> tuple[
     texts = [str(t) for t in corpus]
     if not texts:
         raise UserError("corpus: an empty list, expected at least one text (or None: the positives only)")
-    items = [{"index": i, "count": len(texts[s : s + size]), "texts": texts[s : s + size]}
-             for i, s in enumerate(range(0, len(texts), size))]  # fmt: skip
+    items = [
+        {"index": i, "count": len(texts[s : s + size]), "texts": texts[s : s + size]}
+        for i, s in enumerate(range(0, len(texts), size))
+    ]
     return items, {"texts": len(texts), "blake2b": texts_digest(texts)}
 
 
@@ -287,6 +356,8 @@ def _shown(n: int | tuple[int, int]) -> Any:
 
 def summary_line(s: dict[str, Any]) -> str:
     dropped = ", ".join(f"{k} {s['dropped'].get(k, 0):,}" for k in FILTERS)
-    return (f"mined {s['queries']:,} queries: {s['negatives']:,} negatives in {s['rows']:,} rows; of "
-            f"{s['candidates']:,} candidates dropped: {dropped}; {s['short']:,} queries short of "
-            f"{s['num_negatives']}; {s['seconds']:.1f} s")
+    return (
+        f"mined {s['queries']:,} queries: {s['negatives']:,} negatives in {s['rows']:,} rows; of "
+        f"{s['candidates']:,} candidates dropped: {dropped}; {s['short']:,} queries short of "
+        f"{s['num_negatives']}; {s['seconds']:.1f} s"
+    )

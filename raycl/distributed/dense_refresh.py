@@ -3,7 +3,7 @@
 A miner of kind ``dense_refresh`` runs in the ordinary miner pool (:mod:`raycl.distributed.miner_pool`: restartable
 actors, tasks from the negative stream, weights pulled from the weight store before each task). Its plain part,
 :class:`RefreshMiner`, is the dense miner of ``raycl.mine_dense_negatives`` itself — a
-:class:`~raycl.distributed.dense_mining.QueryMiner` (query embedding, exact blockwise top-k over the corpus'
+:class:`~raycl.distributed.dense.QueryMiner` (query embedding, exact blockwise top-k over the corpus'
 embedding shards, the filters of :mod:`raycl.miners.dense`) — with the corpus embedded once per weight version:
 
     version v    the first task a miner mines with weights v embeds the corpus into ``<work>/v<v>/_embeddings/``,
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from raycl.distributed.dense_mining import Encoding, QueryMiner
+from raycl.distributed.dense import Encoding, QueryMiner
 from raycl.miners.dense import dense_options, keys_of, within_margins
 from raycl.miners.dense_io import CORPUS_COLUMN as CORPUS_COLUMN
 from raycl.miners.dense_io import EMBEDDINGS, corpus_ranges, embedding_table, read_corpus_range, write_embeddings
@@ -51,17 +51,31 @@ class RefreshRecord:
 class RefreshMiner:
     """The plain miner (built inside a miner actor by :func:`build_refresh_miner`)."""
 
-    def __init__(self, model_path: str, *, corpus: str, work_dir: str, pool: int, max_positives: int,
-                 num_negatives: int, relative_margin: float | None = None, absolute_margin: float | None = None,
-                 batch_size: int = 32, shard_size: int = 4096, device: str = "cpu", precision: str = "fp32",
-                 ) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        corpus: str,
+        work_dir: str,
+        pool: int,
+        max_positives: int,
+        num_negatives: int,
+        relative_margin: float | None = None,
+        absolute_margin: float | None = None,
+        batch_size: int = 32,
+        shard_size: int = 4096,
+        device: str = "cpu",
+        precision: str = "fp32",
+    ) -> None:
         self.encoding = Encoding(model_path, batch_size=batch_size, device=device, precision=precision)
         # the STS pool's mining (raycl.recipes.sts.negatives.mine_pool): ``pool`` negatives, no margin
         options = dense_options(num_negatives=pool, max_positives=max_positives)
         self.work, self.corpus, self.shard_size = Path(work_dir), Path(corpus), shard_size
         self.query = QueryMiner(self.encoding, str(self.folder(0)), options, ("anchor", "positive"), "exact", None)
-        self.num_negatives, self.margins = num_negatives, {"relative_margin": relative_margin,
-                                                           "absolute_margin": absolute_margin}  # fmt: skip
+        self.num_negatives, self.margins = (
+            num_negatives,
+            {"relative_margin": relative_margin, "absolute_margin": absolute_margin},
+        )
         self.version, self.embedded = 0, -1
 
     def folder(self, version: int) -> Path:
@@ -71,22 +85,30 @@ class RefreshMiner:
         """A published SentenceEncoder state dict (DDP's ``module.`` and torch.compile's ``_orig_mod.`` names
         too): its encoder into this miner's; the corpus is embedded again at the next task."""
         sd = {k.removeprefix("module.").replace("_orig_mod.", ""): v for k, v in state_dict.items()}
-        self.query.encoder.model.load_state_dict({k.removeprefix("encoder."): v for k, v in sd.items()
-                                                  if k.startswith("encoder.")})  # fmt: skip
+        self.query.encoder.model.load_state_dict(
+            {k.removeprefix("encoder."): v for k, v in sd.items() if k.startswith("encoder.")}
+        )
         self.version = version
 
     def mine(self, items: Sequence[RefreshAnchor]) -> list[RefreshRecord]:
         self.embed()
-        block = {"queries": [it.query for it in items], "positives": [list(it.positives) for it in items],
-                 "first": 0}  # fmt: skip
+        block = {
+            "queries": [it.query for it in items],
+            "positives": [list(it.positives) for it in items],
+            "first": 0,
+        }
         records, _ = self.query.records(block)
         out = []
         for it, r in zip(items, records, strict=True):
             hardest = min(r.positive_scores) if r.positive_scores else None
-            kept = [i for i in within_margins(r.negative_scores, hardest, **self.margins)
-                    if r.negatives[i] != it.query][: self.num_negatives]  # never the anchor's own copy
-            out.append(RefreshRecord(it.id, tuple(r.negatives[i] for i in kept),
-                                     tuple(r.negative_scores[i] for i in kept)))  # fmt: skip
+            kept = [
+                i for i in within_margins(r.negative_scores, hardest, **self.margins) if r.negatives[i] != it.query
+            ][: self.num_negatives]  # never the anchor's own copy
+            out.append(
+                RefreshRecord(
+                    it.id, tuple(r.negatives[i] for i in kept), tuple(r.negative_scores[i] for i in kept)
+                )
+            )
         return out
 
     def embed(self) -> None:

@@ -75,10 +75,14 @@ class Ledger:
 
     # ------------------------------------------------------------------------------------------ epochs
     def start_epoch(
-        self, epoch: int, items_per_rank: Sequence[Sequence[Any]], *,
-        cached: Mapping[str, StreamItem] | None = None, shuffle: bool = True,
+        self,
+        epoch: int,
+        items_per_rank: Sequence[Sequence[Any]],
+        *,
+        cached: Mapping[str, StreamItem] | None = None,
+        shuffle: bool = True,
         min_versions: Mapping[str, int] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Schedule ``epoch``: each rank's items (objects with an ``id``), shuffled by (seed, epoch, rank).
 
         Ids found in ``cached`` are ready at once, with that item. Ids must be unique across ranks.
@@ -160,8 +164,11 @@ class Ledger:
         ids = [self._pop_pending(rank)]
         floor = self.min_version.get(ids[0], 0)
         # a task never mixes version floors: it would wait for the highest and hold back the others
-        while len(ids) < size and (nxt := self._peek_pending(rank)) is not None \
-                and self.min_version.get(nxt, 0) == floor:
+        while (
+            len(ids) < size
+            and (nxt := self._peek_pending(rank)) is not None
+            and self.min_version.get(nxt, 0) == floor
+        ):
             ids.append(self._pop_pending(rank))
         task_id, self._next_task = self._next_task, self._next_task + 1
         for id_ in ids:
@@ -285,8 +292,9 @@ class Ledger:
         """Consumed ids the trainer found too stale: re-mined with weights ≥ ``min_version``, delivered later."""
         wrong = [i for i in ids if self.state.get(i) != CONSUMED or self.rank_of[i] != rank]
         if wrong or len(set(ids)) != len(ids):
-            raise ValueError(f"rank {rank} refused {wrong or ids}: expected distinct ids it consumed in epoch "
-                             f"{self.epoch}")
+            raise ValueError(
+                f"rank {rank} refused {wrong or ids}: expected distinct ids it consumed in epoch {self.epoch}"
+            )
         for id_ in ids:
             del self.consumed[rank][id_]
             self.min_version[id_] = max(self.min_version.get(id_, 0), min_version)
@@ -347,5 +355,6 @@ class Ledger:
         assert self.fresh <= {i for i, s in self.state.items() if s == READY}
         for task_id, lease in self.leases.items():
             assert self.miner_task.get(lease.miner_id) == task_id
-        assert self._n_exempt == [sum(x.exempt for x in self.leases.values() if x.rank == r)
-                                  for r in range(self.world_size)]  # fmt: skip
+        assert self._n_exempt == [
+            sum(x.exempt for x in self.leases.values() if x.rank == r) for r in range(self.world_size)
+        ]

@@ -53,7 +53,12 @@ class MinedBatch:
 
     @classmethod
     def of(
-        cls, task: MineTask, records: Sequence[MinedRecord], *, model_version: int, miner_id: int,
+        cls,
+        task: MineTask,
+        records: Sequence[MinedRecord],
+        *,
+        model_version: int,
+        miner_id: int,
         seconds: float = 0.0,
     ) -> MinedBatch:
         assert [r.id for r in records] == list(task.ids), "a miner must return one record per item, in order"
@@ -61,14 +66,20 @@ class MinedBatch:
             ids=task.ids,
             negatives=tuple(tuple(r.negatives) for r in records),
             scores=tuple(tuple(float(s) for s in r.scores) for r in records),
-            model_version=model_version, miner_id=miner_id, epoch=task.epoch, task_id=task.task_id,
-            seconds=seconds, false_negatives=tuple(tuple(getattr(r, "false_negatives", ())) for r in records),
-        )  # fmt: skip
+            model_version=model_version,
+            miner_id=miner_id,
+            epoch=task.epoch,
+            task_id=task.task_id,
+            seconds=seconds,
+            false_negatives=tuple(tuple(getattr(r, "false_negatives", ())) for r in records),
+        )
 
     def items(self) -> list[StreamItem]:
         counts = self.false_negatives or ((),) * len(self.ids)
-        return [StreamItem(i, n, s, self.model_version, self.miner_id, c)
-                for i, n, s, c in zip(self.ids, self.negatives, self.scores, counts, strict=True)]  # fmt: skip
+        return [
+            StreamItem(i, n, s, self.model_version, self.miner_id, c)
+            for i, n, s, c in zip(self.ids, self.negatives, self.scores, counts, strict=True)
+        ]
 
 
 @dataclass(frozen=True)

@@ -32,17 +32,23 @@ import ray
 from ray.util.metrics import Counter, Gauge
 
 _METRICS: dict[str, tuple[type, str, tuple[str, ...]]] = {
-    "raycl_stream_depth": (Gauge, "negative stream: items mined-undelivered (ready) or also in flight (fill)",
-                           ("state",)),
+    "raycl_stream_depth": (
+        Gauge,
+        "negative stream: items mined-undelivered (ready) or also in flight (fill)",
+        ("state",),
+    ),
     "raycl_miner_negatives": (Counter, "negatives mined", ("miner",)),
     "raycl_miner_negatives_per_s": (Gauge, "negatives per second of the miner's last task", ("miner",)),
     "raycl_trainer_mine_wait_s": (Counter, "seconds a trainer rank waited for negatives", ("rank",)),
     "raycl_trainer_staleness": (Gauge, "largest staleness (versions) of the items a rank last took", ("rank",)),
     "raycl_trainer_refused": (Counter, "items refused by a trainer rank as too stale", ("rank",)),
     "raycl_weight_version": (Gauge, "the weight version a holder has (store, miner<i>, rank<r>)", ("holder",)),
-    "raycl_miner_gpu_fallback": (Counter, "miners given a GPU share that run on the CPU (no CUDA on the node)",
-                                 ("node",)),
-}  # fmt: skip
+    "raycl_miner_gpu_fallback": (
+        Counter,
+        "miners given a GPU share that run on the CPU (no CUDA on the node)",
+        ("node",),
+    ),
+}
 _made: dict[str, Any] = {}
 
 

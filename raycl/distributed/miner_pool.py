@@ -136,8 +136,9 @@ class MinerActor:
         self._sync(task.min_version)
         t0 = time.perf_counter()
         records = self.miner.mine(list(task.items))
-        batch = MinedBatch.of(task, records, model_version=self._version, miner_id=self.miner_id,
-                              seconds=time.perf_counter() - t0)  # fmt: skip
+        batch = MinedBatch.of(
+            task, records, model_version=self._version, miner_id=self.miner_id, seconds=time.perf_counter() - t0
+        )
         self._done += 1
         metrics.mined(self.miner_id, negatives=sum(map(len, batch.negatives)), seconds=batch.seconds)
         if self.faults is not None:
@@ -184,16 +185,23 @@ class MinerActor:
 
 # ---------------------------------------------------------------------------------------------- the pool
 def miner_options(
-    i: int, *, cpus: float, gpus: float, resources: dict[str, float] | None = None, placement_group: Any = None,
-    first_bundle: int = 1, node_ids: Sequence[str] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+    i: int,
+    *,
+    cpus: float,
+    gpus: float,
+    resources: dict[str, float] | None = None,
+    placement_group: Any = None,
+    first_bundle: int = 1,
+    node_ids: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """Ray actor options of miner ``i``: its resources, restarts, and placement (bundle or preferred node)."""
     opts: dict[str, Any] = dict(num_cpus=cpus, num_gpus=gpus, max_restarts=-1, max_task_retries=-1)
     if resources:
         opts["resources"] = dict(resources)
     if placement_group is not None:
         opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-            placement_group, placement_group_bundle_index=first_bundle + i)
+            placement_group, placement_group_bundle_index=first_bundle + i
+        )
     elif node_ids:
         opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_ids[i % len(node_ids)], soft=True)
     return opts
@@ -205,24 +213,44 @@ class MinerPool:
     the trial's driver); with ``node_ids``, miner i prefers node ``node_ids[i % len]`` (soft affinity)."""
 
     def __init__(
-        self, factory: MinerFactory, *, num_miners: int, cpus_per_miner: float = 1.0, gpus_per_miner: float = 0.0,
-        weight_store: Any | None = None, placement_group: Any | None = None, first_bundle: int = 1,
-        node_ids: Sequence[str] | None = None, resources: dict[str, float] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        factory: MinerFactory,
+        *,
+        num_miners: int,
+        cpus_per_miner: float = 1.0,
+        gpus_per_miner: float = 0.0,
+        weight_store: Any | None = None,
+        placement_group: Any | None = None,
+        first_bundle: int = 1,
+        node_ids: Sequence[str] | None = None,
+        resources: dict[str, float] | None = None,
+    ) -> None:
         self.factory = factory = factory.resolved()  # the kind travels with the factory; an unknown one fails here
-        placement: dict[str, Any] = dict(cpus=cpus_per_miner, gpus=gpus_per_miner, resources=resources,
-                                         placement_group=placement_group, first_bundle=first_bundle,
-                                         node_ids=node_ids)
+        placement: dict[str, Any] = dict(
+            cpus=cpus_per_miner,
+            gpus=gpus_per_miner,
+            resources=resources,
+            placement_group=placement_group,
+            first_bundle=first_bundle,
+            node_ids=node_ids,
+        )
         cls: Any = ray.remote(concurrency_groups={"control": 1})(MinerActor)  # type: ignore[call-overload]
         # the "control" group lets version()/node_id() answer while run() loops
-        self._actors: list[Any] = [cls.options(**miner_options(i, **placement)).remote(i, factory, weight_store)
-                                   for i in range(num_miners)]  # fmt: skip
+        self._actors: list[Any] = [
+            cls.options(**miner_options(i, **placement)).remote(i, factory, weight_store)
+            for i in range(num_miners)
+        ]
         self._runs: list[Any] = []
 
     @classmethod
     def from_config(cls, factory: MinerFactory, mining: MiningSection, **kwargs: Any) -> MinerPool:
-        return cls(factory, num_miners=mining.num_miners, cpus_per_miner=mining.cpus_per_miner,
-                   gpus_per_miner=mining.gpus_per_miner, **kwargs)  # fmt: skip
+        return cls(
+            factory,
+            num_miners=mining.num_miners,
+            cpus_per_miner=mining.cpus_per_miner,
+            gpus_per_miner=mining.gpus_per_miner,
+            **kwargs,
+        )
 
     def actors(self) -> list[Any]:
         return list(self._actors)

@@ -1,4 +1,4 @@
-"""What the Ray Data actor pools of corpus mining (``raycl.distributed.corpus_mining``, the library call
+"""What the Ray Data actor pools of corpus mining (``raycl.distributed.corpus``, the library call
 ``raycl.distributed.negatives_api``) and dense mining share: Ray started for the pool, the pool sized, Ray Data
 kept quiet, a user's error unwrapped from Ray's, the decoding engine resolved once before any miner starts, and the
 miner built in its actor on the device Ray gave it."""
@@ -33,12 +33,14 @@ def resolve_miners_engine(model: str, options: dict[str, Any], *, gpus_per_miner
     ``auto`` (Ray must be up). The miners are then given it explicitly, so no two of them resolve ``auto``
     differently; an impossible choice (int8 without CTranslate2) is a one-line error here."""
     engine, precision = str(options.get("engine", "auto")), str(options.get("precision", "fp32"))
-    got = choose_engine(engine, model, precision=precision, gpus_per_miner=gpus_per_miner,
-                        device=str(options.get("device", "cpu")))  # fmt: skip
+    got = choose_engine(
+        engine, model, precision=precision, gpus_per_miner=gpus_per_miner, device=str(options.get("device", "cpu"))
+    )
     if not got.deferred:
         return MinersEngine(got.engine, engine_versions(got.engine))
-    return ray.get(ray.remote(_resolve_on_gpu).options(num_cpus=0, num_gpus=gpus_per_miner).remote(
-        engine, model, precision))  # fmt: skip
+    return ray.get(
+        ray.remote(_resolve_on_gpu).options(num_cpus=0, num_gpus=gpus_per_miner).remote(engine, model, precision)
+    )
 
 
 def _resolve_on_gpu(engine: str, model: str, precision: str) -> MinersEngine:

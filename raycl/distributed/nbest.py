@@ -65,11 +65,14 @@ def read_nbest_shards(out_dir: str | Path) -> dict[str, StreamItem]:
     out: dict[str, StreamItem] = {}
     for path in shard_files(storage.refresh(storage.on_node(out_dir))):
         for batch in batches(path, NBEST_COLUMNS):
-            for id_, negs, scores, version in zip(*(batch.column(c).to_pylist() for c in NBEST_COLUMNS),
-                                                  strict=True):  # fmt: skip
+            for id_, negs, scores, version in zip(
+                *(batch.column(c).to_pylist() for c in NBEST_COLUMNS), strict=True
+            ):
                 if id_ is None or negs is None or scores is None or version is None:
-                    raise UserError(f"{at(path)}: a row with a null id, negatives, scores or model_version, "
-                                    "expected an n-best shard written by raycl")  # fmt: skip
+                    raise UserError(
+                        f"{at(path)}: a row with a null id, negatives, scores or model_version, "
+                        "expected an n-best shard written by raycl"
+                    )
                 out[id_] = StreamItem(id_, tuple(negs), tuple(scores), int(version), -1)
     return out
 
@@ -78,10 +81,16 @@ class NBestStream(NegativeStream):
     """One epoch of D_F for one consumer (the run), no back-pressure; accepted records go to shards and stay
     readable (``wait_ready``) for every trial. Made an async actor by :func:`shared_nbest`."""
 
-    def __init__(self, *, examples: Sequence[Any], out_dir: str, task_size: int, lease_s: float,
-                 shard_size: int = 2000) -> None:  # fmt: skip
-        super().__init__(world_size=1, capacity=max(len(examples), task_size), task_size=task_size,
-                         lease_s=lease_s, ordered=False)  # fmt: skip
+    def __init__(
+        self, *, examples: Sequence[Any], out_dir: str, task_size: int, lease_s: float, shard_size: int = 2000
+    ) -> None:
+        super().__init__(
+            world_size=1,
+            capacity=max(len(examples), task_size),
+            task_size=task_size,
+            lease_s=lease_s,
+            ordered=False,
+        )
         self.out_dir, self.shard_size, self.total = storage.on_node(out_dir), shard_size, len(examples)
         self.cache.update(read_nbest_shards(self.out_dir))
         self.resumed = len(self.cache)
@@ -104,11 +113,22 @@ class NBestStream(NegativeStream):
         import pyarrow as pa
 
         rows = self._rows
-        table = pa.table({"id": [r.id for r in rows], "negatives": [list(r.negatives) for r in rows],
-                          "scores": [list(r.scores) for r in rows],
-                          "model_version": [r.model_version for r in rows]},
-                         schema=pa.schema([("id", pa.string()), ("negatives", pa.list_(pa.string())),
-                                           ("scores", pa.list_(pa.float64())), ("model_version", pa.int64())]))
+        table = pa.table(
+            {
+                "id": [r.id for r in rows],
+                "negatives": [list(r.negatives) for r in rows],
+                "scores": [list(r.scores) for r in rows],
+                "model_version": [r.model_version for r in rows],
+            },
+            schema=pa.schema(
+                [
+                    ("id", pa.string()),
+                    ("negatives", pa.list_(pa.string())),
+                    ("scores", pa.list_(pa.float64())),
+                    ("model_version", pa.int64()),
+                ]
+            ),
+        )
         write_shard(self.out_dir, self.next_index, table)  # complete or absent: a resume trusts every shard
         self.next_index += 1
         self._rows = []
@@ -130,9 +150,14 @@ class NBestStream(NegativeStream):
         await self._notify()
 
     async def progress(self) -> dict[str, Any]:
-        return {"mined": len(self.cache), "total": self.total, "resumed": self.resumed,
-                "beam_searched": self.searched, "mine_s": round(self.mine_s, 3),
-                "complete": len(self.cache) >= self.total}  # fmt: skip
+        return {
+            "mined": len(self.cache),
+            "total": self.total,
+            "resumed": self.resumed,
+            "beam_searched": self.searched,
+            "mine_s": round(self.mine_s, 3),
+            "complete": len(self.cache) >= self.total,
+        }
 
 
 @dataclass(frozen=True)
@@ -165,9 +190,17 @@ def start_nbest_stream(*, out_dir: str | Path, **kwargs: Any) -> Any:
 
 
 @contextmanager
-def shared_nbest(factory: MinerFactory, mining: Any, examples: Sequence[Any], out_dir: Path, *,
-                 options: dict[str, Any], model_dir: Path, say: Any = print, shard_size: int = 2000
-                 ) -> Iterator[Any]:  # fmt: skip
+def shared_nbest(
+    factory: MinerFactory,
+    mining: Any,
+    examples: Sequence[Any],
+    out_dir: Path,
+    *,
+    options: dict[str, Any],
+    model_dir: Path,
+    say: Any = print,
+    shard_size: int = 2000,
+) -> Iterator[Any]:
     """The run's n-best of ``examples``: reused from ``out_dir`` when its key matches, else (re-)mined by a
     miner pool of ``mining.num_miners`` that stops once every list is in. Yields the stream's handle.
     The engine (``factory.options["engine"]``, ``auto`` by default) is resolved before the miners start — for
@@ -182,14 +215,21 @@ def shared_nbest(factory: MinerFactory, mining: Any, examples: Sequence[Any], ou
     meta_path = out_dir / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     if meta.get("key") not in (None, key):
-        say(f"{out_dir}: the base model, D_F or the decoding options changed since these n-best lists were "
-            "mined: mining them again")  # fmt: skip
+        say(
+            f"{out_dir}: the base model, D_F or the decoding options changed since these n-best lists were "
+            "mined: mining them again"
+        )
         shutil.rmtree(out_dir)
         storage.remove(out_dir)  # a staged run's: its readers fetch from the store
     prepare_out_dir(out_dir)
     _write_meta(out_dir, key=key, examples=len(examples), options=options, complete=False, **engine)
-    stream = start_nbest_stream(examples=list(examples), out_dir=out_dir, task_size=mining.task_size,
-                                lease_s=mining.lease_s, shard_size=shard_size)  # fmt: skip
+    stream = start_nbest_stream(
+        examples=list(examples),
+        out_dir=out_dir,
+        task_size=mining.task_size,
+        lease_s=mining.lease_s,
+        shard_size=shard_size,
+    )
     first = ray.get(stream.progress.remote())
     pool: MinerPool | None = None
     watcher: threading.Thread | None = None
@@ -198,8 +238,10 @@ def shared_nbest(factory: MinerFactory, mining: Any, examples: Sequence[Any], ou
         say(f"n-best lists of D_F: reusing {out_dir} ({first['total']} sentences)")
     else:
         done = f", {first['resumed']} already there" if first["resumed"] else ""
-        say(f"n-best lists of D_F: mining {first['total'] - first['resumed']} sentences once for the whole run "
-            f"({mining.num_miners} miner(s){done}), in parallel with the first trials")  # fmt: skip
+        say(
+            f"n-best lists of D_F: mining {first['total'] - first['resumed']} sentences once for the whole run "
+            f"({mining.num_miners} miner(s){done}), in parallel with the first trials"
+        )
         pool = MinerPool.from_config(factory, mining, resources=mining.resources or None)
         pool.start(stream)
         watcher = threading.Thread(target=_watch, args=(stream, pool, stop), daemon=True, name="nbest-watch")
@@ -213,9 +255,17 @@ def shared_nbest(factory: MinerFactory, mining: Any, examples: Sequence[Any], ou
         last = ray.get(stream.progress.remote())
         if pool is not None:
             _stop_pool(stream, pool)
-        _write_meta(out_dir, key=key, examples=len(examples), options=options, complete=last["complete"],
-                    resumed=last["resumed"], beam_searched=last["beam_searched"], mine_s=last["mine_s"],
-                    **engine)  # fmt: skip
+        _write_meta(
+            out_dir,
+            key=key,
+            examples=len(examples),
+            options=options,
+            complete=last["complete"],
+            resumed=last["resumed"],
+            beam_searched=last["beam_searched"],
+            mine_s=last["mine_s"],
+            **engine,
+        )
         ray.kill(stream)
 
 

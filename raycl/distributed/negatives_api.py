@@ -1,6 +1,6 @@
 """The library call ``raycl.mine_negatives``: beam-search hard negatives for GEC, as
 ``sentence_transformers.util.mine_hard_negatives`` is for retrieval — data specs mined by the corpus pipeline
-(:mod:`raycl.distributed.corpus_mining`), examples already in memory by the same kind of actor pool as rows
+(:mod:`raycl.distributed.corpus`), examples already in memory by the same kind of actor pool as rows
 (resumed by id with ``out=``), the result a ``datasets`` dataset."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import ray
 
 from raycl.data.gec import GecExample
-from raycl.distributed.corpus_mining import mine_corpus, mining_settings
+from raycl.distributed.corpus import mine_corpus, mining_settings
 from raycl.distributed.mining_actors import (
     actor_pool,
     build_miner,
@@ -44,24 +44,43 @@ class ExampleMiner:
     def __call__(self, batch: dict[str, Any]) -> Any:
         import pyarrow as pa
 
-        examples = [GecExample(str(i), str(s), str(t), tuple(map(str, r)))
-                    for i, s, t, r in zip(batch["id"], batch["source"], batch["target"], batch["references"],
-                                          strict=True)]  # fmt: skip
+        examples = [
+            GecExample(str(i), str(s), str(t), tuple(map(str, r)))
+            for i, s, t, r in zip(batch["id"], batch["source"], batch["target"], batch["references"], strict=True)
+        ]
         # typed: an all-empty list column stays list<string>
         table = negatives_table(examples, self.miner.mine(examples))
         return table.add_column(0, "pos", pa.array([int(p) for p in batch["pos"]], pa.int64()))
 
 
 def mine_negatives(
-    model: str | Path, examples: str | Path | Sequence[Any], *, k: int = 3, beam: int | None = None,
-    source_negative: bool = True, engine: str = "auto", precision: str = "fp32",
-    num_miners: int | tuple[int, int] = 1, cpus_per_miner: float = 1.0, gpus_per_miner: float = 0.0,
-    batch_size: int = 32, max_len_a: float = 0.0, max_len_b: int = 200, rank_by: str = "beam",
-    refill: bool = False, false_negatives: str = "keep",
-    annotator: int = 0, out: str | Path | None = None, shard_size: int | None = None, address: str | None = None,
-    device: str | None = None, progress: bool = True, overwrite: bool = False, max_failed_ranges: int = 0,
+    model: str | Path,
+    examples: str | Path | Sequence[Any],
+    *,
+    k: int = 3,
+    beam: int | None = None,
+    source_negative: bool = True,
+    engine: str = "auto",
+    precision: str = "fp32",
+    num_miners: int | tuple[int, int] = 1,
+    cpus_per_miner: float = 1.0,
+    gpus_per_miner: float = 0.0,
+    batch_size: int = 32,
+    max_len_a: float = 0.0,
+    max_len_b: int = 200,
+    rank_by: str = "beam",
+    refill: bool = False,
+    false_negatives: str = "keep",
+    annotator: int = 0,
+    out: str | Path | None = None,
+    shard_size: int | None = None,
+    address: str | None = None,
+    device: str | None = None,
+    progress: bool = True,
+    overwrite: bool = False,
+    max_failed_ranges: int = 0,
     range_retries: int = 2,
-) -> Any:  # fmt: skip
+) -> Any:
     """Beam-search hard negatives for GEC, as ``sentence_transformers.util.mine_hard_negatives`` is for retrieval.
 
     ``model``: an HF seq2seq folder (model + tokenizer). ``examples``: data specs (an M2 file, ``src.txt|tgt.txt``,
@@ -86,9 +105,19 @@ def mine_negatives(
     fails ``range_retries`` + 1 times is listed in ``out/_failures.json``; more than ``max_failed_ranges`` of
     them stop the mining; any raises :class:`raycl.errors.RangesFailed` at the end.
     """
-    options = {"k": k, "beam": beam, "source_negative": source_negative, "batch_size": batch_size,
-               "max_len_a": max_len_a, "max_len_b": max_len_b, "rank_by": rank_by, "refill": refill,
-               "precision": precision, "engine": engine, "false_negatives": false_negatives}  # fmt: skip
+    options = {
+        "k": k,
+        "beam": beam,
+        "source_negative": source_negative,
+        "batch_size": batch_size,
+        "max_len_a": max_len_a,
+        "max_len_b": max_len_b,
+        "rank_by": rank_by,
+        "refill": refill,
+        "precision": precision,
+        "engine": engine,
+        "false_negatives": false_negatives,
+    }
     if num_miners == 0 and device is not None:
         options["device"] = device
     model = str(Path(model).resolve())
@@ -97,11 +126,22 @@ def mine_negatives(
     if isinstance(examples, (str, Path)):
         examples = [str(examples)]
     if all(isinstance(e, (str, Path)) for e in examples):
-        mine = functools.partial(mine_corpus, model, [str(e) for e in examples], options=options,
-                                 shard_size=shard_size, num_miners=num_miners, cpus_per_miner=cpus_per_miner,
-                                 gpus_per_miner=gpus_per_miner, annotator=annotator, address=address,
-                                 progress=progress, overwrite=overwrite, max_failed_ranges=max_failed_ranges,
-                                 range_retries=range_retries)  # fmt: skip
+        mine = functools.partial(
+            mine_corpus,
+            model,
+            [str(e) for e in examples],
+            options=options,
+            shard_size=shard_size,
+            num_miners=num_miners,
+            cpus_per_miner=cpus_per_miner,
+            gpus_per_miner=gpus_per_miner,
+            annotator=annotator,
+            address=address,
+            progress=progress,
+            overwrite=overwrite,
+            max_failed_ranges=max_failed_ranges,
+            range_retries=range_retries,
+        )
         if out is not None:
             _say_counts(mine(Path(out)), progress)
             return _stream_shards(Path(out))
@@ -110,9 +150,18 @@ def mine_negatives(
         with tempfile.TemporaryDirectory(prefix="raycl-mine-") as tmp:
             _say_counts(mine(Path(tmp)), progress)
             return _dataset(_read_shards(Path(tmp)))
-    return _mine_in_memory(model, [_example(e) for e in examples], options, out=out, shard_size=shard_size,
-                           num_miners=num_miners, cpus=cpus_per_miner, gpus=gpus_per_miner, address=address,
-                           overwrite=overwrite)  # fmt: skip
+    return _mine_in_memory(
+        model,
+        [_example(e) for e in examples],
+        options,
+        out=out,
+        shard_size=shard_size,
+        num_miners=num_miners,
+        cpus=cpus_per_miner,
+        gpus=gpus_per_miner,
+        address=address,
+        overwrite=overwrite,
+    )
 
 
 def _say_counts(summary: dict[str, Any], progress: bool) -> None:
@@ -121,8 +170,11 @@ def _say_counts(summary: dict[str, Any], progress: bool) -> None:
         import sys
 
         fn = summary["false_negatives"]
-        print(f"raycl mine_negatives: false negatives (another annotator's correction): source "
-              f"{rate_text(fn, 'source')}, beam {rate_text(fn, 'beam')}", file=sys.stderr)  # fmt: skip
+        print(
+            f"raycl mine_negatives: false negatives (another annotator's correction): source "
+            f"{rate_text(fn, 'source')}, beam {rate_text(fn, 'beam')}",
+            file=sys.stderr,
+        )
 
 
 def _require_one_node(address: str | None, num_miners: int | tuple[int, int], cpus_per_miner: float) -> None:
@@ -130,13 +182,25 @@ def _require_one_node(address: str | None, num_miners: int | tuple[int, int], cp
     start_ray(address, num_miners, cpus_per_miner)
     nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
     if nodes > 1:
-        raise UserError(f"mine_negatives: a Ray cluster of {nodes} nodes mines data specs into shards, expected "
-                        "out=DIR on storage every node sees (NFS), got no out")  # fmt: skip
+        raise UserError(
+            f"mine_negatives: a Ray cluster of {nodes} nodes mines data specs into shards, expected "
+            "out=DIR on storage every node sees (NFS), got no out"
+        )
 
 
-def _mine_in_memory(model: str, rows: list[dict[str, Any]], options: dict[str, Any], *, out: str | Path | None,
-                    shard_size: int | None, num_miners: int | tuple[int, int], cpus: float, gpus: float,
-                    address: str | None, overwrite: bool) -> Any:  # fmt: skip
+def _mine_in_memory(
+    model: str,
+    rows: list[dict[str, Any]],
+    options: dict[str, Any],
+    *,
+    out: str | Path | None,
+    shard_size: int | None,
+    num_miners: int | tuple[int, int],
+    cpus: float,
+    gpus: float,
+    address: str | None,
+    overwrite: bool,
+) -> Any:
     """In-memory examples on the pool (or in this process); the rows come back through Ray, so any cluster works.
     With ``out``: rows go to shards as batches come back (a killed run resumes by id, losing at most one shard's
     rows), the dataset is read back from them."""
@@ -149,8 +213,9 @@ def _mine_in_memory(model: str, rows: list[dict[str, Any]], options: dict[str, A
         start_ray(address, num_miners, cpus)
     engine = resolve_miners_engine(model, options, gpus_per_miner=gpus)  # before the pool starts
     options = {**options, "engine": engine.engine}
-    mined = functools.partial(_mined_tables, model, options=options, num_miners=num_miners, cpus=cpus, gpus=gpus,
-                              address=address)  # fmt: skip
+    mined = functools.partial(
+        _mined_tables, model, options=options, num_miners=num_miners, cpus=cpus, gpus=gpus, address=address
+    )
     if out is None:
         parts = list(mined([{"pos": i, **r} for i, r in enumerate(rows)]))
         if not parts:
@@ -161,8 +226,9 @@ def _mine_in_memory(model: str, rows: list[dict[str, Any]], options: dict[str, A
     with locked_out_dir(out_dir):
         if overwrite:
             clear_mining(out_dir)
-        size = resume_settings(out_dir, mode="ids", shard_size=shard_size,
-                               mining=mining_settings(model, options, engine))  # fmt: skip
+        size = resume_settings(
+            out_dir, mode="ids", shard_size=shard_size, mining=mining_settings(model, options, engine)
+        )
         shards, done = _IdShards(out_dir, size), done_ids(out_dir)
         for table in mined([{"pos": i, **r} for i, r in enumerate(rows) if r["id"] not in done]):
             shards.add(table.drop_columns(["pos"]).select(schema().names).cast(schema()))
@@ -178,9 +244,16 @@ def _check_unique_ids(rows: list[dict[str, Any]]) -> None:
         seen.add(r["id"])
 
 
-def _mined_tables(model: str, todo: list[dict[str, Any]], *, options: dict[str, Any],
-                  num_miners: int | tuple[int, int], cpus: float, gpus: float, address: str | None
-                  ) -> Iterator[Any]:  # fmt: skip
+def _mined_tables(
+    model: str,
+    todo: list[dict[str, Any]],
+    *,
+    options: dict[str, Any],
+    num_miners: int | tuple[int, int],
+    cpus: float,
+    gpus: float,
+    address: str | None,
+) -> Iterator[Any]:
     """Arrow tables of mined rows (with ``pos``, the input position) as the miners hand them back."""
     if not todo:
         return
@@ -191,8 +264,13 @@ def _mined_tables(model: str, todo: list[dict[str, Any]], *, options: dict[str, 
     batch = int(options["batch_size"])
     with quiet_ray_data():
         ds = ray.data.from_items(todo).map_batches(
-            ExampleMiner, batch_size=batch, compute=actor_pool(num_miners, math.ceil(len(todo) / batch)),
-            num_cpus=cpus, num_gpus=gpus or None, fn_constructor_kwargs={"model": model, "options": options})
+            ExampleMiner,
+            batch_size=batch,
+            compute=actor_pool(num_miners, math.ceil(len(todo) / batch)),
+            num_cpus=cpus,
+            num_gpus=gpus or None,
+            fn_constructor_kwargs={"model": model, "options": options},
+        )
         try:
             yield from ds.iter_batches(batch_size=None, batch_format="pyarrow")  # each block as it is done
         except Exception as err:
@@ -255,8 +333,9 @@ def _stream_shards(out_dir: Path) -> Any:
     files = [str(p) for p in shard_files(out_dir)]
     if not files:
         return _dataset(schema().empty_table())
-    return datasets.IterableDataset.from_generator(_shard_rows, gen_kwargs={"files": files},
-                                                   features=datasets.Features.from_arrow_schema(schema()))
+    return datasets.IterableDataset.from_generator(
+        _shard_rows, gen_kwargs={"files": files}, features=datasets.Features.from_arrow_schema(schema())
+    )
 
 
 def _shard_rows(files: list[str]) -> Iterator[dict[str, Any]]:

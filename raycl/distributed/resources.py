@@ -147,15 +147,23 @@ def _settings(name: str, section: Any, keys: list[str]) -> str:
 def workers_ask(scaling: Any) -> Ask | None:
     if scaling.num_workers == 0:  # local mode: the training runs in the driver's (or the trial's) process
         return None
-    keys = ["num_workers", "cpus_per_worker", *(["use_gpu", "gpus_per_worker"] if scaling.use_gpu else []),
-            *(["resources"] if scaling.resources else [])]  # fmt: skip
+    keys = [
+        "num_workers",
+        "cpus_per_worker",
+        *(["use_gpu", "gpus_per_worker"] if scaling.use_gpu else []),
+        *(["resources"] if scaling.resources else []),
+    ]
     settings = _settings("scaling", scaling, keys)
     return Ask("Ray Train worker", scaling.num_workers, worker_bundle(scaling), settings)
 
 
 def miners_ask(mining: Any) -> Ask:
-    keys = ["num_miners", "cpus_per_miner", *(["gpus_per_miner"] if mining.gpus_per_miner else []),
-            *(["resources"] if mining.resources else [])]  # fmt: skip
+    keys = [
+        "num_miners",
+        "cpus_per_miner",
+        *(["gpus_per_miner"] if mining.gpus_per_miner else []),
+        *(["resources"] if mining.resources else []),
+    ]
     return Ask("miner", mining.num_miners, miner_bundle(mining), _settings("mining", mining, keys))
 
 
@@ -165,8 +173,12 @@ def plan(cfg: Any, *, sweep: bool, mining: Any = None, shared: bool = False) -> 
     miners = [miners_ask(mining)] if mining is not None else []
     bundle = {"CPU": float(cfg.tune.driver_cpus)}
     driver = [Ask("trial driver", 1, bundle, _settings("tune", cfg.tune, ["driver_cpus"]))] if sweep else []
-    return Plan(per_trial=driver + ([] if shared else miners), workers=workers_ask(cfg.scaling),
-                shared=miners if shared else [], trials=cfg.tune.max_concurrent_trials if sweep else 1)
+    return Plan(
+        per_trial=driver + ([] if shared else miners),
+        workers=workers_ask(cfg.scaling),
+        shared=miners if shared else [],
+        trials=cfg.tune.max_concurrent_trials if sweep else 1,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- the check
@@ -186,14 +198,17 @@ def check(p: Plan, cluster: Cluster) -> int:
         return p.trials
     for ask in p.asks():
         if cluster.nodes and not any(fits(ask.bundle, node) for node in cluster.nodes):
-            raise UserError(f"one {ask.what} asks {{{fmt(ask.bundle)}}} ({ask.settings}), more than any node "
-                            f"has: {cluster}")  # fmt: skip
+            raise UserError(
+                f"one {ask.what} asks {{{fmt(ask.bundle)}}} ({ask.settings}), more than any node has: {cluster}"
+            )
     need = p.need(1)
     if not fits(need, cluster.total):
         lacking = short(need, cluster.total)
         asks = " + ".join(str(a) for a in p.asks())
-        raise UserError(f"the run asks {{{fmt(lacking)}}} at once — {asks} — and {cluster}: lower these "
-                        "settings, or join a larger cluster (--address)")
+        raise UserError(
+            f"the run asks {{{fmt(lacking)}}} at once — {asks} — and {cluster}: lower these "
+            "settings, or join a larger cluster (--address)"
+        )
     trials = p.trials
     while trials > 1 and not fits(p.need(trials), cluster.total):
         trials -= 1
@@ -219,14 +234,19 @@ def cluster(config: str | None = None, *, fixed: bool = False) -> Cluster:
         return Cluster(total, nodes, unknown=found == UNKNOWN)
     most = found.most()
     shapes = [t.resources for t in found.types if t.max_count > 0]
-    return Cluster({k: max(total.get(k, 0.0), most.get(k, 0.0)) for k in {*total, *most}}, nodes + shapes,
-                   autoscaling=True, types=found)  # fmt: skip
+    return Cluster(
+        {k: max(total.get(k, 0.0), most.get(k, 0.0)) for k in {*total, *most}},
+        nodes + shapes,
+        autoscaling=True,
+        types=found,
+    )
 
 
 def of_types(found: Any) -> Cluster:
     """What an autoscaler's node types (``NodeTypes``) may start, before the alive nodes are known."""
-    return Cluster(found.most(), [t.resources for t in found.types if t.max_count > 0], autoscaling=True,
-                   types=found)  # fmt: skip
+    return Cluster(
+        found.most(), [t.resources for t in found.types if t.max_count > 0], autoscaling=True, types=found
+    )
 
 
 def unknown_line(p: Plan, have: Cluster, cfg: Any) -> str | None:
@@ -238,16 +258,22 @@ def unknown_line(p: Plan, have: Cluster, cfg: Any) -> str | None:
         return None
     except UserError:
         pass
-    bound = (f"up to scaling.start_timeout_s={cfg.scaling.start_timeout_s:g} s" if cfg.scaling.start_timeout_s
-             else "with no time limit (scaling.start_timeout_s=0)")
+    bound = (
+        f"up to scaling.start_timeout_s={cfg.scaling.start_timeout_s:g} s"
+        if cfg.scaling.start_timeout_s
+        else "with no time limit (scaling.start_timeout_s=0)"
+    )
     asks = " + ".join(a.label() for a in p.asks())
-    return (f"the autoscaler's node types are not known here (no autoscaling config on this machine; give "
-            f"--cluster-config CLUSTER.yaml to check against them): {asks} waits for the autoscaler to start "
-            f"nodes that hold it, {bound}; the alive nodes have {{{fmt(have.total)}}}")
+    return (
+        f"the autoscaler's node types are not known here (no autoscaling config on this machine; give "
+        f"--cluster-config CLUSTER.yaml to check against them): {asks} waits for the autoscaler to start "
+        f"nodes that hold it, {bound}; the alive nodes have {{{fmt(have.total)}}}"
+    )
 
 
-def check_run(space: Any, *, sweep: bool, recipe: Any, cluster_: Cluster | None = None,
-              config: str | None = None) -> Any:
+def check_run(
+    space: Any, *, sweep: bool, recipe: Any, cluster_: Cluster | None = None, config: str | None = None
+) -> Any:
     """Before a run starts on the connected Ray: its request checked against the cluster (a :class:`UserError` if
     it can never fit); returns the config, ``tune.max_concurrent_trials`` lowered (and said) where more trials at
     once would hold what their own workers wait for. ``cluster_``: the cluster, when not the connected Ray's;
@@ -265,8 +291,10 @@ def check_run(space: Any, *, sweep: bool, recipe: Any, cluster_: Cluster | None 
     trials = check(p, have)
     if trials == p.trials:
         return cfg
-    say(f"tune.max_concurrent_trials {p.trials} → {trials}: a trial holds {{{fmt(p.need(1))}}} with its workers "
-        f"(and what the run shares); {have}")
+    say(
+        f"tune.max_concurrent_trials {p.trials} → {trials}: a trial holds {{{fmt(p.need(1))}}} with its workers "
+        f"(and what the run shares); {have}"
+    )
     return set_dotted(cfg, {"tune.max_concurrent_trials": trials}, where="resources")
 
 
@@ -353,9 +381,11 @@ def gpu_problem(who: str, setting: str, *, nccl: bool = False) -> str | None:
     node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else "?"
     kind = os.environ.get("RAY_NODE_TYPE_NAME")
     where = f"node {node} ({f'type {kind}, ' if kind else ''}{ray.util.get_node_ip_address()})"
-    return (f"{who} was given a GPU ({setting}) on {where}, but torch {torch.__version__} there has no {lacks}: "
-            f"give that node type an image with a CUDA build of torch (cluster.yaml's docker image and "
-            f"setup_commands), or run without the GPU")
+    return (
+        f"{who} was given a GPU ({setting}) on {where}, but torch {torch.__version__} there has no {lacks}: "
+        f"give that node type an image with a CUDA build of torch (cluster.yaml's docker image and "
+        f"setup_commands), or run without the GPU"
+    )
 
 
 def cap_gpu_memory(device: Any) -> float | None:
@@ -369,4 +399,3 @@ def cap_gpu_memory(device: Any) -> float | None:
         index = device.index if device.index is not None else torch.cuda.current_device()  # "cuda" names no index
         torch.cuda.set_per_process_memory_fraction(share, index)
     return share
-

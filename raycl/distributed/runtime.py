@@ -24,8 +24,10 @@ JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
 # The head-only custom resource of raycl's driver side (raycl.distributed.resources.head_share): cluster.yaml's
 # head, the KubeRay manifest's head group and the embedded Ray below provide it.
 HEAD_RESOURCE = "raycl_head"
-TOKEN_HELP = ("give this shell the cluster's token: RAY_AUTH_MODE=token with RAY_AUTH_TOKEN=TOKEN or "
-              "RAY_AUTH_TOKEN_PATH=FILE (docs/cluster.md: Cluster authentication)")  # fmt: skip
+TOKEN_HELP = (
+    "give this shell the cluster's token: RAY_AUTH_MODE=token with RAY_AUTH_TOKEN=TOKEN or "
+    "RAY_AUTH_TOKEN_PATH=FILE (docs/cluster.md: Cluster authentication)"
+)
 
 
 def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
@@ -125,8 +127,18 @@ def _propagated_env() -> dict[str, str]:
     RAY_OVERRIDE_JOB_RUNTIME_ENV is not needed. ``RAYCL_CACHE_DIR``: a staged run (raycl.storage) is at the same
     path in every process. Ray Train's controllers poll their workers every ``TRAIN_POLL_S`` unless the
     driver's environment says otherwise."""
-    keep = ("PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM", "RAYCL_WORKER_LOGS",
-            "RAYCL_CACHE_DIR", "RAYCL_PROGRESS", "RAYCL_PROGRESS_MIN_S", "RAYCL_PROGRESS_MAX_S", TRAIN_POLL_ENV)
+    keep = (
+        "PYTHONPATH",
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "TOKENIZERS_PARALLELISM",
+        "RAYCL_WORKER_LOGS",
+        "RAYCL_CACHE_DIR",
+        "RAYCL_PROGRESS",
+        "RAYCL_PROGRESS_MIN_S",
+        "RAYCL_PROGRESS_MAX_S",
+        TRAIN_POLL_ENV,
+    )
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "0"))
@@ -163,16 +175,20 @@ def check_cluster(address: str) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=5).close()
     except OSError as err:
-        raise UserError(f"--address {address}: no Ray cluster answers at {gcs} ({err.strerror or err}): is the "
-                        "address right and the head reachable from here?") from None  # fmt: skip
+        raise UserError(
+            f"--address {address}: no Ray cluster answers at {gcs} ({err.strerror or err}): is the "
+            "address right and the head reachable from here?"
+        ) from None
     try:
         with _quiet_stderr():
             ensure_token_if_auth_enabled(None, create_token_if_missing=False)
             GcsClient(address=gcs)  # type: ignore[attr-defined]
     except AuthenticationError:
-        raise UserError(f"--address {address}: the Ray cluster at {gcs} refused the connection: the "
-                        f"authentication token is missing or wrong ({_token_source()}), or the address names "
-                        f"another cluster; {TOKEN_HELP}") from None  # fmt: skip
+        raise UserError(
+            f"--address {address}: the Ray cluster at {gcs} refused the connection: the "
+            f"authentication token is missing or wrong ({_token_source()}), or the address names "
+            f"another cluster; {TOKEN_HELP}"
+        ) from None
 
 
 def _token_source() -> str:

@@ -40,8 +40,9 @@ def wrap_ddp(model: torch.nn.Module, *, find_unused_parameters: bool = False) ->
     _, size = world()
     if size <= 1:
         return model
-    return ray.train.torch.prepare_model(model, move_to_device=False, parallel_strategy_kwargs={
-        "find_unused_parameters": find_unused_parameters})
+    return ray.train.torch.prepare_model(
+        model, move_to_device=False, parallel_strategy_kwargs={"find_unused_parameters": find_unused_parameters}
+    )
 
 
 def report(metrics: dict[str, Any], *, checkpoint_dir: Path | None = None) -> None:

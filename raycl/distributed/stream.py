@@ -39,13 +39,20 @@ class NegativeStream:
     """
 
     def __init__(
-        self, *, world_size: int, capacity: int, task_size: int, lease_s: float = 60.0, seed: int = 0,
+        self,
+        *,
+        world_size: int,
+        capacity: int,
+        task_size: int,
+        lease_s: float = 60.0,
+        seed: int = 0,
         ordered: bool = True,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if capacity < task_size:
             raise ValueError(f"capacity ({capacity}) must be ≥ task_size ({task_size})")
-        self.ledger = Ledger(world_size=world_size, task_size=task_size, lease_s=lease_s, seed=seed,
-                             ordered=ordered)
+        self.ledger = Ledger(
+            world_size=world_size, task_size=task_size, lease_s=lease_s, seed=seed, ordered=ordered
+        )
         self.capacity = capacity
         self.cache: dict[str, StreamItem] = {}
         self._tick = min(1.0, lease_s / 4)  # how often blocked callers re-check leases
@@ -79,9 +86,14 @@ class NegativeStream:
 
     # ------------------------------------------------------------------------------------------ driver
     async def start_epoch(
-        self, epoch: int, items_per_rank: Sequence[Sequence[Any]], *, reuse_version: int | None = None,
-        shuffle: bool = True, min_versions: dict[str, int] | None = None,
-    ) -> bool:  # fmt: skip
+        self,
+        epoch: int,
+        items_per_rank: Sequence[Sequence[Any]],
+        *,
+        reuse_version: int | None = None,
+        shuffle: bool = True,
+        min_versions: dict[str, int] | None = None,
+    ) -> bool:
         """Schedule ``epoch`` (each rank's items, shuffled by epoch, cut into tasks). Cached negatives mined
         at version ≥ ``reuse_version`` are delivered without mining (None: re-mine everything); ``min_versions``
         are per-id version floors for the miners (``Ledger.start_epoch``). Calling it
@@ -92,10 +104,16 @@ class NegativeStream:
             return False
         # epoch < the stream's: a trainer restarted from a checkpoint older than the stream's position (a worker
         # that dies right after reporting can lose that report): the epoch is scheduled again from its start
-        cached = {} if reuse_version is None else {
-            item.id: self.cache[item.id] for items in items_per_rank for item in items
-            if item.id in self.cache and self.cache[item.id].model_version >= reuse_version
-        }  # fmt: skip
+        cached = (
+            {}
+            if reuse_version is None
+            else {
+                item.id: self.cache[item.id]
+                for items in items_per_rank
+                for item in items
+                if item.id in self.cache and self.cache[item.id].model_version >= reuse_version
+            }
+        )
         self.ledger.start_epoch(epoch, items_per_rank, cached=cached, shuffle=shuffle, min_versions=min_versions)
         await self._notify()
         return True
@@ -180,19 +198,32 @@ class NegativeStream:
         """fill (mined-undelivered + in flight), capacity, max_fill, counters, epoch, cached."""
         led = self.ledger
         return {
-            "fill": led.fill, "capacity": self.capacity, "max_fill": self._max_fill, "epoch": led.epoch,
-            "ready": sum(len(r) for r in led.ready), "in_flight": led.fill - len(led.fresh),
-            "cached": len(self.cache), "closed": self._closed, "searched": self.searched,
+            "fill": led.fill,
+            "capacity": self.capacity,
+            "max_fill": self._max_fill,
+            "epoch": led.epoch,
+            "ready": sum(len(r) for r in led.ready),
+            "in_flight": led.fill - len(led.fresh),
+            "cached": len(self.cache),
+            "closed": self._closed,
+            "searched": self.searched,
             "mine_s": round(self.mine_s, 3),
             **{k: led.counters[k] for k in ("mined", "consumed", "refused", "reassigned", "duplicates", "late")},
-        }  # fmt: skip
+        }
 
 
 def start_stream(
-    *, world_size: int, capacity: int, task_size: int, lease_s: float = 60.0, seed: int = 0, ordered: bool = True,
+    *,
+    world_size: int,
+    capacity: int,
+    task_size: int,
+    lease_s: float = 60.0,
+    seed: int = 0,
+    ordered: bool = True,
     **options: Any,
 ) -> Any:
     """The stream as an async actor (no CPU reserved); ``options`` go to ``.options()`` (name, scheduling)."""
     cls: Any = ray.remote(NegativeStream)
     return cls.options(num_cpus=0, max_concurrency=1000, **options).remote(
-        world_size=world_size, capacity=capacity, task_size=task_size, lease_s=lease_s, seed=seed, ordered=ordered)
+        world_size=world_size, capacity=capacity, task_size=task_size, lease_s=lease_s, seed=seed, ordered=ordered
+    )

@@ -18,7 +18,7 @@ from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 from raycl.config import TuneSection, expand_values
 from raycl.distributed import tracking, tune_state
 from raycl.distributed.resources import driver_bundle
-from raycl.distributed.trainer import has_checkpoint
+from raycl.distributed.training import has_checkpoint
 from raycl.progress import bar, say
 from raycl.records import TrialOutcome, is_done, read_history
 from raycl.storage import ray_storage, remote_of
@@ -75,11 +75,17 @@ def resumed_line(path: Path, total: int, trials_dir: Path | None) -> str:
     trials = ExperimentAnalysis(str(path)).trials
     ended = [t for t in trials if t.status == "TERMINATED" or (trials_dir and is_done(trials_dir / t.trial_id))]
     # a trial with a checkpoint is interrupted whatever its status: Tune's snapshot may predate its start
-    started = [t for t in trials if t not in ended and (
-        t.status in ("RUNNING", "PAUSED", "ERROR") or has_checkpoint(path.parent, trial_run_name(t.trial_id)))]
+    started = [
+        t
+        for t in trials
+        if t not in ended
+        and (t.status in ("RUNNING", "PAUSED", "ERROR") or has_checkpoint(path.parent, trial_run_name(t.trial_id)))
+    ]
     todo = max(total - len(ended) - len(started), 0)
-    return (f"resumed sweep: {len(ended)} finished trials kept, {len(started)} interrupted trials continued from "
-            f"their last checkpoint, {todo} trials still to run ({path})")
+    return (
+        f"resumed sweep: {len(ended)} finished trials kept, {len(started)} interrupted trials continued from "
+        f"their last checkpoint, {todo} trials still to run ({path})"
+    )
 
 
 def to_param_space(search: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
@@ -146,22 +152,36 @@ def run_sweep(
         if tune_cfg.scheduler == "asha"
         else FIFOScheduler()
     )
-    trainable = tune.with_resources(tune.with_parameters(trial_fn, **trial_kwargs),
-                                    resources or PlacementGroupFactory([driver_bundle(tune_cfg.driver_cpus)]))
+    trainable = tune.with_resources(
+        tune.with_parameters(trial_fn, **trial_kwargs),
+        resources or PlacementGroupFactory([driver_bundle(tune_cfg.driver_cpus)]),
+    )
     where, filesystem = ray_storage(storage_path)  # a staged run's Ray storage is the object store itself
     path = f"{where.rstrip('/')}/{name}"
     total = _count(param_space, tune_cfg.num_samples)
     store = filesystem
     if filesystem is not None:  # what Tune writes is recorded; a restore reads only what was checked
         uri = f"{remote_of(storage_path)}/{name}"
-        pinned = tune_state.checked(filesystem, path, uri) if tune.Tuner.can_restore(
-            path, storage_filesystem=filesystem) else None  # fmt: skip
+        pinned = (
+            tune_state.checked(filesystem, path, uri)
+            if tune.Tuner.can_restore(path, storage_filesystem=filesystem)
+            else None
+        )
         store = tune_state.guarded(filesystem, path, uri, pinned)
     if tune.Tuner.can_restore(path, storage_filesystem=store):  # a driver died mid-sweep: Tune's restore
-        say(resumed_line(Path(path), total, trials_dir) if filesystem is None
-            else f"resumed sweep: continuing the experiment stored at {uri}")  # fmt: skip
-        tuner = tune.Tuner.restore(path, trainable, resume_unfinished=True, resume_errored=True,
-                                   param_space=param_space, storage_filesystem=store)  # fmt: skip
+        say(
+            resumed_line(Path(path), total, trials_dir)
+            if filesystem is None
+            else f"resumed sweep: continuing the experiment stored at {uri}"
+        )
+        tuner = tune.Tuner.restore(
+            path,
+            trainable,
+            resume_unfinished=True,
+            resume_errored=True,
+            param_space=param_space,
+            storage_filesystem=store,
+        )
     else:
         tuner = tune.Tuner(
             trainable,
@@ -174,9 +194,14 @@ def run_sweep(
                 max_concurrent_trials=tune_cfg.max_concurrent_trials,
             ),
             run_config=tune.RunConfig(
-                name=name, storage_path=where, storage_filesystem=store, verbose=0,
-                callbacks=[_TrialProgress(total, tune_cfg.metric, tune_cfg.mode, name),
-                           *tracking.sweep_callbacks(name)],
+                name=name,
+                storage_path=where,
+                storage_filesystem=store,
+                verbose=0,
+                callbacks=[
+                    _TrialProgress(total, tune_cfg.metric, tune_cfg.mode, name),
+                    *tracking.sweep_callbacks(name),
+                ],
             ),
         )
     grid = tuner.fit()

@@ -82,23 +82,28 @@ def check(track: Sequence[str] | None) -> None:
     tracking URI that carries a password is said once (MLflow's own variables keep it out of the URI)."""
     uri = os.environ.get("MLFLOW_TRACKING_URI", "")
     if "mlflow" in _backends(track) and uri_credentials(uri):
-        print(f"raycl: warning: MLFLOW_TRACKING_URI carries credentials ({safe_text(uri)}); raycl never logs it, "
-              "but MLflow's MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) keep "
-              "them out of the URI", file=sys.stderr)  # fmt: skip
+        print(
+            f"raycl: warning: MLFLOW_TRACKING_URI carries credentials ({safe_text(uri)}); raycl never logs it, "
+            "but MLflow's MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) keep "
+            "them out of the URI",
+            file=sys.stderr,
+        )
     for backend in _backends(track):
         try:
             __import__(backend)
         except ImportError:
-            raise UserError(f"--track {backend}: the {backend} package is not installed "
-                            f"(pip install 'raycl[{backend}]')") from None  # fmt: skip
+            raise UserError(
+                f"--track {backend}: the {backend} package is not installed (pip install 'raycl[{backend}]')"
+            ) from None
     if "wandb" in _backends(track):
         from ray.air.integrations.wandb import _set_api_key
 
         try:  # what Ray's callback would find only once the sweep runs
             _set_api_key()
         except ValueError:
-            raise UserError("--track wandb: no W&B API key (set WANDB_API_KEY, run `wandb login`, or "
-                            "WANDB_MODE=offline)") from None  # fmt: skip
+            raise UserError(
+                "--track wandb: no W&B API key (set WANDB_API_KEY, run `wandb login`, or WANDB_MODE=offline)"
+            ) from None
 
 
 # ---------------------------------------------------------------------------------------------- params
@@ -121,8 +126,10 @@ def safe_params(params: dict[str, Any]) -> dict[str, str]:
 
 def safe_config(params: dict[str, Any]) -> dict[str, Any]:
     """:func:`safe_params` for W&B's config, which keeps types: a number or flag left unchanged stays one."""
-    return {k: params[k] if isinstance(params[k], (int, float, bool)) and str(params[k]) == v else v
-            for k, v in safe_params(params).items()}  # fmt: skip
+    return {
+        k: params[k] if isinstance(params[k], (int, float, bool)) and str(params[k]) == v else v
+        for k, v in safe_params(params).items()
+    }
 
 
 def dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -146,8 +153,11 @@ def config_params(path: Path) -> dict[str, str]:
 
 
 def _metrics(row: dict[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in row.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}  # fmt: skip
+    return {
+        k: float(v)
+        for k, v in row.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 def _steps(out_dir: Path) -> list[tuple[int, dict[str, float]]]:
@@ -156,8 +166,9 @@ def _steps(out_dir: Path) -> list[tuple[int, dict[str, float]]]:
 
 
 def _files(folder: Path, names: Sequence[str], plots: bool) -> list[Path]:
-    return [p for p in [*(folder / n for n in names), *(sorted(folder.glob("*.png")) if plots else [])]
-            if p.exists()]  # fmt: skip
+    return [
+        p for p in [*(folder / n for n in names), *(sorted(folder.glob("*.png")) if plots else [])] if p.exists()
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- trial runs
@@ -167,8 +178,9 @@ class TrialRuns(MLflowLoggerCallback):
     filtered by :func:`safe_params` (Ray's own logs ``trial.config`` as it is)."""
 
     def __init__(self, active: _Active, sweep: str) -> None:
-        super().__init__(experiment_name=active.experiment,
-                         tags={"mlflow.parentRunId": active.parent_id, "raycl.sweep": sweep})  # fmt: skip
+        super().__init__(
+            experiment_name=active.experiment, tags={"mlflow.parentRunId": active.parent_id, "raycl.sweep": sweep}
+        )
         self.run_dir = active.run_dir
         self._logged: dict[str, dict[str, str]] = {}
 
@@ -212,8 +224,9 @@ def _wandb_callback() -> type:
         reaches Ray's logging actors (``WANDB_MODE``, ``WANDB_DIR`` …; Ray passes only ``WANDB_API_KEY``)."""
 
         def __init__(self, active: _Active, sweep: str) -> None:
-            super().__init__(project=active.project, group=active.name, job_type="trial",
-                             tags=[f"raycl.sweep={sweep}"])  # fmt: skip
+            super().__init__(
+                project=active.project, group=active.name, job_type="trial", tags=[f"raycl.sweep={sweep}"]
+            )
             self.run_dir = active.run_dir
             self._last_step: dict[str, int] = {}
 
@@ -223,16 +236,31 @@ def _wandb_callback() -> type:
             super().setup(*args, **kwargs)
             env = {k: v for k, v in environ_items() if k.startswith("WANDB_")}
             here: Any = _force_on_current_node()
-            options = {"num_cpus": 0, **here, "runtime_env": {"env_vars": env}, "max_restarts": -1,
-                       "max_task_retries": -1}  # Ray's own options, with the environment
+            options = {
+                "num_cpus": 0,
+                **here,
+                "runtime_env": {"env_vars": env},
+                "max_restarts": -1,
+                "max_task_retries": -1,
+            }  # Ray's own options, with the environment
             self._remote_logger_class: Any = ray.remote(**options)(self._logger_actor_cls)
 
         def log_trial_start(self, trial: Any) -> None:
             """As Ray's, the trial's point filtered, and no result's ``config`` logged (Ray's would be raw)."""
             exclude = [*self._exclude_results, *self.excludes, "config"]
-            self._start_logging_actor(trial, exclude, id=trial.trial_id, name=str(trial), resume=False,
-                                      reinit=True, allow_val_change=True, group=self.group, project=self.project,
-                                      config=safe_config(dotted(trial.config)), **self.kwargs)  # fmt: skip
+            self._start_logging_actor(
+                trial,
+                exclude,
+                id=trial.trial_id,
+                name=str(trial),
+                resume=False,
+                reinit=True,
+                allow_val_change=True,
+                group=self.group,
+                project=self.project,
+                config=safe_config(dotted(trial.config)),
+                **self.kwargs,
+            )
 
         def log_trial_result(self, iteration: int, trial: Any, result: dict[str, Any]) -> None:
             self._last_step[trial.trial_id] = int(result.get("training_iteration", iteration))
@@ -270,16 +298,30 @@ def log_training(trial_id: str, out_dir: Path, *, failed: bool = False) -> None:
         return
     if "mlflow" in _active.backends:
         client = _active.client
-        run = client.create_run(_active.experiment_id, run_name=f"train-{trial_id}",
-                                tags={"mlflow.parentRunId": _active.parent_id, "raycl.sweep": "train",
-                                      "raycl.trial_id": trial_id})  # fmt: skip
-        _mlflow_run(client, run.info.run_id, config_params(out_dir / "config.yaml"), _steps(out_dir),
-                    _files(out_dir, TRAINING_ARTIFACTS, plots=True))  # fmt: skip
+        run = client.create_run(
+            _active.experiment_id,
+            run_name=f"train-{trial_id}",
+            tags={"mlflow.parentRunId": _active.parent_id, "raycl.sweep": "train", "raycl.trial_id": trial_id},
+        )
+        _mlflow_run(
+            client,
+            run.info.run_id,
+            config_params(out_dir / "config.yaml"),
+            _steps(out_dir),
+            _files(out_dir, TRAINING_ARTIFACTS, plots=True),
+        )
         client.set_terminated(run.info.run_id, "FAILED" if failed else "FINISHED")
     if "wandb" in _active.backends:
-        _wandb_run(_active, name=f"train-{trial_id}", job_type="training", config=_config(out_dir / "config.yaml"),
-                   steps=_steps(out_dir), files=_files(out_dir, TRAINING_ARTIFACTS, plots=True),
-                   artifact=f"raycl-train-{trial_id}", failed=failed)  # fmt: skip
+        _wandb_run(
+            _active,
+            name=f"train-{trial_id}",
+            job_type="training",
+            config=_config(out_dir / "config.yaml"),
+            steps=_steps(out_dir),
+            files=_files(out_dir, TRAINING_ARTIFACTS, plots=True),
+            artifact=f"raycl-train-{trial_id}",
+            failed=failed,
+        )
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -325,12 +367,22 @@ def _log_run(active: _Active, *, failed: bool) -> None:
     best = best if isinstance(best, dict) else {}  # no trial scored: best.json holds null
     files = _files(run_dir, ARTIFACTS, plots=True)
     if "mlflow" in active.backends:
-        _mlflow_run(active.client, active.parent_id, config_params(run_dir / "config.yaml"), [(0, _metrics(best))],
-                    files)  # fmt: skip
+        _mlflow_run(
+            active.client, active.parent_id, config_params(run_dir / "config.yaml"), [(0, _metrics(best))], files
+        )
         active.client.set_terminated(active.parent_id, "FAILED" if failed else "FINISHED")
     if "wandb" in active.backends:
-        _wandb_run(active, name=active.name, job_type="run", config=_config(run_dir / "config.yaml"), steps=[],
-                   files=files, artifact="raycl-run", summary=_metrics(best), failed=failed)  # fmt: skip
+        _wandb_run(
+            active,
+            name=active.name,
+            job_type="run",
+            config=_config(run_dir / "config.yaml"),
+            steps=[],
+            files=files,
+            artifact="raycl-run",
+            summary=_metrics(best),
+            failed=failed,
+        )
 
 
 def _mlflow_metrics(client: Any, run_id: str, steps: list[tuple[int, dict[str, float]]]) -> None:
@@ -342,8 +394,9 @@ def _mlflow_metrics(client: Any, run_id: str, steps: list[tuple[int, dict[str, f
         client.log_batch(run_id, metrics=metrics[i : i + 1000])
 
 
-def _mlflow_run(client: Any, run_id: str, params: dict[str, str], steps: list[tuple[int, dict[str, float]]],
-                files: list[Path]) -> None:  # fmt: skip
+def _mlflow_run(
+    client: Any, run_id: str, params: dict[str, str], steps: list[tuple[int, dict[str, float]]], files: list[Path]
+) -> None:
     from mlflow.entities import Param
 
     every = [Param(k, v) for k, v in params.items()]
@@ -354,9 +407,18 @@ def _mlflow_run(client: Any, run_id: str, params: dict[str, str], steps: list[tu
         client.log_artifact(run_id, str(path))
 
 
-def _wandb_run(active: _Active, *, name: str, job_type: str, config: dict[str, Any],
-               steps: list[tuple[int, dict[str, float]]], files: list[Path], artifact: str,
-               summary: dict[str, float] | None = None, failed: bool = False) -> None:  # fmt: skip
+def _wandb_run(
+    active: _Active,
+    *,
+    name: str,
+    job_type: str,
+    config: dict[str, Any],
+    steps: list[tuple[int, dict[str, float]]],
+    files: list[Path],
+    artifact: str,
+    summary: dict[str, float] | None = None,
+    failed: bool = False,
+) -> None:
     """One W&B run made by raycl itself (Ray's ``setup_wandb``, outside any trainable): config, metrics by
     step, summary, files as one artifact."""
     import wandb
@@ -364,9 +426,17 @@ def _wandb_run(active: _Active, *, name: str, job_type: str, config: dict[str, A
 
     run_id = f"raycl-{uuid.uuid4().hex[:12]}"
     start_method = os.environ.get("WANDB_START_METHOD")  # setup_wandb sets it in this (the driver's) process
-    run = setup_wandb(config=safe_config(config), trial_id=run_id, trial_name=name, group=active.name,
-                      project=active.project, job_type=job_type, resume="allow", dir=os.environ.get("WANDB_DIR"),
-                      settings=wandb.Settings(silent=True))  # fmt: skip
+    run = setup_wandb(
+        config=safe_config(config),
+        trial_id=run_id,
+        trial_name=name,
+        group=active.name,
+        project=active.project,
+        job_type=job_type,
+        resume="allow",
+        dir=os.environ.get("WANDB_DIR"),
+        settings=wandb.Settings(silent=True),
+    )
     try:
         for step, row in steps:
             run.log(row, step=step)

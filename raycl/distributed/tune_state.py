@@ -94,18 +94,24 @@ def checked(fs: pafs.FileSystem, path: str, uri: str) -> dict[str, bytes]:
                 files[info.base_name] = bytes(f.read())
     if _is_trusted(uri):
         return files
-    how = (f"start afresh with another --out (or delete {uri} from the store), or, if only you can write this "
-           "prefix, restore it anyway with --trust-store (anyone who can write it could then run code as you)")
+    how = (
+        f"start afresh with another --out (or delete {uri} from the store), or, if only you can write this "
+        "prefix, restore it anyway with --trust-store (anyone who can write it could then run code as you)"
+    )
     versions = recorded(uri)
     if versions is None:
-        raise UserError(f"{uri}: Ray Tune's saved sweep state, which restoring the sweep unpickles, was not "
-                        f"written by raycl as this user on this machine (no record in {_record(uri).parent}): "
-                        f"refused; {how}")  # fmt: skip
+        raise UserError(
+            f"{uri}: Ray Tune's saved sweep state, which restoring the sweep unpickles, was not "
+            f"written by raycl as this user on this machine (no record in {_record(uri).parent}): "
+            f"refused; {how}"
+        )
     for name, data in sorted(files.items()):
         digest = hashlib.sha256(data).hexdigest()
         if digest not in versions.get(name, []):
-            raise UserError(f"{uri}/{name}: not a version raycl wrote there (sha256 {digest[:16]}…), and "
-                            f"restoring the sweep would unpickle it: refused; {how}")  # fmt: skip
+            raise UserError(
+                f"{uri}/{name}: not a version raycl wrote there (sha256 {digest[:16]}…), and "
+                f"restoring the sweep would unpickle it: refused; {how}"
+            )
     return files
 
 
@@ -145,8 +151,9 @@ class GuardedStore(pafs.FileSystemHandler):
     (``pinned``) or written by this process (others are not there), what this driver writes there is recorded
     (:func:`_remember`), and a pickle elsewhere is read only if this process wrote those very bytes."""
 
-    def __init__(self, inner: pafs.FileSystem, experiment: str, uri: str,
-                 pinned: dict[str, bytes] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, inner: pafs.FileSystem, experiment: str, uri: str, pinned: dict[str, bytes] | None = None
+    ) -> None:
         self.inner, self.experiment, self.uri = inner, experiment.rstrip("/"), uri
         self.pid = os.getpid()  # the driver: only it records (the handler travels to Tune's trial actors)
         self.key = uuid.uuid4().hex
@@ -175,8 +182,10 @@ class GuardedStore(pafs.FileSystemHandler):
         return self.inner.normalize_path(path)
 
     def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
-        return [pafs.FileInfo(i.path, pafs.FileType.NotFound) if self._hidden(i) else i
-                for i in self.inner.get_file_info(paths)]  # fmt: skip
+        return [
+            pafs.FileInfo(i.path, pafs.FileType.NotFound) if self._hidden(i) else i
+            for i in self.inner.get_file_info(paths)
+        ]
 
     def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
         return [i for i in self.inner.get_file_info(selector) if not self._hidden(i)]
@@ -220,9 +229,11 @@ class GuardedStore(pafs.FileSystemHandler):
             with opener(path) as f:
                 data = bytes(f.read())
             if self.seen.wrote.get(path) != hashlib.sha256(data).hexdigest():
-                raise UserError(f"{self.uri}/{path[len(self.experiment) + 1 :]}: a pickle in the store that this "
-                                "run did not write (or that changed since), refused: reading it would run its "
-                                "code")  # fmt: skip
+                raise UserError(
+                    f"{self.uri}/{path[len(self.experiment) + 1 :]}: a pickle in the store that this "
+                    "run did not write (or that changed since), refused: reading it would run its "
+                    "code"
+                )
             return pa.BufferReader(data)
         return opener(path)
 

@@ -77,8 +77,14 @@ class InfoNCEQueueLoss(nn.Module):
             raise ValueError(f"temperature τ must be > 0, got {temperature}")
         self.temperature = temperature
 
-    def forward(self, h: Tensor, h_pos: Tensor, queue: Tensor | None = None, negatives: Tensor | None = None,
-                negatives_mask: Tensor | None = None) -> InfoNCEOutput:  # fmt: skip
+    def forward(
+        self,
+        h: Tensor,
+        h_pos: Tensor,
+        queue: Tensor | None = None,
+        negatives: Tensor | None = None,
+        negatives_mask: Tensor | None = None,
+    ) -> InfoNCEOutput:
         # the logits stay fp32 under autocast: cosines / τ (τ = 0.05) in bf16 would keep ~2 significant digits
         dt = torch.promote_types(h.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
         with autocast_off(h.device.type):
@@ -89,8 +95,9 @@ class InfoNCEQueueLoss(nn.Module):
                 columns = torch.cat([pos_n, keys], dim=0)  # (B+Q, H)
             logits = h_n @ columns.t() / self.temperature  # (B, B+Q)
             if negatives is not None and negatives.size(1) > 0:
-                logits = torch.cat([logits, _own_logits(h_n, negatives.to(dt), negatives_mask, self.temperature)],
-                                   dim=1)  # (B, B+Q+K)
+                logits = torch.cat(
+                    [logits, _own_logits(h_n, negatives.to(dt), negatives_mask, self.temperature)], dim=1
+                )  # (B, B+Q+K)
         labels = torch.arange(h.size(0), device=h.device)  # (B,) the positive of row i is column i
         per_example = F.cross_entropy(logits, labels, reduction="none")  # (B,)
         return InfoNCEOutput(loss=per_example.mean(), per_example=per_example, logits=logits)

@@ -33,8 +33,9 @@ def label_smoothed_nll(lprobs: Tensor, target: Tensor, *, epsilon: float, ignore
     keep = target.ne(ignore_index)  # (N,)
     safe = target.masked_fill(~keep, 0)  # (N,) any valid index; masked out below
     target_lp = lprobs.gather(-1, safe.unsqueeze(-1)).squeeze(-1)  # (N,)
-    return smoothed_nll_from_token_scores(target_lp, lprobs.sum(-1), keep, epsilon=epsilon,
-                                          vocab_size=lprobs.size(-1))  # fmt: skip
+    return smoothed_nll_from_token_scores(
+        target_lp, lprobs.sum(-1), keep, epsilon=epsilon, vocab_size=lprobs.size(-1)
+    )
 
 
 def smoothed_nll_from_token_scores(

@@ -49,8 +49,16 @@ class MinedNegatives:
 
 
 def select_negatives(
-    nbest: Sequence[str], target: str, source: str, *, k: int, source_negative: bool, refill: bool = False,
-    references: Sequence[str] = (), false_negatives: str = "keep", counts: FalseNegativeCounts | None = None,
+    nbest: Sequence[str],
+    target: str,
+    source: str,
+    *,
+    k: int,
+    source_negative: bool,
+    refill: bool = False,
+    references: Sequence[str] = (),
+    false_negatives: str = "keep",
+    counts: FalseNegativeCounts | None = None,
 ) -> list[str]:
     """From an n-best list (best first, distinct, empty outputs dropped): the top k with the target dropped — the
     paper's rule (§2.2.3), k−1 negatives when the target is among them — or, with ``refill``, the first k outputs
@@ -70,8 +78,11 @@ def select_negatives(
         return chosen
     if refill:
         distinct = [t for t in distinct if t not in refuted]
-        return [t for t in _rule(distinct, tgt, src, k=k, source_negative=source_negative, refill=True)
-                if t not in refuted]  # fmt: skip
+        return [
+            t
+            for t in _rule(distinct, tgt, src, k=k, source_negative=source_negative, refill=True)
+            if t not in refuted
+        ]
     return [t for t in chosen if t not in refuted]
 
 
@@ -82,13 +93,29 @@ def _rule(distinct: list[str], tgt: str, src: str, *, k: int, source_negative: b
     return chosen
 
 
-def select_from_nbest(nbest: MinedNegatives, source_score: float, example: GecExample, *, k: int,
-                      source_negative: bool, refill: bool = False, false_negatives: str = "keep",
-                      counts: FalseNegativeCounts | None = None) -> MinedNegatives:  # fmt: skip
+def select_from_nbest(
+    nbest: MinedNegatives,
+    source_score: float,
+    example: GecExample,
+    *,
+    k: int,
+    source_negative: bool,
+    refill: bool = False,
+    false_negatives: str = "keep",
+    counts: FalseNegativeCounts | None = None,
+) -> MinedNegatives:
     """One example's negatives from its raw n-best (and S(s|s)): what ``BeamSearchMiner.select`` gives for it."""
-    chosen = select_negatives(nbest.negatives, example.target, example.source, k=k,
-                              source_negative=source_negative, refill=refill, references=example.references,
-                              false_negatives=false_negatives, counts=counts)  # fmt: skip
+    chosen = select_negatives(
+        nbest.negatives,
+        example.target,
+        example.source,
+        k=k,
+        source_negative=source_negative,
+        refill=refill,
+        references=example.references,
+        false_negatives=false_negatives,
+        counts=counts,
+    )
     scores = {normalize(example.source): source_score, **dict(zip(nbest.negatives, nbest.scores, strict=True))}
     return MinedNegatives(example.id, tuple(chosen), tuple(scores[n] for n in chosen))
 
@@ -169,9 +196,13 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
             return self._nbest(examples, progress=progress)
 
     def select(
-        self, nbests: Sequence[MinedNegatives], examples: Sequence[GecExample], *, k: int | None = None,
+        self,
+        nbests: Sequence[MinedNegatives],
+        examples: Sequence[GecExample],
+        *,
+        k: int | None = None,
         source_negative: bool | None = None,
-    ) -> list[MinedNegatives]:  # fmt: skip
+    ) -> list[MinedNegatives]:
         """Negatives from already-mined n-best lists, for this miner's k or another k ≤ beam−1."""
         k = self.k if k is None else self._check_k(k)
         use_source = self.source_negative if source_negative is None else source_negative
@@ -179,17 +210,28 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
         for nb, ex in zip(nbests, examples, strict=True):
             assert nb.id == ex.id, f"n-best {nb.id!r} does not belong to example {ex.id!r}"
             counts = FalseNegativeCounts()  # this example's, carried with its negatives (a miner pool's trials)
-            chosen.append(select_negatives(nb.negatives, ex.target, ex.source, k=k, source_negative=use_source,
-                                           refill=self.refill, references=ex.references,
-                                           false_negatives=self.false_negatives, counts=counts))  # fmt: skip
+            chosen.append(
+                select_negatives(
+                    nb.negatives,
+                    ex.target,
+                    ex.source,
+                    k=k,
+                    source_negative=use_source,
+                    refill=self.refill,
+                    references=ex.references,
+                    false_negatives=self.false_negatives,
+                    counts=counts,
+                )
+            )
             self.counts.merge(counts)
             counted.append(tuple(counts.flat()))
             scores.append(dict(zip(nb.negatives, nb.scores, strict=True)))
         missing = [(i, neg) for i, negs in enumerate(chosen) for neg in negs if neg not in scores[i]]
         if missing:  # the appended sources: score them with the same model
             with inference(self.scorer):
-                got = self.scorer.score_texts([examples[i].source for i, _ in missing], [n for _, n in missing],
-                                              batch_size=self.batch_size)  # fmt: skip
+                got = self.scorer.score_texts(
+                    [examples[i].source for i, _ in missing], [n for _, n in missing], batch_size=self.batch_size
+                )
             for (i, neg), s in zip(missing, got, strict=True):
                 scores[i][neg] = s
         return [
@@ -203,8 +245,10 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
             return self.select(nbests, examples)
         sources = [normalize(ex.source) for ex in examples]
         got = self.scorer.score_texts([ex.source for ex in examples], sources, batch_size=self.batch_size)
-        return [MinedNegatives(nb.id, (*nb.negatives, src), (*nb.scores, s))
-                for nb, src, s in zip(nbests, sources, got, strict=True)]  # fmt: skip
+        return [
+            MinedNegatives(nb.id, (*nb.negatives, src), (*nb.scores, s))
+            for nb, src, s in zip(nbests, sources, got, strict=True)
+        ]
 
     def _nbest(self, examples: Sequence[GecExample], *, progress: bool) -> list[MinedNegatives]:
         from tqdm.auto import tqdm
@@ -214,10 +258,15 @@ class BeamSearchMiner(BaseMiner["GecExample", MinedNegatives]):
         with tqdm(total=len(examples), unit="sent", desc="beam search", disable=not progress) as bar:
             for idx in length_chunks(sources, self.batch_size):
                 hyps = self.scorer.generate(
-                    [sources[i] for i in idx], num_beams=self.beam, num_return_sequences=self.beam,
-                    max_new_tokens=self.max_len_b, max_len_a=self.max_len_a, drop_cut=True,
-                    batch_size=self.batch_size, rank_by=self.rank_by,
-                )  # fmt: skip
+                    [sources[i] for i in idx],
+                    num_beams=self.beam,
+                    num_return_sequences=self.beam,
+                    max_new_tokens=self.max_len_b,
+                    max_len_a=self.max_len_a,
+                    drop_cut=True,
+                    batch_size=self.batch_size,
+                    rank_by=self.rank_by,
+                )
                 for i, h in zip(idx, hyps, strict=True):
                     out[i] = _distinct(examples[i].id, h)
                 self.searched += len(idx)
@@ -236,7 +285,10 @@ def _distinct(id_: str, hyps: Sequence[tuple[str, float]]) -> MinedNegatives:
 
 
 def write_negatives_parquet(
-    path: str | Path, examples: Sequence[GecExample], mined: Sequence[MinedNegatives], *,
+    path: str | Path,
+    examples: Sequence[GecExample],
+    mined: Sequence[MinedNegatives],
+    *,
     model_version: int | Sequence[int],
 ) -> Path:
     """Write one row per example (``COLUMNS``) to ``path``, atomically (temp file + rename).
@@ -250,12 +302,18 @@ def write_negatives_parquet(
     for ex, m in zip(examples, mined, strict=True):
         if ex.id != m.id:
             raise ValueError(f"mined record {m.id!r} is not for example {ex.id!r}")
-    table = pa.table({
-        "id": [ex.id for ex in examples], "source": [ex.source for ex in examples],
-        "target": [ex.target for ex in examples], "negatives": [list(m.negatives) for m in mined],
-        "scores": [list(m.scores) for m in mined], "model_version": versions,
-        "references": [list(ex.references or (ex.target,)) for ex in examples],
-    }, schema=negatives_schema())  # fmt: skip
+    table = pa.table(
+        {
+            "id": [ex.id for ex in examples],
+            "source": [ex.source for ex in examples],
+            "target": [ex.target for ex in examples],
+            "negatives": [list(m.negatives) for m in mined],
+            "scores": [list(m.scores) for m in mined],
+            "model_version": versions,
+            "references": [list(ex.references or (ex.target,)) for ex in examples],
+        },
+        schema=negatives_schema(),
+    )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(path, "wb") as f:
@@ -267,9 +325,17 @@ def negatives_schema() -> Any:
     """The negatives files' columns (:data:`COLUMNS`): one file and every shard of a directory."""
     import pyarrow as pa
 
-    return pa.schema([("id", pa.string()), ("source", pa.string()), ("target", pa.string()),
-                      ("negatives", pa.list_(pa.string())), ("scores", pa.list_(pa.float64())),
-                      ("model_version", pa.int64()), ("references", pa.list_(pa.string()))])  # fmt: skip
+    return pa.schema(
+        [
+            ("id", pa.string()),
+            ("source", pa.string()),
+            ("target", pa.string()),
+            ("negatives", pa.list_(pa.string())),
+            ("scores", pa.list_(pa.float64())),
+            ("model_version", pa.int64()),
+            ("references", pa.list_(pa.string())),
+        ]
+    )
 
 
 def read_negatives_parquet(path: str | Path) -> dict[str, MinedNegatives]:
@@ -284,11 +350,13 @@ def read_negatives_parquet(path: str | Path) -> dict[str, MinedNegatives]:
     out: dict[str, MinedNegatives] = {}
     row = 0
     for batch in batches(path, ("id", "negatives", "scores")):
-        for id_, negs, scores in zip(*(batch.column(c).to_pylist() for c in ("id", "negatives", "scores")),
-                                     strict=True):  # fmt: skip
+        for id_, negs, scores in zip(
+            *(batch.column(c).to_pylist() for c in ("id", "negatives", "scores")), strict=True
+        ):
             if id_ in out or negs is None or len(negs) != len(scores or []):
-                raise UserError(f"{at(path)}: row {row} (id {id_!r}): expected a unique id and one score per "
-                                "negative")  # fmt: skip
+                raise UserError(
+                    f"{at(path)}: row {row} (id {id_!r}): expected a unique id and one score per negative"
+                )
             # scores: null with no negatives is none at all; a null score is one never computed (NaN)
             out[id_] = MinedNegatives(id_, tuple(negs), tuple(math.nan if s is None else s for s in scores or ()))
             row += 1

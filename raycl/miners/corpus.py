@@ -1,6 +1,6 @@
 """A corpus in ranges, read from byte offsets, mined into one Parquet shard per range (Ray-free).
 
-The parts of corpus mining that need no Ray (:mod:`raycl.distributed.corpus_mining` runs them on a Ray Data actor
+The parts of corpus mining that need no Ray (:mod:`raycl.distributed.corpus` runs them on a Ray Data actor
 pool, or in one process):
 
     scan_specs             one pass over the files, keeping a byte offset per range of ``shard_size`` records
@@ -98,14 +98,25 @@ def scan_specs(specs: Sequence[str], *, range_size: int, cached: Sequence[dict[s
 
 def scan_cache(scans: Sequence[SpecScan]) -> list[dict[str, Any]]:
     """The scans as the manifest keeps them: O(#ranges) numbers, so a resume never reads the corpus again."""
-    return [{"spec": s.text, "stat": s.stat, "key": s.key,
-             "ranges": [[r.start, r.first_line, r.target_start, r.target_first_line, r.first_index, r.count]
-                        for r in s.ranges]} for s in scans]  # fmt: skip
+    return [
+        {
+            "spec": s.text,
+            "stat": s.stat,
+            "key": s.key,
+            "ranges": [
+                [r.start, r.first_line, r.target_start, r.target_first_line, r.first_index, r.count]
+                for r in s.ranges
+            ],
+        }
+        for s in scans
+    ]
 
 
 def _from_cache(spec: Spec, text: str, hit: dict[str, Any], first: int) -> SpecScan:
-    ranges = [Range(first + j, str(spec.path), str(spec.target_path or ""), spec.format, *map(int, row))
-              for j, row in enumerate(hit["ranges"])]  # fmt: skip
+    ranges = [
+        Range(first + j, str(spec.path), str(spec.target_path or ""), spec.format, *map(int, row))
+        for j, row in enumerate(hit["ranges"])
+    ]
     return SpecScan(text, hit["key"], hit["stat"], ranges)
 
 
@@ -127,8 +138,11 @@ def _scan(spec: Spec, text: str, stat: list[list[int]], range_size: int, first: 
         last = i
     if run is not None:
         ranges.append(_range(first + len(ranges), spec, run, last + 1 - run[0]))
-    key = {"files": [p.name for p in _files(spec)], "slice": [spec.start, spec.stop],
-           "blake2b": [h.hexdigest() for h in hashes]}  # fmt: skip
+    key = {
+        "files": [p.name for p in _files(spec)],
+        "slice": [spec.start, spec.stop],
+        "blake2b": [h.hexdigest() for h in hashes],
+    }
     return SpecScan(text, key, stat, ranges)
 
 
@@ -149,8 +163,10 @@ def check_disjoint(parsed: Sequence[Spec], texts: Sequence[str]) -> None:
     for spec, text in zip(parsed, texts, strict=True):
         for other, other_text in seen.get(spec.path.name, []):
             if not _disjoint(spec, other):
-                raise UserError(f"data spec {text!r}: its example ids overlap those of {other_text!r} (same file "
-                                "name), expected distinct file names and non-overlapping slices")
+                raise UserError(
+                    f"data spec {text!r}: its example ids overlap those of {other_text!r} (same file "
+                    "name), expected distinct file names and non-overlapping slices"
+                )
         seen.setdefault(spec.path.name, []).append((spec, text))
 
 
@@ -166,8 +182,9 @@ def _disjoint(a: Spec, b: Spec) -> bool:
 
 def _range(index: int, spec: Spec, first: tuple[int, int, int, int, int], count: int) -> Range:
     i, offset, line, t_offset, t_line = first
-    return Range(index, str(spec.path), str(spec.target_path or ""), spec.format, offset, line, t_offset, t_line,
-                 i, count)  # fmt: skip
+    return Range(
+        index, str(spec.path), str(spec.target_path or ""), spec.format, offset, line, t_offset, t_line, i, count
+    )
 
 
 def _bounds(spec: Spec) -> tuple[int, int | None]:
@@ -186,8 +203,10 @@ def _record_starts(spec: Spec, hashes: Sequence[Any]) -> Iterator[tuple[int, int
         pairs = zip_longest(_text_lines(spec.path, hashes[0]), _text_lines(spec.target_path, hashes[1]))
         for src, tgt in pairs:
             if src is None or tgt is None:
-                raise UserError(f"data spec '{spec}': {spec.path} and {spec.target_path} differ in line count, "
-                                "expected one target line per source line")  # fmt: skip
+                raise UserError(
+                    f"data spec '{spec}': {spec.path} and {spec.target_path} differ in line count, "
+                    "expected one target line per source line"
+                )
             yield src[0], src[1], tgt[0], tgt[1]
         return
     if spec.format == "tsv":
@@ -206,8 +225,10 @@ def _m2_starts(path: Path, h: Any) -> Iterator[tuple[int, int, int, int]]:
     for offset, lineno, line in _text_lines(path, h):
         if line.startswith("S ") or line == "S":
             if in_block:
-                raise UserError(f"{at(path, lineno)}: second 'S' line in a block, expected 'A ' lines or a "
-                                "blank line between sentences")  # fmt: skip
+                raise UserError(
+                    f"{at(path, lineno)}: second 'S' line in a block, expected 'A ' lines or a "
+                    "blank line between sentences"
+                )
             in_block = seen = True
             n_tokens = len(line[2:].split())
             yield offset, lineno, 0, 0
@@ -218,8 +239,9 @@ def _m2_starts(path: Path, h: Any) -> Iterator[tuple[int, int, int, int]]:
         elif not line.strip():
             in_block = False
         else:
-            raise UserError(f"{at(path, lineno)}: line starts with {line[:10]!r}, expected 'S ', 'A ' or a "
-                            "blank line")  # fmt: skip
+            raise UserError(
+                f"{at(path, lineno)}: line starts with {line[:10]!r}, expected 'S ', 'A ' or a blank line"
+            )
     if not seen:
         raise UserError(f"{at(path)}: empty M2 file, expected 'S ' lines")
 
@@ -260,8 +282,11 @@ def read_range(r: Range, *, annotator: int = 0) -> list[GecExample]:
         pairs = enumerate(zip(src, tgt, strict=True))
         return [GecExample(f"{name}:{r.first_index + j}", s, t, (t,)) for j, ((_, s), (_, t)) in pairs]
     lines = islice(iter_lines(r.path, start=r.start, first_line=r.first_line), r.count)
-    return [GecExample(f"{name}:{r.first_index + j}", src, tgt, (tgt,))
-            for j, (lineno, line) in enumerate(lines) for src, tgt in [tsv_fields(r.path, lineno, line)]]
+    return [
+        GecExample(f"{name}:{r.first_index + j}", src, tgt, (tgt,))
+        for j, (lineno, line) in enumerate(lines)
+        for src, tgt in [tsv_fields(r.path, lineno, line)]
+    ]
 
 
 def tsv_fields(path: str | Path, lineno: int, line: str) -> tuple[str, str]:
@@ -278,16 +303,20 @@ def load_manifest(out_dir: Path) -> dict[str, Any] | None:
     path, has_shards = out_dir / MANIFEST, bool(shard_files(out_dir))
     if not path.is_file():
         if has_shards:
-            raise UserError(f"{at(out_dir)}: holds {SHARD_GLOB} files but no {MANIFEST}, expected an empty "
-                            "directory or one raycl mining wrote (--overwrite to mine afresh)")  # fmt: skip
+            raise UserError(
+                f"{at(out_dir)}: holds {SHARD_GLOB} files but no {MANIFEST}, expected an empty "
+                "directory or one raycl mining wrote (--overwrite to mine afresh)"
+            )
         return None
     try:
         old = json.loads(path.read_text(encoding="utf-8"))
         str(old["mode"]), int(old["shard_size"])
     except (OSError, ValueError, KeyError, TypeError) as err:
         if has_shards:
-            raise UserError(f"{at(path)}: not a raycl mining manifest ({err}), expected the one raycl wrote "
-                            "(--overwrite to mine afresh)") from None  # fmt: skip
+            raise UserError(
+                f"{at(path)}: not a raycl mining manifest ({err}), expected the one raycl wrote "
+                "(--overwrite to mine afresh)"
+            ) from None
         return None
     return dict(old)
 
@@ -302,12 +331,16 @@ def resume_shard_size(out_dir: Path, old: dict[str, Any] | None, *, mode: str, s
         return shard_size or DEFAULT_SHARD_SIZE
     if old["mode"] != mode:
         what = {"ranges": "data files", "ids": "in-memory examples"}
-        raise UserError(f"{at(out_dir)}: shards mined from {what.get(old['mode'], old['mode'])}, this run mines "
-                        f"{what[mode]}; expected a new output directory")  # fmt: skip
+        raise UserError(
+            f"{at(out_dir)}: shards mined from {what.get(old['mode'], old['mode'])}, this run mines "
+            f"{what[mode]}; expected a new output directory"
+        )
     size = int(old["shard_size"])
     if shard_size is not None and shard_size != size and mode == "ranges":
-        raise UserError(f"{at(out_dir)}: shards of {size} sentences each, this run asks for shard size "
-                        f"{shard_size}; leave it out to resume, or use a new output directory")  # fmt: skip
+        raise UserError(
+            f"{at(out_dir)}: shards of {size} sentences each, this run asks for shard size "
+            f"{shard_size}; leave it out to resume, or use a new output directory"
+        )
     return size
 
 
@@ -324,14 +357,18 @@ def check_resume(out_dir: Path, old: dict[str, Any] | None, new: dict[str, Any])
         if key == "data":
             diffs.append(f"data {', '.join(map(_describe, was or []))} → {', '.join(map(_describe, now))}")
         elif isinstance(now, dict) and isinstance(was, dict):
-            diffs += [f"{key}.{k} {_short(was.get(k))} → {_short(now.get(k))}"
-                      for k in sorted(set(was) | set(now)) if was.get(k) != now.get(k)]  # fmt: skip
+            diffs += [
+                f"{key}.{k} {_short(was.get(k))} → {_short(now.get(k))}"
+                for k in sorted(set(was) | set(now))
+                if was.get(k) != now.get(k)
+            ]
         else:
             diffs.append(f"{key} {_short(was)} → {_short(now)}")
     if diffs:
-        raise UserError(f"{at(out_dir)}: its shards were mined with other settings ({'; '.join(diffs)}), "
-                        "expected the same to resume (--overwrite mines it afresh, or use a new output directory)"
-                        )  # fmt: skip
+        raise UserError(
+            f"{at(out_dir)}: its shards were mined with other settings ({'; '.join(diffs)}), "
+            "expected the same to resume (--overwrite mines it afresh, or use a new output directory)"
+        )
 
 
 def _describe(key: dict[str, Any]) -> str:
@@ -400,10 +437,15 @@ def record_failures(out_dir: Path, failures: Sequence[dict[str, Any]]) -> None:
 def negatives_table(examples: Sequence[GecExample], mined: Sequence[Any], version: int = 0) -> Any:
     import pyarrow as pa
 
-    return pa.table({
-        "id": [e.id for e in examples], "source": [e.source for e in examples],
-        "target": [e.target for e in examples],
-        "negatives": [list(m.negatives) for m in mined], "scores": [list(m.scores) for m in mined],
-        "model_version": [version] * len(examples),
-        "references": [list(e.references or (e.target,)) for e in examples],
-    }, schema=schema())  # fmt: skip
+    return pa.table(
+        {
+            "id": [e.id for e in examples],
+            "source": [e.source for e in examples],
+            "target": [e.target for e in examples],
+            "negatives": [list(m.negatives) for m in mined],
+            "scores": [list(m.scores) for m in mined],
+            "model_version": [version] * len(examples),
+            "references": [list(e.references or (e.target,)) for e in examples],
+        },
+        schema=schema(),
+    )

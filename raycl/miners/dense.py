@@ -1,5 +1,5 @@
 """Dense hard negatives, the Ray-free part: options, candidate merging, the filters and the output formats of
-``raycl.mine_dense_negatives`` (the pipeline is :mod:`raycl.distributed.dense_mining`).
+``raycl.mine_dense_negatives`` (the pipeline is :mod:`raycl.distributed.dense`).
 
 The meaning of every option is sentence-transformers' ``mine_hard_negatives`` (6.2). For each unique query q
 with positives P(q) (every row of the pairs whose anchor is q; s(·,·) the cosine of normalised embeddings, or a
@@ -66,11 +66,24 @@ class DenseOptions:
 
 # Bounds of the numbers a mining is given, far above any real use: a typo or a hostile value (1e308, inf, 10**30)
 # is one line at the edge, before a model is loaded or Ray started, not an allocation or a hang deep in an actor.
-INT_BOUNDS = {"num_negatives": (1, 10_000), "range_min": (0, 1_000_000), "range_max": (1, 1_000_000),
-              "batch_size": (1, 1 << 16), "seed": (0, (1 << 63) - 1), "corpus_shard_size": (1, 10_000_000),
-              "query_block_size": (1, 1_000_000), "num_miners": (0, 10_000)}  # fmt: skip
-FLOAT_BOUNDS = {"max_score": 1e6, "min_score": 1e6, "absolute_margin": 1e6, "relative_margin": 1e6,
-                "cpus_per_miner": 1e4, "gpus_per_miner": 1e4}  # |value| at most; finite always
+INT_BOUNDS = {
+    "num_negatives": (1, 10_000),
+    "range_min": (0, 1_000_000),
+    "range_max": (1, 1_000_000),
+    "batch_size": (1, 1 << 16),
+    "seed": (0, (1 << 63) - 1),
+    "corpus_shard_size": (1, 10_000_000),
+    "query_block_size": (1, 1_000_000),
+    "num_miners": (0, 10_000),
+}
+FLOAT_BOUNDS = {
+    "max_score": 1e6,
+    "min_score": 1e6,
+    "absolute_margin": 1e6,
+    "relative_margin": 1e6,
+    "cpus_per_miner": 1e4,
+    "gpus_per_miner": 1e4,
+}  # |value| at most; finite always
 
 
 def check_numbers(*, flags: bool = False, **numbers: Any) -> None:
@@ -85,10 +98,15 @@ def check_numbers(*, flags: bool = False, **numbers: Any) -> None:
                 lo, hi = INT_BOUNDS[key]
                 if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= v <= hi:
                     raise UserError(f"{shown}: expected an integer from {lo:,} to {hi:,}, got {_shown(v)}")
-            elif isinstance(v, bool) or not isinstance(v, (int, float, np.number)) or not (
-                    abs(_float(v)) <= FLOAT_BOUNDS[key]):  # fmt: skip
-                raise UserError(f"{shown}: expected a finite number of magnitude at most {FLOAT_BOUNDS[key]:g}, "
-                                f"got {_shown(v)}")  # fmt: skip
+            elif (
+                isinstance(v, bool)
+                or not isinstance(v, (int, float, np.number))
+                or not (abs(_float(v)) <= FLOAT_BOUNDS[key])
+            ):
+                raise UserError(
+                    f"{shown}: expected a finite number of magnitude at most {FLOAT_BOUNDS[key]:g}, "
+                    f"got {_shown(v)}"
+                )
 
 
 def _float(value: Any) -> float:
@@ -105,8 +123,15 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 40 else f"{text[:40]}… ({len(text):,} characters)"
 
 
-def dense_options(*, num_negatives: int = 3, range_min: int = 0, range_max: int | None = None, max_positives: int,
-                  cross_encoder: bool = False, **kw: Any) -> DenseOptions:  # fmt: skip
+def dense_options(
+    *,
+    num_negatives: int = 3,
+    range_min: int = 0,
+    range_max: int | None = None,
+    max_positives: int,
+    cross_encoder: bool = False,
+    **kw: Any,
+) -> DenseOptions:
     """The options as sentence-transformers resolves them (``range_max`` by default: ``range_min +
     num_negatives + max_positives``, or ``range_min + 10·num_negatives + max_positives`` when a margin or
     ``max_score`` — or ``min_score`` with a cross-encoder — may drop candidates); bad values: one line."""
@@ -127,17 +152,21 @@ def dense_options(*, num_negatives: int = 3, range_min: int = 0, range_max: int 
         raise UserError(f"min_score {lo} > max_score {hi}: expected min_score ≤ max_score")
     if range_max is None:
         filtered = any(kw.get(k) is not None for k in ("absolute_margin", "relative_margin", "max_score")) or (
-            cross_encoder and lo is not None)
+            cross_encoder and lo is not None
+        )
         range_max = range_min + num_negatives * (10 if filtered else 1) + max_positives
     if range_min >= range_max:
         raise UserError(f"range_min {range_min} ≥ range_max {range_max}: expected range_min < range_max")
     if num_negatives > range_max - range_min:
-        raise UserError(f"num_negatives {num_negatives} > range_max − range_min = {range_max - range_min}: "
-                        "expected at least num_negatives candidates in the window")  # fmt: skip
+        raise UserError(
+            f"num_negatives {num_negatives} > range_max − range_min = {range_max - range_min}: "
+            "expected at least num_negatives candidates in the window"
+        )
     if kw.get("include_positives") and fmt != "n-tuple":
         kw["output_format"] = "n-tuple"  # as sentence-transformers: the ranking order needs one row a query
-    return DenseOptions(num_negatives=num_negatives, range_min=range_min, range_max=range_max,
-                        max_positives=max_positives, **kw)  # fmt: skip
+    return DenseOptions(
+        num_negatives=num_negatives, range_min=range_min, range_max=range_max, max_positives=max_positives, **kw
+    )
 
 
 def text_key(text: str) -> int:
@@ -173,16 +202,22 @@ class Candidates:
 
     @classmethod
     def empty(cls, queries: int) -> Candidates:
-        return cls(np.full((queries, 0), -np.inf, np.float32), np.zeros((queries, 0), np.int64),
-                   np.empty((queries, 0), object))  # fmt: skip
+        return cls(
+            np.full((queries, 0), -np.inf, np.float32),
+            np.zeros((queries, 0), np.int64),
+            np.empty((queries, 0), object),
+        )
 
     def merge(self, other: Candidates, k: int) -> Candidates:
         """The best ``k`` of both (``k`` counts repeated texts: :meth:`distinct` collapses them at the end)."""
         scores = np.concatenate([self.scores, other.scores], axis=1)
         order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
         take = functools_take(order)
-        return Candidates(take(scores), take(np.concatenate([self.keys, other.keys], axis=1)),
-                          take(np.concatenate([self.texts, other.texts], axis=1)))  # fmt: skip
+        return Candidates(
+            take(scores),
+            take(np.concatenate([self.keys, other.keys], axis=1)),
+            take(np.concatenate([self.texts, other.texts], axis=1)),
+        )
 
     def distinct(self, k: int) -> Candidates:
         """Each text once (its best copy), the first ``k``, padded with −inf to ``k`` columns."""
@@ -216,7 +251,8 @@ class Stats:
     negatives: int = 0
     short: int = 0
     hist: dict[str, list[int]] = dataclasses.field(
-        default_factory=lambda: {k: [0] * (len(BINS) - 1) for k in ("positive", "kept", "dropped")})
+        default_factory=lambda: {k: [0] * (len(BINS) - 1) for k in ("positive", "kept", "dropped")}
+    )
 
     def add_hist(self, name: str, values: np.ndarray) -> None:
         got = np.histogram(np.clip(values, BINS[0], BINS[-1]), BINS)[0]
@@ -247,9 +283,14 @@ class Mined:
     negative_scores: list[float]
 
 
-def select(cands: Candidates, positive_keys: Sequence[Sequence[int] | np.ndarray],
-           positive_scores: Sequence[Sequence[float]], opts: DenseOptions, first_query: int, stats: Stats
-           ) -> list[np.ndarray]:  # fmt: skip
+def select(
+    cands: Candidates,
+    positive_keys: Sequence[Sequence[int] | np.ndarray],
+    positive_scores: Sequence[Sequence[float]],
+    opts: DenseOptions,
+    first_query: int,
+    stats: Stats,
+) -> list[np.ndarray]:
     """The chosen candidate columns of each query (descending score), the filters of the module docstring
     applied in their order, counted in ``stats``. ``first_query``: the index of row 0 among all unique queries
     (seeds ``random``)."""
@@ -281,8 +322,9 @@ def select(cands: Candidates, positive_keys: Sequence[Sequence[int] | np.ndarray
     return chosen
 
 
-def _drop(live: np.ndarray, mask: np.ndarray, name: str, scores: np.ndarray, stats: Stats, *, hist: bool = True
-          ) -> None:  # fmt: skip
+def _drop(
+    live: np.ndarray, mask: np.ndarray, name: str, scores: np.ndarray, stats: Stats, *, hist: bool = True
+) -> None:
     gone = live & mask
     stats.dropped[name] += int(gone.sum())
     if hist:
@@ -301,15 +343,33 @@ def _choose(scores: np.ndarray, live: np.ndarray, opts: DenseOptions, query_inde
     return window[picked]  # the window is descending, so sorted positions keep the scores descending
 
 
-def mined(queries: Sequence[str], positives: Sequence[Sequence[str]], positive_scores: Sequence[Sequence[float]],
-          cands: Candidates, chosen: Sequence[np.ndarray]) -> list[Mined]:  # fmt: skip
+def mined(
+    queries: Sequence[str],
+    positives: Sequence[Sequence[str]],
+    positive_scores: Sequence[Sequence[float]],
+    cands: Candidates,
+    chosen: Sequence[np.ndarray],
+) -> list[Mined]:
     rows = zip(queries, positives, positive_scores, chosen, strict=True)
-    return [Mined(q, list(p), [float(s) for s in ps], [str(t) for t in cands.texts[i, c]],
-                  [float(s) for s in cands.scores[i, c]]) for i, (q, p, ps, c) in enumerate(rows)]  # fmt: skip
+    return [
+        Mined(
+            q,
+            list(p),
+            [float(s) for s in ps],
+            [str(t) for t in cands.texts[i, c]],
+            [float(s) for s in cands.scores[i, c]],
+        )
+        for i, (q, p, ps, c) in enumerate(rows)
+    ]
 
 
-def within_margins(scores: Sequence[float], positive_score: float | None, *, absolute_margin: float | None,
-                   relative_margin: float | None) -> list[int]:  # fmt: skip
+def within_margins(
+    scores: Sequence[float],
+    positive_score: float | None,
+    *,
+    absolute_margin: float | None,
+    relative_margin: float | None,
+) -> list[int]:
     """The positions of ``scores`` (one query's candidates) that pass the margins of step 3 against its hardest
     positive's score p — ``absolute_margin`` m keeps s ≤ p − m, ``relative_margin`` r keeps s ≤ p − |p|·r — in
     order; all of them without a margin or without p. The STS recipe's selection from a pool mined without
@@ -335,8 +395,14 @@ def format_rows(records: Sequence[Mined], opts: DenseOptions, anchor: str, posit
             elif fmt == "n-tuple" and len(r.negatives) == n:
                 _add(cols, [r.query, p, *r.negatives] + ([[ps, *r.negative_scores]] if with_scores else []))
             elif fmt == "labeled-list" and r.negatives:
-                _add(cols, [r.query, [p, *r.negatives],
-                            [ps, *r.negative_scores] if with_scores else [1] + [0] * len(r.negatives)])
+                _add(
+                    cols,
+                    [
+                        r.query,
+                        [p, *r.negatives],
+                        [ps, *r.negative_scores] if with_scores else [1] + [0] * len(r.negatives),
+                    ],
+                )
             elif fmt == "labeled-pair":
                 _add(cols, [r.query, p, ps if with_scores else 1])
         if fmt == "labeled-pair":
@@ -355,8 +421,9 @@ def columns(opts: DenseOptions, anchor: str, positive: str) -> list[str]:
     if fmt == "triplet":
         return [anchor, positive, "negative"] + ["scores"] * with_scores
     if fmt == "n-tuple":
-        return [anchor, positive, *(f"negative_{i}" for i in range(1, opts.num_negatives + 1))] + \
-            ["scores"] * with_scores  # fmt: skip
+        return [anchor, positive, *(f"negative_{i}" for i in range(1, opts.num_negatives + 1))] + [
+            "scores"
+        ] * with_scores
     if fmt == "labeled-pair":
         return [anchor, positive, "score" if with_scores else "label"]
     return [anchor, positive, "scores" if with_scores else "labels"]
@@ -367,8 +434,12 @@ def arrow_schema(opts: DenseOptions, anchor: str, positive: str) -> Any:
     import pyarrow as pa
 
     names = columns(opts, anchor, positive)
-    types: dict[str, Any] = {"scores": pa.list_(pa.float64()), "score": pa.float64(), "label": pa.int64(),
-                             "labels": pa.list_(pa.int64())}  # fmt: skip
+    types: dict[str, Any] = {
+        "scores": pa.list_(pa.float64()),
+        "score": pa.float64(),
+        "label": pa.int64(),
+        "labels": pa.list_(pa.int64()),
+    }
     if opts.output_format == "labeled-list":
         types[positive] = pa.list_(pa.string())
     return pa.schema([(c, types.get(c, pa.string())) for c in names])

@@ -74,8 +74,9 @@ def read_pairs(path: str | Path) -> Any:
     try:
         return datasets.Dataset(pa.table({n: [r.get(n) for r in rows] for n in names}))
     except (ValueError, TypeError, pa.ArrowException) as err:  # a column of mixed types
-        raise UserError(f"{at(path)}: cannot read the pairs ({type(err).__name__}: "
-                        f"{str(err).splitlines()[0][:200]})") from None  # fmt: skip
+        raise UserError(
+            f"{at(path)}: cannot read the pairs ({type(err).__name__}: {str(err).splitlines()[0][:200]})"
+        ) from None
 
 
 def _json_rows(path: Path, expected: str) -> list[dict[str, Any]]:
@@ -102,8 +103,10 @@ def _csv_rows(path: Path) -> Iterator[dict[str, str]]:
                 raise UserError(f"{at(path)}: empty, expected a CSV header and rows")
             for row in reader:
                 if row and len(row) != len(header):
-                    raise UserError(f"{at(path, reader.line_num)}: {len(row)} fields, expected {len(header)} "
-                                    f"(the header's {header})")  # fmt: skip
+                    raise UserError(
+                        f"{at(path, reader.line_num)}: {len(row)} fields, expected {len(header)} "
+                        f"(the header's {header})"
+                    )
                 if row:
                     yield dict(zip(header, row, strict=True))
         except csv.Error as err:
@@ -197,8 +200,10 @@ def _json_text(line: str, column: str | None, path: Path, where: str) -> str:
 def corpus_ranges(path: Path, column: str, size: int) -> list[dict[str, Any]]:
     """Ranges of ``size`` rows of a Parquet corpus (footer only: no row is read here)."""
     rows = open_checked(path).metadata.num_rows
-    return [{"path": str(path), "column": column, "start": s, "stop": min(s + size, rows)}
-            for s in range(0, rows, size)]  # fmt: skip
+    return [
+        {"path": str(path), "column": column, "start": s, "stop": min(s + size, rows)}
+        for s in range(0, rows, size)
+    ]
 
 
 def read_corpus_range(path: str, column: str, start: int, stop: int) -> list[str]:
@@ -243,8 +248,13 @@ def embedding_table(texts: Sequence[str], keys: np.ndarray, emb: np.ndarray) -> 
     import pyarrow as pa
 
     flat = pa.array(np.ascontiguousarray(emb, np.float32).reshape(-1))
-    return pa.table({"text": pa.array(list(texts), pa.string()), "key": pa.array(keys, pa.int64()),
-                     "embedding": pa.FixedSizeListArray.from_arrays(flat, emb.shape[1])})  # fmt: skip
+    return pa.table(
+        {
+            "text": pa.array(list(texts), pa.string()),
+            "key": pa.array(keys, pa.int64()),
+            "embedding": pa.FixedSizeListArray.from_arrays(flat, emb.shape[1]),
+        }
+    )
 
 
 def read_embeddings(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -330,8 +340,16 @@ class AnchorNegatives:
         descending score), never ``anchor``
         itself: the corpus holds every training sentence, so an anchor's nearest text is its own copy, which
         no margin-free selection may hand its InfoNCE as a negative of itself."""
-        kept = range(len(self.negatives)) if self.scores is None else within_margins(
-            self.scores, self.positive_score, absolute_margin=m.absolute_margin, relative_margin=m.relative_margin)
+        kept = (
+            range(len(self.negatives))
+            if self.scores is None
+            else within_margins(
+                self.scores,
+                self.positive_score,
+                absolute_margin=m.absolute_margin,
+                relative_margin=m.relative_margin,
+            )
+        )
         return [self.negatives[i] for i in kept if self.negatives[i] != anchor][: m.num_negatives]
 
 
@@ -362,8 +380,10 @@ def group_negatives(rows: list[dict[str, Any]], *, where: str) -> dict[str, Anch
     listed = isinstance(rows[0].get(second), list)
     neg_cols = [c for c in cols if c == "negative" or c.startswith("negative_")]
     if not listed and not neg_cols:
-        raise UserError(f"mining.negatives: {where}: columns {', '.join(cols)}: expected a negative or "
-                        "negative_1… column (triplet, n-tuple) or a list column (labeled-list)")  # fmt: skip
+        raise UserError(
+            f"mining.negatives: {where}: columns {', '.join(cols)}: expected a negative or "
+            "negative_1… column (triplet, n-tuple) or a list column (labeled-list)"
+        )
     found: dict[str, tuple[dict[str, float | None], list[float]]] = {}
     for r in rows:
         negs, pos_score = _row_negatives(r, second, neg_cols, listed)
@@ -376,14 +396,17 @@ def group_negatives(rows: list[dict[str, Any]], *, where: str) -> dict[str, Anch
     for a, (seen, positives) in found.items():
         scored = all(s is not None for s in seen.values()) and bool(positives)
         items = sorted(seen.items(), key=lambda kv: -float(kv[1])) if scored else list(seen.items())  # type: ignore[arg-type]
-        out[a] = AnchorNegatives(tuple(t for t, _ in items),
-                                 tuple(float(s) for _, s in items) if scored else None,  # type: ignore[arg-type]
-                                 min(positives) if scored else None)  # fmt: skip
+        out[a] = AnchorNegatives(
+            tuple(t for t, _ in items),
+            tuple(float(s) for _, s in items) if scored else None,  # type: ignore[arg-type]
+            min(positives) if scored else None,
+        )
     return out
 
 
-def _row_negatives(r: dict[str, Any], second: str, neg_cols: list[str], listed: bool
-                   ) -> tuple[list[tuple[str, float | None]], float | None]:  # fmt: skip
+def _row_negatives(
+    r: dict[str, Any], second: str, neg_cols: list[str], listed: bool
+) -> tuple[list[tuple[str, float | None]], float | None]:
     scores = r.get("scores")
     if listed:  # labeled-list: [positive, negatives…] with scores, or labels 1 then 0s
         texts = r[second]

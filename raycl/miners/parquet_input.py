@@ -60,8 +60,10 @@ def open_checked(path: str | Path, *, dictionaries: bool = False) -> pq.ParquetF
         _check_row_group(shown, g, meta.row_group(g))
     raw, packed = sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups)), _size(path)
     if raw >= RATIO_FROM and raw / packed > MAX_RATIO:  # many small chunks, each under the per-chunk check
-        raise UserError(f"{at(path)}: {packed:,} bytes decode to {raw:,} ({raw // packed:,}x), expected at most "
-                        f"{MAX_RATIO}x (a decompression bomb): refused before decompressing it")  # fmt: skip
+        raise UserError(
+            f"{at(path)}: {packed:,} bytes decode to {raw:,} ({raw // packed:,}x), expected at most "
+            f"{MAX_RATIO}x (a decompression bomb): refused before decompressing it"
+        )
     return file
 
 
@@ -82,23 +84,34 @@ def _check_row_group(shown: str, g: int, rg: Any) -> None:
     where = f"{shown}: row group {g}"
     size, rows = rg.total_byte_size, max(rg.num_rows, 1)
     if size > MAX_ROW_GROUP_BYTES or size / rows > MAX_ROW_BYTES:
-        raise UserError(f"{where} decodes to {size:,} bytes for {rg.num_rows} rows, expected at most "
-                        f"{MAX_ROW_GROUP_BYTES:,} bytes and {MAX_ROW_BYTES:,} per row: refused before "
-                        "decompressing it")  # fmt: skip
+        raise UserError(
+            f"{where} decodes to {size:,} bytes for {rg.num_rows} rows, expected at most "
+            f"{MAX_ROW_GROUP_BYTES:,} bytes and {MAX_ROW_BYTES:,} per row: refused before "
+            "decompressing it"
+        )
     for c in range(rg.num_columns):
         col = rg.column(c)
         if col.num_values > MAX_VALUES:  # pyarrow decodes as many levels as the chunk declares values
-            raise UserError(f"{where}, column {col.path_in_schema!r}: {col.num_values:,} values, expected at most "
-                            f"{MAX_VALUES:,} in one column chunk (write smaller row groups)")  # fmt: skip
+            raise UserError(
+                f"{where}, column {col.path_in_schema!r}: {col.num_values:,} values, expected at most "
+                f"{MAX_VALUES:,} in one column chunk (write smaller row groups)"
+            )
         raw, packed = col.total_uncompressed_size, max(col.total_compressed_size, 1)
         if raw >= RATIO_FROM and raw / packed > MAX_RATIO:
-            raise UserError(f"{where}, column {col.path_in_schema!r}: {packed:,} compressed bytes decode to "
-                            f"{raw:,} ({raw // packed:,}x), expected at most {MAX_RATIO}x (a decompression bomb): "
-                            "refused before decompressing it")  # fmt: skip
+            raise UserError(
+                f"{where}, column {col.path_in_schema!r}: {packed:,} compressed bytes decode to "
+                f"{raw:,} ({raw // packed:,}x), expected at most {MAX_RATIO}x (a decompression bomb): "
+                "refused before decompressing it"
+            )
 
 
-def batches(path: str | Path, columns: Sequence[str], ids: Sequence[str] | None = None, *,
-            row_groups: Sequence[int] | None = None) -> Iterator[pa.RecordBatch]:  # fmt: skip
+def batches(
+    path: str | Path,
+    columns: Sequence[str],
+    ids: Sequence[str] | None = None,
+    *,
+    row_groups: Sequence[int] | None = None,
+) -> Iterator[pa.RecordBatch]:
     """``columns`` of the checked file ``path`` (:func:`open_checked`), :data:`BATCH_ROWS` rows at a time, each
     batch's decoded size checked before it is decoded; with ``ids``, only the rows whose ``id`` is one of them (a
     training rank's own examples); with ``row_groups``, only those row groups (a range of a corpus)."""
@@ -134,17 +147,23 @@ def _check_batch(path: str | Path, batch: pa.RecordBatch, room: int) -> int:
     for name, column in zip(batch.schema.names, batch.columns, strict=True):
         size, longest = decoded_size(column)
         if longest > MAX_VALUE_BYTES:
-            raise UserError(f"{at(path)}: column {name!r} holds a value of {longest:,} bytes, expected at most "
-                            f"{MAX_VALUE_BYTES:,}: refused before decoding it")  # fmt: skip
+            raise UserError(
+                f"{at(path)}: column {name!r} holds a value of {longest:,} bytes, expected at most "
+                f"{MAX_VALUE_BYTES:,}: refused before decoding it"
+            )
         total += size
     packed = _size(path)
     if total > room:
-        raise UserError(f"{at(path)}: {packed:,} bytes on disk decode to more than "
-                        f"{max(RATIO_FROM, MAX_RATIO * packed):,}, expected at most {MAX_RATIO}x its size (a "
-                        "decompression bomb): refused before decoding them")  # fmt: skip
+        raise UserError(
+            f"{at(path)}: {packed:,} bytes on disk decode to more than "
+            f"{max(RATIO_FROM, MAX_RATIO * packed):,}, expected at most {MAX_RATIO}x its size (a "
+            "decompression bomb): refused before decoding them"
+        )
     if total > MAX_BATCH_BYTES:
-        raise UserError(f"{at(path)}: {batch.num_rows} rows decode to {total:,} bytes, expected at most "
-                        f"{MAX_BATCH_BYTES:,}: refused before decoding them")  # fmt: skip
+        raise UserError(
+            f"{at(path)}: {batch.num_rows} rows decode to {total:,} bytes, expected at most "
+            f"{MAX_BATCH_BYTES:,}: refused before decoding them"
+        )
     return total
 
 
@@ -164,8 +183,10 @@ def decoded_size(array: pa.Array) -> tuple[int, int]:
     if pa.types.is_struct(t):
         parts = [decoded_size(child) for child in array.flatten()]
         return sum(p[0] for p in parts) + len(array), max((p[1] for p in parts), default=0)
-    if any(test(t) for test in (pa.types.is_string, pa.types.is_binary, pa.types.is_large_string,
-                                pa.types.is_large_binary)):  # fmt: skip
+    if any(
+        test(t)
+        for test in (pa.types.is_string, pa.types.is_binary, pa.types.is_large_string, pa.types.is_large_binary)
+    ):
         return array.nbytes, int(pc.max(pc.binary_length(array)).as_py() or 0)
     return array.nbytes, 0
 
@@ -182,8 +203,9 @@ def read_columns(path: str | Path, columns: Sequence[str], schema: pa.Schema | N
     try:
         return table.cast(schema)
     except (ValueError, pa.ArrowException) as err:
-        raise UserError(f"{at(path)}: expected the columns {schema.names} of types {schema.types} "
-                        f"({_one_line(err)})") from None
+        raise UserError(
+            f"{at(path)}: expected the columns {schema.names} of types {schema.types} ({_one_line(err)})"
+        ) from None
 
 
 def column_names(path: str | Path) -> list[str]:

@@ -71,7 +71,12 @@ class PermutationMiner(BaseMiner[CoherenceItemLike, MinedPermutations]):
     """
 
     def __init__(
-        self, scorer: CoherenceScorer, *, num_rank: int = 50, num_negs: int = 5, batch_size: int = 16,
+        self,
+        scorer: CoherenceScorer,
+        *,
+        num_rank: int = 50,
+        num_negs: int = 5,
+        batch_size: int = 16,
         precision: str = "fp32",
     ) -> None:
         super().__init__(scorer, precision=precision)
@@ -90,11 +95,13 @@ class PermutationMiner(BaseMiner[CoherenceItemLike, MinedPermutations]):
             start += len(pool)
             # sorted() is stable: tied candidates keep their order in the item
             order = sorted(range(len(pool)), key=lambda j: -item_scores[j])[: self.num_negs]
-            results.append(MinedPermutations(
-                id=item.id,
-                negatives=tuple(encode_doc(pool[j]) for j in order),
-                scores=tuple(float(item_scores[j]) for j in order),
-            ))  # fmt: skip
+            results.append(
+                MinedPermutations(
+                    id=item.id,
+                    negatives=tuple(encode_doc(pool[j]) for j in order),
+                    scores=tuple(float(item_scores[j]) for j in order),
+                )
+            )
         return results
 
 

@@ -30,8 +30,9 @@ class MinerKind:
 MINER_KINDS: dict[str, MinerKind] = {}
 
 
-def register_miner(name: str, *, build: Callable[[str, dict[str, Any]], Any],
-                   load: Callable[..., None]) -> MinerKind:  # fmt: skip
+def register_miner(
+    name: str, *, build: Callable[[str, dict[str, Any]], Any], load: Callable[..., None]
+) -> MinerKind:
     kind = MinerKind(name, build, load)
     MINER_KINDS[name] = kind
     return kind
@@ -39,8 +40,10 @@ def register_miner(name: str, *, build: Callable[[str, dict[str, Any]], Any],
 
 def miner_kind(name: str) -> MinerKind:
     if name not in MINER_KINDS:
-        raise ValueError(f"unknown miner kind {name!r}, expected one of {sorted(MINER_KINDS)} (a miner module "
-                         "registers its kind when it is imported)")
+        raise ValueError(
+            f"unknown miner kind {name!r}, expected one of {sorted(MINER_KINDS)} (a miner module "
+            "registers its kind when it is imported)"
+        )
     return MINER_KINDS[name]
 
 

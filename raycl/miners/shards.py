@@ -84,8 +84,10 @@ def locked_out_dir(out_dir: Path) -> Iterator[None]:
         except BlockingIOError:
             f.seek(0)
             holder = f.read().strip() or "another process"
-            raise UserError(f"{at(out_dir)}: another raycl run is mining into it ({holder}), expected one run per "
-                            "output directory (wait for it, or use another --out)") from None  # fmt: skip
+            raise UserError(
+                f"{at(out_dir)}: another raycl run is mining into it ({holder}), expected one run per "
+                "output directory (wait for it, or use another --out)"
+            ) from None
         f.truncate(0)
         f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
         f.flush()
@@ -119,8 +121,10 @@ def shard_counts(out_dir: str | Path) -> FalseNegativeCounts:
             try:
                 total.merge(json.loads(got))
             except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
-                raise UserError(f"{at(path)}: its footer's {FN_KEY.decode()} is not the counts raycl writes, "
-                                "expected a shard written by raycl") from None
+                raise UserError(
+                    f"{at(path)}: its footer's {FN_KEY.decode()} is not the counts raycl writes, "
+                    "expected a shard written by raycl"
+                ) from None
     return total
 
 
@@ -206,8 +210,10 @@ def check_references(path: str | Path) -> None:
     for file in _files_of(Path(path)):
         names = column_names(file)
         if "references" not in names or "target" not in names:
-            raise UserError(f"{at(file)}: no 'references' column, expected one for mining.false_negatives=drop "
-                            "(mine the file again with this raycl, or keep its false negatives)")  # fmt: skip
+            raise UserError(
+                f"{at(file)}: no 'references' column, expected one for mining.false_negatives=drop "
+                "(mine the file again with this raycl, or keep its false negatives)"
+            )
 
 
 def without_false_negatives(path: str | Path, negatives: dict[str, list[str]]) -> dict[str, list[str]]:
@@ -217,8 +223,9 @@ def without_false_negatives(path: str | Path, negatives: dict[str, list[str]]) -
     refuted: dict[str, frozenset[str]] = {}
     for file in _files_of(Path(path)):
         for batch in batches(file, ["id", "target", "references"], ids=list(negatives)):
-            for id_, target, refs in zip(*(batch.column(c).to_pylist() for c in ("id", "target", "references")),
-                                         strict=True):  # fmt: skip
+            for id_, target, refs in zip(
+                *(batch.column(c).to_pylist() for c in ("id", "target", "references")), strict=True
+            ):
                 refuted[id_] = refuted_set(refs or (), target)
     none: frozenset[str] = frozenset()
     return {i: [n for n in negs if normalize(n) not in refuted.get(i, none)] for i, negs in negatives.items()}

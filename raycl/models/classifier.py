@@ -49,9 +49,14 @@ class ClassifierPreset:
 
 
 _SMOKE = dict(
-    hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
-    hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, type_vocab_size=1,
-)  # fmt: skip
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    intermediate_size=128,
+    hidden_dropout_prob=0.1,
+    attention_probs_dropout_prob=0.1,
+    type_vocab_size=1,
+)
 
 CLASSIFIER_PRESETS: dict[str, ClassifierPreset] = {
     "smoke": ClassifierPreset("tiny RoBERTa-style classifier (hidden 64, 2 layers), local BPE", 64, _SMOKE, 800),
@@ -97,7 +102,10 @@ def build_classifier(
 
 
 def encode_batch(
-    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str] | Sequence[tuple[str, str]], *, max_len: int,
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str] | Sequence[tuple[str, str]],
+    *,
+    max_len: int,
     pad_to_multiple_of: int | None = None,
 ) -> dict[str, Tensor]:
     """Tokenise single texts or (first, second) pairs, truncated to ``max_len`` and padded to the longest (or to a
@@ -108,8 +116,13 @@ def encode_batch(
     """
     if len(texts) == 0:
         raise ValueError("encode_batch: empty batch")
-    opts: dict[str, Any] = dict(truncation=True, max_length=max_len, padding=True, return_tensors="pt",
-                                pad_to_multiple_of=pad_to_multiple_of)  # fmt: skip
+    opts: dict[str, Any] = dict(
+        truncation=True,
+        max_length=max_len,
+        padding=True,
+        return_tensors="pt",
+        pad_to_multiple_of=pad_to_multiple_of,
+    )
     if isinstance(texts[0], str):
         enc = tokenizer(list(texts), **opts)
     else:
@@ -126,8 +139,9 @@ def load_classifier(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokeni
 def classifier_preset(preset: str) -> ClassifierPreset:
     """The named preset; an unknown name is the user's mistake."""
     if preset not in CLASSIFIER_PRESETS:
-        raise UserError(f"model.preset: unknown classifier preset {preset!r}; expected one of "
-                        f"{sorted(CLASSIFIER_PRESETS)}")  # fmt: skip
+        raise UserError(
+            f"model.preset: unknown classifier preset {preset!r}; expected one of {sorted(CLASSIFIER_PRESETS)}"
+        )
     return CLASSIFIER_PRESETS[preset]
 
 
@@ -137,9 +151,15 @@ def _build_from_config(
     tokenizer = train_bpe_tokenizer(texts, tmp, vocab_size=spec.vocab_size, model_max_length=spec.max_len)
     # The local BPE has RoBERTa's special ids (<s> 0, <pad> 1, </s> 2); RoBERTa positions start after pad.
     fields = dict(
-        vocab_size=len(tokenizer), max_position_embeddings=spec.max_len + 2, num_labels=num_labels,
-        pad_token_id=1, bos_token_id=0, eos_token_id=2, **spec.config, **labels,
-    )  # fmt: skip
+        vocab_size=len(tokenizer),
+        max_position_embeddings=spec.max_len + 2,
+        num_labels=num_labels,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        **spec.config,
+        **labels,
+    )
     return RobertaForSequenceClassification(RobertaConfig(**fields)), tokenizer
 
 

@@ -183,8 +183,15 @@ class CoherenceScorer(nn.Module):
 
     def save_pretrained(self, out_dir: str | Path) -> Path:
         """An HF folder: encoder + tokenizer + ``coherence_head.safetensors`` + ``coherence_config.json``."""
-        return save_encoder_folder(out_dir, self.encoder, self.tokenizer, extra=self.head, extra_file=HEAD_FILE,
-                                   settings=self.settings(), settings_file=CONFIG_FILE)  # fmt: skip
+        return save_encoder_folder(
+            out_dir,
+            self.encoder,
+            self.tokenizer,
+            extra=self.head,
+            extra_file=HEAD_FILE,
+            settings=self.settings(),
+            settings_file=CONFIG_FILE,
+        )
 
     @classmethod
     def from_pretrained(

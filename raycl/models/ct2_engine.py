@@ -125,13 +125,17 @@ def compute_type(precision: str, device: str) -> str:
 
     kind = "cuda" if device.startswith("cuda") else "cpu"
     if precision not in COMPUTE_TYPES:
-        raise UserError(f"mining.precision: expected one of {', '.join(COMPUTE_TYPES)} with mining.engine="
-                        f"ctranslate2, got {precision!r}")  # fmt: skip
+        raise UserError(
+            f"mining.precision: expected one of {', '.join(COMPUTE_TYPES)} with mining.engine="
+            f"ctranslate2, got {precision!r}"
+        )
     wanted = COMPUTE_TYPES[precision] if not (precision == "int8" and kind == "cuda") else "int8_float16"
     supported = set(ctranslate2.get_supported_compute_types(kind))
     if wanted not in supported:
-        raise UserError(f"mining.precision: {precision} ({wanted}) is not supported by CTranslate2 on {kind} "
-                        f"here, expected one of {', '.join(sorted(supported))}")  # fmt: skip
+        raise UserError(
+            f"mining.precision: {precision} ({wanted}) is not supported by CTranslate2 on {kind} "
+            f"here, expected one of {', '.join(sorted(supported))}"
+        )
     return wanted
 
 
@@ -140,8 +144,9 @@ def convert(hf_dir: str | Path, out_dir: Path, *, quantization: str) -> Path:
     return converted(out_dir, lambda _: Path(hf_dir), quantization=quantization, load=lambda folder: folder)
 
 
-def converted(out_dir: Path, make_hf: Callable[[Path], Path], *, quantization: str, load: Callable[[Path], T]
-              ) -> T:  # fmt: skip
+def converted(
+    out_dir: Path, make_hf: Callable[[Path], Path], *, quantization: str, load: Callable[[Path], T]
+) -> T:
     """``load(out_dir)`` once ``out_dir`` holds the conversion of the HF folder ``make_hf(scratch)`` gives.
 
     One conversion per node and folder: every miner of a node takes ``out_dir``'s lock file (``fcntl.flock``, let
@@ -188,14 +193,20 @@ def _convert_now(make_hf: Callable[[Path], Path], out_dir: Path, *, quantization
     scratch = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-hf-", dir=out_dir.parent))
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        Converter(str(make_hf(scratch)), load_as_float16=False).convert(str(tmp), quantization=quantization,
-                                                                        force=True)  # fmt: skip
+        Converter(str(make_hf(scratch)), load_as_float16=False).convert(
+            str(tmp), quantization=quantization, force=True
+        )
         os.replace(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
-    line = {"folder": out_dir.name, "host": socket.gethostname(), "pid": os.getpid(),
-            "seconds": round(time.perf_counter() - t0, 3), "at": time.time()}  # fmt: skip
+    line = {
+        "folder": out_dir.name,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "seconds": round(time.perf_counter() - t0, 3),
+        "at": time.time(),
+    }
     with open(out_dir.parent / CONVERSIONS_LOG, "a") as log:
         log.write(json.dumps(line) + "\n")
 
@@ -288,8 +299,9 @@ class CT2Seq2Seq:
 
     training = False  # never trained: the miner's eval-mode switch has nothing to do
 
-    def __init__(self, hf_dir: Path, tokenizer: Any, *, device: str, compute: str, cache_dir: Path,
-                 version: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self, hf_dir: Path, tokenizer: Any, *, device: str, compute: str, cache_dir: Path, version: int = 0
+    ) -> None:
         self.hf_dir, self.tokenizer, self.compute, self.cache_dir = hf_dir, tokenizer, compute, cache_dir
         self.device_name = device
         self.version = -1
@@ -298,13 +310,26 @@ class CT2Seq2Seq:
         self._load(hf_dir, version)
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | Path, *, device: str = "cpu", precision: str = "fp32",
-                        cache_dir: str | Path | None = None, version: int = 0) -> CT2Seq2Seq:  # fmt: skip
+    def from_pretrained(
+        cls,
+        name_or_path: str | Path,
+        *,
+        device: str = "cpu",
+        precision: str = "fp32",
+        cache_dir: str | Path | None = None,
+        version: int = 0,
+    ) -> CT2Seq2Seq:
         hf_dir = Path(name_or_path)
         tokenizer = _tokenizer(hf_dir)
         compute = compute_type(precision, device)
-        return cls(hf_dir, tokenizer, device=device, compute=compute,
-                   cache_dir=Path(cache_dir) if cache_dir else _cache_root(hf_dir), version=version)  # fmt: skip
+        return cls(
+            hf_dir,
+            tokenizer,
+            device=device,
+            compute=compute,
+            cache_dir=Path(cache_dir) if cache_dir else _cache_root(hf_dir),
+            version=version,
+        )
 
     # ------------------------------------------------------------------------------------------ weights
     def _load(self, hf_dir: Path, version: int) -> None:
@@ -336,7 +361,10 @@ class CT2Seq2Seq:
 
         device, _, index = self.device_name.partition(":")
         return ctranslate2.Translator(
-            str(folder), device=device, device_index=int(index or 0), compute_type=self.compute,
+            str(folder),
+            device=device,
+            device_index=int(index or 0),
+            compute_type=self.compute,
             intra_threads=torch.get_num_threads() if device == "cpu" else 0,
         )
 
@@ -359,10 +387,18 @@ class CT2Seq2Seq:
         return [self.tokenizer.bos_token] if adds_bos else None
 
     def generate(
-        self, sources: list[str], *, num_beams: int, num_return_sequences: int = 1, max_new_tokens: int = 128,
-        max_len_a: float = 0.0, drop_cut: bool = False, batch_size: int = 32, max_length: int | None = None,
+        self,
+        sources: list[str],
+        *,
+        num_beams: int,
+        num_return_sequences: int = 1,
+        max_new_tokens: int = 128,
+        max_len_a: float = 0.0,
+        drop_cut: bool = False,
+        batch_size: int = 32,
+        max_length: int | None = None,
         rank_by: str = "sum_logprob",
-    ) -> list[list[tuple[str, float]]]:  # fmt: skip
+    ) -> list[list[tuple[str, float]]]:
         """Per source, up to ``num_return_sequences`` ``(text, S(text|source))`` in the beam's order (``rank_by=
         "beam"``) or by S; the search is :mod:`raycl.models.decoding`'s, as ``Seq2SeqScorer.generate``'s. S = the
         engine's score × the hypothesis length (``<s>`` and ``</s>`` included: at length penalty 1 CTranslate2
@@ -374,9 +410,10 @@ class CT2Seq2Seq:
         tokens = self._tokens(sources, max_length)
         limits = [d.limit(len(t), self.max_positions) for t in tokens]
         results = self.translator.translate_batch(
-            tokens, [prefix] * len(sources) if prefix else None,
+            tokens,
+            [prefix] * len(sources) if prefix else None,
             **ct2_options(d, steps=max(limits, default=1), prefix_tokens=len(prefix or []), batch_size=batch_size),
-        )  # fmt: skip
+        )
         first = self._prefix_log_probs(tokens, prefix)
         eos = self.tokenizer.eos_token
         out: list[list[tuple[str, float]]] = []
@@ -397,15 +434,17 @@ class CT2Seq2Seq:
         got = self.translator.score_batch(tokens, [prefix] * len(tokens))  # the prefix, then the appended </s>
         return [float(sum(r.log_probs[: len(prefix)])) for r in got]
 
-    def score_texts(self, sources: list[str], targets: list[str], *, max_length: int | None = None,
-                    batch_size: int = 32) -> list[float]:  # fmt: skip
+    def score_texts(
+        self, sources: list[str], targets: list[str], *, max_length: int | None = None, batch_size: int = 32
+    ) -> list[float]:
         """S(target_i | source_i): summed log-probs of the target's tokens as the tokenizer writes it."""
         max_length = max_length or self.max_positions
         eos = self.tokenizer.eos_token
         # score_batch appends the end token itself: the targets go without theirs
         targets_tok = [t[:-1] if t and t[-1] == eos else t for t in self._tokens(targets, max_length)]
-        results = self.translator.score_batch(self._tokens(sources, max_length), targets_tok,
-                                              max_batch_size=batch_size)  # fmt: skip
+        results = self.translator.score_batch(
+            self._tokens(sources, max_length), targets_tok, max_batch_size=batch_size
+        )
         return [float(sum(r.log_probs)) for r in results]
 
 
@@ -414,8 +453,11 @@ def _tokenizer(hf_dir: Path) -> Any:
 
     from raycl.models.fairseq_tokenizer import FairseqBPETokenizer, is_fairseq_folder
 
-    return FairseqBPETokenizer.from_folder(hf_dir) if is_fairseq_folder(hf_dir) else AutoTokenizer.from_pretrained(
-        str(hf_dir))
+    return (
+        FairseqBPETokenizer.from_folder(hf_dir)
+        if is_fairseq_folder(hf_dir)
+        else AutoTokenizer.from_pretrained(str(hf_dir))
+    )
 
 
 class _PaddedVocab:

@@ -42,21 +42,41 @@ class Decoding:
         return max(1, min(int(self.max_len_a * source_tokens + self.max_len_b), max_positions - 1))
 
 
-def hf_generation_config(d: Decoding, *, steps: int, start_id: int, eos_id: int | None, pad_id: int,
-                         bos_id: int | None) -> Any:  # fmt: skip
+def hf_generation_config(
+    d: Decoding, *, steps: int, start_id: int, eos_id: int | None, pad_id: int, bos_id: int | None
+) -> Any:
     """The whole ``GenerationConfig`` of HF's search (used *instead of* the model's: nothing inherited); ``<s>``
     is forced and ``</s>`` banned at the first free step by raycl's own logits processor."""
     from transformers import GenerationConfig
 
     return GenerationConfig(
-        num_beams=d.num_beams, num_return_sequences=d.num_return, max_new_tokens=steps, min_length=0,
-        do_sample=False, early_stopping=d.num_beams > 1, length_penalty=1.0, no_repeat_ngram_size=0,
-        encoder_no_repeat_ngram_size=0, repetition_penalty=1.0, encoder_repetition_penalty=1.0, bad_words_ids=None,
-        suppress_tokens=None, begin_suppress_tokens=None, forced_bos_token_id=None, forced_eos_token_id=None,
-        exponential_decay_length_penalty=None, sequence_bias=None, renormalize_logits=False,
-        remove_invalid_values=False, decoder_start_token_id=start_id, eos_token_id=eos_id, pad_token_id=pad_id,
-        bos_token_id=bos_id, use_cache=True, return_dict_in_generate=True,
-    )  # fmt: skip
+        num_beams=d.num_beams,
+        num_return_sequences=d.num_return,
+        max_new_tokens=steps,
+        min_length=0,
+        do_sample=False,
+        early_stopping=d.num_beams > 1,
+        length_penalty=1.0,
+        no_repeat_ngram_size=0,
+        encoder_no_repeat_ngram_size=0,
+        repetition_penalty=1.0,
+        encoder_repetition_penalty=1.0,
+        bad_words_ids=None,
+        suppress_tokens=None,
+        begin_suppress_tokens=None,
+        forced_bos_token_id=None,
+        forced_eos_token_id=None,
+        exponential_decay_length_penalty=None,
+        sequence_bias=None,
+        renormalize_logits=False,
+        remove_invalid_values=False,
+        decoder_start_token_id=start_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        bos_token_id=bos_id,
+        use_cache=True,
+        return_dict_in_generate=True,
+    )
 
 
 @contextmanager
@@ -74,12 +94,26 @@ def only_config(model: Any, config: Any) -> Iterator[None]:
 def ct2_options(d: Decoding, *, steps: int, prefix_tokens: int, batch_size: int) -> dict[str, Any]:
     """``translate_batch``'s keyword arguments for the same search (its limits count the prefix, as HF's do)."""
     return dict(
-        max_batch_size=batch_size, beam_size=d.num_beams, num_hypotheses=d.num_return, patience=1.0,
-        length_penalty=1.0, coverage_penalty=0.0, repetition_penalty=1.0, no_repeat_ngram_size=0,
-        disable_unk=False, suppress_sequences=None, prefix_bias_beta=0.0, max_input_length=0,
-        max_decoding_length=steps, min_decoding_length=prefix_tokens + 1, sampling_topk=1,
-        sampling_temperature=1.0, use_vmap=False, return_scores=True, return_end_token=True,
-    )  # fmt: skip
+        max_batch_size=batch_size,
+        beam_size=d.num_beams,
+        num_hypotheses=d.num_return,
+        patience=1.0,
+        length_penalty=1.0,
+        coverage_penalty=0.0,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        disable_unk=False,
+        suppress_sequences=None,
+        prefix_bias_beta=0.0,
+        max_input_length=0,
+        max_decoding_length=steps,
+        min_decoding_length=prefix_tokens + 1,
+        sampling_topk=1,
+        sampling_temperature=1.0,
+        use_vmap=False,
+        return_scores=True,
+        return_end_token=True,
+    )
 
 
 def keep(tokens: list[Any], *, eos: Any, limit: int, drop_cut: bool) -> bool:

@@ -42,16 +42,18 @@ def resolve_model(name_or_path: str | Path) -> Path:
 
         return Path(snapshot_download(str(name_or_path))).resolve()
     except Exception as err:  # the hub's errors are many; the user needs one line
-        raise UserError(f"{at(name_or_path)}: not a model folder, and not a model name in the local hub cache "
-                        f"({type(err).__name__}); expected a sentence-transformers or raycl encoder folder"
-                        ) from None  # fmt: skip
+        raise UserError(
+            f"{at(name_or_path)}: not a model folder, and not a model name in the local hub cache "
+            f"({type(err).__name__}); expected a sentence-transformers or raycl encoder folder"
+        ) from None
 
 
 def check_encoder_folder(folder: Path, *, what: str = "model") -> None:
     """One line, before anything is loaded, for a folder that cannot embed text."""
     if not (folder / "config.json").is_file():
-        raise UserError(f"{at(folder)}: no config.json, expected a sentence-transformers or raycl encoder folder "
-                        f"({what})")  # fmt: skip
+        raise UserError(
+            f"{at(folder)}: no config.json, expected a sentence-transformers or raycl encoder folder ({what})"
+        )
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
@@ -61,8 +63,10 @@ def check_encoder_folder(folder: Path, *, what: str = "model") -> None:
     for module in _modules(folder):
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
         if kind not in _KNOWN:
-            raise UserError(f"{at(folder / 'modules.json')}: module {kind!r} is not supported, expected "
-                            f"{', '.join(_KNOWN)} ({what})")  # fmt: skip
+            raise UserError(
+                f"{at(folder / 'modules.json')}: module {kind!r} is not supported, expected "
+                f"{', '.join(_KNOWN)} ({what})"
+            )
 
 
 def _modules(folder: Path) -> list[dict[str, Any]]:
@@ -92,8 +96,10 @@ def resolve_prompt(folder: Path, prompt: str | None, prompt_name: str | None) ->
         return ""
     prompts = folder_prompts(folder)
     if prompt_name not in prompts:
-        raise UserError(f"{at(folder)}: no prompt named {prompt_name!r}, expected one of "
-                        f"{sorted(prompts) or 'none (the folder defines no prompts)'}")  # fmt: skip
+        raise UserError(
+            f"{at(folder)}: no prompt named {prompt_name!r}, expected one of "
+            f"{sorted(prompts) or 'none (the folder defines no prompts)'}"
+        )
     return prompts[prompt_name]
 
 
@@ -124,8 +130,10 @@ class DenseEncoder:
         self.tokenizer = AutoTokenizer.from_pretrained(str(folder))
         model: Any = _quietly(load_encoder, str(folder))
         limit = st.get("max_seq_length", meta.get("max_seq_length"))
-        self.max_len = min(int(limit) if limit else int(getattr(self.tokenizer, "model_max_length", 512)),
-                           _positions(model.config))  # fmt: skip
+        self.max_len = min(
+            int(limit) if limit else int(getattr(self.tokenizer, "model_max_length", 512)),
+            _positions(model.config),
+        )
         self.model = model.to(self.device).eval()
         self.accepts = frozenset(inspect.signature(self.model.forward).parameters)  # DistilBERT: no token types
 
@@ -136,8 +144,10 @@ class DenseEncoder:
                 conf = _json(folder / str(module.get("path", "")) / "config.json")
                 modes = [m for m in _POOLINGS if conf.get(f"pooling_mode_{m}")]
                 if len(modes) != 1:
-                    raise UserError(f"{at(folder / str(module.get('path', '')))}: pooling {modes or 'none'}, "
-                                    f"expected exactly one of {', '.join(_POOLINGS)}")  # fmt: skip
+                    raise UserError(
+                        f"{at(folder / str(module.get('path', '')))}: pooling {modes or 'none'}, "
+                        f"expected exactly one of {', '.join(_POOLINGS)}"
+                    )
                 return modes[0]
         return "mean_tokens"
 
@@ -159,8 +169,9 @@ class DenseEncoder:
         return out
 
     def _batch(self, texts: list[str]) -> np.ndarray:
-        enc = self.tokenizer(texts, padding=True, truncation="longest_first", max_length=self.max_len,
-                             return_tensors="pt").to(self.device)  # fmt: skip
+        enc = self.tokenizer(
+            texts, padding=True, truncation="longest_first", max_length=self.max_len, return_tensors="pt"
+        ).to(self.device)
         inputs = {k: v for k, v in enc.items() if k in self.accepts}
         with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
             states = self.model(**inputs).last_hidden_state

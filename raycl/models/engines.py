@@ -43,15 +43,18 @@ class EngineChoice:
     def line(self, precision: str) -> str | None:
         """What the driver says of the choice (None where nothing was left to choose: an engine as configured)."""
         if self.deferred:
-            return ("mining.engine=auto: each GPU miner decodes with CTranslate2 if it converts the model and "
-                    f"runs {precision} there, else with HF")  # fmt: skip
+            return (
+                "mining.engine=auto: each GPU miner decodes with CTranslate2 if it converts the model and "
+                f"runs {precision} there, else with HF"
+            )
         if self.wanted == "auto":
             return f"mining.engine=auto → {self.engine} ({self.why.removeprefix('auto: ')})"
         return None
 
 
-def choose_engine(wanted: str, model_dir: str | Path, *, device: str, precision: str, gpus_per_miner: float = 0.0
-                  ) -> EngineChoice:  # fmt: skip
+def choose_engine(
+    wanted: str, model_dir: str | Path, *, device: str, precision: str, gpus_per_miner: float = 0.0
+) -> EngineChoice:
     """``mining.engine`` → the engine that decodes ``model_dir`` at ``precision`` on ``device``. ``auto``:
     CTranslate2 where it converts the model and runs ``precision`` on ``device`` (its candidates are HF's for the
     large majority of sentences, faster), else HF; ``int8`` exists only in CTranslate2, so ``auto`` at int8 is
@@ -70,8 +73,11 @@ def choose_engine(wanted: str, model_dir: str | Path, *, device: str, precision:
         return EngineChoice(wanted, wanted, "as configured")
     why = ct2_unsupported(model_dir, device=device, precision=precision)
     if why is None:
-        return EngineChoice(wanted, "ctranslate2",
-                            f"auto: CTranslate2 decodes this model at {COMPUTE_TYPES[precision]} on {device}")
+        return EngineChoice(
+            wanted,
+            "ctranslate2",
+            f"auto: CTranslate2 decodes this model at {COMPUTE_TYPES[precision]} on {device}",
+        )
     if precision == "int8":
         raise UserError(f"mining.precision: int8 needs CTranslate2, which cannot run here ({why})")
     return EngineChoice(wanted, "hf", f"auto: {why}")
@@ -91,8 +97,9 @@ def open_decoder(model_path: str, *, wanted: str, device: str, precision: str) -
     autocast (GPU weights cast: :func:`in_precision`). ``auto`` whose CTranslate2 cannot load its CUDA libraries
     here decodes with HF."""
     choice = choose_engine(wanted, model_path, device=device, precision=precision)
-    decoder = _open_ct2(model_path, device, precision, auto=wanted == "auto") if choice.engine == "ctranslate2" \
-        else None  # fmt: skip
+    decoder = (
+        _open_ct2(model_path, device, precision, auto=wanted == "auto") if choice.engine == "ctranslate2" else None
+    )
     if isinstance(decoder, str):  # auto, and its CUDA libraries would not load
         choice, decoder = EngineChoice(wanted, "hf", f"auto: {decoder}"), None
     if wanted == "auto":

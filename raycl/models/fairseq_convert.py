@@ -55,8 +55,9 @@ def load_checkpoint(path: Path, *, trust: bool = False) -> tuple[dict[str, Any],
         args = dict(vars(model) if isinstance(model, argparse.Namespace) else model)
         args.update({k: v for k, v in (ckpt["cfg"].get("task") or {}).items() if k not in args})
     else:
-        raise UserError(f"{at(path)}: the checkpoint has neither 'args' nor 'cfg.model': its architecture is "
-                        "unknown")
+        raise UserError(
+            f"{at(path)}: the checkpoint has neither 'args' nor 'cfg.model': its architecture is unknown"
+        )
     return args, ckpt["model"]
 
 
@@ -98,14 +99,18 @@ def fsmt_config(args: dict[str, Any], state: dict[str, torch.Tensor], src: list[
     """FSMT's config from the checkpoint's hyper-parameters; variants FSMT cannot express are refused."""
     from transformers import FSMTConfig
 
-    for flag, what in (("encoder_normalize_before", "pre-norm encoder layers"),
-                       ("decoder_normalize_before", "pre-norm decoder layers"),
-                       ("encoder_learned_pos", "learned encoder positions"),
-                       ("decoder_learned_pos", "learned decoder positions"),
-                       ("layernorm_embedding", "an embedding LayerNorm")):  # fmt: skip
+    for flag, what in (
+        ("encoder_normalize_before", "pre-norm encoder layers"),
+        ("decoder_normalize_before", "pre-norm decoder layers"),
+        ("encoder_learned_pos", "learned encoder positions"),
+        ("decoder_learned_pos", "learned decoder positions"),
+        ("layernorm_embedding", "an embedding LayerNorm"),
+    ):
         if args.get(flag):
-            raise UserError(f"checkpoint args: {flag}=True ({what}): FSMT expresses fairseq's post-norm "
-                            "transformer with sinusoidal positions only")  # fmt: skip
+            raise UserError(
+                f"checkpoint args: {flag}=True ({what}): FSMT expresses fairseq's post-norm "
+                "transformer with sinusoidal positions only"
+            )
     d = int(state["encoder.embed_tokens.weight"].shape[1])
     layers = sum(1 for k in state if re.fullmatch(r"encoder\.layers\.\d+\.fc1\.weight", k))
     dec_layers = sum(1 for k in state if re.fullmatch(r"decoder\.layers\.\d+\.fc1\.weight", k))
@@ -115,8 +120,10 @@ def fsmt_config(args: dict[str, Any], state: dict[str, torch.Tensor], src: list[
     return FSMTConfig(
         langs=[str(_arg(args, "source_lang", default="src")), str(_arg(args, "target_lang", default="trg"))],
         src_vocab_size=int(state["encoder.embed_tokens.weight"].shape[0]),
-        tgt_vocab_size=int(state["decoder.embed_tokens.weight"].shape[0]), d_model=d,
-        encoder_layers=layers, decoder_layers=dec_layers,
+        tgt_vocab_size=int(state["decoder.embed_tokens.weight"].shape[0]),
+        d_model=d,
+        encoder_layers=layers,
+        decoder_layers=dec_layers,
         encoder_ffn_dim=int(state["encoder.layers.0.fc1.weight"].shape[0]),
         decoder_ffn_dim=int(state["decoder.layers.0.fc1.weight"].shape[0]),
         encoder_attention_heads=int(_arg(args, "encoder_attention_heads", default=8)),
@@ -126,9 +133,14 @@ def fsmt_config(args: dict[str, Any], state: dict[str, torch.Tensor], src: list[
         attention_dropout=float(_arg(args, "attention_dropout", default=0.0)),
         activation_dropout=float(_arg(args, "activation_dropout", "relu_dropout", default=0.0)),
         activation_function=str(_arg(args, "activation_fn", default="relu")),
-        scale_embedding=not _arg(args, "no_scale_embedding", default=False), tie_word_embeddings=tied,
-        pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, num_beams=5,
-    )  # fmt: skip
+        scale_embedding=not _arg(args, "no_scale_embedding", default=False),
+        tie_word_embeddings=tied,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+        num_beams=5,
+    )
 
 
 def fsmt_state(state: dict[str, torch.Tensor], model: Any) -> dict[str, torch.Tensor]:
@@ -140,8 +152,9 @@ def fsmt_state(state: dict[str, torch.Tensor], model: Any) -> dict[str, torch.Te
             continue
         name = f"model.{key}"
         if name not in ours:
-            raise UserError(f"checkpoint: unexpected tensor {key!r} (not part of fairseq's transformer as FSMT "
-                            "has it)")
+            raise UserError(
+                f"checkpoint: unexpected tensor {key!r} (not part of fairseq's transformer as FSMT has it)"
+            )
         out[name] = value.float()
     if "model.decoder.output_projection.weight" not in out:  # shared input/output embeddings
         out["model.decoder.output_projection.weight"] = out["model.decoder.embed_tokens.weight"]
@@ -166,12 +179,15 @@ def dictionaries(dict_dir: Path, args: dict[str, Any]) -> tuple[Path, Path]:
     if len(found) == 1:
         return found[0], found[0]
     want = " and ".join(p.name for p in named) or "dict.<lang>.txt"
-    raise UserError(f"{at(dict_dir)}: expected {want} (fairseq-preprocess's dictionaries), found "
-                    f"{', '.join(p.name for p in found) or 'none'}")  # fmt: skip
+    raise UserError(
+        f"{at(dict_dir)}: expected {want} (fairseq-preprocess's dictionaries), found "
+        f"{', '.join(p.name for p in found) or 'none'}"
+    )
 
 
-def convert_fairseq_transformer(ckpt: Path, *, dict_dir: Path, bpe_codes: Path, out: Path, trust: bool = False,
-                                force: bool = False) -> dict[str, Any]:  # fmt: skip
+def convert_fairseq_transformer(
+    ckpt: Path, *, dict_dir: Path, bpe_codes: Path, out: Path, trust: bool = False, force: bool = False
+) -> dict[str, Any]:
     """Write ``out`` (``config.json``, weights, the dictionary and BPE codes of its tokenizer): loadable by
     ``Seq2SeqScorer.from_pretrained`` and so by ``model.checkpoint``, mining and evaluation. ``out`` is replaced
     whole: an existing, non-empty one must be an earlier conversion (its :data:`MARKER`), unless ``force``."""
@@ -181,11 +197,19 @@ def convert_fairseq_transformer(ckpt: Path, *, dict_dir: Path, bpe_codes: Path, 
     from raycl.records import refuse_foreign_dir, save_dir_atomic
 
     if not force:
-        refuse_foreign_dir(out, marker=MARKER, what="an earlier conversion", hint="expected a new or empty "
-                           "folder, or an earlier conversion's (--force replaces it)")  # fmt: skip
+        refuse_foreign_dir(
+            out,
+            marker=MARKER,
+            what="an earlier conversion",
+            hint="expected a new or empty folder, or an earlier conversion's (--force replaces it)",
+        )
     args, state = load_checkpoint(ckpt, trust=trust)
-    for key in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "encoder.layers.0.fc1.weight",
-                "decoder.layers.0.fc1.weight"):  # fmt: skip
+    for key in (
+        "encoder.embed_tokens.weight",
+        "decoder.embed_tokens.weight",
+        "encoder.layers.0.fc1.weight",
+        "decoder.layers.0.fc1.weight",
+    ):
         if key not in state:
             raise UserError(f"{at(ckpt)}: no tensor {key!r}: not a fairseq transformer checkpoint")
     src_path, tgt_path = dictionaries(dict_dir, args)
@@ -195,8 +219,10 @@ def convert_fairseq_transformer(ckpt: Path, *, dict_dir: Path, bpe_codes: Path, 
         if not len(symbols) <= rows < len(symbols) + 8:
             raise UserError(f"{at(path)}: {len(symbols)} symbols for a {key} embedding of {rows} rows")
     if src != tgt:
-        raise UserError(f"{at(tgt_path)}: differs from {src_path.name}; raycl's scorer uses one tokenizer for "
-                        "sources and targets (GEC-PD shares one dictionary)")  # fmt: skip
+        raise UserError(
+            f"{at(tgt_path)}: differs from {src_path.name}; raycl's scorer uses one tokenizer for "
+            "sources and targets (GEC-PD shares one dictionary)"
+        )
     config = fsmt_config(args, state, src, tgt)
     model = FSMTForConditionalGeneration(config).eval()
     model.load_state_dict(fsmt_state(state, model))
@@ -204,15 +230,31 @@ def convert_fairseq_transformer(ckpt: Path, *, dict_dir: Path, bpe_codes: Path, 
 
     def save(tmp: Path) -> None:
         model.save_pretrained(tmp)
-        tokenizer = FairseqBPETokenizer(str(src_path), str(bpe_codes),
-                                        model_max_length=config.max_position_embeddings)  # fmt: skip
+        tokenizer = FairseqBPETokenizer(
+            str(src_path), str(bpe_codes), model_max_length=config.max_position_embeddings
+        )
         tokenizer.save_pretrained(tmp)
-        (tmp / MARKER).write_text(json.dumps({
-            "from": str(ckpt), "arch": args.get("arch"), "dictionary": str(src_path), "bpe_codes": str(bpe_codes)},
-            indent=2) + "\n")  # fmt: skip
+        (tmp / MARKER).write_text(
+            json.dumps(
+                {
+                    "from": str(ckpt),
+                    "arch": args.get("arch"),
+                    "dictionary": str(src_path),
+                    "bpe_codes": str(bpe_codes),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
     out.parent.mkdir(parents=True, exist_ok=True)
     save_dir_atomic(save, out)
     params = sum(p.numel() for p in model.parameters())
-    return {"out": str(out), "arch": args.get("arch"), "layers": [config.encoder_layers, config.decoder_layers],
-            "d_model": config.d_model, "vocab": config.src_vocab_size, "parameters": params}  # fmt: skip
+    return {
+        "out": str(out),
+        "arch": args.get("arch"),
+        "layers": [config.encoder_layers, config.decoder_layers],
+        "d_model": config.d_model,
+        "vocab": config.src_vocab_size,
+        "parameters": params,
+    }

@@ -33,8 +33,11 @@ class FairseqBPETokenizer(PreTrainedTokenizer):
     model_input_names = ["input_ids", "attention_mask"]
 
     def __init__(self, dict_file: str, codes_file: str, **kwargs: Any) -> None:
-        symbols = list(SPECIALS) + [ln.split(" ")[0] for ln in Path(dict_file).read_text("utf-8").splitlines()
-                                    if ln.split(" ")[0] not in SPECIALS]  # fmt: skip
+        symbols = list(SPECIALS) + [
+            ln.split(" ")[0]
+            for ln in Path(dict_file).read_text("utf-8").splitlines()
+            if ln.split(" ")[0] not in SPECIALS
+        ]
         self.symbols = symbols
         self.ids = {s: i for i, s in enumerate(symbols)}
         lines = Path(codes_file).read_text("utf-8").splitlines()
@@ -87,13 +90,18 @@ class FairseqBPETokenizer(PreTrainedTokenizer):
     def convert_tokens_to_string(self, tokens: list[str]) -> str:
         return " ".join(tokens).replace("@@ ", "").removesuffix("@@").strip()
 
-    def build_inputs_with_special_tokens(self, token_ids_0: list[int], token_ids_1: list[int] | None = None
-                                         ) -> list[int]:  # fmt: skip
+    def build_inputs_with_special_tokens(
+        self, token_ids_0: list[int], token_ids_1: list[int] | None = None
+    ) -> list[int]:
         out = token_ids_0 + [self.eos_token_id]
         return out if token_ids_1 is None else out + token_ids_1 + [self.eos_token_id]
 
-    def get_special_tokens_mask(self, token_ids_0: list[int], token_ids_1: list[int] | None = None,
-                                already_has_special_tokens: bool = False) -> list[int]:  # fmt: skip
+    def get_special_tokens_mask(
+        self,
+        token_ids_0: list[int],
+        token_ids_1: list[int] | None = None,
+        already_has_special_tokens: bool = False,
+    ) -> list[int]:
         if already_has_special_tokens:
             return [int(i in (0, 1, 2, 3)) for i in token_ids_0]
         mask = [0] * len(token_ids_0) + [1]
@@ -104,8 +112,9 @@ class FairseqBPETokenizer(PreTrainedTokenizer):
         for src, name in ((self.dict_file, DICT_FILE), (self.codes_file, CODES_FILE)):
             if Path(src).resolve() != (out / name).resolve():
                 shutil.copyfile(src, out / name)
-        (out / MARKER).write_text(json.dumps({"tokenizer": "FairseqBPETokenizer", "dict": DICT_FILE,
-                                              "codes": CODES_FILE}) + "\n")  # fmt: skip
+        (out / MARKER).write_text(
+            json.dumps({"tokenizer": "FairseqBPETokenizer", "dict": DICT_FILE, "codes": CODES_FILE}) + "\n"
+        )
         return str(out / DICT_FILE), str(out / CODES_FILE)
 
     @classmethod

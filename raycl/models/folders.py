@@ -14,8 +14,16 @@ from torch import nn
 from raycl.files import write_atomic
 
 
-def save_encoder_folder(out_dir: str | Path, encoder: Any, tokenizer: Any, *, extra: nn.Module, extra_file: str,
-                        settings: dict[str, Any], settings_file: str) -> Path:  # fmt: skip
+def save_encoder_folder(
+    out_dir: str | Path,
+    encoder: Any,
+    tokenizer: Any,
+    *,
+    extra: nn.Module,
+    extra_file: str,
+    settings: dict[str, Any],
+    settings_file: str,
+) -> Path:
     """Write ``encoder`` and ``tokenizer`` (``save_pretrained``), ``extra``'s weights to ``extra_file``
     (safetensors) and ``settings`` to ``settings_file`` (JSON) in ``out_dir``; return it."""
     out = Path(out_dir)
@@ -27,4 +35,3 @@ def save_encoder_folder(out_dir: str | Path, encoder: Any, tokenizer: Any, *, ex
     write_atomic(out / extra_file, safetensors_bytes(state))
     write_atomic(out / settings_file, (json.dumps(settings, indent=2) + "\n").encode())
     return out
-

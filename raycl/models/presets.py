@@ -31,20 +31,44 @@ class Preset:
 
 
 _SMOKE = dict(
-    d_model=128, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
-    encoder_ffn_dim=256, decoder_ffn_dim=256, dropout=0.1, max_position_embeddings=128,
-)  # fmt: skip
+    d_model=128,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=256,
+    decoder_ffn_dim=256,
+    dropout=0.1,
+    max_position_embeddings=128,
+)
 _SMALL = dict(
-    d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4,
-    encoder_ffn_dim=1024, decoder_ffn_dim=1024, dropout=0.1, max_position_embeddings=256,
-)  # fmt: skip
+    d_model=256,
+    encoder_layers=3,
+    decoder_layers=3,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=1024,
+    decoder_ffn_dim=1024,
+    dropout=0.1,
+    max_position_embeddings=256,
+)
 # transformer_vaswani_wmt_en_de_big as a BART-architecture config: ReLU, scaled embeddings, dropout 0.3.
 # BART keeps learned positions and an embedding LayerNorm where fairseq's transformer has sinusoids.
 _TRANSFORMER_BIG = dict(
-    d_model=1024, encoder_layers=6, decoder_layers=6, encoder_attention_heads=16, decoder_attention_heads=16,
-    encoder_ffn_dim=4096, decoder_ffn_dim=4096, dropout=0.3, attention_dropout=0.0, activation_dropout=0.0,
-    activation_function="relu", scale_embedding=True, max_position_embeddings=1024,
-)  # fmt: skip
+    d_model=1024,
+    encoder_layers=6,
+    decoder_layers=6,
+    encoder_attention_heads=16,
+    decoder_attention_heads=16,
+    encoder_ffn_dim=4096,
+    decoder_ffn_dim=4096,
+    dropout=0.3,
+    attention_dropout=0.0,
+    activation_dropout=0.0,
+    activation_function="relu",
+    scale_embedding=True,
+    max_position_embeddings=1024,
+)
 
 # A trained checkpoint keeps its shape; only the preset's regularisation is applied on top of it.
 _DROPOUT_KEYS = frozenset({"dropout", "attention_dropout", "activation_dropout"})
@@ -52,11 +76,15 @@ _DROPOUT_KEYS = frozenset({"dropout", "attention_dropout", "activation_dropout"}
 PRESETS: dict[str, Preset] = {
     "smoke": Preset("tiny BART (d 128, 2+2 layers) for CPU tests and the demo", _SMOKE, vocab_size=1000),
     "small": Preset("small BART (d 256, 3+3 layers) for CPU experiments", _SMALL, vocab_size=4000),
-    "gec_pd": Preset("GEC-PD: transformer-big (6+6, d 1024, 16 heads, ffn 4096)", _TRANSFORMER_BIG,
-                     vocab_size=8000),
-    "gec_bart": Preset("GEC-BART: facebook/bart-large (dropout 0.3, attention dropout 0.3)",
-                       dict(dropout=0.3, attention_dropout=0.3), pretrained="facebook/bart-large"),
-}  # fmt: skip
+    "gec_pd": Preset(
+        "GEC-PD: transformer-big (6+6, d 1024, 16 heads, ffn 4096)", _TRANSFORMER_BIG, vocab_size=8000
+    ),
+    "gec_bart": Preset(
+        "GEC-BART: facebook/bart-large (dropout 0.3, attention dropout 0.3)",
+        dict(dropout=0.3, attention_dropout=0.3),
+        pretrained="facebook/bart-large",
+    ),
+}
 
 
 def preset_config(preset: str, *, vocab_size: int, **overrides: Any) -> BartConfig:
@@ -68,9 +96,7 @@ def preset_config(preset: str, *, vocab_size: int, **overrides: Any) -> BartConf
     return BartConfig(vocab_size=vocab_size, **{**spec.config, **overrides})
 
 
-def build_model(
-    preset: str, *, out_dir: str | Path, texts: Iterable[str] | None = None, **overrides: Any
-) -> Path:
+def build_model(preset: str, *, out_dir: str | Path, texts: Iterable[str] | None = None, **overrides: Any) -> Path:
     """Write preset ``preset`` as an HF folder (model + tokenizer) in ``out_dir`` and return the path.
 
     ``overrides``: ``checkpoint=PATH`` loads that trained model instead of building one; ``vocab_size=N``
@@ -84,9 +110,11 @@ def build_model(
     if texts is None:
         raise UserError(f"model.preset={preset!r} trains its tokenizer locally: pass the training sentences")
     tokenizer = train_bpe_tokenizer(
-        texts, out, vocab_size=int(overrides.pop("vocab_size", spec.vocab_size)),
+        texts,
+        out,
+        vocab_size=int(overrides.pop("vocab_size", spec.vocab_size)),
         model_max_length=int(overrides.get("max_position_embeddings", spec.config["max_position_embeddings"])),
-    )  # fmt: skip
+    )
     torch.manual_seed(int(overrides.pop("seed", 0)))
     model = BartForConditionalGeneration(preset_config(preset, vocab_size=len(tokenizer), **overrides))
     model.save_pretrained(str(out))

@@ -51,9 +51,14 @@ PRESETS: dict[str, str] = {
 _POOLER_TYPES = frozenset({"bert", "roberta", "xlm-roberta"})  # AutoModel classes taking add_pooling_layer
 PAPER_CHECKPOINT = "bert-base-multilingual-cased"
 _SMOKE: dict[str, Any] = dict(
-    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-    max_position_embeddings=128, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
-)  # fmt: skip
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=128,
+    max_position_embeddings=128,
+    hidden_dropout_prob=0.1,
+    attention_probs_dropout_prob=0.1,
+)
 
 
 class SentenceEncoder(nn.Module):
@@ -88,8 +93,14 @@ class SentenceEncoder(nn.Module):
     def inputs(self, sentences: Sequence[str], *, pad_to_multiple_of: int | None = None) -> tuple[Tensor, Tensor]:
         """:meth:`tokenize` on the CPU (a training batch is collated ahead of its step); ``pad_to_multiple_of``
         rounds the length up (a few shapes for a compiled model)."""
-        batch = self.tokenizer(list(sentences), padding=True, truncation=True, max_length=self.max_seq_length,
-                               return_tensors="pt", pad_to_multiple_of=pad_to_multiple_of)  # fmt: skip
+        batch = self.tokenizer(
+            list(sentences),
+            padding=True,
+            truncation=True,
+            max_length=self.max_seq_length,
+            return_tensors="pt",
+            pad_to_multiple_of=pad_to_multiple_of,
+        )
         return batch["input_ids"], batch["attention_mask"]
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, *, padded: bool = True) -> Tensor:
@@ -113,8 +124,15 @@ class SentenceEncoder(nn.Module):
             raise ValueError(f"pair_embeddings needs as many first as second sentences ({len(a)} vs {len(b)})")
         return self.cross_embeddings(*self.tokenize(a), *self.tokenize(b))
 
-    def cross_embeddings(self, ids_a: Tensor, mask_a: Tensor, ids_b: Tensor, mask_b: Tensor, *,
-                         padded: tuple[bool, bool] = (True, True)) -> tuple[Tensor, Tensor]:  # fmt: skip
+    def cross_embeddings(
+        self,
+        ids_a: Tensor,
+        mask_a: Tensor,
+        ids_b: Tensor,
+        mask_b: Tensor,
+        *,
+        padded: tuple[bool, bool] = (True, True),
+    ) -> tuple[Tensor, Tensor]:
         """:meth:`pair_embeddings` of tokenised sides: (B, Ta) ×2, (B, Tb) ×2 -> (B, H), (B, H)."""
         h_a, h_b = self(ids_a, mask_a, padded=padded[0]), self(ids_b, mask_b, padded=padded[1])
         return self.cross_attention(h_a, mask_a, h_b, mask_b)
@@ -146,8 +164,15 @@ class SentenceEncoder(nn.Module):
         """Write the HF folder, the cross-attention weights and the JSON config (last: its presence means done)."""
         ca = self.cross_attention
         meta = dict(hidden=ca.hidden, heads=ca.heads, dropout=ca.dropout.p, max_seq_length=self.max_seq_length)
-        return save_encoder_folder(out_dir, self.encoder, self.tokenizer, extra=ca,
-                                   extra_file=CROSS_ATTENTION_FILE, settings=meta, settings_file=CONFIG_FILE)
+        return save_encoder_folder(
+            out_dir,
+            self.encoder,
+            self.tokenizer,
+            extra=ca,
+            extra_file=CROSS_ATTENTION_FILE,
+            settings=meta,
+            settings_file=CONFIG_FILE,
+        )
 
 
 def build_sentence_encoder(

@@ -57,8 +57,11 @@ class Seq2SeqScorer(nn.Module):
         from raycl.models.fairseq_tokenizer import FairseqBPETokenizer, is_fairseq_folder
 
         # a fairseq model converted by raycl.convert carries its own BPE (subword-nmt over whitespace tokens)
-        tokenizer = (FairseqBPETokenizer.from_folder(name_or_path) if is_fairseq_folder(name_or_path)
-                     else AutoTokenizer.from_pretrained(str(name_or_path)))  # fmt: skip
+        tokenizer = (
+            FairseqBPETokenizer.from_folder(name_or_path)
+            if is_fairseq_folder(name_or_path)
+            else AutoTokenizer.from_pretrained(str(name_or_path))
+        )
         model = AutoModelForSeq2SeqLM.from_pretrained(str(name_or_path))
         return cls(model, tokenizer).to(device)
 
@@ -142,8 +145,9 @@ class Seq2SeqScorer(nn.Module):
         head's output to fp32; for BART its bias is a zero buffer, so the values are the head's own).
         """
         mask = src_mask if src_padded is None else self._attention_mask(src_mask) if src_padded else None
-        out = self.model(input_ids=src_ids, attention_mask=mask, decoder_input_ids=prev_output_ids,
-                         use_cache=False)  # fmt: skip
+        out = self.model(
+            input_ids=src_ids, attention_mask=mask, decoder_input_ids=prev_output_ids, use_cache=False
+        )
         logits = out.logits  # (R, T, V)
         kind = logits.device.type
         autocast = torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind)
@@ -157,7 +161,12 @@ class Seq2SeqScorer(nn.Module):
         return None if src_mask is None else attention_mask(src_mask, self.model)
 
     def token_log_probs(
-        self, src_ids: Tensor, src_mask: Tensor | None, prev_output_ids: Tensor, target_ids: Tensor, *,
+        self,
+        src_ids: Tensor,
+        src_mask: Tensor | None,
+        prev_output_ids: Tensor,
+        target_ids: Tensor,
+        *,
         src_padded: bool | None = None,
     ) -> TokenLogProbs:
         """Per target token, fp32 ``log p_y`` and ``Σ_v log p_v`` (pads not zeroed): (R, T) each.
@@ -169,7 +178,12 @@ class Seq2SeqScorer(nn.Module):
         return token_log_probs(logits, target_ids)
 
     def sequence_scores(
-        self, src_ids: Tensor, src_mask: Tensor, prev_output_ids: Tensor, target_ids: Tensor, *,
+        self,
+        src_ids: Tensor,
+        src_mask: Tensor,
+        prev_output_ids: Tensor,
+        target_ids: Tensor,
+        *,
         src_padded: bool | None = None,
     ) -> Tensor:
         """S(t|s): summed target-token log-probs, pads zeroed, EOS included, as the released criterion -> (B,)."""
@@ -230,16 +244,20 @@ class Seq2SeqScorer(nn.Module):
                 eos = self.tokenizer.eos_token_id
                 for n, i in enumerate(idx):
                     rows = range(n * num_return_sequences, (n + 1) * num_return_sequences)
-                    mine = [(texts[r], scores[r]) for r in rows
-                            if keep(ids[r], eos=eos, limit=limits[n], drop_cut=drop_cut)]  # fmt: skip
+                    mine = [
+                        (texts[r], scores[r])
+                        for r in rows
+                        if keep(ids[r], eos=eos, limit=limits[n], drop_cut=drop_cut)
+                    ]
                     results[i] = mine if rank_by == "beam" else sorted(mine, key=lambda h: -h[1])
         finally:
             self.train(was_training)
         return results
 
     @torch.no_grad()
-    def _beam(self, sources: list[str], d: Decoding, max_length: int
-              ) -> tuple[list[str], list[float], list[list[int]], list[int]]:  # fmt: skip
+    def _beam(
+        self, sources: list[str], d: Decoding, max_length: int
+    ) -> tuple[list[str], list[float], list[list[int]], list[int]]:
         """Texts, summed log-probs and token ids (``<s> … </s>``) of ``len(sources) × num_return`` hypotheses, in
         HF's order, and each source's length bound. The score is that of the ids; the text re-tokenised usually
         gives the same ids again."""
@@ -251,21 +269,31 @@ class Seq2SeqScorer(nn.Module):
         adds_bos = bos is not None and self.tokenizer("a")["input_ids"][0] == bos
         limits = [d.limit(int(n), self.max_positions) for n in x.src_mask.sum(1).tolist()]
         steps = max(limits)
-        record = _StepLogProbs(keep=3 * d.num_beams, force_first=bos if adds_bos else None, ban_first_free=eos,
-                               logits=d.num_beams == 1)  # greedy search hands processors logits, beam log-probs
-        config = hf_generation_config(d, steps=steps, start_id=self.decoder_start_id, eos_id=eos,
-                                      pad_id=self.pad_id, bos_id=bos)  # fmt: skip
+        record = _StepLogProbs(
+            keep=3 * d.num_beams,
+            force_first=bos if adds_bos else None,
+            ban_first_free=eos,
+            logits=d.num_beams == 1,
+        )  # greedy search hands processors logits, beam log-probs
+        config = hf_generation_config(
+            d, steps=steps, start_id=self.decoder_start_id, eos_id=eos, pad_id=self.pad_id, bos_id=bos
+        )
         with only_config(self.model, config):
             out = self.model.generate(  # type: ignore[operator]
-                input_ids=x.src_ids, attention_mask=x.src_mask, generation_config=config,
+                input_ids=x.src_ids,
+                attention_mask=x.src_mask,
+                generation_config=config,
                 logits_processor=LogitsProcessorList([record]),
-            )  # fmt: skip
+            )
         seqs = out.sequences  # (N, 1 + steps): the start token, then the generated ones
         if d.num_beams > 1 and getattr(out, "beam_indices", None) is None:
-            raise RuntimeError(f"transformers {transformers.__version__} returns no beam_indices without "
-                               "output_scores: one-pass scores need transformers >= 4.50 (vectorised beam search)")
-        scores = record.sequence_scores(seqs[:, 1:], getattr(out, "beam_indices", None),
-                                        eos_id=eos, pad_id=self.pad_id)  # fmt: skip
+            raise RuntimeError(
+                f"transformers {transformers.__version__} returns no beam_indices without "
+                "output_scores: one-pass scores need transformers >= 4.50 (vectorised beam search)"
+            )
+        scores = record.sequence_scores(
+            seqs[:, 1:], getattr(out, "beam_indices", None), eos_id=eos, pad_id=self.pad_id
+        )
         texts = [" ".join(t.split()) for t in self.tokenizer.batch_decode(seqs, skip_special_tokens=True)]
         ids = [_until_eos([t for t in row if t != self.pad_id], eos) for row in seqs[:, 1:].tolist()]
         return texts, scores.tolist(), ids, limits
@@ -287,8 +315,9 @@ class _StepLogProbs:
     ``logits``: the scores are raw logits (greedy search), log-softmaxed here before they are kept.
     """
 
-    def __init__(self, *, keep: int, force_first: int | None, ban_first_free: int | None = None,
-                 logits: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self, *, keep: int, force_first: int | None, ban_first_free: int | None = None, logits: bool = False
+    ) -> None:
         self.keep, self.force_first, self.ban_first_free, self.logits = keep, force_first, ban_first_free, logits
         self.values: list[Tensor] = []  # per step: (rows, keep)
         self.indices: list[Tensor] = []  # per step: (rows, keep)
@@ -310,8 +339,9 @@ class _StepLogProbs:
         self.indices.append(indices)
         return scores
 
-    def sequence_scores(self, tokens: Tensor, beam_indices: Tensor | None, *, eos_id: int | None, pad_id: int
-                        ) -> Tensor:  # fmt: skip
+    def sequence_scores(
+        self, tokens: Tensor, beam_indices: Tensor | None, *, eos_id: int | None, pad_id: int
+    ) -> Tensor:
         """Σ over each hypothesis's generated tokens of their kept log-prob: (N, T) tokens -> (N,).
 
         ``beam_indices`` (N, ≤ T): the row each token was chosen from, −1 past the end (beam search); None for

@@ -28,20 +28,46 @@ class Layout:
     padding_side: str = "right"
 
 
-BART = Layout(("<s>", "<pad>", "</s>", "<unk>", "<mask>"), single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>",
-              roles=dict(bos_token="<s>", pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
-                         mask_token="<mask>", cls_token="<s>", sep_token="</s>"))  # fmt: skip
-XLNET = Layout(("<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>"), single="$A <sep> <cls>",
-               pair="$A <sep> $B <sep> <cls>", padding_side="left",
-               roles=dict(unk_token="<unk>", bos_token="<s>", eos_token="</s>", cls_token="<cls>",
-                          sep_token="<sep>", pad_token="<pad>", mask_token="<mask>"))  # fmt: skip
+BART = Layout(
+    ("<s>", "<pad>", "</s>", "<unk>", "<mask>"),
+    single="<s> $A </s>",
+    pair="<s> $A </s> </s> $B </s>",
+    roles=dict(
+        bos_token="<s>",
+        pad_token="<pad>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+        cls_token="<s>",
+        sep_token="</s>",
+    ),
+)
+XLNET = Layout(
+    ("<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>"),
+    single="$A <sep> <cls>",
+    pair="$A <sep> $B <sep> <cls>",
+    padding_side="left",
+    roles=dict(
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        cls_token="<cls>",
+        sep_token="<sep>",
+        pad_token="<pad>",
+        mask_token="<mask>",
+    ),
+)
 SPECIAL_TOKENS = BART.specials  # ids 0..4, as in BART
 
 
 def train_bpe_tokenizer(
-    texts: Iterable[str], out_dir: str | Path, *, vocab_size: int = 1000, model_max_length: int = 1024,
+    texts: Iterable[str],
+    out_dir: str | Path,
+    *,
+    vocab_size: int = 1000,
+    model_max_length: int = 1024,
     layout: Layout = BART,
-) -> PreTrainedTokenizerFast:  # fmt: skip
+) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on ``texts`` with ``layout``'s special tokens, save it to ``out_dir`` and return it
     (loadable by AutoTokenizer)."""
     backend = Tokenizer(models.BPE())
@@ -60,8 +86,11 @@ def train_bpe_tokenizer(
         single=layout.single, pair=layout.pair, special_tokens=[(t, backend.token_to_id(t)) for t in sorted(used)]
     )
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend, **layout.roles, padding_side=layout.padding_side,
-        clean_up_tokenization_spaces=False, model_max_length=model_max_length,
-    )  # fmt: skip
+        tokenizer_object=backend,
+        **layout.roles,
+        padding_side=layout.padding_side,
+        clean_up_tokenization_spaces=False,
+        model_max_length=model_max_length,
+    )
     tokenizer.save_pretrained(str(out_dir))
     return tokenizer

@@ -53,11 +53,13 @@ def _key(path: str, where: str) -> str:
     """An object's path under ``where``, relative; one with a ``.``, ``..`` or empty segment refused: pyarrow
     resolves ``..`` in the request (another prefix's object, another bucket's) and the local copy would land
     outside the cache."""
-    rel = path[len(where):].lstrip("/")
+    rel = path[len(where) :].lstrip("/")
     if any(s in ("", ".", "..") for s in rel.split("/")):  # the whole key: an S3 key is at most 1,024 bytes
-        raise UserError(f"object key {path[:1100]!r}: a '.', '..' or empty segment, refused (it would be read "
-                        "from and written outside its prefix); expected plain keys under the run's or input's "
-                        "prefix (delete the object)")  # fmt: skip
+        raise UserError(
+            f"object key {path[:1100]!r}: a '.', '..' or empty segment, refused (it would be read "
+            "from and written outside its prefix); expected plain keys under the run's or input's "
+            "prefix (delete the object)"
+        )
     return rel
 
 
@@ -124,7 +126,8 @@ def _incomplete_folders(fs: pafs.FileSystem, where: str, objects: dict[str, Any]
             continue
         files, prefix = manifest.get("files", {}), f"{folder}/" if folder else ""
         if not manifest.get("complete") or any(
-                getattr(objects.get(prefix + k), "size", None) != v["size"] for k, v in files.items()):
+            getattr(objects.get(prefix + k), "size", None) != v["size"] for k, v in files.items()
+        ):
             bad.append(folder)
     return bad
 

@@ -46,8 +46,10 @@ def cache_name(uri: str) -> str:
     """The cache folder name of ``uri``: the URI quoted (credentials were refused, so it holds none)."""
     name = quote(check_uri(uri.rstrip("/")).rstrip("/"), safe="")
     if len(name.encode()) > _NAME_MAX:
-        raise UserError(f"{uri}: too long to name its cache folder ({len(name.encode())} bytes quoted, at most "
-                        f"{_NAME_MAX}), expected a shorter prefix")  # fmt: skip
+        raise UserError(
+            f"{uri}: too long to name its cache folder ({len(name.encode())} bytes quoted, at most "
+            f"{_NAME_MAX}), expected a shorter prefix"
+        )
     return name
 
 

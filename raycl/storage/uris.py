@@ -19,12 +19,16 @@ _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@")
 # where each store takes its credentials from instead (pyarrow's and fsspec's own variables)
 _CREDENTIAL_VARS = {
     "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, an instance profile; AWS_ENDPOINT_URL for "
-          "the endpoint)",
+    "the endpoint)",
     "gs": "GOOGLE_APPLICATION_CREDENTIALS (or the node's service account)",
     "abfs": "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN",
-}  # fmt: skip
-_CREDENTIAL_VARS.update(s3a=_CREDENTIAL_VARS["s3"], gcs=_CREDENTIAL_VARS["gs"], abfss=_CREDENTIAL_VARS["abfs"],
-                        az=_CREDENTIAL_VARS["abfs"])  # fmt: skip
+}
+_CREDENTIAL_VARS.update(
+    s3a=_CREDENTIAL_VARS["s3"],
+    gcs=_CREDENTIAL_VARS["gs"],
+    abfss=_CREDENTIAL_VARS["abfs"],
+    az=_CREDENTIAL_VARS["abfs"],
+)
 # the only schemes raycl hands to pyarrow or fsspec (docs/storage.md): a local file, the object stores and HDFS. An
 # http(s) URL would make the driver fetch whatever it points at (a cloud's metadata endpoint, a host of the
 # cluster's network), and fsspec has dozens of other schemes (ftp, ssh, github, zip, chained ``a::b`` …)
@@ -56,19 +60,25 @@ def check_uri(uri: str, *, key: str = "", endpoint: bool = False) -> str:
         if store in ("http", "https"):  # a presigned URL: the object is in a store that has its own variables
             signed = {"x-amz-": "s3", "x-goog-": "gs", "sig=": "abfs"}
             store = next((v for k, v in signed.items() if k in rest.lower()), store)
-        how = _CREDENTIAL_VARS.get(store, "the file system's own configuration (its environment variables or "
-                                          "config file)")  # fmt: skip
-        raise UserError(f"{where}{hide(uri)}: credentials in a URI are refused (they would show in process lists, "
-                        f"logs, Ray's job information and cache folder names); give the URI without them and the "
-                        f"credentials through {how}")  # fmt: skip
+        how = _CREDENTIAL_VARS.get(
+            store, "the file system's own configuration (its environment variables or config file)"
+        )
+        raise UserError(
+            f"{where}{hide(uri)}: credentials in a URI are refused (they would show in process lists, "
+            f"logs, Ray's job information and cache folder names); give the URI without them and the "
+            f"credentials through {how}"
+        )
     if not endpoint and (scheme.lower() not in SCHEMES or "::" in uri):
-        raise UserError(f"{where}{hide(uri)}: not a storage raycl reads or writes, refused before any request; "
-                        f"expected a local path or a URI of {', '.join(s + '://' for s in SCHEMES)} (fsspec's "
-                        "chained '::' URIs, http(s) and other schemes are not storage)")  # fmt: skip
+        raise UserError(
+            f"{where}{hide(uri)}: not a storage raycl reads or writes, refused before any request; "
+            f"expected a local path or a URI of {', '.join(s + '://' for s in SCHEMES)} (fsspec's "
+            "chained '::' URIs, http(s) and other schemes are not storage)"
+        )
     segments = rest.split("?", 1)[0].rstrip("/").split("/")[1:]  # after the bucket or host
     if any(s in ("", ".", "..") for s in segments):
-        raise UserError(f"{where}{uri}: a '.', '..' or empty path segment, expected a plain prefix "
-                        "(scheme://bucket/a/b)")  # fmt: skip
+        raise UserError(
+            f"{where}{uri}: a '.', '..' or empty path segment, expected a plain prefix (scheme://bucket/a/b)"
+        )
     return uri
 
 
@@ -84,8 +94,9 @@ def _filesystem(root: str) -> pafs.FileSystem:
 
             fs = fsspec.core.url_to_fs(root)[0]
         except (ImportError, ValueError, OSError) as err:
-            raise UserError(f"{root}: no pyarrow or fsspec file system for this URI ({arrow_err}; {err})"
-                            ) from None  # fmt: skip
+            raise UserError(
+                f"{root}: no pyarrow or fsspec file system for this URI ({arrow_err}; {err})"
+            ) from None
         return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
 
 

@@ -31,8 +31,14 @@ class EchoMiner:
 
     def mine(self, items: Sequence[Any]) -> list[EchoRecord]:
         time.sleep(self.delay_s * len(items))
-        return [EchoRecord(x.id, tuple(f"{x.id}~{i}" for i in range(self.k)),
-                           tuple(self.weight_sum - i for i in range(self.k))) for x in items]  # fmt: skip
+        return [
+            EchoRecord(
+                x.id,
+                tuple(f"{x.id}~{i}" for i in range(self.k)),
+                tuple(self.weight_sum - i for i in range(self.k)),
+            )
+            for x in items
+        ]
 
     def load(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         self.weight_sum = float(sum(t.double().sum() for t in state_dict.values()))

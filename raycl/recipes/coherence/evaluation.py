@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from raycl.configs.coherence import CoherenceConfig
+from raycl.config.tasks.coherence import CoherenceConfig
 from raycl.data.coherence import CoherenceItem, read_annotations, read_pairs
-from raycl.evaluation.coherence_eval import score_items
-from raycl.evaluation.coherence_metrics import krippendorff_alpha_nominal, model_labels, pairwise_accuracy
 from raycl.models.coherence import CoherenceScorer
+from raycl.scoring.coherence_eval import score_items
+from raycl.scoring.coherence_metrics import krippendorff_alpha_nominal, model_labels, pairwise_accuracy
 
 
 class Evaluator:

@@ -9,7 +9,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from raycl.configs.coherence import CoherenceConfig
+from raycl.config.tasks.coherence import CoherenceConfig
 from raycl.data.bounded import json_value
 from raycl.data.coherence import (
     MAX_DOCUMENT,

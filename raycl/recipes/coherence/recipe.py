@@ -12,7 +12,7 @@ from pathlib import Path
 
 from raycl import storage
 from raycl.config import Space
-from raycl.configs.coherence import CoherenceConfig
+from raycl.config.tasks.coherence import CoherenceConfig
 from raycl.data.coherence import write_pairs_jsonl
 from raycl.driver import Miners, MiningPlan, Phase, RecipeBase, Run
 from raycl.miners.permutation import COHERENCE_RANK

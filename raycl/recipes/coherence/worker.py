@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 from torch.optim.swa_utils import SWALR
 
 from raycl.collectives import all_gather_floats
-from raycl.configs.coherence import CoherenceConfig
+from raycl.config.tasks.coherence import CoherenceConfig
 from raycl.data.coherence import CoherenceItem, read_pairs
 from raycl.memory.momentum import momentum_update
 from raycl.memory.negative_queue import NegativeQueue

@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
-from raycl.configs.gec import GecConfig
+from raycl.config.tasks.gec import GecConfig
 from raycl.data.gec import load_references, write_parallel
-from raycl.evaluation.gec_metrics import evaluate_gec
 from raycl.models.seq2seq import Seq2SeqScorer
+from raycl.scoring.gec_metrics import evaluate_gec
 
 HYPS_DIR = "test_hyps"  # in a training's folder: its best epoch's test hypotheses, one file per test set
 
@@ -68,7 +68,7 @@ def sign_tests(a: Path, b: Path, test: dict[str, list[str]]) -> dict[str, dict[s
     """The paper's bootstrap sign test (as ``raycl.eval gec --compare``) of training ``a`` against ``b`` on every
     test set both kept hypotheses of (``HYPS_DIR`` in each training's folder)."""
     from raycl.data.m2 import iter_lines
-    from raycl.evaluation.gec_metrics import HypothesisEdits, bootstrap_sign_test
+    from raycl.scoring.gec_metrics import HypothesisEdits, bootstrap_sign_test
 
     out = {}
     for name, specs in test.items():

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from raycl.configs.gec import GecConfig
+from raycl.config.tasks.gec import GecConfig
 from raycl.data.gec import load_examples, load_references
 from raycl.data.gec_corpus import write_builtin_corpus
 from raycl.errors import UserError

@@ -14,7 +14,7 @@ from typing import Any
 
 from raycl import storage
 from raycl.config import Space
-from raycl.configs.gec import DECODING, SELECTION, GecConfig
+from raycl.config.tasks.gec import DECODING, SELECTION, GecConfig
 from raycl.data.gec import load_examples
 from raycl.driver import Miners, MiningPlan, NBestRecords, Phase, RecipeBase, Run, RunPool, Shared, StreamItem
 from raycl.errors import UserError

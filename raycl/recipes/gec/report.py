@@ -212,7 +212,7 @@ def _sign_tests(run: Run, best: TrialOutcome | None, extra: list[TrialOutcome]) 
 def _sign_lines(signs: list[dict[str, Any]]) -> list[str]:
     """One line a compared row: wins/losses/ties of the bootstrap samples, p one way and (the same samples) the
     other."""
-    from raycl.evaluation.gec_metrics import sign_test_p
+    from raycl.scoring.gec_metrics import sign_test_p
 
     lines = []
     for s in signs:

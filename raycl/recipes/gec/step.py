@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
-from raycl.configs.gec import PASSES
+from raycl.config.tasks.gec import PASSES
 from raycl.losses.gec_margin import GecContrastiveLoss, GecLossOutput
 from raycl.losses.token_log_probs import TokenLogProbs
 

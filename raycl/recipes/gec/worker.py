@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from raycl.configs.gec import GecConfig
+from raycl.config.tasks.gec import GecConfig
 from raycl.data.gec import GecExample, load_examples
 from raycl.losses.gec_margin import GecContrastiveLoss
 from raycl.models.seq2seq import Seq2SeqScorer

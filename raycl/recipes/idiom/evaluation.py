@@ -21,11 +21,11 @@ from raycl.data.semeval import (
     read_rows,
     write_submission_a,
 )
-from raycl.evaluation.semeval_metrics import evaluate_idiom, idiom_f1s
 from raycl.models.classifier import encode_batch
+from raycl.scoring.semeval_metrics import evaluate_idiom, idiom_f1s
 
 if TYPE_CHECKING:
-    from raycl.configs.idiom import IdiomConfig
+    from raycl.config.tasks.idiom import IdiomConfig
 
 ModelInput = str | tuple[str, str]
 

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from raycl.configs.idiom import IdiomConfig
+from raycl.config.tasks.idiom import IdiomConfig
 from raycl.data.semeval import (
     A_SUBMISSION_HEADER,
     IdiomExample,

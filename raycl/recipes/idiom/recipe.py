@@ -12,7 +12,7 @@ from typing import Any
 
 from raycl import storage
 from raycl.config import Space
-from raycl.configs.idiom import SETTINGS, IdiomConfig
+from raycl.config.tasks.idiom import SETTINGS, IdiomConfig
 from raycl.data.semeval import read_idiom_inputs, read_idiom_train
 from raycl.driver import Phase, RecipeBase, Run
 from raycl.errors import UserError

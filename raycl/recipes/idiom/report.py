@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from raycl import report as rp
 from raycl.data.semeval import A_SETTINGS, A_SUBMISSION_HEADER, Value, read_idiom_inputs, read_rows
-from raycl.evaluation.semeval_metrics import evaluate_idiom
 from raycl.recipes.idiom.evaluation import write_submission
 from raycl.report import final_row, num, pct
+from raycl.scoring.semeval_metrics import evaluate_idiom
 
 if TYPE_CHECKING:
     from raycl.config import Space
-    from raycl.configs.idiom import IdiomConfig
+    from raycl.config.tasks.idiom import IdiomConfig
     from raycl.driver import Run
     from raycl.records import TrialOutcome
 

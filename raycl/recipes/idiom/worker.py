@@ -28,7 +28,7 @@ import torch
 from transformers import AutoTokenizer
 
 from raycl.adversarial import build_adversarial
-from raycl.configs.idiom import IdiomConfig
+from raycl.config.tasks.idiom import IdiomConfig
 from raycl.data.semeval import IdiomExample, read_idiom_train
 from raycl.memory.ema import EMA
 from raycl.models.classifier import encode_batch, load_classifier

@@ -20,12 +20,12 @@ from raycl.data.semeval import (
     read_sts_inputs,
     read_sts_pretrain,
 )
-from raycl.evaluation.embedding_geometry import alignment, uniformity
-from raycl.evaluation.semeval_metrics import evaluate_sts, score_sts, spearman
 from raycl.models.sentence_encoder import SentenceEncoder
+from raycl.scoring.embedding_geometry import alignment, uniformity
+from raycl.scoring.semeval_metrics import evaluate_sts, score_sts, spearman
 
 if TYPE_CHECKING:
-    from raycl.configs.sts import StsConfig
+    from raycl.config.tasks.sts import StsConfig
 
 
 @torch.no_grad()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from raycl.configs.sts import StsConfig
+from raycl.config.tasks.sts import StsConfig
 from raycl.data.semeval import StsPair, read_sts_pretrain, read_sts_train
 from raycl.models.sentence_encoder import SentenceEncoder
 from raycl.recipes.sts import evaluation

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from raycl.configs.sts import StsConfig
+from raycl.config.tasks.sts import StsConfig
 from raycl.data.semeval import (
     B_GOLD_HEADER,
     B_SUBMISSION_HEADER,

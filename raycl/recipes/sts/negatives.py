@@ -23,7 +23,7 @@ from raycl.errors import UserError
 from raycl.miners.dense_io import read_anchor_negatives
 
 if TYPE_CHECKING:
-    from raycl.configs.sts import StsConfig
+    from raycl.config.tasks.sts import StsConfig
 
 ANCHOR, POSITIVE = "anchor", "positive"
 

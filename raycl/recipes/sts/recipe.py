@@ -13,7 +13,7 @@ from typing import Any
 
 from raycl import storage
 from raycl.config import MiningSection, Space, set_dotted
-from raycl.configs.sts import StsConfig
+from raycl.config.tasks.sts import StsConfig
 from raycl.data.semeval import read_sts_inputs, read_sts_pretrain, read_sts_train
 from raycl.driver import Miners, MiningPlan, Phase, RecipeBase, Run
 from raycl.files import atomic_file

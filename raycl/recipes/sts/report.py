@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raycl import report as rp
-from raycl.evaluation.embedding_geometry import plot_alignment_uniformity
-from raycl.evaluation.semeval_metrics import SUBSETS
 from raycl.report import final_row, num, pct
+from raycl.scoring.embedding_geometry import plot_alignment_uniformity
+from raycl.scoring.semeval_metrics import SUBSETS
 
 if TYPE_CHECKING:
     from raycl.config import Space

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from raycl.configs.sts import StsConfig
+from raycl.config.tasks.sts import StsConfig
 from raycl.losses.infonce_queue import InfoNCEQueueLoss, joint_loss
 from raycl.losses.mse_cosine import MSECosineLoss
 from raycl.memory.moco import MoCoKeyEncoder

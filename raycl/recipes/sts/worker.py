@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from raycl.configs.sts import StsConfig
+from raycl.config.tasks.sts import StsConfig
 from raycl.data.semeval import read_sts_train
 from raycl.memory.moco import MoCoKeyEncoder
 from raycl.models.sentence_encoder import SentenceEncoder

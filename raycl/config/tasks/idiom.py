@@ -119,8 +119,13 @@ class IdiomConfig:
         from raycl.models.classifier import CLASSIFIER_PRESETS
 
         m, d, o, a = self.model, self.data, self.optim, self.adversarial
-        require(m.preset in CLASSIFIER_PRESETS, where, "model.preset", f"one of {', '.join(CLASSIFIER_PRESETS)}",
-                m.preset)  # fmt: skip
+        require(
+            m.preset in CLASSIFIER_PRESETS,
+            where,
+            "model.preset",
+            f"one of {', '.join(CLASSIFIER_PRESETS)}",
+            m.preset,
+        )
         limit = CLASSIFIER_PRESETS[m.preset].max_len if m.preset == "smoke" else 512  # the smoke model's positions
         require(8 <= m.max_len <= limit, where, "model.max_len", f"an integer in [8, {limit}]", m.max_len)
         require(d.setting in (*SETTINGS, "both"), where, "data.setting", "zero_shot, one_shot or both", d.setting)
@@ -128,8 +133,13 @@ class IdiomConfig:
         require(o.weight_decay >= 0, where, "optim.weight_decay", "a number ≥ 0", o.weight_decay)
         require(o.eps > 0, where, "optim.eps", "a number > 0", o.eps)
         require(0.0 <= o.warmup_ratio < 1.0, where, "optim.warmup_ratio", "a number in [0, 1)", o.warmup_ratio)
-        require(o.batch_size is None or o.batch_size >= 1, where, "optim.batch_size",
-                "an integer ≥ 1 (or null: the setting's)", o.batch_size)  # fmt: skip
+        require(
+            o.batch_size is None or o.batch_size >= 1,
+            where,
+            "optim.batch_size",
+            "an integer ≥ 1 (or null: the setting's)",
+            o.batch_size,
+        )
         require(o.epochs >= 0, where, "optim.epochs", "an integer ≥ 0", o.epochs)
         require(0.0 <= self.ema.decay <= 1.0, where, "ema.decay", "a number in [0, 1]", self.ema.decay)
         require(a.method in METHODS, where, "adversarial.method", f"one of {', '.join(METHODS)}", a.method)
@@ -137,12 +147,27 @@ class IdiomConfig:
         require(a.alpha >= 0, where, "adversarial.alpha", "a number ≥ 0", a.alpha)
         require(a.steps >= 1, where, "adversarial.steps", "an integer ≥ 1", a.steps)
         require(a.smart_mu >= 0, where, "adversarial.smart_mu", "a number ≥ 0", a.smart_mu)
-        require(all(s in SETTINGS for s in self.ladder.settings), where, "ladder.settings",
-                f"a list of {', '.join(SETTINGS)}", self.ladder.settings)  # fmt: skip
+        require(
+            all(s in SETTINGS for s in self.ladder.settings),
+            where,
+            "ladder.settings",
+            f"a list of {', '.join(SETTINGS)}",
+            self.ladder.settings,
+        )
         require(self.eval.batch_size >= 1, where, "eval.batch_size", "an integer ≥ 1", self.eval.batch_size)
-        require(bool(d.dev) == bool(d.dev_gold), where, "data.dev_gold",
-                "data.dev and data.dev_gold both given or both empty (built-in)", d.dev_gold)  # fmt: skip
+        require(
+            bool(d.dev) == bool(d.dev_gold),
+            where,
+            "data.dev_gold",
+            "data.dev and data.dev_gold both given or both empty (built-in)",
+            d.dev_gold,
+        )
         for split in ("dev", "eval"):
             for key in (f"{split}_submission_format", *(("eval_gold",) if split == "eval" else ())):
-                require(not getattr(d, key) or bool(getattr(d, split)), where, f"data.{key}",
-                        f"data.{split} given with it", getattr(d, key))  # fmt: skip
+                require(
+                    not getattr(d, key) or bool(getattr(d, split)),
+                    where,
+                    f"data.{key}",
+                    f"data.{split} given with it",
+                    getattr(d, key),
+                )

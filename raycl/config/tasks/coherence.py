@@ -79,8 +79,12 @@ class CoherenceMiningSection(MiningSection):
     def miner_options(self) -> dict[str, Any]:
         """The ranking miner's keyword arguments (``raycl.miners.permutation``); a task waits (up to its lease) for
         the weights of its chunk instead of being ranked with older ones."""
-        return {**super().miner_options(), "num_rank": self.num_rank, "num_negs": self.num_negs,
-                "version_wait_s": self.lease_s}  # fmt: skip
+        return {
+            **super().miner_options(),
+            "num_rank": self.num_rank,
+            "num_negs": self.num_negs,
+            "version_wait_s": self.lease_s,
+        }
 
     def source(self, *, stream: Any = None, store: Any = None) -> Permutations:
         """Where a training's negatives come from: each item's own permutations and, given this training's stream
@@ -126,18 +130,29 @@ class CoherenceConfig:
         from raycl.models.coherence_presets import COHERENCE_PRESETS
 
         m, o, mo = self.mining, self.optim, self.momentum
-        require(self.model.preset in COHERENCE_PRESETS, where, "model.preset",
-                f"one of {', '.join(COHERENCE_PRESETS)}", self.model.preset)  # fmt: skip
-        require(self.model.max_len >= 0, where, "model.max_len", "an integer ≥ 0 (0 = the preset's)",
-                self.model.max_len)  # fmt: skip
+        require(
+            self.model.preset in COHERENCE_PRESETS,
+            where,
+            "model.preset",
+            f"one of {', '.join(COHERENCE_PRESETS)}",
+            self.model.preset,
+        )
+        require(
+            self.model.max_len >= 0,
+            where,
+            "model.max_len",
+            "an integer ≥ 0 (0 = the preset's)",
+            self.model.max_len,
+        )
         require(self.loss.kind in LOSS_KINDS, where, "loss.kind", " or ".join(LOSS_KINDS), self.loss.kind)
         require(self.loss.margin >= 0, where, "loss.margin", "a number ≥ 0", self.loss.margin)
         require(0.0 <= self.loss.lam <= 1.0, where, "loss.lam", "a number in [0, 1]", self.loss.lam)
         require(0.0 <= mo.m <= 1.0, where, "momentum.m", "a number in [0, 1]", mo.m)
         require(mo.queue_size >= 0, where, "momentum.queue_size", "an integer ≥ 0", mo.queue_size)
         require(m.num_negs >= 1, where, "mining.num_negs", "an integer ≥ 1", m.num_negs)
-        require(m.num_rank >= m.num_negs, where, "mining.num_rank", f"≥ mining.num_negs = {m.num_negs}",
-                m.num_rank)
+        require(
+            m.num_rank >= m.num_negs, where, "mining.num_rank", f"≥ mining.num_negs = {m.num_negs}", m.num_rank
+        )
         require(m.rank_every >= 1, where, "mining.rank_every", "an integer ≥ 1", m.rank_every)
         require(o.lr > 0 and o.swa_lr > 0, where, "optim.lr", "learning rates > 0", (o.lr, o.swa_lr))
         require(o.anneal_epochs >= 1, where, "optim.anneal_epochs", "an integer ≥ 1", o.anneal_epochs)
@@ -146,5 +161,10 @@ class CoherenceConfig:
         require(o.epochs >= 0, where, "optim.epochs", "an integer ≥ 0", o.epochs)
         require(self.eval.num_negs >= 1, where, "eval.num_negs", "an integer ≥ 1", self.eval.num_negs)
         p = self.data.permute
-        require(p.copies >= 1 and p.min_sentences >= 2 and p.block_size >= 2, where, "data.permute",
-                "copies ≥ 1, min_sentences ≥ 2, block_size ≥ 2", (p.copies, p.min_sentences, p.block_size))
+        require(
+            p.copies >= 1 and p.min_sentences >= 2 and p.block_size >= 2,
+            where,
+            "data.permute",
+            "copies ≥ 1, min_sentences ≥ 2, block_size ≥ 2",
+            (p.copies, p.min_sentences, p.block_size),
+        )

@@ -166,15 +166,24 @@ class StsConfig:
         require(o.clip_norm >= 0, where, "optim.clip_norm", "a number ≥ 0 (0 = no clipping)", o.clip_norm)
         require(0.0 <= o.warmup_ratio < 1.0, where, "optim.warmup_ratio", "a number in [0, 1)", o.warmup_ratio)
         require(o.warmup in ("released", "steps"), where, "optim.warmup", "released | steps", o.warmup)
-        require(o.update_freq == 1 or lo.joint != "alternate" or self.loss.lam == 0, where, "optim.update_freq",
-                "1 with loss.joint=alternate (each objective steps its own optimiser every batch)", o.update_freq)
+        require(
+            o.update_freq == 1 or lo.joint != "alternate" or self.loss.lam == 0,
+            where,
+            "optim.update_freq",
+            "1 with loss.joint=alternate (each objective steps its own optimiser every batch)",
+            o.update_freq,
+        )
         require(o.batch_size >= 2, where, "optim.batch_size", "an integer ≥ 2 (in-batch negatives)", o.batch_size)
         require(self.eval.batch_size >= 2, where, "eval.batch_size", "an integer ≥ 2", self.eval.batch_size)
         for group in (("dev", "dev_gold", "dev_submission_format"), ("eval", "eval_submission_format")):
             given = [bool(getattr(d, k)) for k in group]
-            require(all(given) or not any(given), where, f"data.{group[0]}",
-                    f"{', '.join('data.' + k for k in group)} all given or all empty (built-in)",
-                    {k: getattr(d, k) for k in group})  # fmt: skip
+            require(
+                all(given) or not any(given),
+                where,
+                f"data.{group[0]}",
+                f"{', '.join('data.' + k for k in group)} all given or all empty (built-in)",
+                {k: getattr(d, k) for k in group},
+            )
         require(not d.eval_gold or bool(d.eval), where, "data.eval_gold", "data.eval given with it", d.eval_gold)
         self._validate_mining(where)
 
@@ -183,20 +192,49 @@ class StsConfig:
         n = mi.num_negatives
         require(0 <= n <= 64, where, "mining.num_negatives", "an integer in [0, 64]", n)
         require(1 <= mi.pool <= 1024, where, "mining.pool", "an integer in [1, 1024]", mi.pool)
-        require(n <= mi.pool or bool(mi.negatives), where, "mining.num_negatives",
-                f"at most mining.pool ({mi.pool}), the candidates mined per anchor", mi.num_negatives)
-        require(mi.relative_margin is None or 0.0 <= mi.relative_margin <= 1.0, where, "mining.relative_margin",
-                "a number in [0, 1] or null", mi.relative_margin)
-        require(mi.absolute_margin is None or 0.0 <= mi.absolute_margin <= 2.0, where, "mining.absolute_margin",
-                "a number in [0, 2] (cosines) or null", mi.absolute_margin)
-        require(0.0 <= mi.positive_min_score <= 5.0, where, "mining.positive_min_score", "an STS score in [0, 5]",
-                mi.positive_min_score)
+        require(
+            n <= mi.pool or bool(mi.negatives),
+            where,
+            "mining.num_negatives",
+            f"at most mining.pool ({mi.pool}), the candidates mined per anchor",
+            mi.num_negatives,
+        )
+        require(
+            mi.relative_margin is None or 0.0 <= mi.relative_margin <= 1.0,
+            where,
+            "mining.relative_margin",
+            "a number in [0, 1] or null",
+            mi.relative_margin,
+        )
+        require(
+            mi.absolute_margin is None or 0.0 <= mi.absolute_margin <= 2.0,
+            where,
+            "mining.absolute_margin",
+            "a number in [0, 2] (cosines) or null",
+            mi.absolute_margin,
+        )
+        require(
+            0.0 <= mi.positive_min_score <= 5.0,
+            where,
+            "mining.positive_min_score",
+            "an STS score in [0, 5]",
+            mi.positive_min_score,
+        )
         if mi.refresh:
-            require(mi.refresh_every >= 1, where, "mining.refresh_every",
-                    "an integer ≥ 1 with mining.refresh (training steps between weight publications)",
-                    mi.refresh_every)  # fmt: skip
-        require(mi.max_staleness >= 0, where, "mining.max_staleness", "an integer ≥ 0 (weight versions)",
-                mi.max_staleness)  # fmt: skip
+            require(
+                mi.refresh_every >= 1,
+                where,
+                "mining.refresh_every",
+                "an integer ≥ 1 with mining.refresh (training steps between weight publications)",
+                mi.refresh_every,
+            )
+        require(
+            mi.max_staleness >= 0,
+            where,
+            "mining.max_staleness",
+            "an integer ≥ 0 (weight versions)",
+            mi.max_staleness,
+        )
         require(mi.wait_s >= 0, where, "mining.wait_s", "a number of seconds ≥ 0", mi.wait_s)
         require(mi.num_miners >= 1, where, "mining.num_miners", "an integer ≥ 1", mi.num_miners)
         require(mi.cpus_per_miner > 0, where, "mining.cpus_per_miner", "a number > 0", mi.cpus_per_miner)

@@ -105,10 +105,14 @@ class CorpusEmbedder:
         out: dict[str, list[Any]] = {"index": [], "rows": [], "seconds": []}
         for item in map(json.loads, batch["item"]):
             t0 = time.perf_counter()
-            texts = item["texts"] if "texts" in item else \
-                read_corpus_range(item["path"], item["column"], item["start"], item["stop"])  # fmt: skip
-            emb = self.encoder.encode(texts, batch_size=self.encoding.batch_size,
-                                      prompt=self.encoding.corpus_prompt)  # fmt: skip
+            texts = (
+                item["texts"]
+                if "texts" in item
+                else read_corpus_range(item["path"], item["column"], item["start"], item["stop"])
+            )
+            emb = self.encoder.encode(
+                texts, batch_size=self.encoding.batch_size, prompt=self.encoding.corpus_prompt
+            )
             self.done += 1
             if self.faults is not None:  # a test's (raycl.testing.faults)
                 self.faults.after_task(self.done, self.site)
@@ -133,8 +137,15 @@ class QueryMiner:
     """Ray Data's callable class: a batch of query blocks in, each mined against every embedding shard and
     written as ``part-<block>.parquet``; per block, its summary (rows, negatives, the filters' counts)."""
 
-    def __init__(self, encoding: Encoding, out_dir: str, options: DenseOptions, columns: tuple[str, str],
-                 index: str, faults: MinerFaults | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        encoding: Encoding,
+        out_dir: str,
+        options: DenseOptions,
+        columns: tuple[str, str],
+        index: str,
+        faults: MinerFaults | None,
+    ) -> None:
         self.encoding, self.encoder, self.scorer = encoding, encoding.encoder(), encoding.scorer()
         self.out_dir, self.options, self.columns, self.index = storage.on_node(out_dir), options, columns, index
         storage.refresh(self.out_dir / EMBEDDINGS)  # an object-store OUT: the shards other nodes embedded
@@ -149,8 +160,12 @@ class QueryMiner:
             if self.faults is not None:  # a test's (raycl.testing.faults)
                 self.faults.after_task(self.done, self.site)
             write_shard(self.out_dir, int(block["index"]), with_stats(table, stats))
-            for k, v in (("index", block["index"]), ("rows", len(table)), ("stats", json.dumps(stats.as_dict())),
-                         ("seconds", time.perf_counter() - t0)):  # fmt: skip
+            for k, v in (
+                ("index", block["index"]),
+                ("rows", len(table)),
+                ("stats", json.dumps(stats.as_dict())),
+                ("seconds", time.perf_counter() - t0),
+            ):
                 out[k].append(v)
         return out
 
@@ -200,8 +215,9 @@ class QueryMiner:
         positive's (returned)."""
         rows, cols = np.nonzero(np.isfinite(cands.scores))
         batch = self.encoding.batch_size
-        got = self.scorer.score([queries[i] for i in rows], [str(t) for t in cands.texts[rows, cols]],
-                                batch_size=batch)  # fmt: skip
+        got = self.scorer.score(
+            [queries[i] for i in rows], [str(t) for t in cands.texts[rows, cols]], batch_size=batch
+        )
         cands.scores[rows, cols] = got
         flat = [(i, p) for i, ps in enumerate(positives) for p in ps]
         scores = self.scorer.score([queries[i] for i, _ in flat], [p for _, p in flat], batch_size=batch)
@@ -219,8 +235,10 @@ class QueryMiner:
 
             index = Index.restore(str(path.with_suffix(".usearch")), view=True)
             if index is None:
-                raise UserError(f"{at(path.with_suffix('.usearch'))}: not a usearch index, expected the one the "
-                                "embedding stage wrote (overwrite to mine afresh)")  # fmt: skip
+                raise UserError(
+                    f"{at(path.with_suffix('.usearch'))}: not a usearch index, expected the one the "
+                    "embedding stage wrote (overwrite to mine afresh)"
+                )
             found = index.search(q, k)
             cols = np.asarray(found.keys, np.int64).reshape(len(q), -1)
             scores = (1.0 - np.asarray(found.distances, np.float32)).reshape(len(q), -1)
@@ -244,8 +262,9 @@ class Pool:
     progress: bool = True
 
 
-def run_stage(cls: type, items: list[dict[str, Any]], kwargs: dict[str, Any], pool: Pool, desc: str,
-              unit_key: str) -> Iterator[dict[str, Any]]:  # fmt: skip
+def run_stage(
+    cls: type, items: list[dict[str, Any]], kwargs: dict[str, Any], pool: Pool, desc: str, unit_key: str
+) -> Iterator[dict[str, Any]]:
     """``items`` through an actor pool of ``cls`` (or one instance in this process), the summaries streamed."""
     from raycl.progress import bar
 
@@ -263,9 +282,14 @@ def run_stage(cls: type, items: list[dict[str, Any]], kwargs: dict[str, Any], po
         counts = {int(i["index"]): int(i.get("count", 1)) for i in items}
         with quiet_ray_data():
             source = ray.data.from_items([{"item": json.dumps(i)} for i in items], override_num_blocks=len(items))
-            ds = source.map_batches(cls, batch_size=1, compute=actor_pool(pool.num_miners, len(items)),
-                                num_cpus=pool.cpus_per_miner, num_gpus=pool.gpus_per_miner or None,
-                                fn_constructor_kwargs=kwargs)  # fmt: skip
+            ds = source.map_batches(
+                cls,
+                batch_size=1,
+                compute=actor_pool(pool.num_miners, len(items)),
+                num_cpus=pool.cpus_per_miner,
+                num_gpus=pool.gpus_per_miner or None,
+                fn_constructor_kwargs=kwargs,
+            )
             try:
                 for row in ds.iter_rows():
                     b.update(counts[int(row["index"])])
@@ -276,12 +300,19 @@ def run_stage(cls: type, items: list[dict[str, Any]], kwargs: dict[str, Any], po
 
 def settings(encoding: Encoding, options: DenseOptions, **more: Any) -> dict[str, Any]:
     """What makes the negatives, as the manifest records it (not the batch size, device or miners)."""
+
     def digest(folder: str | None) -> str | None:
         return None if folder is None else "sha256:" + hash_folder(hashlib.sha256(), Path(folder)).hexdigest()
 
-    return {"model": digest(encoding.model), "cross_encoder": digest(encoding.cross_encoder),
-            "query_prompt": encoding.query_prompt, "corpus_prompt": encoding.corpus_prompt,
-            "precision": encoding.precision, **dataclasses.asdict(options), **more}  # fmt: skip
+    return {
+        "model": digest(encoding.model),
+        "cross_encoder": digest(encoding.cross_encoder),
+        "query_prompt": encoding.query_prompt,
+        "corpus_prompt": encoding.corpus_prompt,
+        "precision": encoding.precision,
+        **dataclasses.asdict(options),
+        **more,
+    }
 
 
 def check_settings(out_dir: Path, new: dict[str, Any]) -> None:
@@ -293,8 +324,10 @@ def check_settings(out_dir: Path, new: dict[str, Any]) -> None:
             raise UserError(f"{at(out_dir)}: holds a {old.get('mode')} mining, expected a dense one (another OUT)")
         check_resume(out_dir if shard_files(out_dir) else out_dir / EMBEDDINGS, old, manifest)
     elif embedding_shards(out_dir) and old is None:
-        raise UserError(f"{at(out_dir / EMBEDDINGS)}: embedding shards but no {MANIFEST}, expected a directory "
-                        "raycl wrote (overwrite to mine afresh)")  # fmt: skip
+        raise UserError(
+            f"{at(out_dir / EMBEDDINGS)}: embedding shards but no {MANIFEST}, expected a directory "
+            "raycl wrote (overwrite to mine afresh)"
+        )
     save_manifest(out_dir, manifest)
 
 
@@ -306,9 +339,18 @@ def clear_dense(out_dir: Path) -> None:
     storage.remove(out_dir, only=lambda rel: rel.startswith(f"{EMBEDDINGS}/"))
 
 
-def mine_blocks(out_dir: Path, *, encoding: Encoding, options: DenseOptions, columns: tuple[str, str],
-                corpus: list[dict[str, Any]], blocks: list[dict[str, Any]], index: str, pool: Pool,
-                faults: MinerFaults | None) -> dict[str, Any]:  # fmt: skip
+def mine_blocks(
+    out_dir: Path,
+    *,
+    encoding: Encoding,
+    options: DenseOptions,
+    columns: tuple[str, str],
+    corpus: list[dict[str, Any]],
+    blocks: list[dict[str, Any]],
+    index: str,
+    pool: Pool,
+    faults: MinerFaults | None,
+) -> dict[str, Any]:
     """Both stages over the items whose shard is not in ``out_dir`` yet; a summary of this run's work."""
     (out_dir / EMBEDDINGS).mkdir(parents=True, exist_ok=True)
     portable = storage.portable(out_dir)
@@ -321,17 +363,32 @@ def mine_blocks(out_dir: Path, *, encoding: Encoding, options: DenseOptions, col
     storage.refresh(out_dir)
     have = {p.name for p in shard_files(out_dir)}
     left = [b for b in blocks if shard_name(int(b["index"])) not in have]
-    mine_kw = {"encoding": encoding, "out_dir": portable, "options": options, "columns": columns, "index": index,
-               "faults": faults}  # fmt: skip
+    mine_kw = {
+        "encoding": encoding,
+        "out_dir": portable,
+        "options": options,
+        "columns": columns,
+        "index": index,
+        "faults": faults,
+    }
     rows = sum(int(r["rows"]) for r in run_stage(QueryMiner, left, mine_kw, pool, "mining", "query"))
     storage.refresh(out_dir)
     lost = [shard_name(int(b["index"])) for b in left if not (out_dir / shard_name(int(b["index"]))).is_file()]
     if lost:
-        raise UserError(f"{at(out_dir / lost[0])}: mined but not in the output directory ({len(lost)} shards "
-                        "missing), expected OUT on a filesystem that every Ray node sees")  # fmt: skip
-    return {"embedded": embedded, "embed_s": round(t1 - t0, 3), "mine_s": round(time.perf_counter() - t1, 3),
-            "blocks_written": len(left), "blocks_resumed": len(blocks) - len(left), "rows_written": rows,
-            "ranges_written": len(todo), "ranges_resumed": len(corpus) - len(todo)}  # fmt: skip
+        raise UserError(
+            f"{at(out_dir / lost[0])}: mined but not in the output directory ({len(lost)} shards "
+            "missing), expected OUT on a filesystem that every Ray node sees"
+        )
+    return {
+        "embedded": embedded,
+        "embed_s": round(t1 - t0, 3),
+        "mine_s": round(time.perf_counter() - t1, 3),
+        "blocks_written": len(left),
+        "blocks_resumed": len(blocks) - len(left),
+        "rows_written": rows,
+        "ranges_written": len(todo),
+        "ranges_resumed": len(corpus) - len(todo),
+    }
 
 
 @dataclasses.dataclass
@@ -369,6 +426,13 @@ def read_output(out_dir: Path, schema: Any) -> Any:
 
 
 def blocks_of(queries: Sequence[str], positives: Sequence[Sequence[str]], size: int) -> list[dict[str, Any]]:
-    return [{"index": b, "first": s, "count": len(queries[s : s + size]), "queries": list(queries[s : s + size]),
-             "positives": [list(p) for p in positives[s : s + size]]}
-            for b, s in enumerate(range(0, len(queries), size))]  # fmt: skip
+    return [
+        {
+            "index": b,
+            "first": s,
+            "count": len(queries[s : s + size]),
+            "queries": list(queries[s : s + size]),
+            "positives": [list(p) for p in positives[s : s + size]],
+        }
+        for b, s in enumerate(range(0, len(queries), size))
+    ]

@@ -1,4 +1,4 @@
-"""One config dataclass per task, in ``raycl/configs/<task>.py``; a space file's ``task:`` key picks it, and
+"""One config dataclass per task, in ``raycl/config/tasks/<task>.py``; a space file's ``task:`` key picks it, and
 :func:`load_space` reads a space file into its task's config (the machinery it uses is :mod:`raycl.config`'s)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ def task_config(task: str) -> type | None:
     """The config class of ``task`` (None for an unknown task); modules load on first use."""
     if task not in TASK_CONFIGS:
         return None
-    return getattr(importlib.import_module(f"raycl.configs.{task}"), TASK_CONFIGS[task])  # type: ignore[no-any-return]
+    return getattr(importlib.import_module(f"raycl.config.tasks.{task}"), TASK_CONFIGS[task])  # type: ignore[no-any-return]
 
 
 def load_space(space: str, *, preset: str | None = None, overrides: list[str] | None = None) -> Space:

@@ -137,9 +137,9 @@ def _simplify(edits: Sequence[Edit]) -> list[list[Any]]:
     return [[e.start, e.end, e.type, e.correction, e.annotator] for e in edits]
 
 
-def sentence_counts(hyp_edits: HypEdits, refs: Sequence[M2Sentence], *, annotator: int | None = None) -> list[
-    list[Counts]
-]:
+def sentence_counts(
+    hyp_edits: HypEdits, refs: Sequence[M2Sentence], *, annotator: int | None = None
+) -> list[list[Counts]]:
     """Per sentence, the counts of every (hyp, reference annotator) combination, in errant's loop order.
 
     ``annotator`` keeps only that annotator's reference edits (like scoring against a filtered M2 file).

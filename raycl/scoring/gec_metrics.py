@@ -16,7 +16,7 @@ import numpy as np
 
 from raycl.data.m2 import Edit, M2Sentence
 from raycl.errors import UserError, at
-from raycl.evaluation.errant_scorer import (
+from raycl.scoring.errant_scorer import (
     HypEdits,
     Score,
     accumulate,
@@ -150,8 +150,9 @@ def score_reference(
 ) -> dict[str, Any]:
     """``{"annotators": {id: row}, "average": mean row, "combined": errant multi-annotator row}``."""
     rows = {
-        str(a): _row(score_corpus(hyp_edits, refs, annotator=a, beta=beta),
-                     overlap_ratios(hyp_edits, refs, annotator=a))
+        str(a): _row(
+            score_corpus(hyp_edits, refs, annotator=a, beta=beta), overlap_ratios(hyp_edits, refs, annotator=a)
+        )
         for a in annotators
     }
     keys = ["p", "r", f"f{beta:g}", "oe", "ie"]

@@ -141,20 +141,45 @@ class GecConfig:
         require(c.model.max_length >= 8, where, "model.max_length", "an integer ≥ 8", c.model.max_length)
         require(0.0 <= c.loss.trade_off <= 1.0, where, "loss.trade_off", "a number in [0, 1]", c.loss.trade_off)
         require(c.loss.margin >= 0.0, where, "loss.margin", "a number ≥ 0", c.loss.margin)
-        require(0.0 <= c.loss.label_smoothing < 1.0, where, "loss.label_smoothing", "a number in [0, 1)",
-                 c.loss.label_smoothing)
+        require(
+            0.0 <= c.loss.label_smoothing < 1.0,
+            where,
+            "loss.label_smoothing",
+            "a number in [0, 1)",
+            c.loss.label_smoothing,
+        )
         require(c.loss.passes in PASSES, where, "loss.passes", " | ".join(PASSES), c.loss.passes)
         require(c.mining.k >= 1, where, "mining.k", "an integer ≥ 1", c.mining.k)
-        require(c.mining.beam >= c.mining.k + 1, where, "mining.beam", f"≥ mining.k + 1 = {c.mining.k + 1}",
-                 c.mining.beam)
-        require(c.mining.rank_by in ("beam", "sum_logprob"), where, "mining.rank_by", "beam | sum_logprob",
-                c.mining.rank_by)
-        require(c.mining.false_negatives in FN_MODES, where, "mining.false_negatives", " | ".join(FN_MODES),
-                c.mining.false_negatives)
+        require(
+            c.mining.beam >= c.mining.k + 1,
+            where,
+            "mining.beam",
+            f"≥ mining.k + 1 = {c.mining.k + 1}",
+            c.mining.beam,
+        )
+        require(
+            c.mining.rank_by in ("beam", "sum_logprob"),
+            where,
+            "mining.rank_by",
+            "beam | sum_logprob",
+            c.mining.rank_by,
+        )
+        require(
+            c.mining.false_negatives in FN_MODES,
+            where,
+            "mining.false_negatives",
+            " | ".join(FN_MODES),
+            c.mining.false_negatives,
+        )
         require(c.mining.max_len_a >= 0, where, "mining.max_len_a", "a number ≥ 0", c.mining.max_len_a)
         require(c.mining.max_len_b >= 1, where, "mining.max_len_b", "an integer ≥ 1", c.mining.max_len_b)
         require(c.eval.beam >= 1, where, "eval.beam", "an integer ≥ 1", c.eval.beam)
         require(c.data.annotator >= 0, where, "data.annotator", "an integer ≥ 0", c.data.annotator)
         b = c.data.builtin
-        require(min(b.n_train, b.n_finetune, b.n_dev, b.n_test) >= 1, where, "data.builtin",
-                 "positive sizes", dataclasses.asdict(b))
+        require(
+            min(b.n_train, b.n_finetune, b.n_dev, b.n_test) >= 1,
+            where,
+            "data.builtin",
+            "positive sizes",
+            dataclasses.asdict(b),
+        )

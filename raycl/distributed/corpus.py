@@ -177,11 +177,25 @@ def _rows(batch: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield {k: (v.item() if hasattr(v, "item") else v) for k in keys for v in [batch[k][i]]}
 
 
-def mine_corpus(model: str, specs: Sequence[str], out_dir: Path, *, options: dict[str, Any],
-                shard_size: int | None = None, num_miners: int | tuple[int, int] = 1, cpus_per_miner: float = 1.0,
-                gpus_per_miner: float = 0.0, annotator: int = 0, address: str | None = None,
-                progress: bool = True, overwrite: bool = False, max_failed_ranges: int = 0, range_retries: int = 2,
-                kind: MinerKind | None = None, faults: MinerFaults | None = None) -> dict[str, Any]:  # fmt: skip
+def mine_corpus(
+    model: str,
+    specs: Sequence[str],
+    out_dir: Path,
+    *,
+    options: dict[str, Any],
+    shard_size: int | None = None,
+    num_miners: int | tuple[int, int] = 1,
+    cpus_per_miner: float = 1.0,
+    gpus_per_miner: float = 0.0,
+    annotator: int = 0,
+    address: str | None = None,
+    progress: bool = True,
+    overwrite: bool = False,
+    max_failed_ranges: int = 0,
+    range_retries: int = 2,
+    kind: MinerKind | None = None,
+    faults: MinerFaults | None = None,
+) -> dict[str, Any]:
     """Mine ``specs`` into ``out_dir``'s shards with an actor pool (``num_miners`` 0: in this process); resumes.
 
     Paths are made absolute here, on the driver, before they reach remote miners. The output directory is locked
@@ -202,8 +216,13 @@ def mine_corpus(model: str, specs: Sequence[str], out_dir: Path, *, options: dic
     with locked_out_dir(out_dir):
         if overwrite:
             clear_mining(out_dir)
-        ranges, resumed, size = _plan(out_dir, specs, shard_size=shard_size, annotator=annotator,
-                                      settings=mining_settings(model, options, engine))  # fmt: skip
+        ranges, resumed, size = _plan(
+            out_dir,
+            specs,
+            shard_size=shard_size,
+            annotator=annotator,
+            settings=mining_settings(model, options, engine),
+        )
         scan_s, t0 = time.perf_counter() - t_scan, time.perf_counter()
         if ranges and num_miners != 0:
             start_ray(address, num_miners, cpus_per_miner)
@@ -213,16 +232,29 @@ def mine_corpus(model: str, specs: Sequence[str], out_dir: Path, *, options: dic
             rows = _in_process(job, ranges)
         else:
             rows = _ray_data(job, ranges, num_miners=num_miners, cpus=cpus_per_miner, gpus=gpus_per_miner)
-        n_ex, n_neg, busy, failed = _tally(rows, total=sum(r.count for r in ranges), progress=progress,
-                                           max_failed=max_failed_ranges)  # fmt: skip
+        n_ex, n_neg, busy, failed = _tally(
+            rows, total=sum(r.count for r in ranges), progress=progress, max_failed=max_failed_ranges
+        )
         seconds = time.perf_counter() - t1  # the pool's start (actors loading the model) included, Ray's not
         _check_done(out_dir, ranges, failed, stopped=len(failed) > max_failed_ranges)
-    return {"out": str(out_dir), "examples": n_ex, "negatives": n_neg, "seconds": round(seconds, 3),
-            "negatives_per_s": round(n_neg / max(seconds, 1e-9), 2), "num_miners": num_miners,
-            "miner_busy_s": round(busy, 3), "negatives_per_miner_s": round(n_neg / max(busy, 1e-9), 2),
-            "scan_s": round(scan_s, 3), "ray_start_s": round(t1 - t0, 3), "shard_size": size,
-            "shards": len(shard_files(out_dir)), "shards_written": len(ranges), "resumed": resumed,
-            "engine": engine.engine, "false_negatives": shard_counts(out_dir).as_dict()}  # fmt: skip
+    return {
+        "out": str(out_dir),
+        "examples": n_ex,
+        "negatives": n_neg,
+        "seconds": round(seconds, 3),
+        "negatives_per_s": round(n_neg / max(seconds, 1e-9), 2),
+        "num_miners": num_miners,
+        "miner_busy_s": round(busy, 3),
+        "negatives_per_miner_s": round(n_neg / max(busy, 1e-9), 2),
+        "scan_s": round(scan_s, 3),
+        "ray_start_s": round(t1 - t0, 3),
+        "shard_size": size,
+        "shards": len(shard_files(out_dir)),
+        "shards_written": len(ranges),
+        "resumed": resumed,
+        "engine": engine.engine,
+        "false_negatives": shard_counts(out_dir).as_dict(),
+    }
 
 
 def absolute_spec(text: str) -> str:
@@ -233,16 +265,23 @@ def absolute_spec(text: str) -> str:
     return str(dataclasses.replace(spec, path=Path(os.path.abspath(spec.path)), target_path=target))
 
 
-def _plan(out_dir: Path, specs: Sequence[str], *, shard_size: int | None, annotator: int,
-          settings: dict[str, Any]) -> tuple[list[Range], int, int]:  # fmt: skip
+def _plan(
+    out_dir: Path, specs: Sequence[str], *, shard_size: int | None, annotator: int, settings: dict[str, Any]
+) -> tuple[list[Range], int, int]:
     """The scan (or the manifest's cached one), checked against and recorded in the manifest: the ranges whose
     shard is not in ``out_dir`` yet, how many sentences the others hold, and the shard size."""
     old = load_manifest(out_dir)
     size = resume_shard_size(out_dir, old, mode="ranges", shard_size=shard_size)
     cached = old.get("scan", []) if old is not None and int(old["shard_size"]) == size else []
     scans = scan_specs(specs, range_size=size, cached=cached)
-    manifest = {"mode": "ranges", "shard_size": size, "data": [s.key for s in scans], "annotator": annotator,
-                "mining": settings, "scan": scan_cache(scans)}  # fmt: skip
+    manifest = {
+        "mode": "ranges",
+        "shard_size": size,
+        "data": [s.key for s in scans],
+        "annotator": annotator,
+        "mining": settings,
+        "scan": scan_cache(scans),
+    }
     check_resume(out_dir, old, manifest)
     save_manifest(out_dir, manifest)
     reset_attempts(out_dir)  # a re-run gives every range left, the failed ones too, its attempts again
@@ -256,22 +295,35 @@ def _check_done(out_dir: Path, ranges: list[Range], failed: list[dict[str, Any]]
     """``_failures.json`` written (or removed); failed ranges, or mined ones missing from OUT, are errors."""
     by_index = {r.index: r for r in ranges}
     failures: list[dict[str, Any]] = [
-        {"range": r.index, "shard": shard_name(r.index), "file": r.path, "first_line": r.first_line,
-         "sentences": r.count, "error": str(f["error"])} for f in failed for r in [by_index[int(f["index"])]]
-    ]  # fmt: skip
+        {
+            "range": r.index,
+            "shard": shard_name(r.index),
+            "file": r.path,
+            "first_line": r.first_line,
+            "sentences": r.count,
+            "error": str(f["error"]),
+        }
+        for f in failed
+        for r in [by_index[int(f["index"])]]
+    ]
     record_failures(out_dir, failures)
     reset_attempts(out_dir)
     if failures:
-        listed = ", ".join(f"{f['shard']} ({Path(f['file']).name}:{f['first_line']}: {f['error']})"
-                           for f in failures[:3]) + (", ..." if len(failures) > 3 else "")  # fmt: skip
+        listed = ", ".join(
+            f"{f['shard']} ({Path(f['file']).name}:{f['first_line']}: {f['error']})" for f in failures[:3]
+        ) + (", ..." if len(failures) > 3 else "")
         then = "stopped early (more than --max-failed-ranges)" if stopped else "the other ranges are mined"
-        raise RangesFailed(f"{at(out_dir / FAILURES)}: {len(failures)} range(s) failed: {listed}; {then}; run "
-                           "again to retry only the ranges without a shard")  # fmt: skip
+        raise RangesFailed(
+            f"{at(out_dir / FAILURES)}: {len(failures)} range(s) failed: {listed}; {then}; run "
+            "again to retry only the ranges without a shard"
+        )
     storage.refresh(out_dir)  # a staged run: the shards miners on other nodes wrote to the store, cached here
     lost = [shard_name(r.index) for r in ranges if not (out_dir / shard_name(r.index)).is_file()]
     if lost:
-        raise UserError(f"{at(out_dir / lost[0])}: mined but not in the output directory ({len(lost)} shards "
-                        "missing), expected OUT on a filesystem that every Ray node sees")  # fmt: skip
+        raise UserError(
+            f"{at(out_dir / lost[0])}: mined but not in the output directory ({len(lost)} shards "
+            "missing), expected OUT on a filesystem that every Ray node sees"
+        )
 
 
 def _gec_beam() -> MinerKind:
@@ -289,8 +341,9 @@ def _in_process(job: RangeJob, ranges: list[Range]) -> Iterator[dict[str, Any]]:
         yield {k: v[0] for k, v in got.items()}
 
 
-def _tally(rows: Iterator[dict[str, Any]], *, total: int, progress: bool, max_failed: int
-           ) -> tuple[int, int, float, list[dict[str, Any]]]:  # fmt: skip
+def _tally(
+    rows: Iterator[dict[str, Any]], *, total: int, progress: bool, max_failed: int
+) -> tuple[int, int, float, list[dict[str, Any]]]:
     """Sentences, negatives, the miners' busy seconds (model loading and Ray's start-up not included) and the
     failed ranges of the per-range summaries as they stream back, with a progress bar in sentences; stops the
     mining (closes the stream) once more than ``max_failed`` ranges have failed."""
@@ -317,16 +370,20 @@ def _tally(rows: Iterator[dict[str, Any]], *, total: int, progress: bool, max_fa
     return n_ex, n_neg, busy, failed
 
 
-def _ray_data(job: RangeJob, ranges: list[Range], *, num_miners: int | tuple[int, int], cpus: float, gpus: float
-              ) -> Iterator[dict[str, Any]]:  # fmt: skip
+def _ray_data(
+    job: RangeJob, ranges: list[Range], *, num_miners: int | tuple[int, int], cpus: float, gpus: float
+) -> Iterator[dict[str, Any]]:
     job = dataclasses.replace(job, out_dir=storage.portable(job.out_dir))  # a staged run's URI: any node maps it
     with quiet_ray_data():
         ds = ray.data.from_items([dataclasses.asdict(r) for r in ranges], override_num_blocks=len(ranges))
         mined = ds.map_batches(
-            RangeMiner, batch_size=1, compute=actor_pool(num_miners, len(ranges)), num_cpus=cpus,
+            RangeMiner,
+            batch_size=1,
+            compute=actor_pool(num_miners, len(ranges)),
+            num_cpus=cpus,
             num_gpus=gpus or None,
             fn_constructor_kwargs={"job": job},
-        )  # fmt: skip
+        )
         try:
             yield from mined.iter_rows()
         except Exception as err:  # a UserError raised while reading a range reaches here wrapped by Ray

@@ -25,8 +25,9 @@ def _batches(n: int, batch_size: int | None) -> list[slice]:
     return [slice(i, i + step) for i in range(0, n, step)]
 
 
-def alignment(x: torch.Tensor, y: torch.Tensor, *, alpha: float = 2.0, batch_size: int | None = None,
-              normalize: bool = True) -> torch.Tensor:
+def alignment(
+    x: torch.Tensor, y: torch.Tensor, *, alpha: float = 2.0, batch_size: int | None = None, normalize: bool = True
+) -> torch.Tensor:
     """ℓ_align of positive pairs ``(x[i], y[i])``; x, y: (N, D). A scalar tensor.
 
     With ``batch_size`` the mean of per-batch means (the paper's script), else the plain mean.
@@ -37,8 +38,14 @@ def alignment(x: torch.Tensor, y: torch.Tensor, *, alpha: float = 2.0, batch_siz
     return torch.stack(per_batch).mean()
 
 
-def uniformity(x: torch.Tensor, y: torch.Tensor | None = None, *, t: float = 2.0, batch_size: int | None = None,
-               normalize: bool = True) -> torch.Tensor:
+def uniformity(
+    x: torch.Tensor,
+    y: torch.Tensor | None = None,
+    *,
+    t: float = 2.0,
+    batch_size: int | None = None,
+    normalize: bool = True,
+) -> torch.Tensor:
     """ℓ_uniform of the embeddings x (N, D), plus y (N, D) when given (both sides of pairs). A scalar.
 
     With ``batch_size`` the mean over batches of ℓ_uniform(x[b] ∪ y[b]) (the paper's script); a batch needs
@@ -54,8 +61,9 @@ def uniformity(x: torch.Tensor, y: torch.Tensor | None = None, *, t: float = 2.0
     return torch.stack(values).mean()
 
 
-def plot_alignment_uniformity(points: Mapping[str, tuple[float, float]], path: str | Path, *,
-                              title: str = "alignment vs uniformity") -> Path:
+def plot_alignment_uniformity(
+    points: Mapping[str, tuple[float, float]], path: str | Path, *, title: str = "alignment vs uniformity"
+) -> Path:
     """A PNG like the paper's Fig. 5: one labelled point per model, ℓ_uniform on x, ℓ_align on y.
 
     ``points`` maps a label to ``(align, uniform)``; closer to the bottom-left is better. Written atomically.

@@ -18,21 +18,38 @@ from typing import Any
 
 from raycl.data.coherence import CoherenceItem, read_annotations, read_pairs
 from raycl.errors import UserError, at, summary_out
-from raycl.evaluation.coherence_metrics import krippendorff_alpha_nominal, model_labels, pairwise_accuracy
+from raycl.scoring.coherence_metrics import krippendorff_alpha_nominal, model_labels, pairwise_accuracy
 
 
 def add_coherence_parser(sub: Any) -> None:
     """Add the ``coherence`` subcommand to ``raycl.eval``'s subparsers (``run`` = :func:`run_coherence`)."""
-    p = sub.add_parser("coherence", help="pairwise accuracy and LMvLM Krippendorff alpha of a coherence model",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "coherence",
+        help="pairwise accuracy and LMvLM Krippendorff alpha of a coherence model",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model", default=None, metavar="DIR", help="coherence model folder (save_pretrained)")
-    p.add_argument("--pairs", action="append", default=[], metavar="FILE",
-                   help="pairs file: pickle (.pkl, or the shipped suffix-less sets) or .jsonl (repeatable)")
-    p.add_argument("--annotations", default=None, metavar="FILE",
-                   help="human label lists aligned with the one --pairs file (pickle or .json)")
+    p.add_argument(
+        "--pairs",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="pairs file: pickle (.pkl, or the shipped suffix-less sets) or .jsonl (repeatable)",
+    )
+    p.add_argument(
+        "--annotations",
+        default=None,
+        metavar="FILE",
+        help="human label lists aligned with the one --pairs file (pickle or .json)",
+    )
     p.add_argument("--batch-size", type=int, default=8, help="documents scored per forward pass (default 8)")
-    p.add_argument("--num-negs", type=int, default=5,
-                   help="negatives of a training-layout item compared with its pos (default 5, as eval.py)")
+    p.add_argument(
+        "--num-negs",
+        type=int,
+        default=5,
+        help="negatives of a training-layout item compared with its pos (default 5, as eval.py)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of a table")
     p.set_defaults(run=run_coherence)
 
@@ -45,14 +62,17 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.model is not None and not args.pairs:
         raise UserError("--pairs: missing, expected at least one pairs file to score with --model")
     if args.model is not None and args.annotations is not None and len(args.pairs) != 1:
-        raise UserError(f"--annotations: given with {len(args.pairs)} --pairs files, expected exactly one "
-                        "(the file the labels are aligned with)")
+        raise UserError(
+            f"--annotations: given with {len(args.pairs)} --pairs files, expected exactly one "
+            "(the file the labels are aligned with)"
+        )
     if args.batch_size < 1 or args.num_negs < 1:
         raise UserError("--batch-size/--num-negs: expected integers >= 1")
 
 
-def score_items(scorer: Any, items: Sequence[CoherenceItem], *, num_negs: int, batch_size: int
-                 ) -> tuple[list[float], list[list[float]]]:
+def score_items(
+    scorer: Any, items: Sequence[CoherenceItem], *, num_negs: int, batch_size: int
+) -> tuple[list[float], list[list[float]]]:
     """Scores of each item's pos and of its first ``num_negs`` negatives, in one batched pass."""
     docs: list[tuple[str, ...]] = []
     for item in items:
@@ -94,12 +114,20 @@ def run_coherence(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model_alpha(path: str, items: Sequence[CoherenceItem], *, coders: list[list[str | None]],
-                 pos: list[float], negs: list[list[float]]) -> float:
+def _model_alpha(
+    path: str,
+    items: Sequence[CoherenceItem],
+    *,
+    coders: list[list[str | None]],
+    pos: list[float],
+    negs: list[list[float]],
+) -> float:
     """α of the human coders plus the model's labels on the pairs file they annotated."""
     if len(coders[0]) != len(items):
-        raise UserError(f"{at(path)}: {len(items)} pairs but {len(coders[0])} labels per coder in "
-                        "--annotations, expected the file the labels were made for")
+        raise UserError(
+            f"{at(path)}: {len(items)} pairs but {len(coders[0])} labels per coder in "
+            "--annotations, expected the file the labels were made for"
+        )
     if any(len(n) != 1 for n in negs):
         raise UserError(f"{at(path)}: items with several negatives, expected one 'neg' per annotated pair")
     return krippendorff_alpha_nominal([*coders, model_labels(pos, [n[0] for n in negs])])

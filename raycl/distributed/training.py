@@ -80,9 +80,11 @@ def fit(
             raise said from None
         if not _did_not_start(err):
             raise
-        raise UserError(f"the Ray Train worker group did not start within scaling.start_timeout_s="
-                        f"{scaling.start_timeout_s:g} s: {workers_ask(scaling)}; {cluster()}, and other work "
-                        "(another run, a sweep's trials, miners) may hold part of it") from None
+        raise UserError(
+            f"the Ray Train worker group did not start within scaling.start_timeout_s="
+            f"{scaling.start_timeout_s:g} s: {workers_ask(scaling)}; {cluster()}, and other work "
+            "(another run, a sweep's trials, miners) may hold part of it"
+        ) from None
 
 
 def _attempt_s() -> float:

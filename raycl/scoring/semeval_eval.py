@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from raycl.errors import summary_out
-from raycl.evaluation.semeval_metrics import (
+from raycl.scoring.semeval_metrics import (
     F1_AVERAGES,
     SUBSETS,
     IdiomScores,
@@ -26,10 +26,15 @@ from raycl.evaluation.semeval_metrics import (
 
 
 def _add(sub: Any, name: str, help_text: str, run: Any) -> Any:
-    p = sub.add_parser(name, help=help_text, description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--submission", required=True, metavar="CSV",
-                   help="submission in the official format (ID, Language, Setting, Label|Sim)")
+    p = sub.add_parser(
+        name, help=help_text, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--submission",
+        required=True,
+        metavar="CSV",
+        help="submission in the official format (ID, Language, Setting, Label|Sim)",
+    )
     p.add_argument("--gold", required=True, metavar="CSV", help="the official gold file of the same split")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of a table")
     p.set_defaults(run=run)
@@ -38,12 +43,17 @@ def _add(sub: Any, name: str, help_text: str, run: Any) -> Any:
 
 def add_idiom_parser(sub: Any) -> None:
     """Add the ``idiom`` subcommand (Subtask A macro-F1) to an argparse subparsers object."""
-    p = _add(sub, "idiom", "SemEval-2022 Task 2 Subtask A: official macro-F1 (zero/one-shot x EN, PT, EN+PT)",
-             run_idiom)
-    p.add_argument("--average", choices=F1_AVERAGES, default="macro",
-                   help="F1 averaging: macro (the task's metric and what SubTask1Evaluator.py prints since "
-                        "b415bf9, default), or weighted / micro / binary (label 1), the columns its first "
-                        "commits 4b9946f and 381fec5 printed")
+    p = _add(
+        sub, "idiom", "SemEval-2022 Task 2 Subtask A: official macro-F1 (zero/one-shot x EN, PT, EN+PT)", run_idiom
+    )
+    p.add_argument(
+        "--average",
+        choices=F1_AVERAGES,
+        default="macro",
+        help="F1 averaging: macro (the task's metric and what SubTask1Evaluator.py prints since "
+        "b415bf9, default), or weighted / micro / binary (label 1), the columns its first "
+        "commits 4b9946f and 381fec5 printed",
+    )
 
 
 def add_sts_parser(sub: Any) -> None:
@@ -66,8 +76,11 @@ def format_idiom_table(scores: IdiomScores) -> str:
 def format_sts_table(scores: StsScores) -> str:
     """One line per (setting, languages), Spearman ρ for ALL, Idiom and STS (``-``: not computable)."""
     lines = [f"{'setting':<11}{'languages':<11}" + "".join(f"{k:>9}" for k in SUBSETS)]
-    lines += [f"{s:<11}{langs:<11}" + "".join(_fmt(cell[k]) for k in SUBSETS)
-              for s, row in scores.items() for langs, cell in row.items()]
+    lines += [
+        f"{s:<11}{langs:<11}" + "".join(_fmt(cell[k]) for k in SUBSETS)
+        for s, row in scores.items()
+        for langs, cell in row.items()
+    ]
     return "\n".join(lines)
 
 
