@@ -16,12 +16,13 @@ ROOT = Path(raycl.__file__).parent
 # bottom to top; a module's floor is the entry that names it or the nearest package above it (a dotted entry
 # such as "a.b" puts the subpackage a.b on a floor of its own, above or below the rest of a)
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("errors", "files", "storage", "records", "progress", "report", "config")),
+    ("base", ("errors", "files", "storage", "records", "progress", "report")),
     ("algebra", ("losses", "adversarial")),
     ("models", ("models",)),
     ("memory", ("memory",)),
     ("data", ("data",)),
     ("mining and scoring", ("miners", "scoring")),
+    ("config", ("config",)),  # the sections name decoding's options (raycl.models.decoding)
     ("task configs", ("config.tasks",)),
     ("collectives", ("collectives",)),
     ("Ray", ("distributed",)),

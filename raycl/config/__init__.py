@@ -25,7 +25,6 @@ from raycl.config.bounded_yaml import safe_yaml
 from raycl.config.keys import dump_yaml, from_dict, get_dotted, parse_set, set_dotted, to_dict
 from raycl.config.search import MAX_SEARCH_VALUES, MAX_TRIALS, SEARCH_KINDS, expand_values, search_count
 from raycl.config.sections import (
-    ENGINES,
     PRECISIONS,
     LoopOptions,
     MiningSection,
@@ -36,6 +35,7 @@ from raycl.config.sections import (
 )
 from raycl.config.spaces import build_space, read_space, resolve_space_path, space_names, spaces_dir
 from raycl.config.validation import number_bound, require, validate
+from raycl.models.decoding import ENGINES
 
 __all__ = [
     "ENGINES",

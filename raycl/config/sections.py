@@ -36,7 +36,6 @@ class TuneSection:
 
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-ENGINES = ("auto", "hf", "ctranslate2")  # beam search: raycl.models.engines.choose_engine
 
 
 @dataclass

@@ -8,8 +8,9 @@ import dataclasses
 import math
 from typing import Any
 
-from raycl.config.sections import ENGINES, PRECISIONS, LoopOptions, MiningSection, OptimSection, ScalingSection
+from raycl.config.sections import PRECISIONS, LoopOptions, MiningSection, OptimSection, ScalingSection
 from raycl.errors import UserError, shown
+from raycl.models.decoding import ENGINES  # mining.engine's values, beside the other decoding options
 
 
 def require(ok: bool, where: str, key: str, expected: str, value: Any) -> None:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_LEN_A, MAX_LEN_B = 0.0, 200  # fairseq's defaults (``--max-len-a 0 --max-len-b 200``)
+# what runs a beam search (``mining.engine``); the rule that picks one: raycl.models.engines.choose_engine
+ENGINES = ("auto", "hf", "ctranslate2")
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from raycl.config import ENGINES
 from raycl.errors import UserError
 from raycl.models.ct2_engine import COMPUTE_TYPES, ct2_missing, ct2_unsupported, cuda_libraries_missing
+from raycl.models.decoding import ENGINES
 
 if TYPE_CHECKING:
     from raycl.models.seq2seq import Seq2SeqScorer
