@@ -146,11 +146,6 @@ class Mutant:
     tests: tuple[str, ...]
 
 
-# sentence pools, not token batches
-OLD_GEC_TOTAL = (
-    "updates_in([math.ceil(math.ceil(len(examples) / w.world_size) / ph.batch_size)] * ph.epochs, "
-    "cfg.optim.update_freq)"
-)
 Q = "tests/test_queues.py::"
 EQ = "tests/test_equivalence.py::"
 MS = "tests/test_mine_sharded.py::"
@@ -287,8 +282,11 @@ MUTANTS = [
     Mutant(
         "gec_schedule_counts_pools_not_token_batches",
         "raycl/recipes/gec/worker.py",
-        replace(
-            "GecTask.build", "updates = self._updates(", "self._updates(model, examples, source, w)", OLD_GEC_TOTAL
+        replace(  # the token budget left out of the count: one update per pool, as if no budget cut it
+            "GecTask._updates",
+            "return plan.updates(",
+            "plan.updates(epochs, uf, sizes=sizes, max_tokens=budget)",
+            "plan.updates(epochs, uf)",
         ),
         ("tests/test_gec_updates.py::test_a_token_budget_schedule_decays_over_the_updates_the_run_makes",),
     ),
@@ -475,6 +473,9 @@ def run_mutant(m: Mutant, tree: Path, *, timeout: float) -> dict[str, object]:
         except subprocess.TimeoutExpired:
             out, code = "", -1
         failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", out, flags=re.M)
+        unknown = re.search(r"NameError: name '(\w+)' is not defined", out)
+        if unknown:  # the planted code names what its module lacks: a test failing on that caught no bug
+            raise LookupError(f"the mutant's code names {unknown[1]!r}, which {m.file} does not define")
         killed = code != 0
         by = failed[0] if failed else ("timeout" if code == -1 else None)
         return {
