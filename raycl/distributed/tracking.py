@@ -214,8 +214,21 @@ class TrialRuns(MLflowLoggerCallback):
 
 def _wandb_callback() -> type:
     """:class:`WandbTrialRuns`, made when W&B is asked for (the wandb package is an optional extra)."""
-    from ray.air.integrations.wandb import WandbLoggerCallback, _QueueItem
+    from ray.air.integrations.wandb import WandbLoggerCallback, _QueueItem, _WandbLoggingActor
     from ray.air.util.node import _force_on_current_node
+
+    class LoggingActor(_WandbLoggingActor):  # type: ignore[misc]
+        """Ray's logging actor, whose ``run`` returns only once W&B's service process has written every record:
+        ``wandb.finish`` can return before the service's writer has flushed the run's last records (the trial's
+        config update, the exit record), and Ray kills the actor, with its service, as soon as ``run`` returns —
+        seen once in CI: the sweep's last trial's file ended before them. ``wandb.teardown`` waits for the
+        service to shut down."""
+
+        def run(self) -> None:
+            try:
+                super().run()
+            finally:
+                self._wandb.teardown()
 
     class WandbTrialRuns(WandbLoggerCallback):  # type: ignore[misc]
         """Ray's W&B callback, one W&B run per trial in the raycl run's group: its config the trial's point at its
@@ -229,6 +242,7 @@ def _wandb_callback() -> type:
             )
             self.run_dir = active.run_dir
             self._last_step: dict[str, int] = {}
+            self._logger_actor_cls = LoggingActor
 
         def setup(self, *args: Any, **kwargs: Any) -> None:
             import ray
