@@ -36,7 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 if TYPE_CHECKING:
     from raycl.data.gec import GecExample
-    from raycl.miners.beam_search import MinedNegatives
+    from raycl.miners.records import MinedNegatives
     from raycl.models.seq2seq import Seq2SeqScorer
 
 SHAPE = dict(vocab_size=1000)  # the smoke preset: d_model 128, 2+2 layers, 4 heads, ffn 256, dropout 0.1

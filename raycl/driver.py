@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from raycl.config import MiningSection, Space, dump_yaml, set_dotted
-from raycl.distributed.messages import StreamItem as StreamItem  # what a phase's miners delivered
 from raycl.distributed.miner_pool import MinerFactory
 from raycl.distributed.mining_service import MiningService, trial_resources
 from raycl.distributed.nbest import SharedNBest, nbest_records, shared_nbest
@@ -32,7 +31,7 @@ from raycl.distributed.sweep import grid, report_again, run_sweep, to_param_spac
 from raycl.distributed.tracking import log_training
 from raycl.distributed.training import fit, has_checkpoint
 from raycl.errors import UserError
-from raycl.miners.beam_search import MinedNegatives
+from raycl.miners.records import MinedNegatives
 from raycl.miners.registry import MinerKind
 from raycl.miners.sources import SourceSpec
 from raycl.progress import follow, say
@@ -80,7 +79,7 @@ class Miners:
     seed: int
     # the job's negatives: ``source(stream=, store=)`` of its own miners, or ``source(nbest=)`` of the run's pool
     source: Callable[..., SourceSpec | None]
-    keep: Callable[[list[StreamItem]], None] | None = None  # given what it trained on (newest per example)
+    keep: Callable[[list[MinedNegatives]], None] | None = None  # given what it trained on (newest per example)
     stats: str = ""  # the training folder's file that gets the stream's counts (none: "")
     shared: Shared | None = None  # the run's pool serves instead where it was mined with these options
     scratch: Path | None = None  # the miners' work folder: their per-version folders (``v*``) go when it ends

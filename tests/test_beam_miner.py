@@ -21,11 +21,11 @@ from raycl.errors import UserError
 from raycl.miners.base_miner import BaseMiner
 from raycl.miners.beam_search import (
     BeamSearchMiner,
-    MinedNegatives,
     read_negatives_parquet,
     select_negatives,
     write_negatives_parquet,
 )
+from raycl.miners.records import MinedNegatives
 from raycl.models.decoding import Decoding
 from raycl.models.presets import build_model
 from raycl.models.seq2seq import Seq2SeqScorer

@@ -23,7 +23,6 @@ from raycl.errors import UserError
 from raycl.miners import parquet_input
 from raycl.miners.beam_search import (
     BeamSearchMiner,
-    MinedNegatives,
     build_beam_miner,
     length_chunks,
     load_beam_weights,
@@ -35,6 +34,7 @@ from raycl.miners.beam_search import (
     write_negatives_parquet,
 )
 from raycl.miners.false_negatives import FalseNegativeCounts
+from raycl.miners.records import MinedNegatives
 from raycl.models.ct2_engine import CT2Seq2Seq
 from raycl.models.engines import _open_ct2, in_precision
 from raycl.models.presets import build_model

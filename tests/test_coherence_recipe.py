@@ -124,9 +124,7 @@ def test_the_pool_ranks_permutations_as_the_in_process_miner(ray_local, tmp_path
         MinerFactory(COHERENCE_RANK, str(model), {"num_rank": 6, "num_negs": 3}), num_miners=2, cpus_per_miner=0.25
     )
     tasks = [MineTask(0, i, 0, tuple(items[i : i + 2])) for i in range(0, len(items), 2)]
-    pooled = {
-        i: r for b in pool.map(tasks) for i, r in zip(b.ids, zip(b.negatives, b.scores, strict=True), strict=True)
-    }
+    pooled = {r.id: (r.negatives, r.scores) for b in pool.map(tasks) for r in b.records}
     pool.shutdown()
     for rec in local:
         negatives, scores = pooled[rec.id]

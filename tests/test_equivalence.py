@@ -37,7 +37,8 @@ from raycl.config import set_dotted
 from raycl.config.tasks import load_space
 from raycl.data.gec import load_examples
 from raycl.distributed.training import fit
-from raycl.miners.beam_search import MinedNegatives, write_negatives_parquet
+from raycl.miners.beam_search import write_negatives_parquet
+from raycl.miners.records import MinedNegatives
 from raycl.recipes import recipe_for
 from raycl.recipes.coherence.recipe import train_items
 from raycl.recipes.coherence.worker import CoherenceTask

@@ -156,7 +156,7 @@ def test_drop_never_selects_a_refuted_negative(
 
 
 def test_parquet_keeps_the_references(examples: list[GecExample], tmp_path: Path) -> None:
-    from raycl.miners.beam_search import MinedNegatives
+    from raycl.miners.records import MinedNegatives
 
     mined = [MinedNegatives(ex.id, (), ()) for ex in examples]
     path = write_negatives_parquet(tmp_path / "n.parquet", examples, mined, model_version=0)
@@ -180,7 +180,7 @@ def test_drop_on_a_file_without_references_is_refused_and_refilters_one_with_the
     examples: list[GecExample], tmp_path: Path
 ) -> None:
     from raycl.errors import UserError
-    from raycl.miners.beam_search import MinedNegatives
+    from raycl.miners.records import MinedNegatives
     from raycl.miners.shards import check_references, read_negatives, without_false_negatives
 
     negs = {
@@ -217,13 +217,14 @@ class _Scorer:
 @pytest.mark.parametrize("mode", ["keep", "drop"])
 def test_a_miner_pools_selections_carry_their_counts_to_the_trials_file(tmp_path: Path, mode: str) -> None:
     """A trial with its own miner pool (online mining): each miner's selection carries its counts before the
-    drop through the stream (MinedBatch → StreamItem), and the trial's false_negatives.json sums them — with
-    ``drop`` too, where the negatives it trained on no longer hold the refuted ones."""
+    drop through the stream (the records themselves, in a MinedBatch), and the trial's false_negatives.json sums
+    them — with ``drop`` too, where the negatives it trained on no longer hold the refuted ones."""
     import json
 
     from raycl.config.tasks import load_space
     from raycl.distributed.messages import MinedBatch, MineTask
-    from raycl.miners.beam_search import BeamSearchMiner, MinedNegatives
+    from raycl.miners.beam_search import BeamSearchMiner
+    from raycl.miners.records import MinedNegatives
     from raycl.recipes.gec.recipe import FN_FILE, _write_negatives
 
     path = tmp_path / "two.m2"
@@ -236,7 +237,7 @@ def test_a_miner_pools_selections_carry_their_counts_to_the_trials_file(tmp_path
     nbests = [MinedNegatives(ex.id, tuple(nb), (0.0,) * len(nb)) for ex, nb in zip(examples, NBEST, strict=True)]
     records = miner.select(nbests, examples)
     batch = MinedBatch.of(MineTask(0, 0, 0, tuple(examples)), records, model_version=1, miner_id=0)
-    _write_negatives(tmp_path, cfg, batch.items())
+    _write_negatives(tmp_path, cfg, list(batch.records))
     written = json.loads((tmp_path / FN_FILE).read_text())
     assert written == {"mode": mode, **_naive(examples, k=2, source_negative=True, refill=False)}
     assert written["source"]["refuted"] == 1 and written["beam"]["refuted"] == 2  # the two cases of the M2

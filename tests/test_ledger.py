@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import pytest
 
 from raycl.distributed.ledger import Ledger
-from raycl.distributed.messages import MinedBatch, MineTask, StreamItem
+from raycl.distributed.messages import MinedBatch, MineTask
+from raycl.miners.records import MinedNegatives
 
 
 @dataclass(frozen=True)
@@ -24,21 +25,16 @@ def items(rank: int, n: int) -> list[Ex]:
 def mined(task: MineTask, miner_id: int, *, version: int = 0, drop: int = 0) -> MinedBatch:
     """A result for ``task``; each negative names the id and the miner, so a delivery can be traced back."""
     ids = task.ids[: len(task.ids) - drop]
-    return MinedBatch(
-        ids,
-        tuple((f"{i}@{miner_id}",) for i in ids),
-        tuple((-1.0,) for _ in ids),
-        version,
-        miner_id,
-        task.epoch,
-        task.task_id,
+    records = tuple(
+        MinedNegatives(i, (f"{i}@{miner_id}",), (-1.0,), model_version=version, miner_id=miner_id) for i in ids
     )
+    return MinedBatch(records, version, miner_id, task.epoch, task.task_id)
 
 
-def drain(led: Ledger, *, capacity: int | None = None) -> list[list[StreamItem]]:
+def drain(led: Ledger, *, capacity: int | None = None) -> list[list[MinedNegatives]]:
     """An honest miner and trainers until every rank is exhausted (tasks other miners hold expire first)."""
     led.expire(float("inf"))
-    got: list[list[StreamItem]] = [[] for _ in range(led.world_size)]
+    got: list[list[MinedNegatives]] = [[] for _ in range(led.world_size)]
     while not all(led.exhausted(r) for r in range(led.world_size)):
         task = led.assign(99, now=0.0, capacity=capacity)
         if task is not None:
@@ -169,7 +165,9 @@ def test_refused_id_task_carries_min_version() -> None:
 
 def test_cached_items_are_ready_without_mining_and_take_no_capacity() -> None:
     led = Ledger(world_size=1, task_size=2)
-    cached = {f"r0:{i}": StreamItem(f"r0:{i}", ("old",), (0.0,), 4, 1) for i in range(3)}
+    cached = {
+        f"r0:{i}": MinedNegatives(f"r0:{i}", ("old",), (0.0,), model_version=4, miner_id=1) for i in range(3)
+    }
     led.start_epoch(0, [items(0, 5)], cached=cached)
     assert led.fill == 0
     got = drain(led, capacity=2)[0]

@@ -166,7 +166,8 @@ def test_mine_refuses_a_shard_directory_others_can_write(
 # ---------------------------------------------------------------------------------------------- 3. temp files
 def _negatives(path: Path) -> None:
     from raycl.data.gec import GecExample
-    from raycl.miners.beam_search import MinedNegatives, write_negatives_parquet
+    from raycl.miners.beam_search import write_negatives_parquet
+    from raycl.miners.records import MinedNegatives
 
     write_negatives_parquet(
         path, [GecExample("a:0", "s", "t")], [MinedNegatives("a:0", ("n",), (-1.0,))], model_version=0

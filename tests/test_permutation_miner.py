@@ -12,12 +12,12 @@ import torch
 from torch import nn
 
 from raycl.miners.permutation import (
-    MinedPermutations,
     PermutationMiner,
     build_permutation_miner,
     decode_doc,
     encode_doc,
 )
+from raycl.miners.records import MinedNegatives
 from raycl.models.coherence import CoherenceScorer
 from raycl.models.coherence_presets import build_coherence_model
 
@@ -86,8 +86,8 @@ def test_top_n_order_ties_and_skips() -> None:
     items = [Item("a", DOC, negs), Item("few", DOC, negs[:2]), Item("b", DOC, negs[2:7])]
     mined = PermutationMiner(scorer, num_rank=7, num_negs=3, batch_size=4).mine(items)
     assert [m.id for m in mined] == ["a", "few", "b"]
-    assert mined[0] == MinedPermutations("a", tuple(encode_doc(negs[j]) for j in (1, 3, 2)), (0.9, 0.9, 0.5))
-    assert mined[1] == MinedPermutations("few", (), ())  # < num_negs candidates: skipped, as the code does
+    assert mined[0] == MinedNegatives("a", tuple(encode_doc(negs[j]) for j in (1, 3, 2)), (0.9, 0.9, 0.5))
+    assert mined[1] == MinedNegatives("few", (), ())  # < num_negs candidates: skipped, as the code does
     assert [decode_doc(n) for n in mined[2].negatives] == [negs[3], negs[2], negs[5]]
     # one scoring call across items, in eval mode without gradients; the skipped item is not scored
     assert scorer.calls == [(7 + 5, False, False)]
@@ -105,14 +105,14 @@ def test_an_item_with_exactly_num_negs_candidates_gets_them_all() -> None:
     # exactly num_negs candidates: all three kept, reordered by score; one fewer: none; more: the first num_rank
     assert [decode_doc(n) for n in mined[0].negatives] == [negs[1], negs[0], negs[2]]
     assert mined[0].scores == (0.7, 0.2, 0.1)
-    assert mined[1] == MinedPermutations("one_short", (), ())
-    assert mined[2] == MinedPermutations("more", mined[0].negatives, mined[0].scores)
+    assert mined[1] == MinedNegatives("one_short", (), ())
+    assert mined[2] == MinedNegatives("more", mined[0].negatives, mined[0].scores)
     assert scorer.calls == [(6, False, False)] and scorer.batch_sizes == [16]  # the miner's default batch size
     # num_rank = num_negs = 1 (the smallest miner) keeps the best candidate of the first one
     assert PermutationMiner(scorer, num_rank=1, num_negs=1).mine([Item("1", DOC, negs)])[0].scores == (0.2,)
     nothing = FixedScorer({})
     assert PermutationMiner(nothing, num_rank=2, num_negs=2).mine([Item("x", DOC, negs[:1])]) == [
-        MinedPermutations("x", (), ())
+        MinedNegatives("x", (), ())
     ]
     assert PermutationMiner(nothing, num_rank=2, num_negs=2).mine([]) == []
     assert nothing.calls == []  # nothing to rank: the scorer is not called

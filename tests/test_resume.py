@@ -22,7 +22,8 @@ from test_equivalence import GEC, TOL, _cfg, _prepare, assert_same_training
 from test_loop import FakeSession
 
 from raycl.data.gec import load_examples
-from raycl.miners.beam_search import MinedNegatives, write_negatives_parquet
+from raycl.miners.beam_search import write_negatives_parquet
+from raycl.miners.records import MinedNegatives
 from raycl.recipes.gec.worker import GecTask
 from raycl.recipes.idiom.worker import IdiomTask
 from raycl.recipes.sts.worker import StsTask

@@ -21,6 +21,7 @@ from raycl.distributed.messages import MinedBatch, MineTask
 from raycl.distributed.miner_pool import MinerFactory
 from raycl.distributed.nbest import nbest_records, shared_nbest, start_nbest_stream
 from raycl.miners.beam_search import GEC_BEAM, build_beam_miner, select_from_nbest
+from raycl.miners.records import MinedNegatives
 from raycl.models.presets import build_model
 from raycl.training.batching import global_batches
 from raycl.training.negatives import NBestNegatives
@@ -148,8 +149,5 @@ def test_feed_trains_on_lists_as_they_are_mined(ray_local, tmp_path: Path) -> No
 def _records(task: MineTask) -> MinedBatch:
     """An n-best record per example: one hypothesis, then the source (last), as ``nbest=True`` miners send."""
 
-    class R:  # noqa: B903
-        def __init__(self, ex: GecExample) -> None:
-            self.id, self.negatives, self.scores = ex.id, (f"{ex.id}~0", ex.source), (-1.0, -2.0)
-
-    return MinedBatch.of(task, [R(ex) for ex in task.items], model_version=0, miner_id=0)
+    records = [MinedNegatives(ex.id, (f"{ex.id}~0", ex.source), (-1.0, -2.0)) for ex in task.items]
+    return MinedBatch.of(task, records, model_version=0, miner_id=0)

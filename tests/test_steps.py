@@ -26,7 +26,8 @@ from test_equivalence import COHERENCE, GEC, _cfg, _prepare
 
 from raycl.collectives import average_gradients
 from raycl.data.gec import load_examples
-from raycl.miners.beam_search import MinedNegatives, write_negatives_parquet
+from raycl.miners.beam_search import write_negatives_parquet
+from raycl.miners.records import MinedNegatives
 from raycl.recipes.coherence.recipe import train_items
 from raycl.recipes.coherence.worker import CoherenceTask
 from raycl.recipes.gec.worker import GecTask

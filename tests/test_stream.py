@@ -15,11 +15,12 @@ from conftest import ending
 
 from raycl.data.gec import GecExample
 from raycl.distributed.ledger import Ledger
-from raycl.distributed.messages import MineTask, StreamItem
+from raycl.distributed.messages import MineTask
 from raycl.distributed.miner_pool import MinerFactory, MinerPool, miner_options
 from raycl.distributed.stream import start_stream
 from raycl.distributed.weights import publish_weights, start_weight_store
 from raycl.miners.beam_search import GEC_BEAM, build_beam_miner
+from raycl.miners.records import MinedNegatives
 from raycl.models.presets import build_model
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.testing.faults import Chaos
@@ -40,9 +41,9 @@ def take_all(
     pause_s: float = 0.0,
     epoch: int | None = None,
     on_batch: Any = None,
-) -> list[StreamItem]:
+) -> list[MinedNegatives]:
     """A trainer: take batches of ``n`` until its epoch is exhausted."""
-    got: list[StreamItem] = []
+    got: list[MinedNegatives] = []
     while batch := ray.get(stream.take.remote(rank, n, timeout=60, epoch=epoch)):
         got += batch
         if on_batch is not None:
@@ -51,7 +52,7 @@ def take_all(
     return got
 
 
-def ids(items: list[StreamItem]) -> list[str]:
+def ids(items: list[MinedNegatives]) -> list[str]:
     return [i.id for i in items]
 
 
@@ -92,9 +93,9 @@ def test_ranks_get_their_own_items_and_later_epochs_reuse_the_cache(ray_local) -
     sizes = (30, 25)
     for epoch, reuse, mined in ((0, None, 55), (1, 0, 55), (2, None, 110), (3, 1, 165)):
         ray.get(stream.start_epoch.remote(epoch, [shard(r, n) for r, n in enumerate(sizes)], reuse_version=reuse))
-        out: dict[int, list[StreamItem]] = {}
+        out: dict[int, list[MinedNegatives]] = {}
 
-        def trainer(rank: int, epoch: int = epoch, out: dict[int, list[StreamItem]] = out) -> None:
+        def trainer(rank: int, epoch: int = epoch, out: dict[int, list[MinedNegatives]] = out) -> None:
             out[rank] = take_all(ray, stream, rank, epoch=epoch)
 
         threads = [threading.Thread(target=trainer, args=(r,)) for r in range(2)]
@@ -168,7 +169,7 @@ def test_crashed_and_killed_miners_restart_and_nothing_is_lost_or_duplicated(ray
     ray.get(stream.start_epoch.remote(0, sched))
     killed = threading.Event()
 
-    def kill_midway(got: list[StreamItem]) -> None:
+    def kill_midway(got: list[MinedNegatives]) -> None:
         if len(got) >= 20 and not killed.is_set():
             killed.set()
             ray.kill(pool.actors()[1], no_restart=False)  # and miner 1 is killed mid-stream
@@ -310,6 +311,7 @@ def _print_rates(ray: Any, pool: MinerPool) -> None:
     start = time.perf_counter()
     both = list(pool.map(tasks))
     t_both = time.perf_counter() - start
-    n = sum(len(negs) for b in one for negs in b.negatives)
-    assert {b.task_id: b.negatives for b in both} == {b.task_id: b.negatives for b in one}
+    n = sum(len(r.negatives) for b in one for r in b.records)
+    negatives = {b.task_id: [r.negatives for r in b.records] for b in one}
+    assert {b.task_id: [r.negatives for r in b.records] for b in both} == negatives
     print(f"\npool negatives/s: 1 miner {n / t_one:.1f}, 2 miners {n / t_both:.1f}")

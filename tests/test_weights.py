@@ -123,17 +123,19 @@ def test_a_miner_only_moves_to_newer_weights(ray_local) -> None:
     assert miner.mine(task).model_version == 0 and miner.version() == 0  # the factory's weights are version 0
     W.publish_weights(store, 2, {"w": torch.tensor([1.0, 2.0])})
     batch = miner.mine(task)
-    assert batch.model_version == 2 and batch.scores == ((3.0,),)  # the echo miner scores with Σw
+    assert batch.model_version == 2 and [r.scores for r in batch.records] == [
+        (3.0,)
+    ]  # the echo miner scores with Σw
     assert not W.publish_weights(store, 1, {"w": torch.tensor([100.0])})
     assert miner.mine(task).model_version == 2
     W.publish_weights(store, 5, {"w": torch.tensor([10.0])})
-    assert miner.mine(MineTask(0, 1, 0, (_Item("b"),), min_version=4)).scores == ((10.0,),)
+    assert miner.mine(MineTask(0, 1, 0, (_Item("b"),), min_version=4)).records[0].scores == (10.0,)
     # a task needing a version not published yet waits for it (the trainer publishes it shortly)
     later = threading.Timer(0.3, lambda: W.publish_weights(store, 7, {"w": torch.tensor([-1.0])}))
     later.start()
     start = time.monotonic()
     batch = miner.mine(MineTask(0, 2, 0, (_Item("c"),), min_version=7))
-    assert batch.model_version == 7 and batch.scores == ((-1.0,),) and time.monotonic() - start >= 0.25
+    assert batch.model_version == 7 and batch.records[0].scores == (-1.0,) and time.monotonic() - start >= 0.25
     later.join()
     ray_local.kill(store)
 

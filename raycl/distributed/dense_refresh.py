@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +33,10 @@ from raycl.distributed.dense import Encoding, QueryMiner
 from raycl.miners.dense import dense_options, keys_of, within_margins
 from raycl.miners.dense_io import CORPUS_COLUMN as CORPUS_COLUMN
 from raycl.miners.dense_io import EMBEDDINGS, corpus_ranges, embedding_table, read_corpus_range, write_embeddings
+from raycl.miners.records import MinedNegatives
 from raycl.miners.registry import register_miner
 from raycl.miners.shards import shard_name
 from raycl.miners.sources import RefreshAnchor as RefreshAnchor
-
-
-@dataclass(frozen=True)
-class RefreshRecord:
-    """An anchor's negatives (hardest first) and their cosines under the miner's weights."""
-
-    id: str
-    negatives: tuple[str, ...]
-    scores: tuple[float, ...]
 
 
 class RefreshMiner:
@@ -90,7 +81,7 @@ class RefreshMiner:
         )
         self.version = version
 
-    def mine(self, items: Sequence[RefreshAnchor]) -> list[RefreshRecord]:
+    def mine(self, items: Sequence[RefreshAnchor]) -> list[MinedNegatives]:
         self.embed()
         block = {
             "queries": [it.query for it in items],
@@ -105,7 +96,7 @@ class RefreshMiner:
                 i for i in within_margins(r.negative_scores, hardest, **self.margins) if r.negatives[i] != it.query
             ][: self.num_negatives]  # never the anchor's own copy
             out.append(
-                RefreshRecord(
+                MinedNegatives(
                     it.id, tuple(r.negatives[i] for i in kept), tuple(r.negative_scores[i] for i in kept)
                 )
             )

@@ -20,7 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from raycl.distributed.messages import MinedBatch, MineTask, StreamItem
+from raycl.distributed.messages import MinedBatch, MineTask
+from raycl.miners.records import MinedNegatives
 
 PENDING, ASSIGNED, READY, CONSUMED = "pending", "assigned", "ready", "consumed"
 
@@ -63,7 +64,7 @@ class Ledger:
         self.task_of: dict[str, int] = {}  # for ASSIGNED ids
         self.leases: dict[int, _Lease] = {}
         self.miner_task: dict[int, int] = {}
-        self.ready: list[dict[str, StreamItem]] = [{} for _ in range(n)]
+        self.ready: list[dict[str, MinedNegatives]] = [{} for _ in range(n)]
         self.fresh: set[str] = set()  # ready ids mined in this epoch (they count against capacity)
         self.consumed: list[dict[str, None]] = [{} for _ in range(n)]  # ordered sets
         self._deliver: list[deque[tuple[int, str]]] = [deque() for _ in range(n)]  # (seq, id), lazily pruned
@@ -79,7 +80,7 @@ class Ledger:
         epoch: int,
         items_per_rank: Sequence[Sequence[Any]],
         *,
-        cached: Mapping[str, StreamItem] | None = None,
+        cached: Mapping[str, MinedNegatives] | None = None,
         shuffle: bool = True,
         min_versions: Mapping[str, int] | None = None,
     ) -> None:
@@ -132,7 +133,7 @@ class Ledger:
             del self.ready[rank][id_]
             self.fresh.discard(id_)
 
-    def _make_ready(self, item: StreamItem, *, fresh: bool) -> None:
+    def _make_ready(self, item: MinedNegatives, *, fresh: bool) -> None:
         self._leave(item.id)
         self.state[item.id] = READY
         self.ready[self.rank_of[item.id]][item.id] = item
@@ -227,7 +228,7 @@ class Ledger:
         if lease is not None and lease.miner_id == batch.miner_id:
             self._end_lease(batch.task_id)
         accepted = []
-        for item in batch.items():
+        for item in batch.records:
             if self.state.get(item.id) in (PENDING, ASSIGNED):
                 self._make_ready(item, fresh=True)
                 accepted.append(item.id)
@@ -264,10 +265,10 @@ class Ledger:
         return sum(self._release(t, self._end_lease(t)) for t in late)
 
     # ------------------------------------------------------------------------------------------ trainers
-    def take(self, rank: int, n: int) -> list[StreamItem]:
+    def take(self, rank: int, n: int) -> list[MinedNegatives]:
         """Up to ``n`` of ``rank``'s items that are ready now, which become consumed: the next ones in delivery
         order (``ordered``), else the ready ones in the order they became ready."""
-        out: list[StreamItem] = []
+        out: list[MinedNegatives] = []
         if self.ordered:
             while len(out) < n and (head := self.head(rank)) is not None and self.state[head] == READY:
                 out.append(self._deliver_one(head))
@@ -276,7 +277,7 @@ class Ledger:
         self.counters["consumed"] += len(out)
         return out
 
-    def _deliver_one(self, id_: str) -> StreamItem:
+    def _deliver_one(self, id_: str) -> MinedNegatives:
         rank = self.rank_of[id_]
         item = self.ready[rank][id_]
         self._leave(id_)

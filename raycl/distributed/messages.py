@@ -1,25 +1,17 @@
 """The records that cross process boundaries between trainers, the negative stream, miners and the weight store.
 
 Each is a frozen dataclass that carries the model version that made it (RLlib's
-``WEIGHTS_SEQ_NO``, veRL's per-sample ``param_version``), so a trainer can bound staleness per item.
+``WEIGHTS_SEQ_NO``, veRL's per-sample ``param_version``), so a trainer can bound staleness per item. A mined
+negative itself travels as :class:`raycl.miners.records.MinedNegatives`, from the miner to the trainer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-
-class MinedRecord(Protocol):
-    """What a plain miner returns per example (``raycl.miners.beam_search.MinedNegatives`` is one)."""
-
-    @property
-    def id(self) -> str: ...
-    @property
-    def negatives(self) -> tuple[str, ...]: ...
-    @property
-    def scores(self) -> tuple[float, ...]: ...
+from raycl.miners.records import MinedNegatives
 
 
 @dataclass(frozen=True)
@@ -39,23 +31,25 @@ class MineTask:
 
 @dataclass(frozen=True)
 class MinedBatch:
-    """The negatives of one task, mined by ``miner_id`` with weights of ``model_version``."""
+    """The records of one task, mined by ``miner_id`` with weights of ``model_version`` (each record stamped with
+    both: the trainer receives the records themselves)."""
 
-    ids: tuple[str, ...]  # (n,)
-    negatives: tuple[tuple[str, ...], ...]  # (n, ≤ k+1) best first
-    scores: tuple[tuple[float, ...], ...]  # (n, ≤ k+1) the mining model's score of each negative
+    records: tuple[MinedNegatives, ...]  # (n,) one per task item, in order
     model_version: int
     miner_id: int
     epoch: int
     task_id: int
     seconds: float = 0.0  # the miner's time on this task
-    false_negatives: tuple[tuple[int, ...], ...] = ()  # (n,) each selection's counts before a drop, if counted
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(r.id for r in self.records)
 
     @classmethod
     def of(
         cls,
         task: MineTask,
-        records: Sequence[MinedRecord],
+        records: Sequence[MinedNegatives],
         *,
         model_version: int,
         miner_id: int,
@@ -63,35 +57,13 @@ class MinedBatch:
     ) -> MinedBatch:
         assert [r.id for r in records] == list(task.ids), "a miner must return one record per item, in order"
         return cls(
-            ids=task.ids,
-            negatives=tuple(tuple(r.negatives) for r in records),
-            scores=tuple(tuple(float(s) for s in r.scores) for r in records),
+            records=tuple(r.stamped(model_version=model_version, miner_id=miner_id) for r in records),
             model_version=model_version,
             miner_id=miner_id,
             epoch=task.epoch,
             task_id=task.task_id,
             seconds=seconds,
-            false_negatives=tuple(tuple(getattr(r, "false_negatives", ())) for r in records),
         )
-
-    def items(self) -> list[StreamItem]:
-        counts = self.false_negatives or ((),) * len(self.ids)
-        return [
-            StreamItem(i, n, s, self.model_version, self.miner_id, c)
-            for i, n, s, c in zip(self.ids, self.negatives, self.scores, counts, strict=True)
-        ]
-
-
-@dataclass(frozen=True)
-class StreamItem:
-    """One example's negatives as a trainer receives them."""
-
-    id: str
-    negatives: tuple[str, ...]  # (≤ k+1,)
-    scores: tuple[float, ...]  # (≤ k+1,)
-    model_version: int  # staleness = trainer version − model_version
-    miner_id: int
-    false_negatives: tuple[int, ...] = ()  # the selection's false-negative counts before a drop (GEC), if counted
 
 
 @dataclass(frozen=True)

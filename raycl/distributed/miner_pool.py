@@ -140,7 +140,7 @@ class MinerActor:
             task, records, model_version=self._version, miner_id=self.miner_id, seconds=time.perf_counter() - t0
         )
         self._done += 1
-        metrics.mined(self.miner_id, negatives=sum(map(len, batch.negatives)), seconds=batch.seconds)
+        metrics.mined(self.miner_id, negatives=sum(len(r.negatives) for r in batch.records), seconds=batch.seconds)
         if self.faults is not None:
             self.faults.after_task(self._done, self.site)
         return batch

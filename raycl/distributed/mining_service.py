@@ -20,8 +20,9 @@ from raycl.config import MiningSection
 from raycl.distributed import dense_refresh as _dense_refresh  # noqa: F401  registers the dense_refresh kind
 from raycl.distributed.miner_pool import MinerFactory, MinerPool
 from raycl.distributed.resources import driver_bundle, on_head
-from raycl.distributed.stream import StreamItem, start_stream
+from raycl.distributed.stream import start_stream
 from raycl.distributed.weights import start_weight_store
+from raycl.miners.records import MinedNegatives
 
 
 def trial_resources(driver_cpus: float, mining: MiningSection | None) -> PlacementGroupFactory:
@@ -73,7 +74,7 @@ class MiningService:
         pool.start(stream)
         return cls(store, stream, pool)
 
-    def negatives(self) -> list[StreamItem]:
+    def negatives(self) -> list[MinedNegatives]:
         """The newest mined item of every example (what the trainers were given)."""
         return list(ray.get(self.stream.cached.remote()))
 

@@ -35,12 +35,13 @@ from typing import Any
 import ray
 
 from raycl import storage
-from raycl.distributed.messages import MinedBatch, StreamItem
+from raycl.distributed.messages import MinedBatch
 from raycl.distributed.miner_pool import MinerFactory, MinerPool
 from raycl.distributed.stream import NegativeStream
 from raycl.errors import UserError, at
-from raycl.miners.beam_search import MinedNegatives, split_nbest
+from raycl.miners.beam_search import split_nbest
 from raycl.miners.parquet_input import batches
+from raycl.miners.records import MinedNegatives
 from raycl.miners.shards import next_shard_index, prepare_out_dir, shard_files, write_shard
 from raycl.records import atomic_write, hash_folder
 
@@ -56,13 +57,13 @@ def content_key(model_dir: str | Path, examples: Sequence[Any], options: dict[st
     return h.hexdigest()
 
 
-def read_nbest_shards(out_dir: str | Path) -> dict[str, StreamItem]:
+def read_nbest_shards(out_dir: str | Path) -> dict[str, MinedNegatives]:
     """The records of the complete shards of ``out_dir`` (temp files of an interrupted write are not shards). A
     staged run's folder, or its URI (a reader on another node), first gets the shards the store holds that this
     node lacks (:func:`raycl.storage.refresh`), which stay here as the node's cache. Each shard is read in small
     batches, bounded before it decodes (:mod:`raycl.miners.parquet_input`): a shard planted in a run's ``nbest/``
     cannot make this process decode gigabytes."""
-    out: dict[str, StreamItem] = {}
+    out: dict[str, MinedNegatives] = {}
     for path in shard_files(storage.refresh(storage.on_node(out_dir))):
         for batch in batches(path, NBEST_COLUMNS):
             for id_, negs, scores, version in zip(
@@ -73,7 +74,7 @@ def read_nbest_shards(out_dir: str | Path) -> dict[str, StreamItem]:
                         f"{at(path)}: a row with a null id, negatives, scores or model_version, "
                         "expected an n-best shard written by raycl"
                     )
-                out[id_] = StreamItem(id_, tuple(negs), tuple(scores), int(version), -1)
+                out[id_] = MinedNegatives(id_, tuple(negs), tuple(scores), model_version=int(version))
     return out
 
 
@@ -97,7 +98,7 @@ class NBestStream(NegativeStream):
         self.next_index = next_shard_index(self.out_dir)
         self.ledger.start_epoch(0, [list(examples)], cached=dict(self.cache), shuffle=False)  # file order
         self.error: str | None = None
-        self._rows: list[StreamItem] = []
+        self._rows: list[MinedNegatives] = []
 
     async def put(self, batch: MinedBatch) -> int:
         accepted = self._accept(batch)
@@ -133,7 +134,7 @@ class NBestStream(NegativeStream):
         self.next_index += 1
         self._rows = []
 
-    async def wait_ready(self, ids: list[str], timeout: float) -> list[StreamItem]:
+    async def wait_ready(self, ids: list[str], timeout: float) -> list[MinedNegatives]:
         """The records of those of ``ids`` mined so far; waits up to ``timeout`` s while none is."""
         deadline = time.monotonic() + timeout
         while True:
@@ -297,11 +298,11 @@ def _stop_pool(stream: Any, pool: MinerPool) -> None:
 def nbest_records(stream: Any) -> dict[str, tuple[MinedNegatives, float]]:
     """Every record mined so far by id: (the n-best, S(s|s))."""
     items = ray.get(stream.cached.remote())
-    return {it.id: split_nbest(MinedNegatives(it.id, tuple(it.negatives), tuple(it.scores))) for it in items}
+    return {it.id: split_nbest(it) for it in items}
 
 
 def wait_nbest(stream: Any, ids: list[str], timeout: float) -> dict[str, tuple[MinedNegatives, float]]:
     """The n-best lists of those of ``ids`` mined so far, by id: (the n-best, S(s|s)); waits up to ``timeout`` s
     while none is (a trainer reading the run's n-best as it is mined)."""
     items = ray.get(stream.wait_ready.remote(ids, timeout)) if ids else []
-    return {it.id: split_nbest(MinedNegatives(it.id, tuple(it.negatives), tuple(it.scores))) for it in items}
+    return {it.id: split_nbest(it) for it in items}

@@ -20,9 +20,10 @@ import ray
 
 from raycl.distributed import metrics
 from raycl.distributed.ledger import Ledger
-from raycl.distributed.messages import MinedBatch, MineTask, StreamItem
+from raycl.distributed.messages import MinedBatch, MineTask
+from raycl.miners.records import MinedNegatives
 
-__all__ = ["NegativeStream", "StreamItem", "start_stream"]
+__all__ = ["MinedNegatives", "NegativeStream", "start_stream"]
 
 
 class NegativeStream:
@@ -54,7 +55,7 @@ class NegativeStream:
             world_size=world_size, task_size=task_size, lease_s=lease_s, seed=seed, ordered=ordered
         )
         self.capacity = capacity
-        self.cache: dict[str, StreamItem] = {}
+        self.cache: dict[str, MinedNegatives] = {}
         self._tick = min(1.0, lease_s / 4)  # how often blocked callers re-check leases
         self._changed: asyncio.Condition | None = None
         self._closed = False
@@ -143,24 +144,24 @@ class NegativeStream:
         await self._notify()
         return len(accepted)
 
-    def _accept(self, batch: MinedBatch) -> list[StreamItem]:
+    def _accept(self, batch: MinedBatch) -> list[MinedNegatives]:
         """The ledger's verdict on a mined task: its accepted items, now cached; the miners' counters."""
         accepted = set(self.ledger.complete(batch))
         self.searched += len(batch.ids)
         self.mine_s += batch.seconds
-        items = [item for item in batch.items() if item.id in accepted]
+        items = [item for item in batch.records if item.id in accepted]
         self.cache.update((item.id, item) for item in items)
         return items
 
     # ------------------------------------------------------------------------------------------ trainers
     async def take(
         self, rank: int, n: int, timeout: float | None = None, *, epoch: int | None = None
-    ) -> list[StreamItem]:
+    ) -> list[MinedNegatives]:
         """Up to ``n`` of ``rank``'s items in delivery order: waits until ``n`` are ready, the rank's epoch is
         exhausted, the stream closes or ``timeout`` s pass. With ``epoch``, first waits for that epoch to start
         (and returns [] if the stream is already past it)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        got: list[StreamItem] = []
+        got: list[MinedNegatives] = []
         while True:
             at = self.ledger.epoch
             if epoch is None or at == epoch:
@@ -190,7 +191,7 @@ class NegativeStream:
         self.ledger.load_state_dict(state)
         await self._notify()
 
-    async def cached(self) -> list[StreamItem]:
+    async def cached(self) -> list[MinedNegatives]:
         """The newest accepted item of every example mined so far (e.g. to write the negatives out)."""
         return list(self.cache.values())
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +25,7 @@ from raycl.errors import UserError, at
 from raycl.files import atomic_file
 from raycl.miners.base_miner import BaseMiner, inference
 from raycl.miners.false_negatives import MODES, FalseNegativeCounts, normalize, refuted_set
+from raycl.miners.records import MinedNegatives
 from raycl.miners.registry import load_module, register_miner
 from raycl.models.decoding import MAX_LEN_A, MAX_LEN_B
 
@@ -35,17 +35,6 @@ if TYPE_CHECKING:
 
 COLUMNS = ("id", "source", "target", "negatives", "scores", "model_version", "references")
 RANK_BY = ("beam", "sum_logprob")  # the n-best's order: the beam's length-normalised score (the paper), or S(t~|s)
-
-
-@dataclass(frozen=True)
-class MinedNegatives:
-    """The negatives of one example, best first (beam part score-descending, then the source if any)."""
-
-    id: str
-    negatives: tuple[str, ...]  # (n,) n ≤ k (+1 with the source); a raw n-best: (≤ beam,)
-    scores: tuple[float, ...]  # (n,) S(t~|s), summed log-probs under the mining model
-    # this selection's false-negative counts before any drop (FalseNegativeCounts.flat); () where not selected
-    false_negatives: tuple[int, ...] = ()
 
 
 def select_negatives(

@@ -14,10 +14,10 @@ References: Jwalapuram, Joty & Lin (ACL 2022) §3.4 and Algorithm 1 (hard negati
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from raycl.miners.base_miner import BaseMiner
+from raycl.miners.records import MinedNegatives
 from raycl.miners.registry import load_module, register_miner
 
 if TYPE_CHECKING:
@@ -36,15 +36,6 @@ class CoherenceItemLike(Protocol):
     def negs(self) -> Sequence[Sequence[str]]: ...
 
 
-@dataclass(frozen=True)
-class MinedPermutations:
-    """The hardest negatives of one item, hardest first (empty when the item had < num_negs candidates)."""
-
-    id: str
-    negatives: tuple[str, ...]  # (n,) n ∈ {0, num_negs}; each an encoded document (sentences joined by "\n")
-    scores: tuple[float, ...]  # (n,) f(x⁻) under the mining model, descending
-
-
 def encode_doc(sentences: Sequence[str]) -> str:
     """One string for a document: its sentences joined with "\\n" (no sentence may contain one)."""
     if any(SENTENCE_SEP in s for s in sentences):
@@ -57,7 +48,7 @@ def decode_doc(text: str) -> tuple[str, ...]:
     return tuple(text.split(SENTENCE_SEP))
 
 
-class PermutationMiner(BaseMiner[CoherenceItemLike, MinedPermutations]):
+class PermutationMiner(BaseMiner[CoherenceItemLike, MinedNegatives]):
     """Keeps the ``num_negs`` highest-scoring of each item's first ``num_rank`` candidate negatives.
 
     Args:
@@ -66,7 +57,7 @@ class PermutationMiner(BaseMiner[CoherenceItemLike, MinedPermutations]):
         num_negs: negatives kept per item (paper: 5).
         batch_size: documents per scoring batch (across items).
 
-    Returns (``mine``): one ``MinedPermutations`` per item, in order.
+    Returns (``mine``): one ``MinedNegatives`` per item, in order.
     Degenerate case: num_rank = num_negs keeps every ranked candidate, only reordered by score.
     """
 
@@ -85,7 +76,7 @@ class PermutationMiner(BaseMiner[CoherenceItemLike, MinedPermutations]):
         self.scorer = scorer
         self.num_rank, self.num_negs, self.batch_size = num_rank, num_negs, batch_size
 
-    def _mine(self, examples: Sequence[CoherenceItemLike]) -> list[MinedPermutations]:
+    def _mine(self, examples: Sequence[CoherenceItemLike]) -> list[MinedNegatives]:
         pools = [list(item.negs[: self.num_rank]) if len(item.negs) >= self.num_negs else [] for item in examples]
         flat = [doc for pool in pools for doc in pool]
         scores = self.scorer.score_documents(flat, batch_size=self.batch_size).tolist() if flat else []  # (Σ n_i,)
@@ -96,7 +87,7 @@ class PermutationMiner(BaseMiner[CoherenceItemLike, MinedPermutations]):
             # sorted() is stable: tied candidates keep their order in the item
             order = sorted(range(len(pool)), key=lambda j: -item_scores[j])[: self.num_negs]
             results.append(
-                MinedPermutations(
+                MinedNegatives(
                     id=item.id,
                     negatives=tuple(encode_doc(pool[j]) for j in order),
                     scores=tuple(float(item_scores[j]) for j in order),

@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING
 
 from raycl.errors import UserError, at
 from raycl.files import atomic_file
-from raycl.miners.beam_search import MinedNegatives, negatives_schema, read_negatives_parquet
+from raycl.miners.beam_search import negatives_schema, read_negatives_parquet
 from raycl.miners.false_negatives import FalseNegativeCounts, normalize, refuted_set
 from raycl.miners.parquet_input import batches, column_names, footer_metadata
+from raycl.miners.records import MinedNegatives
 from raycl.storage import LOCK, mirror
 
 if TYPE_CHECKING:

@@ -6,20 +6,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from raycl.miners.beam_search import BeamSearchMiner
+from raycl.miners.records import MinedNegatives
 from raycl.miners.registry import register_miner
-
-
-@dataclass(frozen=True)
-class EchoRecord:
-    id: str
-    negatives: tuple[str, ...]
-    scores: tuple[float, ...]
 
 
 class EchoMiner:
@@ -29,10 +22,10 @@ class EchoMiner:
     def __init__(self, *, k: int = 2, delay_s: float = 0.0) -> None:
         self.k, self.delay_s, self.weight_sum = k, delay_s, 0.0
 
-    def mine(self, items: Sequence[Any]) -> list[EchoRecord]:
+    def mine(self, items: Sequence[Any]) -> list[MinedNegatives]:
         time.sleep(self.delay_s * len(items))
         return [
-            EchoRecord(
+            MinedNegatives(
                 x.id,
                 tuple(f"{x.id}~{i}" for i in range(self.k)),
                 tuple(self.weight_sum - i for i in range(self.k)),

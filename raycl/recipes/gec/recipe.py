@@ -16,10 +16,11 @@ from raycl import storage
 from raycl.config import Space
 from raycl.config.tasks.gec import DECODING, SELECTION, GecConfig
 from raycl.data.gec import load_examples
-from raycl.driver import Miners, MiningPlan, NBestRecords, Phase, RecipeBase, Run, RunPool, Shared, StreamItem
+from raycl.driver import Miners, MiningPlan, NBestRecords, Phase, RecipeBase, Run, RunPool, Shared
 from raycl.errors import UserError
 from raycl.miners.beam_search import GEC_BEAM, select_from_nbest, write_negatives_parquet
 from raycl.miners.false_negatives import FalseNegativeCounts
+from raycl.miners.records import MinedNegatives
 from raycl.models.engines import choose_engine
 from raycl.models.presets import build_model
 from raycl.progress import say
@@ -133,11 +134,11 @@ def _write_selected(out_dir: Path, cfg: GecConfig, records: NBestRecords) -> Non
     for ex in load_examples(cfg.data.finetune, annotator=cfg.data.annotator):
         if ex.id in records:
             chosen = select_from_nbest(*records[ex.id], ex, **rule, counts=(counts := FalseNegativeCounts()))
-            items.append(StreamItem(ex.id, chosen.negatives, chosen.scores, 0, 0, tuple(counts.flat())))
+            items.append(MinedNegatives(ex.id, chosen.negatives, chosen.scores, tuple(counts.flat()), miner_id=0))
     _write_negatives(out_dir, cfg, items)
 
 
-def _write_negatives(out_dir: Path, cfg: GecConfig, items: list[StreamItem]) -> None:
+def _write_negatives(out_dir: Path, cfg: GecConfig, items: list[MinedNegatives]) -> None:
     """The negatives a run trained on (the newest mined for each example), as ``raycl.mine`` writes them, and
     their selections' false-negative counts before any drop (the report's rates; a beam miner's selection
     carries its own, other miners count none)."""

@@ -10,7 +10,7 @@ from typing import Any, Generic
 from torch import nn
 
 from raycl.distributed.consumer import StreamConsumer
-from raycl.distributed.messages import StreamItem
+from raycl.miners.records import MinedNegatives
 from raycl.training.negatives.base import E
 from raycl.training.prefetch import Call
 
@@ -20,13 +20,13 @@ class LiveEnd:
 
     def __init__(self, consumer: StreamConsumer) -> None:
         self.consumer = consumer
-        self.taken: dict[str, StreamItem] = {}  # the pool just taken, by id
+        self.taken: dict[str, MinedNegatives] = {}  # the pool just taken, by id
 
     @property
     def version(self) -> int:
         return self.consumer.version
 
-    def take(self, n: int, epoch: int) -> list[StreamItem]:
+    def take(self, n: int, epoch: int) -> list[MinedNegatives]:
         items = self.consumer.take(n, epoch=epoch)  # refuses (re-mines) what is too stale
         self.taken = {it.id: it for it in items}
         return items

@@ -10,7 +10,8 @@ from torch import nn
 
 from raycl.data.gec import GecExample
 from raycl.distributed.nbest import wait_nbest
-from raycl.miners.beam_search import MinedNegatives, select_from_nbest
+from raycl.miners.beam_search import select_from_nbest
+from raycl.miners.records import MinedNegatives
 from raycl.training.negatives.base import Plan, base_id
 from raycl.training.prefetch import Call
 
