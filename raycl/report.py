@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from types import EllipsisType
 from typing import Any
 
 from raycl.progress import say  # noqa: F401  (what a recipe's driver says)
@@ -68,6 +69,20 @@ def best_value(trial: TrialOutcome, metric: str, mode: str = "max") -> float | N
 def best_trial(trials: list[TrialOutcome], *, metric: str, mode: str = "max") -> TrialOutcome | None:
     """The trial whose best report (:func:`best_row`) has the best ``metric``."""
     return pick(trials, lambda t: best_value(t, metric, mode), mode)
+
+
+def ladder(
+    extra: Sequence[TrialOutcome], best: TrialOutcome | None, order: Sequence[str | None | EllipsisType]
+) -> list[TrialOutcome]:
+    """A table's trials in the paper's order: each baseline ``order`` names that ran, the sweep's ``best`` where
+    it says None, the baselines it does not name (as they ran) where it says ``...``."""
+    named, out = {n for n in order if isinstance(n, str)}, []
+    for n in order:
+        if n is ...:
+            out += [t for t in extra if t.params.get("baseline") not in named]
+        else:
+            out += [t for t in extra if t.params.get("baseline") == n] if n else [best] if best else []
+    return out
 
 
 def failed(trials: list[TrialOutcome]) -> list[str]:

@@ -19,7 +19,7 @@ LABELS = {
     "contrastive_hn": "Contrastive + hard negatives",
     "full_no_hn": "Full model − hard negatives",
 }
-TABLE_1 = ("pairwise", "contrastive", None)  # None: the sweep's best point, the full model
+TABLE_1 = ("pairwise", "contrastive", None, ...)  # None: the sweep's best point, the full model
 SYMBOLS = {
     "loss.margin": "τ",
     "mining.num_rank": "P (ranked)",
@@ -38,10 +38,7 @@ class CoherenceReport(rp.RecipeReport):
 
     def table(self, s: rp.Sweep) -> list[dict[str, Any]]:
         """Table 1's rows (pairwise, contrastive, full model), then the other baselines (Fig. 2a's runs)."""
-        by_name = {str(t.params.get("baseline")): t for t in s.extra}
-        order = [by_name.get(n) if n else s.best.get(None) for n in TABLE_1]
-        order += [t for n, t in by_name.items() if n not in TABLE_1]
-        return [self.row(s, t) for t in order if t is not None]
+        return [self.row(s, t) for t in rp.ladder(s.extra, s.best.get(None), TABLE_1)]
 
     def render(self, s: rp.Sweep, summary: dict[str, Any], plots: list[Path]) -> str:
         run = s.run
@@ -73,7 +70,24 @@ class CoherenceReport(rp.RecipeReport):
         return f"{self.label(t)} {rp.point(t.params, SYMBOLS, empty='')}".strip()
 
     def plots(self, s: rp.Sweep, run_dir: Path) -> list[Path]:
-        return _plots(run_dir, s.trials, s.extra, s.best.get(None), s.metric)
+        """Fig. 2a: dev accuracy over steps of the contrastive baselines and the full model; Fig. 2b–d."""
+        out: list[Path] = []
+        curves = [t for t in s.extra if t.params.get("baseline") in ("contrastive", "contrastive_hn")]
+        if curves := curves + ([s.best[None]] if None in s.best else []):
+            rp.curves_png(
+                run_dir / "dev_curves.png",
+                out,
+                [(self.label(t), rp.curve(t, s.metric, skip_final=False)) for t in curves],
+                xlabel="training steps (items)",
+                ylabel="dev accuracy (%)",
+                title="Fig. 2a: dev accuracy",
+                legend={},
+            )
+        if swept := [k for k in SWEPT if len({str(t.params.get(k)) for t in s.trials}) > 1]:
+            with rp.figure(run_dir / "sweep.png", out, ncols=len(swept), size=(4.5, 3.6)) as axes:
+                for ax, key in zip(axes if len(swept) > 1 else [axes], swept, strict=True):
+                    _sweep_panel(ax, s.trials, key, s.metric)
+        return out
 
 
 REPORT = CoherenceReport()
@@ -99,30 +113,6 @@ def _sweep_lines(trials: list[TrialOutcome], tests: list[str]) -> list[str]:
         for t, r in best
     ]
     return ["## Sweep (full model)", "", *rp.md_table(head, rows), ""]
-
-
-def _plots(
-    run_dir: Path, trials: list[TrialOutcome], extra: list[TrialOutcome], best: TrialOutcome | None, metric: str
-) -> list[Path]:
-    out: list[Path] = []
-    curves = [t for t in extra if t.params.get("baseline") in ("contrastive", "contrastive_hn")]
-    curves += [best] if best is not None else []
-    if curves:
-        rp.curves_png(
-            run_dir / "dev_curves.png",
-            out,
-            [(REPORT.label(t), rp.curve(t, metric, skip_final=False)) for t in curves],
-            xlabel="training steps (items)",
-            ylabel="dev accuracy (%)",
-            title="Fig. 2a: dev accuracy",
-            legend={},
-        )
-    swept = [k for k in SWEPT if len({str(t.params.get(k)) for t in trials}) > 1]
-    if swept:
-        with rp.figure(run_dir / "sweep.png", out, ncols=len(swept), size=(4.5, 3.6)) as axes:
-            for ax, key in zip(axes if len(swept) > 1 else [axes], swept, strict=True):
-                _sweep_panel(ax, trials, key, metric)
-    return out
 
 
 def _sweep_panel(ax: Any, trials: list[TrialOutcome], key: str, metric: str) -> None:

@@ -22,8 +22,8 @@ PARAM_NAMES = {"loss.margin": "γ", "mining.k": "k", "loss.trade_off": "λ", "mi
 FN_FILE = "false_negatives.json"  # a contrastive training's false-negative counts (raycl.miners.false_negatives)
 FN_DROPPED = "CL (false negatives dropped)"
 _LABELS = {"di": "DI", "nll": "NLL", "cl_minus": "CL⁻", "cl_fn_drop": FN_DROPPED}
-_AFTER_CL = (FN_DROPPED,)  # ladder rows listed after CL, the row they are compared with
-_ORDER = {"DI": 0, "NLL": 1, "CL⁻": 2, "CL": 4, **dict.fromkeys(_AFTER_CL, 5)}  # other baselines: 3
+_AFTER_CL = ("cl_fn_drop",)  # ladder rows listed after CL, the row they are compared with
+_ORDER = ("di", "nll", "cl_minus", ..., None, *_AFTER_CL)  # Table 2's rows (None: CL, the sweep's best)
 _params_text = partial(rp.point, symbols=PARAM_NAMES)
 _DEV_AXES = {"xlabel": "epoch", "ylabel": "dev F0.5 (%)", "title": "Dev F0.5 during fine-tuning"}
 _FN_HEAD = (
@@ -48,12 +48,12 @@ class GecReport(rp.RecipeReport):
     def table(self, s: rp.Sweep) -> list[dict[str, Any]]:
         """Table 2's rows in the paper's order: DI, NLL, CL⁻, then other baselines, CL (the best CL trial by dev),
         then the rows compared with CL."""
-        rows = [{"method": self.label(t), **(best_row(t, s.metric, s.mode) or {})} for t in s.extra]
-        if best := s.best.get(None):
-            rows.append(
-                {"method": "CL", "params": _params_text(best.params), **(best_row(best, s.metric, s.mode) or {})}
-            )
-        return sorted(rows, key=lambda r: _ORDER.get(r["method"], 3))
+        best = s.best.get(None)
+        return [
+            {"method": self.label(t), **({"params": _params_text(t.params)} if t is best else {})}
+            | (best_row(t, s.metric, s.mode) or {})
+            for t in rp.ladder(s.extra, best, _ORDER)
+        ]
 
     def render(self, s: rp.Sweep, summary: dict[str, Any], plots: list[Path]) -> str:
         run, trials = s.run, s.trials
@@ -102,7 +102,16 @@ class GecReport(rp.RecipeReport):
         return "\n".join(lines)
 
     def plots(self, s: rp.Sweep, run_dir: Path) -> list[Path]:
-        return _plots(run_dir, s.trials + s.extra, s.metric)
+        out: list[Path] = []
+        trials, metric = s.trials + s.extra, s.metric
+        curves = [
+            (f"{self.label(t)} {_params_text(t.params)}", rp.curve(t, metric, "epoch", False)) for t in trials
+        ]
+        rp.curves_png(run_dir / "dev_curves.png", out, curves, legend={"fontsize": 6, "loc": "best"}, **_DEV_AXES)
+        if cl := [t for t in trials if "loss.margin" in t.params and "baseline" not in t.params]:
+            with rp.figure(run_dir / "sweep.png", out) as ax:
+                _sweep_plot(ax, cl, metric)
+        return out
 
 
 REPORT = GecReport()
@@ -175,7 +184,7 @@ def _sign_tests(run: Run, best: TrialOutcome | None, extra: list[TrialOutcome]) 
             "tests": sign_tests(trials / t.trial_id, trials / best.trial_id, run.cfg.data.test),
         }
         for t in extra
-        if _label(t) in _AFTER_CL
+        if t.params.get("baseline") in _AFTER_CL
     ]
 
 
@@ -199,19 +208,13 @@ def _sign_lines(signs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-# ---------------------------------------------------------------------------------------------- plots
-def _plots(run_dir: Path, trials: list[TrialOutcome], metric: str) -> list[Path]:
-    out: list[Path] = []
-    curves = [(f"{_label(t)} {_params_text(t.params)}", rp.curve(t, metric, "epoch", False)) for t in trials]
-    rp.curves_png(run_dir / "dev_curves.png", out, curves, legend={"fontsize": 6, "loc": "best"}, **_DEV_AXES)
-    cl = [t for t in trials if "loss.margin" in t.params and "baseline" not in t.params]
-    if cl:
-        with rp.figure(run_dir / "sweep.png", out) as ax:
-            for k in sorted({t.params.get("mining.k") for t in cl}, key=str):
-                ts = [t for t in cl if t.params.get("mining.k") == k]
-                got = [(float(t.params["loss.margin"]), rp.best_value(t, metric)) for t in ts]
-                pts = sorted((g, 100 * v) for g, v in got if v is not None)
-                ax.plot([g for g, _ in pts], [v for _, v in pts], marker="o", label=f"k={k}")
-            ax.set(xlabel="margin γ", ylabel="best dev F0.5 (%)", title="Sweep: dev F0.5 against γ and k")
-            ax.legend()
-    return out
+def _sweep_plot(ax: Any, cl: list[TrialOutcome], metric: str) -> None:
+    """The sweep's best dev F0.5 against γ, one line per k."""
+    for k in sorted({t.params.get("mining.k") for t in cl}, key=str):
+        got = [
+            (float(t.params["loss.margin"]), rp.best_value(t, metric)) for t in cl if t.params.get("mining.k") == k
+        ]
+        pts = sorted((g, 100 * v) for g, v in got if v is not None)
+        ax.plot([g for g, _ in pts], [v for _, v in pts], marker="o", label=f"k={k}")
+    ax.set(xlabel="margin γ", ylabel="best dev F0.5 (%)", title="Sweep: dev F0.5 against γ and k")
+    ax.legend()

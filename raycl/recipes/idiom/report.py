@@ -16,7 +16,6 @@ from raycl.report import final_row, num, pct
 from raycl.scoring.semeval_metrics import evaluate_idiom
 
 if TYPE_CHECKING:
-    from raycl.config import Space
     from raycl.config.tasks.idiom import IdiomConfig
     from raycl.driver import Run
     from raycl.records import TrialOutcome
@@ -69,32 +68,6 @@ def export_submissions(run: Run, chosen: dict[str, TrialOutcome]) -> dict[str, A
     return scores
 
 
-def _ladder(
-    run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome], best: dict[str, TrialOutcome]
-) -> list[dict[str, Any]]:
-    """Table rows: the baselines in the space's order at each setting's best point, then the sweep's best; or,
-    without baselines, one row per strategy trained."""
-    groups: dict[str, dict[str, TrialOutcome]] = {}
-    if extra:
-        for name in (n for n in space.baselines if any(t.params.get("baseline") == n for t in extra)):
-            groups[name] = {s: t for t in extra if t.params.get("baseline") == name and (s := setting_of(t))}
-        groups["sweep best"] = best
-    else:
-        for t in trials:
-            if (s := setting_of(t)) is not None:
-                groups.setdefault(strategy(run.cfg, t.params), {})[s] = t
-    rows = []
-    for key, by_setting in groups.items():
-        first = next(iter(by_setting.values()), None)
-        label = strategy(run.cfg, _overrides(first, space.baselines)) if first and key != "sweep best" else key
-        row: dict[str, Any] = {"method": label, **({"baseline": key} if extra and key in space.baselines else {})}
-        for s, t in by_setting.items():
-            row.update({f"{s}/{k}": v for k, v in _scores(final_row(t) or {}).items()})
-            row[f"{s}/trial_id"] = t.trial_id
-        rows.append(row)
-    return rows
-
-
 class IdiomReport(rp.RecipeReport):
     """Each setting compared apart: a trial is scored by its closing report (dev F1 of the kept epoch)."""
 
@@ -112,7 +85,29 @@ class IdiomReport(rp.RecipeReport):
         return {"official": export_submissions(s.run, s.best)}
 
     def table(self, s: rp.Sweep) -> list[dict[str, Any]]:
-        return _ladder(s.run, s.space, s.trials, s.extra, s.best)
+        """Table rows: the baselines in the space's order at each setting's best point, then the sweep's best; or,
+        without baselines, one row per strategy trained."""
+        run, space, extra = s.run, s.space, s.extra
+        groups: dict[str, dict[str, TrialOutcome]] = {}
+        if extra:
+            for name in (n for n in space.baselines if any(t.params.get("baseline") == n for t in extra)):
+                groups[name] = {g: t for t in extra if t.params.get("baseline") == name and (g := setting_of(t))}
+            groups["sweep best"] = s.best
+        else:
+            for t in s.trials:
+                if (g := setting_of(t)) is not None:
+                    groups.setdefault(strategy(run.cfg, t.params), {})[g] = t
+        rows = []
+        for key, by_setting in groups.items():
+            first = next(iter(by_setting.values()), None)
+            label = strategy(run.cfg, _overrides(first, space.baselines)) if first and key != "sweep best" else key
+            named = {"baseline": key} if extra and key in space.baselines else {}
+            row: dict[str, Any] = {"method": label, **named}
+            for setting, t in by_setting.items():
+                row.update({f"{setting}/{k}": v for k, v in _scores(final_row(t) or {}).items()})
+                row[f"{setting}/trial_id"] = t.trial_id
+            rows.append(row)
+        return rows
 
     def plots(self, s: rp.Sweep, run_dir: Path) -> list[Path]:
         return [_plot(run_dir, _curves(s.table, s.trials + s.extra))]
@@ -121,9 +116,9 @@ class IdiomReport(rp.RecipeReport):
         run, space, trials = s.run, s.space, s.trials
         rows, best = summary["table"], summary["best"] or {}
         point = {
-            s: rp.point({k: v for k, v in r.items() if "." in k}, skip=("data.setting",)) for s, r in best.items()
+            g: rp.point({k: v for k, v in r.items() if "." in k}, skip=("data.setting",)) for g, r in best.items()
         }
-        points = "; ".join(f"{SETTING_NAMES[s]}: {r['strategy']} ({point[s]})" for s, r in best.items())
+        points = "; ".join(f"{SETTING_NAMES[g]}: {r['strategy']} ({point[g]})" for g, r in best.items())
         lines = [
             f"# SemEval-2022 Task 2 Subtask A — {space.name}",
             "",
@@ -142,8 +137,8 @@ class IdiomReport(rp.RecipeReport):
             lines += [f"Best sweep point per setting: {points}.", ""]
         langs = (("EN", "EN"), ("PT", "PT"), ("EN,PT", "EN+PT"))
         for split, scores in summary["official"].items():
-            head = [f"{SETTING_NAMES[s]} {name}" for s in A_SETTINGS for _, name in langs]
-            cells = [pct(scores.get(s, {}).get(k)) for s in A_SETTINGS for k, _ in langs]
+            head = [f"{SETTING_NAMES[g]} {name}" for g in A_SETTINGS for _, name in langs]
+            cells = [pct(scores.get(g, {}).get(k)) for g in A_SETTINGS for k, _ in langs]
             title = f"Official scores of `{split}.submission.csv` (both settings filled):"
             lines += [title, "", *rp.md_table(head, [cells]), ""]
         sweep = [

@@ -48,7 +48,28 @@ class StsReport(rp.RecipeReport):
         return [self.row(s, t) for t in _ladder(s)]
 
     def plots(self, s: rp.Sweep, run_dir: Path) -> list[Path]:
-        return _plots(run_dir, _ladder(s))
+        """Fig. 5 (ℓ_align against ℓ_uniform of each ladder row and setting) and the dev curves."""
+        out, ladder = [], _ladder(s)
+        points = {
+            f"{self.label(t)} ({g})": (a, u)
+            for t in ladder
+            for g in SETTINGS
+            if (a := num((final_row(t) or {}).get(f"align/{g}"))) is not None
+            and (u := num((final_row(t) or {}).get(f"uniform/{g}"))) is not None
+        }
+        if points:
+            title = "Fig. 5: ℓ_align vs ℓ_uniform"
+            out.append(plot_alignment_uniformity(points, run_dir / "align_uniform.png", title=title))
+        rp.curves_png(
+            run_dir / "dev_curves.png",
+            out,
+            [(self.label(t), rp.curve(t, "dev_spearman")) for t in ladder],
+            xlabel="step (pre-training, then fine-tuning)",
+            ylabel="dev Spearman ALL (%)",
+            title="Dev Spearman of the current setting",
+            legend={"fontsize": 7},
+        )
+        return out
 
     def render(self, s: rp.Sweep, summary: dict[str, Any], plots: list[Path]) -> str:
         rows, cfg = summary["table"], s.run.cfg
@@ -66,7 +87,7 @@ class StsReport(rp.RecipeReport):
         if any(k.startswith("test/") for r in rows for k in r):
             lines += ["The same on eval (the paper's test):", "", *_table(rows, "test"), ""]
         geometry = [
-            [r["method"], *(rp.cell3(r.get(f"{k}/{s}")) for s in SETTINGS for k in ("align", "uniform"))]
+            [r["method"], *(rp.cell3(r.get(f"{k}/{g}")) for g in SETTINGS for k in ("align", "uniform"))]
             for r in rows
         ]
         sweep = [
@@ -88,9 +109,7 @@ REPORT = StsReport()
 
 
 def _ladder(s: rp.Sweep) -> list[TrialOutcome]:
-    by_name = {t.params.get("baseline"): t for t in s.extra}
-    ladder = [t for t in [by_name.get(n) for n, _ in LADDER[:-1]] + [s.best.get(None)] if t is not None]
-    return ladder + [t for n, t in by_name.items() if n not in dict(LADDER)]
+    return rp.ladder(s.extra, s.best.get(None), [*(n for n, _ in LADDER), ...])
 
 
 def _table(rows: list[dict[str, Any]], split: str) -> list[str]:
@@ -131,27 +150,3 @@ def _dense_lines(rows: list[dict[str, Any]], cfg: Any) -> list[str]:
         f"setting, {' → '.join(cells)}.",
         "",
     ]
-
-
-def _plots(run_dir: Path, ladder: list[TrialOutcome]) -> list[Path]:
-    out = []
-    points = {
-        f"{REPORT.label(t)} ({s})": (a, u)
-        for t in ladder
-        for s in SETTINGS
-        if (a := num((final_row(t) or {}).get(f"align/{s}"))) is not None
-        and (u := num((final_row(t) or {}).get(f"uniform/{s}"))) is not None
-    }
-    if points:
-        title = "Fig. 5: ℓ_align vs ℓ_uniform"
-        out.append(plot_alignment_uniformity(points, run_dir / "align_uniform.png", title=title))
-    rp.curves_png(
-        run_dir / "dev_curves.png",
-        out,
-        [(REPORT.label(t), rp.curve(t, "dev_spearman")) for t in ladder],
-        xlabel="step (pre-training, then fine-tuning)",
-        ylabel="dev Spearman ALL (%)",
-        title="Dev Spearman of the current setting",
-        legend={"fontsize": 7},
-    )
-    return out
