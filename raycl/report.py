@@ -66,11 +66,6 @@ def best_value(trial: TrialOutcome, metric: str, mode: str = "max") -> float | N
     return num((best_row(trial, metric, mode) or {}).get(metric))
 
 
-def best_trial(trials: list[TrialOutcome], *, metric: str, mode: str = "max") -> TrialOutcome | None:
-    """The trial whose best report (:func:`best_row`) has the best ``metric``."""
-    return pick(trials, lambda t: best_value(t, metric, mode), mode)
-
-
 def ladder(
     extra: Sequence[TrialOutcome], best: TrialOutcome | None, order: Sequence[str | None | EllipsisType]
 ) -> list[TrialOutcome]:
