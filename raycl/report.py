@@ -1,5 +1,7 @@
-"""What every recipe's report shares: picking the best report of a sweep and the report helpers (percentages,
-Markdown tables, timings, plots); the run's files are :mod:`raycl.records`, its lines :mod:`raycl.progress`."""
+"""What every recipe's report shares: the skeleton a recipe's report declares (:class:`RecipeReport`: the best
+trial of each group, the run's files), picking the best report of a sweep and the report helpers (percentages,
+Markdown tables, timings, mining ‖ training, plots); the run's files are :mod:`raycl.records`, its lines
+:mod:`raycl.progress`."""
 
 from __future__ import annotations
 
@@ -387,6 +389,7 @@ class RecipeReport:
         return self.row(s, trial)
 
     def table(self, s: Sweep) -> list[dict[str, Any]]:
+        """The rows of the report's main table, in the paper's order (the summary's ``table``)."""
         raise NotImplementedError
 
     def more(self, s: Sweep) -> dict[str, Any]:
@@ -397,6 +400,7 @@ class RecipeReport:
         return []
 
     def render(self, s: Sweep, summary: dict[str, Any], plots: list[Path]) -> str:
+        """``report.md``'s text."""
         raise NotImplementedError
 
     def write_all(
