@@ -36,7 +36,7 @@ from raycl.miners.registry import MinerKind
 from raycl.miners.sources import SourceSpec
 from raycl.progress import follow, say
 from raycl.records import TrialOutcome, atomic_write, is_done, mark_done, read_history
-from raycl.report import best_trial, copy_atomic
+from raycl.report import RecipeReport, copy_atomic
 from raycl.storage import publish, push
 from raycl.training import loop
 from raycl.training.task import Job, LoopHook
@@ -120,14 +120,17 @@ class Phase:
 
 
 class Recipe(Protocol):
-    """What a task gives the driver (``raycl/recipes/<task>/recipe.py``): 13 members, 16 before issue 43 (the
+    """What a task gives the driver (``raycl/recipes/<task>/recipe.py``): 12 members, 16 before issue 43 (the
     sweep's space, ladder, train points, trial resources, export and the back-and-forth of ``shared`` and
-    ``train_one`` became the driver's, from the recipe's declared groups, exports, phases and mining plan)."""
+    ``train_one`` became the driver's, from the recipe's declared groups, exports, phases and mining plan; the
+    best trial and the report are its declared :class:`~raycl.report.RecipeReport`'s)."""
 
     task: str
     group_key: str | None  # a config key whose values are compared apart (idiom: data.setting), or None
     exports: tuple[str, ...]  # files of the best trial copied to the run folder
 
+    @property
+    def report(self) -> RecipeReport: ...  # which trial of a group is best; the run's tables, plots and files
     def with_data(self, cfg: Any, data_dir: Path) -> tuple[Any, list[str]]: ...
     def check_data(self, cfg: Any) -> dict[str, int]: ...
     def base_model(self, run: Run) -> Phase | None: ...
@@ -136,14 +139,10 @@ class Recipe(Protocol):
     def max_t(self, run: Run) -> int: ...
     def mining_plan(self, cfg: Any, space: Space) -> MiningPlan: ...
     def run_pool(self, run: Run, space: Space) -> RunPool | None: ...
-    def best(self, trials: list[TrialOutcome], cfg: Any) -> dict[Any, TrialOutcome]: ...
-    def write_report(
-        self, run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]
-    ) -> dict[str, Any]: ...
 
 
 class RecipeBase:
-    """Defaults of the optional parts of :class:`Recipe`: no groups, no exports, no miners, the best metric."""
+    """Defaults of the optional parts of :class:`Recipe`: no groups, no exports, no miners."""
 
     group_key: str | None = None
     exports: tuple[str, ...] = ()
@@ -158,10 +157,6 @@ class RecipeBase:
 
     def run_pool(self, run: Run, space: Space) -> RunPool | None:
         return None
-
-    def best(self, trials: list[TrialOutcome], cfg: Any) -> dict[Any, TrialOutcome]:
-        best = best_trial(trials, metric=cfg.tune.metric, mode=cfg.tune.mode)
-        return {} if best is None else {None: best}
 
 
 # ---------------------------------------------------------------------------------------------- one training
@@ -358,13 +353,13 @@ def run_tune(recipe: Recipe, space: Space, run_dir: Path) -> dict[str, Any]:
         t0 = time.perf_counter()
         trials = sweep(recipe, run, space, param_space, name="sweep")
         run.timings["sweep_s"] = time.perf_counter() - t0
-        best = recipe.best(trials, run.cfg)
+        best = recipe.report.best(trials, run.cfg.tune.metric, run.cfg.tune.mode)
         t0 = time.perf_counter()
         extra = baselines(recipe, run, space, ladder_groups(recipe, run, best), names)
         if extra:
             run.timings["baselines_s"] = time.perf_counter() - t0
     export(recipe, run, best)
-    return recipe.write_report(run, space, trials, extra)
+    return recipe.report.write_all(run, space, trials, extra)
 
 
 def search_space(recipe: Recipe, space: Space) -> dict[str, Any]:
@@ -423,8 +418,11 @@ def run_train(recipe: Recipe, space: Space, run_dir: Path) -> dict[str, Any]:
     with run_pool(run, recipe.run_pool(run, space)):
         trials = _train_points(recipe, run, points)
     run.timings["train_s"] = time.perf_counter() - t0
-    export(recipe, run, recipe.best(trials, run.cfg) if recipe.group_key else {None: trials[0]})
-    return recipe.write_report(run, space, trials, [])
+    tune = run.cfg.tune
+    export(
+        recipe, run, recipe.report.best(trials, tune.metric, tune.mode) if recipe.group_key else {None: trials[0]}
+    )
+    return recipe.report.write_all(run, space, trials, [])
 
 
 def _run_name(point: TrainPoint) -> str:

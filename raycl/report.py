@@ -1,13 +1,17 @@
-"""What every recipe's report shares: picking the best report of a sweep and the report helpers (percentages,
-Markdown tables, timings, plots); the run's files are :mod:`raycl.records`, its lines :mod:`raycl.progress`."""
+"""What every recipe's report shares: the skeleton a recipe's report declares (:class:`RecipeReport`: the best
+trial of each group, the run's files), picking the best report of a sweep and the report helpers (percentages,
+Markdown tables, timings, mining ‖ training, plots); the run's files are :mod:`raycl.records`, its lines
+:mod:`raycl.progress`."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from types import EllipsisType
 from typing import Any
 
 from raycl.progress import say  # noqa: F401  (what a recipe's driver says)
@@ -64,9 +68,18 @@ def best_value(trial: TrialOutcome, metric: str, mode: str = "max") -> float | N
     return num((best_row(trial, metric, mode) or {}).get(metric))
 
 
-def best_trial(trials: list[TrialOutcome], *, metric: str, mode: str = "max") -> TrialOutcome | None:
-    """The trial whose best report (:func:`best_row`) has the best ``metric``."""
-    return pick(trials, lambda t: best_value(t, metric, mode), mode)
+def ladder(
+    extra: Sequence[TrialOutcome], best: TrialOutcome | None, order: Sequence[str | None | EllipsisType]
+) -> list[TrialOutcome]:
+    """A table's trials in the paper's order: each baseline ``order`` names that ran, the sweep's ``best`` where
+    it says None, the baselines it does not name (as they ran) where it says ``...``."""
+    named, out = {n for n in order if isinstance(n, str)}, []
+    for n in order:
+        if n is ...:
+            out += [t for t in extra if t.params.get("baseline") not in named]
+        else:
+            out += [t for t in extra if t.params.get("baseline") == n] if n else [best] if best else []
+    return out
 
 
 def failed(trials: list[TrialOutcome]) -> list[str]:
@@ -154,6 +167,46 @@ def stream_totals(
     wall = sum(num(r.get("timing/interval")) or 0.0 for r in rows)
     stale = max(num(r.get("stream/staleness_max")) or 0.0 for r in rows)
     return wait, wall, stale, refused([num(r.get("stream/refused")) or 0.0 for r in rows])
+
+
+def stream_lines(trials: list[TrialOutcome]) -> list[str]:
+    """Mining ‖ training over every trial, as bullets: how long trainers waited for negatives (also without each
+    epoch's first batch, which waits for the miners to start) and how stale the negatives were."""
+    rows = [r for t in trials for r in t.history if num(r.get("stream/negatives"))]
+    if not rows:
+        return ["- negatives: pre-mined or not needed (no miner pool in these trials)"]
+    wait, wall, stale, refused = stream_totals(rows)
+    first = sum(num(r.get("timing/mine_wait_first")) or 0.0 for r in rows)
+    return [
+        f"- mine_wait (trainers waiting for negatives): {wait:.1f} s of {wall:.1f} s of training "
+        f"({100 * wait / max(wall, 1e-9):.1f}%; steady state without each epoch's first batch: "
+        f"{100 * (wait - first) / max(wall - first, 1e-9):.1f}%)",
+        f"- staleness of the negatives used: max {stale:.0f} versions; refused as too stale: {refused:.0f}",
+    ]
+
+
+_STREAM_HEAD = [
+    "trial",
+    "mine_wait (% of training time)",
+    "max staleness",
+    "refused (re-mined)",
+    "weight versions",
+]
+
+
+def stream_table(trials: list[TrialOutcome], name: Callable[[TrialOutcome], str]) -> list[str]:
+    """Mining ‖ training per trial that mined (``name``: its row's name), as a section: the share of its training
+    time its trainers waited for negatives, their largest staleness, the negatives refused as too stale (the
+    largest per-epoch count) and the weight versions published."""
+    rows = []
+    for t in trials:
+        if mined := [h for h in t.history if num(h.get("stream/version")) is not None]:
+            wait, wall, stale, refused = stream_totals(mined, max)
+            versions = f"{mined[-1].get('stream/version', 0):.0f}"
+            rows.append(
+                [name(t), f"{100 * wait / max(wall, 1e-9):.1f}", f"{stale:.0f}", f"{refused:.0f}", versions]
+            )
+    return ["## Hard-negative mining ‖ training", "", *md_table(_STREAM_HEAD, rows), ""] if rows else []
 
 
 def section(title: str, *body: str) -> list[str]:
@@ -259,3 +312,112 @@ def figure(path: Path, out: list[Path], *, ncols: int = 1, size: tuple[float, fl
         out.append(save_png(fig, path))
     finally:
         plt.close(fig)
+
+
+def curves_png(
+    path: Path, out: list[Path], curves: Sequence[tuple[str, list[tuple[Any, float]]]], **how: Any
+) -> None:
+    """One panel of :func:`plot_curves` (``how``: its axes' labels and ``legend``), saved to ``path``."""
+    with figure(path, out) as ax:
+        plot_curves(ax, curves, **how)
+
+
+# ---------------------------------------------------------------------------------------------- a recipe's report
+@dataclass
+class Sweep:
+    """What a report is written from: the run, its space, the sweep's trials and the baselines' (``extra``), the
+    best trial of each group; then the table's rows and the summary's other entries (``more``)."""
+
+    run: Any
+    space: Any
+    trials: list[TrialOutcome]
+    extra: list[TrialOutcome]
+    best: dict[Any, TrialOutcome]
+    table: list[dict[str, Any]] = field(default_factory=list)
+    more: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def metric(self) -> str:
+        return str(self.run.cfg.tune.metric)
+
+    @property
+    def mode(self) -> str:
+        return str(self.run.cfg.tune.mode)
+
+
+class RecipeReport:
+    """A recipe's report, declared: its rows' names, which report of a trial is scored and what ``results.csv``
+    keeps of it, the groups compared apart; a recipe adds its table's rows, its text and its plots (and the
+    summary's other entries), and :meth:`write_all` writes the run's files (:func:`write_run_files`)."""
+
+    names: dict[Any, str] = {}  # a baseline's row name (the baseline itself if unnamed)
+    default = ""  # a sweep trial's row name
+    keep: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())  # results.csv: the scored report's keys and prefixes
+    final = False  # a trial is scored by its closing report (else by its best report of the run's metric)
+    last = False  # ties: the last trial is picked (else the first)
+    groups: tuple[Any, ...] = (None,)  # values of ``group`` compared apart (None: one group)
+
+    def label(self, trial: TrialOutcome | None) -> str:
+        return label(trial, self.names, self.default)
+
+    def group(self, trial: TrialOutcome) -> Any:
+        return None
+
+    def score(self, trial: TrialOutcome, metric: str, mode: str = "max") -> float | None:
+        return num((final_row(trial) or {}).get(metric)) if self.final else best_value(trial, metric, mode)
+
+    def best(self, trials: list[TrialOutcome], metric: str, mode: str = "max") -> dict[Any, TrialOutcome]:
+        """The best trial of each group (:meth:`score`)."""
+        score = partial(self.score, metric=metric, mode=mode)
+        picked = {
+            g: pick([t for t in trials if self.group(t) == g], score, mode, last=self.last) for g in self.groups
+        }
+        return {g: t for g, t in picked.items() if t is not None}
+
+    def scored(self, s: Sweep, trial: TrialOutcome) -> dict[str, Any]:
+        """The trial's report its row shows: its closing one, or its best (its last when none has the metric)."""
+        if self.final:
+            return final_row(trial) or {}
+        return best_row(trial, s.metric, s.mode) or (trial.history[-1] if trial.history else {})
+
+    def row(self, s: Sweep, trial: TrialOutcome) -> dict[str, Any]:
+        """A trial's row in ``best.json`` (a group's best) and ``results.csv``."""
+        return trial_row(trial, {"method": self.label(trial)}, self.scored(s, trial), *self.keep)
+
+    def csv_row(self, s: Sweep, trial: TrialOutcome) -> dict[str, Any]:
+        """A trial's row in ``results.csv``: its :meth:`row` and any columns of its own files."""
+        return self.row(s, trial)
+
+    def table(self, s: Sweep) -> list[dict[str, Any]]:
+        """The rows of the report's main table, in the paper's order (the summary's ``table``)."""
+        raise NotImplementedError
+
+    def more(self, s: Sweep) -> dict[str, Any]:
+        """The summary's entries of this recipe (before its table: its rows may read them)."""
+        return {}
+
+    def plots(self, s: Sweep, run_dir: Path) -> list[Path]:
+        return []
+
+    def render(self, s: Sweep, summary: dict[str, Any], plots: list[Path]) -> str:
+        """``report.md``'s text."""
+        raise NotImplementedError
+
+    def write_all(
+        self, run: Any, space: Any, trials: list[TrialOutcome], extra: list[TrialOutcome]
+    ) -> dict[str, Any]:
+        """The run's files (``results.csv``, ``best.json``, the plots, ``report.md``); the ``--json`` summary."""
+        s = Sweep(run, space, trials, extra, self.best(trials, run.cfg.tune.metric, run.cfg.tune.mode))
+        s.more = self.more(s)
+        best, s.table = {g: self.row(s, t) for g, t in s.best.items()}, self.table(s)
+        return write_run_files(
+            run,
+            space,
+            trials + extra,
+            row=partial(self.csv_row, s),
+            best=(best.get(None) if self.groups == (None,) else best) or None,
+            table=s.table,
+            plots=partial(self.plots, s),
+            render=partial(self.render, s),
+            **s.more,
+        )

@@ -171,7 +171,7 @@ def gec(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
     kept test hypotheses of the row after CL and of CL (each corrects other sentences: CL is better on S, the
     other row on G, so both directions' p are tails of a real count)."""
     from raycl.data.m2 import read_m2
-    from raycl.recipes.gec.report import write_all
+    from raycl.recipes.gec.report import REPORT
 
     run, space, trials, extra = _gec_run(tmp_path_factory.mktemp("gec"))
     (run.run_dir / "nbest").mkdir()
@@ -183,7 +183,7 @@ def gec(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
             sents = read_m2(run.cfg.data.test[name][0])
             lines = [s.target(0) if i in CORRECTED[tid][name] else s.source for i, s in enumerate(sents)]
             (run.run_dir / "trials" / tid / "test_hyps" / f"{name}.txt").write_text("\n".join(lines) + "\n")
-    write_all(run, space, trials, extra)
+    REPORT.write_all(run, space, trials, extra)
     return Rendered(run, trials, extra, (run.run_dir / "report.md").read_text())
 
 
@@ -278,12 +278,12 @@ def test_gec_report_timings_and_mining_lines(gec: Rendered) -> None:
 
 def test_gec_report_without_mined_negatives_says_so(tmp_path: Path) -> None:
     """Degenerate case: no trial drew from a miner pool: no share is printed (not 0 % of 0 s)."""
-    from raycl.recipes.gec.report import write_all
+    from raycl.recipes.gec.report import REPORT
 
     run, space, trials, extra = _gec_run(tmp_path)
     for t in trials:
         t.history = [{k: v for k, v in r.items() if not k.startswith("stream/")} for r in t.history]
-    write_all(run, space, trials, extra)
+    REPORT.write_all(run, space, trials, extra)
     text = (run.run_dir / "report.md").read_text()
     assert "- negatives: pre-mined or not needed" in text and "mine_wait (" not in text
 
@@ -385,10 +385,10 @@ def _coh_run(tmp_path: Path) -> tuple[Run, Any, list[TrialOutcome], list[TrialOu
 
 
 def test_coherence_report_table_1_sweep_and_mining_lines(tmp_path: Path) -> None:
-    from raycl.recipes.coherence.report import write_all
+    from raycl.recipes.coherence.report import REPORT
 
     run, space, trials, extra = _coh_run(tmp_path)
-    write_all(run, space, trials, extra)
+    REPORT.write_all(run, space, trials, extra)
     text = (run.run_dir / "report.md").read_text()
     got = tables(text)
     expected = [

@@ -122,10 +122,10 @@ def _kept(trials: list[TrialOutcome], setting: str) -> TrialOutcome:
 
 
 def test_idiom_report_tables_3_4_and_the_sweep(tmp_path: Path) -> None:
-    from raycl.recipes.idiom.report import write_all
+    from raycl.recipes.idiom.report import REPORT
 
     run, space, trials, extra, _ = _idiom_run(tmp_path)
-    write_all(run, space, trials, extra)
+    REPORT.write_all(run, space, trials, extra)
     got = tables((run.run_dir / "report.md").read_text())
     kept = {s: _kept(trials, s) for s in SETTINGS_A}
     assert kept["zero_shot"].trial_id == "z1"
@@ -155,10 +155,10 @@ def test_idiom_report_tables_3_4_and_the_sweep(tmp_path: Path) -> None:
 def test_idiom_report_official_scores_of_the_merged_submission(tmp_path: Path) -> None:
     """The run's dev/eval submissions take each setting's rows from its kept trial; their official macro-F1 per
     setting and language set is recomputed from the trials' labels and the gold CSV."""
-    from raycl.recipes.idiom.report import write_all
+    from raycl.recipes.idiom.report import REPORT
 
     run, space, trials, extra, labels = _idiom_run(tmp_path)
-    write_all(run, space, trials, extra)
+    REPORT.write_all(run, space, trials, extra)
     got = tables((run.run_dir / "report.md").read_text())
     kept = {s: _kept(trials, s).trial_id for s in SETTINGS_A}
     for split, table, gold_path in (
@@ -196,7 +196,7 @@ def _sts_trial(tid: str, params: dict[str, Any], rng: random.Random, dev: float 
 
 
 def test_sts_report_table_5_geometry_and_sweep(tmp_path: Path) -> None:
-    from raycl.recipes.sts.report import write_all
+    from raycl.recipes.sts.report import REPORT
 
     space = load_space("sts", preset="smoke")
     run = Run(
@@ -216,7 +216,7 @@ def test_sts_report_table_5_geometry_and_sweep(tmp_path: Path) -> None:
     ]
     del trials[2].history[-1]["align/pre_train"]
     extra = [_sts_trial(n, {"baseline": n}, rng) for n in ("infonce", "mse_only", "cross_attention")]
-    write_all(run, space, trials, extra)
+    REPORT.write_all(run, space, trials, extra)
     got = tables((run.run_dir / "report.md").read_text())
     ladder = [
         ("MSE only", extra[1]),
@@ -247,14 +247,14 @@ def test_sts_report_table_5_geometry_and_sweep(tmp_path: Path) -> None:
 
 def test_sts_report_a_missing_geometry_value_is_a_dash(tmp_path: Path) -> None:
     """Degenerate case: no held-out pair scored ≥ the alignment threshold gives no ℓ_align: a dash, never 0."""
-    from raycl.recipes.sts.report import write_all
+    from raycl.recipes.sts.report import REPORT
 
     space = load_space("sts", preset="smoke")
     run = Run(cfg=space.config, run_dir=tmp_path / "run", base_model=tmp_path / "base", builtin=[], counts={})
     run.run_dir.mkdir()
     trial = _sts_trial("only", {"moco.queue_size": 8}, random.Random(2))
     del trial.history[-1]["align/fine_tune"]
-    write_all(run, space, [trial], [])
+    REPORT.write_all(run, space, [trial], [])
     [cells] = tables((run.run_dir / "report.md").read_text())["Strategy#3"]
     assert (
         cells["fine_tune ℓ_align"] == "–"

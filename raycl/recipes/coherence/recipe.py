@@ -18,7 +18,7 @@ from raycl.driver import Miners, MiningPlan, Phase, RecipeBase, Run
 from raycl.miners.permutation import COHERENCE_RANK
 from raycl.models.coherence_presets import build_coherence_model
 from raycl.recipes.coherence import inputs as coherence_inputs
-from raycl.recipes.coherence import report
+from raycl.recipes.coherence.report import REPORT
 from raycl.recipes.coherence.worker import CoherenceTask
 
 
@@ -26,7 +26,7 @@ class CoherenceRecipe(RecipeBase):
     task = "coherence"
 
     with_data = staticmethod(coherence_inputs.with_data)
-    write_report = staticmethod(report.write_all)
+    report = REPORT
     check_data = staticmethod(coherence_inputs.check_data)
 
     def base_model(self, run: Run) -> None:

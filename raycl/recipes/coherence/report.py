@@ -3,7 +3,6 @@ of Fig. 2: dev accuracy over steps with and without hard negatives (a), accuracy
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -12,8 +11,7 @@ from raycl.records import TrialOutcome
 from raycl.report import best_row, num, pct
 
 if TYPE_CHECKING:
-    from raycl.config import Space
-    from raycl.driver import Run
+    pass
 
 LABELS = {
     "pairwise": "Pairwise",
@@ -21,7 +19,7 @@ LABELS = {
     "contrastive_hn": "Contrastive + hard negatives",
     "full_no_hn": "Full model − hard negatives",
 }
-TABLE_1 = ("pairwise", "contrastive", None)  # None: the sweep's best point, the full model
+TABLE_1 = ("pairwise", "contrastive", None, ...)  # None: the sweep's best point, the full model
 SYMBOLS = {
     "loss.margin": "τ",
     "mining.num_rank": "P (ranked)",
@@ -32,76 +30,67 @@ SYMBOLS = {
     "mining.num_negs": "N",
 }
 SWEPT = ("mining.num_rank", "momentum.m", "momentum.queue_size", "loss.margin", "loss.lam", "mining.max_staleness")
-_label = partial(rp.label, names=LABELS, default="Full model")
-_STREAM_HEAD = [
-    "trial",
-    "mine_wait (% of training time)",
-    "max staleness",
-    "refused (re-mined)",
-    "weight versions",
-]
 
 
-def _row(trial: TrialOutcome, metric: str, mode: str) -> dict[str, Any]:
-    row = best_row(trial, metric, mode) or (trial.history[-1] if trial.history else {})
+class CoherenceReport(rp.RecipeReport):
+    names, default = LABELS, "Full model"
     keep = ("step", "epoch", "loss"), ("dev", "test/", "timing/", "stream/")
-    return rp.trial_row(trial, {"method": _label(trial)}, row, *keep)
+
+    def table(self, s: rp.Sweep) -> list[dict[str, Any]]:
+        """Table 1's rows (pairwise, contrastive, full model), then the other baselines (Fig. 2a's runs)."""
+        return [self.row(s, t) for t in rp.ladder(s.extra, s.best.get(None), TABLE_1)]
+
+    def render(self, s: rp.Sweep, summary: dict[str, Any], plots: list[Path]) -> str:
+        run = s.run
+        tests, alphas = list(run.cfg.data.test), list(run.cfg.data.annotations)
+        humans = ", ".join(pct(_alpha(summary, a, "human_alpha")) for a in alphas) or "–"
+        cols: list[rp.Column] = [
+            ("Method", lambda r: r["method"]),
+            *rp.pct_columns((f"{t} acc", f"test/{t}/acc") for t in tests),
+            *((f"{a} α", lambda r, k=f"test/{a}/alpha": rp.cell3(r.get(k))) for a in alphas),  # no α: –, not 0.000
+            ("dev acc", lambda r: pct(r.get("dev_acc"))),
+        ]
+        lines = [
+            f"# Coherence — {s.space.name}",
+            "",
+            "Table 1: pairwise accuracy (%, ties wrong) on the held-out permuted test and each independent set; "
+            "Krippendorff's α (nominal) with the model as one more coder where annotations are given "
+            f"(annotators alone: {humans}).",
+            "",
+            *rp.columns(summary["table"], cols),
+            "",
+            rp.data_line(run.counts, run.builtin),
+            "",
+        ]
+        lines += _sweep_lines(s.trials, tests) + rp.stream_table(s.trials + s.extra, self._mined_name)
+        lines += ["## Timings", "", rp.timing_line(run.timings), ""]
+        return "\n".join(lines + [f"![{p.stem}]({p.name})" for p in plots])
+
+    def _mined_name(self, t: TrialOutcome) -> str:
+        return f"{self.label(t)} {rp.point(t.params, SYMBOLS, empty='')}".strip()
+
+    def plots(self, s: rp.Sweep, run_dir: Path) -> list[Path]:
+        """Fig. 2a: dev accuracy over steps of the contrastive baselines and the full model; Fig. 2b–d."""
+        out: list[Path] = []
+        curves = [t for t in s.extra if t.params.get("baseline") in ("contrastive", "contrastive_hn")]
+        if curves := curves + ([s.best[None]] if None in s.best else []):
+            rp.curves_png(
+                run_dir / "dev_curves.png",
+                out,
+                [(self.label(t), rp.curve(t, s.metric, skip_final=False)) for t in curves],
+                xlabel="training steps (items)",
+                ylabel="dev accuracy (%)",
+                title="Fig. 2a: dev accuracy",
+                legend={},
+            )
+        if swept := [k for k in SWEPT if len({str(t.params.get(k)) for t in s.trials}) > 1]:
+            with rp.figure(run_dir / "sweep.png", out, ncols=len(swept), size=(4.5, 3.6)) as axes:
+                for ax, key in zip(axes if len(swept) > 1 else [axes], swept, strict=True):
+                    _sweep_panel(ax, s.trials, key, s.metric)
+        return out
 
 
-def write_all(run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]) -> dict[str, Any]:
-    metric, mode = run.cfg.tune.metric, run.cfg.tune.mode
-    best = rp.best_trial(trials, metric=metric, mode=mode)
-    return rp.write_run_files(
-        run,
-        space,
-        trials + extra,
-        row=partial(_row, metric=metric, mode=mode),
-        best=_row(best, metric, mode) if best else None,
-        table=_table(best, extra, metric, mode),
-        plots=lambda d: _plots(d, trials, extra, best, metric),
-        render=partial(_render, run, space, trials=trials, extra=extra),
-    )
-
-
-def _table(best: TrialOutcome | None, extra: list[TrialOutcome], metric: str, mode: str) -> list[dict[str, Any]]:
-    """Table 1's rows (pairwise, contrastive, full model), then the other baselines (Fig. 2a's runs)."""
-    by_name = {str(t.params.get("baseline")): t for t in extra}
-    order = [by_name.get(n) if n else best for n in TABLE_1] + [t for n, t in by_name.items() if n not in TABLE_1]
-    return [_row(t, metric, mode) for t in order if t is not None]
-
-
-def _render(
-    run: Run,
-    space: Space,
-    summary: dict[str, Any],
-    plots: list[Path],
-    *,
-    trials: list[TrialOutcome],
-    extra: list[TrialOutcome],
-) -> str:
-    tests, alphas = list(run.cfg.data.test), list(run.cfg.data.annotations)
-    humans = ", ".join(pct(_alpha(summary, a, "human_alpha")) for a in alphas) or "–"
-    cols: list[rp.Column] = [
-        ("Method", lambda r: r["method"]),
-        *rp.pct_columns((f"{t} acc", f"test/{t}/acc") for t in tests),
-        *((f"{a} α", lambda r, k=f"test/{a}/alpha": rp.cell3(r.get(k))) for a in alphas),  # no α: –, not 0.000
-        ("dev acc", lambda r: pct(r.get("dev_acc"))),
-    ]
-    lines = [
-        f"# Coherence — {space.name}",
-        "",
-        "Table 1: pairwise accuracy (%, ties wrong) on the held-out permuted test and each independent set; "
-        "Krippendorff's α (nominal) with the model as one more coder where annotations are given "
-        f"(annotators alone: {humans}).",
-        "",
-        *rp.columns(summary["table"], cols),
-        "",
-        rp.data_line(run.counts, run.builtin),
-        "",
-    ]
-    lines += _sweep_lines(trials, tests) + _stream_lines(trials + extra)
-    lines += ["## Timings", "", rp.timing_line(run.timings), ""]
-    return "\n".join(lines + [f"![{p.stem}]({p.name})" for p in plots])
+REPORT = CoherenceReport()
 
 
 def _alpha(summary: dict[str, Any], name: str, key: str) -> Any:
@@ -124,50 +113,6 @@ def _sweep_lines(trials: list[TrialOutcome], tests: list[str]) -> list[str]:
         for t, r in best
     ]
     return ["## Sweep (full model)", "", *rp.md_table(head, rows), ""]
-
-
-def _stream_lines(trials: list[TrialOutcome]) -> list[str]:
-    """Mining ‖ training: the trainers' waiting time and the negatives' staleness, per trial."""
-    rows = []
-    for t in trials:
-        mined = [h for h in t.history if num(h.get("stream/version")) is not None]
-        if mined:
-            wait, wall, stale, refused = rp.stream_totals(mined, max)  # refused: counted per epoch
-            name = f"{_label(t)} {rp.point(t.params, SYMBOLS, empty='')}".strip()
-            rows.append(
-                [
-                    name,
-                    f"{100 * wait / max(wall, 1e-9):.1f}",
-                    f"{stale:.0f}",
-                    f"{refused:.0f}",
-                    f"{mined[-1].get('stream/version', 0):.0f}",
-                ]
-            )
-    return ["## Hard-negative mining ‖ training", "", *rp.md_table(_STREAM_HEAD, rows), ""] if rows else []
-
-
-def _plots(
-    run_dir: Path, trials: list[TrialOutcome], extra: list[TrialOutcome], best: TrialOutcome | None, metric: str
-) -> list[Path]:
-    out: list[Path] = []
-    curves = [t for t in extra if t.params.get("baseline") in ("contrastive", "contrastive_hn")]
-    curves += [best] if best is not None else []
-    if curves:
-        with rp.figure(run_dir / "dev_curves.png", out) as ax:
-            rp.plot_curves(
-                ax,
-                [(_label(t), rp.curve(t, metric, skip_final=False)) for t in curves],
-                xlabel="training steps (items)",
-                ylabel="dev accuracy (%)",
-                title="Fig. 2a: dev accuracy",
-                legend={},
-            )
-    swept = [k for k in SWEPT if len({str(t.params.get(k)) for t in trials}) > 1]
-    if swept:
-        with rp.figure(run_dir / "sweep.png", out, ncols=len(swept), size=(4.5, 3.6)) as axes:
-            for ax, key in zip(axes if len(swept) > 1 else [axes], swept, strict=True):
-                _sweep_panel(ax, trials, key, metric)
-    return out
 
 
 def _sweep_panel(ax: Any, trials: list[TrialOutcome], key: str, metric: str) -> None:

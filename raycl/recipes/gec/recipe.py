@@ -25,8 +25,7 @@ from raycl.models.engines import choose_engine
 from raycl.models.presets import build_model
 from raycl.progress import say
 from raycl.recipes.gec import inputs as gec_inputs
-from raycl.recipes.gec import report
-from raycl.recipes.gec.report import FN_FILE
+from raycl.recipes.gec.report import FN_FILE, REPORT
 from raycl.recipes.gec.worker import GecTask
 from raycl.records import atomic_write
 
@@ -36,7 +35,7 @@ class GecRecipe(RecipeBase):
     exports: tuple[str, ...] = ("negatives.parquet",)  # those the chosen trial trained on
 
     with_data = staticmethod(gec_inputs.with_data)
-    write_report = staticmethod(report.write_all)
+    report = REPORT
     check_data = staticmethod(gec_inputs.check_data)
 
     def base_model(self, run: Run) -> Phase | None:

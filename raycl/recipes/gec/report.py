@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,16 +16,14 @@ from raycl.records import TrialOutcome
 from raycl.report import best_row, md_table, num, pct
 
 if TYPE_CHECKING:
-    from raycl.config import Space
     from raycl.driver import Run
 
 PARAM_NAMES = {"loss.margin": "γ", "mining.k": "k", "loss.trade_off": "λ", "mining.source_negative": "source neg."}
 FN_FILE = "false_negatives.json"  # a contrastive training's false-negative counts (raycl.miners.false_negatives)
 FN_DROPPED = "CL (false negatives dropped)"
 _LABELS = {"di": "DI", "nll": "NLL", "cl_minus": "CL⁻", "cl_fn_drop": FN_DROPPED}
-_AFTER_CL = (FN_DROPPED,)  # ladder rows listed after CL, the row they are compared with
-_ORDER = {"DI": 0, "NLL": 1, "CL⁻": 2, "CL": 4, **dict.fromkeys(_AFTER_CL, 5)}  # other baselines: 3
-_label = partial(rp.label, names=_LABELS, default="CL")
+_AFTER_CL = ("cl_fn_drop",)  # ladder rows listed after CL, the row they are compared with
+_ORDER = ("di", "nll", "cl_minus", ..., None, *_AFTER_CL)  # Table 2's rows (None: CL, the sweep's best)
 _params_text = partial(rp.point, symbols=PARAM_NAMES)
 _DEV_AXES = {"xlabel": "epoch", "ylabel": "dev F0.5 (%)", "title": "Dev F0.5 during fine-tuning"}
 _FN_HEAD = (
@@ -35,93 +32,90 @@ _FN_HEAD = (
 )
 
 
-# ---------------------------------------------------------------------------------------------- files
-def write_all(run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]) -> dict[str, Any]:
-    metric, mode = run.cfg.tune.metric, run.cfg.tune.mode
-    best = rp.best_trial(trials, metric=metric, mode=mode)
-    paths = {t.trial_id: run.run_dir / "trials" / t.trial_id / FN_FILE for t in trials + extra}
-    counts = {i: json.loads(p.read_text()) for i, p in paths.items() if p.exists()}
-    return rp.write_run_files(
-        run,
-        space,
-        trials + extra,
-        row=lambda t: {**_result_row(t, metric, mode), **_fn_columns(counts.get(t.trial_id, {}))},
-        best=_result_row(best, metric, mode) if best else None,
-        table=_table_rows(trials, extra, metric, mode),
-        plots=lambda d: _plots(d, trials + extra, metric),
-        render=partial(render_report, run, space, trials=trials, extra=extra),
-        sign_tests=_sign_tests(run, best, extra),
-        false_negatives=counts,
-    )
-
-
-def _result_row(trial: TrialOutcome, metric: str, mode: str) -> dict[str, Any]:
-    row = best_row(trial, metric, mode) or (trial.history[-1] if trial.history else {})
+class GecReport(rp.RecipeReport):
+    names, default = _LABELS, "CL"
     keep = ("epoch", "loss", "checkpoint_path"), ("dev", "test", "timing/", "stream/")
-    return rp.trial_row(trial, {"method": _label(trial)}, row, *keep)
+
+    def more(self, s: rp.Sweep) -> dict[str, Any]:
+        """The sign tests of the rows after CL, and each training's false-negative counts (its ``FN_FILE``)."""
+        paths = {t.trial_id: s.run.run_dir / "trials" / t.trial_id / FN_FILE for t in s.trials + s.extra}
+        counts = {i: json.loads(p.read_text()) for i, p in paths.items() if p.exists()}
+        return {"sign_tests": _sign_tests(s.run, s.best.get(None), s.extra), "false_negatives": counts}
+
+    def csv_row(self, s: rp.Sweep, trial: TrialOutcome) -> dict[str, Any]:
+        return {**self.row(s, trial), **_fn_columns(s.more["false_negatives"].get(trial.trial_id, {}))}
+
+    def table(self, s: rp.Sweep) -> list[dict[str, Any]]:
+        """Table 2's rows in the paper's order: DI, NLL, CL⁻, then other baselines, CL (the best CL trial by dev),
+        then the rows compared with CL."""
+        best = s.best.get(None)
+        return [
+            {"method": self.label(t), **({"params": _params_text(t.params)} if t is best else {})}
+            | (best_row(t, s.metric, s.mode) or {})
+            for t in rp.ladder(s.extra, best, _ORDER)
+        ]
+
+    def render(self, s: rp.Sweep, summary: dict[str, Any], plots: list[Path]) -> str:
+        run, trials = s.run, s.trials
+        cfg, tests, table = run.cfg, list(run.cfg.data.test), summary["table"]
+        builtin = ", ".join(run.builtin) or "none"
+        model = f"`{cfg.model.preset}`" + (f" ({cfg.model.name})" if cfg.model.name else "")
+        prf = rp.pct_columns(
+            (f"{t} {k}", f"test/{t}/{k.lower().replace('.', '')}") for t in tests for k in ("P", "R", "F0.5")
+        )
+        ratios = rp.pct_columns((f"{t} {k} ratio", f"test/{t}/{k.lower()}") for t in tests for k in ("IE", "OE"))
+        method: rp.Column = ("Method", lambda r: r["method"])
+        name: rp.Column = ("Method", lambda r: r["method"] + (f" ({r['params']})" if r.get("params") else ""))
+        dev: rp.Column = ("dev F0.5", lambda r: pct(r.get("dev_f05")))
+        best = sorted(
+            ((best_row(t, "dev_f05") or {}, t) for t in trials),
+            key=lambda rt: num(rt[0].get("dev_f05")) or -1.0,
+            reverse=True,
+        )
+        intro = (
+            "P / R / F0.5 in %, each the average over the test set's annotators (the paper's protocol); the CL "
+            "row is the sweep's best point by dev F0.5, the other rows run at that point."
+        )
+        sweep = [[_params_text(t.params), pct(r.get("dev_f05")), r.get("epoch", "–")] for r, t in best]
+        lines = [
+            f"# raycl — {s.space.name}: GEC with contrastive learning (Cao, Yang, Ng 2021)",
+            "",
+            f"Run folder `{run.run_dir}`; model preset {model}; built-in data for: {builtin}.",
+            *rp.section("Results on test (Table 2)", intro, "", *rp.columns(table, [name, *prf, dev])),
+            *_sign_lines(summary.get("sign_tests", [])),
+            *_fn_lines(summary.get("false_negatives", {}), [*trials, *s.extra]),
+            *rp.section("Over-correction and ignored edits (Table 3)", *rp.columns(table, [method, *ratios])),
+            *rp.section(
+                "Sweep (dev F0.5, %, best epoch of each trial)", *md_table(["Point", "dev F0.5", "epoch"], sweep)
+            ),
+            *rp.section("Data (Table 1)", *md_table(["Usage", "Files", "#sent", "err%", "e/s"], _data_rows(cfg))),
+            *rp.section("Timings", *(f"- {k.removesuffix('_s')}: {v:.1f} s" for k, v in run.timings.items())),
+        ]
+        steps = [v for t in trials for r in t.history if (v := num(r.get("timing/step"))) is not None]
+        if steps:
+            lines.append(f"- mean fine-tuning step: {1000 * sum(steps) / len(steps):.1f} ms")
+        lines += _nbest_lines(run) + rp.stream_lines(trials)
+        if plots:
+            lines += rp.section("Plots", *(f"![{p.stem}]({p.name})" for p in plots))
+        if summary["failed_trials"]:
+            lines += ["", f"Failed trials: {', '.join(summary['failed_trials'])}"]
+        return "\n".join(lines)
+
+    def plots(self, s: rp.Sweep, run_dir: Path) -> list[Path]:
+        out: list[Path] = []
+        trials, metric = s.trials + s.extra, s.metric
+        curves = [
+            (f"{self.label(t)} {_params_text(t.params)}", rp.curve(t, metric, "epoch", False)) for t in trials
+        ]
+        rp.curves_png(run_dir / "dev_curves.png", out, curves, legend={"fontsize": 6, "loc": "best"}, **_DEV_AXES)
+        if cl := [t for t in trials if "loss.margin" in t.params and "baseline" not in t.params]:
+            with rp.figure(run_dir / "sweep.png", out) as ax:
+                _sweep_plot(ax, cl, metric)
+        return out
 
 
-def _table_rows(trials: list[TrialOutcome], extra: list[TrialOutcome], metric: str, mode: str) -> list[dict]:
-    """Table 2's rows in the paper's order: DI, NLL, CL⁻, then other baselines, CL (the best CL trial by dev), then
-    the rows compared with CL."""
-    rows = [{"method": _label(t), **(best_row(t, metric, mode) or {})} for t in extra]
-    if best := rp.best_trial(trials, metric=metric, mode=mode):
-        rows.append({"method": "CL", "params": _params_text(best.params), **(best_row(best, metric, mode) or {})})
-    return sorted(rows, key=lambda r: _ORDER.get(r["method"], 3))
-
-
-def render_report(
-    run: Run,
-    space: Space,
-    summary: dict[str, Any],
-    plots: list[Path],
-    *,
-    trials: list[TrialOutcome],
-    extra: Sequence[TrialOutcome] = (),
-) -> str:
-    cfg, tests, table = run.cfg, list(run.cfg.data.test), summary["table"]
-    builtin = ", ".join(run.builtin) or "none"
-    model = f"`{cfg.model.preset}`" + (f" ({cfg.model.name})" if cfg.model.name else "")
-    prf = rp.pct_columns(
-        (f"{t} {k}", f"test/{t}/{k.lower().replace('.', '')}") for t in tests for k in ("P", "R", "F0.5")
-    )
-    ratios = rp.pct_columns((f"{t} {k} ratio", f"test/{t}/{k.lower()}") for t in tests for k in ("IE", "OE"))
-    method: rp.Column = ("Method", lambda r: r["method"])
-    name: rp.Column = ("Method", lambda r: r["method"] + (f" ({r['params']})" if r.get("params") else ""))
-    dev: rp.Column = ("dev F0.5", lambda r: pct(r.get("dev_f05")))
-    best = sorted(
-        ((best_row(t, "dev_f05") or {}, t) for t in trials),
-        key=lambda rt: num(rt[0].get("dev_f05")) or -1.0,
-        reverse=True,
-    )
-    intro = (
-        "P / R / F0.5 in %, each the average over the test set's annotators (the paper's protocol); the CL "
-        "row is the sweep's best point by dev F0.5, the other rows run at that point."
-    )
-    sweep = [[_params_text(t.params), pct(r.get("dev_f05")), r.get("epoch", "–")] for r, t in best]
-    lines = [
-        f"# raycl — {space.name}: GEC with contrastive learning (Cao, Yang, Ng 2021)",
-        "",
-        f"Run folder `{run.run_dir}`; model preset {model}; built-in data for: {builtin}.",
-        *rp.section("Results on test (Table 2)", intro, "", *rp.columns(table, [name, *prf, dev])),
-        *_sign_lines(summary.get("sign_tests", [])),
-        *_fn_lines(summary.get("false_negatives", {}), [*trials, *extra]),
-        *rp.section("Over-correction and ignored edits (Table 3)", *rp.columns(table, [method, *ratios])),
-        *rp.section(
-            "Sweep (dev F0.5, %, best epoch of each trial)", *md_table(["Point", "dev F0.5", "epoch"], sweep)
-        ),
-        *rp.section("Data (Table 1)", *md_table(["Usage", "Files", "#sent", "err%", "e/s"], _data_rows(cfg))),
-        *rp.section("Timings", *(f"- {k.removesuffix('_s')}: {v:.1f} s" for k, v in run.timings.items())),
-    ]
-    steps = [v for t in trials for r in t.history if (v := num(r.get("timing/step"))) is not None]
-    if steps:
-        lines.append(f"- mean fine-tuning step: {1000 * sum(steps) / len(steps):.1f} ms")
-    lines += _nbest_lines(run) + _stream_lines(trials)
-    if plots:
-        lines += rp.section("Plots", *(f"![{p.stem}]({p.name})" for p in plots))
-    if summary["failed_trials"]:
-        lines += ["", f"Failed trials: {', '.join(summary['failed_trials'])}"]
-    return "\n".join(lines)
+REPORT = GecReport()
+_label = REPORT.label
 
 
 def _nbest_lines(run: Run) -> list[str]:
@@ -140,21 +134,6 @@ def _nbest_lines(run: Run) -> list[str]:
         f"- n-best lists of D_F mined once for the whole run (`nbest/`, beam {o.get('beam')}, engine "
         f"{engine}, {o.get('precision')}): {meta['examples']} sentences, {how}; every trial selected its k "
         "and CL/CL⁻ from them"
-    ]
-
-
-def _stream_lines(trials: list[TrialOutcome]) -> list[str]:
-    """Mining ‖ training: how long trainers waited for negatives and how stale the negatives were."""
-    rows = [r for t in trials for r in t.history if num(r.get("stream/negatives"))]
-    if not rows:
-        return ["- negatives: pre-mined or not needed (no miner pool in these trials)"]
-    wait, wall, stale, refused = rp.stream_totals(rows)
-    first = sum(num(r.get("timing/mine_wait_first")) or 0.0 for r in rows)
-    return [
-        f"- mine_wait (trainers waiting for negatives): {wait:.1f} s of {wall:.1f} s of training "
-        f"({100 * wait / max(wall, 1e-9):.1f}%; steady state without each epoch's first batch: "
-        f"{100 * (wait - first) / max(wall - first, 1e-9):.1f}%)",
-        f"- staleness of the negatives used: max {stale:.0f} versions; refused as too stale: {refused:.0f}",
     ]
 
 
@@ -205,7 +184,7 @@ def _sign_tests(run: Run, best: TrialOutcome | None, extra: list[TrialOutcome]) 
             "tests": sign_tests(trials / t.trial_id, trials / best.trial_id, run.cfg.data.test),
         }
         for t in extra
-        if _label(t) in _AFTER_CL
+        if t.params.get("baseline") in _AFTER_CL
     ]
 
 
@@ -229,20 +208,13 @@ def _sign_lines(signs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-# ---------------------------------------------------------------------------------------------- plots
-def _plots(run_dir: Path, trials: list[TrialOutcome], metric: str) -> list[Path]:
-    out: list[Path] = []
-    with rp.figure(run_dir / "dev_curves.png", out) as ax:
-        curves = [(f"{_label(t)} {_params_text(t.params)}", rp.curve(t, metric, "epoch", False)) for t in trials]
-        rp.plot_curves(ax, curves, legend={"fontsize": 6, "loc": "best"}, **_DEV_AXES)
-    cl = [t for t in trials if "loss.margin" in t.params and "baseline" not in t.params]
-    if cl:
-        with rp.figure(run_dir / "sweep.png", out) as ax:
-            for k in sorted({t.params.get("mining.k") for t in cl}, key=str):
-                ts = [t for t in cl if t.params.get("mining.k") == k]
-                got = [(float(t.params["loss.margin"]), rp.best_value(t, metric)) for t in ts]
-                pts = sorted((g, 100 * v) for g, v in got if v is not None)
-                ax.plot([g for g, _ in pts], [v for _, v in pts], marker="o", label=f"k={k}")
-            ax.set(xlabel="margin γ", ylabel="best dev F0.5 (%)", title="Sweep: dev F0.5 against γ and k")
-            ax.legend()
-    return out
+def _sweep_plot(ax: Any, cl: list[TrialOutcome], metric: str) -> None:
+    """The sweep's best dev F0.5 against γ, one line per k."""
+    for k in sorted({t.params.get("mining.k") for t in cl}, key=str):
+        got = [
+            (float(t.params["loss.margin"]), rp.best_value(t, metric)) for t in cl if t.params.get("mining.k") == k
+        ]
+        pts = sorted((g, 100 * v) for g, v in got if v is not None)
+        ax.plot([g for g, _ in pts], [v for _, v in pts], marker="o", label=f"k={k}")
+    ax.set(xlabel="margin γ", ylabel="best dev F0.5 (%)", title="Sweep: dev F0.5 against γ and k")
+    ax.legend()

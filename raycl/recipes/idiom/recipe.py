@@ -8,7 +8,6 @@ submission rows from its best trial.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from raycl import storage
 from raycl.config import Space
@@ -17,9 +16,9 @@ from raycl.data.semeval import read_idiom_inputs, read_idiom_train
 from raycl.driver import Phase, RecipeBase, Run
 from raycl.errors import UserError
 from raycl.models.classifier import build_classifier
-from raycl.recipes.idiom import inputs, report
+from raycl.recipes.idiom import inputs
+from raycl.recipes.idiom.report import REPORT
 from raycl.recipes.idiom.worker import IdiomTask
-from raycl.records import TrialOutcome
 
 
 class IdiomRecipe(RecipeBase):
@@ -27,7 +26,7 @@ class IdiomRecipe(RecipeBase):
     group_key: str | None = "data.setting"
 
     with_data = staticmethod(inputs.idiom_with_data)
-    write_report = staticmethod(report.write_all)
+    report = REPORT
     check_data = staticmethod(inputs.idiom_check_data)
 
     def base_model(self, run: Run) -> None:
@@ -59,6 +58,3 @@ class IdiomRecipe(RecipeBase):
 
     def max_t(self, run: Run) -> int:
         return int(run.cfg.optim.epochs) + 1
-
-    def best(self, trials: list[TrialOutcome], cfg: IdiomConfig) -> dict[Any, TrialOutcome]:
-        return dict(report.best_trials(trials, metric=cfg.tune.metric, mode=cfg.tune.mode))

@@ -6,7 +6,6 @@ PNG of dev F1 over epochs per strategy."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +16,6 @@ from raycl.report import final_row, num, pct
 from raycl.scoring.semeval_metrics import evaluate_idiom
 
 if TYPE_CHECKING:
-    from raycl.config import Space
     from raycl.config.tasks.idiom import IdiomConfig
     from raycl.driver import Run
     from raycl.records import TrialOutcome
@@ -33,17 +31,6 @@ def setting_of(trial: TrialOutcome) -> str | None:
     return value if value in A_SETTINGS else None
 
 
-def best_trials(trials: list[TrialOutcome], *, metric: str, mode: str = "max") -> dict[str, TrialOutcome]:
-    """Per setting, the trial whose closing report has the best ``metric`` (dev F1 of the kept epoch)."""
-    score = partial(_final_score, metric=metric)
-    picked = {s: rp.pick([t for t in trials if setting_of(t) == s], score, mode) for s in A_SETTINGS}
-    return {s: t for s, t in picked.items() if t is not None}
-
-
-def _final_score(trial: TrialOutcome, metric: str) -> float | None:
-    return num((final_row(trial) or {}).get(metric))
-
-
 def strategy(cfg: IdiomConfig, over: dict[str, Any]) -> str:
     """A trial's row name from its effective EMA switch and adversarial method."""
     ema = over.get("ema.enabled", cfg.ema.enabled)
@@ -57,12 +44,6 @@ def _scores(row: dict[str, Any]) -> dict[str, Any]:
 
 def _overrides(trial: TrialOutcome, baselines: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {**trial.params, **baselines.get(trial.params.get("baseline", ""), {})}
-
-
-def _row(run: Run, trial: TrialOutcome, baselines: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    final = final_row(trial) or {}
-    head = {"setting": setting_of(trial), "strategy": strategy(run.cfg, _overrides(trial, baselines))}
-    return rp.trial_row(trial, head, {"best_epoch": final.get("best_epoch"), **final}, ("best_epoch",), _SCORES)
 
 
 # ---------------------------------------------------------------------------------------------- the run's files
@@ -87,47 +68,96 @@ def export_submissions(run: Run, chosen: dict[str, TrialOutcome]) -> dict[str, A
     return scores
 
 
-def _ladder(
-    run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome], best: dict[str, TrialOutcome]
-) -> list[dict[str, Any]]:
-    """Table rows: the baselines in the space's order at each setting's best point, then the sweep's best; or,
-    without baselines, one row per strategy trained."""
-    groups: dict[str, dict[str, TrialOutcome]] = {}
-    if extra:
-        for name in (n for n in space.baselines if any(t.params.get("baseline") == n for t in extra)):
-            groups[name] = {s: t for t in extra if t.params.get("baseline") == name and (s := setting_of(t))}
-        groups["sweep best"] = best
-    else:
-        for t in trials:
-            if (s := setting_of(t)) is not None:
-                groups.setdefault(strategy(run.cfg, t.params), {})[s] = t
-    rows = []
-    for key, by_setting in groups.items():
-        first = next(iter(by_setting.values()), None)
-        label = strategy(run.cfg, _overrides(first, space.baselines)) if first and key != "sweep best" else key
-        row: dict[str, Any] = {"method": label, **({"baseline": key} if extra and key in space.baselines else {})}
-        for s, t in by_setting.items():
-            row.update({f"{s}/{k}": v for k, v in _scores(final_row(t) or {}).items()})
-            row[f"{s}/trial_id"] = t.trial_id
-        rows.append(row)
-    return rows
+class IdiomReport(rp.RecipeReport):
+    """Each setting compared apart: a trial is scored by its closing report (dev F1 of the kept epoch)."""
+
+    final, groups = True, A_SETTINGS
+
+    def group(self, trial: TrialOutcome) -> str | None:
+        return setting_of(trial)
+
+    def row(self, s: rp.Sweep, trial: TrialOutcome) -> dict[str, Any]:
+        final, over = final_row(trial) or {}, _overrides(trial, s.space.baselines)
+        head = {"setting": setting_of(trial), "strategy": strategy(s.run.cfg, over)}
+        return rp.trial_row(trial, head, {"best_epoch": final.get("best_epoch"), **final}, ["best_epoch"], _SCORES)
+
+    def more(self, s: rp.Sweep) -> dict[str, Any]:
+        return {"official": export_submissions(s.run, s.best)}
+
+    def table(self, s: rp.Sweep) -> list[dict[str, Any]]:
+        """Table rows: the baselines in the space's order at each setting's best point, then the sweep's best; or,
+        without baselines, one row per strategy trained."""
+        run, space, extra = s.run, s.space, s.extra
+        groups: dict[str, dict[str, TrialOutcome]] = {}
+        if extra:
+            for name in (n for n in space.baselines if any(t.params.get("baseline") == n for t in extra)):
+                groups[name] = {g: t for t in extra if t.params.get("baseline") == name and (g := setting_of(t))}
+            groups["sweep best"] = s.best
+        else:
+            for t in s.trials:
+                if (g := setting_of(t)) is not None:
+                    groups.setdefault(strategy(run.cfg, t.params), {})[g] = t
+        rows = []
+        for key, by_setting in groups.items():
+            first = next(iter(by_setting.values()), None)
+            label = strategy(run.cfg, _overrides(first, space.baselines)) if first and key != "sweep best" else key
+            named = {"baseline": key} if extra and key in space.baselines else {}
+            row: dict[str, Any] = {"method": label, **named}
+            for setting, t in by_setting.items():
+                row.update({f"{setting}/{k}": v for k, v in _scores(final_row(t) or {}).items()})
+                row[f"{setting}/trial_id"] = t.trial_id
+            rows.append(row)
+        return rows
+
+    def plots(self, s: rp.Sweep, run_dir: Path) -> list[Path]:
+        return [_plot(run_dir, _curves(s.table, s.trials + s.extra))]
+
+    def render(self, s: rp.Sweep, summary: dict[str, Any], plots: list[Path]) -> str:
+        run, space, trials = s.run, s.space, s.trials
+        rows, best = summary["table"], summary["best"] or {}
+        point = {
+            g: rp.point({k: v for k, v in r.items() if "." in k}, skip=("data.setting",)) for g, r in best.items()
+        }
+        points = "; ".join(f"{SETTING_NAMES[g]}: {r['strategy']} ({point[g]})" for g, r in best.items())
+        lines = [
+            f"# SemEval-2022 Task 2 Subtask A — {space.name}",
+            "",
+            "Tables 3–4: macro-F1 (%, EN+PT) of the official evaluator; dev = the epoch kept on dev (with the "
+            "EMA weights where EMA is on), test = the eval split scored with that model. Each row adds one "
+            "strategy to the row above, run at the setting's best sweep point; the last row is that point.",
+            "",
+            *_table(rows, (("dev_f1", "dev"), ("test_f1", "test"))),
+            "",
+            "Per language (dev):",
+            "",
+            *_table(rows, (("dev_f1/EN", "EN"), ("dev_f1/PT", "PT"))),
+            "",
+        ]
+        if points:
+            lines += [f"Best sweep point per setting: {points}.", ""]
+        langs = (("EN", "EN"), ("PT", "PT"), ("EN,PT", "EN+PT"))
+        for split, scores in summary["official"].items():
+            head = [f"{SETTING_NAMES[g]} {name}" for g in A_SETTINGS for _, name in langs]
+            cells = [pct(scores.get(g, {}).get(k)) for g in A_SETTINGS for k, _ in langs]
+            title = f"Official scores of `{split}.submission.csv` (both settings filled):"
+            lines += [title, "", *rp.md_table(head, [cells]), ""]
+        sweep = [
+            [
+                setting_of(t),
+                strategy(run.cfg, t.params),
+                rp.point(t.params, skip=("data.setting",)),
+                _int((f := final_row(t) or {}).get("best_epoch")),
+                pct(f.get("dev_f1")),
+                pct(f.get("test_f1")),
+            ]
+            for t in trials
+        ]
+        head = ["setting", "strategy", "point", "best epoch", "dev", "test"]
+        lines += ["## Sweep (macro-F1 EN+PT of the kept epoch, %)", "", *rp.md_table(head, sweep)]
+        return "\n".join(lines + rp.closing_lines(run, summary, plots))
 
 
-def write_all(run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]) -> dict[str, Any]:
-    best = best_trials(trials, metric=run.cfg.tune.metric, mode=run.cfg.tune.mode)
-    official = export_submissions(run, best)
-    table = _ladder(run, space, trials, extra, best)
-    return rp.write_run_files(
-        run,
-        space,
-        trials + extra,
-        row=partial(_row, run, baselines=space.baselines),
-        best={s: _row(run, t, space.baselines) for s, t in best.items()} or None,
-        table=table,
-        official=official,
-        plots=lambda d: [_plot(d, _curves(table, trials + extra))],
-        render=partial(_render, run, space, trials=trials),
-    )
+REPORT = IdiomReport()
 
 
 def _curves(table: list[dict[str, Any]], trials: list[TrialOutcome]) -> list[tuple[str, TrialOutcome]]:
@@ -149,52 +179,6 @@ def _table(rows: list[dict[str, Any]], keys: Sequence[tuple[str, str]]) -> list[
 def _int(v: Any) -> str:
     f = num(v)
     return "–" if f is None else str(int(f))  # Tune's history holds numbers as floats
-
-
-def _render(
-    run: Run, space: Space, summary: dict[str, Any], plots: list[Path], *, trials: list[TrialOutcome]
-) -> str:
-    rows, best = summary["table"], summary["best"] or {}
-    point = {
-        s: rp.point({k: v for k, v in r.items() if "." in k}, skip=("data.setting",)) for s, r in best.items()
-    }
-    points = "; ".join(f"{SETTING_NAMES[s]}: {r['strategy']} ({point[s]})" for s, r in best.items())
-    lines = [
-        f"# SemEval-2022 Task 2 Subtask A — {space.name}",
-        "",
-        "Tables 3–4: macro-F1 (%, EN+PT) of the official evaluator; dev = the epoch kept on dev (with the "
-        "EMA weights where EMA is on), test = the eval split scored with that model. Each row adds one "
-        "strategy to the row above, run at the setting's best sweep point; the last row is that point.",
-        "",
-        *_table(rows, (("dev_f1", "dev"), ("test_f1", "test"))),
-        "",
-        "Per language (dev):",
-        "",
-        *_table(rows, (("dev_f1/EN", "EN"), ("dev_f1/PT", "PT"))),
-        "",
-    ]
-    if points:
-        lines += [f"Best sweep point per setting: {points}.", ""]
-    langs = (("EN", "EN"), ("PT", "PT"), ("EN,PT", "EN+PT"))
-    for split, scores in summary["official"].items():
-        head = [f"{SETTING_NAMES[s]} {name}" for s in A_SETTINGS for _, name in langs]
-        cells = [pct(scores.get(s, {}).get(k)) for s in A_SETTINGS for k, _ in langs]
-        title = f"Official scores of `{split}.submission.csv` (both settings filled):"
-        lines += [title, "", *rp.md_table(head, [cells]), ""]
-    sweep = [
-        [
-            setting_of(t),
-            strategy(run.cfg, t.params),
-            rp.point(t.params, skip=("data.setting",)),
-            _int((f := final_row(t) or {}).get("best_epoch")),
-            pct(f.get("dev_f1")),
-            pct(f.get("test_f1")),
-        ]
-        for t in trials
-    ]
-    head = ["setting", "strategy", "point", "best epoch", "dev", "test"]
-    lines += ["## Sweep (macro-F1 EN+PT of the kept epoch, %)", "", *rp.md_table(head, sweep)]
-    return "\n".join(lines + rp.closing_lines(run, summary, plots))
 
 
 def _plot(run_dir: Path, curves: list[tuple[str, TrialOutcome]]) -> Path:

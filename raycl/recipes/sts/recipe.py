@@ -20,11 +20,11 @@ from raycl.files import atomic_file
 from raycl.miners.dense import group_pairs
 from raycl.miners.dense_io import CORPUS_COLUMN
 from raycl.models.sentence_encoder import CONFIG_FILE, build_sentence_encoder
-from raycl.recipes.sts import inputs, negatives, report
+from raycl.recipes.sts import inputs, negatives
 from raycl.recipes.sts.fits import fits
 from raycl.recipes.sts.negatives import ANCHOR, POSITIVE, checked_pairs
+from raycl.recipes.sts.report import REPORT
 from raycl.recipes.sts.worker import StsTask
-from raycl.records import TrialOutcome
 
 
 class StsRecipe(RecipeBase):
@@ -33,7 +33,7 @@ class StsRecipe(RecipeBase):
 
     with_data = staticmethod(inputs.sts_with_data)
     check_data = staticmethod(inputs.sts_check_data)
-    write_report = staticmethod(report.write_all)
+    report = REPORT
 
     def base_model(self, run: Run) -> None:
         """The preset with the MWE tokens (a tiny BERT's BPE is trained on every sentence of the run), or
@@ -76,10 +76,6 @@ class StsRecipe(RecipeBase):
             steps = math.ceil(n // world / cfg.optim.batch_size)  # the pair loader; the sentence loader is longer
             total += f.epochs * (steps // f.eval_every + 1)
         return total
-
-    def best(self, trials: list[TrialOutcome], cfg: StsConfig) -> dict[Any, TrialOutcome]:
-        best = report.best_trial(trials, metric=cfg.tune.metric, mode=cfg.tune.mode)
-        return {} if best is None else {None: best}
 
 
 # ---------------------------------------------------------------------------------------------- refreshed

@@ -4,7 +4,6 @@ Spearman ALL / Idiom / STS per setting) and the plots (Fig. 5, dev curves)."""
 
 from __future__ import annotations
 
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,8 +13,6 @@ from raycl.scoring.embedding_geometry import plot_alignment_uniformity
 from raycl.scoring.semeval_metrics import SUBSETS
 
 if TYPE_CHECKING:
-    from raycl.config import Space
-    from raycl.driver import Run
     from raycl.records import TrialOutcome
 
 SETTINGS = ("pre_train", "fine_tune")
@@ -37,74 +34,87 @@ SYMBOLS = {
     "mining.relative_margin": "r",
     "mining.absolute_margin": "m_abs",
 }
-_label = partial(rp.label, names=dict([*LADDER, DENSE, REFRESHED]), default=dict(LADDER)[None])
 _GEOMETRY = ["Strategy", *(f"{s} {k}" for s in SETTINGS for k in ("ℓ_align", "ℓ_uniform"))]
 
 
-def best_trial(trials: list[TrialOutcome], *, metric: str, mode: str = "max") -> TrialOutcome | None:
-    """The trial whose closing report has the best ``metric`` (dev Spearman of its final setting; the last on
-    ties)."""
-    return rp.pick(trials, lambda t: num((final_row(t) or {}).get(metric)), mode, last=True)
+class StsReport(rp.RecipeReport):
+    """A trial is scored by its closing report (dev Spearman of its final setting; the last trial on ties)."""
+
+    names, default = dict([*LADDER, DENSE, REFRESHED]), dict(LADDER)[None]
+    keep, final, last = (("step", "dev_spearman"), ("dev/", "test/", "align/", "uniform/")), True, True
+
+    def table(self, s: rp.Sweep) -> list[dict[str, Any]]:
+        """Table 5's ladder: each baseline of it, the sweep's best (+ MoCo queue), then the other baselines."""
+        return [self.row(s, t) for t in _ladder(s)]
+
+    def plots(self, s: rp.Sweep, run_dir: Path) -> list[Path]:
+        """Fig. 5 (ℓ_align against ℓ_uniform of each ladder row and setting) and the dev curves."""
+        out, ladder = [], _ladder(s)
+        points = {
+            f"{self.label(t)} ({g})": (a, u)
+            for t in ladder
+            for g in SETTINGS
+            if (a := num((final_row(t) or {}).get(f"align/{g}"))) is not None
+            and (u := num((final_row(t) or {}).get(f"uniform/{g}"))) is not None
+        }
+        if points:
+            title = "Fig. 5: ℓ_align vs ℓ_uniform"
+            out.append(plot_alignment_uniformity(points, run_dir / "align_uniform.png", title=title))
+        rp.curves_png(
+            run_dir / "dev_curves.png",
+            out,
+            [(self.label(t), rp.curve(t, "dev_spearman")) for t in ladder],
+            xlabel="step (pre-training, then fine-tuning)",
+            ylabel="dev Spearman ALL (%)",
+            title="Dev Spearman of the current setting",
+            legend={"fontsize": 7},
+        )
+        return out
+
+    def render(self, s: rp.Sweep, summary: dict[str, Any], plots: list[Path]) -> str:
+        rows, cfg = summary["table"], s.run.cfg
+        lines = [
+            f"# SemEval-2022 Task 2 Subtask B — {s.space.name}",
+            "",
+            "Table 5: Spearman ρ (%, EN+PT) of the official evaluator on dev, per setting (pre_train: the model "
+            "kept on the STS dev split; fine_tune: the one kept on dev). Each row adds one strategy to the row "
+            f"above; the last is the sweep's best point (joint loss: {cfg.loss.joint}).",
+            "",
+            *_table(rows, "dev"),
+            "",
+        ]
+        lines += _dense_lines(rows, cfg)
+        if any(k.startswith("test/") for r in rows for k in r):
+            lines += ["The same on eval (the paper's test):", "", *_table(rows, "test"), ""]
+        geometry = [
+            [r["method"], *(rp.cell3(r.get(f"{k}/{g}")) for g in SETTINGS for k in ("align", "uniform"))]
+            for r in rows
+        ]
+        sweep = [
+            [rp.point(t.params, SYMBOLS, skip=()), pct((final_row(t) or {}).get("dev_spearman"))] for t in s.trials
+        ]
+        lines += [
+            "Alignment and uniformity of the mean-pooled embeddings (lower is better, Fig. 5):",
+            "",
+            *rp.md_table(_GEOMETRY, geometry),
+            "",
+            "## Sweep (dev Spearman of the final setting, %)",
+            "",
+            *rp.md_table(["point", "dev ρ"], sweep),
+        ]
+        return "\n".join(lines + rp.closing_lines(s.run, summary, plots))
 
 
-def _row(trial: TrialOutcome) -> dict[str, Any]:
-    keep = ("step", "dev_spearman"), ("dev/", "test/", "align/", "uniform/")
-    return rp.trial_row(trial, {"method": _label(trial)}, final_row(trial) or {}, *keep)
+REPORT = StsReport()
 
 
-def write_all(run: Run, space: Space, trials: list[TrialOutcome], extra: list[TrialOutcome]) -> dict[str, Any]:
-    best = best_trial(trials, metric=run.cfg.tune.metric, mode=run.cfg.tune.mode)
-    by_name = {t.params.get("baseline"): t for t in extra}
-    ladder = [t for t in [by_name.get(n) for n, _ in LADDER[:-1]] + [best] if t is not None]
-    ladder += [t for n, t in by_name.items() if n not in dict(LADDER)]
-    return rp.write_run_files(
-        run,
-        space,
-        trials + extra,
-        row=_row,
-        best=_row(best) if best else None,
-        table=[_row(t) for t in ladder],
-        plots=lambda d: _plots(d, ladder),
-        render=partial(_render, run, space, trials=trials),
-    )
+def _ladder(s: rp.Sweep) -> list[TrialOutcome]:
+    return rp.ladder(s.extra, s.best.get(None), [*(n for n, _ in LADDER), ...])
 
 
 def _table(rows: list[dict[str, Any]], split: str) -> list[str]:
     keys = ((f"{s} {k}", f"{split}/{s}/EN+PT/{k}") for s in SETTINGS for k in SUBSETS)
     return rp.columns(rows, [("Strategy", lambda r: r["method"]), *rp.pct_columns(keys)])
-
-
-def _render(
-    run: Run, space: Space, summary: dict[str, Any], plots: list[Path], *, trials: list[TrialOutcome]
-) -> str:
-    rows, cfg = summary["table"], run.cfg
-    lines = [
-        f"# SemEval-2022 Task 2 Subtask B — {space.name}",
-        "",
-        "Table 5: Spearman ρ (%, EN+PT) of the official evaluator on dev, per setting (pre_train: the model "
-        "kept on the STS dev split; fine_tune: the one kept on dev). Each row adds one strategy to the row "
-        f"above; the last is the sweep's best point (joint loss: {cfg.loss.joint}).",
-        "",
-        *_table(rows, "dev"),
-        "",
-    ]
-    lines += _dense_lines(rows, cfg)
-    if any(k.startswith("test/") for r in rows for k in r):
-        lines += ["The same on eval (the paper's test):", "", *_table(rows, "test"), ""]
-    geometry = [
-        [r["method"], *(rp.cell3(r.get(f"{k}/{s}")) for s in SETTINGS for k in ("align", "uniform"))] for r in rows
-    ]
-    sweep = [[rp.point(t.params, SYMBOLS, skip=()), pct((final_row(t) or {}).get("dev_spearman"))] for t in trials]
-    lines += [
-        "Alignment and uniformity of the mean-pooled embeddings (lower is better, Fig. 5):",
-        "",
-        *rp.md_table(_GEOMETRY, geometry),
-        "",
-        "## Sweep (dev Spearman of the final setting, %)",
-        "",
-        *rp.md_table(["point", "dev ρ"], sweep),
-    ]
-    return "\n".join(lines + rp.closing_lines(run, summary, plots))
 
 
 def _dense_lines(rows: list[dict[str, Any]], cfg: Any) -> list[str]:
@@ -140,27 +150,3 @@ def _dense_lines(rows: list[dict[str, Any]], cfg: Any) -> list[str]:
         f"setting, {' → '.join(cells)}.",
         "",
     ]
-
-
-def _plots(run_dir: Path, ladder: list[TrialOutcome]) -> list[Path]:
-    out = []
-    points = {
-        f"{_label(t)} ({s})": (a, u)
-        for t in ladder
-        for s in SETTINGS
-        if (a := num((final_row(t) or {}).get(f"align/{s}"))) is not None
-        and (u := num((final_row(t) or {}).get(f"uniform/{s}"))) is not None
-    }
-    if points:
-        title = "Fig. 5: ℓ_align vs ℓ_uniform"
-        out.append(plot_alignment_uniformity(points, run_dir / "align_uniform.png", title=title))
-    with rp.figure(run_dir / "dev_curves.png", out) as ax:
-        rp.plot_curves(
-            ax,
-            [(_label(t), rp.curve(t, "dev_spearman")) for t in ladder],
-            xlabel="step (pre-training, then fine-tuning)",
-            ylabel="dev Spearman ALL (%)",
-            title="Dev Spearman of the current setting",
-            legend={"fontsize": 7},
-        )
-    return out
