@@ -36,20 +36,10 @@ from raycl.models.masks import prepared
 from raycl.recipes.idiom.evaluation import Evaluator, model_input
 from raycl.training.batching import BatchPlan
 from raycl.training.optim import adamw, build_scheduler
-from raycl.training.task import (
-    Batch,
-    Epoch,
-    Keep,
-    LoopSettings,
-    Report,
-    StepContext,
-    TaskBase,
-    TrainState,
-    Worker,
-)
+from raycl.training.task import Batch, Epoch, LoopSettings, Report, StepContext, TaskBase, TrainState, Worker
 from raycl.training.timing import Window
 
-BEST_MODEL = "best_model"
+BEST_MODEL = "best_model"  # where TaskBase.keep keeps the best model
 
 
 def train_examples(cfg: IdiomConfig, setting: str) -> list[IdiomExample]:
@@ -82,6 +72,7 @@ class IdiomState(TrainState):
 @dataclass(frozen=True)
 class IdiomTask(TaskBase):
     shown: ClassVar[tuple[str, ...]] = ("dev_f1",)  # on rank 0's progress line
+    kept = "dev_f1"  # the released `if f1 > best`: the earliest of equal epochs
     cfg: IdiomConfig
 
     @property
@@ -189,9 +180,6 @@ class IdiomTask(TaskBase):
         assert st.evals is not None
         with st.ema.applied() if st.ema is not None else nullcontext():  # EMA off: the live weights
             return dict(st.evals.dev_scores(st.model, st.tokenizer))
-
-    def keep(self, rep: Report, metrics: dict[str, Any]) -> Keep | None:
-        return Keep("dev_f1", BEST_MODEL)  # the released `if f1 > best`: the earliest of equal epochs
 
     def on_best(self, st: IdiomState, rep: Report, w: Worker) -> dict[str, Any]:
         st.progress["best_epoch"] = st.progress["epoch"]
