@@ -15,7 +15,6 @@ state's ``extras``: the encoder follows the scorer's train/eval mode (dropout in
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,12 +31,12 @@ from raycl.models.coherence import CoherenceScorer, MomentumEncoder
 from raycl.recipes.coherence.evaluation import Evaluator
 from raycl.recipes.coherence.inputs import in_training_order
 from raycl.recipes.coherence.step import CoherenceBatch, coherence_loss, collate
-from raycl.training.batching import sourced
+from raycl.training.batching import BatchPlan, sourced
 from raycl.training.negatives import Place, open_source
 from raycl.training.optim import adamw
 from raycl.training.prefetch import Call
 from raycl.training.state import CheckpointedRandom
-from raycl.training.task import Batch, Epoch, Report, StepContext, TaskBase, TrainState, Worker, updates_in
+from raycl.training.task import Batch, Epoch, Report, StepContext, TaskBase, TrainState, Worker
 from raycl.training.timing import Window
 
 Negs = list[tuple[str, ...]]
@@ -73,10 +72,6 @@ def _batches(
             batch = []
     if batch:
         yield Batch(([b[0] for b in batch], [b[1] for b in batch], rng), progress={"done": done})
-
-
-def _all_ranks(value: int) -> list[int]:
-    return [int(v[0]) for v in all_gather_floats([float(value)])]
 
 
 @dataclass
@@ -128,8 +123,9 @@ class CoherenceTask(TaskBase):
         shards = [items[r :: w.world_size] for r in range(w.world_size)]
         spec = w.job.negatives if w.job.negatives is not None else c.mining.source()
         st.source = open_source(spec, Place(w.rank, w.world_size, items, shards, o.batch_size))
-        longest = max(map(len, shards))  # the other ranks join its updates
-        st.total_updates = updates_in([math.ceil(longest / o.batch_size)] * o.epochs, o.update_freq)
+        # rank r's shares of global batches of W·B items are its shard cut into batches of B: the same count
+        plan = BatchPlan([len(items)], batch_size=o.batch_size, seed=o.seed, world_size=w.world_size)
+        st.total_updates = plan.updates(o.epochs, o.update_freq)  # the other ranks join its updates
         st.epochs = o.epochs
         return st
 
@@ -188,7 +184,7 @@ class CoherenceTask(TaskBase):
         stream's ledger (the source's state, which the loop checkpoints)."""
         st.extras["swalr"].step()  # the loop's ``lr`` is the rate SWALR has just set
         p = st.progress
-        done = _all_ranks(p["done"])
+        done = [int(v[0]) for v in all_gather_floats([float(p["done"])])]  # every rank's position
         mid_epoch = not rep.info.get("epoch_end") and p["done"]
         st.source.saved_ledger = st.source.ledger_state(p["epoch"], done) if mid_epoch else None
         return {**super().metrics(st, window, rep, w), "items": window.sums.get("items", 0.0)}  # items: summed
