@@ -113,17 +113,10 @@ class IdiomTask(TaskBase):
         )
 
     def _plan(self, n: int, w: Worker) -> BatchPlan:
-        """One shuffle an epoch shared by every rank, cut into global batches of ``world_size × batch`` rows, of
-        which each rank takes a strided share: N workers' i-th update is one worker's i-th batch of N·B rows, every
-        row is used, and every rank takes the same number of steps (DDP: a share of the last, short global batch
-        may be empty, and the step then runs with weight 0)."""
-        return BatchPlan(
-            [n],
-            batch_size=self.cfg.batch_size(self.setting),
-            seed=self.cfg.seed(self.setting),
-            rank=w.rank,
-            world_size=w.world_size,
-        )
+        """The setting's global batches (:class:`BatchPlan`): every rank takes the same number of steps, as DDP
+        needs — a share of the last, short global batch may be empty, and the step then runs with weight 0."""
+        b, seed = self.cfg.batch_size(self.setting), self.cfg.seed(self.setting)
+        return BatchPlan([n], batch_size=b, seed=seed, rank=w.rank, world_size=w.world_size)
 
     def start(self, st: IdiomState, w: Worker, *, resumed: bool) -> None:
         st.evals = Evaluator(self.cfg, self.setting) if w.rank == 0 else None
