@@ -5,6 +5,7 @@ order, from the same random draws — so no recipe's results move — and a leng
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from typing import Any
 
@@ -52,6 +53,8 @@ def test_the_plan_cuts_every_epoch_as_the_three_cutters_did(n: int, bs: int, ws:
         gec = BatchPlan([n], batch_size=bs, seed=seed, rank=rank, world_size=ws, draw="shuffle", keep_empty=False)
         gec.set_epoch(epoch)
         assert [b for (b,) in gec] == gec_reference(n, batch_size=bs, seed=s, rank=rank, world_size=ws)
+        gec.set_epoch(epoch + 1, 1)  # rows(epoch): that epoch's batches from its first, wherever the plan stood
+        assert gec.rows(epoch) == gec_reference(n, batch_size=bs, seed=s, rank=rank, world_size=ws)
         assert global_batches(n, batch_size=bs, seed=s, rank=rank, world_size=ws) == gec_reference(
             n, batch_size=bs, seed=s, rank=rank, world_size=ws
         )
@@ -65,6 +68,16 @@ def test_the_plan_cuts_every_epoch_as_the_three_cutters_did(n: int, bs: int, ws:
             sts.set_epoch(epoch)
             got = [([pairs[i] for i in b[0]], [sentences[i] for i in b[1]] if sentences else []) for b in sts]
             assert got == sts_reference(pairs, sentences, batch_size=bs, seed=s, rank=rank, world_size=ws)
+
+
+@pytest.mark.parametrize(("n", "bs", "ws", "seed"), CASES)
+def test_coherences_shards_cut_into_batches_count_as_the_plans_global_batches(
+    n: int, bs: int, ws: int, seed: int
+) -> None:
+    """Coherence trains rank r's items[r::W] in batches of B; its schedule counts the plan's global batches of W·B:
+    the longest shard's batches."""
+    longest = max(len(range(n)[r::ws]) for r in range(ws))
+    assert len(BatchPlan([n], batch_size=bs, seed=seed, world_size=ws)) == math.ceil(longest / bs)
 
 
 @pytest.mark.parametrize(("n", "bs", "ws", "seed"), CASES)
