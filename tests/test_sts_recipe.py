@@ -243,7 +243,7 @@ def test_dense_negatives_are_mined_once_and_a_trials_selection_is_mining_with_it
     a trial's selection (K, relative margin) from the pool equals ``mine_dense_negatives`` with those settings."""
     from raycl import mine_dense_negatives
     from raycl.miners.dense_io import read_anchor_negatives as read_negatives
-    from raycl.recipes.sts.negatives import mining_pairs
+    from raycl.recipes.sts.negatives import checked_pairs
 
     space = load_space(
         "sts",
@@ -254,7 +254,7 @@ def test_dense_negatives_are_mined_once_and_a_trials_selection_is_mining_with_it
     assert summary["best"]["dev_spearman"] is not None
     pool = read_negatives(tmp_path / "mining" / "dense-pool8-score4")
     cfg = space.config
-    rows, corpus = mining_pairs(
+    rows, corpus = checked_pairs(
         dataclasses.replace(
             cfg,
             data=dataclasses.replace(

@@ -18,7 +18,6 @@ report (``final: 1``) holds the official scores of both settings' submissions, a
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -29,11 +28,12 @@ from raycl.memory.moco import MoCoKeyEncoder
 from raycl.models.sentence_encoder import SentenceEncoder
 from raycl.recipes.sts import evaluation
 from raycl.recipes.sts.fits import Fit, Pair, finetune_pairs, fits, pair_sentences, pretrain_pairs, warmup_steps
-from raycl.recipes.sts.negatives import attach_negatives
+from raycl.recipes.sts.negatives import refreshed_pairs
 from raycl.recipes.sts.step import StsBatch, collate, sts_loss
 from raycl.training import optim as optimizers
 from raycl.training.batching import BatchPlan, Loader
 from raycl.training.checkpoint import seed_everything
+from raycl.training.negatives.dense import open_dense
 from raycl.training.optim import build_scheduler
 from raycl.training.task import (
     Batch,
@@ -54,7 +54,6 @@ class StsState(TrainState):
     pairs: list[Pair] = field(default_factory=list)  # the current fit's data
     sentences: list[str] = field(default_factory=list)
     evals: evaluation.Evaluator | None = None  # rank 0
-    mined: Mapping[str, list[str]] = field(default_factory=dict)  # {sentence: its dense hard negatives}
 
     @property
     def moco(self) -> MoCoKeyEncoder | None:
@@ -80,7 +79,11 @@ class StsTask(TaskBase):
             model, [], [], dict(progress or {"fit": 0, "started": False}), per_rank=("moco",)
         )  # its ring holds this rank's keys
         self._key_encoder(st, w)
-        attach_negatives(self.cfg, st, w)  # every rank reads the run's pool (a folder all workers share)
+        if (c := self.cfg).mines_dense:  # every rank reads the run's pool (a folder all workers share)
+            pairs = refreshed_pairs(c)
+            st.source = open_dense(c.mining, w.job.negatives, pairs, rank=w.rank, world_size=w.world_size)
+            if pairs is not None:
+                st.extras["refresh"] = st.source  # checkpoints keep its version and cadence
         if progress is not None and progress["started"]:
             self._start_fit(st, fits(self.cfg)[progress["fit"]], w)
         st.epochs = len(self._plan())
@@ -189,7 +192,7 @@ class StsTask(TaskBase):
         )  # refreshed: under the update's version
 
     def collate(self, st: StsState, data: Any) -> StsBatch:
-        return collate(st.model, data, st.mined, pad_to_multiple_of=self.settings.pad_to_multiple_of)
+        return collate(st.model, data, st.source or {}, pad_to_multiple_of=self.settings.pad_to_multiple_of)
 
     def step(self, st: StsState, data: StsBatch, ctx: StepContext) -> dict[str, Any]:
         return sts_loss(self.cfg, st.model, st.moco, data, ctx)
