@@ -301,7 +301,7 @@ def _negatives_file(path: Path, rows: list[dict[str, object]]) -> Path:
 def test_pre_mined_negatives_in_every_format_and_bad_ones_in_one_line(tmp_path: Path) -> None:
     from raycl.errors import UserError
     from raycl.miners.dense_io import read_anchor_negatives as read_negatives
-    from raycl.recipes.sts.negatives import check_negatives
+    from raycl.training.negatives.dense import check_pool
 
     triplets = _negatives_file(
         tmp_path / "t.parquet",
@@ -323,7 +323,7 @@ def test_pre_mined_negatives_in_every_format_and_bad_ones_in_one_line(tmp_path: 
     for m, a, b in ((0.05, ["y"], ["w"]), (0.15, [], ["w"]), (0.25, [], [])):  # keeps s ≤ p − m
         absolute = dataclasses.replace(cfg.mining, relative_margin=None, absolute_margin=m)
         assert (got["a"].select(absolute), got["b"].select(absolute)) == (a, b)
-    assert check_negatives(cfg) == 2
+    assert check_pool(cfg.mining) == 2
     ntuple = _negatives_file(
         tmp_path / "n.parquet", [{"anchor": "a", "positive": "p", "negative_1": "x", "negative_2": "y"}]
     )
@@ -333,7 +333,7 @@ def test_pre_mined_negatives_in_every_format_and_bad_ones_in_one_line(tmp_path: 
     for path in (ntuple, listed):
         assert read_negatives(path)["a"].negatives == ("x", "y") and read_negatives(path)["a"].scores is None
     with pytest.raises(UserError, match=r"n.parquet: no scores, expected them with mining.relative_margin"):
-        check_negatives(dataclasses.replace(cfg, mining=dataclasses.replace(cfg.mining, negatives=str(ntuple))))
+        check_pool(dataclasses.replace(cfg.mining, negatives=str(ntuple)))
     pairs = _negatives_file(tmp_path / "p.parquet", [{"anchor": "a", "text": "x", "label": 0}])
     with pytest.raises(UserError, match=r"p.parquet: columns anchor, text, label: expected a negative"):
         read_negatives(pairs)
