@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from raycl.data.semeval import Value, fill_submission
 
@@ -35,6 +35,20 @@ class Split(Generic[E]):
     submission_format: str
     gold: str
 
+    @property
+    def scores(self) -> str:
+        """What its scores are called: the eval split's are the test scores."""
+        return "test" if self.name == "eval" else self.name
+
+
+def official_splits(d: Any, read: Callable[[str], Sequence[E]]) -> list[Split[E]]:
+    """A data section's (``dev``, ``eval``, their ``*_submission_format`` and ``*_gold``) dev split and, where
+    given, its eval split, the inputs read with ``read``."""
+    out = [Split("dev", read(d.dev), d.dev_submission_format, d.dev_gold)]
+    if d.eval:
+        out.append(Split("eval", read(d.eval), d.eval_submission_format, d.eval_gold))
+    return out
+
 
 def prediction_rows(examples: Sequence[Example], preds: Predictions, setting: str) -> list[tuple[int, list[str]]]:
     """One setting's predictions of ``examples`` as a submission file's rows ``(line, [ID, Language, Setting,
@@ -50,8 +64,8 @@ def submit(
     write: Callable[[Split[E], Predictions, Path], Path] | None = None,
 ) -> dict[str, R]:
     """Each split's ``<out_dir>/<split>.submission.csv`` from ``predictions[split]`` (``write``; by default the
-    split's format file filled, cells without a prediction left blank) and ``{split: score(submission, gold)}``
-    of the splits that have gold."""
+    split's format file filled, cells without a prediction left blank) and, of the splits that have gold,
+    ``{split.scores: score(submission, gold)}`` (``dev``, ``test``)."""
     out: dict[str, R] = {}
     for split in splits:
         where = out_dir / f"{split.name}.submission.csv"
@@ -60,7 +74,7 @@ def submit(
         else:
             sub = write(split, predictions[split.name], where)
         if split.gold:
-            out[split.name] = score(sub, split.gold)
+            out[split.scores] = score(sub, split.gold)
     return out
 
 

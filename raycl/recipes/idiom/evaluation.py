@@ -23,13 +23,12 @@ from raycl.data.semeval import (
 )
 from raycl.models.classifier import encode_batch
 from raycl.scoring.semeval_metrics import evaluate_idiom, idiom_f1s
-from raycl.scoring.semeval_splits import Predictions, Split, batched, prediction_rows, submit
+from raycl.scoring.semeval_splits import Predictions, Split, batched, official_splits, prediction_rows, submit
 
 if TYPE_CHECKING:
     from raycl.config.tasks.idiom import IdiomConfig
 
 ModelInput = str | tuple[str, str]
-TEST = {"eval": "test"}  # the eval split's scores are the test F1
 
 
 def model_input(example: IdiomExample, setting: str) -> ModelInput:
@@ -72,11 +71,8 @@ class Evaluator:
 
     def __init__(self, cfg: IdiomConfig, setting: str) -> None:
         self.cfg, self.setting, d = cfg, setting, cfg.data
-        self.dev = read_idiom_inputs(d.dev)
-        self.dev_gold = list(read_rows(d.dev_gold, A_GOLD_HEADER))
-        self.splits = [Split("dev", self.dev, d.dev_submission_format, d.dev_gold)]
-        if d.eval:
-            self.splits.append(Split("eval", read_idiom_inputs(d.eval), d.eval_submission_format, d.eval_gold))
+        self.splits = official_splits(d, read_idiom_inputs)
+        self.dev, self.dev_gold = self.splits[0].examples, list(read_rows(d.dev_gold, A_GOLD_HEADER))
 
     def _predict(self, model: Any, tokenizer: Any, examples: Sequence[IdiomExample]) -> Predictions:
         inputs = [model_input(e, self.setting) for e in examples]
@@ -95,7 +91,7 @@ class Evaluator:
         splits = [s for s in self.splits if s.examples]
         preds = {s.name: self._predict(model, tokenizer, s.examples) for s in splits}
         scores = submit(splits, preds, out_dir, lambda sub, gold: evaluate_idiom(sub, gold)[self.setting], _write)
-        return {k: v for s, f1s in scores.items() for k, v in _f1s(f"{TEST.get(s, s)}_f1", f1s).items()}
+        return {k: v for s, f1s in scores.items() for k, v in _f1s(f"{s}_f1", f1s).items()}
 
 
 def _write(split: Split[IdiomExample], preds: Predictions, out: Path) -> Path:

@@ -22,7 +22,7 @@ from raycl.data.semeval import (
 from raycl.models.sentence_encoder import SentenceEncoder
 from raycl.scoring.embedding_geometry import alignment, uniformity
 from raycl.scoring.semeval_metrics import evaluate_sts, score_sts, spearman
-from raycl.scoring.semeval_splits import Predictions, Split, batched, prediction_rows, submit
+from raycl.scoring.semeval_splits import Predictions, batched, official_splits, prediction_rows, submit
 
 if TYPE_CHECKING:
     from raycl.config.tasks.sts import StsConfig
@@ -76,13 +76,8 @@ class Evaluator:
         self.sts_dev = [p for p in held_out if p.split == "dev"]
         self.has_sts_dev = len(self.sts_dev) >= 2
         self.geometry_pairs = held_out  # the STS dev and test pairs: alignment of score ≥ 4, uniformity of all
-        d = cfg.data
-        self.dev_pairs = read_sts_inputs(d.dev)
-        self.dev_gold = list(read_rows(d.dev_gold, B_GOLD_HEADER))
-        self.splits = [
-            Split("dev", self.dev_pairs, d.dev_submission_format, d.dev_gold),
-            Split("eval", read_sts_inputs(d.eval), d.eval_submission_format, d.eval_gold),
-        ]
+        self.splits = official_splits(cfg.data, read_sts_inputs)
+        self.dev_pairs, self.dev_gold = self.splits[0].examples, list(read_rows(cfg.data.dev_gold, B_GOLD_HEADER))
 
     def _predict(self, enc: SentenceEncoder, pairs: Sequence[StsPair], setting: str) -> Predictions:
         sims = predict(
@@ -116,7 +111,7 @@ class Evaluator:
                 preds[s.name].update(self._predict(enc, s.examples, setting))
             out.update(self.geometry(enc, setting))
         for split, scores in submit(self.splits, preds, out_dir, evaluate_sts).items():
-            out.update(_flatten("test" if split == "eval" else split, scores))
+            out.update(_flatten(split, scores))
         out["dev_spearman"] = out.get(f"dev/{self.cfg.final_setting}/EN+PT/ALL")
         return out
 
