@@ -322,7 +322,8 @@ def coherence_case(model: Any, b: int, args: Any, device: torch.device) -> Case:
     from raycl.config.tasks.coherence import CoherenceConfig
     from raycl.memory.negative_queue import NegativeQueue
     from raycl.models.coherence import MomentumEncoder
-    from raycl.recipes.coherence.worker import CoherenceState, CoherenceTask, PrefixRandom
+    from raycl.recipes.coherence.worker import CoherenceState, CoherenceTask
+    from raycl.training.state import CheckpointedRandom
 
     cfg = CoherenceConfig()  # the full model: λ·L_c + (1 − λ)·L_m, queue 1000, 5 negatives
     n = cfg.mining.num_negs
@@ -331,7 +332,7 @@ def coherence_case(model: Any, b: int, args: Any, device: torch.device) -> Case:
             device
         ),
         "momentum": MomentumEncoder(model),
-        "prefix_rng": PrefixRandom(0),
+        "prefix_rng": CheckpointedRandom(0),
     }
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr)
     st = CoherenceState(model, [opt], [None], {"done": 0}, extras)

@@ -25,6 +25,7 @@ from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.models.tokenizer import train_bpe_tokenizer
 from raycl.recipes.gec.step import GecBatch, collate, gec_loss
 from raycl.testing.gec_batches import batch_from_tensors
+from raycl.training.prefetch import move
 
 EPS = 0.1
 LAMBDA = 0.5
@@ -182,7 +183,7 @@ def test_collate_pads_to_a_multiple_and_tensors_round_trip(scorer: Seq2SeqScorer
     for f in ("row_src", "row_src_mask", "row_tgt", "row_sentence", "row_slot", "n_neg"):
         assert torch.equal(getattr(again, f), getattr(plain, f)), f
     assert (again.ntokens, again.spans, again.src_padded) == (plain.ntokens, plain.spans, plain.src_padded)
-    moved = plain.pin_memory().to("cpu", non_blocking=True)  # what the prefetcher does (pinning needs a GPU)
+    moved = move(plain, lambda t: t.to("cpu", non_blocking=True))  # the prefetcher's copy (pinning needs a GPU)
     assert torch.equal(moved.row_tgt, plain.row_tgt) and moved.spans == plain.spans
 
 

@@ -129,6 +129,12 @@ class BatchPlan:
             self.start += 1
             yield b
 
+    def rows(self, epoch: int) -> list[list[int]]:
+        """This rank's batches of ``epoch`` from its first, for a plan of one loader: the pools a negative source
+        that knows its negatives ahead hands out."""
+        self.set_epoch(epoch)
+        return [rows for (rows,) in self.batches()]
+
     def __len__(self) -> int:
         """Batches an epoch of the rank that has the most (rank 0: it has a row of every global batch)."""
         return min(

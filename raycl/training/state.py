@@ -17,6 +17,18 @@ from raycl.training.checkpoint import MODEL_DIR, STATE_FILE, load_state, save_st
 from raycl.training.task import TrainState
 
 
+class CheckpointedRandom(random.Random):
+    """A generator a task draws from as it collates (coherence's prefix slices), kept in ``TrainState.extras``
+    (in ``per_rank`` where each rank has its own): checkpointed with the state, so that a resumed run draws what
+    the uninterrupted one would have drawn."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"state": self.getstate()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.setstate(state["state"])
+
+
 def rank_file(rank: int) -> str:
     """The file of a checkpoint that holds rank ``rank``'s own part: its RNG states and per-rank extras."""
     return f"rank{rank}.pt"

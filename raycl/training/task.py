@@ -127,6 +127,7 @@ class TrainState:
     # where the negatives come from (raycl.training.negatives.NegativeSource; None: none). The loop owns its
     # lifecycle: resumed from ``progress["feed"]``, told of every update, its metrics and state in every report
     source: Any = None
+    evals: Any = None  # rank 0's evaluator (:meth:`TaskBase.start`); None on the other ranks
 
     def modules(self) -> list[nn.Module]:
         return [self.model, *(m for m in self.extras.values() if isinstance(m, nn.Module))]
@@ -154,7 +155,9 @@ class Task(Protocol):
     (``collate``, run ahead in a background thread) and runs a step on them (``step``, on the device).
     ``shown``: the metrics of a report that rank 0's progress line shows (the recipe's dev score).
 
-    16 hooks (``settings`` and 15 methods), 18 before issue 43: the epochs to run are the state's (``epochs``,
+    16 hooks (``settings`` and 15 methods), 18 before issue 43, of which a task deriving from :class:`TaskBase`
+    must write 3 (``build``, ``epoch``, ``step``; 7 before its defaults took ``settings``, ``load_model``,
+    ``metrics`` and ``evaluate``). The epochs to run are the state's (``epochs``,
     set by ``build``) instead of ``num_epochs``; ``end_epoch`` went (a task resets its own position when an
     epoch starts at its first batch); the negative source's lifecycle (resume, updates, state, metrics) is the
     loop's (``TrainState.source``), no longer each task's ``start``/``after_update``/``metrics``."""
@@ -180,12 +183,34 @@ class Task(Protocol):
 
 
 class TaskBase:
-    """Defaults for the optional parts of :class:`Task` (a task gives ``settings`` as an attribute or property)."""
+    """Defaults for the parts of :class:`Task` where recipes agree, driven by a few class attributes, so that a
+    worker writes only the hooks it differs in (``build``, ``epoch``, ``step`` at least):
 
+    - ``settings``: the loop's knobs from the config's ``optim`` section (a task with its own overrides of them —
+      a seed, DDP, a first fp16 loss scale — gives the property itself);
+    - ``load_model``: ``model_class.from_pretrained(path)``;
+    - ``start``: rank 0's ``evaluator(cfg)`` in ``state.evals`` (no ``evaluator``: none);
+    - ``metrics``: the interval's mean step outputs and the epoch;
+    - ``evaluate``: ``state.evals.dev(model)``, the dev scores;
+    - ``keep``: the best model by the dev metric ``kept`` (higher is better) in ``best_model/`` (``kept`` empty:
+      none is kept).
+    """
+
+    cfg: Any  # the recipe's typed config (a field of the task's dataclass)
     shown: ClassVar[tuple[str, ...]] = ()
+    model_class: ClassVar[Any] = None  # a class with ``from_pretrained(path)``
+    evaluator: ClassVar[Any] = None  # a class built from the config on rank 0, with ``dev(model)``
+    kept: ClassVar[str] = ""  # the metric the kept model is the best by
+
+    @property
+    def settings(self) -> LoopSettings:
+        return LoopSettings.from_options(self.cfg.optim)
+
+    def load_model(self, path: Path) -> nn.Module:
+        return self.model_class.from_pretrained(path)  # type: ignore[no-any-return]
 
     def start(self, st: Any, w: Worker, *, resumed: bool) -> None:
-        pass
+        st.evals = self.evaluator(self.cfg) if self.evaluator is not None and w.rank == 0 else None
 
     def collate(self, st: Any, data: Any) -> Any:
         return data
@@ -196,8 +221,15 @@ class TaskBase:
     def after_update(self, st: Any) -> None:
         pass
 
+    def metrics(self, st: Any, window: Window, rep: Report, w: Worker) -> dict[str, Any]:
+        return {**window.means(), "epoch": st.progress["epoch"]}
+
+    def evaluate(self, st: Any, rep: Report, w: Worker) -> dict[str, Any]:
+        assert st.evals is not None, "rank 0 evaluates with the evaluator its start built"
+        return dict(st.evals.dev(st.model))
+
     def keep(self, rep: Report, metrics: dict[str, Any]) -> Keep | None:
-        return None
+        return Keep(self.kept, "best_model") if self.kept else None
 
     def on_best(self, st: Any, rep: Report, w: Worker) -> dict[str, Any]:
         return {}

@@ -15,11 +15,9 @@ state's ``extras``: the encoder follows the scorer's train/eval mode (dropout in
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 from torch.optim.swa_utils import SWALR
@@ -33,29 +31,15 @@ from raycl.models.coherence import CoherenceScorer, MomentumEncoder
 from raycl.recipes.coherence.evaluation import Evaluator
 from raycl.recipes.coherence.inputs import in_training_order
 from raycl.recipes.coherence.step import CoherenceBatch, coherence_loss, collate
-from raycl.training.batching import sourced
+from raycl.training.batching import BatchPlan, sourced
 from raycl.training.negatives import Place, open_source
 from raycl.training.optim import adamw
 from raycl.training.prefetch import Call
-from raycl.training.task import (
-    Batch,
-    Epoch,
-    Keep,
-    LoopSettings,
-    Report,
-    StepContext,
-    TaskBase,
-    TrainState,
-    Worker,
-    updates_in,
-)
+from raycl.training.state import CheckpointedRandom
+from raycl.training.task import Batch, Epoch, Report, StepContext, TaskBase, TrainState, Worker
 from raycl.training.timing import Window
 
 Negs = list[tuple[str, ...]]
-
-
-def shards_of(items: list[CoherenceItem], world_size: int) -> list[list[CoherenceItem]]:
-    return [items[r::world_size] for r in range(world_size)]
 
 
 def _pairs(batches: Iterator[Batch | Call]) -> Iterator[tuple[CoherenceItem, Negs] | Call]:
@@ -90,37 +74,27 @@ def _batches(
         yield Batch(([b[0] for b in batch], [b[1] for b in batch], rng), progress={"done": done})
 
 
-def _all_ranks(value: int) -> list[int]:
-    return [int(v[0]) for v in all_gather_floats([float(value)])]
-
-
-class PrefixRandom(random.Random):
-    """The generator of the momentum positive's prefix slices, one per rank, checkpointed with the rank's state: a
-    resumed run draws the slices the uninterrupted one would have drawn."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"state": self.getstate()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.setstate(state["state"])
-
-
 @dataclass
 class CoherenceState(TrainState):
-    evals: Evaluator | None = None  # rank 0
-
     @property
     def momentum(self) -> MomentumEncoder | None:
         return self.extras.get("momentum")
 
     @property
-    def rng(self) -> PrefixRandom:
+    def rng(self) -> CheckpointedRandom:
         return self.extras["prefix_rng"]  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
 class CoherenceTask(TaskBase):
+    """The loop's settings are ``optim``'s: gradients summed after the backward, not DDP — an odd number of
+    documents, or items skipped for want of negatives, give the ranks different numbers of batches, which only the
+    loop's join can even out (DDP would wait forever for the rank that ran out)."""
+
     shown: ClassVar[tuple[str, ...]] = ("dev_acc", "timing/mine_wait_fraction")  # on rank 0's progress line
+    model_class = CoherenceScorer
+    evaluator = Evaluator  # rank 0's: dev accuracy; the test sets when dev improved (on_best)
+    kept = "dev_acc"
     cfg: CoherenceConfig
     train_items: str  # the permuted training set (JSONL), in file order
 
@@ -128,16 +102,6 @@ class CoherenceTask(TaskBase):
     def need(self) -> int:
         """Negatives an item trains on (pairwise: one); an item with fewer is skipped."""
         return 1 if self.cfg.loss.kind == "pairwise" else self.cfg.mining.num_negs
-
-    @property
-    def settings(self) -> LoopSettings:
-        # gradients summed after the backward, not DDP: an odd number of documents, or items skipped for want of
-        # negatives, give the ranks different numbers of batches, which only the loop's join can even out (DDP
-        # would wait forever for the rank that ran out)
-        return LoopSettings.from_options(self.cfg.optim)
-
-    def load_model(self, path: Path) -> CoherenceScorer:
-        return CoherenceScorer.from_pretrained(path)
 
     def build(self, model: CoherenceScorer, w: Worker, progress: dict[str, Any] | None) -> CoherenceState:
         c, o = self.cfg, self.cfg.optim
@@ -150,22 +114,20 @@ class CoherenceTask(TaskBase):
         if c.loss.kind == "momentum":
             extras["momentum"] = MomentumEncoder(model)
         p = dict(progress or {"done": 0})
-        extras["prefix_rng"] = PrefixRandom(o.seed + 1000 * w.rank)
+        extras["prefix_rng"] = CheckpointedRandom(o.seed + 1000 * w.rank)
         st = CoherenceState(model, [optimizer], [None], p, extras, per_rank=("queue", "prefix_rng"))
         st.extras["swalr"] = SWALR(
             optimizer, swa_lr=o.swa_lr, anneal_epochs=o.anneal_epochs, anneal_strategy="linear"
         )  # one step per report, as the released code
         items = in_training_order(c, read_pairs(self.train_items))
-        shards = shards_of(items, w.world_size)
+        shards = [items[r :: w.world_size] for r in range(w.world_size)]
         spec = w.job.negatives if w.job.negatives is not None else c.mining.source()
         st.source = open_source(spec, Place(w.rank, w.world_size, items, shards, o.batch_size))
-        longest = max(map(len, shards))  # the other ranks join its updates
-        st.total_updates = updates_in([math.ceil(longest / o.batch_size)] * o.epochs, o.update_freq)
+        # rank r's shares of global batches of W·B items are its shard cut into batches of B: the same count
+        plan = BatchPlan([len(items)], batch_size=o.batch_size, seed=o.seed, world_size=w.world_size)
+        st.total_updates = plan.updates(o.epochs, o.update_freq)  # the other ranks join its updates
         st.epochs = o.epochs
         return st
-
-    def start(self, st: CoherenceState, w: Worker, *, resumed: bool) -> None:
-        st.evals = Evaluator(self.cfg) if w.rank == 0 else None
 
     def epoch(self, st: CoherenceState, w: Worker, epoch: int, start: int) -> Epoch:
         """This rank's batches of ``epoch`` from its checkpoint's position (``done`` items, the stream's ledger);
@@ -177,7 +139,7 @@ class CoherenceTask(TaskBase):
         pairs = _pairs(sourced(st.source, epoch, done, st.model))  # the stream's part scheduled now
         rng = None
         if self.cfg.loss.kind == "momentum":  # the slices are drawn as batches are collated, ahead of their step
-            rng = PrefixRandom()
+            rng = CheckpointedRandom()
             rng.setstate(st.rng.getstate())
         batches = _batches(self.cfg, pairs, self.need, done, rng)
         return Epoch(batches, eval_every=self.cfg.optim.eval_every, report_at_end=False)
@@ -222,21 +184,10 @@ class CoherenceTask(TaskBase):
         stream's ledger (the source's state, which the loop checkpoints)."""
         st.extras["swalr"].step()  # the loop's ``lr`` is the rate SWALR has just set
         p = st.progress
-        done = _all_ranks(p["done"])
+        done = [int(v[0]) for v in all_gather_floats([float(p["done"])])]  # every rank's position
         mid_epoch = not rep.info.get("epoch_end") and p["done"]
         st.source.saved_ledger = st.source.ledger_state(p["epoch"], done) if mid_epoch else None
-        return {
-            **{k: v for k, v in window.means().items() if k != "items"},
-            "items": window.sums.get("items", 0.0),
-            "epoch": p["epoch"],
-        }
-
-    def evaluate(self, st: CoherenceState, rep: Report, w: Worker) -> dict[str, Any]:
-        assert st.evals is not None
-        return st.evals.dev(st.model)
-
-    def keep(self, rep: Report, metrics: dict[str, Any]) -> Keep | None:
-        return Keep("dev_acc", "best_model")
+        return {**super().metrics(st, window, rep, w), "items": window.sums.get("items", 0.0)}  # items: summed
 
     def on_best(self, st: CoherenceState, rep: Report, w: Worker) -> dict[str, Any]:
         assert st.evals is not None

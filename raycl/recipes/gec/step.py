@@ -16,10 +16,9 @@ path), and the loss's parts stay device tensors for the caller to accumulate.
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
@@ -87,21 +86,6 @@ class GecBatch:
     def target_ids(self) -> Tensor:
         """The gold targets (B, T₀), T₀ their own longest."""
         return self.row_tgt[: self.num_sentences, : self.spans[0].tgt_len]
-
-    def _map(self, fn: Callable[[Tensor], Tensor]) -> GecBatch:
-        names = ("row_src", "row_src_mask", "row_tgt", "row_sentence", "row_slot", "n_neg")
-        moved: dict[str, Any] = {n: fn(getattr(self, n)) for n in names}
-        return dataclasses.replace(self, **moved)
-
-    def pin_memory(self) -> GecBatch:
-        """Page-locked copies, so that ``to(device, non_blocking=True)`` overlaps the copy with the compute; the
-        batch itself where there is no accelerator (page-locking needs one)."""
-        if not torch.accelerator.is_available():
-            return self
-        return self._map(lambda t: t.pin_memory())
-
-    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> GecBatch:
-        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
 
 def collate(

@@ -11,10 +11,8 @@ accumulated batches, take the same step as one batch N times as large. After eve
 
 from __future__ import annotations
 
-import functools
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
 from raycl.config.tasks.gec import GecConfig
@@ -28,16 +26,7 @@ from raycl.records import save_dir_atomic
 from raycl.training.batching import BatchPlan, shard, sourced
 from raycl.training.negatives import NegativeSource, Place, StaticNegatives, open_source
 from raycl.training.optim import build_optimizer, build_scheduler
-from raycl.training.task import (
-    Epoch,
-    Keep,
-    LoopSettings,
-    Report,
-    StepContext,
-    TaskBase,
-    TrainState,
-    Worker,
-)
+from raycl.training.task import Epoch, Keep, LoopSettings, Report, StepContext, TaskBase, TrainState, Worker
 from raycl.training.timing import Window
 
 
@@ -53,23 +42,6 @@ class Phase:
     warmup: int
     label_smoothing: float
     trade_off: float
-
-
-def phase_of(cfg: GecConfig, name: str) -> Phase:
-    if name == "pretrain":
-        p = cfg.pretrain
-        return Phase(name, cfg.data.train, p.lr, p.epochs, p.batch_size, p.warmup_updates, p.label_smoothing, 0.0)
-    o = cfg.optim
-    return Phase(
-        name,
-        cfg.data.finetune,
-        o.lr,
-        o.epochs,
-        o.batch_size,
-        o.warmup_updates,
-        cfg.loss.label_smoothing,
-        cfg.loss.trade_off,
-    )
 
 
 @dataclass
@@ -89,6 +61,7 @@ class GecTask(TaskBase):
     """One phase of Algorithm 1 on one worker."""
 
     shown: ClassVar[tuple[str, ...]] = ("dev_f05", "timing/mine_wait_fraction")  # on rank 0's progress line
+    model_class = Seq2SeqScorer
 
     cfg: GecConfig
     phase: str  # pretrain | finetune
@@ -101,10 +74,14 @@ class GecTask(TaskBase):
 
     @property
     def ph(self) -> Phase:
-        return phase_of(self.cfg, self.phase)
-
-    def load_model(self, path: Path) -> Seq2SeqScorer:
-        return Seq2SeqScorer.from_pretrained(path)
+        c = self.cfg
+        if self.phase == "pretrain":
+            p = c.pretrain
+            args = (p.lr, p.epochs, p.batch_size, p.warmup_updates, p.label_smoothing, 0.0)
+            return Phase(self.phase, c.data.train, *args)
+        o, loss = c.optim, c.loss
+        args = (o.lr, o.epochs, o.batch_size, o.warmup_updates, loss.label_smoothing, loss.trade_off)
+        return Phase(self.phase, c.data.finetune, *args)
 
     def build(self, model: Any, w: Worker, progress: dict[str, Any] | None) -> GecState:
         cfg, ph = self.cfg, self.ph
@@ -161,9 +138,9 @@ class GecTask(TaskBase):
             spec = w.job.negatives if w.job.negatives is not None else cfg.mining.source()
             if spec is None:
                 raise RuntimeError("contrastive fine-tuning without a negative stream or mining.negatives")
-        plan = functools.partial(self._plan, len(examples), w)
+        plan = self._batch_plan(len(examples), w)  # rows(epoch): this rank's batches, negatives known ahead
         shards = [shard(examples, r, w.world_size) for r in range(w.world_size)]
-        return open_source(spec, Place(w.rank, w.world_size, examples, shards, ph.batch_size, plan))
+        return open_source(spec, Place(w.rank, w.world_size, examples, shards, ph.batch_size, plan.rows))
 
     def _batch_plan(self, n: int, w: Worker) -> BatchPlan:
         """GEC's global batches: a shuffle an epoch, ranks' empty shares left out (they join the last update)."""
@@ -171,12 +148,6 @@ class GecTask(TaskBase):
         return BatchPlan(
             [n], batch_size=b, seed=seed, rank=w.rank, world_size=w.world_size, draw="shuffle", keep_empty=False
         )
-
-    def _plan(self, n: int, w: Worker, epoch: int) -> list[list[int]]:
-        """This rank's batches of ``epoch`` where negatives are known ahead: its share of the global batches."""
-        plan = self._batch_plan(n, w)
-        plan.set_epoch(epoch)
-        return [rows for (rows,) in plan.batches()]
 
     def start(self, st: GecState, w: Worker, *, resumed: bool) -> None:
         if self.phase == "finetune" and w.rank == 0:

@@ -36,20 +36,10 @@ from raycl.models.masks import prepared
 from raycl.recipes.idiom.evaluation import Evaluator, model_input
 from raycl.training.batching import BatchPlan
 from raycl.training.optim import adamw, build_scheduler
-from raycl.training.task import (
-    Batch,
-    Epoch,
-    Keep,
-    LoopSettings,
-    Report,
-    StepContext,
-    TaskBase,
-    TrainState,
-    Worker,
-)
+from raycl.training.task import Batch, Epoch, LoopSettings, Report, StepContext, TaskBase, TrainState, Worker
 from raycl.training.timing import Window
 
-BEST_MODEL = "best_model"
+BEST_MODEL = "best_model"  # where TaskBase.keep keeps the best model
 
 
 def train_examples(cfg: IdiomConfig, setting: str) -> list[IdiomExample]:
@@ -82,6 +72,7 @@ class IdiomState(TrainState):
 @dataclass(frozen=True)
 class IdiomTask(TaskBase):
     shown: ClassVar[tuple[str, ...]] = ("dev_f1",)  # on rank 0's progress line
+    kept = "dev_f1"  # the released `if f1 > best`: the earliest of equal epochs
     cfg: IdiomConfig
 
     @property
@@ -122,17 +113,10 @@ class IdiomTask(TaskBase):
         )
 
     def _plan(self, n: int, w: Worker) -> BatchPlan:
-        """One shuffle an epoch shared by every rank, cut into global batches of ``world_size × batch`` rows, of
-        which each rank takes a strided share: N workers' i-th update is one worker's i-th batch of N·B rows, every
-        row is used, and every rank takes the same number of steps (DDP: a share of the last, short global batch
-        may be empty, and the step then runs with weight 0)."""
-        return BatchPlan(
-            [n],
-            batch_size=self.cfg.batch_size(self.setting),
-            seed=self.cfg.seed(self.setting),
-            rank=w.rank,
-            world_size=w.world_size,
-        )
+        """The setting's global batches (:class:`BatchPlan`): every rank takes the same number of steps, as DDP
+        needs — a share of the last, short global batch may be empty, and the step then runs with weight 0."""
+        b, seed = self.cfg.batch_size(self.setting), self.cfg.seed(self.setting)
+        return BatchPlan([n], batch_size=b, seed=seed, rank=w.rank, world_size=w.world_size)
 
     def start(self, st: IdiomState, w: Worker, *, resumed: bool) -> None:
         st.evals = Evaluator(self.cfg, self.setting) if w.rank == 0 else None
@@ -189,9 +173,6 @@ class IdiomTask(TaskBase):
         assert st.evals is not None
         with st.ema.applied() if st.ema is not None else nullcontext():  # EMA off: the live weights
             return dict(st.evals.dev_scores(st.model, st.tokenizer))
-
-    def keep(self, rep: Report, metrics: dict[str, Any]) -> Keep | None:
-        return Keep("dev_f1", BEST_MODEL)  # the released `if f1 > best`: the earliest of equal epochs
 
     def on_best(self, st: IdiomState, rep: Report, w: Worker) -> dict[str, Any]:
         st.progress["best_epoch"] = st.progress["epoch"]
