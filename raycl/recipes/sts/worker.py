@@ -53,7 +53,6 @@ from raycl.training.timing import Window
 class StsState(TrainState):
     pairs: list[Pair] = field(default_factory=list)  # the current fit's data
     sentences: list[str] = field(default_factory=list)
-    evals: evaluation.Evaluator | None = None  # rank 0
 
     @property
     def moco(self) -> MoCoKeyEncoder | None:
@@ -63,14 +62,13 @@ class StsState(TrainState):
 @dataclass(frozen=True)
 class StsTask(TaskBase):
     shown: ClassVar[tuple[str, ...]] = ("dev_spearman",)  # on rank 0's progress line
+    model_class: ClassVar[Any] = SentenceEncoder
+    evaluator: ClassVar[Any] = evaluation.Evaluator  # rank 0's: dev Spearman, the closing submissions
     cfg: StsConfig
 
     @property
     def settings(self) -> LoopSettings:
         return LoopSettings.from_options(self.cfg.optim, seed=self.cfg.pretrain.seed)
-
-    def load_model(self, path: Path) -> SentenceEncoder:
-        return SentenceEncoder.from_pretrained(path)
 
     def build(self, model: SentenceEncoder, w: Worker, progress: dict[str, Any] | None) -> StsState:
         """A fresh run's state, or the checkpoint's fit: its data, optimisers and key encoder (the loop then
@@ -153,9 +151,6 @@ class StsTask(TaskBase):
 
     def _alternate(self) -> bool:
         return self.cfg.loss.joint == "alternate" and self.cfg.loss.lam > 0
-
-    def start(self, st: StsState, w: Worker, *, resumed: bool) -> None:
-        st.evals = evaluation.Evaluator(self.cfg) if w.rank == 0 else None
 
     def _plan(self) -> list[tuple[int, int]]:
         """(fit, epoch of the fit) of every epoch the loop runs: the fits' epochs one after the other."""
