@@ -350,13 +350,14 @@ def test_the_step_adds_each_sentences_mined_negatives_to_its_denominator(tmp_pat
     from raycl.losses.infonce_queue import InfoNCEQueueLoss
     from raycl.recipes.sts.step import contrastive_loss
     from raycl.recipes.sts.worker import StsState, StsTask
+    from raycl.training.negatives.dense import DensePool
 
     enc = SentenceEncoder.from_pretrained(
         build_sentence_encoder("smoke", tmp_path / "m", texts=["a b c", "d e f", "g h", "x y", "z w"] * 4, seed=0)
     ).eval()
     mined = {"a b c": ["x y", "z w"], "g h": ["x y"]}
     cfg = load_space("sts", preset="smoke", overrides=["moco.queue_size=0"]).config
-    task, st = StsTask(cfg), StsState(enc, [], [], {}, mined=mined)
+    task, st = StsTask(cfg), StsState(enc, [], [], {}, source=DensePool(mined))  # the pool's selection
     sentences = ["a b c", "d e f", "g h"]
     batch = task.collate(st, ("con", [], sentences))
     assert batch.negatives is not None and batch.negatives.index.tolist() == [[0, 1], [-1, -1], [0, -1]]
