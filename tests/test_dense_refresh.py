@@ -62,9 +62,10 @@ def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_l
     from raycl.distributed.miner_pool import MinerFactory
     from raycl.distributed.mining_service import MiningService
     from raycl.miners.dense_io import read_anchor_negatives as read_negatives
-    from raycl.recipes.sts.negatives import negatives_for, refresh_anchors
+    from raycl.recipes.sts.negatives import refreshed_pairs
     from raycl.recipes.sts.recipe import KIND, miner_options, mining_section
     from raycl.testing.faults import Chaos
+    from raycl.training.negatives.dense import refresh_anchors, selected
 
     space = load_space(
         "sts",
@@ -78,16 +79,18 @@ def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_l
         ],
     )
     cfg, _ = sts.with_data(space.config, tmp_path / "data")
-    from raycl.recipes.sts.negatives import mining_pairs
+    from raycl.recipes.sts.negatives import checked_pairs
 
-    rows, corpus = mining_pairs(cfg)
+    rows, corpus = checked_pairs(cfg)
     base = build_sentence_encoder("smoke", tmp_path / "base", texts=corpus, seed=0)
     options = miner_options(cfg, tmp_path / "refresh")
     factory = MinerFactory(KIND, str(base), options, faults=Chaos(fail_after_tasks=1, miners=(0,)))
     service = MiningService.start(factory, mining_section(cfg), world_size=1, seed=0)
     try:
         service.pool.ready()  # both built and asking: round 1's first tasks go to both, miner 0 dies holding one
-        anchors = refresh_anchors(cfg, 1)
+        pairs = refreshed_pairs(cfg)
+        assert pairs is not None
+        anchors = refresh_anchors(*pairs, 1)
         got = RefreshedNegatives(
             {},
             anchors,
@@ -110,12 +113,7 @@ def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_l
         assert first == _pool_selection(cfg, base, tmp_path / "pool1")
         pool = read_negatives(tmp_path / "pool1")  # the static path never hands an anchor its own copy either
         assert any(a in v.negatives[:2] for a, v in pool.items())  # its nearest text, in the pool
-        static = negatives_for(
-            dataclasses.replace(
-                cfg,
-                mining=dataclasses.replace(cfg.mining, relative_margin=None, negatives=str(tmp_path / "pool1")),
-            )
-        )
+        static = selected(dataclasses.replace(cfg.mining, relative_margin=None, negatives=str(tmp_path / "pool1")))
         assert static and all(a not in negs and len(negs) == 2 for a, negs in static.items())
         with torch.no_grad():  # another model: the negatives must follow it
             torch.manual_seed(1)

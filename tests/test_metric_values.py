@@ -200,6 +200,85 @@ def test_sts_dev_spearman_of_the_models_cosines(encoder_dir: Path, tmp_path: Pat
     assert got["sts_dev_spearman"] == pytest.approx(naive_spearman([r[3] for r in dev], sims), abs=1e-9)
 
 
+def _pair_cosine(enc, a: str, b: str, *, cross: bool) -> float:  # type: ignore[no-untyped-def]
+    """One pair's similarity as the model predicts it, the pair alone (no batch, no padding)."""
+    with torch.no_grad():
+        if cross:
+            u, v = (t[0].tolist() for t in enc.pair_embeddings([a], [b]))
+        else:
+            u, v = _embed(enc, a), _embed(enc, b)
+    return sum(p * q for p, q in zip(_unit(u), _unit(v), strict=True))
+
+
+def naive_sts_scores(gold_csv: str, sim: dict[str, float], langs: Sequence[str]) -> dict[str, float]:
+    """The official Subtask B rule, written out: over the gold rows of ``langs``, ρ(target, prediction), the target
+    the gold sim or — blank — the prediction of the row's otherID; rows split by DataID's third field."""
+    with open(gold_csv, newline="", encoding="utf-8") as f:
+        gold = [r for r in csv.DictReader(f) if r["Language"] in langs]
+    cols: dict[str, tuple[list[float], list[float]]] = {"ALL": ([], []), "Idiom": ([], []), "STS": ([], [])}
+    for r in gold:
+        target = float(r["sim"]) if r["sim"] else sim[r["otherID"]]
+        parts = r["DataID"].split(".")
+        for key in ("ALL", "STS" if len(parts) > 2 and parts[2] == "sts" else "Idiom"):
+            cols[key][0].append(target)
+            cols[key][1].append(sim[r["ID"]])
+    return {k: naive_spearman(*v) for k, v in cols.items()}
+
+
+def _sims_alone(enc, pairs, *, cross: bool) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    return {p.id: _pair_cosine(enc, *p.tokenised(), cross=cross) for p in pairs}
+
+
+@pytest.mark.parametrize("cross", [True, False])
+def test_sts_official_dev_spearman_of_the_models_similarities(
+    encoder_dir: Path, tmp_path: Path, cross: bool
+) -> None:
+    """``dev_spearman`` and ``dev/{ALL,Idiom,STS}``: the official Spearman of the model's similarity of every
+    Subtask B dev pair (its MWEs as single tokens), against the gold file read here, EN and PT together."""
+    from raycl.models.sentence_encoder import SentenceEncoder
+
+    enc = SentenceEncoder.from_pretrained(encoder_dir).double().eval()
+    ev = _evaluator(tmp_path, HELD_OUT, batch=3, cross=cross)
+    got = ev.dev(enc, setting="fine_tune")
+    want = naive_sts_scores(ev.cfg.data.dev_gold, _sims_alone(enc, ev.dev_pairs, cross=cross), ("EN", "PT"))
+    assert {k: got[f"dev/{k}"] for k in want} == pytest.approx(want, abs=1e-9)
+    assert got["dev_spearman"] == got["dev/ALL"] and got["dev/ALL"] is not None
+
+
+def test_sts_final_submissions_are_the_models_predictions_officially_scored(
+    encoder_dir: Path, tmp_path: Path
+) -> None:
+    """``final``: both settings' rows of ``dev.submission.csv`` and ``eval.submission.csv`` are each model's
+    similarities, and ``dev/<setting>/<langs>/<subset>`` and ``test/…`` are their official Spearman per language
+    set (EN, PT, EN+PT), recomputed here from the files' gold."""
+    from raycl.models.sentence_encoder import SentenceEncoder
+
+    ev = _evaluator(tmp_path, HELD_OUT, batch=3, cross=True)
+    enc = SentenceEncoder.from_pretrained(encoder_dir).eval()
+    other = tmp_path / "other"
+    with torch.no_grad():  # a second model: the settings' rows must not mix
+        torch.manual_seed(3)
+        for p in enc.encoder.parameters():
+            p.add_(0.3 * torch.randn_like(p) * p.std().nan_to_num(0.02))
+    enc.save_pretrained(other)
+    models = {"pre_train": encoder_dir, "fine_tune": other}
+    got = ev.final(models, tmp_path / "out", device="cpu")
+    d = ev.cfg.data
+    for split, prefix, gold in (("dev", "dev", d.dev_gold), ("eval", "test", d.eval_gold)):
+        pairs = next(s.examples for s in ev.splits if s.name == split)
+        with open(tmp_path / "out" / f"{split}.submission.csv", newline="", encoding="utf-8") as f:
+            rows = {(r["ID"], r["Setting"]): float(r["Sim"]) for r in csv.DictReader(f)}
+        for setting, path in models.items():
+            enc = SentenceEncoder.from_pretrained(path).double().eval()
+            sims = _sims_alone(enc, pairs, cross=True)
+            assert {i: rows[i, setting] for i in sims} == pytest.approx(sims, abs=1e-5)
+            for langs in (("EN",), ("PT",), ("EN", "PT")):
+                want = naive_sts_scores(gold, {i: rows[i, setting] for i in sims}, langs)
+                cells = {k: got[f"{prefix}/{setting}/{'+'.join(langs)}/{k}"] for k in want}
+                assert cells == pytest.approx(want, abs=1e-9), (split, setting, langs)
+    assert got["dev_spearman"] == got["dev/fine_tune/EN+PT/ALL"]
+
+
 def test_sts_spearman_degenerate_cases() -> None:
     from raycl.scoring.semeval_metrics import spearman
 
@@ -323,28 +402,35 @@ def _macro_f1(y_true: Sequence[int], y_pred: Sequence[int]) -> float:
 
 
 @pytest.mark.parametrize("setting", ["zero_shot", "one_shot"])
-def test_idiom_dev_macro_f1_per_language_set(tmp_path: Path, setting: str) -> None:
+def test_idiom_dev_and_test_macro_f1_per_language_set(tmp_path: Path, setting: str) -> None:
+    """``dev_f1`` (during training, rows in memory) and the closing ``dev_f1``/``test_f1`` (from the written
+    submissions), per language set, against per-class counts of each example classified alone."""
     from raycl.models.classifier import build_classifier, encode_batch, load_classifier
     from raycl.recipes.idiom.evaluation import Evaluator, model_input
 
     space = load_space("idiom", preset="smoke", overrides=["eval.batch_size=3"])
     cfg, _ = recipe_for("idiom").with_data(space.config, tmp_path / "data")
     rng = random.Random(1)
-    with open(cfg.data.dev_gold, newline="", encoding="utf-8") as f:
-        gold = list(csv.DictReader(f))
-    with open(cfg.data.dev_gold, "w", newline="", encoding="utf-8") as f:  # unbalanced: macro ≠ micro ≠ weighted
-        w = csv.DictWriter(f, fieldnames=list(gold[0]))
-        w.writeheader()
-        w.writerows(gold := [{**r, "Label": str(int(rng.random() < 0.35))} for r in gold])
+    golds: dict[str, list[dict[str, str]]] = {}
+    for split, path in (("dev", cfg.data.dev_gold), ("eval", cfg.data.eval_gold)):
+        with open(path, newline="", encoding="utf-8") as f:
+            gold = list(csv.DictReader(f))
+        with open(path, "w", newline="", encoding="utf-8") as f:  # unbalanced: macro ≠ micro ≠ weighted
+            w = csv.DictWriter(f, fieldnames=list(gold[0]))
+            w.writeheader()
+            golds[split] = [{**r, "Label": str(int(rng.random() < 0.35))} for r in gold]
+            w.writerows(golds[split])
     ev = Evaluator(cfg, setting)
     model, tok = load_classifier(build_classifier("smoke", tmp_path / "clf", texts=SENTENCES * 3))
     model.eval()
+    examples = {s.name: s.examples for s in ev.splits}
+    assert set(examples) == {"dev", "eval"}
 
-    def margins() -> dict[str, float]:  # logit 1 − logit 0 of each dev example, classified alone
+    def margins(split: str) -> dict[str, float]:  # logit 1 − logit 0 of each example, classified alone
         with torch.no_grad():
             return {
                 e.id: float(logits[1] - logits[0])
-                for e in ev.dev
+                for e in examples[split]
                 for logits in model(
                     **encode_batch(tok, [model_input(e, setting)], max_len=cfg.model.max_len)
                 ).logits
@@ -352,16 +438,22 @@ def test_idiom_dev_macro_f1_per_language_set(tmp_path: Path, setting: str) -> No
 
     with torch.no_grad():  # an untrained head says one label for all: amplify it, split at the widest middle gap
         model.classifier.out_proj.weight.mul_(100.0)
-        m = sorted(margins().values())
+        m = sorted(margins("dev").values())
         i = max(range(len(m) // 4, 3 * len(m) // 4), key=lambda j: m[j + 1] - m[j])
         model.classifier.out_proj.bias[1] -= (m[i] + m[i + 1]) / 2  # far from every margin: batching moves none
+
+    def want(split: str, langs: tuple[str, ...]) -> float:
+        pred = {i: int(d > 0) for i, d in margins(split).items()}
+        assert 0 < sum(pred.values()) < len(pred)  # both labels predicted: no class's F1 is 0 by default
+        rows = [(int(g["Label"]), pred[g["ID"]]) for g in golds[split] if g["Language"] in langs]
+        return _macro_f1([t for t, _ in rows], [p for _, p in rows])
+
     got = ev.dev_scores(model, tok)
-    pred = {i: int(d > 0) for i, d in margins().items()}
-    assert 0 < sum(pred.values()) < len(pred)  # both labels predicted: no class's F1 is 0 by default
-    for key, langs in (("dev_f1/EN", ("EN",)), ("dev_f1/PT", ("PT",)), ("dev_f1", ("EN", "PT"))):
-        rows = [(int(g["Label"]), pred[g["ID"]]) for g in gold if g["Language"] in langs]
-        want = _macro_f1([t for t, _ in rows], [p for _, p in rows])
-        assert got[key] == pytest.approx(want, abs=1e-12), key
+    final = ev.final(model, tok, tmp_path / "out")
+    for key, langs in (("/EN", ("EN",)), ("/PT", ("PT",)), ("", ("EN", "PT"))):
+        assert got[f"dev_f1{key}"] == pytest.approx(want("dev", langs), abs=1e-12), key
+        assert final[f"dev_f1{key}"] == got[f"dev_f1{key}"], key
+        assert final[f"test_f1{key}"] == pytest.approx(want("eval", langs), abs=1e-12), key
 
 
 # ------------------------------------------------------------------------------------------- coherence evaluator

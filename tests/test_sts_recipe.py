@@ -243,7 +243,7 @@ def test_dense_negatives_are_mined_once_and_a_trials_selection_is_mining_with_it
     a trial's selection (K, relative margin) from the pool equals ``mine_dense_negatives`` with those settings."""
     from raycl import mine_dense_negatives
     from raycl.miners.dense_io import read_anchor_negatives as read_negatives
-    from raycl.recipes.sts.negatives import mining_pairs
+    from raycl.recipes.sts.negatives import checked_pairs
 
     space = load_space(
         "sts",
@@ -254,7 +254,7 @@ def test_dense_negatives_are_mined_once_and_a_trials_selection_is_mining_with_it
     assert summary["best"]["dev_spearman"] is not None
     pool = read_negatives(tmp_path / "mining" / "dense-pool8-score4")
     cfg = space.config
-    rows, corpus = mining_pairs(
+    rows, corpus = checked_pairs(
         dataclasses.replace(
             cfg,
             data=dataclasses.replace(
@@ -301,7 +301,7 @@ def _negatives_file(path: Path, rows: list[dict[str, object]]) -> Path:
 def test_pre_mined_negatives_in_every_format_and_bad_ones_in_one_line(tmp_path: Path) -> None:
     from raycl.errors import UserError
     from raycl.miners.dense_io import read_anchor_negatives as read_negatives
-    from raycl.recipes.sts.negatives import check_negatives
+    from raycl.training.negatives.dense import check_pool
 
     triplets = _negatives_file(
         tmp_path / "t.parquet",
@@ -323,7 +323,7 @@ def test_pre_mined_negatives_in_every_format_and_bad_ones_in_one_line(tmp_path: 
     for m, a, b in ((0.05, ["y"], ["w"]), (0.15, [], ["w"]), (0.25, [], [])):  # keeps s ≤ p − m
         absolute = dataclasses.replace(cfg.mining, relative_margin=None, absolute_margin=m)
         assert (got["a"].select(absolute), got["b"].select(absolute)) == (a, b)
-    assert check_negatives(cfg) == 2
+    assert check_pool(cfg.mining) == 2
     ntuple = _negatives_file(
         tmp_path / "n.parquet", [{"anchor": "a", "positive": "p", "negative_1": "x", "negative_2": "y"}]
     )
@@ -333,7 +333,7 @@ def test_pre_mined_negatives_in_every_format_and_bad_ones_in_one_line(tmp_path: 
     for path in (ntuple, listed):
         assert read_negatives(path)["a"].negatives == ("x", "y") and read_negatives(path)["a"].scores is None
     with pytest.raises(UserError, match=r"n.parquet: no scores, expected them with mining.relative_margin"):
-        check_negatives(dataclasses.replace(cfg, mining=dataclasses.replace(cfg.mining, negatives=str(ntuple))))
+        check_pool(dataclasses.replace(cfg.mining, negatives=str(ntuple)))
     pairs = _negatives_file(tmp_path / "p.parquet", [{"anchor": "a", "text": "x", "label": 0}])
     with pytest.raises(UserError, match=r"p.parquet: columns anchor, text, label: expected a negative"):
         read_negatives(pairs)
@@ -350,13 +350,14 @@ def test_the_step_adds_each_sentences_mined_negatives_to_its_denominator(tmp_pat
     from raycl.losses.infonce_queue import InfoNCEQueueLoss
     from raycl.recipes.sts.step import contrastive_loss
     from raycl.recipes.sts.worker import StsState, StsTask
+    from raycl.training.negatives.dense import DensePool
 
     enc = SentenceEncoder.from_pretrained(
         build_sentence_encoder("smoke", tmp_path / "m", texts=["a b c", "d e f", "g h", "x y", "z w"] * 4, seed=0)
     ).eval()
     mined = {"a b c": ["x y", "z w"], "g h": ["x y"]}
     cfg = load_space("sts", preset="smoke", overrides=["moco.queue_size=0"]).config
-    task, st = StsTask(cfg), StsState(enc, [], [], {}, mined=mined)
+    task, st = StsTask(cfg), StsState(enc, [], [], {}, source=DensePool(mined))  # the pool's selection
     sentences = ["a b c", "d e f", "g h"]
     batch = task.collate(st, ("con", [], sentences))
     assert batch.negatives is not None and batch.negatives.index.tolist() == [[0, 1], [-1, -1], [0, -1]]

@@ -23,6 +23,7 @@ from raycl.data.semeval import (
 )
 from raycl.models.classifier import encode_batch
 from raycl.scoring.semeval_metrics import evaluate_idiom, idiom_f1s
+from raycl.scoring.semeval_splits import Predictions, Split, batched, official_splits, prediction_rows, submit
 
 if TYPE_CHECKING:
     from raycl.config.tasks.idiom import IdiomConfig
@@ -41,12 +42,12 @@ def predict(
 ) -> list[int]:
     """The argmax label of every input (0 idiomatic, 1 non-idiomatic); the caller sets eval mode."""
     device = next(model.parameters()).device
-    out: list[int] = []
-    for i in range(0, len(inputs), batch_size):
-        batch = encode_batch(tokenizer, list(inputs[i : i + batch_size]), max_len=max_len)  # type: ignore[arg-type]
-        logits = model(**{k: v.to(device) for k, v in batch.items()}).logits  # (b, 2)
-        out += logits.argmax(dim=-1).tolist()
-    return out
+
+    def labels(batch: list[ModelInput]) -> list[int]:
+        encoded = encode_batch(tokenizer, batch, max_len=max_len)  # type: ignore[arg-type]
+        return model(**{k: v.to(device) for k, v in encoded.items()}).logits.argmax(dim=-1).tolist()  # (b, 2)
+
+    return batched(labels, inputs, batch_size)
 
 
 def _f1s(prefix: str, scores: dict[str, float | None]) -> dict[str, float | None]:
@@ -70,41 +71,28 @@ class Evaluator:
 
     def __init__(self, cfg: IdiomConfig, setting: str) -> None:
         self.cfg, self.setting, d = cfg, setting, cfg.data
-        self.dev = read_idiom_inputs(d.dev)
-        self.eval = read_idiom_inputs(d.eval) if d.eval else []
-        self.dev_gold = list(read_rows(d.dev_gold, A_GOLD_HEADER))
+        self.splits = official_splits(d, read_idiom_inputs)
+        self.dev, self.dev_gold = self.splits[0].examples, list(read_rows(d.dev_gold, A_GOLD_HEADER))
 
-    def _predict(self, model: Any, tokenizer: Any, examples: Sequence[IdiomExample]) -> list[int]:
+    def _predict(self, model: Any, tokenizer: Any, examples: Sequence[IdiomExample]) -> Predictions:
         inputs = [model_input(e, self.setting) for e in examples]
-        return predict(
-            model, tokenizer, inputs, max_len=self.cfg.model.max_len, batch_size=self.cfg.eval.batch_size
-        )
+        c = self.cfg
+        labels = predict(model, tokenizer, inputs, max_len=c.model.max_len, batch_size=c.eval.batch_size)
+        return {(e.id, self.setting): y for e, y in zip(examples, labels, strict=True)}
 
     def dev_scores(self, model: Any, tokenizer: Any) -> dict[str, float | None]:
         """Official dev macro-F1 of this setting: ``dev_f1`` (EN+PT), ``dev_f1/EN``, ``dev_f1/PT``."""
-        labels = self._predict(model, tokenizer, self.dev)
-        rows = [
-            (i + 2, [e.id, e.language, self.setting, str(y)])
-            for i, (e, y) in enumerate(zip(self.dev, labels, strict=True))
-        ]
+        rows = prediction_rows(self.dev, self._predict(model, tokenizer, self.dev), self.setting)
         names = (f"{self.setting} dev predictions", self.cfg.data.dev_gold)
         return _f1s("dev_f1", idiom_f1s(rows, self.dev_gold, setting=self.setting, names=names))
 
     def final(self, model: Any, tokenizer: Any, out_dir: Path) -> dict[str, float | None]:
         """This setting's rows of ``dev.submission.csv`` and ``eval.submission.csv``, officially scored."""
-        d, out = self.cfg.data, {}
-        splits = (
-            ("dev", self.dev, d.dev_submission_format, d.dev_gold, "dev_f1"),
-            ("eval", self.eval, d.eval_submission_format, d.eval_gold, "test_f1"),
-        )
-        for split, examples, fmt, gold, prefix in splits:
-            if not examples:
-                continue
-            labels = self._predict(model, tokenizer, examples)
-            preds: dict[tuple[str, str], Value] = {
-                (e.id, self.setting): y for e, y in zip(examples, labels, strict=True)
-            }
-            sub = write_submission(fmt, examples, preds, out_dir / f"{split}.submission.csv")
-            if gold:
-                out.update(_f1s(prefix, evaluate_idiom(sub, gold)[self.setting]))
-        return out
+        splits = [s for s in self.splits if s.examples]
+        preds = {s.name: self._predict(model, tokenizer, s.examples) for s in splits}
+        scores = submit(splits, preds, out_dir, lambda sub, gold: evaluate_idiom(sub, gold)[self.setting], _write)
+        return {k: v for s, f1s in scores.items() for k, v in _f1s(f"{s}_f1", f1s).items()}
+
+
+def _write(split: Split[IdiomExample], preds: Predictions, out: Path) -> Path:
+    return write_submission(split.submission_format, split.examples, preds, out)

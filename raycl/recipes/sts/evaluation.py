@@ -15,7 +15,6 @@ import torch
 from raycl.data.semeval import (
     B_GOLD_HEADER,
     StsPair,
-    fill_submission,
     read_rows,
     read_sts_inputs,
     read_sts_pretrain,
@@ -23,6 +22,7 @@ from raycl.data.semeval import (
 from raycl.models.sentence_encoder import SentenceEncoder
 from raycl.scoring.embedding_geometry import alignment, uniformity
 from raycl.scoring.semeval_metrics import evaluate_sts, score_sts, spearman
+from raycl.scoring.semeval_splits import Predictions, batched, official_splits, prediction_rows, submit
 
 if TYPE_CHECKING:
     from raycl.config.tasks.sts import StsConfig
@@ -33,12 +33,13 @@ def similarities(
     enc: SentenceEncoder, a: Sequence[str], b: Sequence[str], *, cross: bool, batch_size: int
 ) -> list[float]:
     """Each pair's cosine: cross-attended, or of each side's mean-pooled encoder output (no cross-attention)."""
-    out: list[float] = []
-    for i in range(0, len(a), batch_size):
-        x, y = list(a[i : i + batch_size]), list(b[i : i + batch_size])
+
+    def cosines(pairs: list[tuple[str, str]]) -> list[float]:
+        x, y = [p[0] for p in pairs], [p[1] for p in pairs]
         u, v = enc.pair_embeddings(x, y) if cross else (enc.encode(x), enc.encode(y))  # (b, H), (b, H)
-        out += torch.cosine_similarity(u, v, dim=-1).tolist()  # (b,)
-    return out
+        return torch.cosine_similarity(u, v, dim=-1).tolist()  # (b,)
+
+    return batched(cosines, list(zip(a, b, strict=True)), batch_size)
 
 
 def predict(
@@ -75,14 +76,14 @@ class Evaluator:
         self.sts_dev = [p for p in held_out if p.split == "dev"]
         self.has_sts_dev = len(self.sts_dev) >= 2
         self.geometry_pairs = held_out  # the STS dev and test pairs: alignment of score ≥ 4, uniformity of all
-        self.dev_pairs = read_sts_inputs(cfg.data.dev)
-        self.eval_pairs = read_sts_inputs(cfg.data.eval)
-        self.dev_gold = list(read_rows(cfg.data.dev_gold, B_GOLD_HEADER))
+        self.splits = official_splits(cfg.data, read_sts_inputs)
+        self.dev_pairs, self.dev_gold = self.splits[0].examples, list(read_rows(cfg.data.dev_gold, B_GOLD_HEADER))
 
-    def _predict(self, enc: SentenceEncoder, pairs: Sequence[StsPair]) -> dict[str, float]:
-        return predict(
+    def _predict(self, enc: SentenceEncoder, pairs: Sequence[StsPair], setting: str) -> Predictions:
+        sims = predict(
             enc, pairs, cross=self.cross, batch_size=self.bs, upstream_quirk=self.cfg.data.upstream_quirk
         )
+        return {(i, setting): v for i, v in sims.items()}
 
     def dev(self, enc: SentenceEncoder, *, setting: str) -> dict[str, float | None]:
         """``sts_dev_spearman`` (STS dev split) and the official dev Spearman of ``setting`` (EN+PT)."""
@@ -93,8 +94,7 @@ class Evaluator:
                 enc, [p.sentence1 for p in d], [p.sentence2 for p in d], cross=self.cross, batch_size=self.bs
             )
             out["sts_dev_spearman"] = spearman([p.score for p in d], sims)
-        preds = self._predict(enc, self.dev_pairs)
-        rows = [(i + 2, [p.id, p.language, setting, repr(preds[p.id])]) for i, p in enumerate(self.dev_pairs)]
+        rows = prediction_rows(self.dev_pairs, self._predict(enc, self.dev_pairs, setting), setting)
         names = (f"{setting} dev predictions", self.cfg.data.dev_gold)
         scores = score_sts(rows, self.dev_gold, setting=setting, languages=("EN", "PT"), names=names)
         out.update({f"dev/{k}": v for k, v in scores.items()})
@@ -103,19 +103,15 @@ class Evaluator:
 
     def final(self, models: dict[str, Path], out_dir: Path, *, device: Any) -> dict[str, float | None]:
         """Both settings' submissions of dev and eval (``fill_submission``), scored where gold exists."""
-        preds: dict[str, dict[tuple[str, str], float | int | None]] = {"dev": {}, "eval": {}}
+        preds: dict[str, Predictions] = {s.name: {} for s in self.splits}
         out: dict[str, float | None] = {}
         for setting, path in models.items():
             enc = SentenceEncoder.from_pretrained(path, device=device).eval()
-            for split, pairs in (("dev", self.dev_pairs), ("eval", self.eval_pairs)):
-                preds[split].update({(i, setting): v for i, v in self._predict(enc, pairs).items()})
+            for s in self.splits:
+                preds[s.name].update(self._predict(enc, s.examples, setting))
             out.update(self.geometry(enc, setting))
-        d = self.cfg.data
-        dev_sub = fill_submission(d.dev_submission_format, preds["dev"], out_dir / "dev.submission.csv")
-        eval_sub = fill_submission(d.eval_submission_format, preds["eval"], out_dir / "eval.submission.csv")
-        out.update(_flatten("dev", evaluate_sts(dev_sub, d.dev_gold)))
-        if d.eval_gold:
-            out.update(_flatten("test", evaluate_sts(eval_sub, d.eval_gold)))
+        for split, scores in submit(self.splits, preds, out_dir, evaluate_sts).items():
+            out.update(_flatten(split, scores))
         out["dev_spearman"] = out.get(f"dev/{self.cfg.final_setting}/EN+PT/ALL")
         return out
 

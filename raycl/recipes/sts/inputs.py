@@ -20,7 +20,8 @@ from raycl.data.semeval import (
 )
 from raycl.data.semeval_corpus import write_builtin_semeval
 from raycl.errors import UserError
-from raycl.recipes.sts.negatives import check_negatives, checked_pairs
+from raycl.recipes.sts.negatives import checked_pairs
+from raycl.training.negatives.dense import check_pool
 
 # ---------------------------------------------------------------------------------------------- Subtask B
 B_KEYS = {
@@ -73,7 +74,7 @@ def sts_check_data(cfg: StsConfig) -> dict[str, int]:
     if d.eval_gold:
         counts["eval_gold"] = len(list(read_rows(d.eval_gold, B_GOLD_HEADER)))
     if cfg.mining.negatives:
-        counts["dense_anchors"] = check_negatives(cfg)
+        counts["dense_anchors"] = check_pool(cfg.mining)
     elif cfg.mines_dense:
         counts["dense_anchors"] = len(checked_pairs(cfg)[0])
     return counts

@@ -5,22 +5,18 @@ score is ≥ ``mining.positive_min_score`` (anchor sentence 1, positive sentence
 the STS training split), the ``mining.pool`` nearest candidates of each anchor with no margin, in
 sentence-transformers' ``labeled-list`` format with scores — mined once per run, in-process, by the first
 training that needs it, into ``<run>/mining/dense-pool<P>-score<S>/`` — or a Parquet file/folder given as
-``mining.negatives`` (any of ``raycl.mine dense``'s formats but ``labeled-pair``). Each trial then keeps, per
-anchor, the first ``mining.num_negatives`` candidates that pass its own margins, with the miner's formulas
-(:mod:`raycl.miners.dense`; p the anchor's hardest positive score): ``absolute_margin`` m keeps s ≤ p − m,
-``relative_margin`` r keeps s ≤ p − |p|·r. On a pool mined without margins that is what mining with the trial's
-margins and ``range_max = mining.pool`` gives, so a sweep over margins and counts mines once.
+``mining.negatives``. Each trial's selection of it by its own margins is its negative source
+(:mod:`raycl.training.negatives.dense`).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from raycl.data.semeval import read_sts_pretrain
 from raycl.errors import UserError
-from raycl.miners.dense_io import read_anchor_negatives
 
 if TYPE_CHECKING:
     from raycl.config.tasks.sts import StsConfig
@@ -28,26 +24,19 @@ if TYPE_CHECKING:
 ANCHOR, POSITIVE = "anchor", "positive"
 
 
-def mining_pairs(cfg: StsConfig) -> tuple[list[dict[str, str]], list[str]]:
-    """The (anchor, positive) rows to mine — STS training pairs with score ≥ ``positive_min_score`` — and the
-    corpus: every sentence of the STS training split, each once."""
-    train = [p for spec in cfg.data.sts_pretrain for p in read_sts_pretrain(spec) if p.split == "train"]
-    rows = [
-        {ANCHOR: p.sentence1, POSITIVE: p.sentence2} for p in train if p.score >= cfg.mining.positive_min_score
-    ]
-    corpus = list(dict.fromkeys(s for p in train for s in (p.sentence1, p.sentence2)))
-    return rows, corpus
-
-
 def checked_pairs(cfg: StsConfig) -> tuple[list[dict[str, str]], list[str]]:
-    """:func:`mining_pairs`, at least one (the driver checks it before anything runs)."""
-    rows, corpus = mining_pairs(cfg)
+    """The (anchor, positive) rows to mine — STS training pairs with score ≥ ``positive_min_score``, at least one
+    (the driver checks it before anything runs) — and the corpus: every sentence of the STS training split, each
+    once."""
+    train = [p for spec in cfg.data.sts_pretrain for p in read_sts_pretrain(spec) if p.split == "train"]
+    m = cfg.mining
+    rows = [{ANCHOR: p.sentence1, POSITIVE: p.sentence2} for p in train if p.score >= m.positive_min_score]
     if not rows:
         raise UserError(
             f"mining.positive_min_score: no STS training pair of {', '.join(cfg.data.sts_pretrain)} "
-            f"has a score ≥ {cfg.mining.positive_min_score}, expected at least one to mine for"
+            f"has a score ≥ {m.positive_min_score}, expected at least one to mine for"
         )
-    return rows, corpus
+    return rows, list(dict.fromkeys(s for p in train for s in (p.sentence1, p.sentence2)))
 
 
 def run_pool(cfg: StsConfig, model: Path, mining_dir: Path) -> Path:
@@ -90,61 +79,9 @@ def mine_pool(cfg: StsConfig, model: Path, out: Path) -> Path:
     return out
 
 
-def check_negatives(cfg: StsConfig) -> int:
-    """The driver's check of ``mining.negatives`` (before Ray starts): readable, and scored where a margin is
-    set. Returns the anchors it holds."""
-    m = cfg.mining
-    found = read_anchor_negatives(m.negatives)
-    margin = m.relative_margin is not None or m.absolute_margin is not None
-    if margin and any(v.scores is None for v in found.values()):
-        raise UserError(
-            f"mining.negatives: {m.negatives}: no scores, expected them with mining.relative_margin "
-            "or mining.absolute_margin (mine with --output-scores)"
-        )
-    return len(found)
-
-
-def negatives_for(cfg: StsConfig) -> dict[str, list[str]]:
-    """A trial's negatives: ``{anchor: its selected negatives}`` (anchors left with none are left out)."""
-    if not cfg.mines_dense:
-        return {}
-    pool = read_anchor_negatives(cfg.mining.negatives)
-    chosen = {a: v.select(cfg.mining, anchor=a) for a, v in pool.items()}
-    return {a: n for a, n in chosen.items() if n}
-
-
-def refresh_anchors(cfg: StsConfig, world_size: int) -> list[list[Any]]:
-    """``mining.refresh``: every anchor (with its positives) for every trainer rank, ids unique across ranks
-    (each rank's batches hold any sentence, so each rank receives every anchor's refreshed negatives)."""
-    from raycl.miners.dense import group_pairs
-    from raycl.miners.sources import RefreshAnchor
-
-    rows, _ = checked_pairs(cfg)
-    queries, positives, _ = group_pairs([r[ANCHOR] for r in rows], [r[POSITIVE] for r in rows])
-    return [
-        [
-            RefreshAnchor(f"{rank}/{i}", q, tuple(p))
-            for i, (q, p) in enumerate(zip(queries, positives, strict=True))
-        ]
-        for rank in range(world_size)
-    ]
-
-
-def attach_negatives(cfg: StsConfig, st: Any, w: Any) -> None:
-    """A worker's negatives into its state (``st.mined``): the trial's selection, or with ``mining.refresh`` a
-    mapping that the miners refresh while training (also ``st.extras["refresh"]``: checkpoints keep its version,
-    and the worker calls its ``after_update``), handed the stream and the weight store the driver started."""
-    st.mined = negatives_for(cfg)
+def refreshed_pairs(cfg: StsConfig) -> tuple[list[str], list[str]] | None:
+    """``mining.refresh``: the (anchor, positive) rows the miners re-mine; None without it."""
     if not cfg.refreshes:
-        return
-    from raycl.miners.sources import DenseRefresh
-    from raycl.training.negatives import open_refreshed
-
-    if not isinstance(w.job.negatives, DenseRefresh):
-        raise RuntimeError(
-            "mining.refresh: the training was started without a negative stream (train it through "
-            "the recipe's driver, python -m raycl.train / raycl.tune)"
-        )
-    st.mined = st.source = st.extras["refresh"] = open_refreshed(
-        w.job.negatives, st.mined, refresh_anchors(cfg, w.world_size), rank=w.rank, world_size=w.world_size
-    )
+        return None
+    rows, _ = checked_pairs(cfg)
+    return [r[ANCHOR] for r in rows], [r[POSITIVE] for r in rows]

@@ -48,11 +48,11 @@ class StsBatch:
     sentences: Sentences | None  # the contrastive objective's sentences (SimCSE views of each)
     n_pairs: int
     n_sentences: int
-    negatives: MinedNegatives | None = None  # the sentences' own dense hard negatives (``mining``)
+    negatives: SentenceNegatives | None = None  # the sentences' own dense hard negatives (``mining``)
 
 
 @dataclass(frozen=True)
-class MinedNegatives:
+class SentenceNegatives:
     """The contrastive batch's mined negatives: each distinct text once, and each sentence's columns in them."""
 
     texts: Sentences  # (N, T)
@@ -66,7 +66,7 @@ class MinedNegatives:
         mined: Mapping[str, list[str]],
         *,
         pad_to_multiple_of: int | None,
-    ) -> MinedNegatives | None:
+    ) -> SentenceNegatives | None:
         """None when no sentence of the batch has negatives (the step is then the plain InfoNCE)."""
         per = [mined.get(s, []) for s in sentences]
         k = max(map(len, per), default=0)
@@ -93,7 +93,7 @@ def collate(
     negatives = None
     if sentences:
         con = Sentences.of(enc, sentences, pad_to_multiple_of=pad)
-        negatives = MinedNegatives.of(enc, sentences, mined, pad_to_multiple_of=pad) if mined else None
+        negatives = SentenceNegatives.of(enc, sentences, mined, pad_to_multiple_of=pad) if mined else None
     return StsBatch(kind, a, b, labels, con, len(pairs), len(sentences), negatives)
 
 

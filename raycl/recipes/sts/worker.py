@@ -18,7 +18,6 @@ report (``final: 1``) holds the official scores of both settings' submissions, a
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -29,11 +28,12 @@ from raycl.memory.moco import MoCoKeyEncoder
 from raycl.models.sentence_encoder import SentenceEncoder
 from raycl.recipes.sts import evaluation
 from raycl.recipes.sts.fits import Fit, Pair, finetune_pairs, fits, pair_sentences, pretrain_pairs, warmup_steps
-from raycl.recipes.sts.negatives import attach_negatives
+from raycl.recipes.sts.negatives import refreshed_pairs
 from raycl.recipes.sts.step import StsBatch, collate, sts_loss
 from raycl.training import optim as optimizers
 from raycl.training.batching import BatchPlan, Loader
 from raycl.training.checkpoint import seed_everything
+from raycl.training.negatives.dense import open_dense
 from raycl.training.optim import build_scheduler
 from raycl.training.task import (
     Batch,
@@ -53,8 +53,6 @@ from raycl.training.timing import Window
 class StsState(TrainState):
     pairs: list[Pair] = field(default_factory=list)  # the current fit's data
     sentences: list[str] = field(default_factory=list)
-    evals: evaluation.Evaluator | None = None  # rank 0
-    mined: Mapping[str, list[str]] = field(default_factory=dict)  # {sentence: its dense hard negatives}
 
     @property
     def moco(self) -> MoCoKeyEncoder | None:
@@ -64,14 +62,13 @@ class StsState(TrainState):
 @dataclass(frozen=True)
 class StsTask(TaskBase):
     shown: ClassVar[tuple[str, ...]] = ("dev_spearman",)  # on rank 0's progress line
+    model_class: ClassVar[Any] = SentenceEncoder
+    evaluator: ClassVar[Any] = evaluation.Evaluator  # rank 0's: dev Spearman, the closing submissions
     cfg: StsConfig
 
     @property
     def settings(self) -> LoopSettings:
         return LoopSettings.from_options(self.cfg.optim, seed=self.cfg.pretrain.seed)
-
-    def load_model(self, path: Path) -> SentenceEncoder:
-        return SentenceEncoder.from_pretrained(path)
 
     def build(self, model: SentenceEncoder, w: Worker, progress: dict[str, Any] | None) -> StsState:
         """A fresh run's state, or the checkpoint's fit: its data, optimisers and key encoder (the loop then
@@ -80,7 +77,11 @@ class StsTask(TaskBase):
             model, [], [], dict(progress or {"fit": 0, "started": False}), per_rank=("moco",)
         )  # its ring holds this rank's keys
         self._key_encoder(st, w)
-        attach_negatives(self.cfg, st, w)  # every rank reads the run's pool (a folder all workers share)
+        if (c := self.cfg).mines_dense:  # every rank reads the run's pool (a folder all workers share)
+            pairs = refreshed_pairs(c)
+            st.source = open_dense(c.mining, w.job.negatives, pairs, rank=w.rank, world_size=w.world_size)
+            if pairs is not None:
+                st.extras["refresh"] = st.source  # checkpoints keep its version and cadence
         if progress is not None and progress["started"]:
             self._start_fit(st, fits(self.cfg)[progress["fit"]], w)
         st.epochs = len(self._plan())
@@ -151,9 +152,6 @@ class StsTask(TaskBase):
     def _alternate(self) -> bool:
         return self.cfg.loss.joint == "alternate" and self.cfg.loss.lam > 0
 
-    def start(self, st: StsState, w: Worker, *, resumed: bool) -> None:
-        st.evals = evaluation.Evaluator(self.cfg) if w.rank == 0 else None
-
     def _plan(self) -> list[tuple[int, int]]:
         """(fit, epoch of the fit) of every epoch the loop runs: the fits' epochs one after the other."""
         return [(k, e) for k, fit in enumerate(fits(self.cfg)) for e in range(fit.epochs)]
@@ -189,7 +187,7 @@ class StsTask(TaskBase):
         )  # refreshed: under the update's version
 
     def collate(self, st: StsState, data: Any) -> StsBatch:
-        return collate(st.model, data, st.mined, pad_to_multiple_of=self.settings.pad_to_multiple_of)
+        return collate(st.model, data, st.source or {}, pad_to_multiple_of=self.settings.pad_to_multiple_of)
 
     def step(self, st: StsState, data: StsBatch, ctx: StepContext) -> dict[str, Any]:
         return sts_loss(self.cfg, st.model, st.moco, data, ctx)
