@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from conftest import GEC_TINY
+from conftest import GEC_TINY, with_gec_base_model
 
 from raycl import driver
 from raycl.config.tasks import load_space
@@ -52,7 +52,10 @@ def test_builtin_dev_and_test_have_two_annotators(tmp_path: Path) -> None:
     assert {a for s in sents for a in s.annotators()} == {0, 1}
 
 
-def test_tune_sweep_and_baselines_on_local_ray(ray_local, tmp_path: Path) -> None:
+def test_tune_sweep_and_baselines_on_local_ray(ray_local, gec_base_model: Path, tmp_path: Path) -> None:
+    """Step 1 reuses the session's base model (step 1 itself: the in-process test above); steps 2–3 and the
+    baselines as a sweep."""
+    with_gec_base_model(gec_base_model, tmp_path)
     over = [
         *TINY,
         "scaling.num_workers=1",
