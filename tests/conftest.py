@@ -57,6 +57,7 @@ def ray_local():
 LONGEST_FIRST = (
     "test_resume_driver.py",
     "test_gec_recipe.py",
+    "test_resume_train_driver.py",
     "test_tracking.py",
     "test_sts_recipe.py",
     "test_equivalence.py",
