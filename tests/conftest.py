@@ -53,15 +53,17 @@ def ray_local():
 
 
 # The test files that take longest on 2 cores (``pytest --durations``, summed per file), longest first. A file
-# missing here only runs later; one that grew slow belongs here.
+# missing here only runs later; one that grew slow belongs here. pytest-xdist hands a worker its next file as soon
+# as two or fewer of its tests are left, so the file after a one- or two-test file is queued behind it on the same
+# worker: the third file here waits for the first (the killed sweep's) — a long file there would not run beside it.
 LONGEST_FIRST = (
     "test_resume_driver.py",
     "test_gec_recipe.py",
-    "test_resume_train_driver.py",
     "test_tracking.py",
     "test_sts_recipe.py",
     "test_equivalence.py",
     "test_storage.py",
+    "test_resume_train_driver.py",
     "test_dense_mining.py",
     "test_chaos_bench.py",
     "test_security.py",
@@ -99,10 +101,10 @@ GEC_TINY = [
 @pytest.fixture(scope="session")
 def gec_base_model(ray_local, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: ANN001
     """Step 1 of the GEC recipe at :data:`GEC_TINY` (the base model trained on the built-in D_T, in-process: Ray
-    Train's local mode), once a session. A test whose run only needs a trained base model copies it into its run
-    folder (:func:`with_gec_base_model`) and the driver reuses it, as a resumed run does; each such test
-    pretrained its own before (a Ray Train worker group started for it, the larger part of step 1's time).
-    ``test_gec_recipe``'s in-process run still trains its own base model and checks step 1's outputs."""
+    Train's local mode), once a session, its outputs checked here (the model folder, step 1's history). The GEC
+    tests whose runs start from a trained base model copy it into their run folder (:func:`with_gec_base_model`)
+    and the driver reuses it, as a resumed run does; each trained its own before (the sweep's and the killed
+    trainer's on a Ray Train worker group, started for step 1 alone)."""
     from raycl import driver
     from raycl.config.tasks import load_space
     from raycl.recipes import recipe_for
