@@ -4,7 +4,6 @@ pytest-xdist a session is a worker: each worker has its own Ray, its own tempora
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,30 +95,6 @@ GEC_TINY = [
     "mining.task_size=8",
     "mining.queue_size=32",
 ]
-
-
-@pytest.fixture(scope="session")
-def gec_base_model(ray_local, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: ANN001
-    """Step 1 of the GEC recipe at :data:`GEC_TINY` (the base model trained on the built-in D_T, in-process: Ray
-    Train's local mode), once a session, its outputs checked here (the model folder, step 1's history). The GEC
-    tests whose runs start from a trained base model copy it into their run folder (:func:`with_gec_base_model`)
-    and the driver reuses it, as a resumed run does; each trained its own before (the sweep's and the killed
-    trainer's on a Ray Train worker group, started for step 1 alone)."""
-    from raycl import driver
-    from raycl.config.tasks import load_space
-    from raycl.recipes import recipe_for
-
-    space = load_space("gec_pd", preset="smoke", overrides=[*GEC_TINY, "scaling.num_workers=0"])
-    run = driver.prepare(recipe_for("gec"), space, tmp_path_factory.mktemp("gec_base") / "run")
-    assert (run.base_model / "config.json").exists() and (run.run_dir / "pretrain" / "history.jsonl").exists()
-    return run.base_model
-
-
-def with_gec_base_model(base_model: Path, run_dir: Path) -> Path:
-    """``run_dir`` holding a copy of the session's GEC base model: the driver's step 1 reuses it (a copy, since a
-    run writes beside its base model: CTranslate2's conversion cache)."""
-    shutil.copytree(base_model, run_dir / "base_model")
-    return run_dir
 
 
 def ending(model_dir: Path, *, bias: float = 4.0) -> Path:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
-from conftest import GEC_TINY, with_gec_base_model
+from conftest import GEC_TINY
 
 from raycl import driver
 from raycl.config.tasks import load_space
@@ -22,13 +22,13 @@ gec = recipe_for("gec")
 TINY = GEC_TINY
 
 
-def test_train_in_process_writes_every_output(ray_local, gec_base_model: Path, tmp_path: Path) -> None:
-    """Trainer in-process (Ray Train local mode), miners as actors on the local Ray. Step 1 (the base model,
-    trained in-process at this size) is conftest's ``gec_base_model``, which checks its outputs; reused here."""
+def test_train_in_process_writes_every_output(ray_local, tmp_path: Path) -> None:
+    """Trainer in-process (Ray Train local mode), miners as actors on the local Ray."""
     space = load_space("gec_pd", preset="smoke", overrides=[*TINY, "scaling.num_workers=0"])
-    summary = driver.run_train(gec, space, with_gec_base_model(gec_base_model, tmp_path))
+    summary = driver.run_train(gec, space, tmp_path)
     for name in ("config.yaml", "results.csv", "best.json", "report.md", "negatives.parquet", "dev_curves.png"):
         assert (tmp_path / name).exists(), name
+    assert (tmp_path / "base_model" / "config.json").exists()
     best = summary["best"]
     for key in ("dev_f05", "test/S/f05", "test/G/p", "test/G/ann0/f05", "test/G/ann1/f05", "test/S/oe"):
         assert key in best and 0.0 <= best[key] <= 1.0, key
@@ -52,9 +52,7 @@ def test_builtin_dev_and_test_have_two_annotators(tmp_path: Path) -> None:
     assert {a for s in sents for a in s.annotators()} == {0, 1}
 
 
-def test_tune_sweep_and_baselines_on_local_ray(ray_local, gec_base_model: Path, tmp_path: Path) -> None:
-    """Steps 2–3 and the baselines as a sweep on the local Ray, from the session's base model (step 1 reused)."""
-    with_gec_base_model(gec_base_model, tmp_path)
+def test_tune_sweep_and_baselines_on_local_ray(ray_local, tmp_path: Path) -> None:
     over = [
         *TINY,
         "scaling.num_workers=1",

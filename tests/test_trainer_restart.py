@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import GEC_TINY, with_gec_base_model
+from conftest import GEC_TINY
 
 from raycl import driver
 from raycl.config.tasks import load_space
@@ -16,9 +16,7 @@ from raycl.records import read_history
 from raycl.testing.loop_hooks import CrashSwitch
 
 
-def test_a_trainer_killed_mid_epoch_resumes_from_its_checkpoint(
-    ray_local, gec_base_model: Path, tmp_path: Path
-) -> None:
+def test_a_trainer_killed_mid_epoch_resumes_from_its_checkpoint(ray_local, tmp_path: Path) -> None:
     over = [
         *GEC_TINY,
         "scaling.num_workers=1",
@@ -31,7 +29,7 @@ def test_a_trainer_killed_mid_epoch_resumes_from_its_checkpoint(
     ]
     space = load_space("gec_pd", preset="smoke", overrides=over)
     gec = recipe_for("gec")
-    run = driver.prepare(gec, space, with_gec_base_model(gec_base_model, tmp_path / "run"))  # step 1 reused
+    run = driver.prepare(gec, space, tmp_path / "run")
     marker, out = tmp_path / "crashed", tmp_path / "ft"
     # 40 sentences in batches of 8: 5 steps an epoch; the worker dies after step 7, in the middle of epoch 2
     run.trainer_hooks = (CrashSwitch(exit_at_step=7, marker=str(marker)),)  # the trainer's crash switch
