@@ -52,7 +52,9 @@ def ray_local():
 
 
 # The test files that take longest on 2 cores (``pytest --durations``, summed per file), longest first. A file
-# missing here only runs later; one that grew slow belongs here.
+# missing here only runs later; one that grew slow belongs here. pytest-xdist hands a worker its next file as soon
+# as two or fewer of its tests are left, so the file after a one- or two-test file is queued behind it on the same
+# worker: the third file here waits for the first (the killed sweep's) — a long file there would not run beside it.
 LONGEST_FIRST = (
     "test_resume_driver.py",
     "test_gec_recipe.py",
@@ -60,6 +62,7 @@ LONGEST_FIRST = (
     "test_sts_recipe.py",
     "test_equivalence.py",
     "test_storage.py",
+    "test_resume_train_driver.py",
     "test_dense_mining.py",
     "test_chaos_bench.py",
     "test_security.py",

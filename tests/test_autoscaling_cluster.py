@@ -88,11 +88,13 @@ def test_a_shape_no_node_type_holds_is_refused_at_once(cluster: FakeCluster, tmp
         str(tmp_path / "x"),
         timeout=120,
     )
-    took = time.monotonic() - t0
-    print(f"\nexit {done.returncode} after {took:.0f} s: {_last_line(done)}")
+    print(f"\nexit {done.returncode} after {time.monotonic() - t0:.0f} s: {_last_line(done)}")
+    # refused at once, by the check before Ray Train starts: its one line (no waiting line before it) names the
+    # shape and the autoscaler's maximum; a run that waited for a node would wait scaling.start_timeout_s (600 s)
+    # and outlive the 120 s the subprocess is given — the wait is bounded, no time is asserted
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0, done.stderr[-3000:]
     assert "one Ray Train worker asks {CPU 1, GPU 8}" in done.stderr and "more than any node has" in done.stderr
-    assert "autoscaler's maximum" in done.stderr and took < 60
+    assert "autoscaler's maximum" in done.stderr
 
 
 STATE = """

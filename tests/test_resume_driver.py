@@ -6,8 +6,8 @@ trial's history and the report's tables equal those of an uninterrupted run of t
 the idiom ladder's rows). That uninterrupted run is issue 20's S3 sweep: ``--out s3://…`` on a real S3 API server
 on localhost (moto's, the ``s3`` fixture), its report, histories and Ray's own state read back from the bucket,
 then restored from the bucket by the same command (raycl restores only Tune state it recorded writing).
-``raycl.train`` (idiom, both settings): the setting that ended is kept, the interrupted one continues from its
-checkpoint. Both re-runs go through a pipe, as ``ray job logs`` would read them: a Tune
+``raycl.train``'s killed driver: ``test_resume_train_driver.py`` (a file of its own, so that ``make test``'s two
+workers can run it beside this one). The re-run goes through a pipe, as ``ray job logs`` would read it: a Tune
 trial's progress lines reach the driver's stderr without any setting (worker output is on by default).
 
 The killed drivers join the test session's local Ray (``--address``), as a driver on a cluster's head node does:
@@ -223,23 +223,3 @@ def test_a_sweep_whose_driver_was_killed_continues_where_it_was(
     for name in ("sweep", "baselines"):
         assert f"[raycl] resumed sweep: continuing the experiment stored at {uri}/ray/{name}" in again.stderr
     assert json.loads(again.stdout)["table"] == summary["table"]
-
-
-def test_a_train_run_whose_driver_was_killed_continues_where_it_was(ray_local, tmp_path: Path) -> None:
-    """Idiom's two settings, one after the other: killed once zero-shot ended and one-shot reported a
-    checkpoint."""
-    address = ray_local.get_runtime_context().gcs_address
-    out = tmp_path / "run"
-    cmd = _cli("train", "idiom", out, ["optim.epochs=6", "scaling.cpus_per_worker=1"], address)
-    _kill_when(cmd, _ended_and_checkpointed(out, lambda setting: f"train-{setting}"))
-    stderr = _rerun(cmd)
-    assert f"resumed run: {out}\n" in stderr
-    assert _line(stderr, "[raycl] resumed trainings:") == (
-        "[raycl] resumed trainings: 1 finished trainings kept, 1 interrupted trainings continued from their "
-        "last checkpoint, 0 trainings still to run"
-    )
-    assert len(_starts(out / "trials" / "zero_shot")) == 1
-    first, second = _starts(out / "trials" / "one_shot")
-    assert not first["resumed"] and second["resumed"] and second["step"] > 0
-    assert [h["epoch"] for h in read_history(out / "trials" / "one_shot")][:6] == [1, 2, 3, 4, 5, 6]
-    assert (out / "report.md").exists() and (out / "eval.submission.csv").exists()

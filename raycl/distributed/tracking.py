@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from ray.air.integrations.mlflow import MLflowLoggerCallback
 
 from raycl.errors import UserError, environ_items, redact_uri, uri_credentials
 from raycl.records import HISTORY, read_history
@@ -172,44 +171,53 @@ def _files(folder: Path, names: Sequence[str], plots: bool) -> list[Path]:
 
 
 # ---------------------------------------------------------------------------------------------- trial runs
-class TrialRuns(MLflowLoggerCallback):
-    """Ray's MLflow callback, one child run of the raycl run per trial; params are the trial's point at its
-    start, then its whole resolved config (``trials/ID/config.yaml``, which the trial writes) at its end —
-    filtered by :func:`safe_params` (Ray's own logs ``trial.config`` as it is)."""
+def _mlflow_callback() -> type:
+    """:class:`TrialRuns`, made when MLflow is asked for: importing Ray's MLflow integration imports mlflow
+    (about a CPU second), which every process that imports the driver — each Tune trial's, each command's —
+    would pay for an untracked run."""
+    from ray.air.integrations.mlflow import MLflowLoggerCallback
 
-    def __init__(self, active: _Active, sweep: str) -> None:
-        super().__init__(
-            experiment_name=active.experiment, tags={"mlflow.parentRunId": active.parent_id, "raycl.sweep": sweep}
-        )
-        self.run_dir = active.run_dir
-        self._logged: dict[str, dict[str, str]] = {}
+    class TrialRuns(MLflowLoggerCallback):  # type: ignore[misc]
+        """Ray's MLflow callback, one child run of the raycl run per trial; params are the trial's point at its
+        start, then its whole resolved config (``trials/ID/config.yaml``, which the trial writes) at its end —
+        filtered by :func:`safe_params` (Ray's own logs ``trial.config`` as it is)."""
 
-    def log_trial_start(self, trial: Any) -> None:
-        if trial not in self._trial_runs:
-            tags = {**(self.tags or {}), "trial_name": str(trial), "raycl.trial_id": trial.trial_id}
-            self._trial_runs[trial] = self.mlflow_util.start_run(tags=tags, run_name=str(trial)).info.run_id
-        self._log_params(trial, safe_params(trial.config))
+        def __init__(self, active: _Active, sweep: str) -> None:
+            super().__init__(
+                experiment_name=active.experiment,
+                tags={"mlflow.parentRunId": active.parent_id, "raycl.sweep": sweep},
+            )
+            self.run_dir = active.run_dir
+            self._logged: dict[str, dict[str, str]] = {}
 
-    def log_trial_result(self, iteration: int, trial: Any, result: dict[str, Any]) -> None:
-        """As Ray's (Tune's ``training_iteration`` as the step), in one batch per report instead of one
-        request per metric."""
-        from ray.tune.utils import flatten_dict
+        def log_trial_start(self, trial: Any) -> None:
+            if trial not in self._trial_runs:
+                tags = {**(self.tags or {}), "trial_name": str(trial), "raycl.trial_id": trial.trial_id}
+                self._trial_runs[trial] = self.mlflow_util.start_run(tags=tags, run_name=str(trial)).info.run_id
+            self._log_params(trial, safe_params(trial.config))
 
-        step = int(result.get("training_iteration", iteration))
-        metrics = [(step, _metrics(flatten_dict(result)))]
-        _mlflow_metrics(self.mlflow_util._get_client(), self._trial_runs[trial], metrics)
+        def log_trial_result(self, iteration: int, trial: Any, result: dict[str, Any]) -> None:
+            """As Ray's (Tune's ``training_iteration`` as the step), in one batch per report instead of one
+            request per metric."""
+            from ray.tune.utils import flatten_dict
 
-    def log_trial_end(self, trial: Any, failed: bool = False) -> None:
-        self._log_params(trial, config_params(self.run_dir / "trials" / trial.trial_id / "config.yaml"))
-        super().log_trial_end(trial, failed=failed)
+            step = int(result.get("training_iteration", iteration))
+            metrics = [(step, _metrics(flatten_dict(result)))]
+            _mlflow_metrics(self.mlflow_util._get_client(), self._trial_runs[trial], metrics)
 
-    def _log_params(self, trial: Any, params: dict[str, str]) -> None:
-        """Only params not logged yet (MLflow refuses a param logged again with another value)."""
-        done = self._logged.setdefault(trial.trial_id, {})
-        new = {k: v for k, v in params.items() if k not in done}
-        if new:
-            self.mlflow_util.log_params(run_id=self._trial_runs[trial], params_to_log=new)
-            done.update(new)
+        def log_trial_end(self, trial: Any, failed: bool = False) -> None:
+            self._log_params(trial, config_params(self.run_dir / "trials" / trial.trial_id / "config.yaml"))
+            super().log_trial_end(trial, failed=failed)
+
+        def _log_params(self, trial: Any, params: dict[str, str]) -> None:
+            """Only params not logged yet (MLflow refuses a param logged again with another value)."""
+            done = self._logged.setdefault(trial.trial_id, {})
+            new = {k: v for k, v in params.items() if k not in done}
+            if new:
+                self.mlflow_util.log_params(run_id=self._trial_runs[trial], params_to_log=new)
+                done.update(new)
+
+    return TrialRuns
 
 
 def _wandb_callback() -> type:
@@ -297,7 +305,7 @@ def sweep_callbacks(sweep: str) -> list[Any]:
         return []
     out: list[Any] = []
     if "mlflow" in _active.backends:
-        out.append(TrialRuns(_active, sweep))
+        out.append(_mlflow_callback()(_active, sweep))
     if "wandb" in _active.backends:
         out.append(_wandb_callback()(_active, sweep))
     return out
