@@ -142,3 +142,113 @@ def test_a_plan_without_rows_or_with_a_bad_size_is_refused() -> None:
         BatchPlan([5], batch_size=0, seed=1)
     with pytest.raises(ValueError, match="draw"):
         BatchPlan([5], batch_size=1, seed=1, draw="sorted").batches()
+
+
+# ------------------------------------------------------------------------------------------ mutate-units' gaps
+def _naive_token_updates(
+    n: int, sizes: list[int], *, batch_size: int, world: int, seed: int, max_tokens: int, epochs: int, freq: int
+) -> int:
+    """Every rank's own plan cut by the token budget, the most batches of any rank an epoch, ⌈· / freq⌉ summed."""
+    total = 0
+    for epoch in range(epochs):
+        most = 0
+        for rank in range(world):
+            plan = BatchPlan([n], batch_size=batch_size, seed=seed, rank=rank, world_size=world)
+            plan.set_epoch(epoch)
+            most = max(
+                most, sum(len(token_groups([sizes[i] for i in rows], max_tokens)) for (rows,) in plan.batches())
+            )
+        total += -(-most // freq)
+    return total
+
+
+@pytest.mark.parametrize("case", range(40))
+def test_token_budget_updates_are_every_ranks_cut_batches(case: int) -> None:
+    """``BatchPlan.updates(sizes=, max_tokens=)`` (GEC's schedule under fairseq's --max-tokens) against each rank's
+    plan cut by the budget and counted by hand — sizes, budget, epochs and update_freq each matter."""
+    rng = random.Random(case)
+    n, batch_size, world = rng.randint(1, 30), rng.randint(1, 6), rng.randint(1, 3)
+    sizes = [rng.randint(1, 12) for _ in range(n)]
+    max_tokens, epochs, freq, seed = rng.randint(6, 40), rng.randint(1, 3), rng.randint(1, 3), rng.randint(0, 9)
+    plan = BatchPlan([n], batch_size=batch_size, seed=seed, world_size=world)
+    got = plan.updates(epochs, freq, sizes=sizes, max_tokens=max_tokens)
+    assert got == _naive_token_updates(
+        n, sizes, batch_size=batch_size, world=world, seed=seed, max_tokens=max_tokens, epochs=epochs, freq=freq
+    )
+
+
+def test_sourced_pairs_each_pool_with_its_negatives_and_passes_calls_through() -> None:
+    """``sourced``: the source's pools from ``start`` with the negatives it gives for their ids at its version;
+    whole, or cut by the token budget in the seeded shuffled order of ``token_batches``; a Call as it comes."""
+    from dataclasses import dataclass
+
+    from raycl.training.batching import sourced, token_batches
+    from raycl.training.prefetch import Call
+
+    @dataclass(frozen=True)
+    class Ex:
+        id: str
+        n: int
+
+    call = Call(lambda: None)
+    pools = [[Ex("a", 3), Ex("b", 9)], [Ex("c", 1), Ex("d", 4), Ex("e", 2)]]
+
+    class Source:
+        version = 7
+        asked: list[tuple[Any, ...]] = []
+
+        def pools(self, epoch: int, start: int, model: Any) -> Any:
+            self.asked.append(("pools", epoch, start, model))
+            yield pools[0]
+            yield call
+            yield pools[1]
+
+        def negatives(self, ids: list[str], version: int) -> list[list[str]]:
+            self.asked.append(("negatives", tuple(ids), version))
+            return [[f"{i}-{version}"] * (len(i) + k) for k, i in enumerate(ids)]
+
+    src = Source()
+    whole = list(sourced(src, 2, 5, "model"))
+    assert src.asked == [("pools", 2, 5, "model"), ("negatives", ("a", "b"), 7), ("negatives", ("c", "d", "e"), 7)]
+    assert whole[1] is call and [b.data for b in (whole[0], whole[2])] == [
+        (pools[0], src.negatives(["a", "b"], 7)),
+        (pools[1], src.negatives(["c", "d", "e"], 7)),
+    ]
+    size = lambda ex, negs: ex.n + len(negs)  # noqa: E731
+    cut = list(sourced(Source(), 0, 0, None, max_tokens=10, size=size, rng=random.Random(3)))
+    want_rng = random.Random(3)
+    want = [
+        *token_batches((pools[0], src.negatives(["a", "b"], 7)), max_tokens=10, size=size, rng=want_rng),
+        call,
+        *token_batches((pools[1], src.negatives(["c", "d", "e"], 7)), max_tokens=10, size=size, rng=want_rng),
+    ]
+    assert [b if b is call else b.data for b in cut] == want and len(cut) > len(whole)
+    for half in ({}, {"size": size}, {"rng": random.Random(3)}):  # a budget needs both
+        with pytest.raises(AssertionError, match=r"^a token budget cuts by each row's size, in a seeded order$"):
+            list(sourced(Source(), 0, 0, None, max_tokens=10, **half))  # type: ignore[arg-type]
+
+
+def test_a_plans_defaults_are_one_rank_from_epoch_0() -> None:
+    """A plan made without rank and world size is rank 0 of 1, at epoch 0's first batch; no loader is refused."""
+    plan = BatchPlan([7], batch_size=3, seed=2)
+    assert plan.state_dict() == {"epoch": 0, "start": 0}
+    first = next(iter(plan))
+    order = random.Random(2 * 1000).sample(range(7), 7)  # epoch 0 draws from seed × 1000, "sample" by default
+    assert first == (order[:3],) and len(plan) == 3 and plan.state_dict() == {"epoch": 0, "start": 1}
+    with pytest.raises(ValueError, match="needs loaders"):
+        BatchPlan([], batch_size=3, seed=2)
+    from raycl.training.batching import draw_order
+
+    assert draw_order(7, random.Random(2 * 1000)) == order  # draw_order's own default draw is "sample" too
+
+
+@pytest.mark.parametrize("min_rows", [None, 0, 1, 2, 3])
+def test_global_batches_in_counts_what_shares_cuts(min_rows: int | None) -> None:
+    """The count of global batches against :func:`shares`' own cut (rank 0 has a row of every global batch), the
+    default ``min_rows`` (1) included, and a last batch of 0 rows never counted."""
+    from raycl.training.batching import shares
+
+    for rows, batch_size, world in itertools.product(range(0, 13), (1, 2, 3), (1, 2)):
+        kw = {} if min_rows is None else {"min_rows": min_rows}
+        cut = shares(list(range(rows)), batch_size=batch_size, rank=0, world_size=world, **kw)
+        assert global_batches_in(rows, batch_size=batch_size, world_size=world, **kw) == len(cut), (rows, kw)
