@@ -45,6 +45,7 @@ def predict(
 
     def labels(batch: list[ModelInput]) -> list[int]:
         encoded = encode_batch(tokenizer, batch, max_len=max_len)  # type: ignore[arg-type]
+        # evaluation, not a training step: the labels go to the official scorer on the host, one copy a batch
         return model(**{k: v.to(device) for k, v in encoded.items()}).logits.argmax(dim=-1).tolist()  # (b, 2)
 
     return batched(labels, inputs, batch_size)

@@ -37,6 +37,7 @@ def similarities(
     def cosines(pairs: list[tuple[str, str]]) -> list[float]:
         x, y = [p[0] for p in pairs], [p[1] for p in pairs]
         u, v = enc.pair_embeddings(x, y) if cross else (enc.encode(x), enc.encode(y))  # (b, H), (b, H)
+        # evaluation, not a training step: the cosines go to Spearman's ρ on the host, one copy a batch
         return torch.cosine_similarity(u, v, dim=-1).tolist()  # (b,)
 
     return batched(cosines, list(zip(a, b, strict=True)), batch_size)
