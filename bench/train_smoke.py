@@ -30,6 +30,7 @@ def smoke_batches(
     from raycl.config.tasks import load_space
     from raycl.driver import Run
     from raycl.recipes import recipe_for
+    from raycl.testing.session import LocalSession
     from raycl.training.precision import Precision
     from raycl.training.task import Job, Worker
 
@@ -40,7 +41,12 @@ def smoke_batches(
     run = Run(cfg, tmp, tmp / "base_model", [], {})
     task = _task(recipe, rec, run, phase)
     w = Worker(
-        0, 1, device, Precision("fp32", device), tmp / "out", Job(task, str(run.base_model), str(tmp / "out"))
+        0,
+        1,
+        device,
+        Precision("fp32", device),
+        tmp / "out",
+        Job(task, str(run.base_model), str(tmp / "out"), session=LocalSession()),
     )
     model = task.load_model(run.base_model)
     model.to(device)

@@ -36,6 +36,7 @@ from raycl import driver
 from raycl.config import set_dotted
 from raycl.config.tasks import load_space
 from raycl.data.gec import load_examples
+from raycl.distributed.session import RaySession
 from raycl.distributed.training import fit
 from raycl.miners.beam_search import write_negatives_parquet
 from raycl.miners.records import MinedNegatives
@@ -90,7 +91,7 @@ def _train(
     hooks: list[LoopHook] = [StateProbe(str(out / "probe"))]
     if kill:
         hooks.append(CrashSwitch(**kill, marker=str(out / "killed")))
-    job = Job(task, str(run.base_model), str(out), use_gpu=False, hooks=tuple(hooks))
+    job = Job(task, str(run.base_model), str(out), use_gpu=False, hooks=tuple(hooks), session=RaySession())
     scaling = dataclasses.replace(
         task.cfg.scaling,
         num_workers=workers,

@@ -9,8 +9,9 @@ import random
 import pytest
 
 from raycl.data.gec import GecExample
+from raycl.distributed.session import open_source
 from raycl.training.batching import global_batches, shard, token_batches, token_groups
-from raycl.training.negatives import Place, StaticNegatives, open_source
+from raycl.training.negatives import Place, StaticNegatives
 from raycl.training.prefetch import Call
 
 

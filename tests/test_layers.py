@@ -25,8 +25,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("config", ("config",)),  # the sections name decoding's options (raycl.models.decoding)
     ("task configs", ("config.tasks",)),
     ("collectives", ("collectives",)),
+    ("training loop", ("training",)),  # below Ray: it asks its session (raycl.training.session), Ray's in a run
     ("Ray", ("distributed",)),
-    ("training loop", ("training",)),
     ("driver", ("driver", "run_folder")),
     ("recipes", ("recipes",)),
     ("entry points", ("cli", "tune", "train", "mine", "mine_dense", "eval", "convert", "__init__", "__main__")),
@@ -170,3 +170,29 @@ def test_a_recipe_declares_its_phases_and_never_runs_miners_or_trainings_itself(
                 found.append(f"{rel}:{getattr(node, 'lineno', '?')} uses the driver's {name}")
     assert len(paths) == 4
     assert found == [], "recipes that run what the driver runs:\n" + "\n".join(found)
+
+
+def _imports_ray(source: str) -> list[int]:
+    """The lines of ``source`` that import Ray (``import ray…``, ``from ray… import``), wherever they stand."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        if any(n == "ray" or n.startswith("ray.") for n in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_rays_floor_and_the_entry_points_import_ray() -> None:
+    """The loop and the recipes ask their session for what Ray gives them (``raycl.training.session``): below
+    Ray's floor, and in the recipes, no module imports Ray — so the loop runs in one process without it."""
+    ray_floor, entry = floor_of("distributed"), floor_of("cli")
+    found = [
+        f"{path.relative_to(ROOT.parent)}:{line}"
+        for path in _sources()
+        if floor_of(module_of(path)) not in (ray_floor, entry, floor_of("driver"), floor_of("testing"))
+        for line in _imports_ray(path.read_text(encoding="utf-8"))
+    ]
+    assert found == []
+    assert _imports_ray("import os\ndef f() -> None:\n    from ray.train import report\n") == [3]  # seen inside

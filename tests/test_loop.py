@@ -1,16 +1,14 @@
-"""The one training loop (``raycl.training.loop``), in-process with a fake Ray Train session: the order of things
-(device before optimizer), gradient accumulation (N batches of B = one of N·B, GEC's token normalisation
-exact), precision (bf16 and fp32 losses agree; the losses that must stay fp32 do), checkpoint and resume (a run
-killed at a report ends where an uninterrupted one does), and the GPU bugs' CPU-visible halves: collective
-tensors on the backend's device, miners on a GPU only when Ray reserved one."""
+"""The one training loop (``raycl.training.loop``), in-process with a local session (``raycl.testing.session``):
+the order of things (device before optimizer), gradient accumulation (N batches of B = one of N·B, GEC's token
+normalisation exact), precision (bf16 and fp32 losses agree; the losses that must stay fp32 do), checkpoint and
+resume (a run killed at a report ends where an uninterrupted one does), and the GPU bugs' CPU-visible halves:
+collective tensors on the backend's device, miners on a GPU only when Ray reserved one."""
 
 from __future__ import annotations
 
 import ast
-import contextlib
 import dataclasses
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,6 @@ from torch import nn
 import raycl
 from raycl.collectives import collective_device
 from raycl.config.tasks.gec import GecConfig
-from raycl.distributed import session
 from raycl.losses.gec_margin import GecContrastiveLoss
 from raycl.losses.infonce_queue import InfoNCEQueueLoss
 from raycl.models.seq2seq import Seq2SeqScorer
@@ -30,6 +27,7 @@ from raycl.models.tokenizer import train_bpe_tokenizer
 from raycl.recipes.gec.step import collate, gec_loss
 from raycl.recipes.gec.worker import GecState, GecTask
 from raycl.records import read_history
+from raycl.testing.session import LocalSession
 from raycl.training import loop
 from raycl.training.precision import Precision
 from raycl.training.state import restore_rng, rng_state
@@ -47,35 +45,6 @@ from raycl.training.task import (
     updates_in,
 )
 from raycl.training.timing import Window
-
-
-# ---------------------------------------------------------------------------------------------- a fake session
-class FakeSession:
-    """What ``raycl.distributed.session`` gives a worker, without Ray: rank 0 of 1 on the CPU; reports recorded,
-    checkpoints kept in a folder, a "crash" ends the run after a given report."""
-
-    def __init__(self, root: Path) -> None:
-        self.root, self.reports, self.ckpt, self.crash_after = root, [], None, None  # type: ignore[var-annotated]
-
-    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(session, "world", lambda: (0, 1))
-        monkeypatch.setattr(session, "device", lambda: torch.device("cpu"))
-        monkeypatch.setattr(session, "report", self.report)
-        monkeypatch.setattr(session, "resume_dir", self.resume_dir)
-
-    @contextlib.contextmanager
-    def resume_dir(self) -> Iterator[Path | None]:
-        yield self.ckpt
-
-    def report(self, metrics: dict[str, Any], *, checkpoint_dir: Path | None = None) -> None:
-        self.reports.append(metrics)
-        if checkpoint_dir is not None:
-            self.ckpt = self.root / f"ckpt{len(self.reports)}"
-            import shutil
-
-            shutil.copytree(checkpoint_dir, self.ckpt)
-        if self.crash_after == len(self.reports):
-            raise SystemExit("crash")
 
 
 # ---------------------------------------------------------------------------------------------- a toy task
@@ -143,13 +112,12 @@ class ToyTask(TaskBase):
         return Keep("dev", "best_model")
 
 
-def _run(task: Any, out: Path, fake: FakeSession) -> None:
-    loop.run(Job(task, init_model=str(out / "none"), out_dir=str(out)))
+def _run(task: Any, out: Path, fake: LocalSession) -> None:
+    loop.run(Job(task, init_model=str(out / "none"), out_dir=str(out), session=fake))
 
 
 def test_the_model_is_on_its_device_before_the_optimizer_is_built(tmp_path: Path, monkeypatch) -> None:
-    fake = FakeSession(tmp_path)
-    fake.install(monkeypatch)
+    fake = LocalSession(tmp_path)
     LOG.clear()
     _run(ToyTask(epochs=1), tmp_path / "a", fake)
     assert LOG[:2] == ["to", "build"]
@@ -160,11 +128,9 @@ def test_the_model_is_on_its_device_before_the_optimizer_is_built(tmp_path: Path
 
 
 def test_a_run_killed_after_a_report_resumes_to_the_same_end(tmp_path: Path, monkeypatch) -> None:
-    whole = FakeSession(tmp_path / "w")
-    whole.install(monkeypatch)
+    whole = LocalSession(tmp_path / "w")
     _run(ToyTask(epochs=3), tmp_path / "whole", whole)
-    broken = FakeSession(tmp_path / "b")
-    broken.install(monkeypatch)
+    broken = LocalSession(tmp_path / "b")
     broken.crash_after = 2
     with pytest.raises(SystemExit):
         _run(ToyTask(epochs=3), tmp_path / "broken", broken)
@@ -183,8 +149,7 @@ def test_a_process_first_report_says_what_its_start_cost(tmp_path: Path, monkeyp
     first step's time is the first step's, not the whole first interval's."""
     import time as clock
 
-    fake = FakeSession(tmp_path)
-    fake.install(monkeypatch)
+    fake = LocalSession(tmp_path)
     build = ToyTask.build
 
     def slow_build(self: Any, *a: Any, **k: Any) -> Any:
@@ -212,8 +177,7 @@ def test_a_process_first_report_says_what_its_start_cost(tmp_path: Path, monkeyp
 def test_accumulating_two_batches_is_one_batch_twice_the_size(tmp_path: Path, monkeypatch) -> None:
     results = []
     for batch, freq in ((4, 1), (2, 2)):
-        fake = FakeSession(tmp_path / f"{batch}")
-        fake.install(monkeypatch)
+        fake = LocalSession(tmp_path / f"{batch}")
         task = ToyTask(settings=LoopSettings(update_freq=freq), batch=batch, epochs=2)
         _run(task, tmp_path / f"run{batch}", fake)
         results.append(torch.load(tmp_path / f"run{batch}" / "best_model" / "w.pt"))
@@ -249,8 +213,7 @@ class ScriptedDev(ToyTask):
 def test_the_best_epoch_is_the_first_with_the_highest_dev_score(
     tmp_path: Path, monkeypatch, script: tuple, flags: tuple
 ) -> None:
-    fake = FakeSession(tmp_path)
-    fake.install(monkeypatch)
+    fake = LocalSession(tmp_path)
     task = ScriptedDev(epochs=4, script=script)
     _run(task, tmp_path / "run", fake)
     assert [r.get("kept") for r in fake.reports] == list(flags)
@@ -379,8 +342,7 @@ def test_infonce_logits_stay_fp32_under_autocast() -> None:
 def test_the_toy_run_trains_at_low_precision(tmp_path: Path, monkeypatch, precision: str) -> None:
     losses = {}
     for p in ("fp32", precision):
-        fake = FakeSession(tmp_path / p)
-        fake.install(monkeypatch)
+        fake = LocalSession(tmp_path / p)
         _run(ToyTask(settings=LoopSettings(precision=p), epochs=3), tmp_path / f"run-{p}", fake)
         losses[p] = [r["loss"] for r in fake.reports]
     assert losses[precision][-1] < losses[precision][0]  # it learns
@@ -538,10 +500,9 @@ def test_no_gpu_asked_stays_on_the_cpu_where_ray_would_hand_one_out(tmp_path: Pa
     is the GPU, the run must stay on the CPU (a "meta" device stands in for the GPU here)."""
     from raycl import driver
 
-    fake = FakeSession(tmp_path)
-    fake.install(monkeypatch)
-    monkeypatch.setattr(session, "device", lambda: torch.device("meta"))
-    loop.run(Job(ToyTask(epochs=1), init_model=str(tmp_path / "none"), out_dir=str(tmp_path / "a"), use_gpu=False))
+    fake = LocalSession(tmp_path, torch.device("meta"))
+    job = Job(ToyTask(epochs=1), init_model=str(tmp_path / "none"), out_dir=str(tmp_path / "a"), use_gpu=False)
+    loop.run(dataclasses.replace(job, session=fake))
     assert fake.reports and fake.reports[-1]["loss"] == fake.reports[-1]["loss"]  # trained: a number, not NaN
     jobs: list[Job] = []
     monkeypatch.setattr(driver, "fit", lambda fn, **kw: jobs.append(fn.args[0]))
@@ -559,9 +520,7 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_checkpoint_holds_this_workers_own_cuda_rng(tmp_path: Path, monkeypatch) -> None:
     """A checkpoint holds the RNG state of the worker's own device (not every device rank 0 sees: a worker that
     sees fewer devices could not restore that list), and a restart continues that device's random stream."""
-    fake = FakeSession(tmp_path)
-    fake.install(monkeypatch)
-    monkeypatch.setattr(session, "device", lambda: torch.device("cuda", 0))
+    fake = LocalSession(tmp_path, torch.device("cuda", 0))
     _run(ToyTask(epochs=1), tmp_path / "a", fake)
     assert fake.ckpt is not None
     state = torch.load(fake.ckpt / "state.pt", weights_only=False)
@@ -576,9 +535,7 @@ def test_gpu_checkpoint_holds_this_workers_own_cuda_rng(tmp_path: Path, monkeypa
 @pytest.mark.gpu
 @gpu
 def test_gpu_restart_puts_the_optimizer_state_on_the_gpu(tmp_path: Path, monkeypatch) -> None:
-    fake = FakeSession(tmp_path)
-    fake.install(monkeypatch)
-    monkeypatch.setattr(session, "device", lambda: torch.device("cuda"))
+    fake = LocalSession(tmp_path, torch.device("cuda"))
     _run(ToyTask(epochs=1), tmp_path / "a", fake)
     states: list[Any] = []
     real_build = ToyTask.build
@@ -598,9 +555,7 @@ def test_gpu_restart_puts_the_optimizer_state_on_the_gpu(tmp_path: Path, monkeyp
 @gpu
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_gpu_low_precision_run(tmp_path: Path, monkeypatch, precision: str) -> None:
-    fake = FakeSession(tmp_path)
-    fake.install(monkeypatch)
-    monkeypatch.setattr(session, "device", lambda: torch.device("cuda"))
+    fake = LocalSession(tmp_path, torch.device("cuda"))
     _run(ToyTask(settings=LoopSettings(precision=precision), epochs=3), tmp_path / "a", fake)
     assert fake.reports[-1]["loss"] < fake.reports[0]["loss"]
 
@@ -712,8 +667,7 @@ def test_reports_fall_every_n_updates_of_each_epoch_and_at_its_end(tmp_path: Pat
     """``eval_every`` counts the epoch's own updates (the papers' code validates every N updates of an epoch):
     epochs of 4 updates report at 3 and 4, then at 4 + 3 = 7 and 8 — not at the 6th update, as a count over the
     whole run would."""
-    fake = FakeSession(tmp_path / "s")
-    fake.install(monkeypatch)
+    fake = LocalSession(tmp_path / "s")
     _run(EveryThreeTask(epochs=2), tmp_path / "run", fake)
     assert [r["step"] for r in fake.reports] == [3, 4, 7, 8]
 

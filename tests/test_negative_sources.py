@@ -13,14 +13,9 @@ from raycl.config.tasks.coherence import CoherenceMiningSection
 from raycl.config.tasks.gec import GecMiningSection
 from raycl.data.coherence import CoherenceItem
 from raycl.data.gec import GecExample
+from raycl.distributed.session import open_source
 from raycl.miners.sources import LiveStream, Permutations, PreMined, SharedNBest
-from raycl.training.negatives import (
-    NBestNegatives,
-    PermutationNegatives,
-    Place,
-    StaticNegatives,
-    open_source,
-)
+from raycl.training.negatives import NBestNegatives, PermutationNegatives, Place, StaticNegatives
 
 STREAM, STORE, NBEST = object(), object(), object()  # what the driver holds: actor handles, opaque to the config
 

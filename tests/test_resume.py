@@ -22,6 +22,7 @@ from test_equivalence import GEC, TOL, _cfg, _prepare, assert_same_training
 from test_loop import FakeSession
 
 from raycl.data.gec import load_examples
+from raycl.distributed.session import RaySession
 from raycl.miners.beam_search import write_negatives_parquet
 from raycl.miners.records import MinedNegatives
 from raycl.recipes.gec.worker import GecTask
@@ -38,7 +39,14 @@ def _run(
     """The whole run (``crash_after``: stopped after that report, resumed from its checkpoint); the final state."""
     fake = FakeSession(out)
     fake.install(monkeypatch)
-    job = Job(task, str(run.base_model), str(out), use_gpu=False, hooks=(StateProbe(str(out / "probe")),))
+    job = Job(
+        task,
+        str(run.base_model),
+        str(out),
+        use_gpu=False,
+        hooks=(StateProbe(str(out / "probe")),),
+        session=RaySession(),
+    )
     if crash_after is not None:
         fake.crash_after = crash_after
         with pytest.raises(SystemExit):

@@ -19,7 +19,7 @@ from conftest import ending
 from raycl.data.gec import GecExample
 from raycl.distributed.messages import MinedBatch, MineTask
 from raycl.distributed.miner_pool import MinerFactory
-from raycl.distributed.nbest import nbest_records, shared_nbest, start_nbest_stream
+from raycl.distributed.nbest import nbest_records, shared_nbest, start_nbest_stream, wait_nbest
 from raycl.miners.beam_search import GEC_BEAM, build_beam_miner, select_from_nbest
 from raycl.miners.records import MinedNegatives
 from raycl.models.presets import build_model
@@ -120,7 +120,14 @@ def test_feed_trains_on_lists_as_they_are_mined(ray_local, tmp_path: Path) -> No
                 yield pool, feed.negatives([ex.id for ex in pool], feed.version)
 
         feeds = [
-            NBestNegatives(stream, EXAMPLES, functools.partial(plan, r), batch_size=2, select=select, poll_s=0.05)
+            NBestNegatives(
+                functools.partial(wait_nbest, stream),
+                EXAMPLES,
+                functools.partial(plan, r),
+                batch_size=2,
+                select=select,
+                poll_s=0.05,
+            )
             for r in range(2)
         ]
         first_task = ray.get(stream.next_task.remote(0))

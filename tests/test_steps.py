@@ -33,6 +33,7 @@ from raycl.recipes.coherence.worker import CoherenceTask
 from raycl.recipes.gec.worker import GecTask
 from raycl.recipes.idiom.worker import IdiomTask
 from raycl.recipes.sts.worker import StsTask
+from raycl.testing.session import LocalSession
 from raycl.training import loop
 from raycl.training.counting import count_ops
 from raycl.training.precision import Precision
@@ -111,7 +112,14 @@ class Stepper:
 
 def _stepper(run: Any, task: Any, device: torch.device, tmp: Path) -> Stepper:
     """The task's state as a worker builds it (its evaluators apart: ``start`` is not run)."""
-    w = Worker(0, 1, device, Precision("fp32", device), tmp, Job(task, str(run.base_model), str(tmp)))
+    w = Worker(
+        0,
+        1,
+        device,
+        Precision("fp32", device),
+        tmp,
+        Job(task, str(run.base_model), str(tmp), session=LocalSession()),
+    )
     model = task.load_model(Path(run.base_model)).to(device)
     st = task.build(model, w, None)
     loop.Loop(task, st, w)  # the loop's own keys of the state's progress (its step, …)

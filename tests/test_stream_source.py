@@ -11,7 +11,8 @@ import torch
 
 from raycl.config.tasks.gec import GecMiningSection
 from raycl.data.gec import GecExample
-from raycl.training.negatives import Place, StreamNegatives, open_source
+from raycl.distributed.session import open_source
+from raycl.training.negatives import Place, StreamNegatives
 from raycl.training.prefetch import Call
 
 

@@ -7,7 +7,7 @@ that crosses into the Ray Train workers, and each worker opens it there as the o
 actors a run started, a selection rule — never data or a rank: they are small and travel by pickle.
 
 A new kind of source (dense retrieval next) is a record here, its source class beside the others, and one row in
-``raycl.training.negatives.open_source``.
+``raycl.distributed.session.open_source`` (what a worker's session opens the record with).
 """
 
 from __future__ import annotations

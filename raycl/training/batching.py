@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from raycl.training.negatives.base import PAD
 from raycl.training.prefetch import Call
 from raycl.training.task import Batch, updates_in
 
@@ -217,9 +218,6 @@ def token_batches(
     groups = token_groups([size(ex, negs) for ex, negs in zip(examples, negatives, strict=True)], max_tokens)
     rng.shuffle(groups)
     return [([examples[i] for i in g], [negatives[i] for i in g]) for g in groups]
-
-
-PAD = "#pad"  # the id suffix of an example copied to even out the ranks' shares (its negatives are the original's)
 
 
 def shard(examples: Sequence[T], rank: int, world_size: int) -> list[T]:

@@ -47,7 +47,6 @@ from torch import nn
 
 from raycl import storage
 from raycl.collectives import average_gradients
-from raycl.distributed import session
 from raycl.progress import ProgressWriter
 from raycl.records import append_history, append_start
 from raycl.training import reporting, state
@@ -63,6 +62,7 @@ def run(job: Job) -> None:
     entered, boot = time.perf_counter(), process_age()
     task = job.task
     s: LoopSettings = task.settings
+    session = job.train_session()
     rank, world_size = session.world()
     device = session.device() if job.use_gpu else torch.device("cpu")
     enable_tf32(device, on=s.tf32)
@@ -137,7 +137,7 @@ class Loop:
         if not (self.s.ddp and self.w.world_size > 1):
             return model
         if self.module_of is None or self.module_of[0] is not model:
-            ddp = session.wrap_ddp(model, find_unused_parameters=self.s.find_unused_parameters)
+            ddp = self.w.session.wrap_ddp(model, find_unused_parameters=self.s.find_unused_parameters)
             self.module_of = (model, ddp)
         return self.module_of[1]
 
@@ -313,14 +313,14 @@ class Loop:
             append_history(w.out_dir, metrics, key="report")
             self.show(phase="train", **reporting.shown(self.task, metrics))
         if rep.checkpoint:  # rank 0 writes the state; every rank adds its own RNG (its dropout masks) and queues
-            with session.scratch_dir() as tmp:
+            with self.w.session.scratch_dir() as tmp:
                 if w.rank == 0:
                     save_model = functools.partial(self.task.save_model, st, kept=False)
                     state.save(st, save_model, self.scaler, w.device, tmp)
                 state.save_rank(st, w.device, tmp, w.rank)
-                session.report(metrics, checkpoint_dir=tmp)
+                self.w.session.report(metrics, checkpoint_dir=tmp)
         else:
-            session.report(metrics)
+            self.w.session.report(metrics)
         self.window.reset()
 
     def show(self, **info: Any) -> None:

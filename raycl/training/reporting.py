@@ -16,7 +16,6 @@ from typing import Any
 import torch
 
 from raycl.collectives import all_gather_floats
-from raycl.distributed import session
 from raycl.records import append_history, save_dir_atomic
 from raycl.training.precision import inference
 from raycl.training.task import Report, TrainState, Worker
@@ -114,7 +113,7 @@ def final(task: Any, st: TrainState, w: Worker) -> None:
     metrics = nan_for_none({**metrics, "report": st.progress["report"], "step": st.progress["step"], "final": 1})
     if w.rank == 0:
         append_history(w.out_dir, metrics, key="report")
-    session.report(metrics)
+    w.session.report(metrics)
 
 
 def _num(v: Any) -> float | None:

@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -24,6 +24,9 @@ from raycl.miners.sources import SourceSpec
 from raycl.training.precision import Precision
 from raycl.training.prefetch import Call
 from raycl.training.timing import Window
+
+if TYPE_CHECKING:
+    from raycl.training.session import TrainSession
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,11 @@ class Worker:
     out_dir: Path
     job: Job
 
+    @property
+    def session(self) -> TrainSession:
+        """What this worker asks of the system it runs on (Ray Train's, in a run)."""
+        return self.job.train_session()
+
 
 class Task(Protocol):
     """A recipe's side of the loop (``raycl/recipes/<task>/worker.py``). The loop owns the epochs and the position
@@ -270,6 +278,17 @@ class Job:
     negatives: SourceSpec | None = None  # where negatives come from (raycl.training.negatives); None: the config's
     use_gpu: bool = True  # False: the CPU even where Ray's local mode (0 workers) would hand out a GPU
     hooks: tuple[LoopHook, ...] = ()  # watchers from outside the product (tests, benchmarks); none in a run
+    session: TrainSession | None = (
+        None  # rank, device, reports, checkpoints, negative sources: Ray Train's in a run
+    )
+
+    def train_session(self) -> TrainSession:
+        if self.session is None:
+            raise ValueError(
+                "Job.session: the job has no training session (the driver puts Ray Train's in every job: "
+                "raycl.distributed.session.RaySession)"
+            )
+        return self.session
 
 
 class StepContext:

@@ -32,7 +32,7 @@ from raycl.recipes.coherence.evaluation import Evaluator
 from raycl.recipes.coherence.inputs import in_training_order
 from raycl.recipes.coherence.step import CoherenceBatch, coherence_loss, collate
 from raycl.training.batching import BatchPlan, sourced
-from raycl.training.negatives import Place, open_source
+from raycl.training.negatives import Place
 from raycl.training.optim import adamw
 from raycl.training.prefetch import Call
 from raycl.training.state import CheckpointedRandom
@@ -122,7 +122,7 @@ class CoherenceTask(TaskBase):
         items = in_training_order(c, read_pairs(self.train_items))
         shards = [items[r :: w.world_size] for r in range(w.world_size)]
         spec = w.job.negatives if w.job.negatives is not None else c.mining.source()
-        st.source = open_source(spec, Place(w.rank, w.world_size, items, shards, o.batch_size))
+        st.source = w.session.open_source(spec, Place(w.rank, w.world_size, items, shards, o.batch_size))
         # rank r's shares of global batches of W·B items are its shard cut into batches of B: the same count
         plan = BatchPlan([len(items)], batch_size=o.batch_size, seed=o.seed, world_size=w.world_size)
         st.total_updates = plan.updates(o.epochs, o.update_freq)  # the other ranks join its updates

@@ -24,7 +24,7 @@ from raycl.recipes.gec.evaluation import HYPS_DIR
 from raycl.recipes.gec.step import GecBatch, collate, gec_loss
 from raycl.records import save_dir_atomic
 from raycl.training.batching import BatchPlan, shard, sourced
-from raycl.training.negatives import NegativeSource, Place, StaticNegatives, open_source
+from raycl.training.negatives import NegativeSource, Place, StaticNegatives
 from raycl.training.optim import build_optimizer, build_scheduler
 from raycl.training.task import Epoch, Keep, LoopSettings, Report, StepContext, TaskBase, TrainState, Worker
 from raycl.training.timing import Window
@@ -140,7 +140,7 @@ class GecTask(TaskBase):
                 raise RuntimeError("contrastive fine-tuning without a negative stream or mining.negatives")
         plan = self._batch_plan(len(examples), w)  # rows(epoch): this rank's batches, negatives known ahead
         shards = [shard(examples, r, w.world_size) for r in range(w.world_size)]
-        return open_source(spec, Place(w.rank, w.world_size, examples, shards, ph.batch_size, plan.rows))
+        return w.session.open_source(spec, Place(w.rank, w.world_size, examples, shards, ph.batch_size, plan.rows))
 
     def _batch_plan(self, n: int, w: Worker) -> BatchPlan:
         """GEC's global batches: a shuffle an epoch, ranks' empty shares left out (they join the last update)."""

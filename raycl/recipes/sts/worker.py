@@ -79,7 +79,7 @@ class StsTask(TaskBase):
         self._key_encoder(st, w)
         if (c := self.cfg).mines_dense:  # every rank reads the run's pool (a folder all workers share)
             pairs = refreshed_pairs(c)
-            st.source = open_dense(c.mining, w.job.negatives, pairs, rank=w.rank, world_size=w.world_size)
+            st.source = open_dense(c.mining, w.job.negatives, pairs, w)
             if pairs is not None:
                 st.extras["refresh"] = st.source  # checkpoints keep its version and cadence
         if progress is not None and progress["started"]:

@@ -8,9 +8,9 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from torch import nn
 
-from raycl.training.batching import PAD
 from raycl.training.prefetch import Call
 
+PAD = "#pad"  # the id suffix of an example copied to even out the ranks' shares (its negatives are the original's)
 Plan = Callable[[int], list[list[int]]]  # an epoch → this rank's batches of it, as indices into its examples
 
 
@@ -63,6 +63,39 @@ class Place(Generic[E]):
         if self.plan is None:
             raise ValueError("negatives known ahead need the plan of an epoch's batches (Place.plan)")
         return self.plan
+
+
+class Metered(Protocol):
+    def metrics(self) -> dict[str, float]: ...
+
+
+class StreamEnd(Protocol):
+    """A worker's end of the negative stream (``raycl.distributed.consumer.StreamConsumer``): the exactly-once
+    ledger's deliveries, the staleness bound, the weight version it publishes. The live sources hold one; the
+    session builds it from the driver's stream and weight store."""
+
+    rank: int
+    version: int
+    max_staleness: int
+
+    @property
+    def stats(self) -> Metered:
+        """This epoch's waits, staleness and refusals."""
+
+    def start_epoch(
+        self,
+        epoch: int,
+        items_per_rank: list[list[Any]],
+        *,
+        shuffle: bool = True,
+        min_versions: dict[str, int] | None = None,
+    ) -> None: ...
+    def ledger_state(self, consumed: list[int]) -> dict[str, Any] | None: ...
+    def restore(self, state: dict[str, Any]) -> None: ...
+    def take(self, n: int, *, epoch: int) -> list[Any]: ...
+    def publish(self, model: nn.Module, *, after: int | None = None) -> None: ...
+    def store_version(self) -> int: ...
+    def buffer(self) -> dict[str, float]: ...
 
 
 def base_id(id_: str) -> str:

@@ -25,6 +25,7 @@ from raycl.errors import UserError
 from raycl.miners.dense import group_pairs
 from raycl.miners.dense_io import read_anchor_negatives
 from raycl.miners.sources import DenseRefresh, RefreshAnchor
+from raycl.training.task import Worker
 
 
 class Selection(Protocol):
@@ -99,10 +100,11 @@ class DensePool(Mapping[str, list[str]]):
 
 
 def open_dense(
-    m: Selection, spec: Any, pairs: tuple[list[str], list[str]] | None, *, rank: int, world_size: int
+    m: Selection, spec: Any, pairs: tuple[list[str], list[str]] | None, w: Worker
 ) -> Mapping[str, list[str]]:
     """A worker's source: the pool's selection, or with ``pairs`` (the anchors and positives to re-mine) the
-    table that the miners behind ``spec`` — the stream and weight store the driver started — refresh."""
+    table that the miners behind ``spec`` — the stream and weight store the driver started — refresh (opened by
+    the worker's session)."""
     pool = DensePool(selected(m))
     if pairs is None:
         return pool
@@ -111,6 +113,5 @@ def open_dense(
             "mining.refresh: the training was started without a negative stream (train it through "
             "the recipe's driver, python -m raycl.train / raycl.tune)"
         )
-    from raycl.training.negatives import open_refreshed
-
-    return open_refreshed(spec, pool.table, refresh_anchors(*pairs, world_size), rank=rank, world_size=world_size)
+    anchors = refresh_anchors(*pairs, w.world_size)
+    return w.session.open_refreshed(spec, pool.table, anchors, rank=w.rank, world_size=w.world_size)

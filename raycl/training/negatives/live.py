@@ -9,16 +9,15 @@ from typing import Any, Generic
 
 from torch import nn
 
-from raycl.distributed.consumer import StreamConsumer
 from raycl.miners.records import MinedNegatives
-from raycl.training.negatives.base import E
+from raycl.training.negatives.base import E, StreamEnd
 from raycl.training.prefetch import Call
 
 
 class LiveEnd:
     """The trainer's end of a live stream: its weight version, the staleness bound on what it gives, resuming."""
 
-    def __init__(self, consumer: StreamConsumer) -> None:
+    def __init__(self, consumer: StreamEnd) -> None:
         self.consumer = consumer
         self.taken: dict[str, MinedNegatives] = {}  # the pool just taken, by id
 
@@ -60,7 +59,7 @@ class StreamNegatives(LiveEnd, Generic[E]):
 
     def __init__(
         self,
-        consumer: StreamConsumer,
+        consumer: StreamEnd,
         shards: list[list[E]],
         *,
         batch_size: int,

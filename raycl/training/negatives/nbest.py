@@ -9,24 +9,28 @@ from typing import Any
 from torch import nn
 
 from raycl.data.gec import GecExample
-from raycl.distributed.nbest import wait_nbest
 from raycl.miners.beam_search import select_from_nbest
 from raycl.miners.records import MinedNegatives
 from raycl.training.negatives.base import Plan, base_id
 from raycl.training.prefetch import Call
 
+# the n-best lists of those of some ids mined so far, by id: (the n-best, S(s|s)); waits up to a timeout while none
+# is (``raycl.distributed.nbest.wait_nbest`` on the run's n-best stream)
+WaitNBest = Callable[[list[str], float], dict[str, tuple[MinedNegatives, float]]]
+
 
 class NBestNegatives:
-    """Negatives selected from the run's shared n-best (``raycl.distributed.nbest``): version 0, mined once per
-    run. While it is being mined, an epoch's pools are this rank's share of the epoch in the order their lists
-    arrive (the first trials train as the n-best is mined); once this rank has them all, the plan's."""
+    """Negatives selected from the run's shared n-best (``raycl.distributed.nbest``, read through ``wait``):
+    version 0, mined once per run. While it is being mined, an epoch's pools are this rank's share of the epoch in
+    the order their lists arrive (the first trials train as the n-best is mined); once this rank has them all, the
+    plan's."""
 
     read_ahead = True
     version = 0
 
     def __init__(
         self,
-        stream: Any,
+        wait: WaitNBest,
         examples: Sequence[GecExample],
         plan: Plan,
         *,
@@ -34,7 +38,7 @@ class NBestNegatives:
         select: Callable[[MinedNegatives, float, GecExample], list[str]],
         poll_s: float = 1.0,
     ) -> None:
-        self.stream, self.shard, self.plan, self.batch_size = stream, examples, plan, batch_size
+        self.wait, self.shard, self.plan, self.batch_size = wait, examples, plan, batch_size
         self.select, self.poll_s = select, poll_s
         self.by_base = {base_id(ex.id): ex for ex in examples}
         self.selected: dict[str, list[str]] = {}  # by base id: this rank's selected negatives
@@ -62,7 +66,7 @@ class NBestNegatives:
             if len(ready) < self.batch_size and waiting:
                 t0 = time.perf_counter()
                 missing = sorted({base_id(self.shard[i].id) for i in waiting} - set(self.selected))
-                for id_, (nbest, source_score) in wait_nbest(self.stream, missing, self.poll_s).items():
+                for id_, (nbest, source_score) in self.wait(missing, self.poll_s).items():
                     self.selected[id_] = self.select(nbest, source_score, self.by_base[id_])
                 ready += [i for i in waiting if base_id(self.shard[i].id) in self.selected]
                 waiting = [i for i in waiting if base_id(self.shard[i].id) not in self.selected]

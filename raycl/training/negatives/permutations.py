@@ -9,8 +9,8 @@ from typing import Any
 from torch import nn
 
 from raycl.data.coherence import CoherenceItem
-from raycl.distributed.consumer import StreamConsumer
 from raycl.miners.permutation import decode_doc
+from raycl.training.negatives.base import StreamEnd
 from raycl.training.negatives.live import LiveEnd
 from raycl.training.prefetch import Call
 
@@ -29,7 +29,7 @@ class PermutationNegatives:
         *,
         batch_size: int,
         rank_every: int,
-        consumer: StreamConsumer | None,
+        consumer: StreamEnd | None,
     ) -> None:
         self.shards, self.rank, self.batch_size, self.every = shards, rank, batch_size, rank_every
         self.live = LiveEnd(consumer) if consumer is not None else None

@@ -10,7 +10,7 @@ from torch import nn
 from raycl import storage
 from raycl.miners.shards import read_negatives, without_false_negatives
 from raycl.miners.sources import PreMined
-from raycl.training.negatives.base import E, Example, Plan, base_id
+from raycl.training.negatives.base import E, Example, Place, Plan, base_id
 from raycl.training.prefetch import Call
 
 
@@ -41,6 +41,11 @@ class StaticNegatives(Generic[E]):
 
     def resume(self, state: dict[str, Any], model: nn.Module) -> None:
         pass
+
+
+def open_static(spec: PreMined | None, at: Place[E]) -> StaticNegatives[E]:
+    """Pre-mined negatives (or none) in the plan's order: the sources no miner stands behind."""
+    return StaticNegatives(at.examples, read_premined(spec, at.examples) if spec is not None else {}, at.planned())
 
 
 def read_premined(spec: PreMined, examples: Sequence[Example]) -> dict[str, list[str]]:
