@@ -4,9 +4,9 @@ stopped after a checkpoint — mid-epoch where the recipe reports mid-epoch (STS
 the weights, optimizer state, learning rate, EMA / MoCo state of an uninterrupted run. A resume that forgot the
 schedule's state or the RNG states (dropout masks) ends elsewhere.
 
-In-process, with the fake Ray Train session of ``test_loop.py`` (its "crash" ends the run right after a report):
-the restore path is the loop's own (``state.pt`` and this rank's ``rank0.pt``). Coherence's resume (SWALR in its
-extras, the momentum model on 2 real workers killed mid-epoch) is ``test_equivalence.py``'s
+In-process, with a local session (``raycl.testing.session.LocalSession``: its "crash" ends the run right after a
+report): the restore path is the loop's own (``state.pt`` and this rank's ``rank0.pt``). Coherence's resume (SWALR
+in its extras, the momentum model on 2 real workers killed mid-epoch) is ``test_equivalence.py``'s
 ``test_the_momentum_model_killed_mid_epoch_resumes_to_the_uninterrupted_end``.
 """
 
@@ -19,16 +19,15 @@ from typing import Any
 import pytest
 import torch
 from test_equivalence import GEC, TOL, _cfg, _prepare, assert_same_training
-from test_loop import FakeSession
 
 from raycl.data.gec import load_examples
-from raycl.distributed.session import RaySession
 from raycl.miners.beam_search import write_negatives_parquet
 from raycl.miners.records import MinedNegatives
 from raycl.recipes.gec.worker import GecTask
 from raycl.recipes.idiom.worker import IdiomTask
 from raycl.recipes.sts.worker import StsTask
 from raycl.testing.loop_hooks import StateProbe
+from raycl.testing.session import LocalSession
 from raycl.training import loop
 from raycl.training.task import Job
 
@@ -37,15 +36,14 @@ def _run(
     run: Any, task: Any, out: Path, monkeypatch: pytest.MonkeyPatch, *, crash_after: int | None = None
 ) -> dict[str, Any]:
     """The whole run (``crash_after``: stopped after that report, resumed from its checkpoint); the final state."""
-    fake = FakeSession(out)
-    fake.install(monkeypatch)
+    fake = LocalSession(out)
     job = Job(
         task,
         str(run.base_model),
         str(out),
         use_gpu=False,
         hooks=(StateProbe(str(out / "probe")),),
-        session=RaySession(),
+        session=fake,
     )
     if crash_after is not None:
         fake.crash_after = crash_after
