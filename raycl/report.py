@@ -142,6 +142,7 @@ def trial_row(
 
 
 Column = tuple[str, Callable[[Any], Any]]  # a table's header and the cell of a row
+Part = str | tuple[str, str]  # a part of a grid's columns: its header's text and its key's (a string: both)
 
 
 def columns(items: Sequence[Any], cols: Sequence[Column]) -> list[str]:
@@ -149,13 +150,43 @@ def columns(items: Sequence[Any], cols: Sequence[Column]) -> list[str]:
     return md_table([h for h, _ in cols], [[f(x) for _, f in cols] for x in items])
 
 
-def pct_columns(keys: Iterable[tuple[str, str]]) -> list[Column]:
-    """:func:`columns` of ``(header, key)``: each cell the row's ``key`` as a percentage."""
-    return [(head, partial(_pct_of, key=key)) for head, key in keys]
+def col(head: str, key: str, fmt: Callable[[Any], str] = pct) -> Column:
+    """A :func:`columns` column of each row's ``key``, formatted by ``fmt`` (a percentage by default)."""
+    return head, partial(_cell, key=key, fmt=fmt)
 
 
-def _pct_of(row: dict[str, Any], key: str) -> str:
-    return pct(row.get(key))
+def grid(
+    head: str, key: str, outer: Iterable[Part], inner: Sequence[Part], fmt: Callable[[Any], str] = pct
+) -> list[Column]:
+    """A :func:`col` for each part of ``outer`` and of ``inner`` (outer first: a test set's P, R, F0.5):
+    ``head`` and ``key`` are format strings of the two parts' texts (``"{0} {1}"``, ``"test/{0}/{1}"``)."""
+    parts = [(_part(o), _part(i)) for o in outer for i in inner]
+    return [col(head.format(o[0], i[0]), key.format(o[1], i[1]), fmt) for o, i in parts]
+
+
+def _part(part: Part) -> tuple[str, str]:
+    return (part, part) if isinstance(part, str) else part
+
+
+def _cell(row: dict[str, Any], key: str, fmt: Callable[[Any], str]) -> str:
+    return fmt(row.get(key))
+
+
+def trial_rows(
+    trials: Sequence[TrialOutcome], report: Callable[[TrialOutcome], dict[str, Any] | None]
+) -> list[dict[str, Any]]:
+    """A sweep table's rows: each trial's ``report`` (its best or closing one; none: empty) and the trial itself
+    (``trial``), for columns of either (:func:`col`, :func:`point_col`)."""
+    return [{**(report(t) or {}), "trial": t} for t in trials]
+
+
+def point_col(head: str = "point", symbols: dict[str, str] | None = None, **how: Any) -> Column:
+    """A column of :func:`trial_rows`: each trial's sweep point (:func:`point`; ``how``: ``skip``, ``empty``)."""
+    return head, lambda r: point(r["trial"].params, symbols, **how)
+
+
+METHOD: Column = ("Method", lambda r: r["method"])  # a table's row names (a recipe's table rows' ``method``)
+STRATEGY: Column = ("Strategy", METHOD[1])  # the same where the paper's rows add one strategy each
 
 
 def stream_totals(
@@ -212,6 +243,11 @@ def stream_table(trials: list[TrialOutcome], name: Callable[[TrialOutcome], str]
 def section(title: str, *body: str) -> list[str]:
     """A report's section: a blank line, its ``## title`` heading, a blank line and ``body``."""
     return ["", f"## {title}", "", *body]
+
+
+def para(text: str, *body: str) -> list[str]:
+    """A paragraph and what it introduces (a table), each followed by a blank line."""
+    return [text, "", *body, ""]
 
 
 def timing_line(timings: dict[str, float]) -> str:
@@ -356,9 +392,14 @@ class RecipeReport:
     final = False  # a trial is scored by its closing report (else by its best report of the run's metric)
     last = False  # ties: the last trial is picked (else the first)
     groups: tuple[Any, ...] = (None,)  # values of ``group`` compared apart (None: one group)
+    order: Sequence[str | None | EllipsisType] = (None, ...)  # the table's rows (:func:`ladder`)
 
     def label(self, trial: TrialOutcome | None) -> str:
         return label(trial, self.names, self.default)
+
+    def ladder(self, s: Sweep) -> list[TrialOutcome]:
+        """The table's trials in the paper's ``order``: the baselines and the sweep's best (:func:`ladder`)."""
+        return ladder(s.extra, s.best.get(None), self.order)
 
     def group(self, trial: TrialOutcome) -> Any:
         return None
@@ -389,8 +430,9 @@ class RecipeReport:
         return self.row(s, trial)
 
     def table(self, s: Sweep) -> list[dict[str, Any]]:
-        """The rows of the report's main table, in the paper's order (the summary's ``table``)."""
-        raise NotImplementedError
+        """The rows of the report's main table, in the paper's order (the summary's ``table``): each trial of
+        :meth:`ladder`, its :meth:`row`."""
+        return [self.row(s, t) for t in self.ladder(s)]
 
     def more(self, s: Sweep) -> dict[str, Any]:
         """The summary's entries of this recipe (before its table: its rows may read them)."""

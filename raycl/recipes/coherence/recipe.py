@@ -7,7 +7,6 @@ pairwise accuracy selects; the space's baselines give Table 1's other rows and F
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from raycl import storage
@@ -20,6 +19,7 @@ from raycl.models.coherence_presets import build_coherence_model
 from raycl.recipes.coherence import inputs as coherence_inputs
 from raycl.recipes.coherence.report import REPORT
 from raycl.recipes.coherence.worker import CoherenceTask
+from raycl.training.batching import BatchPlan
 
 
 class CoherenceRecipe(RecipeBase):
@@ -58,9 +58,9 @@ class CoherenceRecipe(RecipeBase):
         return Phase("train", "train ‖ mine", task, run.base_model, negatives)
 
     def max_t(self, run: Run) -> int:
-        """Reports a trial makes: every ``eval_every`` updates of an epoch, and one at the end of training."""
+        """Reports a trial makes: every ``eval_every`` updates of an epoch (its batch plan's), one at the end."""
         o, world = run.cfg.optim, max(run.cfg.scaling.num_workers, 1)
-        steps = math.ceil(math.ceil(run.counts["train"] / world) / o.batch_size)  # the longest shard's
+        steps = len(BatchPlan([run.counts["train"]], batch_size=o.batch_size, seed=o.seed, world_size=world))
         return o.epochs * (steps // o.eval_every) + 1
 
     def mining_plan(self, cfg: CoherenceConfig, space: Space) -> MiningPlan:

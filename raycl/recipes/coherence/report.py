@@ -3,15 +3,13 @@ of Fig. 2: dev accuracy over steps with and without hard negatives (a), accuracy
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from raycl import report as rp
 from raycl.records import TrialOutcome
 from raycl.report import best_row, num, pct
-
-if TYPE_CHECKING:
-    pass
 
 LABELS = {
     "pairwise": "Pairwise",
@@ -33,35 +31,28 @@ SWEPT = ("mining.num_rank", "momentum.m", "momentum.queue_size", "loss.margin", 
 
 
 class CoherenceReport(rp.RecipeReport):
-    names, default = LABELS, "Full model"
-    keep = ("step", "epoch", "loss"), ("dev", "test/", "timing/", "stream/")
+    """Table 1's rows (pairwise, contrastive, full model), then the other baselines (Fig. 2a's runs)."""
 
-    def table(self, s: rp.Sweep) -> list[dict[str, Any]]:
-        """Table 1's rows (pairwise, contrastive, full model), then the other baselines (Fig. 2a's runs)."""
-        return [self.row(s, t) for t in rp.ladder(s.extra, s.best.get(None), TABLE_1)]
+    names, default, order = LABELS, "Full model", TABLE_1
+    keep = ("step", "epoch", "loss"), ("dev", "test/", "timing/", "stream/")
 
     def render(self, s: rp.Sweep, summary: dict[str, Any], plots: list[Path]) -> str:
         run = s.run
         tests, alphas = list(run.cfg.data.test), list(run.cfg.data.annotations)
         humans = ", ".join(pct(_alpha(summary, a, "human_alpha")) for a in alphas) or "–"
-        cols: list[rp.Column] = [
-            ("Method", lambda r: r["method"]),
-            *rp.pct_columns((f"{t} acc", f"test/{t}/acc") for t in tests),
-            *((f"{a} α", lambda r, k=f"test/{a}/alpha": rp.cell3(r.get(k))) for a in alphas),  # no α: –, not 0.000
-            ("dev acc", lambda r: pct(r.get("dev_acc"))),
+        cols = [
+            rp.METHOD,
+            *(rp.col(f"{t} acc", f"test/{t}/acc") for t in tests),
+            *(rp.col(f"{a} α", f"test/{a}/alpha", rp.cell3) for a in alphas),  # no α: –, not 0.000
+            rp.col("dev acc", "dev_acc"),
         ]
-        lines = [
-            f"# Coherence — {s.space.name}",
-            "",
+        intro = (
             "Table 1: pairwise accuracy (%, ties wrong) on the held-out permuted test and each independent set; "
             "Krippendorff's α (nominal) with the model as one more coder where annotations are given "
-            f"(annotators alone: {humans}).",
-            "",
-            *rp.columns(summary["table"], cols),
-            "",
-            rp.data_line(run.counts, run.builtin),
-            "",
-        ]
+            f"(annotators alone: {humans})."
+        )
+        lines = [f"# Coherence — {s.space.name}", "", *rp.para(intro, *rp.columns(summary["table"], cols))]
+        lines += [rp.data_line(run.counts, run.builtin), ""]
         lines += _sweep_lines(s.trials, tests) + rp.stream_table(s.trials + s.extra, self._mined_name)
         lines += ["## Timings", "", rp.timing_line(run.timings), ""]
         return "\n".join(lines + [f"![{p.stem}]({p.name})" for p in plots])
@@ -103,16 +94,12 @@ def _sweep_lines(trials: list[TrialOutcome], tests: list[str]) -> list[str]:
     keys = sorted({k for t in trials for k in t.params})
     if not keys:
         return []
-    head = [SYMBOLS.get(k, k) for k in keys] + ["dev acc", *[f"{t} acc" for t in tests]]
-    best = [(t, best_row(t, "dev_acc") or {}) for t in trials]
-    rows = [
-        [
-            *(str(t.params.get(k)) for k in keys),
-            *(pct(r.get(c)) for c in ["dev_acc", *(f"test/{n}/acc" for n in tests)]),
-        ]
-        for t, r in best
+    cols: list[rp.Column] = [
+        *((SYMBOLS.get(k, k), lambda r, k=k: str(r["trial"].params.get(k))) for k in keys),
+        *(rp.col(h, k) for h, k in [("dev acc", "dev_acc"), *((f"{n} acc", f"test/{n}/acc") for n in tests)]),
     ]
-    return ["## Sweep (full model)", "", *rp.md_table(head, rows), ""]
+    rows = rp.trial_rows(trials, partial(best_row, metric="dev_acc"))
+    return ["## Sweep (full model)", "", *rp.columns(rows, cols), ""]
 
 
 def _sweep_panel(ax: Any, trials: list[TrialOutcome], key: str, metric: str) -> None:

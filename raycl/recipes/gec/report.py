@@ -13,7 +13,7 @@ from raycl.data.gec_corpus import stats as corpus_stats
 from raycl.data.specs import parse_spec
 from raycl.miners.false_negatives import KINDS, rate_text
 from raycl.records import TrialOutcome
-from raycl.report import best_row, md_table, num, pct
+from raycl.report import best_row, md_table, num
 
 if TYPE_CHECKING:
     from raycl.driver import Run
@@ -33,7 +33,7 @@ _FN_HEAD = (
 
 
 class GecReport(rp.RecipeReport):
-    names, default = _LABELS, "CL"
+    names, default, order = _LABELS, "CL", _ORDER
     keep = ("epoch", "loss", "checkpoint_path"), ("dev", "test", "timing/", "stream/")
 
     def more(self, s: rp.Sweep) -> dict[str, Any]:
@@ -52,7 +52,7 @@ class GecReport(rp.RecipeReport):
         return [
             {"method": self.label(t), **({"params": _params_text(t.params)} if t is best else {})}
             | (best_row(t, s.metric, s.mode) or {})
-            for t in rp.ladder(s.extra, best, _ORDER)
+            for t in self.ladder(s)
         ]
 
     def render(self, s: rp.Sweep, summary: dict[str, Any], plots: list[Path]) -> str:
@@ -60,34 +60,27 @@ class GecReport(rp.RecipeReport):
         cfg, tests, table = run.cfg, list(run.cfg.data.test), summary["table"]
         builtin = ", ".join(run.builtin) or "none"
         model = f"`{cfg.model.preset}`" + (f" ({cfg.model.name})" if cfg.model.name else "")
-        prf = rp.pct_columns(
-            (f"{t} {k}", f"test/{t}/{k.lower().replace('.', '')}") for t in tests for k in ("P", "R", "F0.5")
-        )
-        ratios = rp.pct_columns((f"{t} {k} ratio", f"test/{t}/{k.lower()}") for t in tests for k in ("IE", "OE"))
-        method: rp.Column = ("Method", lambda r: r["method"])
+        prf = rp.grid("{0} {1}", "test/{0}/{1}", tests, [("P", "p"), ("R", "r"), ("F0.5", "f05")])
+        ratios = rp.grid("{0} {1} ratio", "test/{0}/{1}", tests, [("IE", "ie"), ("OE", "oe")])
         name: rp.Column = ("Method", lambda r: r["method"] + (f" ({r['params']})" if r.get("params") else ""))
-        dev: rp.Column = ("dev F0.5", lambda r: pct(r.get("dev_f05")))
-        best = sorted(
-            ((best_row(t, "dev_f05") or {}, t) for t in trials),
-            key=lambda rt: num(rt[0].get("dev_f05")) or -1.0,
-            reverse=True,
-        )
+        table_2 = [name, *prf, rp.col("dev F0.5", "dev_f05")]
+        epoch: rp.Column = ("epoch", lambda r: r.get("epoch", "–"))
+        sweep = [rp.point_col("Point", PARAM_NAMES), rp.col("dev F0.5", "dev_f05"), epoch]
+        best = rp.trial_rows(trials, partial(best_row, metric="dev_f05"))
+        best.sort(key=lambda r: num(r.get("dev_f05")) or -1.0, reverse=True)
         intro = (
             "P / R / F0.5 in %, each the average over the test set's annotators (the paper's protocol); the CL "
             "row is the sweep's best point by dev F0.5, the other rows run at that point."
         )
-        sweep = [[_params_text(t.params), pct(r.get("dev_f05")), r.get("epoch", "–")] for r, t in best]
         lines = [
             f"# raycl — {s.space.name}: GEC with contrastive learning (Cao, Yang, Ng 2021)",
             "",
             f"Run folder `{run.run_dir}`; model preset {model}; built-in data for: {builtin}.",
-            *rp.section("Results on test (Table 2)", intro, "", *rp.columns(table, [name, *prf, dev])),
+            *rp.section("Results on test (Table 2)", intro, "", *rp.columns(table, table_2)),
             *_sign_lines(summary.get("sign_tests", [])),
             *_fn_lines(summary.get("false_negatives", {}), [*trials, *s.extra]),
-            *rp.section("Over-correction and ignored edits (Table 3)", *rp.columns(table, [method, *ratios])),
-            *rp.section(
-                "Sweep (dev F0.5, %, best epoch of each trial)", *md_table(["Point", "dev F0.5", "epoch"], sweep)
-            ),
+            *rp.section("Over-correction and ignored edits (Table 3)", *rp.columns(table, [rp.METHOD, *ratios])),
+            *rp.section("Sweep (dev F0.5, %, best epoch of each trial)", *rp.columns(best, sweep)),
             *rp.section("Data (Table 1)", *md_table(["Usage", "Files", "#sent", "err%", "e/s"], _data_rows(cfg))),
             *rp.section("Timings", *(f"- {k.removesuffix('_s')}: {v:.1f} s" for k, v in run.timings.items())),
         ]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from raycl import report as rp
 from raycl.data.semeval import A_SETTINGS, A_SUBMISSION_HEADER, Value, read_idiom_inputs, read_rows
 from raycl.recipes.idiom.evaluation import write_submission
-from raycl.report import final_row, num, pct
+from raycl.report import final_row, num
 from raycl.scoring.semeval_metrics import evaluate_idiom
 
 if TYPE_CHECKING:
@@ -23,6 +23,12 @@ if TYPE_CHECKING:
 METHOD_NAMES = {"fgm": "FGM", "pgd": "PGD", "freelb": "FreeLB", "smart": "SMART"}
 SETTING_NAMES = {"zero_shot": "zero-shot", "one_shot": "one-shot"}
 _SCORES = ("dev_f1", "test_f1")  # a closing report's official scores
+_SETTINGS = [(SETTING_NAMES[s], s) for s in A_SETTINGS]  # the tables' settings: (header, key)
+_INTRO = (
+    "Tables 3–4: macro-F1 (%, EN+PT) of the official evaluator; dev = the epoch kept on dev (with the EMA weights "
+    "where EMA is on), test = the eval split scored with that model. Each row adds one strategy to the row above, "
+    "run at the setting's best sweep point; the last row is that point."
+)
 
 
 def setting_of(trial: TrialOutcome) -> str | None:
@@ -122,38 +128,26 @@ class IdiomReport(rp.RecipeReport):
         lines = [
             f"# SemEval-2022 Task 2 Subtask A — {space.name}",
             "",
-            "Tables 3–4: macro-F1 (%, EN+PT) of the official evaluator; dev = the epoch kept on dev (with the "
-            "EMA weights where EMA is on), test = the eval split scored with that model. Each row adds one "
-            "strategy to the row above, run at the setting's best sweep point; the last row is that point.",
-            "",
-            *_table(rows, (("dev_f1", "dev"), ("test_f1", "test"))),
-            "",
-            "Per language (dev):",
-            "",
-            *_table(rows, (("dev_f1/EN", "EN"), ("dev_f1/PT", "PT"))),
-            "",
+            *rp.para(_INTRO, *_table(rows, (("dev", "dev_f1"), ("test", "test_f1")))),
+            *rp.para("Per language (dev):", *_table(rows, (("EN", "dev_f1/EN"), ("PT", "dev_f1/PT")))),
         ]
         if points:
             lines += [f"Best sweep point per setting: {points}.", ""]
-        langs = (("EN", "EN"), ("PT", "PT"), ("EN,PT", "EN+PT"))
         for split, scores in summary["official"].items():
-            head = [f"{SETTING_NAMES[g]} {name}" for g in A_SETTINGS for _, name in langs]
-            cells = [pct(scores.get(g, {}).get(k)) for g in A_SETTINGS for k, _ in langs]
             title = f"Official scores of `{split}.submission.csv` (both settings filled):"
-            lines += [title, "", *rp.md_table(head, [cells]), ""]
-        sweep = [
-            [
-                setting_of(t),
-                strategy(run.cfg, t.params),
-                rp.point(t.params, skip=("data.setting",)),
-                _int((f := final_row(t) or {}).get("best_epoch")),
-                pct(f.get("dev_f1")),
-                pct(f.get("test_f1")),
-            ]
-            for t in trials
+            flat = {f"{g}/{k}": v for g, by_langs in scores.items() for k, v in by_langs.items()}
+            langs = (("EN", "EN"), ("PT", "PT"), ("EN+PT", "EN,PT"))
+            lines += rp.para(title, *rp.columns([flat], rp.grid("{0} {1}", "{0}/{1}", _SETTINGS, langs)))
+        sweep: list[rp.Column] = [
+            ("setting", lambda r: setting_of(r["trial"])),
+            ("strategy", lambda r: strategy(run.cfg, r["trial"].params)),
+            rp.point_col(skip=("data.setting",)),
+            rp.col("best epoch", "best_epoch", _int),
+            rp.col("dev", "dev_f1"),
+            rp.col("test", "test_f1"),
         ]
-        head = ["setting", "strategy", "point", "best epoch", "dev", "test"]
-        lines += ["## Sweep (macro-F1 EN+PT of the kept epoch, %)", "", *rp.md_table(head, sweep)]
+        rows = rp.trial_rows(trials, final_row)
+        lines += ["## Sweep (macro-F1 EN+PT of the kept epoch, %)", "", *rp.columns(rows, sweep)]
         return "\n".join(lines + rp.closing_lines(run, summary, plots))
 
 
@@ -171,9 +165,8 @@ def _curves(table: list[dict[str, Any]], trials: list[TrialOutcome]) -> list[tup
     ]
 
 
-def _table(rows: list[dict[str, Any]], keys: Sequence[tuple[str, str]]) -> list[str]:
-    cols = rp.pct_columns((f"{SETTING_NAMES[s]} {name}", f"{s}/{k}") for s in A_SETTINGS for k, name in keys)
-    return rp.columns(rows, [("Strategy", lambda r: r["method"]), *cols])
+def _table(rows: list[dict[str, Any]], keys: Sequence[rp.Part]) -> list[str]:
+    return rp.columns(rows, [rp.STRATEGY, *rp.grid("{0} {1}", "{0}/{1}", _SETTINGS, keys)])
 
 
 def _int(v: Any) -> str:

@@ -5,15 +5,12 @@ Spearman ALL / Idiom / STS per setting) and the plots (Fig. 5, dev curves)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from raycl import report as rp
 from raycl.report import final_row, num, pct
 from raycl.scoring.embedding_geometry import plot_alignment_uniformity
 from raycl.scoring.semeval_metrics import SUBSETS
-
-if TYPE_CHECKING:
-    from raycl.records import TrialOutcome
 
 SETTINGS = ("pre_train", "fine_tune")
 LADDER = (
@@ -34,22 +31,21 @@ SYMBOLS = {
     "mining.relative_margin": "r",
     "mining.absolute_margin": "m_abs",
 }
-_GEOMETRY = ["Strategy", *(f"{s} {k}" for s in SETTINGS for k in ("ℓ_align", "ℓ_uniform"))]
+_GEOMETRY_HEAD = "Alignment and uniformity of the mean-pooled embeddings (lower is better, Fig. 5):"
+_GEOMETRY = rp.grid("{0} {1}", "{1}/{0}", SETTINGS, [("ℓ_align", "align"), ("ℓ_uniform", "uniform")], rp.cell3)
 
 
 class StsReport(rp.RecipeReport):
-    """A trial is scored by its closing report (dev Spearman of its final setting; the last trial on ties)."""
+    """A trial is scored by its closing report (dev Spearman of its final setting; the last trial on ties); Table
+    5's ladder: each baseline of it, the sweep's best (+ MoCo queue), then the other baselines."""
 
     names, default = dict([*LADDER, DENSE, REFRESHED]), dict(LADDER)[None]
     keep, final, last = (("step", "dev_spearman"), ("dev/", "test/", "align/", "uniform/")), True, True
-
-    def table(self, s: rp.Sweep) -> list[dict[str, Any]]:
-        """Table 5's ladder: each baseline of it, the sweep's best (+ MoCo queue), then the other baselines."""
-        return [self.row(s, t) for t in _ladder(s)]
+    order = (*(n for n, _ in LADDER), ...)
 
     def plots(self, s: rp.Sweep, run_dir: Path) -> list[Path]:
         """Fig. 5 (ℓ_align against ℓ_uniform of each ladder row and setting) and the dev curves."""
-        out, ladder = [], _ladder(s)
+        out, ladder = [], self.ladder(s)
         points = {
             f"{self.label(t)} ({g})": (a, u)
             for t in ladder
@@ -73,34 +69,21 @@ class StsReport(rp.RecipeReport):
 
     def render(self, s: rp.Sweep, summary: dict[str, Any], plots: list[Path]) -> str:
         rows, cfg = summary["table"], s.run.cfg
-        lines = [
-            f"# SemEval-2022 Task 2 Subtask B — {s.space.name}",
-            "",
+        intro = (
             "Table 5: Spearman ρ (%, EN+PT) of the official evaluator on dev, per setting (pre_train: the model "
             "kept on the STS dev split; fine_tune: the one kept on dev). Each row adds one strategy to the row "
-            f"above; the last is the sweep's best point (joint loss: {cfg.loss.joint}).",
-            "",
-            *_table(rows, "dev"),
-            "",
-        ]
+            f"above; the last is the sweep's best point (joint loss: {cfg.loss.joint})."
+        )
+        lines = [f"# SemEval-2022 Task 2 Subtask B — {s.space.name}", "", *rp.para(intro, *_table(rows, "dev"))]
         lines += _dense_lines(rows, cfg)
         if any(k.startswith("test/") for r in rows for k in r):
-            lines += ["The same on eval (the paper's test):", "", *_table(rows, "test"), ""]
-        geometry = [
-            [r["method"], *(rp.cell3(r.get(f"{k}/{g}")) for g in SETTINGS for k in ("align", "uniform"))]
-            for r in rows
-        ]
-        sweep = [
-            [rp.point(t.params, SYMBOLS, skip=()), pct((final_row(t) or {}).get("dev_spearman"))] for t in s.trials
-        ]
+            lines += rp.para("The same on eval (the paper's test):", *_table(rows, "test"))
+        sweep = [rp.point_col("point", SYMBOLS, skip=()), rp.col("dev ρ", "dev_spearman")]
         lines += [
-            "Alignment and uniformity of the mean-pooled embeddings (lower is better, Fig. 5):",
-            "",
-            *rp.md_table(_GEOMETRY, geometry),
-            "",
+            *rp.para(_GEOMETRY_HEAD, *rp.columns(rows, [rp.STRATEGY, *_GEOMETRY])),
             "## Sweep (dev Spearman of the final setting, %)",
             "",
-            *rp.md_table(["point", "dev ρ"], sweep),
+            *rp.columns(rp.trial_rows(s.trials, final_row), sweep),
         ]
         return "\n".join(lines + rp.closing_lines(s.run, summary, plots))
 
@@ -108,13 +91,8 @@ class StsReport(rp.RecipeReport):
 REPORT = StsReport()
 
 
-def _ladder(s: rp.Sweep) -> list[TrialOutcome]:
-    return rp.ladder(s.extra, s.best.get(None), [*(n for n, _ in LADDER), ...])
-
-
 def _table(rows: list[dict[str, Any]], split: str) -> list[str]:
-    keys = ((f"{s} {k}", f"{split}/{s}/EN+PT/{k}") for s in SETTINGS for k in SUBSETS)
-    return rp.columns(rows, [("Strategy", lambda r: r["method"]), *rp.pct_columns(keys)])
+    return rp.columns(rows, [rp.STRATEGY, *rp.grid("{0} {1}", split + "/{0}/EN+PT/{1}", SETTINGS, SUBSETS)])
 
 
 def _dense_lines(rows: list[dict[str, Any]], cfg: Any) -> list[str]:
