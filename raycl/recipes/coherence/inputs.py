@@ -4,13 +4,13 @@ pairs file as given)."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from pathlib import Path
 from typing import Any
 
-from raycl.config.tasks.coherence import CoherenceConfig
+from raycl.config.tasks.coherence import BuiltinCoherenceSection, CoherenceConfig
 from raycl.data.bounded import json_value
+from raycl.data.builtin import with_builtin
 from raycl.data.coherence import (
     MAX_DOCUMENT,
     CoherenceItem,
@@ -24,20 +24,20 @@ from raycl.errors import UserError, at
 
 
 def with_data(cfg: CoherenceConfig, data_dir: Path) -> tuple[CoherenceConfig, list[str]]:
-    """Fill every empty ``data`` split with the built-in corpus (written once into ``data_dir``)."""
-    d = cfg.data
-    empty = [k for k in ("train", "dev", "test") if not getattr(d, k)]
-    if not empty:
-        return cfg, []
-    b = d.builtin
+    """Fill every empty ``data`` split with the built-in corpus (written once into ``data_dir``); the built-in test
+    sets come with their annotations where none are given."""
+    keys = ("train", "dev", "test", *(() if cfg.data.test else ("annotations",)))
+    cfg, filled = with_builtin(cfg, keys, lambda: _builtin(cfg.data.builtin, data_dir))
+    return cfg, [k for k in filled if k != "annotations"]
+
+
+def _builtin(b: BuiltinCoherenceSection, data_dir: Path) -> dict[str, Any]:
+    """The built-in corpus's files by ``data`` key."""
     sizes = {"train": b.train, "dev": b.dev, "test": b.test, "intrusion": b.intrusion, "lmvlm": b.lmvlm}
     files = {k: str(f) for k, f in write_builtin_corpus(data_dir, seed=b.seed, sizes=sizes).items()}
     tests = {"permuted": [files["test"]], "intrusion": [files["intrusion"]], "lmvlm": [files["lmvlm"]]}
-    fill: dict[str, Any] = {"train": [files["train"]], "dev": [files["dev"]], "test": tests}
-    new = dataclasses.replace(d, **{k: fill[k] for k in empty})
-    if "test" in empty and not d.annotations:
-        new = dataclasses.replace(new, annotations={"lmvlm": files["lmvlm_annotations"]})
-    return dataclasses.replace(cfg, data=new), empty
+    annotations = {"lmvlm": files["lmvlm_annotations"]}
+    return {"train": [files["train"]], "dev": [files["dev"]], "test": tests, "annotations": annotations}
 
 
 def _is_documents(path: Path) -> bool:

@@ -4,11 +4,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
-from typing import Any
 
 from raycl.config.tasks.idiom import IdiomConfig
+from raycl.data.builtin import with_builtin
 from raycl.data.semeval import (
     A_SUBMISSION_HEADER,
     IdiomExample,
@@ -18,38 +17,23 @@ from raycl.data.semeval import (
     read_rows,
     with_gold,
 )
-from raycl.data.semeval_corpus import write_builtin_semeval
+from raycl.data.semeval_corpus import semeval_files
 from raycl.errors import UserError, at
 
 # ---------------------------------------------------------------------------------------------- Subtask A
-A_KEYS = {
-    "train_zero_shot": "a.train_zero_shot",
-    "train_one_shot": "a.train_one_shot",
-    "dev": "a.dev",
-    "dev_gold": "a.dev_gold",
-    "dev_submission_format": "a.dev_submission_format",
-    "eval": "a.eval",
-    "eval_gold": "a.eval_gold",
-    "eval_submission_format": "a.eval_submission_format",
-}
-SPLIT_OF = {
-    "dev_gold": "dev",
-    "dev_submission_format": "dev",
-    "eval_gold": "eval",
-    "eval_submission_format": "eval",
-}
+A_KEYS = (  # the data keys of Subtask A, in the order a run names those it fills
+    "train_zero_shot",
+    "train_one_shot",
+    *(f"{split}{file}" for split in ("dev", "eval") for file in ("", "_gold", "_submission_format")),
+)
 
 
 def idiom_with_data(cfg: IdiomConfig, data_dir: Path) -> tuple[IdiomConfig, list[str]]:
     """Fill the empty ``data`` keys with the built-in set (written once into ``data_dir``); a split's optional
     files (gold of eval, format files) are filled only when the split itself is built-in."""
     d = cfg.data
-    empty = [k for k in A_KEYS if not getattr(d, k) and not getattr(d, SPLIT_OF.get(k, k))]
-    if not empty:
-        return cfg, []
-    files = write_builtin_semeval(data_dir, seed=d.builtin.seed)
-    fill: dict[str, Any] = {k: str(files[A_KEYS[k]]) for k in empty}
-    return dataclasses.replace(cfg, data=dataclasses.replace(d, **fill)), empty
+    keys = [k for k in A_KEYS if k.startswith("train") or not getattr(d, k.split("_")[0])]
+    return with_builtin(cfg, keys, lambda: semeval_files(data_dir, "a", seed=d.builtin.seed))
 
 
 def idiom_check_data(cfg: IdiomConfig) -> dict[str, int]:
