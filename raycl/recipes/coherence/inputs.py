@@ -9,12 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from raycl.config.tasks.coherence import BuiltinCoherenceSection, CoherenceConfig
-from raycl.data.bounded import json_value
 from raycl.data.builtin import with_builtin
 from raycl.data.coherence import (
-    MAX_DOCUMENT,
     CoherenceItem,
     build_permuted_set,
+    is_documents,
     read_annotations,
     read_documents,
     read_pairs,
@@ -40,22 +39,6 @@ def _builtin(b: BuiltinCoherenceSection, data_dir: Path) -> dict[str, Any]:
     return {"train": [files["train"]], "dev": [files["dev"]], "test": tests, "annotations": annotations}
 
 
-def _is_documents(path: Path) -> bool:
-    """Documents (text, or JSONL with ``sentences``) rather than a pairs file (pickle, or JSONL with ``pos``)."""
-    if path.suffix in (".pkl", ".pickle"):
-        return False
-    if path.suffix != ".jsonl":
-        with open(path, "rb") as f:
-            return f.read(1) != b"\x80"
-    with open(path, encoding="utf-8", errors="replace") as f:
-        first = next((line for line in iter(lambda: f.readline(MAX_DOCUMENT + 1), "") if line.strip()), "{}")
-    try:
-        value = json_value(str(path), first, "expected one object per line")
-    except UserError:
-        return True  # read_documents names the line
-    return isinstance(value, dict) and "sentences" in value
-
-
 def training_items(cfg: CoherenceConfig, *, shuffle: bool | None = None) -> list[CoherenceItem]:
     """The training set: documents are permuted as the paper does (each item gets ``max(num_rank, num_negs)``
     distinct candidate negatives, never repeated across the copies of a positive); pairs files are used as
@@ -67,7 +50,7 @@ def training_items(cfg: CoherenceConfig, *, shuffle: bool | None = None) -> list
         path = Path(spec)
         if not path.exists():
             raise UserError(f"{at(path)}: no such file (data.train)")
-        if _is_documents(path):
+        if is_documents(path):
             items += build_permuted_set(
                 read_documents(path),
                 num_negs=max(m.num_rank, m.num_negs),
