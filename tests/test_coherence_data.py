@@ -17,6 +17,7 @@ from raycl.data.coherence import (
     CoherenceItem,
     Document,
     build_permuted_set,
+    is_documents,
     read_annotations,
     read_documents,
     read_pairs,
@@ -266,6 +267,27 @@ def test_bad_pair_files(tmp_path: Path) -> None:
         with pytest.raises(UserError) as err:
             read_pairs(path)
         assert str(err.value).startswith(str(tmp_path / expected))
+
+
+def test_documents_and_pairs_files_are_told_apart_by_their_content(tmp_path: Path) -> None:
+    docs, pairs = [_doc("d", 3)], [CoherenceItem("p", ("a.", "b."), (("b.", "a."),))]
+    write_documents(docs, tmp_path / "docs.txt")
+    write_documents(docs, tmp_path / "docs.jsonl")
+    write_pairs_jsonl(pairs, tmp_path / "pairs.jsonl")
+    write_pairs_pickle(pairs, tmp_path / "pairs.pkl")
+    os.replace(tmp_path / "pairs.pkl", tmp_path / "pairs")  # a pickle without its suffix: the 0x80 byte says so
+    _write(tmp_path / "blank.jsonl", "\n\n" + (tmp_path / "docs.jsonl").read_text(encoding="utf-8"))
+    _write(tmp_path / "bad.jsonl", "{not json\n")  # read_documents names the line
+    told = {p.name: is_documents(p) for p in sorted(tmp_path.iterdir())}
+    assert told == {
+        "bad.jsonl": True,
+        "blank.jsonl": True,
+        "docs.jsonl": True,
+        "docs.txt": True,
+        "pairs": False,
+        "pairs.jsonl": False,
+    }
+    assert read_pairs(tmp_path / "pairs") == pairs and read_documents(tmp_path / "blank.jsonl") == docs
 
 
 def test_annotations_pickle_or_json_aligned(tmp_path: Path) -> None:

@@ -171,6 +171,32 @@ def test_a_malformed_csv_ends_in_one_line_before_anything_runs(tmp_path: Path) -
     assert not (out / "ray").exists() and not (out / "base_model").exists()
 
 
+def test_dev_and_eval_files_are_checked_against_their_gold_and_format_files(tmp_path: Path) -> None:
+    import dataclasses
+
+    cfg, _ = idiom.with_data(load_space("idiom", preset="smoke").config, tmp_path / "data")
+    d = cfg.data
+    counts = idiom.check_data(cfg)
+    assert (counts["dev"], counts["eval"]) == (len(_rows(Path(d.dev))) - 1, len(_rows(Path(d.eval))) - 1)
+
+    def written(name: str, rows: list[list[str]]) -> str:
+        with open(tmp_path / name, "w", newline="", encoding="utf-8") as f:
+            csv.writer(f).writerows(rows)
+        return str(tmp_path / name)
+
+    gold = _rows(Path(d.dev_gold))
+    swapped = written("dev_gold.csv", [gold[0], gold[2], gold[1], *gold[3:]])  # row 1's ID is row 2's
+    fmt = _rows(Path(d.eval_submission_format))
+    short = written("eval_format.csv", fmt[:-1])  # the last input's row is missing
+    with pytest.raises(UserError, match=rf"^data\.dev_gold: {swapped}: IDs differ from the inputs' at row 1 "):
+        idiom.check_data(dataclasses.replace(cfg, data=dataclasses.replace(d, dev_gold=swapped)))
+    missing = f"no row for ID {fmt[-1][0]} setting {fmt[-1][2]}; expected the IDs of data.eval$"
+    with pytest.raises(UserError, match=rf"^{short}: {missing}"):
+        idiom.check_data(dataclasses.replace(cfg, data=dataclasses.replace(d, eval_submission_format=short)))
+    no_eval = dataclasses.replace(d, eval="", eval_gold="", eval_submission_format="")
+    assert "eval" not in idiom.check_data(dataclasses.replace(cfg, data=no_eval))
+
+
 def test_subtask_a_adamw_eps_and_the_papers_batch_grid(tmp_path: Path) -> None:
     """The released code's transformers.AdamW has eps 1e-6; the paper's batch grid is {16, 32, 64}."""
     from raycl.config import set_dotted

@@ -275,6 +275,20 @@ def _is_pickle(path: Path) -> bool:
         raise UserError(f"{at(path)}: cannot read ({err.strerror or err})") from None
 
 
+def is_documents(path: Path) -> bool:
+    """Documents (text, or JSONL with ``sentences``: :func:`read_documents`) rather than a pairs file (a pickle,
+    or JSONL with ``pos``: :func:`read_pairs`)."""
+    if path.suffix != ".jsonl":
+        return not _is_pickle(path)
+    with open(path, encoding="utf-8", errors="replace") as f:
+        first = next((line for line in iter(lambda: f.readline(MAX_DOCUMENT + 1), "") if line.strip()), "{}")
+    try:
+        value = json_value(str(path), first, "expected one object per line")
+    except UserError:
+        return True  # read_documents names the line
+    return isinstance(value, dict) and "sentences" in value
+
+
 def _sentences(where: str, key: str, value: object) -> tuple[str, ...]:
     if not isinstance(value, list | tuple) or not value or not all(isinstance(s, str) for s in value):
         raise UserError(f"{where}: {key!r} must be a non-empty list of sentences (strings)")

@@ -237,3 +237,10 @@ def write_builtin_semeval(out_dir: str | Path, *, seed: int) -> dict[str, Path]:
     ids = [str(i) for i in rng.sample(range(100, 100_000), 2_000)]  # unique 5-digit-ish IDs, as the real data
     out = Path(out_dir)
     return _write_a(out / "SubTaskA", split, rng, ids) | _write_b(out / "SubTaskB", split, rng, ids)
+
+
+def semeval_files(out_dir: str | Path, subtask: str, *, seed: int) -> dict[str, str]:
+    """The built-in set's files of one subtask (``a`` or ``b``) by their ``data`` key (``dev_gold``, …), written
+    by :func:`write_builtin_semeval`."""
+    files = write_builtin_semeval(out_dir, seed=seed).items()
+    return {k.removeprefix(f"{subtask}."): str(p) for k, p in files if k.startswith(f"{subtask}.")}

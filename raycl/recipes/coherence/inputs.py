@@ -4,17 +4,16 @@ pairs file as given)."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from pathlib import Path
 from typing import Any
 
-from raycl.config.tasks.coherence import CoherenceConfig
-from raycl.data.bounded import json_value
+from raycl.config.tasks.coherence import BuiltinCoherenceSection, CoherenceConfig
+from raycl.data.builtin import with_builtin
 from raycl.data.coherence import (
-    MAX_DOCUMENT,
     CoherenceItem,
     build_permuted_set,
+    is_documents,
     read_annotations,
     read_documents,
     read_pairs,
@@ -24,36 +23,20 @@ from raycl.errors import UserError, at
 
 
 def with_data(cfg: CoherenceConfig, data_dir: Path) -> tuple[CoherenceConfig, list[str]]:
-    """Fill every empty ``data`` split with the built-in corpus (written once into ``data_dir``)."""
-    d = cfg.data
-    empty = [k for k in ("train", "dev", "test") if not getattr(d, k)]
-    if not empty:
-        return cfg, []
-    b = d.builtin
+    """Fill every empty ``data`` split with the built-in corpus (written once into ``data_dir``); the built-in test
+    sets come with their annotations where none are given."""
+    keys = ("train", "dev", "test", *(() if cfg.data.test else ("annotations",)))
+    cfg, filled = with_builtin(cfg, keys, lambda: _builtin(cfg.data.builtin, data_dir))
+    return cfg, [k for k in filled if k != "annotations"]
+
+
+def _builtin(b: BuiltinCoherenceSection, data_dir: Path) -> dict[str, Any]:
+    """The built-in corpus's files by ``data`` key."""
     sizes = {"train": b.train, "dev": b.dev, "test": b.test, "intrusion": b.intrusion, "lmvlm": b.lmvlm}
     files = {k: str(f) for k, f in write_builtin_corpus(data_dir, seed=b.seed, sizes=sizes).items()}
     tests = {"permuted": [files["test"]], "intrusion": [files["intrusion"]], "lmvlm": [files["lmvlm"]]}
-    fill: dict[str, Any] = {"train": [files["train"]], "dev": [files["dev"]], "test": tests}
-    new = dataclasses.replace(d, **{k: fill[k] for k in empty})
-    if "test" in empty and not d.annotations:
-        new = dataclasses.replace(new, annotations={"lmvlm": files["lmvlm_annotations"]})
-    return dataclasses.replace(cfg, data=new), empty
-
-
-def _is_documents(path: Path) -> bool:
-    """Documents (text, or JSONL with ``sentences``) rather than a pairs file (pickle, or JSONL with ``pos``)."""
-    if path.suffix in (".pkl", ".pickle"):
-        return False
-    if path.suffix != ".jsonl":
-        with open(path, "rb") as f:
-            return f.read(1) != b"\x80"
-    with open(path, encoding="utf-8", errors="replace") as f:
-        first = next((line for line in iter(lambda: f.readline(MAX_DOCUMENT + 1), "") if line.strip()), "{}")
-    try:
-        value = json_value(str(path), first, "expected one object per line")
-    except UserError:
-        return True  # read_documents names the line
-    return isinstance(value, dict) and "sentences" in value
+    annotations = {"lmvlm": files["lmvlm_annotations"]}
+    return {"train": [files["train"]], "dev": [files["dev"]], "test": tests, "annotations": annotations}
 
 
 def training_items(cfg: CoherenceConfig, *, shuffle: bool | None = None) -> list[CoherenceItem]:
@@ -67,7 +50,7 @@ def training_items(cfg: CoherenceConfig, *, shuffle: bool | None = None) -> list
         path = Path(spec)
         if not path.exists():
             raise UserError(f"{at(path)}: no such file (data.train)")
-        if _is_documents(path):
+        if is_documents(path):
             items += build_permuted_set(
                 read_documents(path),
                 num_negs=max(m.num_rank, m.num_negs),

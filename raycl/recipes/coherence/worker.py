@@ -42,34 +42,24 @@ from raycl.training.timing import Window
 Negs = list[tuple[str, ...]]
 
 
-def _pairs(batches: Iterator[Batch | Call]) -> Iterator[tuple[CoherenceItem, Negs] | Call]:
-    """The source's pools with their negatives (:func:`raycl.training.batching.sourced`), item by item; calls
-    where they come."""
-    for b in batches:
-        yield from zip(*b.data, strict=True) if isinstance(b, Batch) else (b,)
-
-
 def _batches(
-    cfg: CoherenceConfig,
-    pairs: Iterator[tuple[CoherenceItem, Negs] | Call],
-    need: int,
-    done: int,
-    rng: random.Random | None,
+    cfg: CoherenceConfig, pools: Iterator[Batch | Call], need: int, done: int, rng: random.Random | None
 ) -> Iterator[Batch | Call]:
-    """Steps of ``optim.batch_size`` usable items (those with ``need`` negatives), each carrying the position after
-    it (items of the epoch consumed); calls pass through where they come."""
+    """The source's pools with their negatives (:func:`raycl.training.batching.sourced`) re-cut into steps of
+    ``optim.batch_size`` usable items (those with ``need`` negatives), each carrying the position after it (items
+    of the epoch consumed); calls pass through where they come."""
     batch: list[tuple[CoherenceItem, Negs]] = []
-    for got in pairs:
-        if isinstance(got, Call):
-            yield got
+    for pool in pools:
+        if isinstance(pool, Call):
+            yield pool
             continue
-        item, negs = got
-        done += 1
-        if len(negs) >= need:  # the code skips items with fewer negatives than it trains on
-            batch.append((item, negs[:need]))
-        if len(batch) == cfg.optim.batch_size:
-            yield Batch(([b[0] for b in batch], [b[1] for b in batch], rng), progress={"done": done})
-            batch = []
+        for item, negs in zip(*pool.data, strict=True):
+            done += 1
+            if len(negs) >= need:  # the code skips items with fewer negatives than it trains on
+                batch.append((item, negs[:need]))
+            if len(batch) == cfg.optim.batch_size:
+                yield Batch(([b[0] for b in batch], [b[1] for b in batch], rng), progress={"done": done})
+                batch = []
     if batch:
         yield Batch(([b[0] for b in batch], [b[1] for b in batch], rng), progress={"done": done})
 
@@ -136,12 +126,12 @@ class CoherenceTask(TaskBase):
         if start == 0:  # a new epoch (a resumed one starts where its checkpoint's batch and items were)
             p["done"] = 0
         done = p.get("done", 0)
-        pairs = _pairs(sourced(st.source, epoch, done, st.model))  # the stream's part scheduled now
+        pools = sourced(st.source, epoch, done, st.model)  # the stream's part scheduled now
         rng = None
         if self.cfg.loss.kind == "momentum":  # the slices are drawn as batches are collated, ahead of their step
             rng = CheckpointedRandom()
             rng.setstate(st.rng.getstate())
-        batches = _batches(self.cfg, pairs, self.need, done, rng)
+        batches = _batches(self.cfg, pools, self.need, done, rng)
         return Epoch(batches, eval_every=self.cfg.optim.eval_every, report_at_end=False)
 
     def compiled_modules(self, st: CoherenceState) -> list[Any]:

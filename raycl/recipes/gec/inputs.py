@@ -4,11 +4,11 @@ and not inside a Ray worker after minutes of training."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
-from raycl.config.tasks.gec import GecConfig
+from raycl.config.tasks.gec import BuiltinGecSection, GecConfig
+from raycl.data.builtin import with_builtin
 from raycl.data.gec import load_examples, load_references
 from raycl.data.gec_corpus import write_builtin_corpus
 from raycl.errors import UserError
@@ -17,21 +17,16 @@ from raycl.miners.shards import check_negatives, check_references
 
 def with_data(cfg: GecConfig, data_dir: Path) -> tuple[GecConfig, list[str]]:
     """Fill every empty split with the built-in corpus (written as M2 under ``data_dir``), check the rest."""
-    d = cfg.data
-    empty = [k for k in ("train", "finetune", "dev", "test") if not getattr(d, k)]
-    if "train" in empty and cfg.model.checkpoint:
-        empty.remove("train")  # step 1 is skipped: D_T is not needed
-    if not empty:
-        return cfg, []
-    b = d.builtin
+    # with a checkpoint step 1 is skipped: D_T (train) is not needed
+    splits = ("finetune", "dev", "test") if cfg.model.checkpoint else ("train", "finetune", "dev", "test")
+    return with_builtin(cfg, splits, lambda: _builtin(cfg.data.builtin, data_dir))
+
+
+def _builtin(b: BuiltinGecSection, data_dir: Path) -> dict[str, Any]:
+    """The built-in corpus's files (M2) by split."""
     sizes = {"n_train": b.n_train, "n_finetune": b.n_finetune, "n_dev": b.n_dev, "n_test": b.n_test}
     files = {k: [str(f)] for k, f in write_builtin_corpus(data_dir, **sizes, seed=b.seed).items()}
-    fill: dict[str, Any] = {
-        **files,
-        "dev": {"builtin": files["dev"]},
-        "test": {"S": files["test-s"], "G": files["test-g"]},
-    }
-    return dataclasses.replace(cfg, data=dataclasses.replace(d, **{k: fill[k] for k in empty})), empty
+    return {**files, "dev": {"builtin": files["dev"]}, "test": {"S": files["test-s"], "G": files["test-g"]}}
 
 
 def check_data(cfg: GecConfig) -> dict[str, int]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, ClassVar
 
 from raycl.config.tasks.gec import GecConfig
@@ -42,6 +43,7 @@ class Phase:
     warmup: int
     label_smoothing: float
     trade_off: float
+    max_tokens: int  # the token budget of a batch (0: batches of batch_size sentences)
 
 
 @dataclass
@@ -50,10 +52,14 @@ class GecState(TrainState):
     refs: dict[str, Any] = field(default_factory=dict)  # rank 0 of fine-tuning: dev and test references
 
     def num_tokens(self, example: GecExample, negatives: list[str]) -> int:
-        """fairseq's ``num_tokens`` of a GEC-CL example: max(source, the target line ``t </s> n1 </s> …``)."""
-        texts = [example.source, example.target, *negatives]
-        lengths = [len(ids) for ids in self.model.tokenizer(texts)["input_ids"]]
-        return max(lengths[0], sum(lengths[1:]))
+        return num_tokens(self.model.tokenizer, [example], [negatives])[0]
+
+
+def num_tokens(tokenizer: Any, examples: list[GecExample], negatives: list[list[str]]) -> list[int]:
+    """fairseq's ``num_tokens`` of GEC-CL examples: max(source, the target line ``t </s> n1 </s> …``)."""
+    texts = [t for ex, negs in zip(examples, negatives, strict=True) for t in (ex.source, ex.target, *negs)]
+    lengths = iter([len(ids) for ids in tokenizer(texts)["input_ids"]])
+    return [max(next(lengths), sum(islice(lengths, 1 + len(negs)))) for negs in negatives]
 
 
 @dataclass(frozen=True)
@@ -77,10 +83,10 @@ class GecTask(TaskBase):
         c = self.cfg
         if self.phase == "pretrain":
             p = c.pretrain
-            args = (p.lr, p.epochs, p.batch_size, p.warmup_updates, p.label_smoothing, 0.0)
+            args = (p.lr, p.epochs, p.batch_size, p.warmup_updates, p.label_smoothing, 0.0, p.max_tokens)
             return Phase(self.phase, c.data.train, *args)
         o, loss = c.optim, c.loss
-        args = (o.lr, o.epochs, o.batch_size, o.warmup_updates, loss.label_smoothing, loss.trade_off)
+        args = (o.lr, o.epochs, o.batch_size, o.warmup_updates, loss.label_smoothing, loss.trade_off, o.max_tokens)
         return Phase(self.phase, c.data.finetune, *args)
 
     def build(self, model: Any, w: Worker, progress: dict[str, Any] | None) -> GecState:
@@ -113,20 +119,15 @@ class GecTask(TaskBase):
         with its negatives where they are known before training (step 1, pre-mined ones); mined ones are counted
         as 1 + k + 1 (CL's source) copies of the target line."""
         cfg, ph, n = self.cfg, self.ph, len(examples)
-        uf, epochs = cfg.optim.update_freq, ph.epochs
-        budget = cfg.optim.max_tokens if ph.name == "finetune" else cfg.pretrain.max_tokens
+        uf, epochs, budget = cfg.optim.update_freq, ph.epochs, ph.max_tokens
         plan = self._batch_plan(n, w)  # the static source's; the stream's shards have as many
         sizes: list[int] = []
         if budget:
-            tok = model.tokenizer
-            ids = tok([t for ex in examples for t in (ex.source, ex.target)])["input_ids"]
-            src, tgt = [len(x) for x in ids[0::2]], [len(x) for x in ids[1::2]]
             if isinstance(source, StaticNegatives):
                 negs = source.negatives([ex.id for ex in examples], source.version)
-                extra = [sum(len(x) for x in tok(ns)["input_ids"]) if ns else 0 for ns in negs]
-                sizes = [max(src[i], tgt[i] + extra[i]) for i in range(n)]
             else:
-                sizes = [max(src[i], (1 + cfg.mining.k + 1) * tgt[i]) for i in range(n)]
+                negs = [[ex.target] * (cfg.mining.k + 1) for ex in examples]
+            sizes = num_tokens(model.tokenizer, examples, negs)
         return plan.updates(epochs, uf, sizes=sizes, max_tokens=budget)
 
     def _source(self, examples: list[GecExample], w: Worker) -> NegativeSource[GecExample]:
@@ -158,8 +159,7 @@ class GecTask(TaskBase):
         epoch), each pool cut by the token budget. Negatives mined while training with ``sync_every`` > 0 are read
         in the training thread: the staleness rule checks them against the version that updates move on."""
         assert start == 0, "GEC reports (and checkpoints) only at an epoch's end"
-        budget = self.cfg.optim.max_tokens if self.phase == "finetune" else self.cfg.pretrain.max_tokens
-        rng = random.Random(self.cfg.optim.seed * 1000 + epoch)
+        rng, budget = random.Random(self.cfg.optim.seed * 1000 + epoch), self.ph.max_tokens
         batches = sourced(st.source, epoch, 0, st.model, max_tokens=budget, size=st.num_tokens, rng=rng)
         return Epoch(batches, read_ahead=st.source.read_ahead)
 

@@ -68,10 +68,10 @@ def write_submission(
 
 
 class Evaluator:
-    """Rank 0's dev and eval sets of one setting, read once."""
+    """Rank 0's dev and eval sets of one setting (default: the config's ``data.setting``), read once."""
 
-    def __init__(self, cfg: IdiomConfig, setting: str) -> None:
-        self.cfg, self.setting, d = cfg, setting, cfg.data
+    def __init__(self, cfg: IdiomConfig, setting: str = "") -> None:
+        self.cfg, self.setting, d = cfg, setting or cfg.data.setting, cfg.data
         self.splits = official_splits(d, read_idiom_inputs)
         self.dev, self.dev_gold = self.splits[0].examples, list(read_rows(d.dev_gold, A_GOLD_HEADER))
 

@@ -4,11 +4,11 @@
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from raycl.config.tasks.idiom import IdiomConfig
+from raycl.data.builtin import with_builtin
 from raycl.data.semeval import (
     A_SUBMISSION_HEADER,
     IdiomExample,
@@ -18,38 +18,24 @@ from raycl.data.semeval import (
     read_rows,
     with_gold,
 )
-from raycl.data.semeval_corpus import write_builtin_semeval
+from raycl.data.semeval_corpus import semeval_files
 from raycl.errors import UserError, at
+from raycl.scoring.semeval_splits import official_splits
 
 # ---------------------------------------------------------------------------------------------- Subtask A
-A_KEYS = {
-    "train_zero_shot": "a.train_zero_shot",
-    "train_one_shot": "a.train_one_shot",
-    "dev": "a.dev",
-    "dev_gold": "a.dev_gold",
-    "dev_submission_format": "a.dev_submission_format",
-    "eval": "a.eval",
-    "eval_gold": "a.eval_gold",
-    "eval_submission_format": "a.eval_submission_format",
-}
-SPLIT_OF = {
-    "dev_gold": "dev",
-    "dev_submission_format": "dev",
-    "eval_gold": "eval",
-    "eval_submission_format": "eval",
-}
+A_KEYS = (  # the data keys of Subtask A, in the order a run names those it fills
+    "train_zero_shot",
+    "train_one_shot",
+    *(f"{split}{file}" for split in ("dev", "eval") for file in ("", "_gold", "_submission_format")),
+)
 
 
 def idiom_with_data(cfg: IdiomConfig, data_dir: Path) -> tuple[IdiomConfig, list[str]]:
     """Fill the empty ``data`` keys with the built-in set (written once into ``data_dir``); a split's optional
     files (gold of eval, format files) are filled only when the split itself is built-in."""
     d = cfg.data
-    empty = [k for k in A_KEYS if not getattr(d, k) and not getattr(d, SPLIT_OF.get(k, k))]
-    if not empty:
-        return cfg, []
-    files = write_builtin_semeval(data_dir, seed=d.builtin.seed)
-    fill: dict[str, Any] = {k: str(files[A_KEYS[k]]) for k in empty}
-    return dataclasses.replace(cfg, data=dataclasses.replace(d, **fill)), empty
+    keys = [k for k in A_KEYS if k.startswith("train") or not getattr(d, k.split("_")[0])]
+    return with_builtin(cfg, keys, lambda: semeval_files(data_dir, "a", seed=d.builtin.seed))
 
 
 def idiom_check_data(cfg: IdiomConfig) -> dict[str, int]:
@@ -60,33 +46,19 @@ def idiom_check_data(cfg: IdiomConfig) -> dict[str, int]:
         counts["train_one_shot"] = len(read_idiom_train(d.train_one_shot))
     if counts["train_zero_shot"] + counts.get("train_one_shot", 0) == 0:
         raise UserError(f"data.train_zero_shot: {d.train_zero_shot} has no rows, expected labelled examples")
-    for split in ("dev", "eval"):
-        if not getattr(d, split):
-            continue
-        examples = _inputs(getattr(d, split), getattr(d, f"{split}_gold"), f"{split}_gold")
-        counts[split] = len(examples)
-        if getattr(d, f"{split}_submission_format"):
-            _check_format(
-                getattr(d, f"{split}_submission_format"), examples, cfg.settings, f"{split}_submission_format"
-            )
+    for split in official_splits(d, read_idiom_inputs):  # dev and, where given, eval
+        if split.gold:  # the same IDs in the same order, as upstream
+            with_gold(split.examples, read_idiom_gold(split.gold), name=f"data.{split.name}_gold: {split.gold}")
+        counts[split.name] = len(split.examples)
+        if split.submission_format:
+            _check_format(split.submission_format, split.examples, cfg.settings, split.name)
     return counts
 
 
-def _inputs(path: str, gold: str, key: str) -> list[IdiomExample]:
-    """A dev/eval input file, checked against its gold file (the same IDs in the same order, as upstream)."""
-    examples = read_idiom_inputs(path)
-    if gold:
-        with_gold(examples, read_idiom_gold(gold), name=f"data.{key}: {gold}")
-    return examples
-
-
-def _check_format(path: str, examples: list[IdiomExample], settings: tuple[str, ...], key: str) -> None:
+def _check_format(path: str, examples: Sequence[IdiomExample], settings: tuple[str, ...], split: str) -> None:
     """Every input ID has a row per trained setting in the submission format file."""
     rows = {(r[0], r[2]) for _, r in read_rows(path, A_SUBMISSION_HEADER)}
     for e in examples:
         for s in settings:
             if (e.id, s) not in rows:
-                raise UserError(
-                    f"{at(path)}: no row for ID {e.id} setting {s}; expected the IDs of "
-                    f"data.{key.removesuffix('_submission_format')}"
-                )
+                raise UserError(f"{at(path)}: no row for ID {e.id} setting {s}; expected the IDs of data.{split}")

@@ -72,6 +72,7 @@ class IdiomState(TrainState):
 @dataclass(frozen=True)
 class IdiomTask(TaskBase):
     shown: ClassVar[tuple[str, ...]] = ("dev_f1",)  # on rank 0's progress line
+    evaluator = Evaluator  # rank 0's: the setting's dev macro-F1 (evaluate), its closing submissions (final)
     kept = "dev_f1"  # the released `if f1 > best`: the earliest of equal epochs
     cfg: IdiomConfig
 
@@ -117,9 +118,6 @@ class IdiomTask(TaskBase):
         needs — a share of the last, short global batch may be empty, and the step then runs with weight 0."""
         b, seed = self.cfg.batch_size(self.setting), self.cfg.seed(self.setting)
         return BatchPlan([n], batch_size=b, seed=seed, rank=w.rank, world_size=w.world_size)
-
-    def start(self, st: IdiomState, w: Worker, *, resumed: bool) -> None:
-        st.evals = Evaluator(self.cfg, self.setting) if w.rank == 0 else None
 
     def epoch(self, st: IdiomState, w: Worker, epoch: int, start: int) -> Epoch:
         """This rank's batches of ``epoch`` (from the ``start``-th); dev is scored at the epoch's end."""
