@@ -93,7 +93,7 @@ def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_l
         service.pool.ready()  # both built and asking: round 1's first tasks go to both, miner 0 dies holding one
         pairs = refreshed_pairs(cfg)
         assert pairs is not None
-        anchors = refresh_anchors(*pairs, 1)
+        anchors = refresh_anchors(pairs, 1)
         got = RefreshedNegatives(
             {},
             anchors,

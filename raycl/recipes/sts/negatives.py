@@ -46,9 +46,6 @@ def run_pool(cfg: StsConfig, model: Path, mining_dir: Path) -> Path:
     return dense.mine_pool_once(*checked_pairs(cfg), model, out, pool=m.pool, batch_size=cfg.eval.batch_size)
 
 
-def refreshed_pairs(cfg: StsConfig) -> tuple[list[str], list[str]] | None:
+def refreshed_pairs(cfg: StsConfig) -> list[dict[str, str]] | None:
     """``mining.refresh``: the (anchor, positive) rows the miners re-mine; None without it."""
-    if not cfg.refreshes:
-        return None
-    rows, _ = checked_pairs(cfg)
-    return [r[ANCHOR] for r in rows], [r[POSITIVE] for r in rows]
+    return checked_pairs(cfg)[0] if cfg.refreshes else None

@@ -76,9 +76,9 @@ class StsTask(TaskBase):
         st = StsState(model, [], [], dict(progress or {}), per_rank=("moco",))  # its ring holds this rank's keys
         self._key_encoder(st, w)
         if (c := self.cfg).mines_dense:  # every rank reads the run's pool (a folder all workers share)
-            pairs = refreshed_pairs(c)
-            st.source = open_dense(c.mining, w.job.negatives, pairs, rank=w.rank, world_size=w.world_size)
-            if pairs is not None:
+            rows = refreshed_pairs(c)
+            st.source = open_dense(c.mining, w.job.negatives, rows, rank=w.rank, world_size=w.world_size)
+            if rows is not None:
                 st.extras["refresh"] = st.source  # checkpoints keep its version and cadence
         self.build_stages(st, w)
         st.total_updates = sum(

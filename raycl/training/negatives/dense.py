@@ -20,7 +20,7 @@ source's (no ``pools``): the loop resumes it, calls its ``after_update``, and re
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -125,12 +125,10 @@ def refresh_options(rows: list[dict[str, str]], corpus: list[str], work: Path, *
     }
 
 
-def refresh_anchors(
-    anchors: Sequence[str], positives: Sequence[str], world_size: int
-) -> list[list[RefreshAnchor]]:
+def refresh_anchors(rows: list[dict[str, str]], world_size: int) -> list[list[RefreshAnchor]]:
     """Every anchor (with its positives) of the (anchor, positive) rows for every trainer rank, ids unique across
     ranks (each rank's batches hold any sentence, so each rank receives every anchor's refreshed negatives)."""
-    queries, grouped, _ = group_pairs(list(anchors), list(positives))
+    queries, grouped, _ = group_pairs([r[ANCHOR] for r in rows], [r[POSITIVE] for r in rows])
     return [
         [RefreshAnchor(f"{rank}/{i}", q, tuple(p)) for i, (q, p) in enumerate(zip(queries, grouped, strict=True))]
         for rank in range(world_size)
@@ -169,12 +167,12 @@ class DensePool(Mapping[str, list[str]]):
 
 
 def open_dense(
-    m: Selection, spec: Any, pairs: tuple[list[str], list[str]] | None, *, rank: int, world_size: int
+    m: Selection, spec: Any, rows: list[dict[str, str]] | None, *, rank: int, world_size: int
 ) -> Mapping[str, list[str]]:
-    """A worker's source: the pool's selection, or with ``pairs`` (the anchors and positives to re-mine) the
+    """A worker's source: the pool's selection, or with ``rows`` (the (anchor, positive) rows to re-mine) the
     table that the miners behind ``spec`` — the stream and weight store the driver started — refresh."""
     pool = DensePool(selected(m))
-    if pairs is None:
+    if rows is None:
         return pool
     if not isinstance(spec, DenseRefresh):
         raise RuntimeError(
@@ -183,4 +181,4 @@ def open_dense(
         )
     from raycl.training.negatives import open_refreshed
 
-    return open_refreshed(spec, pool.table, refresh_anchors(*pairs, world_size), rank=rank, world_size=world_size)
+    return open_refreshed(spec, pool.table, refresh_anchors(rows, world_size), rank=rank, world_size=world_size)
