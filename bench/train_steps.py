@@ -280,7 +280,7 @@ def sts_case(model: Any, b: int, args: Any, device: torch.device) -> Case:
     cfg = StsConfig()
     moco = MoCoKeyEncoder(model, dim=model.hidden_size, queue_size=cfg.moco.queue_size, m=cfg.moco.m).to(device)
     opts = [adamw(model, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay) for _ in range(2)]
-    st = StsState(model, opts, [None, None], {"fit": 0, "started": True}, {"moco": moco})
+    st = StsState(model, opts, [None, None], {"stage": 0, "started": True}, {"moco": moco})
     # tokens: both sides of the pairs, both SimCSE views of the sentences (the keys pass has no gradient)
     return Case(StsTask(cfg), st, sts_micro_batches(b), 4 * b * PAPER_LEN["sts"], b)
 

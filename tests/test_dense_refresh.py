@@ -40,9 +40,12 @@ def _pool_selection(cfg: Any, model: Path, out: Path) -> dict[str, list[str]]:
     """The static path: a pool mined in this process with ``model`` (``mine_dense_negatives``), the trial's
     selection from it."""
     from raycl.miners.dense_io import read_anchor_negatives as read_negatives
-    from raycl.recipes.sts.negatives import mine_pool
+    from raycl.recipes.sts.negatives import checked_pairs
+    from raycl.training.negatives.dense import mine_pool
 
-    pool = read_negatives(mine_pool(cfg, model, out))
+    pool = read_negatives(
+        mine_pool(*checked_pairs(cfg), model, out, pool=cfg.mining.pool, batch_size=cfg.eval.batch_size)
+    )
     return {a: n for a, v in pool.items() if (n := v.select(cfg.mining, anchor=a))}
 
 
@@ -90,7 +93,7 @@ def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_l
         service.pool.ready()  # both built and asking: round 1's first tasks go to both, miner 0 dies holding one
         pairs = refreshed_pairs(cfg)
         assert pairs is not None
-        anchors = refresh_anchors(*pairs, 1)
+        anchors = refresh_anchors(pairs, 1)
         got = RefreshedNegatives(
             {},
             anchors,

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from raycl.miners.sources import SourceSpec
+from raycl.training.checkpoint import seed_everything
 from raycl.training.precision import Precision
 from raycl.training.prefetch import Call
 from raycl.training.timing import Window
@@ -103,6 +104,18 @@ class Keep:
     metric: str
     folder: str
     scope: str = ""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A stretch of one training's epochs that starts afresh — its own seed, data, optimizers and schedule — as
+    sentence-transformers' ``fit`` calls made one after the other (STS: pre-training, then each fine-tuning fit).
+    A task declares its stages (:meth:`TaskBase.stages`); :class:`TaskBase` runs them in order."""
+
+    name: str  # what the task's reports name it by (STS: the setting, the scope of the model it keeps)
+    epochs: int
+    eval_every: int = 0  # updates of an epoch between reports (the epoch's end reports too)
+    seed: int = 1  # seeded as the stage starts
 
 
 def updates_in(batches: Sequence[int], update_freq: int) -> int:
@@ -202,6 +215,9 @@ class TaskBase:
     - ``evaluate``: ``state.evals.dev(model)``, the dev scores;
     - ``keep``: the best model by the dev metric ``kept`` (higher is better) in ``best_model/`` (``kept`` empty:
       none is kept).
+
+    A task of several :class:`Stage` s names them (``stages``) and starts each (``start_stage``); its ``build``
+    calls :meth:`build_stages` and its ``epoch`` :meth:`enter_stage`.
     """
 
     cfg: Any  # the recipe's typed config (a field of the task's dataclass)
@@ -253,6 +269,52 @@ class TaskBase:
         """``optim.compile``: the modules whose forward is compiled (in place: their state dicts keep their
         names)."""
         return [st.model]
+
+    def kept_or_initial(self, w: Worker, folder: str, *, trained: bool, scope: str = "") -> Path:
+        """The model a report kept in the run's ``folder`` (:class:`Keep`), or the initial model where none was
+        ``trained`` to keep (0 epochs). Rank 0 keeps it in the run folder: a rank that cannot see it there must
+        not go on from the initial model."""
+        path = w.out_dir / folder
+        if (path / "config.json").exists():
+            return path
+        if trained:
+            raise RuntimeError(
+                f"{path}: the model that {scope or 'training'} kept is not there on rank {w.rank} (the run "
+                "folder must be on a file system every worker shares; see docs/cluster.md: a "
+                "cluster without a shared file system)"
+            )
+        return Path(w.job.init_model)
+
+    # ------------------------------------------------------------------------------------------ stages
+    def stages(self) -> Sequence[Stage]:
+        """The training's stages in order (:class:`Stage`); none: one stretch of ``state.epochs`` epochs."""
+        return ()
+
+    def start_stage(self, st: Any, w: Worker, k: int, *, resumed: bool) -> None:
+        """Stage ``k`` starts: its data, fresh optimizers and schedules. ``resumed``: a checkpoint's stage goes on
+        (the loop then restores the model's, the optimizers' and the schedules' states)."""
+
+    def build_stages(self, st: Any, w: Worker) -> None:
+        """A staged ``build``: the epochs to run (every stage's, one after the other) and a checkpoint's stage
+        started again. Its position is the state's ``progress["stage"]`` and ``["started"]``."""
+        st.epochs = sum(s.epochs for s in self.stages())
+        p = st.progress
+        p.setdefault("stage", p.pop("fit", 0))  # a checkpoint written before stages named STS's fit "fit"
+        p.setdefault("started", False)
+        if p["started"]:
+            self.start_stage(st, w, p["stage"], resumed=True)
+
+    def enter_stage(self, st: Any, w: Worker, epoch: int) -> tuple[Stage, int]:
+        """The stage of the loop's ``epoch`` and the epoch's number within it; a stage's first epoch starts it:
+        its seed, then :meth:`start_stage`."""
+        stages = self.stages()
+        k, e = [(k, e) for k, s in enumerate(stages) for e in range(s.epochs)][epoch]
+        p = st.progress
+        if p["stage"] != k or not p["started"]:
+            seed_everything(stages[k].seed)
+            self.start_stage(st, w, k, resumed=False)
+            p.update(stage=k, started=True)
+        return stages[k], e
 
 
 class LoopHook(Protocol):

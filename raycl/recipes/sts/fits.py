@@ -11,18 +11,15 @@ from raycl.config.tasks.sts import StsConfig
 from raycl.data.semeval import StsPair, read_sts_pretrain, read_sts_train
 from raycl.models.sentence_encoder import SentenceEncoder
 from raycl.recipes.sts import evaluation
+from raycl.training.task import Stage
 
 Pair = tuple[str, str, float]  # (sentence 1, sentence 2, label in [0, 1])
 
 
 @dataclass(frozen=True)
-class Fit:
-    """One ``fit`` call of the released code."""
+class Fit(Stage):
+    """One ``fit`` call of the released code: a stage named by its setting (pre_train | fine_tune)."""
 
-    setting: str  # pre_train | fine_tune
-    epochs: int
-    eval_every: int
-    seed: int
     index: int = 1  # k of the k-th fine-tuning fit (the released warm-up grows with it)
 
 
@@ -45,7 +42,7 @@ def warmup_steps(cfg: StsConfig, fit: Fit, *, steps: int, pair_batches: int, sen
     o = cfg.optim
     if o.warmup == "steps":
         return math.ceil(o.warmup_ratio * steps)
-    if fit.setting == "pre_train":
+    if fit.name == "pre_train":
         return math.ceil(o.warmup_ratio * (sentence_batches or pair_batches) * fit.epochs)
     return math.ceil(o.warmup_ratio * pair_batches * fit.index)
 

@@ -11,17 +11,16 @@ training that needs it, into ``<run>/mining/dense-pool<P>-score<S>/`` — or a P
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from raycl.data.semeval import read_sts_pretrain
 from raycl.errors import UserError
+from raycl.training.negatives import dense
+from raycl.training.negatives.dense import ANCHOR, POSITIVE
 
 if TYPE_CHECKING:
     from raycl.config.tasks.sts import StsConfig
-
-ANCHOR, POSITIVE = "anchor", "positive"
 
 
 def checked_pairs(cfg: StsConfig) -> tuple[list[dict[str, str]], list[str]]:
@@ -40,48 +39,13 @@ def checked_pairs(cfg: StsConfig) -> tuple[list[dict[str, str]], list[str]]:
 
 
 def run_pool(cfg: StsConfig, model: Path, mining_dir: Path) -> Path:
-    """The run's pool for ``cfg``'s pool settings, ``<run>/mining/dense-pool<P>-score<S>/``: mined by the first
-    training that needs it; one that comes while it is being mined waits on the lock, then finds it done (the
-    miner resumes a finished output without redoing anything)."""
-    import fcntl
-
+    """The run's pool for ``cfg``'s pool settings, ``<run>/mining/dense-pool<P>-score<S>/``
+    (:func:`raycl.training.negatives.dense.mine_pool_once`)."""
     m = cfg.mining
     out = mining_dir / f"dense-pool{m.pool}-score{m.positive_min_score:g}"
-    mining_dir.mkdir(parents=True, exist_ok=True)
-    # never through a link planted at the lock's name (O_NOFOLLOW), never truncating what is there
-    fd = os.open(mining_dir / f"{out.name}.lock", os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process dies)
-        return mine_pool(cfg, model, out)
+    return dense.mine_pool_once(*checked_pairs(cfg), model, out, pool=m.pool, batch_size=cfg.eval.batch_size)
 
 
-def mine_pool(cfg: StsConfig, model: Path, out: Path) -> Path:
-    """A pool (a rerun with the same settings resumes it; the miner's manifest refuses other ones)."""
-    from raycl.distributed.dense_api import mine_dense_negatives
-
-    rows, corpus = checked_pairs(cfg)
-    m = cfg.mining
-    mine_dense_negatives(
-        rows,
-        str(model),
-        ANCHOR,
-        POSITIVE,
-        corpus=corpus,
-        num_negatives=m.pool,
-        output_format="labeled-list",
-        output_scores=True,
-        batch_size=cfg.eval.batch_size,
-        verbose=False,
-        num_miners=0,
-        out=out,
-        device="cpu",
-    )
-    return out
-
-
-def refreshed_pairs(cfg: StsConfig) -> tuple[list[str], list[str]] | None:
+def refreshed_pairs(cfg: StsConfig) -> list[dict[str, str]] | None:
     """``mining.refresh``: the (anchor, positive) rows the miners re-mine; None without it."""
-    if not cfg.refreshes:
-        return None
-    rows, _ = checked_pairs(cfg)
-    return [r[ANCHOR] for r in rows], [r[POSITIVE] for r in rows]
+    return checked_pairs(cfg)[0] if cfg.refreshes else None

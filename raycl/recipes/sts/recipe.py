@@ -16,15 +16,13 @@ from raycl.config import MiningSection, Space, set_dotted
 from raycl.config.tasks.sts import StsConfig
 from raycl.data.semeval import read_sts_inputs, read_sts_pretrain, read_sts_train
 from raycl.driver import Miners, MiningPlan, Phase, RecipeBase, Run
-from raycl.files import atomic_file
-from raycl.miners.dense import group_pairs
-from raycl.miners.dense_io import CORPUS_COLUMN
 from raycl.models.sentence_encoder import CONFIG_FILE, build_sentence_encoder
 from raycl.recipes.sts import inputs, negatives
 from raycl.recipes.sts.fits import fits
-from raycl.recipes.sts.negatives import ANCHOR, POSITIVE, checked_pairs
+from raycl.recipes.sts.negatives import checked_pairs
 from raycl.recipes.sts.report import REPORT
 from raycl.recipes.sts.worker import StsTask
+from raycl.training.negatives.dense import refresh_options
 
 
 class StsRecipe(RecipeBase):
@@ -72,7 +70,7 @@ class StsRecipe(RecipeBase):
         """How many reports a trial makes (ASHA's ``max_t``): one per ``eval_every`` steps and epoch end, + 1."""
         cfg, world, total = run.cfg, max(run.cfg.scaling.num_workers, 1), 1
         for f in fits(cfg):
-            n = run.counts["sts_train"] if f.setting == "pre_train" else run.counts["train_data"]
+            n = run.counts["sts_train"] if f.name == "pre_train" else run.counts["train_data"]
             steps = math.ceil(n // world / cfg.optim.batch_size)  # the pair loader; the sentence loader is longer
             total += f.epochs * (steps // f.eval_every + 1)
         return total
@@ -97,18 +95,8 @@ def refreshes_in(space: Space) -> bool:
 
 def miner_options(cfg: StsConfig, work: Path) -> dict[str, Any]:
     """The miners' options: the corpus (written here once), the pool's and the trial's selection."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rows, corpus = checked_pairs(cfg)
-    _, positives, max_positives = group_pairs([r[ANCHOR] for r in rows], [r[POSITIVE] for r in rows])
-    texts = list(dict.fromkeys([*corpus, *(p for ps in positives for p in ps)]))
-    work.mkdir(parents=True, exist_ok=True)
-    with atomic_file(work / "_corpus.parquet", "wb") as f:
-        pq.write_table(pa.table({CORPUS_COLUMN: pa.array(texts, pa.string())}), f)
     own = {k: getattr(cfg.mining, k) for k in ("pool", "num_negatives", "relative_margin", "absolute_margin")}
-    own |= {"corpus": str(work / "_corpus.parquet"), "work_dir": str(work), "batch_size": cfg.eval.batch_size}
-    return {**own, "max_positives": max_positives}
+    return refresh_options(*checked_pairs(cfg), work, **own, batch_size=cfg.eval.batch_size)
 
 
 def refresh_miners(cfg: StsConfig, out_dir: Path) -> Miners:

@@ -32,7 +32,6 @@ from raycl.recipes.sts.negatives import refreshed_pairs
 from raycl.recipes.sts.step import StsBatch, collate, sts_loss
 from raycl.training import optim as optimizers
 from raycl.training.batching import BatchPlan, Loader
-from raycl.training.checkpoint import seed_everything
 from raycl.training.negatives.dense import open_dense
 from raycl.training.optim import build_scheduler
 from raycl.training.task import (
@@ -41,6 +40,7 @@ from raycl.training.task import (
     Keep,
     LoopSettings,
     Report,
+    Stage,
     StepContext,
     TaskBase,
     TrainState,
@@ -73,20 +73,16 @@ class StsTask(TaskBase):
     def build(self, model: SentenceEncoder, w: Worker, progress: dict[str, Any] | None) -> StsState:
         """A fresh run's state, or the checkpoint's fit: its data, optimisers and key encoder (the loop then
         restores their states)."""
-        st = StsState(
-            model, [], [], dict(progress or {"fit": 0, "started": False}), per_rank=("moco",)
-        )  # its ring holds this rank's keys
+        st = StsState(model, [], [], dict(progress or {}), per_rank=("moco",))  # its ring holds this rank's keys
         self._key_encoder(st, w)
         if (c := self.cfg).mines_dense:  # every rank reads the run's pool (a folder all workers share)
-            pairs = refreshed_pairs(c)
-            st.source = open_dense(c.mining, w.job.negatives, pairs, w)
-            if pairs is not None:
+            rows = refreshed_pairs(c)
+            st.source = open_dense(c.mining, w.job.negatives, rows, w)
+            if rows is not None:
                 st.extras["refresh"] = st.source  # checkpoints keep its version and cadence
-        if progress is not None and progress["started"]:
-            self._start_fit(st, fits(self.cfg)[progress["fit"]], w)
-        st.epochs = len(self._plan())
+        self.build_stages(st, w)
         st.total_updates = sum(
-            self._fit_updates(f, n, w) for f, n in zip(fits(self.cfg), self._fit_sizes(), strict=True)
+            self._fit_updates(f, n, w) for f, n in zip(self.stages(), self._fit_sizes(), strict=True)
         )
         return st
 
@@ -94,9 +90,9 @@ class StsTask(TaskBase):
         """Every fit's pairs (pre-training's STS pairs, fine-tuning's train_data rows)."""
         pre = len(pretrain_pairs(self.cfg, "train")) if self.cfg.pretrain.epochs else 0
         fine = len(read_sts_train(self.cfg.data.train_data)) if self.cfg.finetune.epochs else 0
-        return [pre if f.setting == "pre_train" else fine for f in fits(self.cfg)]
+        return [pre if f.name == "pre_train" else fine for f in self.stages()]
 
-    def _fit_plan(self, fit: Fit, pairs: int, w: Worker) -> BatchPlan:
+    def _fit_plan(self, fit: Stage, pairs: int, w: Worker) -> BatchPlan:
         """A fit's batch plan: one shuffle of its pairs and, when λ > 0, one of their sentences (the contrastive
         loader), both cut into global batches of ``world_size × batch_size``, of which each rank takes a strided
         share: N workers' i-th step is one worker's i-th batch of N·B (every pair used, the same number of steps
@@ -110,7 +106,7 @@ class StsTask(TaskBase):
             loaders, batch_size=self.cfg.optim.batch_size, seed=fit.seed, rank=w.rank, world_size=w.world_size
         )
 
-    def _fit_updates(self, fit: Fit, pairs: int, w: Worker) -> int:
+    def _fit_updates(self, fit: Stage, pairs: int, w: Worker) -> int:
         return self._fit_plan(fit, pairs, w).updates(fit.epochs, self.cfg.optim.update_freq)
 
     def _key_encoder(self, st: StsState, w: Worker) -> None:
@@ -125,11 +121,19 @@ class StsTask(TaskBase):
                 update_every_forward=c.moco.update_every_forward,
             ).to(w.device)
 
-    def _start_fit(self, st: StsState, fit: Fit, w: Worker) -> None:
+    def stages(self) -> list[Fit]:
+        """The released code's ``fit`` calls (:func:`raycl.recipes.sts.fits.fits`)."""
+        return fits(self.cfg)
+
+    def start_stage(self, st: StsState, w: Worker, k: int, *, resumed: bool) -> None:
         """The fit's data and fresh optimisers and schedules, as every ``fit`` call: one per objective with
-        ``alternate``."""
-        cfg, o = self.cfg, self.cfg.optim
-        if fit.setting == "pre_train":
+        ``alternate``. Fine-tuning's first fit starts from the kept pre-trained model."""
+        cfg, o, plan = self.cfg, self.cfg.optim, self.stages()
+        fit = plan[k]
+        if fit.name == "fine_tune" and not resumed and (k == 0 or plan[k - 1].name == "pre_train"):
+            st.model = SentenceEncoder.from_pretrained(self._kept(w, "pre_train")).to(w.device)
+            self._key_encoder(st, w)
+        if fit.name == "pre_train":
             st.pairs = pretrain_pairs(cfg, "train")
         else:
             labeller = SentenceEncoder.from_pretrained(self._kept(w, "pre_train")).to(w.device)
@@ -152,23 +156,11 @@ class StsTask(TaskBase):
     def _alternate(self) -> bool:
         return self.cfg.loss.joint == "alternate" and self.cfg.loss.lam > 0
 
-    def _plan(self) -> list[tuple[int, int]]:
-        """(fit, epoch of the fit) of every epoch the loop runs: the fits' epochs one after the other."""
-        return [(k, e) for k, fit in enumerate(fits(self.cfg)) for e in range(fit.epochs)]
-
     def epoch(self, st: StsState, w: Worker, epoch: int, start: int) -> Epoch:
         """The epoch's steps from the ``start``-th batch; a fit's first epoch starts the fit (its seed, data, fresh
         optimisers — and fine-tuning's first, the kept pre-trained model). Reports: sentence-transformers' rule,
         every ``eval_every`` steps of the epoch and at its end."""
-        plan, (k, e), p = fits(self.cfg), self._plan()[epoch], st.progress
-        fit = plan[k]
-        if p["fit"] != k or not p["started"]:
-            seed_everything(fit.seed)
-            if fit.setting == "fine_tune" and (k == 0 or plan[k - 1].setting == "pre_train"):
-                st.model = SentenceEncoder.from_pretrained(self._kept(w, "pre_train")).to(w.device)
-                self._key_encoder(st, w)  # fine-tuning starts from the kept pre-trained model
-            self._start_fit(st, fit, w)
-            p.update(fit=k, started=True)
+        fit, e = self.enter_stage(st, w, epoch)
         cut = self._fit_plan(fit, len(st.pairs), w)
         cut.set_epoch(e)
         batches: list[Batch] = []
@@ -182,7 +174,7 @@ class StsTask(TaskBase):
         return Epoch(
             batches[start:],
             eval_every=fit.eval_every,
-            info={"setting": fit.setting},
+            info={"setting": fit.name},
             read_ahead=st.source is None or st.source.read_ahead,
         )  # refreshed: under the update's version
 
@@ -218,16 +210,6 @@ class StsTask(TaskBase):
         return {**metrics, **st.evals.final(models, w.out_dir, device=w.device)}
 
     def _kept(self, w: Worker, setting: str) -> Path:
-        """The model kept for ``setting`` (the initial model when that phase did not run). Rank 0 keeps it in the
-        run folder: a rank that cannot see it there must not go on from the initial model."""
-        path = w.out_dir / f"{setting}_model"
-        if (path / "config.json").exists():
-            return path
-        ran = (self.cfg.pretrain.epochs if setting == "pre_train" else self.cfg.finetune.epochs) > 0
-        if ran:
-            raise RuntimeError(
-                f"{path}: the model that {setting} kept is not there on rank {w.rank} (the run "
-                "folder must be on a file system every worker shares; see docs/cluster.md: a "
-                "cluster without a shared file system)"
-            )
-        return Path(w.job.init_model)
+        """The model kept for ``setting`` (:meth:`keep`), or the initial model where that setting did not train."""
+        epochs = self.cfg.pretrain.epochs if setting == "pre_train" else self.cfg.finetune.epochs
+        return self.kept_or_initial(w, f"{setting}_model", trained=epochs > 0, scope=setting)

@@ -7,6 +7,9 @@ p the anchor's hardest positive score): ``absolute_margin`` m keeps s ≤ p − 
 s ≤ p − |p|·r. On a pool mined without margins that is what mining with the training's margins and
 ``range_max = pool`` gives, so a sweep over margins and counts mines once.
 
+A run mines its pool once (:func:`mine_pool_once`): the first training that needs it, in its process, under a
+lock that a training coming meanwhile waits on.
+
 The source is the ``{anchor: its negatives}`` mapping a step reads as it collates its sentences (an anchor with
 none is absent: that sentence gets in-batch negatives only) — :class:`DensePool`, or, refreshed while training
 (``mining.refresh``), that selection as version 0 of the table the training's own miners re-mine
@@ -16,16 +19,21 @@ source's (no ``pools``): the loop resumes it, calls its ``after_update``, and re
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any, Protocol
 
 from torch import nn
 
 from raycl.errors import UserError
+from raycl.files import atomic_file
 from raycl.miners.dense import group_pairs
-from raycl.miners.dense_io import read_anchor_negatives
+from raycl.miners.dense_io import CORPUS_COLUMN, read_anchor_negatives
 from raycl.miners.sources import DenseRefresh, RefreshAnchor
 from raycl.training.task import Worker
+
+ANCHOR, POSITIVE = "anchor", "positive"  # the pool's (anchor, positive) columns
 
 
 class Selection(Protocol):
@@ -50,18 +58,78 @@ def check_pool(m: Selection) -> int:
     return len(found)
 
 
+def mine_pool_once(
+    rows: list[dict[str, str]], corpus: list[str], model: Path, out: Path, *, pool: int, batch_size: int
+) -> Path:
+    """The run's pool in ``out``: mined by the first training that needs it; one that comes while it is being
+    mined waits on the lock, then finds it done (the miner resumes a finished output without redoing anything)."""
+    import fcntl
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # never through a link planted at the lock's name (O_NOFOLLOW), never truncating what is there
+    fd = os.open(out.parent / f"{out.name}.lock", os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process dies)
+        return mine_pool(rows, corpus, model, out, pool=pool, batch_size=batch_size)
+
+
+def mine_pool(
+    rows: list[dict[str, str]], corpus: list[str], model: Path, out: Path, *, pool: int, batch_size: int
+) -> Path:
+    """A pool: ``raycl.mine_dense_negatives`` with ``model`` of the (anchor, positive) ``rows`` against ``corpus``,
+    the ``pool`` nearest candidates of each anchor with no margin, in sentence-transformers' ``labeled-list``
+    format with scores (a rerun with the same settings resumes it; the miner's manifest refuses other ones)."""
+    from raycl.distributed.dense_api import mine_dense_negatives
+
+    mine_dense_negatives(
+        rows,
+        str(model),
+        ANCHOR,
+        POSITIVE,
+        corpus=corpus,
+        num_negatives=pool,
+        output_format="labeled-list",
+        output_scores=True,
+        batch_size=batch_size,
+        verbose=False,
+        num_miners=0,
+        out=out,
+        device="cpu",
+    )
+    return out
+
+
 def selected(m: Selection) -> dict[str, list[str]]:
     """A training's negatives: ``{anchor: its selection}`` (anchors left with none are left out)."""
     chosen = {a: v.select(m, anchor=a) for a, v in read_anchor_negatives(m.negatives).items()}
     return {a: n for a, n in chosen.items() if n}
 
 
-def refresh_anchors(
-    anchors: Sequence[str], positives: Sequence[str], world_size: int
-) -> list[list[RefreshAnchor]]:
+def refresh_options(rows: list[dict[str, str]], corpus: list[str], work: Path, **selection: Any) -> dict[str, Any]:
+    """The options of the miners that refresh a pool of the (anchor, positive) ``rows`` (kind ``dense_refresh``,
+    ``raycl.distributed.dense_refresh``): their candidates — ``corpus`` and every positive, each once — written
+    into ``<work>/_corpus.parquet``, their work folder, the most positives an anchor has, and the pool's and the
+    training's ``selection`` (``pool``, ``num_negatives``, the margins, ``batch_size``)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _, positives, max_positives = group_pairs([r[ANCHOR] for r in rows], [r[POSITIVE] for r in rows])
+    texts = list(dict.fromkeys([*corpus, *(p for ps in positives for p in ps)]))
+    work.mkdir(parents=True, exist_ok=True)
+    with atomic_file(work / "_corpus.parquet", "wb") as f:
+        pq.write_table(pa.table({CORPUS_COLUMN: pa.array(texts, pa.string())}), f)
+    return {
+        **selection,
+        "corpus": str(work / "_corpus.parquet"),
+        "work_dir": str(work),
+        "max_positives": max_positives,
+    }
+
+
+def refresh_anchors(rows: list[dict[str, str]], world_size: int) -> list[list[RefreshAnchor]]:
     """Every anchor (with its positives) of the (anchor, positive) rows for every trainer rank, ids unique across
     ranks (each rank's batches hold any sentence, so each rank receives every anchor's refreshed negatives)."""
-    queries, grouped, _ = group_pairs(list(anchors), list(positives))
+    queries, grouped, _ = group_pairs([r[ANCHOR] for r in rows], [r[POSITIVE] for r in rows])
     return [
         [RefreshAnchor(f"{rank}/{i}", q, tuple(p)) for i, (q, p) in enumerate(zip(queries, grouped, strict=True))]
         for rank in range(world_size)
@@ -99,19 +167,17 @@ class DensePool(Mapping[str, list[str]]):
         pass
 
 
-def open_dense(
-    m: Selection, spec: Any, pairs: tuple[list[str], list[str]] | None, w: Worker
-) -> Mapping[str, list[str]]:
-    """A worker's source: the pool's selection, or with ``pairs`` (the anchors and positives to re-mine) the
+def open_dense(m: Selection, spec: Any, rows: list[dict[str, str]] | None, w: Worker) -> Mapping[str, list[str]]:
+    """A worker's source: the pool's selection, or with ``rows`` (the (anchor, positive) rows to re-mine) the
     table that the miners behind ``spec`` — the stream and weight store the driver started — refresh (opened by
     the worker's session)."""
     pool = DensePool(selected(m))
-    if pairs is None:
+    if rows is None:
         return pool
     if not isinstance(spec, DenseRefresh):
         raise RuntimeError(
             "mining.refresh: the training was started without a negative stream (train it through "
             "the recipe's driver, python -m raycl.train / raycl.tune)"
         )
-    anchors = refresh_anchors(*pairs, w.world_size)
+    anchors = refresh_anchors(rows, w.world_size)
     return w.session.open_refreshed(spec, pool.table, anchors, rank=w.rank, world_size=w.world_size)
