@@ -41,7 +41,7 @@ def _pool_selection(cfg: Any, model: Path, out: Path) -> dict[str, list[str]]:
     selection from it."""
     from raycl.miners.dense_io import read_anchor_negatives as read_negatives
     from raycl.recipes.sts.negatives import checked_pairs
-    from raycl.training.negatives.dense import mine_pool
+    from raycl.distributed.dense_api import mine_pool
 
     pool = read_negatives(
         mine_pool(*checked_pairs(cfg), model, out, pool=cfg.mining.pool, batch_size=cfg.eval.batch_size)

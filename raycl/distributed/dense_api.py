@@ -6,6 +6,7 @@ The pipeline is :mod:`raycl.distributed.dense`; the filters, their formulas and 
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -40,6 +41,7 @@ from raycl.miners.dense_io import (
 )
 from raycl.miners.parquet_input import open_checked
 from raycl.miners.shards import locked_out_dir, shard_files
+from raycl.training.negatives.dense import ANCHOR, POSITIVE
 
 INDEXES = ("exact", "usearch")
 
@@ -361,3 +363,42 @@ def summary_line(s: dict[str, Any]) -> str:
         f"{s['candidates']:,} candidates dropped: {dropped}; {s['short']:,} queries short of "
         f"{s['num_negatives']}; {s['seconds']:.1f} s"
     )
+
+
+def mine_pool_once(
+    rows: list[dict[str, str]], corpus: list[str], model: Path, out: Path, *, pool: int, batch_size: int
+) -> Path:
+    """The run's pool in ``out``: mined by the first training that needs it; one that comes while it is being
+    mined waits on the lock, then finds it done (the miner resumes a finished output without redoing anything)."""
+    import fcntl
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # never through a link planted at the lock's name (O_NOFOLLOW), never truncating what is there
+    fd = os.open(out.parent / f"{out.name}.lock", os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process dies)
+        return mine_pool(rows, corpus, model, out, pool=pool, batch_size=batch_size)
+
+
+def mine_pool(
+    rows: list[dict[str, str]], corpus: list[str], model: Path, out: Path, *, pool: int, batch_size: int
+) -> Path:
+    """A pool: ``raycl.mine_dense_negatives`` with ``model`` of the (anchor, positive) ``rows`` against ``corpus``,
+    the ``pool`` nearest candidates of each anchor with no margin, in sentence-transformers' ``labeled-list``
+    format with scores (a rerun with the same settings resumes it; the miner's manifest refuses other ones)."""
+    mine_dense_negatives(
+        rows,
+        str(model),
+        ANCHOR,
+        POSITIVE,
+        corpus=corpus,
+        num_negatives=pool,
+        output_format="labeled-list",
+        output_scores=True,
+        batch_size=batch_size,
+        verbose=False,
+        num_miners=0,
+        out=out,
+        device="cpu",
+    )
+    return out

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 from raycl.data.semeval import read_sts_pretrain
 from raycl.errors import UserError
-from raycl.training.negatives import dense
 from raycl.training.negatives.dense import ANCHOR, POSITIVE
 
 if TYPE_CHECKING:
@@ -40,10 +39,12 @@ def checked_pairs(cfg: StsConfig) -> tuple[list[dict[str, str]], list[str]]:
 
 def run_pool(cfg: StsConfig, model: Path, mining_dir: Path) -> Path:
     """The run's pool for ``cfg``'s pool settings, ``<run>/mining/dense-pool<P>-score<S>/``
-    (:func:`raycl.training.negatives.dense.mine_pool_once`)."""
+    (:func:`raycl.distributed.dense_api.mine_pool_once`)."""
+    from raycl.distributed.dense_api import mine_pool_once
+
     m = cfg.mining
     out = mining_dir / f"dense-pool{m.pool}-score{m.positive_min_score:g}"
-    return dense.mine_pool_once(*checked_pairs(cfg), model, out, pool=m.pool, batch_size=cfg.eval.batch_size)
+    return mine_pool_once(*checked_pairs(cfg), model, out, pool=m.pool, batch_size=cfg.eval.batch_size)
 
 
 def refreshed_pairs(cfg: StsConfig) -> list[dict[str, str]] | None:

@@ -7,8 +7,8 @@ p the anchor's hardest positive score): ``absolute_margin`` m keeps s ≤ p − 
 s ≤ p − |p|·r. On a pool mined without margins that is what mining with the training's margins and
 ``range_max = pool`` gives, so a sweep over margins and counts mines once.
 
-A run mines its pool once (:func:`mine_pool_once`): the first training that needs it, in its process, under a
-lock that a training coming meanwhile waits on.
+A run mines its pool once (:func:`raycl.distributed.dense_api.mine_pool_once`): the first training that needs it,
+in its process, under a lock that a training coming meanwhile waits on.
 
 The source is the ``{anchor: its negatives}`` mapping a step reads as it collates its sentences (an anchor with
 none is absent: that sentence gets in-batch negatives only) — :class:`DensePool`, or, refreshed while training
@@ -19,7 +19,6 @@ source's (no ``pools``): the loop resumes it, calls its ``after_update``, and re
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -56,47 +55,6 @@ def check_pool(m: Selection) -> int:
             "or mining.absolute_margin (mine with --output-scores)"
         )
     return len(found)
-
-
-def mine_pool_once(
-    rows: list[dict[str, str]], corpus: list[str], model: Path, out: Path, *, pool: int, batch_size: int
-) -> Path:
-    """The run's pool in ``out``: mined by the first training that needs it; one that comes while it is being
-    mined waits on the lock, then finds it done (the miner resumes a finished output without redoing anything)."""
-    import fcntl
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # never through a link planted at the lock's name (O_NOFOLLOW), never truncating what is there
-    fd = os.open(out.parent / f"{out.name}.lock", os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process dies)
-        return mine_pool(rows, corpus, model, out, pool=pool, batch_size=batch_size)
-
-
-def mine_pool(
-    rows: list[dict[str, str]], corpus: list[str], model: Path, out: Path, *, pool: int, batch_size: int
-) -> Path:
-    """A pool: ``raycl.mine_dense_negatives`` with ``model`` of the (anchor, positive) ``rows`` against ``corpus``,
-    the ``pool`` nearest candidates of each anchor with no margin, in sentence-transformers' ``labeled-list``
-    format with scores (a rerun with the same settings resumes it; the miner's manifest refuses other ones)."""
-    from raycl.distributed.dense_api import mine_dense_negatives
-
-    mine_dense_negatives(
-        rows,
-        str(model),
-        ANCHOR,
-        POSITIVE,
-        corpus=corpus,
-        num_negatives=pool,
-        output_format="labeled-list",
-        output_scores=True,
-        batch_size=batch_size,
-        verbose=False,
-        num_miners=0,
-        out=out,
-        device="cpu",
-    )
-    return out
 
 
 def selected(m: Selection) -> dict[str, list[str]]:
