@@ -119,3 +119,15 @@ def test_the_kept_model_or_the_initial_one(tmp_path: Path) -> None:
     (tmp_path / "run" / "best_model").mkdir(parents=True)
     (tmp_path / "run" / "best_model" / "config.json").write_text("{}")
     assert task.kept_or_initial(w, "best_model", trained=True) == tmp_path / "run" / "best_model"
+
+
+def test_a_checkpoint_from_before_stages_resumes_its_fit_as_the_stage(tmp_path: Path) -> None:
+    """STS's checkpoints named the position ``progress["fit"]`` before stages: such a checkpoint starts that stage
+    again as resumed, as one written since does (``progress["stage"]``)."""
+    cpu = torch.device("cpu")
+    w = Worker(0, 1, cpu, Precision("fp32", cpu), tmp_path, Job(None, "", ""))
+    for progress in ({"fit": 1, "started": True}, {"stage": 1, "started": True}):
+        STARTS.clear()
+        st = StagedTask().build(StagedTask().load_model(tmp_path), w, dict(progress))
+        assert [(k, resumed) for k, resumed, _ in STARTS] == [(1, True)]
+        assert st.progress["stage"] == 1 and "fit" not in st.progress and st.epochs == 3
