@@ -4,11 +4,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
 from raycl.config.tasks.sts import StsConfig
+from raycl.data.builtin import with_builtin
 from raycl.data.semeval import (
     B_GOLD_HEADER,
     B_SUBMISSION_HEADER,
@@ -18,36 +18,29 @@ from raycl.data.semeval import (
     read_sts_pretrain,
     read_sts_train,
 )
-from raycl.data.semeval_corpus import write_builtin_semeval
+from raycl.data.semeval_corpus import semeval_files
 from raycl.errors import UserError
 from raycl.recipes.sts.negatives import checked_pairs
 from raycl.training.negatives.dense import check_pool
 
 # ---------------------------------------------------------------------------------------------- Subtask B
-B_KEYS = {
-    "train_data": "b.train_data",
-    "dev": "b.dev",
-    "dev_gold": "b.dev_gold",
-    "dev_submission_format": "b.dev_submission_format",
-    "eval": "b.eval",
-    "eval_gold": "b.eval_gold",
-    "eval_submission_format": "b.eval_submission_format",
-}
+B_KEYS = (  # the data keys of Subtask B, in the order a run names those it fills
+    "train_data",
+    *(f"{split}{file}" for split in ("dev", "eval") for file in ("", "_gold", "_submission_format")),
+    "sts_pretrain",
+)
 
 
 def sts_with_data(cfg: StsConfig, data_dir: Path) -> tuple[StsConfig, list[str]]:
-    """Fill every empty ``data`` key with the built-in set (written once into ``data_dir``)."""
-    d = cfg.data
-    empty = [k for k in B_KEYS if not getattr(d, k) and not (k == "eval_gold" and d.eval)]
-    if not d.sts_pretrain:
-        empty.append("sts_pretrain")
-    if not empty:
-        return cfg, []
-    files = write_builtin_semeval(data_dir, seed=d.builtin.seed)
-    fill: dict[str, Any] = {k: str(files[B_KEYS[k]]) for k in empty if k in B_KEYS}
-    if "sts_pretrain" in empty:
-        fill["sts_pretrain"] = [str(files["b.sts_pretrain"])]
-    return dataclasses.replace(cfg, data=dataclasses.replace(d, **fill)), empty
+    """Fill every empty ``data`` key with the built-in set (written once into ``data_dir``); an eval set given
+    without its gold stays without one."""
+    keys = [k for k in B_KEYS if k != "eval_gold" or not cfg.data.eval]
+    return with_builtin(cfg, keys, lambda: _builtin(data_dir, cfg.data.builtin.seed))
+
+
+def _builtin(data_dir: Path, seed: int) -> dict[str, Any]:
+    files: dict[str, Any] = semeval_files(data_dir, "b", seed=seed)
+    return {**files, "sts_pretrain": [files["sts_pretrain"]]}
 
 
 def sts_check_data(cfg: StsConfig) -> dict[str, int]:
