@@ -13,6 +13,10 @@ import torch
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
+# Ray Train V2 starts a PreemptionWatcher actor (a process of its own, polling for node drains) for every worker
+# group: one process more per training, paid in imports, for a cloud node's preemption no test makes. Every Ray of
+# the session inherits the setting (the local one, the embedded ones of the CLIs a test starts).
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
 
 def pytest_ignore_collect(collection_path, config) -> bool | None:  # noqa: ANN001
