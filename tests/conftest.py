@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -41,6 +42,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     starts early instead of keeping one worker busy alone at the end."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # a stable sort: the rest keep their order
+
+
+# file -> [worker, first start, last stop, seconds of setup + call + teardown]; on the pytest-xdist controller it
+# gathers every worker's reports (``make test``'s per-file figures, to order LONGEST_FIRST by)
+_FILES: dict[str, list[Any]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    node = getattr(report, "node", None)  # the WorkerController a report came from (pytest-xdist's controller)
+    worker = node.gateway.id if node is not None else os.environ.get("PYTEST_XDIST_WORKER", "main")
+    entry = _FILES.setdefault(report.nodeid.split("::")[0], [worker, report.start, report.stop, 0.0])
+    entry[1], entry[2] = min(entry[1], report.start), max(entry[2], report.stop)
+    entry[3] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Each worker's files in the order they ran (seconds each, ≥ 5 s), the time it ended, and the longest files:
+    the figures to order :data:`LONGEST_FIRST` by, so that the two workers end together."""
+    if not _FILES or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    t0 = min(e[1] for e in _FILES.values())
+    write = terminalreporter.write_line
+    terminalreporter.section("seconds per test file")
+    for worker in sorted({e[0] for e in _FILES.values()}):
+        files = sorted((e[1], name, e[3], e[2]) for name, e in _FILES.items() if e[0] == worker)
+        busy, end = sum(f[2] for f in files), max(f[3] for f in files) - t0
+        shown = ", ".join(f"{Path(name).name} {s:.0f}" for _, name, s, _ in files if s >= 5)
+        write(f"{worker}: {len(files)} files, {busy:.0f} s of tests, done at {end:.0f} s: {shown}")
+    longest = sorted(_FILES.items(), key=lambda kv: -kv[1][3])[:24]
+    write("longest: " + ", ".join(f"{Path(name).name} {e[3]:.0f}" for name, e in longest))
 
 
 @pytest.fixture(scope="session")
