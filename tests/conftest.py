@@ -86,27 +86,31 @@ def ray_local():
     ray.shutdown()
 
 
-# The test files that take longest on 2 cores (``pytest --durations``, summed per file), longest first. A file
+# The test files that take longest on 2 cores (``make test``'s "seconds per test file"), longest first. A file
 # missing here only runs later; one that grew slow belongs here. pytest-xdist hands a worker its next file as soon
 # as two or fewer of its tests are left, so the file after a one- or two-test file is queued behind it on the same
 # worker: the third file here waits for the first (the killed sweep's) — a long file there would not run beside it.
 LONGEST_FIRST = (
-    "test_resume_driver.py",
-    "test_gec_recipe.py",
-    "test_tracking.py",
-    "test_sts_recipe.py",
-    "test_equivalence.py",
-    "test_storage.py",
-    "test_resume_train_driver.py",
-    "test_dense_mining.py",
-    "test_chaos_bench.py",
-    "test_security.py",
-    "test_trainer_restart.py",
-    "test_ct2_engine.py",
-    "test_resources.py",
-    "test_gpu_node_problems.py",
-    "test_coherence_recipe.py",
-    "test_idiom_recipe.py",
+    "test_resume_driver.py",  # 600 s (a loaded run, load 30-60: about 2.5 times CI's idle seconds)
+    "test_gec_recipe.py",  # 485
+    "test_equivalence.py",  # 482
+    "test_tracking.py",  # 384
+    "test_sts_recipe.py",  # 381
+    "test_dense_mining.py",  # 250
+    "test_progress_lines.py",  # 208
+    "test_resume_train_driver.py",  # 166
+    "test_trainer_restart.py",  # 142
+    "test_chaos_bench.py",  # 119
+    "test_resources.py",  # 107
+    "test_storage.py",  # 91
+    "test_security.py",  # 91
+    "test_shared_nbest.py",  # 83
+    "test_dense_refresh.py",  # 79
+    "test_coherence_recipe.py",  # 77
+    "test_ct2_engine.py",  # 76
+    "test_gpu_node_problems.py",  # 60
+    "test_resume.py",  # 59
+    "test_stream.py",  # 57
 )
 
 
