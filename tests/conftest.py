@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,6 +14,10 @@ import torch
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
+# Ray Train V2 starts a PreemptionWatcher actor (a process of its own, polling for node drains) for every worker
+# group: one process more per training, paid in imports, for a cloud node's preemption no test makes. Every Ray of
+# the session inherits the setting (the local one, the embedded ones of the CLIs a test starts).
+os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
 
 def pytest_ignore_collect(collection_path, config) -> bool | None:  # noqa: ANN001
@@ -39,6 +44,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # a stable sort: the rest keep their order
 
 
+# file -> [worker, first start, last stop, seconds of setup + call + teardown]; on the pytest-xdist controller it
+# gathers every worker's reports (``make test``'s per-file figures, to order LONGEST_FIRST by)
+_FILES: dict[str, list[Any]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    node = getattr(report, "node", None)  # the WorkerController a report came from (pytest-xdist's controller)
+    worker = node.gateway.id if node is not None else os.environ.get("PYTEST_XDIST_WORKER", "main")
+    entry = _FILES.setdefault(report.nodeid.split("::")[0], [worker, report.start, report.stop, 0.0])
+    entry[1], entry[2] = min(entry[1], report.start), max(entry[2], report.stop)
+    entry[3] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Each worker's files in the order they ran (seconds each, ≥ 5 s), the time it ended, and the longest files:
+    the figures to order :data:`LONGEST_FIRST` by, so that the two workers end together."""
+    if not _FILES or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    t0 = min(e[1] for e in _FILES.values())
+    write = terminalreporter.write_line
+    terminalreporter.section("seconds per test file")
+    for worker in sorted({e[0] for e in _FILES.values()}):
+        files = sorted((e[1], name, e[3], e[2]) for name, e in _FILES.items() if e[0] == worker)
+        busy, end = sum(f[2] for f in files), max(f[3] for f in files) - t0
+        shown = ", ".join(f"{Path(name).name} {s:.0f}" for _, name, s, _ in files if s >= 5)
+        write(f"{worker}: {len(files)} files, {busy:.0f} s of tests, done at {end:.0f} s: {shown}")
+    longest = sorted(_FILES.items(), key=lambda kv: -kv[1][3])[:24]
+    write("longest: " + ", ".join(f"{Path(name).name} {e[3]:.0f}" for name, e in longest))
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     """A 2-CPU local Ray shared by every test that asks for it; shut down once at the end of the session."""
@@ -51,27 +86,31 @@ def ray_local():
     ray.shutdown()
 
 
-# The test files that take longest on 2 cores (``pytest --durations``, summed per file), longest first. A file
+# The test files that take longest on 2 cores (``make test``'s "seconds per test file"), longest first. A file
 # missing here only runs later; one that grew slow belongs here. pytest-xdist hands a worker its next file as soon
 # as two or fewer of its tests are left, so the file after a one- or two-test file is queued behind it on the same
 # worker: the third file here waits for the first (the killed sweep's) — a long file there would not run beside it.
 LONGEST_FIRST = (
-    "test_resume_driver.py",
-    "test_gec_recipe.py",
-    "test_tracking.py",
-    "test_sts_recipe.py",
-    "test_equivalence.py",
-    "test_storage.py",
-    "test_resume_train_driver.py",
-    "test_dense_mining.py",
-    "test_chaos_bench.py",
-    "test_security.py",
-    "test_trainer_restart.py",
-    "test_ct2_engine.py",
-    "test_resources.py",
-    "test_gpu_node_problems.py",
-    "test_coherence_recipe.py",
-    "test_idiom_recipe.py",
+    "test_resume_driver.py",  # 600 s (a loaded run, load 30-60: about 2.5 times CI's idle seconds)
+    "test_gec_recipe.py",  # 485
+    "test_equivalence.py",  # 482
+    "test_tracking.py",  # 384
+    "test_sts_recipe.py",  # 381
+    "test_dense_mining.py",  # 250
+    "test_progress_lines.py",  # 208
+    "test_resume_train_driver.py",  # 166
+    "test_trainer_restart.py",  # 142
+    "test_chaos_bench.py",  # 119
+    "test_resources.py",  # 107
+    "test_storage.py",  # 91
+    "test_security.py",  # 91
+    "test_shared_nbest.py",  # 83
+    "test_dense_refresh.py",  # 79
+    "test_coherence_recipe.py",  # 77
+    "test_ct2_engine.py",  # 76
+    "test_gpu_node_problems.py",  # 60
+    "test_resume.py",  # 59
+    "test_stream.py",  # 57
 )
 
 

@@ -11,13 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, BartConfig, BartForConditionalGeneration
+from typing import TYPE_CHECKING, Any
 
 from raycl.errors import UserError
-from raycl.models.tokenizer import train_bpe_tokenizer
+
+if TYPE_CHECKING:
+    from transformers import BartConfig
+
+# torch and transformers are imported where a model is built: validating a config reads PRESETS only, and a
+# command that refuses its input ends before paying for them (about 3 CPU seconds)
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,8 @@ PRESETS: dict[str, Preset] = {
 
 def preset_config(preset: str, *, vocab_size: int, **overrides: Any) -> BartConfig:
     """The ``BartConfig`` of a config preset, with ``overrides`` (BartConfig fields) applied."""
+    from transformers import BartConfig
+
     spec = _get(preset)
     unknown = sorted(set(overrides) - set(BartConfig().to_dict()))
     if unknown:
@@ -102,6 +106,11 @@ def build_model(preset: str, *, out_dir: str | Path, texts: Iterable[str] | None
     ``overrides``: ``checkpoint=PATH`` loads that trained model instead of building one; ``vocab_size=N``
     sizes the local BPE; ``seed=N`` seeds the random init; anything else is a ``BartConfig`` field.
     """
+    import torch
+    from transformers import BartForConditionalGeneration
+
+    from raycl.models.tokenizer import train_bpe_tokenizer
+
     spec, out = _get(preset), Path(out_dir)
     checkpoint = overrides.pop("checkpoint", None) or spec.pretrained
     if checkpoint is not None:
@@ -123,6 +132,8 @@ def build_model(preset: str, *, out_dir: str | Path, texts: Iterable[str] | None
 
 def _copy_pretrained(name: str, out: Path, config: dict[str, Any]) -> Path:
     """Load ``name`` (hub name or folder) with the preset's dropout settings and save it to ``out``."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(name)
     model = AutoModelForSeq2SeqLM.from_pretrained(name, **config)
     model.save_pretrained(str(out))
