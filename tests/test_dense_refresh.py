@@ -39,9 +39,9 @@ def _one_thread() -> None:
 def _pool_selection(cfg: Any, model: Path, out: Path) -> dict[str, list[str]]:
     """The static path: a pool mined in this process with ``model`` (``mine_dense_negatives``), the trial's
     selection from it."""
+    from raycl.distributed.dense_api import mine_pool
     from raycl.miners.dense_io import read_anchor_negatives as read_negatives
     from raycl.recipes.sts.negatives import checked_pairs
-    from raycl.distributed.dense_api import mine_pool
 
     pool = read_negatives(
         mine_pool(*checked_pairs(cfg), model, out, pool=cfg.mining.pool, batch_size=cfg.eval.batch_size)
