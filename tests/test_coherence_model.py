@@ -150,6 +150,7 @@ def test_the_momentum_encoder_trains_with_dropout_as_the_scorer(smoke_dir: Path,
     from raycl.config.tasks.coherence import CoherenceConfig
     from raycl.data.coherence import CoherenceItem, write_pairs_jsonl
     from raycl.recipes.coherence.worker import CoherenceTask
+    from raycl.testing.session import LocalSession
     from raycl.training.precision import Precision
     from raycl.training.task import Job, Worker
 
@@ -157,7 +158,8 @@ def test_the_momentum_encoder_trains_with_dropout_as_the_scorer(smoke_dir: Path,
     items = tmp_path / "items.jsonl"
     write_pairs_jsonl([CoherenceItem("0", tuple(SENTENCES[:3]), (tuple(SENTENCES[2::-1]),))], items)
     cfg = dataclasses.replace(CoherenceConfig(), loss=dataclasses.replace(CoherenceConfig().loss, kind="momentum"))
-    w = Worker(0, 1, torch.device("cpu"), Precision("fp32", torch.device("cpu")), tmp_path, Job(None, "", ""))
+    job = Job(None, "", "", session=LocalSession())  # the task opens its source (its own permutations) there
+    w = Worker(0, 1, torch.device("cpu"), Precision("fp32", torch.device("cpu")), tmp_path, job)
     st = CoherenceTask(cfg, str(items)).build(scorer, w, None)
     momentum = st.momentum
     assert momentum is not None and not momentum.encoder.training  # a copy of an eval-mode encoder
