@@ -59,7 +59,7 @@ class RefreshMiner:
         precision: str = "fp32",
     ) -> None:
         self.encoding = Encoding(model_path, batch_size=batch_size, device=device, precision=precision)
-        # the pool's mining (raycl.training.negatives.dense.mine_pool): ``pool`` negatives, no margin
+        # the pool's mining (raycl.distributed.dense_api.mine_pool): ``pool`` negatives, no margin
         options = dense_options(num_negatives=pool, max_positives=max_positives)
         self.work, self.corpus, self.shard_size = Path(work_dir), Path(corpus), shard_size
         self.query = QueryMiner(self.encoding, str(self.folder(0)), options, ("anchor", "positive"), "exact", None)
