@@ -47,10 +47,18 @@ def test_the_mining_pipeline_is_exported_as_ray_metrics(ray_local: Any) -> None:
     port = next(n["MetricsExportPort"] for n in ray_local.nodes() if n["Alive"])
     seen: dict[str, list[tuple[dict[str, str], float]]] = {}
 
+    def exported(m: dict[str, list[tuple[dict[str, str], float]]]) -> bool:
+        """Every metric there, and the weight versions at their last values (exported every few seconds: the
+        first scrape that names them all may still hold a value from before the second publication)."""
+        if not all(k in m for k in EXPECTED):
+            return False
+        versions = _by(m["ray_raycl_weight_version"], "holder")
+        return all(versions.get(h, 0) >= 2 for h in ("store", "rank0", "miner0"))
+
     def poll() -> None:  # while the actors live: a process's last values die with it unless already exported
         nonlocal seen
         deadline = time.monotonic() + 60
-        while not all(k in (seen := _scrape(port)) for k in EXPECTED) and time.monotonic() < deadline:
+        while not exported(seen := _scrape(port)) and time.monotonic() < deadline:
             time.sleep(1.0)
 
     consumer, got, stats = _epoch_with_a_publication(ray_local, max_staleness=0, before_close=poll)
