@@ -116,7 +116,7 @@ def _run(task: Any, out: Path, fake: LocalSession) -> None:
     loop.run(Job(task, init_model=str(out / "none"), out_dir=str(out), session=fake))
 
 
-def test_the_model_is_on_its_device_before_the_optimizer_is_built(tmp_path: Path, monkeypatch) -> None:
+def test_the_model_is_on_its_device_before_the_optimizer_is_built(tmp_path: Path) -> None:
     fake = LocalSession(tmp_path)
     LOG.clear()
     _run(ToyTask(epochs=1), tmp_path / "a", fake)
@@ -127,7 +127,7 @@ def test_the_model_is_on_its_device_before_the_optimizer_is_built(tmp_path: Path
     assert LOG[:2] == ["to", "build"]
 
 
-def test_a_run_killed_after_a_report_resumes_to_the_same_end(tmp_path: Path, monkeypatch) -> None:
+def test_a_run_killed_after_a_report_resumes_to_the_same_end(tmp_path: Path) -> None:
     whole = LocalSession(tmp_path / "w")
     _run(ToyTask(epochs=3), tmp_path / "whole", whole)
     broken = LocalSession(tmp_path / "b")
@@ -174,7 +174,7 @@ def test_a_process_first_report_says_what_its_start_cost(tmp_path: Path, monkeyp
     assert not any(k in h for h in rows if h not in firsts for k in keys)
 
 
-def test_accumulating_two_batches_is_one_batch_twice_the_size(tmp_path: Path, monkeypatch) -> None:
+def test_accumulating_two_batches_is_one_batch_twice_the_size(tmp_path: Path) -> None:
     results = []
     for batch, freq in ((4, 1), (2, 2)):
         fake = LocalSession(tmp_path / f"{batch}")
@@ -211,7 +211,7 @@ class ScriptedDev(ToyTask):
     ],
 )
 def test_the_best_epoch_is_the_first_with_the_highest_dev_score(
-    tmp_path: Path, monkeypatch, script: tuple, flags: tuple
+    tmp_path: Path, script: tuple, flags: tuple
 ) -> None:
     fake = LocalSession(tmp_path)
     task = ScriptedDev(epochs=4, script=script)
@@ -339,7 +339,7 @@ def test_infonce_logits_stay_fp32_under_autocast() -> None:
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_the_toy_run_trains_at_low_precision(tmp_path: Path, monkeypatch, precision: str) -> None:
+def test_the_toy_run_trains_at_low_precision(tmp_path: Path, precision: str) -> None:
     losses = {}
     for p in ("fp32", precision):
         fake = LocalSession(tmp_path / p)
@@ -517,7 +517,7 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 @pytest.mark.gpu
 @gpu
-def test_gpu_checkpoint_holds_this_workers_own_cuda_rng(tmp_path: Path, monkeypatch) -> None:
+def test_gpu_checkpoint_holds_this_workers_own_cuda_rng(tmp_path: Path) -> None:
     """A checkpoint holds the RNG state of the worker's own device (not every device rank 0 sees: a worker that
     sees fewer devices could not restore that list), and a restart continues that device's random stream."""
     fake = LocalSession(tmp_path, torch.device("cuda", 0))
@@ -554,7 +554,7 @@ def test_gpu_restart_puts_the_optimizer_state_on_the_gpu(tmp_path: Path, monkeyp
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_gpu_low_precision_run(tmp_path: Path, monkeypatch, precision: str) -> None:
+def test_gpu_low_precision_run(tmp_path: Path, precision: str) -> None:
     fake = LocalSession(tmp_path, torch.device("cuda"))
     _run(ToyTask(settings=LoopSettings(precision=precision), epochs=3), tmp_path / "a", fake)
     assert fake.reports[-1]["loss"] < fake.reports[0]["loss"]
@@ -663,7 +663,7 @@ class EveryThreeTask(ToyTask):
         return dataclasses.replace(super().epoch(st, w, epoch, start), eval_every=3)
 
 
-def test_reports_fall_every_n_updates_of_each_epoch_and_at_its_end(tmp_path: Path, monkeypatch) -> None:
+def test_reports_fall_every_n_updates_of_each_epoch_and_at_its_end(tmp_path: Path) -> None:
     """``eval_every`` counts the epoch's own updates (the papers' code validates every N updates of an epoch):
     epochs of 4 updates report at 3 and 4, then at 4 + 3 = 7 and 8 — not at the 6th update, as a count over the
     whole run would."""

@@ -32,9 +32,7 @@ from raycl.training import loop
 from raycl.training.task import Job
 
 
-def _run(
-    run: Any, task: Any, out: Path, monkeypatch: pytest.MonkeyPatch, *, crash_after: int | None = None
-) -> dict[str, Any]:
+def _run(run: Any, task: Any, out: Path, *, crash_after: int | None = None) -> dict[str, Any]:
     """The whole run (``crash_after``: stopped after that report, resumed from its checkpoint); the final state."""
     fake = LocalSession(out)
     job = Job(
@@ -67,19 +65,19 @@ def _same_extras(a: dict[str, Any], b: dict[str, Any], name: str, key: str) -> N
     assert x.keys() == y.keys() and all(torch.allclose(x[k], y[k], atol=TOL) for k in x if torch.is_tensor(x[k]))
 
 
-def test_idiom_resumes_with_its_schedule_dropout_and_ema(tmp_path: Path, monkeypatch) -> None:
+def test_idiom_resumes_with_its_schedule_dropout_and_ema(tmp_path: Path) -> None:
     run = _prepare(
         "idiom", ["optim.epochs=3", "data.setting=zero_shot", "adversarial.method=fgm"], tmp_path, dropout=True
     )
     task = IdiomTask(_cfg(run, ["optim.batch_size=16"]))
-    whole = _run(run, task, tmp_path / "whole", monkeypatch)
+    whole = _run(run, task, tmp_path / "whole")
     assert_the_total_was_counted_once(tmp_path / "whole", whole)
-    resumed = _run(run, task, tmp_path / "resumed", monkeypatch, crash_after=1)  # stopped after epoch 1
+    resumed = _run(run, task, tmp_path / "resumed", crash_after=1)  # stopped after epoch 1
     assert_same_training(whole, resumed, what="idiom: stopped after epoch 1 and resumed vs uninterrupted")
     _same_extras(whole, resumed, "ema", "shadow")
 
 
-def test_gec_resumes_with_its_polynomial_schedule_and_dropout(tmp_path: Path, monkeypatch) -> None:
+def test_gec_resumes_with_its_polynomial_schedule_and_dropout(tmp_path: Path) -> None:
     """GEC-BART's schedule (warm-up, linear decay), Eq. 5 with negatives mined before training (a deterministic
     batch order), dropout on, 3 epochs; stopped after epoch 1."""
     run = _prepare("gec_pd", [*GEC, "data.builtin.n_finetune=30"], tmp_path, dropout=True)
@@ -95,13 +93,13 @@ def test_gec_resumes_with_its_polynomial_schedule_and_dropout(tmp_path: Path, mo
         f"mining.negatives={negatives}",
     ]
     task = GecTask(_cfg(run, over), "finetune")
-    whole = _run(run, task, tmp_path / "whole", monkeypatch)
+    whole = _run(run, task, tmp_path / "whole")
     assert_the_total_was_counted_once(tmp_path / "whole", whole)
-    resumed = _run(run, task, tmp_path / "resumed", monkeypatch, crash_after=1)
+    resumed = _run(run, task, tmp_path / "resumed", crash_after=1)
     assert_same_training(whole, resumed, what="gec: stopped after epoch 1 and resumed vs uninterrupted")
 
 
-def test_sts_resumes_mid_epoch_with_moco_and_dropout(tmp_path: Path, monkeypatch) -> None:
+def test_sts_resumes_mid_epoch_with_moco_and_dropout(tmp_path: Path) -> None:
     """Pre-training with MSE + InfoNCE and the MoCo queue, reports every 3 steps (mid-epoch), 2 epochs; stopped
     after the second report, inside epoch 1."""
     over = [
@@ -115,9 +113,9 @@ def test_sts_resumes_mid_epoch_with_moco_and_dropout(tmp_path: Path, monkeypatch
     ]
     run = _prepare("sts", over, tmp_path, dropout=True)
     task = StsTask(_cfg(run, []))
-    whole = _run(run, task, tmp_path / "whole", monkeypatch)
+    whole = _run(run, task, tmp_path / "whole")
     assert_the_total_was_counted_once(tmp_path / "whole", whole)
-    resumed = _run(run, task, tmp_path / "resumed", monkeypatch, crash_after=2)
+    resumed = _run(run, task, tmp_path / "resumed", crash_after=2)
     assert resumed["progress"]["step"] > 6
     assert_same_training(whole, resumed, what="sts: stopped mid-epoch and resumed vs uninterrupted")
     _same_extras(whole, resumed, "moco", "queue")

@@ -83,7 +83,7 @@ def _draw(seed: int) -> float:
     return float(torch.rand(()))
 
 
-def test_stages_run_one_after_the_other_each_seeded_and_started_once(tmp_path: Path, monkeypatch) -> None:
+def test_stages_run_one_after_the_other_each_seeded_and_started_once(tmp_path: Path) -> None:
     fake = LocalSession(tmp_path)
     STARTS.clear()
     loop.run(Job(StagedTask(), init_model=str(tmp_path / "none"), out_dir=str(tmp_path / "whole"), session=fake))
