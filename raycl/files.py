@@ -199,3 +199,22 @@ def _refuse(path: Path, why: str | None, what: str, hint: str) -> None:
         raise UserError(
             f"{at(path)}: {why}: refused, expected {what} that only you (or root) can have written; {hint}"
         )
+
+
+@contextmanager
+def flocked(path: Path, *, blocking: bool = True) -> Iterator[bool]:
+    """An exclusive ``flock`` on the lock file ``path`` (created, owner-only, if missing; never through a link
+    planted at its name, never truncated) while the block runs: True when held; with ``blocking=False``, False at
+    once where another process holds it. The kernel lets go when the descriptor closes or the process dies."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)

@@ -390,3 +390,33 @@ def test_an_azure_container_is_not_a_credential_but_a_key_still_is() -> None:
     ):
         with pytest.raises(UserError, match="credentials in a URI are refused"):
             check_uri(uri)
+
+
+def test_a_lock_file_is_held_once_and_never_taken_through_a_planted_link(tmp_path: Path) -> None:
+    """``raycl.files.flocked``: a second holder is refused while the first holds the lock (non-blocking: False at
+    once), it is free again after; a link planted at the lock's name is not followed (its target stays as is)."""
+    import multiprocessing
+
+    from raycl.files import flocked
+
+    lock = tmp_path / "pool.lock"
+    with flocked(lock) as held:
+        assert held
+        ctx = multiprocessing.get_context("fork")
+        with ctx.Pool(1) as pool:  # flock is per open file description: ask from another process
+            assert pool.apply(_try_lock, (str(lock),)) is False
+    with flocked(lock, blocking=False) as again:
+        assert again
+    target = tmp_path / "victim.txt"
+    target.write_text("kept")
+    (tmp_path / "planted.lock").symlink_to(target)
+    with pytest.raises(OSError), flocked(tmp_path / "planted.lock"):
+        pass
+    assert target.read_text() == "kept" and oct(lock.stat().st_mode & 0o777) == "0o600"
+
+
+def _try_lock(path: str) -> bool:
+    from raycl.files import flocked
+
+    with flocked(Path(path), blocking=False) as held:
+        return held

@@ -6,7 +6,6 @@ The pipeline is :mod:`raycl.distributed.dense`; the filters, their formulas and 
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -27,7 +26,7 @@ from raycl.distributed.dense import (
 )
 from raycl.distributed.miner_pool import MinerFaults
 from raycl.errors import UserError
-from raycl.files import TRUST_HINT, check_ours
+from raycl.files import TRUST_HINT, check_ours, flocked
 from raycl.miners.dense import FILTERS, arrow_schema, check_numbers, dense_options, group_pairs
 from raycl.miners.dense_io import (
     check_columns,
@@ -370,13 +369,8 @@ def mine_pool_once(
 ) -> Path:
     """The run's pool in ``out``: mined by the first training that needs it; one that comes while it is being
     mined waits on the lock, then finds it done (the miner resumes a finished output without redoing anything)."""
-    import fcntl
-
     out.parent.mkdir(parents=True, exist_ok=True)
-    # never through a link planted at the lock's name (O_NOFOLLOW), never truncating what is there
-    fd = os.open(out.parent / f"{out.name}.lock", os.O_CREAT | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes (or the process dies)
+    with flocked(out.parent / f"{out.name}.lock"):
         return mine_pool(rows, corpus, model, out, pool=pool, batch_size=batch_size)
 
 

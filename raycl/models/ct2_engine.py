@@ -21,7 +21,6 @@ each other's conversion. ``conversions.log`` in the cache folder has a line per 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -30,15 +29,14 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
 from raycl.errors import UserError
-from raycl.files import check_owner
+from raycl.files import check_owner, flocked
 from raycl.models.decoding import Decoding, ct2_options, keep
 
 T = TypeVar("T")
@@ -156,7 +154,7 @@ def converted(
     no pruner deletes the folder while it is read. Afterwards old versions are pruned (:func:`prune`)."""
     root = out_dir.parent
     root.mkdir(parents=True, exist_ok=True)
-    with _flock(root / f".{out_dir.name}.lock"):
+    with flocked(root / f".{out_dir.name}.lock"):
         if (out_dir / "model.bin").is_file():
             check_owner(out_dir, what=CACHE, hint=CACHE_HINT)
         else:
@@ -221,7 +219,7 @@ def prune(root: Path, *, keep: str = "", versions: int = 2) -> list[str]:
     temps = {p.name.split(".tmp-")[0][1:] for p in root.glob(".*.tmp-*")} - {keep}
     removed = []
     for name in [*old, *temps]:
-        with _flock(root / f".{name}.lock", blocking=False) as mine:
+        with flocked(root / f".{name}.lock", blocking=False) as mine:
             if not mine:
                 continue
             for stale in root.glob(f".{name}.tmp-*"):
@@ -230,22 +228,6 @@ def prune(root: Path, *, keep: str = "", versions: int = 2) -> list[str]:
                 shutil.rmtree(root / name, ignore_errors=True)
                 removed.append(name)
     return removed
-
-
-@contextmanager
-def _flock(path: Path, *, blocking: bool = True) -> Iterator[bool]:
-    """An exclusive ``flock`` on ``path`` (created if missing) for the duration: True when held; with
-    ``blocking=False``, False at once when another process holds it."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)  # closing the descriptor lets go of the lock
 
 
 def state_digest(state_dict: Mapping[str, torch.Tensor]) -> str:
