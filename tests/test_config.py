@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from raycl.config import expand_values, from_dict, parse_set, set_dotted, to_dict
+from raycl.config import dump_yaml, expand_values, from_dict, get_dotted, parse_set, set_dotted, to_dict
 from raycl.config.tasks import load_space
 from raycl.config.tasks.gec import GecConfig
 from raycl.distributed.sweep import to_param_space
@@ -60,6 +62,25 @@ def test_typed_overrides_and_file_specs_with_brackets() -> None:
 def test_round_trip_through_dict() -> None:
     c = load_space("gec_bart", preset="smoke").config
     assert from_dict(GecConfig, to_dict(c)) == c
+
+
+def test_a_dotted_key_reads_through_sections_and_mappings() -> None:
+    c = load_space("gec_pd", preset="smoke").config
+    assert get_dotted(c, "loss.margin") == c.loss.margin
+    assert get_dotted(c, "mining") is c.mining
+    c = dataclasses.replace(c, data=dataclasses.replace(c.data, dev={"cweb": ["CWEB-S.dev.m2"]}))
+    assert get_dotted(c, "data.dev.cweb") == ["CWEB-S.dev.m2"]  # a mapping's key
+
+
+def test_the_written_config_reads_back_as_the_config_with_its_password_hidden(tmp_path: Path) -> None:
+    c = load_space("gec_pd", preset="smoke").config
+    c = set_dotted(c, {"mining.negatives": "s3://key:hunter22@bucket/negatives.parquet"}, where="test")
+    path = tmp_path / "config.yaml"
+    dump_yaml(c, path)
+    read = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert read["mining"]["negatives"] == "s3://key:***@bucket/negatives.parquet" and "hunter22" not in str(read)
+    read["mining"]["negatives"] = c.mining.negatives
+    assert from_dict(GecConfig, read) == c and list(read) == list(to_dict(c))  # every key, in the config's order
 
 
 @pytest.mark.parametrize(

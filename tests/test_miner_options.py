@@ -12,6 +12,7 @@ from raycl.config.tasks.gec import DECODING, SELECTION
 from raycl.distributed.miner_pool import ACTOR_KEYS
 from raycl.miners.beam_search import BeamSearchMiner
 from raycl.miners.permutation import PermutationMiner
+from raycl.miners.sources import DenseRefresh
 
 
 def _keywords(cls: type) -> set[str]:
@@ -48,3 +49,13 @@ def test_coherence_miner_options_are_the_ranking_miners_keywords_and_its_wait() 
         "num_negs": 3,
         "version_wait_s": 12.5,
     }  # a task waits up to its lease for its chunk's weights
+
+
+def test_sts_refreshes_from_its_own_miners_only_with_refresh_and_a_stream() -> None:
+    m = dataclasses.replace(
+        load_space("sts").config.mining, refresh=True, refresh_every=7, max_staleness=2, wait_s=4.5
+    )
+    stream, store = object(), object()
+    assert m.source(stream=stream, store=store) == DenseRefresh(stream, store, 7, 2, 4.5)
+    assert m.source(stream=None, store=store) is None  # no miners of its own: the pool's, read by the recipe
+    assert dataclasses.replace(m, refresh=False).source(stream=stream, store=store) is None

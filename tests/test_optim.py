@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from raycl.training import optim
-from raycl.training.optim import adamw, build_optimizer, build_scheduler, fusable
+from raycl.training.optim import adamw, adamw_no_decay, build_optimizer, build_scheduler, fusable
 
 LR = 0.5
 
@@ -111,3 +111,27 @@ def test_adamw_defaults_step_as_pytorchs_adamw() -> None:
         p.grad = torch.full_like(p, 1e-9)  # a gradient near eps: eps's value shows in the update
         opt.step()
     torch.testing.assert_close(a.data, b.data, rtol=0, atol=0)
+
+
+def test_adamw_no_decay_spares_biases_and_layernorm_as_sentence_transformers() -> None:
+    """sentence-transformers' ``fit``: weight decay on every trainable weight but biases and LayerNorm's."""
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dense, self.LayerNorm, self.frozen = (
+                torch.nn.Linear(3, 3),
+                torch.nn.LayerNorm(3),
+                torch.nn.Linear(3, 1),
+            )
+            self.frozen.requires_grad_(False)
+
+    model = Block()
+    opt = adamw_no_decay(model, lr=0.02, weight_decay=0.3)
+    assert isinstance(opt, torch.optim.AdamW)
+    decay, spared = opt.param_groups
+    assert [id(p) for p in decay["params"]] == [id(model.dense.weight)]  # the frozen layer is not optimised
+    want = [id(model.dense.bias), id(model.LayerNorm.weight), id(model.LayerNorm.bias)]
+    assert sorted(id(p) for p in spared["params"]) == sorted(want)
+    assert (decay["weight_decay"], spared["weight_decay"]) == (0.3, 0.0)
+    assert all(g["lr"] == 0.02 and g["eps"] == 1e-6 for g in (decay, spared))

@@ -184,3 +184,11 @@ def test_mined_negatives_carry_gradient_and_masked_ones_none() -> None:
     InfoNCEQueueLoss()(h, h_pos, None, negatives, mask).loss.backward()
     assert negatives.grad is not None
     assert bool((negatives.grad[~mask] == 0).all()) and bool((negatives.grad[mask].abs().sum(-1) > 0).all())
+
+
+def test_mined_negatives_without_a_mask_are_all_in_the_denominators() -> None:
+    h, h_pos, queue = _rand(3, 4, seed=32), _rand(3, 4, seed=33), _rand(2, 4, seed=34)
+    negatives = _rand(3, 2, 4, seed=35)
+    out = InfoNCEQueueLoss(temperature=0.1)(h, h_pos, queue, negatives)
+    expected = _naive_hard_negative_infonce(h, h_pos, queue, negatives.tolist(), 0.1)
+    torch.testing.assert_close(out.per_example, torch.tensor(expected, dtype=torch.float64))
