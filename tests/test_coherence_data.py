@@ -21,6 +21,7 @@ from raycl.data.coherence import (
     read_annotations,
     read_documents,
     read_pairs,
+    read_training_set,
     sample_permutations,
     write_documents,
     write_pairs_jsonl,
@@ -288,6 +289,24 @@ def test_documents_and_pairs_files_are_told_apart_by_their_content(tmp_path: Pat
         "pairs.jsonl": False,
     }
     assert read_pairs(tmp_path / "pairs") == pairs and read_documents(tmp_path / "blank.jsonl") == docs
+
+
+def test_a_training_set_permutes_documents_keeps_pairs_and_refuses_a_missing_file_or_no_item(
+    tmp_path: Path,
+) -> None:
+    docs, pairs = [_doc("d", 5), _doc("e", 4)], [CoherenceItem("p", ("a.", "b."), (("b.", "a."),))]
+    write_documents(docs, tmp_path / "docs.jsonl")
+    write_pairs_jsonl(pairs, tmp_path / "pairs.jsonl")
+    permute = {"copies": 2, "seed": 7, "min_sentences": 4}
+    got = read_training_set([str(tmp_path / "docs.jsonl"), str(tmp_path / "pairs.jsonl")], num_negs=3, **permute)
+    assert got == build_permuted_set(docs, num_negs=3, **permute) + pairs  # each file in turn, in order
+    with pytest.raises(UserError, match=r"missing\.txt: no such file \(data\.train\)$"):
+        read_training_set([str(tmp_path / "pairs.jsonl"), str(tmp_path / "missing.txt")], num_negs=3)
+    write_documents([_doc("short", 3)], tmp_path / "short.txt")  # every document under min_sentences
+    with pytest.raises(
+        UserError, match=r"^data\.train: .*short\.txt gives no training items \(documents need ≥ 4 "
+    ):
+        read_training_set([str(tmp_path / "short.txt")], num_negs=3, **permute)
 
 
 def test_annotations_pickle_or_json_aligned(tmp_path: Path) -> None:

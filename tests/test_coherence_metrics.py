@@ -19,7 +19,12 @@ import torch
 from raycl.data.coherence import CoherenceItem, write_pairs_jsonl, write_pairs_pickle
 from raycl.errors import UserError, cli_entry
 from raycl.scoring.coherence_eval import add_coherence_parser
-from raycl.scoring.coherence_metrics import krippendorff_alpha_nominal, model_labels, pairwise_accuracy
+from raycl.scoring.coherence_metrics import (
+    alpha_with_model,
+    krippendorff_alpha_nominal,
+    model_labels,
+    pairwise_accuracy,
+)
 
 Cap = pytest.CaptureFixture[str]
 
@@ -125,6 +130,20 @@ def test_alpha_degenerate_cases() -> None:
     assert (
         krippendorff_alpha_nominal(opposite) == pytest.approx(alpha_coincidence(opposite))
         and krippendorff_alpha_nominal(opposite) < 0
+    )
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_model_joins_the_coders_as_one_more_with_its_ties_missing(seed: int) -> None:
+    rng = random.Random(seed)
+    humans = [[rng.choice(["0", "1", None]) for _ in range(30)] for _ in range(3)]
+    pos = [float(rng.randrange(4)) for _ in range(30)]
+    negs = [[float(rng.randrange(4))] for _ in range(30)]  # one negative per annotated pair
+    labels: list[str | None] = []
+    for p, (n,) in zip(pos, negs, strict=True):  # the model prefers pos ('0'), the negative ('1'), or neither
+        labels.append("0" if p > n else "1" if n > p else None)
+    assert None in labels and alpha_with_model(humans, pos, negs) == pytest.approx(
+        alpha_coincidence([*humans, labels])
     )
 
 

@@ -240,7 +240,7 @@ def test_sts_official_dev_spearman_of_the_models_similarities(
     enc = SentenceEncoder.from_pretrained(encoder_dir).double().eval()
     ev = _evaluator(tmp_path, HELD_OUT, batch=3, cross=cross)
     got = ev.dev(enc, setting="fine_tune")
-    want = naive_sts_scores(ev.cfg.data.dev_gold, _sims_alone(enc, ev.dev_pairs, cross=cross), ("EN", "PT"))
+    want = naive_sts_scores(ev.cfg.data.dev_gold, _sims_alone(enc, ev.dev_examples, cross=cross), ("EN", "PT"))
     assert {k: got[f"dev/{k}"] for k in want} == pytest.approx(want, abs=1e-9)
     assert got["dev_spearman"] == got["dev/ALL"] and got["dev/ALL"] is not None
 

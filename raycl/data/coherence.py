@@ -289,6 +289,27 @@ def is_documents(path: Path) -> bool:
     return isinstance(value, dict) and "sentences" in value
 
 
+def read_training_set(specs: Sequence[str], *, num_negs: int, **permute: Any) -> list[CoherenceItem]:
+    """A training set (``data.train``'s files, in order): documents become the paper's permuted set
+    (:func:`build_permuted_set` with ``num_negs`` and the ``permute`` options), pairs files are used as given; a
+    missing file, or no item at all, is refused."""
+    items: list[CoherenceItem] = []
+    for spec in specs:
+        path = Path(spec)
+        if not path.exists():
+            raise UserError(f"{at(path)}: no such file (data.train)")
+        if is_documents(path):
+            items += build_permuted_set(read_documents(path), num_negs=num_negs, **permute)
+        else:
+            items += read_pairs(path)
+    if not items:
+        raise UserError(
+            f"data.train: {', '.join(specs)} gives no training items (documents need "
+            f"≥ {permute.get('min_sentences', 4)} sentences)"
+        )
+    return items
+
+
 def _sentences(where: str, key: str, value: object) -> tuple[str, ...]:
     if not isinstance(value, list | tuple) or not value or not all(isinstance(s, str) for s in value):
         raise UserError(f"{where}: {key!r} must be a non-empty list of sentences (strings)")

@@ -239,6 +239,12 @@ def write_builtin_semeval(out_dir: str | Path, *, seed: int) -> dict[str, Path]:
     return _write_a(out / "SubTaskA", split, rng, ids) | _write_b(out / "SubTaskB", split, rng, ids)
 
 
+# the data keys of the official splits (dev, eval), in the order a run names those it fills
+OFFICIAL_KEYS = tuple(
+    f"{split}{file}" for split in ("dev", "eval") for file in ("", "_gold", "_submission_format")
+)
+
+
 def semeval_files(out_dir: str | Path, subtask: str, *, seed: int) -> dict[str, str]:
     """The built-in set's files of one subtask (``a`` or ``b``) by their ``data`` key (``dev_gold``, …), written
     by :func:`write_builtin_semeval`."""

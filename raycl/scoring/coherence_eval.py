@@ -18,7 +18,7 @@ from typing import Any
 
 from raycl.data.coherence import CoherenceItem, read_annotations, read_pairs
 from raycl.errors import UserError, at, summary_out
-from raycl.scoring.coherence_metrics import krippendorff_alpha_nominal, model_labels, pairwise_accuracy
+from raycl.scoring.coherence_metrics import alpha_with_model, krippendorff_alpha_nominal, pairwise_accuracy
 
 
 def add_coherence_parser(sub: Any) -> None:
@@ -130,7 +130,7 @@ def _model_alpha(
         )
     if any(len(n) != 1 for n in negs):
         raise UserError(f"{at(path)}: items with several negatives, expected one 'neg' per annotated pair")
-    return krippendorff_alpha_nominal([*coders, model_labels(pos, [n[0] for n in negs])])
+    return alpha_with_model(coders, pos, negs)
 
 
 def format_coherence_table(result: dict[str, Any]) -> str:

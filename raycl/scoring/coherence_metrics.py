@@ -81,6 +81,14 @@ def krippendorff_alpha_nominal(coders: Sequence[Sequence[str | None]]) -> float:
     return 1.0 - d_o / d_e
 
 
+def alpha_with_model(
+    coders: Sequence[Sequence[str | None]], pos_scores: Sequence[Score], neg_scores: Sequence[Sequence[Score]]
+) -> float:
+    """α of the human ``coders`` with the model as one more coder (:func:`model_labels` of each pair's one
+    negative: a tie is a missing label)."""
+    return krippendorff_alpha_nominal([*coders, model_labels(pos_scores, [n[0] for n in neg_scores])])
+
+
 def _disagreeing_pairs(values: Sequence[float]) -> int:
     counts: dict[float, int] = {}
     for v in values:

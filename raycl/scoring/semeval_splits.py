@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from raycl.data.semeval import Value, fill_submission
+from raycl.data.semeval import Value, fill_submission, read_rows
 
 R = TypeVar("R")  # a split's official scores, a prediction
 T = TypeVar("T")
@@ -48,6 +48,22 @@ def official_splits(d: Any, read: Callable[[str], Sequence[E]]) -> list[Split[E]
     if d.eval:
         out.append(Split("eval", read(d.eval), d.eval_submission_format, d.eval_gold))
     return out
+
+
+class OfficialEvaluator(Generic[E]):
+    """Rank 0's official splits of a data section (:func:`official_splits`: dev and, where given, eval), read
+    once, with dev's gold rows; a recipe's evaluator adds its model's predictions of a setting."""
+
+    def __init__(self, d: Any, read: Callable[[str], Sequence[E]], gold_header: Sequence[str]) -> None:
+        self.splits = official_splits(d, read)
+        self.dev_examples, self.dev_gold_file = self.splits[0].examples, d.dev_gold
+        self.dev_gold = list(read_rows(d.dev_gold, gold_header))
+
+    def score_dev(self, score: Callable[..., R], preds: Predictions, setting: str, **how: Any) -> R:
+        """The official scorer's ``score`` of one setting's dev predictions, as rows in memory."""
+        rows = prediction_rows(self.dev_examples, preds, setting)
+        names = (f"{setting} dev predictions", self.dev_gold_file)
+        return score(rows, self.dev_gold, setting=setting, names=names, **how)
 
 
 def prediction_rows(examples: Sequence[Example], preds: Predictions, setting: str) -> list[tuple[int, list[str]]]:

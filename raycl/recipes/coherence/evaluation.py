@@ -10,7 +10,7 @@ from raycl.config.tasks.coherence import CoherenceConfig
 from raycl.data.coherence import CoherenceItem, read_annotations, read_pairs
 from raycl.models.coherence import CoherenceScorer
 from raycl.scoring.coherence_eval import score_items
-from raycl.scoring.coherence_metrics import krippendorff_alpha_nominal, model_labels, pairwise_accuracy
+from raycl.scoring.coherence_metrics import alpha_with_model, krippendorff_alpha_nominal, pairwise_accuracy
 
 
 class Evaluator:
@@ -35,9 +35,7 @@ class Evaluator:
         for name, items in self.tests.items():
             pos, negs = self._scores(scorer, items)
             out[f"test/{name}/acc"] = pairwise_accuracy(pos, negs)
-            if name in self.coders:
-                coders = self.coders[name]
-                labels = model_labels(pos, [n[0] for n in negs])  # the model as one more coder, ties missing
-                out[f"test/{name}/alpha"] = krippendorff_alpha_nominal([*coders, labels])
+            if (coders := self.coders.get(name)) is not None:
+                out[f"test/{name}/alpha"] = alpha_with_model(coders, pos, negs)
                 out[f"test/{name}/human_alpha"] = krippendorff_alpha_nominal(coders)
         return out

@@ -10,14 +10,7 @@ from typing import Any
 
 from raycl.config.tasks.coherence import BuiltinCoherenceSection, CoherenceConfig
 from raycl.data.builtin import with_builtin
-from raycl.data.coherence import (
-    CoherenceItem,
-    build_permuted_set,
-    is_documents,
-    read_annotations,
-    read_documents,
-    read_pairs,
-)
+from raycl.data.coherence import CoherenceItem, read_annotations, read_pairs, read_training_set
 from raycl.data.coherence_corpus import write_builtin_corpus
 from raycl.errors import UserError, at
 
@@ -40,33 +33,12 @@ def _builtin(b: BuiltinCoherenceSection, data_dir: Path) -> dict[str, Any]:
 
 
 def training_items(cfg: CoherenceConfig, *, shuffle: bool | None = None) -> list[CoherenceItem]:
-    """The training set: documents are permuted as the paper does (each item gets ``max(num_rank, num_negs)``
-    distinct candidate negatives, never repeated across the copies of a positive); pairs files are used as
-    given. Shuffled once with ``optim.seed`` when ``shuffle`` (default ``optim.shuffle``: the momentum model's
-    ``random.seed(100)``) — :func:`in_training_order`, which each trial applies to the file order."""
-    p, m = cfg.data.permute, cfg.mining
-    items: list[CoherenceItem] = []
-    for spec in cfg.data.train:
-        path = Path(spec)
-        if not path.exists():
-            raise UserError(f"{at(path)}: no such file (data.train)")
-        if is_documents(path):
-            items += build_permuted_set(
-                read_documents(path),
-                num_negs=max(m.num_rank, m.num_negs),
-                copies=p.copies,
-                seed=p.seed,
-                min_sentences=p.min_sentences,
-                block_size=p.block_size,
-                split_over=p.split_over,
-            )
-        else:
-            items += read_pairs(path)
-    if not items:
-        raise UserError(
-            f"data.train: {', '.join(cfg.data.train)} gives no training items (documents need "
-            f"≥ {p.min_sentences} sentences)"
-        )
+    """The training set (:func:`read_training_set`): each item of a document gets ``max(num_rank, num_negs)``
+    distinct candidate negatives, never repeated across the copies of a positive. Shuffled once with
+    ``optim.seed`` when ``shuffle`` (default ``optim.shuffle``: the momentum model's ``random.seed(100)``) —
+    :func:`in_training_order`, which each trial applies to the file order."""
+    m = cfg.mining
+    items = read_training_set(cfg.data.train, num_negs=max(m.num_rank, m.num_negs), **vars(cfg.data.permute))
     return in_training_order(cfg, items) if (cfg.optim.shuffle if shuffle is None else shuffle) else items
 
 

@@ -18,12 +18,11 @@ from raycl.data.semeval import (
     Value,
     fill_submission,
     read_idiom_inputs,
-    read_rows,
     write_submission_a,
 )
 from raycl.models.classifier import encode_batch
 from raycl.scoring.semeval_metrics import evaluate_idiom, idiom_f1s
-from raycl.scoring.semeval_splits import Predictions, Split, batched, official_splits, prediction_rows, submit
+from raycl.scoring.semeval_splits import OfficialEvaluator, Predictions, Split, batched, submit
 
 if TYPE_CHECKING:
     from raycl.config.tasks.idiom import IdiomConfig
@@ -67,13 +66,12 @@ def write_submission(
     return write_submission_a(out, rows)  # type: ignore[arg-type]
 
 
-class Evaluator:
+class Evaluator(OfficialEvaluator[IdiomExample]):
     """Rank 0's dev and eval sets of one setting (default: the config's ``data.setting``), read once."""
 
     def __init__(self, cfg: IdiomConfig, setting: str = "") -> None:
-        self.cfg, self.setting, d = cfg, setting or cfg.data.setting, cfg.data
-        self.splits = official_splits(d, read_idiom_inputs)
-        self.dev, self.dev_gold = self.splits[0].examples, list(read_rows(d.dev_gold, A_GOLD_HEADER))
+        super().__init__(cfg.data, read_idiom_inputs, A_GOLD_HEADER)
+        self.cfg, self.setting = cfg, setting or cfg.data.setting
 
     def _predict(self, model: Any, tokenizer: Any, examples: Sequence[IdiomExample]) -> Predictions:
         inputs = [model_input(e, self.setting) for e in examples]
@@ -83,9 +81,8 @@ class Evaluator:
 
     def dev_scores(self, model: Any, tokenizer: Any) -> dict[str, float | None]:
         """Official dev macro-F1 of this setting: ``dev_f1`` (EN+PT), ``dev_f1/EN``, ``dev_f1/PT``."""
-        rows = prediction_rows(self.dev, self._predict(model, tokenizer, self.dev), self.setting)
-        names = (f"{self.setting} dev predictions", self.cfg.data.dev_gold)
-        return _f1s("dev_f1", idiom_f1s(rows, self.dev_gold, setting=self.setting, names=names))
+        preds = self._predict(model, tokenizer, self.dev_examples)
+        return _f1s("dev_f1", self.score_dev(idiom_f1s, preds, self.setting))
 
     def final(self, model: Any, tokenizer: Any, out_dir: Path) -> dict[str, float | None]:
         """This setting's rows of ``dev.submission.csv`` and ``eval.submission.csv``, officially scored."""

@@ -18,16 +18,11 @@ from raycl.data.semeval import (
     read_rows,
     with_gold,
 )
-from raycl.data.semeval_corpus import semeval_files
+from raycl.data.semeval_corpus import OFFICIAL_KEYS, semeval_files
 from raycl.errors import UserError, at
 from raycl.scoring.semeval_splits import official_splits
 
-# ---------------------------------------------------------------------------------------------- Subtask A
-A_KEYS = (  # the data keys of Subtask A, in the order a run names those it fills
-    "train_zero_shot",
-    "train_one_shot",
-    *(f"{split}{file}" for split in ("dev", "eval") for file in ("", "_gold", "_submission_format")),
-)
+A_KEYS = ("train_zero_shot", "train_one_shot", *OFFICIAL_KEYS)  # Subtask A's, in the order a run names them
 
 
 def idiom_with_data(cfg: IdiomConfig, data_dir: Path) -> tuple[IdiomConfig, list[str]]:

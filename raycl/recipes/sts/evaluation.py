@@ -12,17 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from raycl.data.semeval import (
-    B_GOLD_HEADER,
-    StsPair,
-    read_rows,
-    read_sts_inputs,
-    read_sts_pretrain,
-)
+from raycl.data.semeval import B_GOLD_HEADER, StsPair, read_sts_inputs, read_sts_pretrain
 from raycl.models.sentence_encoder import SentenceEncoder
 from raycl.scoring.embedding_geometry import alignment, uniformity
 from raycl.scoring.semeval_metrics import evaluate_sts, score_sts, spearman
-from raycl.scoring.semeval_splits import Predictions, batched, official_splits, prediction_rows, submit
+from raycl.scoring.semeval_splits import OfficialEvaluator, Predictions, batched, submit
 
 if TYPE_CHECKING:
     from raycl.config.tasks.sts import StsConfig
@@ -68,17 +62,16 @@ def _flatten(prefix: str, scores: dict[str, dict[str, dict[str, float | None]]])
     }
 
 
-class Evaluator:
+class Evaluator(OfficialEvaluator[StsPair]):
     """Rank 0's dev and eval sets, read once."""
 
     def __init__(self, cfg: StsConfig) -> None:
+        super().__init__(cfg.data, read_sts_inputs, B_GOLD_HEADER)
         self.cfg, self.cross, self.bs = cfg, cfg.model.cross_attention, cfg.eval.batch_size
         held_out = [p for spec in cfg.data.sts_pretrain for p in read_sts_pretrain(spec) if p.split != "train"]
         self.sts_dev = [p for p in held_out if p.split == "dev"]
         self.has_sts_dev = len(self.sts_dev) >= 2
         self.geometry_pairs = held_out  # the STS dev and test pairs: alignment of score ≥ 4, uniformity of all
-        self.splits = official_splits(cfg.data, read_sts_inputs)
-        self.dev_pairs, self.dev_gold = self.splits[0].examples, list(read_rows(cfg.data.dev_gold, B_GOLD_HEADER))
 
     def _predict(self, enc: SentenceEncoder, pairs: Sequence[StsPair], setting: str) -> Predictions:
         sims = predict(
@@ -95,9 +88,8 @@ class Evaluator:
                 enc, [p.sentence1 for p in d], [p.sentence2 for p in d], cross=self.cross, batch_size=self.bs
             )
             out["sts_dev_spearman"] = spearman([p.score for p in d], sims)
-        rows = prediction_rows(self.dev_pairs, self._predict(enc, self.dev_pairs, setting), setting)
-        names = (f"{setting} dev predictions", self.cfg.data.dev_gold)
-        scores = score_sts(rows, self.dev_gold, setting=setting, languages=("EN", "PT"), names=names)
+        preds = self._predict(enc, self.dev_examples, setting)
+        scores = self.score_dev(score_sts, preds, setting, languages=("EN", "PT"))
         out.update({f"dev/{k}": v for k, v in scores.items()})
         out["dev_spearman"] = scores["ALL"]
         return out

@@ -18,17 +18,12 @@ from raycl.data.semeval import (
     read_sts_pretrain,
     read_sts_train,
 )
-from raycl.data.semeval_corpus import semeval_files
+from raycl.data.semeval_corpus import OFFICIAL_KEYS, semeval_files
 from raycl.errors import UserError
 from raycl.recipes.sts.negatives import checked_pairs
 from raycl.training.negatives.dense import check_pool
 
-# ---------------------------------------------------------------------------------------------- Subtask B
-B_KEYS = (  # the data keys of Subtask B, in the order a run names those it fills
-    "train_data",
-    *(f"{split}{file}" for split in ("dev", "eval") for file in ("", "_gold", "_submission_format")),
-    "sts_pretrain",
-)
+B_KEYS = ("train_data", *OFFICIAL_KEYS, "sts_pretrain")  # Subtask B's data keys, in the order a run names them
 
 
 def sts_with_data(cfg: StsConfig, data_dir: Path) -> tuple[StsConfig, list[str]]:
