@@ -306,6 +306,14 @@ def test_stable_kl_matches_naive_loop_and_flows_only_through_p() -> None:
     assert abs(float(same)) < 1e-9  # KL(p ‖ p) = 0
 
 
+def test_stable_kl_of_per_token_logits_sums_over_every_position() -> None:
+    """(B, T, C) logits (a token classifier's) are B·T rows of C classes: the naive KL summed over all of them."""
+    torch.manual_seed(3)
+    logits, target = torch.randn(2, 5, 3, dtype=torch.float64), torch.randn(2, 5, 3, dtype=torch.float64)
+    want = naive_kl(logits.reshape(10, 3), target.reshape(10, 3))
+    assert float(stable_kl(logits, target)) == pytest.approx(want, rel=1e-6)
+
+
 def test_stable_kl_of_half_precision_logits_is_computed_in_fp32() -> None:
     torch.manual_seed(2)
     logits, target = torch.randn(4, 3).bfloat16(), torch.randn(4, 3).bfloat16()
