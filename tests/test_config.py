@@ -158,3 +158,15 @@ def test_a_task_that_is_not_a_name_is_one_line_listing_every_task(tmp_path: Path
     with pytest.raises(UserError) as err:
         load_space(str(path))
     assert str(err.value) == f"{path}: config key 'task': expected one of gec, coherence, idiom, sts, got ['gec']"
+
+
+def test_space_names_are_the_yaml_files_of_the_spaces_folder(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    from raycl.config import spaces
+
+    monkeypatch.setattr(spaces, "spaces_dir", lambda: tmp_path / "missing")
+    assert spaces.space_names() == []  # an install without its spaces lists none
+    for name in ("zeta.yaml", "alpha.yaml", "notes.txt", "beta.yml.bak"):
+        (tmp_path / name).write_text("task: gec\n", encoding="utf-8")
+    (tmp_path / "folder.yaml").mkdir()
+    monkeypatch.setattr(spaces, "spaces_dir", lambda: tmp_path)
+    assert spaces.space_names() == ["alpha", "zeta"]
