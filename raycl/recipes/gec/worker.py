@@ -28,7 +28,6 @@ from raycl.training.batching import BatchPlan, shard, sourced
 from raycl.training.negatives import NegativeSource, Place, StaticNegatives
 from raycl.training.optim import build_optimizer, build_scheduler
 from raycl.training.task import Epoch, Keep, LoopSettings, Report, StepContext, TaskBase, TrainState, Worker
-from raycl.training.timing import Window
 
 
 @dataclass(frozen=True)
@@ -68,6 +67,11 @@ class GecTask(TaskBase):
 
     shown: ClassVar[tuple[str, ...]] = ("dev_f05", "timing/mine_wait_fraction")  # on rank 0's progress line
     model_class = Seq2SeqScorer
+    ratios = {
+        "loss": ("loss_sum", "ntokens"),
+        "ce_per_token": ("ce", "ntokens"),
+        "mml_per_token": ("mml", "ntokens"),
+    }
 
     cfg: GecConfig
     phase: str  # pretrain | finetune
@@ -188,18 +192,6 @@ class GecTask(TaskBase):
 
     def compiled_modules(self, st: GecState) -> list[Any]:
         return [st.model.model]  # the HF model inside the scorer: every pass of the step runs its forward
-
-    def metrics(self, st: GecState, window: Window, rep: Report, w: Worker) -> dict[str, Any]:
-        if not window.batches:
-            return {"epoch": st.progress["epoch"]}
-        s = window.sums
-        n = max(s["ntokens"], 1.0)
-        return {
-            "loss": s["loss_sum"] / n,
-            "ce_per_token": s["ce"] / n,
-            "mml_per_token": s["mml"] / n,
-            "epoch": st.progress["epoch"],
-        }
 
     def evaluate(self, st: GecState, rep: Report, w: Worker) -> dict[str, Any]:
         return evaluation.evaluate_split(self.cfg, st.model, st.refs["dev"], prefix="dev") if st.refs else {}
