@@ -26,7 +26,7 @@ from raycl.recipes.gec.step import GecBatch, collate, gec_loss
 from raycl.records import save_dir_atomic
 from raycl.training.batching import BatchPlan, shard, sourced
 from raycl.training.negatives import NegativeSource, Place, StaticNegatives
-from raycl.training.optim import build_optimizer, build_scheduler
+from raycl.training.optim import build_scheduler, from_section
 from raycl.training.task import Epoch, Keep, LoopSettings, Report, StepContext, TaskBase, TrainState, Worker
 
 
@@ -98,9 +98,7 @@ class GecTask(TaskBase):
         examples = load_examples(ph.specs, annotator=cfg.data.annotator)
         source = self._source(examples, w)
         updates = self._updates(model, examples, source, w)
-        optimizer = build_optimizer(
-            model, ph.lr, betas=cfg.optim.betas, eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay
-        )
+        optimizer = from_section(model, cfg.optim, lr=ph.lr)
         scheduler = build_scheduler(
             optimizer,
             cfg.optim.scheduler if ph.name == "finetune" else "fixed",
