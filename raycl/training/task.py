@@ -83,9 +83,6 @@ class Epoch:
     eval_every: int = 0  # updates (steps) of this epoch between reports; 0: none within the epoch
     report_at_end: bool = True  # a report at the epoch's end (the end of training always has one)
     info: dict[str, Any] = field(default_factory=dict)  # Report.info of this epoch's reports (a phase, a setting)
-    # False: batches are read in the training thread, one at a time — for feeds whose reads must see every update
-    # before them (a stream's staleness rule checked against a version that updates move on)
-    read_ahead: bool = True
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,9 @@ STEP, INTERVAL, DATA_WAIT, DATA_WAIT_FRACTION, LR = (
 
 class Window:
     """Sums of one report interval: the step outputs (per micro-batch), updates, steps, step time, the time the
-    step's thread waited for its next batch, wall time. Step outputs may be device tensors: they are summed where
-    they are and read once, at the report (no host-device sync a step)."""
+    step's thread waited for its next batch, wall time. Step outputs may be device tensors (a step need not detach
+    them: they are detached here): they are summed where they are and read once, at the report (no host-device
+    sync a step)."""
 
     def __init__(self) -> None:
         self.reset()

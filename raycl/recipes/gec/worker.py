@@ -159,11 +159,12 @@ class GecTask(TaskBase):
     def epoch(self, st: GecState, w: Worker, epoch: int, start: int) -> Epoch:
         """The source's pools of ``epoch`` with their negatives (a report at its end, as fairseq validates every
         epoch), each pool cut by the token budget. Negatives mined while training with ``sync_every`` > 0 are read
-        in the training thread: the staleness rule checks them against the version that updates move on."""
+        in the training thread (the loop asks the source): the staleness rule checks them against the version
+        that updates move on."""
         assert start == 0, "GEC reports (and checkpoints) only at an epoch's end"
         rng, budget = random.Random(self.cfg.optim.seed * 1000 + epoch), self.ph.max_tokens
         batches = sourced(st.source, epoch, 0, st.model, max_tokens=budget, size=st.num_tokens, rng=rng)
-        return Epoch(batches, read_ahead=st.source.read_ahead)
+        return Epoch(batches)
 
     def collate(self, st: GecState, data: Any) -> GecBatch:
         examples, negatives = data
@@ -179,14 +180,7 @@ class GecTask(TaskBase):
         out = gec_loss(st.model, batch, st.loss_fn, passes=self.cfg.loss.passes)
         ntokens = float(out.ntokens)
         ctx.backward(out.loss, weight=ntokens)
-        loss = out.loss.detach()
-        return {
-            "loss": loss,
-            "loss_sum": loss * ntokens,
-            "ce": out.ce.detach(),
-            "mml": out.mml.detach(),
-            "ntokens": ntokens,
-        }
+        return {"loss": out.loss, "loss_sum": out.loss * ntokens, "ce": out.ce, "mml": out.mml, "ntokens": ntokens}
 
     def compiled_modules(self, st: GecState) -> list[Any]:
         return [st.model.model]  # the HF model inside the scorer: every pass of the step runs its forward
