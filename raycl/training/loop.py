@@ -211,7 +211,9 @@ class Loop:
             self.update(ends_step=batch.ends_step)
             self.window.step_s += time.perf_counter() - t1
             if self.bar is not None:  # the loss is read only when the bar writes (at most once a second)
-                self.bar.update(self.st.progress["step"], loss=out.get("loss", float("nan")), phase="train")
+                loss = out.get("loss", float("nan"))  # detached: a step's outputs may hold their graph
+                loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
+                self.bar.update(self.st.progress["step"], loss=loss, phase="train")
         if self.startup is not None:
             self.startup.step_ends()
 
