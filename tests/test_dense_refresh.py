@@ -65,7 +65,6 @@ def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_l
     from raycl.distributed.miner_pool import MinerFactory
     from raycl.distributed.mining_service import MiningService
     from raycl.miners.dense_io import read_anchor_negatives as read_negatives
-    from raycl.recipes.sts.negatives import refreshed_pairs
     from raycl.recipes.sts.recipe import KIND, miner_options, mining_section
     from raycl.testing.faults import Chaos
     from raycl.training.negatives.dense import refresh_anchors, selected
@@ -91,9 +90,7 @@ def test_miners_re_mine_with_each_version_as_the_pool_would_and_a_killed_miner_l
     service = MiningService.start(factory, mining_section(cfg), world_size=1, seed=0)
     try:
         service.pool.ready()  # both built and asking: round 1's first tasks go to both, miner 0 dies holding one
-        pairs = refreshed_pairs(cfg)
-        assert pairs is not None
-        anchors = refresh_anchors(pairs, 1)
+        anchors = refresh_anchors(rows, 1)  # the rows a refreshing STS trial re-mines
         got = RefreshedNegatives(
             {},
             anchors,

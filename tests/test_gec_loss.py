@@ -24,7 +24,7 @@ from raycl.losses.label_smoothed_nll import label_smoothed_nll
 from raycl.models.seq2seq import Seq2SeqScorer
 from raycl.models.tokenizer import train_bpe_tokenizer
 from raycl.recipes.gec.step import GecBatch, collate, gec_loss
-from raycl.testing.gec_batches import batch_from_tensors
+from raycl.testing.gec_batches import batch_from_tensors, positives
 from raycl.training.prefetch import move
 
 EPS = 0.1
@@ -177,9 +177,7 @@ def test_collate_pads_to_a_multiple_and_tensors_round_trip(scorer: Seq2SeqScorer
         row = plain.row_tgt[4:][(plain.row_sentence[4:] == i) & (plain.row_slot[4:] == j)][0]
         negs[i, j, : row.numel()] = row
     negs[1, 0, :3] = 7  # filler (n_1 = 0) is ignored whatever it holds
-    again = batch_from_tensors(
-        plain.src_ids, plain.src_mask, plain.target_ids, negs, plain.n_neg, pad_id=scorer.pad_id, num_slots=4
-    )
+    again = batch_from_tensors(*positives(plain), negs, plain.n_neg, pad_id=scorer.pad_id, num_slots=4)
     for f in ("row_src", "row_src_mask", "row_tgt", "row_sentence", "row_slot", "n_neg"):
         assert torch.equal(getattr(again, f), getattr(plain, f)), f
     assert (again.ntokens, again.spans, again.src_padded) == (plain.ntokens, plain.spans, plain.src_padded)
@@ -228,11 +226,12 @@ def test_trade_off_zero_is_label_smoothed_cross_entropy(scorer: Seq2SeqScorer) -
     scorer.eval()
     batch = _batch(scorer)
     out = gec_loss(scorer, batch, GecContrastiveLoss(margin=100.0, trade_off=0.0, label_smoothing=EPS))
-    prev = scorer.shift_right(batch.target_ids)
-    logits = scorer.model(input_ids=batch.src_ids, attention_mask=batch.src_mask, decoder_input_ids=prev).logits
+    src_ids, src_mask, target_ids = positives(batch)
+    prev = scorer.shift_right(target_ids)
+    logits = scorer.model(input_ids=src_ids, attention_mask=src_mask, decoder_input_ids=prev).logits
     # torch's label_smoothing spreads ε uniformly over V classes, the same formula as fairseq's.
     want = F.cross_entropy(
-        logits.flatten(0, 1), batch.target_ids.flatten(), ignore_index=scorer.pad_id, label_smoothing=EPS
+        logits.flatten(0, 1), target_ids.flatten(), ignore_index=scorer.pad_id, label_smoothing=EPS
     )
     assert out.mml.item() > 0  # the margin term is live, yet weighted out
     assert out.loss.item() == pytest.approx(want.item(), rel=1e-9)
@@ -440,7 +439,7 @@ def test_the_step_reads_nothing_back_from_the_device(scorer: Seq2SeqScorer, pass
 
 def _saved_full_vocabulary(model: Seq2SeqScorer, batch: GecBatch, precision: str) -> list[torch.dtype]:
     """dtypes of the (rows·T·V)-element tensors the step keeps for its backward (one entry per storage)."""
-    full = batch.num_rows * batch.row_tgt.shape[1] * model.model.config.vocab_size
+    full = batch.row_tgt.numel() * model.model.config.vocab_size
     kept: dict[int, torch.dtype] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,7 @@ from raycl.models.tokenizer import train_bpe_tokenizer
 from raycl.recipes.gec.step import collate, gec_loss
 from raycl.recipes.gec.worker import GecState, GecTask
 from raycl.records import read_history
+from raycl.testing.gec_batches import positives
 from raycl.testing.session import LocalSession
 from raycl.training import loop
 from raycl.training.precision import Precision
@@ -320,9 +321,8 @@ def test_bf16_and_fp32_gec_losses_agree_and_stay_fp32(tmp_path: Path) -> None:
     loss_fn = GecContrastiveLoss(margin=1.0, trade_off=0.5, label_smoothing=0.1)
     fp32 = gec_loss(scorer, batch, loss_fn)
     with Precision("bf16", torch.device("cpu")).autocast():
-        lprobs = scorer.log_probs(
-            batch.src_ids, batch.src_mask, scorer.shift_right(batch.target_ids), batch.target_ids
-        )
+        src_ids, src_mask, target_ids = positives(batch)
+        lprobs = scorer.log_probs(src_ids, src_mask, scorer.shift_right(target_ids), target_ids)
         bf16 = gec_loss(scorer, batch, loss_fn)
     assert lprobs.dtype == torch.float32 and bf16.loss.dtype == torch.float32  # log-softmax sums in fp32
     torch.testing.assert_close(bf16.loss, fp32.loss, rtol=3e-2, atol=1e-2)
@@ -681,6 +681,20 @@ def test_an_intervals_sums_do_not_alias_a_steps_output() -> None:
     out.fill_(100.0)  # the next replay writes the same memory
     window.add({"loss": torch.tensor(3.0), "n": 1.0}, 0.0)
     assert window.sums == {"loss": 5.0, "n": 2.0}
+
+
+def test_an_intervals_ratios_divide_one_outputs_sum_by_anothers() -> None:
+    """``TaskBase.ratios``: a loss per token is the interval's summed losses ÷ its tokens (not the mean of the
+    batches' per-token losses); the plain means are per batch; no batch yet, no ratio."""
+    window = Window()
+    assert window.means({"loss": ("loss_sum", "ntokens")}) == {}
+    window.add({"loss_sum": torch.tensor(6.0), "ntokens": 2.0}, 0.0)
+    window.add({"loss_sum": torch.tensor(4.0), "ntokens": 8.0}, 0.0)
+    assert window.means({"loss": ("loss_sum", "ntokens"), "per_batch": ("ntokens", "missing")}) == {
+        "loss": 1.0,  # (6 + 4) / (2 + 8); the batches' own ratios, 3 and 0.5, would average 1.75
+        "per_batch": 10.0,  # a missing denominator counts as 1
+    }
+    assert window.means() == {"loss_sum": 5.0, "ntokens": 5.0}
 
 
 def test_a_micro_batch_under_cuda_graphs_marks_a_new_step(tmp_path: Path, monkeypatch) -> None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from raycl.training import optim
-from raycl.training.optim import adamw, adamw_no_decay, build_optimizer, build_scheduler, fusable
+from raycl.training.optim import adamw, adamw_no_decay, build_optimizer, build_scheduler, from_section, fusable
 
 LR = 0.5
 
@@ -72,6 +72,19 @@ def test_adamw_takes_the_trainable_parameters_and_the_settings() -> None:
     assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (0.01, (0.8, 0.95), 1e-6, 0.1)
     defaults = build_optimizer(model, 0.02).param_groups[0]
     assert (defaults["betas"], defaults["eps"], defaults["weight_decay"]) == ((0.9, 0.98), 1e-8, 0.0)
+
+
+def test_an_optim_sections_adamw_takes_its_settings_and_adamws_betas_where_it_has_none() -> None:
+    from raycl.config.sections import OptimSection
+    from raycl.config.tasks.idiom import IdiomOptimSection
+
+    model = torch.nn.Linear(3, 2)
+    gec = OptimSection(lr=0.01, betas=[0.8, 0.95], eps=1e-6, weight_decay=0.1)
+    (group,) = from_section(model, gec, lr=0.03).param_groups  # a phase's own rate (GEC's pretraining)
+    assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (0.03, (0.8, 0.95), 1e-6, 0.1)
+    idiom = IdiomOptimSection(lr=2e-5, weight_decay=0.01)  # no betas: AdamW's own, its eps 1e-6
+    (group,) = from_section(model, idiom).param_groups
+    assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (2e-5, (0.9, 0.999), 1e-6, 0.01)
 
 
 class _Tensor:

@@ -32,3 +32,10 @@ def batch_from_tensors(
         for slots, c in zip(neg_ids.tolist(), counts, strict=True)
     ]
     return _assemble(sources, targets, negs, pad_id=pad_id, num_slots=num_slots, multiple=pad_to_multiple_of)
+
+
+def positives(batch: GecBatch) -> tuple[Tensor, Tensor, Tensor]:
+    """The positives' sources (B, S₀), their mask and their gold targets (B, T₀), each at its own longest: the
+    batch's sentences as a plain forward takes them."""
+    b, sp = batch.num_sentences, batch.spans[0]
+    return batch.row_src[:b, : sp.src_len], batch.row_src_mask[:b, : sp.src_len], batch.row_tgt[:b, : sp.tgt_len]

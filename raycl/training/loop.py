@@ -154,7 +154,9 @@ class Loop:
             self.current = self.task.epoch(st, w, epoch, p["batch"])
             self.compile()  # (again where an epoch replaced the model: a fit starting from a kept one)
             collate = functools.partial(self.task.collate, st)
-            depth = self.s.prefetch if self.current.read_ahead else 0
+            # a source whose reads must see every update before them (a stream's staleness rule checked against a
+            # version that updates move on) is read in the training thread, one batch at a time
+            depth = self.s.prefetch if st.source is None or st.source.read_ahead else 0
             with Prefetcher(self.current.batches, collate, device=w.device, depth=depth) as feed:
                 waited = (0.0, 0.0)
                 for batch in feed:
@@ -209,7 +211,9 @@ class Loop:
             self.update(ends_step=batch.ends_step)
             self.window.step_s += time.perf_counter() - t1
             if self.bar is not None:  # the loss is read only when the bar writes (at most once a second)
-                self.bar.update(self.st.progress["step"], loss=out.get("loss", float("nan")), phase="train")
+                loss = out.get("loss", float("nan"))  # detached: a step's outputs may hold their graph
+                loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
+                self.bar.update(self.st.progress["step"], loss=loss, phase="train")
         if self.startup is not None:
             self.startup.step_ends()
 

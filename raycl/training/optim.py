@@ -22,6 +22,13 @@ def build_optimizer(
     return adamw(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
 
 
+def from_section(model: torch.nn.Module, o: Any, *, lr: float | None = None) -> torch.optim.Optimizer:
+    """:func:`build_optimizer` from a recipe's ``optim`` section: its ``lr`` (unless ``lr``), ``eps`` and
+    ``weight_decay``, and its ``betas`` where it has them (else AdamW's own, (0.9, 0.999))."""
+    betas = getattr(o, "betas", (0.9, 0.999))
+    return build_optimizer(model, o.lr if lr is None else lr, betas=betas, eps=o.eps, weight_decay=o.weight_decay)
+
+
 def adamw(
     params: Iterable[Any],
     *,

@@ -83,9 +83,6 @@ class Epoch:
     eval_every: int = 0  # updates (steps) of this epoch between reports; 0: none within the epoch
     report_at_end: bool = True  # a report at the epoch's end (the end of training always has one)
     info: dict[str, Any] = field(default_factory=dict)  # Report.info of this epoch's reports (a phase, a setting)
-    # False: batches are read in the training thread, one at a time — for feeds whose reads must see every update
-    # before them (a stream's staleness rule checked against a version that updates move on)
-    read_ahead: bool = True
 
 
 @dataclass(frozen=True)
@@ -211,7 +208,7 @@ class TaskBase:
       a seed, DDP, a first fp16 loss scale — gives the property itself);
     - ``load_model``: ``model_class.from_pretrained(path)``;
     - ``start``: rank 0's ``evaluator(cfg)`` in ``state.evals`` (no ``evaluator``: none);
-    - ``metrics``: the interval's mean step outputs and the epoch;
+    - ``metrics``: the interval's mean step outputs (or its ``ratios``) and the epoch;
     - ``evaluate``: ``state.evals.dev(model)``, the dev scores;
     - ``keep``: the best model by the dev metric ``kept`` (higher is better) in ``best_model/`` (``kept`` empty:
       none is kept).
@@ -225,6 +222,9 @@ class TaskBase:
     model_class: ClassVar[Any] = None  # a class with ``from_pretrained(path)``
     evaluator: ClassVar[Any] = None  # a class built from the config on rank 0, with ``dev(model)``
     kept: ClassVar[str] = ""  # the metric the kept model is the best by
+    # metric → (step output, step output): reported as the interval's sum of the one ÷ the other's (a loss per
+    # token: the summed losses ÷ the tokens) instead of every output's mean per batch (Window.means)
+    ratios: ClassVar[dict[str, tuple[str, str]]] = {}
 
     @property
     def settings(self) -> LoopSettings:
@@ -246,7 +246,7 @@ class TaskBase:
         pass
 
     def metrics(self, st: Any, window: Window, rep: Report, w: Worker) -> dict[str, Any]:
-        return {**window.means(), "epoch": st.progress["epoch"]}
+        return {**window.means(self.ratios), "epoch": st.progress["epoch"]}
 
     def evaluate(self, st: Any, rep: Report, w: Worker) -> dict[str, Any]:
         assert st.evals is not None, "rank 0 evaluates with the evaluator its start built"

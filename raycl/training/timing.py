@@ -15,6 +15,7 @@ Every report of every recipe holds, from the loop (not the recipe):
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -30,8 +31,9 @@ STEP, INTERVAL, DATA_WAIT, DATA_WAIT_FRACTION, LR = (
 
 class Window:
     """Sums of one report interval: the step outputs (per micro-batch), updates, steps, step time, the time the
-    step's thread waited for its next batch, wall time. Step outputs may be device tensors: they are summed where
-    they are and read once, at the report (no host-device sync a step)."""
+    step's thread waited for its next batch, wall time. Step outputs may be device tensors (a step need not detach
+    them: they are detached here): they are summed where they are and read once, at the report (no host-device
+    sync a step)."""
 
     def __init__(self) -> None:
         self.reset()
@@ -72,8 +74,13 @@ class Window:
             self._skipped = int(self._skipped)
         return int(self._skipped)
 
-    def means(self) -> dict[str, float]:
-        return {k: v / max(self.batches, 1) for k, v in self.sums.items()}
+    def means(self, ratios: Mapping[str, tuple[str, str]] | None = None) -> dict[str, float]:
+        """Every step output's mean per batch; with ``ratios`` (name → (output, output)), the interval's sum of
+        the one ÷ the other's (at least 1), for those the interval has (none before its first batch)."""
+        s = self.sums
+        if ratios:
+            return {k: s[a] / max(s.get(b, 0.0), 1.0) for k, (a, b) in ratios.items() if a in s}
+        return {k: v / max(self.batches, 1) for k, v in s.items()}
 
     def wall(self) -> float:
         return time.perf_counter() - self.t0

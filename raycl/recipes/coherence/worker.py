@@ -33,7 +33,7 @@ from raycl.recipes.coherence.inputs import in_training_order
 from raycl.recipes.coherence.step import CoherenceBatch, coherence_loss, collate
 from raycl.training.batching import BatchPlan, sourced
 from raycl.training.negatives import Place
-from raycl.training.optim import adamw
+from raycl.training.optim import from_section
 from raycl.training.prefetch import Call
 from raycl.training.state import CheckpointedRandom
 from raycl.training.task import Batch, Epoch, Report, StepContext, TaskBase, TrainState, Worker
@@ -95,7 +95,7 @@ class CoherenceTask(TaskBase):
 
     def build(self, model: CoherenceScorer, w: Worker, progress: dict[str, Any] | None) -> CoherenceState:
         c, o = self.cfg, self.cfg.optim
-        optimizer = adamw(model.parameters(), lr=o.lr, eps=o.eps, weight_decay=o.weight_decay)
+        optimizer = from_section(model, o)
         extras: dict[str, Any] = {
             "queue": NegativeQueue(
                 int(model.encoder.config.hidden_size), size=c.momentum.queue_size, num_negs=c.mining.num_negs

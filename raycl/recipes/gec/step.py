@@ -69,24 +69,6 @@ class GecBatch:
     def num_sentences(self) -> int:
         return self.spans[0].stop
 
-    @property
-    def num_rows(self) -> int:
-        return self.row_tgt.shape[0]
-
-    @property
-    def src_ids(self) -> Tensor:
-        """The positives' sources (B, S₀), S₀ their own longest."""
-        return self.row_src[: self.num_sentences, : self.spans[0].src_len]
-
-    @property
-    def src_mask(self) -> Tensor:
-        return self.row_src_mask[: self.num_sentences, : self.spans[0].src_len]
-
-    @property
-    def target_ids(self) -> Tensor:
-        """The gold targets (B, T₀), T₀ their own longest."""
-        return self.row_tgt[: self.num_sentences, : self.spans[0].tgt_len]
-
 
 def collate(
     examples: Sequence[GecExample],

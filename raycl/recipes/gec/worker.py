@@ -26,9 +26,8 @@ from raycl.recipes.gec.step import GecBatch, collate, gec_loss
 from raycl.records import save_dir_atomic
 from raycl.training.batching import BatchPlan, shard, sourced
 from raycl.training.negatives import NegativeSource, Place, StaticNegatives
-from raycl.training.optim import build_optimizer, build_scheduler
+from raycl.training.optim import build_scheduler, from_section
 from raycl.training.task import Epoch, Keep, LoopSettings, Report, StepContext, TaskBase, TrainState, Worker
-from raycl.training.timing import Window
 
 
 @dataclass(frozen=True)
@@ -68,6 +67,11 @@ class GecTask(TaskBase):
 
     shown: ClassVar[tuple[str, ...]] = ("dev_f05", "timing/mine_wait_fraction")  # on rank 0's progress line
     model_class = Seq2SeqScorer
+    ratios = {
+        "loss": ("loss_sum", "ntokens"),
+        "ce_per_token": ("ce", "ntokens"),
+        "mml_per_token": ("mml", "ntokens"),
+    }
 
     cfg: GecConfig
     phase: str  # pretrain | finetune
@@ -94,9 +98,7 @@ class GecTask(TaskBase):
         examples = load_examples(ph.specs, annotator=cfg.data.annotator)
         source = self._source(examples, w)
         updates = self._updates(model, examples, source, w)
-        optimizer = build_optimizer(
-            model, ph.lr, betas=cfg.optim.betas, eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay
-        )
+        optimizer = from_section(model, cfg.optim, lr=ph.lr)
         scheduler = build_scheduler(
             optimizer,
             cfg.optim.scheduler if ph.name == "finetune" else "fixed",
@@ -157,11 +159,12 @@ class GecTask(TaskBase):
     def epoch(self, st: GecState, w: Worker, epoch: int, start: int) -> Epoch:
         """The source's pools of ``epoch`` with their negatives (a report at its end, as fairseq validates every
         epoch), each pool cut by the token budget. Negatives mined while training with ``sync_every`` > 0 are read
-        in the training thread: the staleness rule checks them against the version that updates move on."""
+        in the training thread (the loop asks the source): the staleness rule checks them against the version
+        that updates move on."""
         assert start == 0, "GEC reports (and checkpoints) only at an epoch's end"
         rng, budget = random.Random(self.cfg.optim.seed * 1000 + epoch), self.ph.max_tokens
         batches = sourced(st.source, epoch, 0, st.model, max_tokens=budget, size=st.num_tokens, rng=rng)
-        return Epoch(batches, read_ahead=st.source.read_ahead)
+        return Epoch(batches)
 
     def collate(self, st: GecState, data: Any) -> GecBatch:
         examples, negatives = data
@@ -177,29 +180,10 @@ class GecTask(TaskBase):
         out = gec_loss(st.model, batch, st.loss_fn, passes=self.cfg.loss.passes)
         ntokens = float(out.ntokens)
         ctx.backward(out.loss, weight=ntokens)
-        loss = out.loss.detach()
-        return {
-            "loss": loss,
-            "loss_sum": loss * ntokens,
-            "ce": out.ce.detach(),
-            "mml": out.mml.detach(),
-            "ntokens": ntokens,
-        }
+        return {"loss": out.loss, "loss_sum": out.loss * ntokens, "ce": out.ce, "mml": out.mml, "ntokens": ntokens}
 
     def compiled_modules(self, st: GecState) -> list[Any]:
         return [st.model.model]  # the HF model inside the scorer: every pass of the step runs its forward
-
-    def metrics(self, st: GecState, window: Window, rep: Report, w: Worker) -> dict[str, Any]:
-        if not window.batches:
-            return {"epoch": st.progress["epoch"]}
-        s = window.sums
-        n = max(s["ntokens"], 1.0)
-        return {
-            "loss": s["loss_sum"] / n,
-            "ce_per_token": s["ce"] / n,
-            "mml_per_token": s["mml"] / n,
-            "epoch": st.progress["epoch"],
-        }
 
     def evaluate(self, st: GecState, rep: Report, w: Worker) -> dict[str, Any]:
         return evaluation.evaluate_split(self.cfg, st.model, st.refs["dev"], prefix="dev") if st.refs else {}

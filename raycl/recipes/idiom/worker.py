@@ -35,11 +35,9 @@ from raycl.models.classifier import encode_batch, load_classifier
 from raycl.models.masks import prepared
 from raycl.recipes.idiom.evaluation import Evaluator, model_input
 from raycl.training.batching import BatchPlan
-from raycl.training.optim import adamw, build_scheduler
+from raycl.training.optim import build_scheduler, from_section
 from raycl.training.task import Batch, Epoch, LoopSettings, Report, StepContext, TaskBase, TrainState, Worker
 from raycl.training.timing import Window
-
-BEST_MODEL = "best_model"  # where TaskBase.keep keeps the best model
 
 
 def train_examples(cfg: IdiomConfig, setting: str) -> list[IdiomExample]:
@@ -92,9 +90,7 @@ class IdiomTask(TaskBase):
         cfg, o, a = self.cfg, self.cfg.optim, self.cfg.adversarial
         examples = train_examples(cfg, self.setting)
         total = max(self._plan(len(examples), w).updates(o.epochs, o.update_freq), 1)
-        optimizer = adamw(
-            [p for p in model.parameters() if p.requires_grad], lr=o.lr, eps=o.eps, weight_decay=o.weight_decay
-        )
+        optimizer = from_section(model, o)
         scheduler = build_scheduler(optimizer, "polynomial", warmup=math.ceil(o.warmup_ratio * total), total=total)
         extras = {"ema": EMA(model, decay=cfg.ema.decay)} if cfg.ema.enabled else {}
         adversary = build_adversarial(
@@ -192,8 +188,8 @@ class IdiomTask(TaskBase):
         }
         if st.evals is None:
             return metrics
-        kept = w.out_dir / BEST_MODEL
+        kept = self.kept_or_initial(w, "best_model", trained=self.cfg.optim.epochs > 0)  # TaskBase.keep's
         model: Any  # HF's typing of PreTrainedModel.to rejects a device
-        model, tokenizer = load_classifier(kept if (kept / "config.json").exists() else w.job.init_model)
+        model, tokenizer = load_classifier(kept)
         model.to(w.device).eval()
         return {**metrics, **st.evals.final(model, tokenizer, w.out_dir)}

@@ -45,8 +45,3 @@ def run_pool(cfg: StsConfig, model: Path, mining_dir: Path) -> Path:
     m = cfg.mining
     out = mining_dir / f"dense-pool{m.pool}-score{m.positive_min_score:g}"
     return mine_pool_once(*checked_pairs(cfg), model, out, pool=m.pool, batch_size=cfg.eval.batch_size)
-
-
-def refreshed_pairs(cfg: StsConfig) -> list[dict[str, str]] | None:
-    """``mining.refresh``: the (anchor, positive) rows the miners re-mine; None without it."""
-    return checked_pairs(cfg)[0] if cfg.refreshes else None

@@ -28,7 +28,7 @@ from raycl.memory.moco import MoCoKeyEncoder
 from raycl.models.sentence_encoder import SentenceEncoder
 from raycl.recipes.sts import evaluation
 from raycl.recipes.sts.fits import Fit, Pair, finetune_pairs, fits, pair_sentences, pretrain_pairs, warmup_steps
-from raycl.recipes.sts.negatives import refreshed_pairs
+from raycl.recipes.sts.negatives import checked_pairs
 from raycl.recipes.sts.step import StsBatch, collate, sts_loss
 from raycl.training import optim as optimizers
 from raycl.training.batching import BatchPlan, Loader
@@ -76,13 +76,14 @@ class StsTask(TaskBase):
         st = StsState(model, [], [], dict(progress or {}), per_rank=("moco",))  # its ring holds this rank's keys
         self._key_encoder(st, w)
         if (c := self.cfg).mines_dense:  # every rank reads the run's pool (a folder all workers share)
-            rows = refreshed_pairs(c)
+            rows = checked_pairs(c)[0] if c.refreshes else None  # mining.refresh: the rows the miners re-mine
             st.source = open_dense(c.mining, w.job.negatives, rows, w)
             if rows is not None:
                 st.extras["refresh"] = st.source  # checkpoints keep its version and cadence
         self.build_stages(st, w)
         st.total_updates = sum(
-            self._fit_updates(f, n, w) for f, n in zip(self.stages(), self._fit_sizes(), strict=True)
+            self._fit_plan(f, n, w).updates(f.epochs, self.cfg.optim.update_freq)
+            for f, n in zip(self.stages(), self._fit_sizes(), strict=True)
         )
         return st
 
@@ -106,9 +107,6 @@ class StsTask(TaskBase):
             loaders, batch_size=self.cfg.optim.batch_size, seed=fit.seed, rank=w.rank, world_size=w.world_size
         )
 
-    def _fit_updates(self, fit: Stage, pairs: int, w: Worker) -> int:
-        return self._fit_plan(fit, pairs, w).updates(fit.epochs, self.cfg.optim.update_freq)
-
     def _key_encoder(self, st: StsState, w: Worker) -> None:
         c = self.cfg
         st.extras.pop("moco", None)
@@ -128,9 +126,9 @@ class StsTask(TaskBase):
     def start_stage(self, st: StsState, w: Worker, k: int, *, resumed: bool) -> None:
         """The fit's data and fresh optimisers and schedules, as every ``fit`` call: one per objective with
         ``alternate``. Fine-tuning's first fit starts from the kept pre-trained model."""
-        cfg, o, plan = self.cfg, self.cfg.optim, self.stages()
-        fit = plan[k]
-        if fit.name == "fine_tune" and not resumed and (k == 0 or plan[k - 1].name == "pre_train"):
+        cfg, o, stages = self.cfg, self.cfg.optim, self.stages()
+        fit = stages[k]
+        if fit.name == "fine_tune" and not resumed and (k == 0 or stages[k - 1].name == "pre_train"):
             st.model = SentenceEncoder.from_pretrained(self._kept(w, "pre_train")).to(w.device)
             self._key_encoder(st, w)
         if fit.name == "pre_train":
@@ -139,9 +137,9 @@ class StsTask(TaskBase):
             labeller = SentenceEncoder.from_pretrained(self._kept(w, "pre_train")).to(w.device)
             st.pairs = finetune_pairs(cfg, labeller.eval())
         st.sentences = pair_sentences(st.pairs) if cfg.loss.lam > 0 else []
-        batches = len(self._fit_plan(fit, len(st.pairs), w))
+        plan = self._fit_plan(fit, len(st.pairs), w)
         # the released warm-up is in sentence-transformers' steps (batches of the global batch): ÷ update_freq
-        steps = self._fit_updates(fit, len(st.pairs), w)
+        batches, steps = len(plan), plan.updates(fit.epochs, o.update_freq)
         pb, sb = (math.ceil(len(x) / (w.world_size * o.batch_size)) for x in (st.pairs, st.sentences))  # loaders
         warmup = warmup_steps(cfg, fit, steps=max(batches * fit.epochs, 1), pair_batches=pb, sentence_batches=sb)
         warmup = math.ceil(warmup / o.update_freq)
@@ -171,12 +169,7 @@ class StsTask(TaskBase):
                 batches += [Batch(("mse", pairs, []), ends_step=False), Batch(("con", [], sentences), optimizer=1)]
             else:
                 batches.append(Batch(("joint", pairs, sentences)))
-        return Epoch(
-            batches[start:],
-            eval_every=fit.eval_every,
-            info={"setting": fit.name},
-            read_ahead=st.source is None or st.source.read_ahead,
-        )  # refreshed: under the update's version
+        return Epoch(batches[start:], eval_every=fit.eval_every, info={"setting": fit.name})
 
     def collate(self, st: StsState, data: Any) -> StsBatch:
         return collate(st.model, data, st.source or {}, pad_to_multiple_of=self.settings.pad_to_multiple_of)
