@@ -58,9 +58,7 @@ def test_tune_sweep_and_baselines_on_local_ray(ray_local, tmp_path: Path) -> Non
         "scaling.num_workers=1",
         "scaling.cpus_per_worker=0.5",
         "tune.driver_cpus=0.1",
-        # the three baselines side by side (0.1 + 0.5 CPU each in the test's 2-CPU Ray; no trial has miners of its
-        # own): each training is mostly its processes starting
-        "tune.max_concurrent_trials=3",
+        "tune.max_concurrent_trials=2",
     ]
     space = load_space("gec_pd", preset="smoke", overrides=over)
     space.search = {"loss.margin": {"grid": [0.25, 0.85]}, "mining.k": {"grid": [2]}}

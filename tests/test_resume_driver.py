@@ -23,7 +23,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -146,40 +145,11 @@ def _tables(report: Path) -> list[str]:
     return [line for line in report.read_text(encoding="utf-8").splitlines() if line.startswith("|")]
 
 
-def _whole_on_s3(space_file: Path, uri: str, env: dict[str, str]) -> dict[str, Any]:
-    """The uninterrupted sweep on S3 (its own embedded Ray) and what the test reads back from the bucket once it
-    ended (every object, every trial's history, the report); then the check a restore makes of Tune's state in the
-    bucket, and the same command again, which restores it from there."""
-    from raycl.distributed import tune_state
-
-    cmd = [*_cli("tune", str(space_file), uri, SETS), "--json"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    objects = objects_of_a_run(uri)  # every file of the run, its manifest last
-    trials = sorted({k.split("/")[1] for k in objects if k.startswith("trials/")})
-    histories = [storage.read_text(f"{uri}/trials/{t}/history.jsonl") for t in trials]
-    read = {"done": done, "objects": objects, "trials": trials, "histories": histories}
-    read["report"] = storage.read_text(f"{uri}/report.md")
-    fs, where = storage.filesystem(f"{uri}/ray")
-    for name in ("sweep", "baselines"):  # what raycl recorded writing, every version of it
-        assert {"tuner.pkl"} < set(tune_state.checked(fs, f"{where}/{name}", f"{uri}/ray/{name}"))
-    t0 = time.monotonic()
-    read["again"] = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    print(f"\nthe finished sweep restored from the bucket in {time.monotonic() - t0:.0f} s")  # the note's figure
-    return read
-
-
 def test_a_sweep_whose_driver_was_killed_continues_where_it_was(
     ray_local, s3: dict[str, str], tmp_path: Path
 ) -> None:
     address = ray_local.get_runtime_context().gcs_address
     space_file, out = _space_file(tmp_path), tmp_path / "run"
-    # The same sweep, uninterrupted, run as a user runs it on a cluster whose storage is S3 (a real S3 API server
-    # on localhost, its endpoint and credentials from the environment), then restored from the bucket: a run of
-    # its own (its own Ray, its own folder in the bucket), so it runs beside the killed one — most of either is
-    # processes starting and waiting, not computing — and is checked once both are over.
-    uri = f"s3://{S3_BUCKET}/whole"
-    whole = ThreadPoolExecutor(1).submit(_whole_on_s3, space_file, uri, {**_env(), **s3, "PYTHONPATH": str(ROOT)})
     cmd = _cli("tune", str(space_file), out, SETS, address)
     _kill_when(cmd, _ended_and_checkpointed(out, lambda trial_id: f"train-trial_id={trial_id}"))
     ended = [t.name for t in (out / "trials").iterdir() if is_done(t)]
@@ -197,9 +167,16 @@ def test_a_sweep_whose_driver_was_killed_continues_where_it_was(
     again = [s for s in starts.values() if len(s) > 1]
     assert len(again) == 1 and len(again[0]) == 2 and again[0][1]["resumed"] and again[0][1]["step"] > 0
 
-    # The uninterrupted sweep on S3: its report and histories are read back from the bucket.
-    read = whole.result(timeout=1200)
-    summary = json.loads(read["done"].stdout)
+    # The same sweep, uninterrupted, run as a user runs it on a cluster whose storage is S3 (a real S3 API
+    # server on localhost, its endpoint and credentials from the environment): its report and histories are
+    # read back from the bucket.
+    uri = f"s3://{S3_BUCKET}/whole"
+    env = {**_env(), **s3, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [*_cli("tune", str(space_file), uri, SETS), "--json"], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
     assert not summary["failed_trials"] and summary["store"] == uri
     assert [r["method"] for r in summary["table"]] == ["baseline", "+ EMA + SMART", "sweep best"]
     assert all(
@@ -207,8 +184,9 @@ def test_a_sweep_whose_driver_was_killed_continues_where_it_was(
         for r in summary["table"]
     )
     assert summary["best"]["zero_shot"]["strategy"] == "+ EMA + FGM" and set(summary["best"]) == {"zero_shot"}
-    objects, trials = read["objects"], read["trials"]
+    objects = objects_of_a_run(uri)  # every file of the run, its manifest last
     assert {"dev.submission.csv", "dev_f1.png", "report.md", "results.csv", "best.json"} <= set(objects)
+    trials = sorted({k.split("/")[1] for k in objects if k.startswith("trials/")})
     assert len(trials) == 4 and all(f"trials/{t}/best_model/model.safetensors" in objects for t in trials)
     assert any(k.startswith("ray/sweep/experiment_state") for k in objects), sorted(objects)  # Tune's own state
     assert all(any(k.startswith(f"ray/train-trial_id={t}/checkpoint_") for k in objects) for t in trials)
@@ -217,21 +195,31 @@ def test_a_sweep_whose_driver_was_killed_continues_where_it_was(
         (
             [
                 {k: v for k, v in json.loads(line).items() if not k.startswith("timing/")}
-                for line in text.splitlines()
+                for line in storage.read_text(f"{uri}/trials/{t}/history.jsonl").splitlines()
                 if line
             ]
-            for text in read["histories"]
+            for t in trials
         ),
         key=json.dumps,
     )
     assert _same(_histories(out), histories)
-    assert _tables(out / "report.md") == [line for line in read["report"].splitlines() if line.startswith("|")]
+    report = storage.read_text(f"{uri}/report.md")
+    assert _tables(out / "report.md") == [line for line in report.splitlines() if line.startswith("|")]
 
-    # Restoring it from the store (issue 29): Tune's state in the bucket was what raycl recorded writing, every
-    # version of it (checked in :func:`_whole_on_s3` before the restore), and the same command again restored both
-    # sweeps from the bucket through raycl's guarded store — the finished sweep's results and report as they were.
-    restored = read["again"]
-    assert restored.returncode == 0, restored.stderr[-3000:]
+    # Restoring it from the store (issue 29): Tune's state in the bucket is what raycl recorded writing, every
+    # version of it (the check a restore makes), and the same command again restores both sweeps from the bucket
+    # through raycl's guarded store — the finished sweep's results and report as they were.
+    from raycl.distributed import tune_state
+
+    fs, where = storage.filesystem(f"{uri}/ray")
     for name in ("sweep", "baselines"):
-        assert f"[raycl] resumed sweep: continuing the experiment stored at {uri}/ray/{name}" in restored.stderr
-    assert json.loads(restored.stdout)["table"] == summary["table"]
+        assert {"tuner.pkl"} < set(tune_state.checked(fs, f"{where}/{name}", f"{uri}/ray/{name}"))
+    t0 = time.monotonic()
+    again = subprocess.run(
+        [*_cli("tune", str(space_file), uri, SETS), "--json"], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    print(f"\nthe finished sweep restored from the bucket in {time.monotonic() - t0:.0f} s")  # the note's figure
+    for name in ("sweep", "baselines"):
+        assert f"[raycl] resumed sweep: continuing the experiment stored at {uri}/ray/{name}" in again.stderr
+    assert json.loads(again.stdout)["table"] == summary["table"]

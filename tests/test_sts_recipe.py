@@ -120,17 +120,7 @@ def test_epoch_batches_give_every_rank_the_same_steps_and_end_with_the_shorter_l
 
 
 def test_tune_sweep_runs_table_5s_ladder(ray_local, tmp_path: Path) -> None:
-    # two trainings side by side in the test's 2-CPU Ray (the smoke preset, a 2-core demo, runs one at a time):
-    # each is mostly its processes starting. A trial reserves 0.1 + 0.25 + 0.5 CPU (driver, miner, worker); a
-    # miner's 0.25 or 0.5 gives it the same one thread
-    over = [
-        *TINY,
-        "scaling.cpus_per_worker=0.5",
-        "tune.driver_cpus=0.1",
-        "tune.max_concurrent_trials=2",
-        "mining.cpus_per_miner=0.25",
-        "finetune.epochs=0",
-    ]
+    over = [*TINY, "scaling.cpus_per_worker=0.5", "tune.driver_cpus=0.1", "finetune.epochs=0"]
     space = load_space("sts", preset="smoke", overrides=over)
     space.search = {"moco.queue_size": {"grid": [8]}}
     del space.baselines["cross_attention"]  # three trials keep the file near its time budget; the demo runs all
