@@ -64,6 +64,21 @@ def test_round_trip_through_dict() -> None:
     assert from_dict(GecConfig, to_dict(c)) == c
 
 
+def test_a_dict_with_an_unknown_key_is_refused_naming_it_from_the_top() -> None:
+    data = to_dict(GecConfig())
+    data["margn"] = 1
+    with pytest.raises(UserError) as top:
+        from_dict(GecConfig, data)
+    assert str(top.value).startswith("config: unknown config key 'margn' (known here: data, eval, loss,")
+    data = to_dict(GecConfig())
+    data["loss"]["margn"] = 1
+    with pytest.raises(UserError) as inner:
+        from_dict(GecConfig, data)
+    assert str(inner.value) == (
+        "config: unknown config key 'loss.margn' (known here: label_smoothing, margin, passes, trade_off)"
+    )
+
+
 def test_a_dotted_key_reads_through_sections_and_mappings() -> None:
     c = load_space("gec_pd", preset="smoke").config
     assert get_dotted(c, "loss.margin") == c.loss.margin

@@ -512,6 +512,60 @@ STS += [
     ),
 ]
 
+# StsMiningSection: dense hard negatives (the pool's selection, refreshed mining's cadence, the miners)
+STS += [
+    edge("sts", "mining.num_negatives", 0, -1, "an integer in [0, 64]"),
+    edge("sts", "mining.num_negatives", 64, 65, "an integer in [0, 64]", base={"mining.pool": 64}),
+    edge("sts", "mining.pool", 1, 0, "an integer in [1, 1024]", base={"mining.num_negatives": 1}),
+    edge("sts", "mining.pool", 1024, 1025, "an integer in [1, 1024]"),
+    edge(
+        "sts",
+        "mining.num_negatives",
+        5,
+        6,
+        "at most mining.pool (5), the candidates mined per anchor",
+        base={"mining.pool": 5},
+        tag="pool",
+    ),
+    pair(
+        "sts",
+        {"mining.pool": 5, "mining.num_negatives": 6, "mining.negatives": "pool.parquet"},
+        {"mining.pool": 5, "mining.num_negatives": 6},
+        "mining.num_negatives",
+        "at most mining.pool (5), the candidates mined per anchor",
+        6,
+    ),  # a pool read from a file was mined with its own size
+    edge("sts", "mining.relative_margin", 0.0, -0.01, "a number in [0, 1] or null"),
+    edge("sts", "mining.relative_margin", 1.0, 1.01, "a number in [0, 1] or null"),
+    edge("sts", "mining.relative_margin", None, 2.0, "a number in [0, 1] or null", tag="null"),
+    edge("sts", "mining.absolute_margin", 0.0, -0.01, "a number in [0, 2] (cosines) or null"),
+    edge("sts", "mining.absolute_margin", 2.0, 2.01, "a number in [0, 2] (cosines) or null"),
+    edge("sts", "mining.absolute_margin", None, 3.0, "a number in [0, 2] (cosines) or null", tag="null"),
+    edge("sts", "mining.positive_min_score", 0.0, -0.01, "an STS score in [0, 5]"),
+    edge("sts", "mining.positive_min_score", 5.0, 5.01, "an STS score in [0, 5]"),
+    edge(
+        "sts",
+        "mining.refresh_every",
+        1,
+        0,
+        "an integer ≥ 1 with mining.refresh (training steps between weight publications)",
+        base={"mining.refresh": True},
+    ),
+    pair(
+        "sts",
+        {"mining.refresh": False, "mining.refresh_every": 0},
+        {"mining.refresh": True, "mining.refresh_every": 0},
+        "mining.refresh_every",
+        "an integer ≥ 1 with mining.refresh (training steps between weight publications)",
+        0,
+    ),  # without refresh the cadence is not read
+    edge("sts", "mining.max_staleness", 0, -1, "an integer ≥ 0 (weight versions)"),
+    edge("sts", "mining.wait_s", 0.0, -0.5, "a number of seconds ≥ 0"),
+    edge("sts", "mining.num_miners", 1, 0, "an integer ≥ 1"),
+    edge("sts", "mining.cpus_per_miner", 0.01, 0.0, "a number > 0"),
+    edge("sts", "mining.task_size", 1, 0, "an integer ≥ 1"),
+]
+
 COHERENCE = [
     *[
         edge("coherence", "model.preset", p, "xlnet", f"one of {', '.join(COHERENCE_PRESETS)}", tag=p)

@@ -192,3 +192,16 @@ def test_mined_negatives_without_a_mask_are_all_in_the_denominators() -> None:
     out = InfoNCEQueueLoss(temperature=0.1)(h, h_pos, queue, negatives)
     expected = _naive_hard_negative_infonce(h, h_pos, queue, negatives.tolist(), 0.1)
     torch.testing.assert_close(out.per_example, torch.tensor(expected, dtype=torch.float64))
+
+
+def test_one_mined_negative_in_half_precision_is_in_the_fp32_denominators() -> None:
+    """K = 1, bf16 embeddings (autocast's): the loss is computed in fp32 from the bf16 values."""
+    h, h_pos = _rand(3, 4, seed=36).bfloat16(), _rand(3, 4, seed=37).bfloat16()
+    negatives = _rand(3, 1, 4, seed=38).bfloat16()
+    out = InfoNCEQueueLoss(temperature=0.1)(h, h_pos, None, negatives)
+    assert out.per_example.dtype == torch.float32 and out.logits.shape == (3, 3 + 1)
+    wide = [t.double() for t in (h, h_pos, negatives)]
+    expected = _naive_hard_negative_infonce(wide[0], wide[1], torch.empty(0, 4), wide[2].tolist(), 0.1)
+    torch.testing.assert_close(
+        out.per_example.double(), torch.tensor(expected, dtype=torch.float64), rtol=1e-5, atol=1e-5
+    )
