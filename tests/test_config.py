@@ -185,3 +185,23 @@ def test_space_names_are_the_yaml_files_of_the_spaces_folder(tmp_path: Path, mon
     (tmp_path / "folder.yaml").mkdir()
     monkeypatch.setattr(spaces, "spaces_dir", lambda: tmp_path)
     assert spaces.space_names() == ["alpha", "zeta"]
+
+
+def test_command_line_values_are_read_as_their_keys_annotation() -> None:
+    from raycl.config import keys
+
+    assert parse_set(["data.train=a=b.m2", " loss.margin = 0.3 "]) == {
+        "data.train": "a=b.m2",
+        "loss.margin": "0.3",
+    }
+    assert keys._split_top("[a.m2[1000:], b.m2[:5], 'c.m2']") == ["a.m2[1000:]", "b.m2[:5]", "c.m2"]
+    assert keys._split_top("a.m2[1:2],b.m2") == ["a.m2[1:2]", "b.m2"]
+    assert keys._split_top("x[1,2],y") == ["x[1,2]", "y"]  # a comma inside brackets does not split
+    for null in ("null", "None", "~"):
+        assert keys._parse_raw(null, float | None) is None  # an optional key's null
+    assert keys._parse_raw("none", str) == "none"  # a string key keeps the word
+    assert keys._parse_raw("1e-5", float) == 1e-05 and isinstance(keys._parse_raw("1e3", float), float)
+    assert keys._parse_raw("1e3", int) == 1000 and type(keys._parse_raw("1e3", int)) is int
+    assert keys._parse_raw("1.5e0", int) == 1.5  # not integral: the bound refuses it as a number
+    assert keys._number("9" * (keys.MAX_YAML_INT + 1), float) == "9" * (keys.MAX_YAML_INT + 1)  # too long to read
+    assert keys._number("abc", float) == "abc"
