@@ -10,9 +10,10 @@ import pytest
 
 from raycl.data.gec import GecExample
 from raycl.distributed.session import open_source
-from raycl.training.batching import global_batches, shard, token_batches, token_groups
+from raycl.training.batching import global_batches, row_batches, shard, token_batches, token_groups
 from raycl.training.negatives import Place, StaticNegatives
 from raycl.training.prefetch import Call
+from raycl.training.task import Batch
 
 
 def _naive_groups(sizes: list[int], max_tokens: int) -> list[list[int]]:
@@ -160,3 +161,26 @@ def test_a_source_known_ahead_needs_the_plan_of_an_epoch() -> None:
     assert isinstance(source, StaticNegatives)
     assert [[ex.id for ex in pool] for pool in source.pools(0, 0, None)] == [["f:2", "f:0"], ["f:1"]]  # type: ignore[arg-type,union-attr]
     assert source.negatives(["f:2", "f:0"], 0) == [[], []]
+
+
+def test_row_batches_cut_across_pools_skip_rows_and_carry_the_position() -> None:
+    """Pools of 3, 4 and 2 rows (a call between the first two), rows with fewer than two negatives skipped, the
+    rest trained on their first two; batches of 2 across pools, the last short; each batch's position is the rows
+    of the epoch consumed after it (5 before the first: a resumed epoch), skipped ones counted."""
+    rows = [(f"x{i}", [f"n{i}"] * (i % 3)) for i in range(9)]  # x0, x3, x6 have none; x1, x4, x7 one
+    pools = [rows[:3], rows[3:7], rows[7:]]
+    call = Call(print)
+    stream = [Batch(([r[0] for r in pools[0]], [r[1] for r in pools[0]])), call]
+    stream += [Batch(([r[0] for r in p], [r[1] for r in p])) for p in pools[1:]]
+
+    def take(x: str, negs: list[str]) -> list[str] | None:
+        return negs[:2] if len(negs) >= 2 else None
+
+    got = list(row_batches(stream, 2, done=5, take=take))
+    assert got[0] is call  # after the first pool's rows: they made no batch of 2 yet (x2 alone)
+    batches = [b for b in got if isinstance(b, Batch)]
+    kept = [(x, negs[:2]) for x, negs in rows if len(negs) >= 2]  # x2, x5, x8
+    assert [list(zip(*b.data, strict=True)) for b in batches] == [kept[:2], kept[2:]]
+    # a naive count: the position after a batch is 5 + the index (1-based) of its last row in the epoch
+    last = [1 + next(i for i, r in enumerate(rows) if r[0] == b.data[0][-1]) for b in batches]
+    assert [b.progress for b in batches] == [{"done": 5 + last[0]}, {"done": 5 + len(rows)}]

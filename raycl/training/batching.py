@@ -15,14 +15,15 @@ loop's ``join``).
 
 ``len(plan)`` is the batches of an epoch the rank with the most has — arithmetic, no dry run — and
 :meth:`BatchPlan.updates` the schedule's total. Token budgets (fairseq's ``--max-tokens``) cut a pool of rows by
-their sizes (:func:`token_groups`, :func:`token_batches`); :meth:`BatchPlan.token_batch_counts` counts them.
+their sizes (:func:`token_groups`, :func:`token_batches`); :meth:`BatchPlan.token_batch_counts` counts them. A
+source's pools may instead be re-cut across pools into batches of a number of rows (:func:`row_batches`).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -256,3 +257,27 @@ def sourced(
             yield from map(Batch, token_batches(both, max_tokens=max_tokens, size=size, rng=rng))
         else:
             yield Batch(both)
+
+
+def row_batches(
+    pools: Iterable[Batch | Call], batch_size: int, *, done: int, take: Callable[[Any, Any], Any | None]
+) -> Iterator[Batch | Call]:
+    """:func:`sourced`'s pools re-cut across pools into batches of ``batch_size`` rows (fairseq's
+    ``--batch-size``; the last one shorter), each an ``(examples, negatives)`` of the rows ``take(example,
+    negatives)`` keeps (None: the row is skipped; else the negatives it trains on) and carrying the epoch's
+    position after it (``progress["done"]``: rows consumed, ``done`` of them before the first); the source's
+    calls pass through where they come."""
+    rows: list[tuple[Any, Any]] = []
+    for pool in pools:
+        if isinstance(pool, Call):
+            yield pool
+            continue
+        for example, negatives in zip(*pool.data, strict=True):
+            done += 1
+            if (kept := take(example, negatives)) is not None:
+                rows.append((example, kept))
+            if len(rows) == batch_size:
+                yield Batch(([r[0] for r in rows], [r[1] for r in rows]), progress={"done": done})
+                rows = []
+    if rows:
+        yield Batch(([r[0] for r in rows], [r[1] for r in rows]), progress={"done": done})

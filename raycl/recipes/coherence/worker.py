@@ -15,8 +15,7 @@ state's ``extras``: the encoder follows the scorer's train/eval mode (dropout in
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterator
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -24,44 +23,19 @@ from torch.optim.swa_utils import SWALR
 
 from raycl.collectives import all_gather_floats
 from raycl.config.tasks.coherence import CoherenceConfig
-from raycl.data.coherence import CoherenceItem, read_pairs
+from raycl.data.coherence import read_pairs
 from raycl.memory.momentum import momentum_update
 from raycl.memory.negative_queue import NegativeQueue
 from raycl.models.coherence import CoherenceScorer, MomentumEncoder
 from raycl.recipes.coherence.evaluation import Evaluator
 from raycl.recipes.coherence.inputs import in_training_order
 from raycl.recipes.coherence.step import CoherenceBatch, coherence_loss, collate
-from raycl.training.batching import BatchPlan, sourced
+from raycl.training.batching import BatchPlan, row_batches, sourced
 from raycl.training.negatives import Place
 from raycl.training.optim import from_section
-from raycl.training.prefetch import Call
 from raycl.training.state import CheckpointedRandom
 from raycl.training.task import Batch, Epoch, Report, StepContext, TaskBase, TrainState, Worker
 from raycl.training.timing import Window
-
-Negs = list[tuple[str, ...]]
-
-
-def _batches(
-    cfg: CoherenceConfig, pools: Iterator[Batch | Call], need: int, done: int, rng: random.Random | None
-) -> Iterator[Batch | Call]:
-    """The source's pools with their negatives (:func:`raycl.training.batching.sourced`) re-cut into steps of
-    ``optim.batch_size`` usable items (those with ``need`` negatives), each carrying the position after it (items
-    of the epoch consumed); calls pass through where they come."""
-    batch: list[tuple[CoherenceItem, Negs]] = []
-    for pool in pools:
-        if isinstance(pool, Call):
-            yield pool
-            continue
-        for item, negs in zip(*pool.data, strict=True):
-            done += 1
-            if len(negs) >= need:  # the code skips items with fewer negatives than it trains on
-                batch.append((item, negs[:need]))
-            if len(batch) == cfg.optim.batch_size:
-                yield Batch(([b[0] for b in batch], [b[1] for b in batch], rng), progress={"done": done})
-                batch = []
-    if batch:
-        yield Batch(([b[0] for b in batch], [b[1] for b in batch], rng), progress={"done": done})
 
 
 @dataclass
@@ -131,8 +105,13 @@ class CoherenceTask(TaskBase):
         if self.cfg.loss.kind == "momentum":  # the slices are drawn as batches are collated, ahead of their step
             rng = CheckpointedRandom()
             rng.setstate(st.rng.getstate())
-        batches = _batches(self.cfg, pools, self.need, done, rng)
+        # the code skips items with fewer negatives than it trains on
+        cut = row_batches(pools, self.cfg.optim.batch_size, done=done, take=self._negatives)
+        batches = (dataclasses.replace(b, data=(*b.data, rng)) if isinstance(b, Batch) else b for b in cut)
         return Epoch(batches, eval_every=self.cfg.optim.eval_every, report_at_end=False)
+
+    def _negatives(self, item: Any, negs: list[tuple[str, ...]]) -> list[tuple[str, ...]] | None:
+        return negs[: self.need] if len(negs) >= self.need else None
 
     def compiled_modules(self, st: CoherenceState) -> list[Any]:
         """The scorer and, under the momentum loss, the momentum encoder: a step runs both forwards."""
