@@ -105,12 +105,12 @@ class CoherenceTask(TaskBase):
         if self.cfg.loss.kind == "momentum":  # the slices are drawn as batches are collated, ahead of their step
             rng = CheckpointedRandom()
             rng.setstate(st.rng.getstate())
-        # the code skips items with fewer negatives than it trains on
         cut = row_batches(pools, self.cfg.optim.batch_size, done=done, take=self._negatives)
         batches = (dataclasses.replace(b, data=(*b.data, rng)) if isinstance(b, Batch) else b for b in cut)
         return Epoch(batches, eval_every=self.cfg.optim.eval_every, report_at_end=False)
 
     def _negatives(self, item: Any, negs: list[tuple[str, ...]]) -> list[tuple[str, ...]] | None:
+        """The negatives an item trains on (its first ``need``), or None: the code skips an item with fewer."""
         return negs[: self.need] if len(negs) >= self.need else None
 
     def compiled_modules(self, st: CoherenceState) -> list[Any]:
