@@ -5,6 +5,8 @@ something refused before anything runs."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import pickle
@@ -76,14 +78,14 @@ def check_a_mined_run(tmp_path: Path, summary: dict, staleness: int) -> None:  #
 
 
 def _eval(*args: str) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-m", "raycl.eval", "coherence", *args, "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
+    """``raycl.eval coherence … --json``: its ``main``, called in this process (the module's entry point runs as a
+    command in ``test_eval_cli.py``); a fresh interpreter would pay its imports of torch and transformers again."""
+    from raycl.eval import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["coherence", *args, "--json"]) == 0
+    return json.loads(out.getvalue())
 
 
 def _eval_cli_scores_the_trained_model(run_dir: Path) -> None:

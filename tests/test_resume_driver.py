@@ -5,7 +5,8 @@ interrupted one continues from its last Ray Train checkpoint, the baselines and 
 trial's history and the report's tables equal those of an uninterrupted run of the same sweep (which also checks
 the idiom ladder's rows). That uninterrupted run is issue 20's S3 sweep: ``--out s3://…`` on a real S3 API server
 on localhost (moto's, the ``s3`` fixture), its report, histories and Ray's own state read back from the bucket,
-then restored from the bucket by the same command (raycl restores only Tune state it recorded writing).
+then restored from the bucket by the same command's ``main`` in the test's process (raycl restores only Tune
+state it recorded writing).
 ``raycl.train``'s killed driver: ``test_resume_train_driver.py`` (a file of its own, so that ``make test``'s two
 workers can run it beside this one). The re-run goes through a pipe, as ``ray job logs`` would read it: a Tune
 trial's progress lines reach the driver's stderr without any setting (worker output is on by default).
@@ -15,6 +16,9 @@ the cluster outlives them, and Ray ends a dead driver's actors (Tune trials, Tra
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import io
 import json
 import math
 import os
@@ -26,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from conftest import S3_BUCKET
 from test_storage import objects_of_a_run
@@ -146,7 +151,7 @@ def _tables(report: Path) -> list[str]:
 
 
 def test_a_sweep_whose_driver_was_killed_continues_where_it_was(
-    ray_local, s3: dict[str, str], tmp_path: Path
+    ray_local, s3: dict[str, str], tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     address = ray_local.get_runtime_context().gcs_address
     space_file, out = _space_file(tmp_path), tmp_path / "run"
@@ -214,12 +219,15 @@ def test_a_sweep_whose_driver_was_killed_continues_where_it_was(
     fs, where = storage.filesystem(f"{uri}/ray")
     for name in ("sweep", "baselines"):
         assert {"tuner.pkl"} < set(tune_state.checked(fs, f"{where}/{name}", f"{uri}/ray/{name}"))
-    t0 = time.monotonic()
-    again = subprocess.run(
-        [*_cli("tune", str(space_file), uri, SETS), "--json"], capture_output=True, text=True, timeout=600, env=env
-    )
-    assert again.returncode == 0, again.stderr[-3000:]
+    # The command's main, in this process (the store's endpoint and credentials are in its environment, the
+    # ``s3`` fixture's): a finished sweep starts no trial, so the test's Ray serves, and neither a fresh
+    # interpreter's imports nor an embedded Ray's start are paid again.
+    t0, out = time.monotonic(), io.StringIO()
+    capfd.readouterr()
+    with contextlib.redirect_stdout(out):
+        importlib.import_module("raycl.tune").main([*_cli("tune", str(space_file), uri, SETS)[3:], "--json"])
+    err = capfd.readouterr().err
     print(f"\nthe finished sweep restored from the bucket in {time.monotonic() - t0:.0f} s")  # the note's figure
     for name in ("sweep", "baselines"):
-        assert f"[raycl] resumed sweep: continuing the experiment stored at {uri}/ray/{name}" in again.stderr
-    assert json.loads(again.stdout)["table"] == summary["table"]
+        assert f"[raycl] resumed sweep: continuing the experiment stored at {uri}/ray/{name}" in err, err[-3000:]
+    assert json.loads(out.getvalue())["table"] == summary["table"]
