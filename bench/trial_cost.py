@@ -5,8 +5,7 @@ actor …), its CPU-seconds (user + system) at the last sample, the largest acro
 
 Ray's own services (GCS, raylet, dashboard and their agents) and the CLI's process are reported apart: what a
 training adds is the actors and workers (``per_title``). The machine's other load changes wall time much more than
-CPU-seconds; repeat (``--repeat``) to see the noise. ``--importtime``: each Ray worker writes ``python -X
-importtime`` to its log, and the modules that took longest in each actor are listed (slows the run).
+CPU-seconds; repeat (``--repeat``) to see the noise. Runs from the repository root (its raycl is the one measured).
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -97,24 +95,6 @@ def measure(argv: list[str], every: float, env: dict[str, str]) -> dict[str, Any
     }
 
 
-def _imports(session_logs: Path, top: int) -> dict[str, Any]:
-    """Per worker log with import lines: its actor's name, its import seconds, the slowest top-level imports."""
-    out: dict[str, Any] = {}
-    for log in sorted(session_logs.glob("worker-*.err")):
-        text = log.read_text(errors="replace")
-        rows = re.findall(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)", text)
-        if not rows:
-            continue
-        name = re.search(r":actor_name:(\S+)", text) or re.search(r":task_name:(\S+)", text)
-        tops = sorted(((int(c), m) for _, c, ind, m in rows if len(ind) == 1), reverse=True)
-        key = (name.group(1) if name else "IDLE") + "/" + log.name[7:15]
-        out[key] = {
-            "import_s": round(sum(c for c, _ in tops) / 1e6, 2),
-            "top": [f"{m} {c / 1e6:.2f}" for c, m in tops[:top]],
-        }
-    return out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--verb", choices=["train", "tune"], default="tune")
@@ -124,11 +104,10 @@ def main() -> None:
         "--set",
         action="append",
         default=None,
-        help="overrides (default: one idiom setting, one epoch, no ladder: one trial)",
+        help="overrides (default for idiom: one setting, one epoch, one baseline: two Tune trials)",
     )
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--every", type=float, default=0.05)
-    ap.add_argument("--importtime", action="store_true")
     ap.add_argument("--json", action="store_true", help="(always JSON; accepted for the bench/ convention)")
     args = ap.parse_args()
     sets = args.set if args.set is not None else _smallest(args.space)
@@ -136,17 +115,11 @@ def main() -> None:
     for _ in range(args.repeat):
         with tempfile.TemporaryDirectory(prefix="trial-cost-") as tmp:
             env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": os.getcwd()}
-            if args.importtime:
-                env["PYTHONPROFILEIMPORTTIME"] = "1"
-                env["RAY_TMPDIR"] = tmp  # the session's logs, read back below
             argv = [sys.executable, "-m", f"raycl.{args.verb}", args.space, "--preset", args.preset]
             argv += ["--out", f"{tmp}/run", *[x for s in sets for x in ("--set", s)]]
             row = measure(argv, args.every, env)
-            if args.importtime:
-                logs = next(Path(tmp).glob("ray/session_*/logs"), None) or next(Path(tmp).rglob("logs"))
-                row["imports"] = _imports(logs, 6)
             runs.append(row)
-            brief = {k: v for k, v in row.items() if k not in ("per_title", "imports")}
+            brief = {k: v for k, v in row.items() if k != "per_title"}
             print(json.dumps({"run": len(runs), **brief}), file=sys.stderr)
     print(
         json.dumps({"argv": f"raycl.{args.verb} {args.space} --preset {args.preset}", "set": sets, "runs": runs})
