@@ -261,6 +261,20 @@ def test_train_controllers_poll_their_workers_twice_a_second_unless_told(monkeyp
     assert runtime.TRAIN_POLL_ENV not in runtime._propagated_env()
 
 
+def test_an_embedded_ray_starts_no_preemption_watcher_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PreemptionWatcher actor per training (a process of its own) watches for node drains that a one-node Ray
+    this process started never gets (bench/trial_cost.py): off on an embedded Ray, Ray's default on a cluster,
+    the driver's own setting either way."""
+    watcher = runtime.PREEMPTION_WATCHER_ENV
+    monkeypatch.delenv(watcher, raising=False)
+    assert runtime._propagated_env(embedded=True)[watcher] == "0"
+    assert watcher not in runtime._propagated_env(embedded=False)  # a cluster: Ray's default (on)
+    monkeypatch.setenv(watcher, "1")
+    assert runtime._propagated_env(embedded=True)[watcher] == "1"
+    _in_job(monkeypatch, {watcher: "1"})  # a job that sets it: its workers have it already
+    assert watcher not in runtime._propagated_env(embedded=True)
+
+
 def test_inside_a_job_a_relative_or_default_out_is_refused(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -168,3 +168,18 @@ def test_gec_miners_load_the_scorers_the_ddp_copys_or_the_inner_models_weights()
         )
     with pytest.raises(RuntimeError):
         GEC_BEAM.load(SimpleNamespace(module=Scorer()), {"weight": torch.zeros(3, 3)})
+
+
+def test_the_driver_side_actors_import_no_torch() -> None:
+    """The weight store, the negative stream and the run's n-best stream are actors of their own: each process
+    imports the module its class is in, and torch there cost about 1 CPU-second a process (bench/trial_cost.py)
+    for a class that only holds references. A fresh interpreter imports the three modules without it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import raycl.distributed.weights, raycl.distributed.stream, raycl.distributed.nbest; "
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.strip() == "[]", done.stdout

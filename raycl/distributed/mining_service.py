@@ -2,8 +2,9 @@
 
 In a Tune trial the miners go into the trial's own placement group (bundle 0 is the trial driver, bundles
 1…M the miners), so they are reserved with the trial and die with it; outside Tune they take plain resources.
-The store and the stream reserve no CPU and sit with the driver that owns them (fate-shared with it): in its
-bundle in a trial, else on the head (a share of ``raycl_head``, where the cluster has it).
+The store and the stream are one actor (``raycl.distributed.stream.StreamWithStore``: one process, not two),
+reserve no CPU and sit with the driver that owns them (fate-shared with it): in its bundle in a trial, else on
+the head (a share of ``raycl_head``, where the cluster has it).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from raycl.distributed import dense_refresh as _dense_refresh  # noqa: F401  reg
 from raycl.distributed.miner_pool import MinerFactory, MinerPool
 from raycl.distributed.resources import driver_bundle, on_head
 from raycl.distributed.stream import start_stream
-from raycl.distributed.weights import start_weight_store
 from raycl.miners.records import MinedNegatives
 
 
@@ -44,8 +44,8 @@ def trial_resources(driver_cpus: float, mining: MiningSection | None) -> Placeme
 
 @dataclass
 class MiningService:
-    store: Any  # WeightStore actor
-    stream: Any  # NegativeStream actor
+    store: Any  # the WeightStore's handle: the stream's own (StreamWithStore)
+    stream: Any  # the NegativeStream actor
     pool: MinerPool
 
     @classmethod
@@ -54,15 +54,16 @@ class MiningService:
         near_driver: dict[str, Any] = on_head() if pg is None else {}  # outside Tune: on the head where it is one
         if pg is not None:
             near_driver["scheduling_strategy"] = PlacementGroupSchedulingStrategy(pg, 0)
-        store = start_weight_store(**near_driver)
         stream = start_stream(
             world_size=world_size,
             capacity=mining.queue_size,
             task_size=mining.task_size,
             lease_s=mining.lease_s,
             seed=seed,
+            with_store=True,
             **near_driver,
         )
+        store = stream  # one actor, both roles
         pool = MinerPool.from_config(
             factory,
             mining,
@@ -82,7 +83,7 @@ class MiningService:
         return dict(ray.get(self.stream.stats.remote()))
 
     def close(self) -> None:
-        """Stop the miners' loops, then the actors (the store last: miners may still pull from it)."""
+        """Stop the miners' loops, then the miners, then the stream and its store (miners may pull until then)."""
         ray.get(self.stream.close.remote())
         try:
             self.pool.join(timeout=30)
@@ -90,4 +91,5 @@ class MiningService:
             pass
         self.pool.shutdown()
         ray.kill(self.stream)
-        ray.kill(self.store)
+        if self.store is not self.stream:
+            ray.kill(self.store)

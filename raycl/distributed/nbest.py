@@ -30,20 +30,21 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from raycl import storage
 from raycl.distributed.messages import MinedBatch
-from raycl.distributed.miner_pool import MinerFactory, MinerPool
 from raycl.distributed.stream import NegativeStream
 from raycl.errors import UserError, at
-from raycl.miners.beam_search import split_nbest
 from raycl.miners.parquet_input import batches
 from raycl.miners.records import MinedNegatives
 from raycl.miners.shards import next_shard_index, prepare_out_dir, shard_files, write_shard
 from raycl.records import atomic_write, hash_folder
+
+if TYPE_CHECKING:
+    from raycl.distributed.miner_pool import MinerFactory, MinerPool
 
 NBEST_COLUMNS = ("id", "negatives", "scores", "model_version")  # negatives: the n-best, then the source (last)
 
@@ -206,6 +207,9 @@ def shared_nbest(
     miner pool of ``mining.num_miners`` that stops once every list is in. Yields the stream's handle.
     The engine (``factory.options["engine"]``, ``auto`` by default) is resolved before the miners start — for
     GPU miners on a GPU — and given to every miner; ``meta.json`` and the key hold what ran and its versions."""
+    # here, not above: the stream's actor process (this module's NBestStream) imports this module and never needs
+    # the miners' torch
+    from raycl.distributed.miner_pool import MinerPool
     from raycl.distributed.mining_actors import resolve_miners_engine
 
     ran = resolve_miners_engine(str(model_dir), factory.options, gpus_per_miner=float(mining.gpus_per_miner))
@@ -297,6 +301,8 @@ def _stop_pool(stream: Any, pool: MinerPool) -> None:
 
 def nbest_records(stream: Any) -> dict[str, tuple[MinedNegatives, float]]:
     """Every record mined so far by id: (the n-best, S(s|s))."""
+    from raycl.miners.beam_search import split_nbest
+
     items = ray.get(stream.cached.remote())
     return {it.id: split_nbest(it) for it in items}
 
@@ -304,5 +310,7 @@ def nbest_records(stream: Any) -> dict[str, tuple[MinedNegatives, float]]:
 def wait_nbest(stream: Any, ids: list[str], timeout: float) -> dict[str, tuple[MinedNegatives, float]]:
     """The n-best lists of those of ``ids`` mined so far, by id: (the n-best, S(s|s)); waits up to ``timeout`` s
     while none is (a trainer reading the run's n-best as it is mined)."""
+    from raycl.miners.beam_search import split_nbest
+
     items = ray.get(stream.wait_ready.remote(ids, timeout)) if ids else []
     return {it.id: split_nbest(it) for it in items}

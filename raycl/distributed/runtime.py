@@ -52,7 +52,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
     if address is None:  # this machine is the head: the driver side asks for a share of the head-only resource
         kwargs["resources"] = {HEAD_RESOURCE: 1.0}
     # Workers import raycl from this checkout even when it is not installed (a fresh clone, `make demo`).
-    kwargs["runtime_env"] = {"env_vars": _propagated_env(), **_setup_hook()}
+    kwargs["runtime_env"] = {"env_vars": _propagated_env(embedded=address is None), **_setup_hook()}
     ray.init(address=address or "local", **kwargs)  # type: ignore[arg-type]
     log.info("ray: %s", ray.cluster_resources())
 
@@ -119,14 +119,21 @@ def _log_to_driver() -> bool:
 # worker's death are seen at the next poll, and a training ends after about two of them: at 2 s a smoke
 # training's start and end cost seconds more than its steps. A poll is one small actor call per worker.
 TRAIN_POLL_ENV, TRAIN_POLL_S = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5"
+# Ray Train V2 starts a PreemptionWatcher actor for every worker group: a process of its own (about 1 CPU-second
+# to start, then a poll every 5 s) that asks Ray whether a node of the run is being drained (a cloud node's
+# preemption), so that the run can checkpoint and move. An embedded Ray is one node that this process started and
+# stops, with no autoscaler to drain it and no other node to move to: the watcher is off there (the driver's
+# environment may turn it on). On a cluster (``--address``) Ray's default stands.
+PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
 
-def _propagated_env() -> dict[str, str]:
+def _propagated_env(*, embedded: bool = False) -> dict[str, str]:
     """What workers get from the driver's environment. Inside a Ray job, only what the job's runtime env lacks:
     its workers inherit the job's env_vars, and ray.init refuses a key set twice (even to the same value), so
     RAY_OVERRIDE_JOB_RUNTIME_ENV is not needed. ``RAYCL_CACHE_DIR``: a staged run (raycl.storage) is at the same
     path in every process. Ray Train's controllers poll their workers every ``TRAIN_POLL_S`` unless the
-    driver's environment says otherwise."""
+    driver's environment says otherwise; on an ``embedded`` Ray they start no preemption watcher
+    (:data:`PREEMPTION_WATCHER_ENV`) unless it says otherwise."""
     keep = (
         "PYTHONPATH",
         "HF_HUB_OFFLINE",
@@ -138,11 +145,14 @@ def _propagated_env() -> dict[str, str]:
         "RAYCL_PROGRESS_MIN_S",
         "RAYCL_PROGRESS_MAX_S",
         TRAIN_POLL_ENV,
+        PREEMPTION_WATCHER_ENV,
     )
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_OFFLINE", os.environ.get("HF_HUB_OFFLINE", "0"))
     env.setdefault(TRAIN_POLL_ENV, TRAIN_POLL_S)
+    if embedded:
+        env.setdefault(PREEMPTION_WATCHER_ENV, "0")
     job = job_env_vars()
     return {k: v for k, v in env.items() if k not in job}
 

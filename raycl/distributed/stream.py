@@ -21,6 +21,7 @@ import ray
 from raycl.distributed import metrics
 from raycl.distributed.ledger import Ledger
 from raycl.distributed.messages import MinedBatch, MineTask
+from raycl.distributed.weights import WeightStore
 from raycl.miners.records import MinedNegatives
 
 __all__ = ["MinedNegatives", "NegativeStream", "start_stream"]
@@ -213,6 +214,18 @@ class NegativeStream:
         }
 
 
+class StreamWithStore(NegativeStream, WeightStore):
+    """A training's negative stream and its weight store in one actor: both sit beside the driver with no CPU
+    reserved, live and die with the training, and answer in microseconds (the store's three methods are plain
+    functions, run on the stream's event loop between its awaits). Two actors were two processes, each about
+    1 CPU-second to start (bench/trial_cost.py). The one handle serves as both: ``stream.take``,
+    ``store.pull_if_newer``."""
+
+    def __init__(self, **stream: Any) -> None:
+        NegativeStream.__init__(self, **stream)
+        WeightStore.__init__(self)
+
+
 def start_stream(
     *,
     world_size: int,
@@ -221,10 +234,12 @@ def start_stream(
     lease_s: float = 60.0,
     seed: int = 0,
     ordered: bool = True,
+    with_store: bool = False,
     **options: Any,
 ) -> Any:
-    """The stream as an async actor (no CPU reserved); ``options`` go to ``.options()`` (name, scheduling)."""
-    cls: Any = ray.remote(NegativeStream)
+    """The stream as an async actor (no CPU reserved); ``options`` go to ``.options()`` (name, scheduling);
+    ``with_store``: the training's weight store too (:class:`StreamWithStore`)."""
+    cls: Any = ray.remote(StreamWithStore if with_store else NegativeStream)
     return cls.options(num_cpus=0, max_concurrency=1000, **options).remote(
         world_size=world_size, capacity=capacity, task_size=task_size, lease_s=lease_s, seed=seed, ordered=ordered
     )

@@ -11,14 +11,16 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import ray
-import torch
 
 from raycl.distributed import metrics
 from raycl.distributed.messages import TensorSpec, WeightsRef
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 ALIGN = 64  # bytes; every entry starts aligned, so `view(dtype)` of its slice needs no copy
@@ -34,6 +36,8 @@ def flatten_state_dict(state_dict: Mapping[str, torch.Tensor]) -> tuple[np.ndarr
     Entries sharing storage (tied embeddings: BART's ``shared``/``embed_tokens``/``lm_head``) are written once
     and their specs point at the same bytes.
     """
+    import torch  # here, not above: the store's actor process (this module's WeightStore) never needs torch
+
     specs, first = [], dict[tuple, TensorSpec]()
     end = 0
     for name, t in state_dict.items():
@@ -64,6 +68,8 @@ def unflatten(buf: np.ndarray, manifest: tuple[TensorSpec, ...]) -> dict[str, to
 
     A buffer from ``ray.get`` is read-only; the views are only read (``load_state_dict`` copies them).
     """
+    import torch
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # "the given NumPy array is not writable"
         flat = torch.from_numpy(buf)  # (nbytes,) uint8

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 
 from raycl.errors import UserError, at
 from raycl.files import atomic_file
-from raycl.miners.beam_search import negatives_schema, read_negatives_parquet
 from raycl.miners.false_negatives import FalseNegativeCounts, normalize, refuted_set
 from raycl.miners.parquet_input import batches, column_names, footer_metadata
 from raycl.miners.records import MinedNegatives
@@ -131,6 +130,9 @@ def shard_counts(out_dir: str | Path) -> FalseNegativeCounts:
 
 def schema() -> pa.Schema:
     """The negatives schema, shared with the single-file output."""
+    # imported here, not above: a shard writer (the run's n-best stream, an actor) does without the miners' torch
+    from raycl.miners.beam_search import negatives_schema
+
     return negatives_schema()
 
 
@@ -154,6 +156,8 @@ def read_negatives(path: str | Path, ids: Iterable[str] | None = None) -> dict[s
 
     ``ids``: only those rows are read (a pushed-down filter on the id column, shard by shard), so a training
     rank holds its own examples' negatives, not the whole set."""
+    from raycl.miners.beam_search import read_negatives_parquet  # here: a shard writer needs no torch
+
     path = Path(path)
     wanted = None if ids is None else list(ids)
     if not path.is_dir():
