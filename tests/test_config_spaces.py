@@ -46,7 +46,7 @@ def test_a_name_is_the_space_of_that_name_in_the_spaces_folder(folder: Path) -> 
 
 
 @pytest.mark.parametrize("name", ["alpha.yml", "alpha.yaml"])
-def test_a_path_to_a_yaml_file_is_taken_as_given(tmp_path: Path, folder: Path, name: str) -> None:
+def test_a_path_to_a_yaml_file_is_taken_as_given(tmp_path: Path, name: str) -> None:
     path = tmp_path / name
     path.write_text("task: gec\nloss: {margin: 0.4}\n", encoding="utf-8")
     space = load_space(str(path))
