@@ -135,9 +135,10 @@ def test_a_pinned_cpu_run_finishes_with_its_driver_side_on_the_head_then_nodes_s
     actors = cluster.python(STATE.format(address=cluster.address))
     print("\n" + "\n".join(f"{name:28} {state:6} {kinds} {asked}" for name, state, kinds, asked in actors))
     where = {name: {tuple(k) for n, _, k, _ in actors if n == name} for name, *_ in actors}
-    for driver_side in ("NegativeStream", "WeightStore", "TrainController"):
+    # the training's negative stream and weight store are one actor (raycl.distributed.stream.StreamWithStore)
+    for driver_side in ("StreamWithStore", "TrainController"):
         assert where[driver_side] == {("raycl_head",)}, (driver_side, where[driver_side])
-    for pinned in ("NegativeStream", "WeightStore"):  # by asking for the head, not by Ray's choice of the moment
+    for pinned in ("StreamWithStore",):  # by asking for the head, not by Ray's choice of the moment
         assert all(asked.get("raycl_head") == 0.001 for n, _, _, asked in actors if n == pinned), actors
     assert where["MinerActor"] == {("miner",)}
     assert ("trainer",) in where["RayTrainWorker"]
