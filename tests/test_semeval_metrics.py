@@ -476,7 +476,7 @@ def test_idiom_id_mismatch_messages(tmp_path: Path) -> None:
 
 
 def test_score_idiom_default_average_is_macro_and_others_are_refused(tmp_path: Path) -> None:
-    from raycl.scoring.semeval_metrics import score_idiom
+    from raycl.scoring.semeval_metrics import idiom_f1s, score_idiom
 
     gold = [(k + 2, [str(k), f"d.EN.1.{k}", "EN", t]) for k, t in enumerate("0001112")]
     sub = [(k + 2, [str(k), "EN", "zero_shot", p]) for k, p in enumerate("0110122")]
@@ -485,6 +485,9 @@ def test_score_idiom_default_average_is_macro_and_others_are_refused(tmp_path: P
     assert len(set(scores.values())) == 3  # the averages differ here, so the default shows
     got = score_idiom(sub, gold, setting="zero_shot", languages=["EN"])
     assert got == pytest.approx(scores["macro"])
+    # the idiom recipe's dev scoring calls idiom_f1s without an average: macro there too
+    f1s = idiom_f1s(sub, gold, setting="zero_shot", names=("submission", "gold"))
+    assert f1s["EN"] == pytest.approx(scores["macro"])
     with pytest.raises(UserError) as err:
         score_idiom(sub, gold, setting="zero_shot", languages=["EN"], average="samples")
     assert str(err.value) == "average 'samples', expected one of macro, weighted, micro, binary"
