@@ -393,8 +393,11 @@ def test_plot_writes_png(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     labels = [(t.get_text(), t.xy, t.xyann, t.anncoords, t.get_fontsize()) for t in ax.texts]
     assert labels == [(k, (u, a), (5, 5), "offset points", 8.0) for k, (a, u) in points.items()]
     assert {line.get_alpha() for line in ax.xaxis.get_gridlines() + ax.yaxis.get_gridlines()} == {0.3}
-    again = plot_alignment_uniformity({"x": (0.1, -1.0)}, out, title="run 2")  # the directory exists by now
+    # the directory exists by now; a PNG even where the user's matplotlibrc saves another format by default
+    with plt.rc_context({"savefig.format": "svg"}):
+        again = plot_alignment_uniformity({"x": (0.1, -1.0)}, out, title="run 2")
     assert again == out and drawn[1][1].get_title() == "run 2" and plt.get_fignums() == open_before
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_csv_helper_roundtrip(tmp_path: Path) -> None:
