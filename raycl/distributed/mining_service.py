@@ -44,9 +44,13 @@ def trial_resources(driver_cpus: float, mining: MiningSection | None) -> Placeme
 
 @dataclass
 class MiningService:
-    store: Any  # the WeightStore's handle: the stream's own (StreamWithStore)
-    stream: Any  # the NegativeStream actor
+    stream: Any  # the StreamWithStore actor: the negative stream and the weight store
     pool: MinerPool
+
+    @property
+    def store(self) -> Any:
+        """The weight store's handle: the stream's own (one actor, both roles)."""
+        return self.stream
 
     @classmethod
     def start(cls, factory: MinerFactory, mining: MiningSection, *, world_size: int, seed: int) -> MiningService:
@@ -63,17 +67,16 @@ class MiningService:
             with_store=True,
             **near_driver,
         )
-        store = stream  # one actor, both roles
         pool = MinerPool.from_config(
             factory,
             mining,
-            weight_store=store,
+            weight_store=stream,
             placement_group=pg,
             first_bundle=1,
             resources=mining.resources or None,
         )
         pool.start(stream)
-        return cls(store, stream, pool)
+        return cls(stream, pool)
 
     def negatives(self) -> list[MinedNegatives]:
         """The newest mined item of every example (what the trainers were given)."""
@@ -91,5 +94,3 @@ class MiningService:
             pass
         self.pool.shutdown()
         ray.kill(self.stream)
-        if self.store is not self.stream:
-            ray.kill(self.store)
