@@ -17,7 +17,6 @@ the cluster outlives them, and Ray ends a dead driver's actors (Tune trials, Tra
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import json
 import math
@@ -222,10 +221,12 @@ def test_a_sweep_whose_driver_was_killed_continues_where_it_was(
     # The command's main, in this process (the store's endpoint and credentials are in its environment, the
     # ``s3`` fixture's): a finished sweep starts no trial, so the test's Ray serves, and neither a fresh
     # interpreter's imports nor an embedded Ray's start are paid again.
+    from raycl.tune import main as tune_main
+
     t0, out = time.monotonic(), io.StringIO()
     capfd.readouterr()
     with contextlib.redirect_stdout(out):
-        importlib.import_module("raycl.tune").main([*_cli("tune", str(space_file), uri, SETS)[3:], "--json"])
+        tune_main([*_cli("tune", str(space_file), uri, SETS)[3:], "--json"])
     err = capfd.readouterr().err
     print(f"\nthe finished sweep restored from the bucket in {time.monotonic() - t0:.0f} s")  # the note's figure
     for name in ("sweep", "baselines"):
