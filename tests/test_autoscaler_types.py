@@ -75,11 +75,17 @@ def test_unknown_node_types_wait_for_the_autoscaler_with_a_stated_bound() -> Non
 
 
 def test_the_autoscaler_config_is_found_from_its_process_on_this_machine(tmp_path: Path) -> None:
-    def monitor(pid: int, *args: str) -> None:
+    def monitor(pid: int, *args: str, script: str = "/x/monitor.py") -> None:
         (tmp_path / str(pid)).mkdir()
-        (tmp_path / str(pid) / "cmdline").write_bytes("\0".join(["python", "/x/monitor.py", *args]).encode())
+        (tmp_path / str(pid) / "cmdline").write_bytes("\0".join(["python", "-u", script, *args]).encode())
 
+    # every Ray node's log monitor names the GCS too, and no autoscaling config: it is not the autoscaler (when its
+    # pid was listed first, a `ray up` head read as a fixed cluster and a GPU run on GPU types at 0 was refused)
+    for pid in range(2, 10):
+        monitor(pid, "--gcs-address=10.0.0.1:6379", script="/x/ray/_private/log_monitor.py")
     monitor(10, "--gcs-address=10.0.0.1:6379", "--autoscaling-config=/home/ray/ray_bootstrap_config.yaml")
+    monitor(12, "--gcs-address=10.0.0.1:7002", script="/x/ray/_private/log_monitor.py")
+    assert autoscaler.monitor_config("10.0.0.1:7002", tmp_path) is None  # a log monitor alone: no autoscaler here
     monitor(11, "--gcs-address=10.0.0.1:7000")  # another cluster's, without a config
     assert autoscaler.monitor_config("127.0.0.1:6379", tmp_path) == "/home/ray/ray_bootstrap_config.yaml"
     assert autoscaler.monitor_config("10.0.0.1:7000", tmp_path) == ""  # a fixed cluster

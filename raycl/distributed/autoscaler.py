@@ -126,7 +126,7 @@ def monitor_config(gcs_address: str, proc: Path = Path("/proc")) -> str | None:
             args = cmdline.read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if not any(a.endswith("monitor.py") for a in args):
+        if not any(a.rsplit("/", 1)[-1] == "monitor.py" for a in args):  # not log_monitor.py: same --gcs-address
             continue
         gcs = next((a.split("=", 1)[1] for a in args if a.startswith("--gcs-address=")), "")
         if gcs.rsplit(":", 1)[-1] != port:
