@@ -196,3 +196,28 @@ def test_only_rays_floor_and_the_entry_points_import_ray() -> None:
     ]
     assert found == []
     assert _imports_ray("import os\ndef f() -> None:\n    from ray.train import report\n") == [3]  # seen inside
+
+
+def test_a_tune_trials_actor_imports_no_transformers() -> None:
+    """A Tune trial's actor unpickles the trial function with its recipe (``raycl.driver.trial``): it imports the
+    recipe's module and, through it, its task class's module, builds the phase and hands it to a ``TorchTrainer``;
+    the model is loaded on the Ray Train workers, the base model by the CLI's driver. transformers' model stack
+    there (``modeling_utils``, which pulls scipy and ``torch._dynamo``) cost every trial about 2 CPU-seconds
+    (bench/trial_cost.py). A fresh interpreter imports all four recipes and their task classes without it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom raycl.recipes import RECIPES, recipe_for\nfrom raycl.training.task import TaskBase\n"
+        "heavy = ('transformers', 'transformers.modeling_utils', 'scipy', 'torch._dynamo')\n"
+        "for task in RECIPES:\n"
+        "    names = vars(sys.modules[type(recipe_for(task)).__module__]).values()\n"
+        "    found = [v for v in names if isinstance(v, type) and issubclass(v, TaskBase) and v is not TaskBase]\n"
+        "    tasks = {v.__module__ for v in found}\n"
+        "    assert tasks and tasks <= sys.modules.keys(), tasks\n"
+        "    print(task, sorted(tasks), sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    lines = done.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["gec", "coherence", "idiom", "sts"], done.stdout
+    assert all(line.endswith(" []") for line in lines), done.stdout

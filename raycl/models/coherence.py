@@ -22,16 +22,18 @@ import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file
 from torch import Tensor, nn
-from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from raycl.errors import UserError
 from raycl.models import masks
 from raycl.models.folders import save_encoder_folder
+
+if TYPE_CHECKING:  # transformers where used: a Tune trial's actor imports this module and needs none of it
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 HEAD_FILE = "coherence_head.safetensors"
 CONFIG_FILE = "coherence_config.json"
@@ -207,6 +209,8 @@ class CoherenceScorer(nn.Module):
         ``max_len``/``mask_padding`` override the saved settings; unsaved ones default to the tokenizer's
         ``model_max_length`` (capped at 512) and True.
         """
+        from transformers import AutoModel, AutoTokenizer
+
         folder = Path(path)
         if not folder.is_dir():
             raise UserError(f"{folder}: not a model folder (expected an HF encoder folder with its tokenizer)")

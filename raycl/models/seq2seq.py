@@ -11,16 +11,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-import transformers
 from torch import Tensor, nn
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from raycl.losses.token_log_probs import TokenLogProbs, token_log_probs
 from raycl.models.decoding import Decoding, hf_generation_config, keep, only_config
 from raycl.models.masks import attention_mask
+
+if TYPE_CHECKING:  # transformers where used: a Tune trial's actor imports this module and needs none of it
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,8 @@ class Seq2SeqScorer(nn.Module):
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, *, device: str | torch.device = "cpu") -> Seq2SeqScorer:
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
         from raycl.models.fairseq_tokenizer import FairseqBPETokenizer, is_fairseq_folder
 
         # a fairseq model converted by raycl.convert carries its own BPE (subword-nmt over whitespace tokens)
@@ -261,6 +265,7 @@ class Seq2SeqScorer(nn.Module):
         """Texts, summed log-probs and token ids (``<s> … </s>``) of ``len(sources) × num_return`` hypotheses, in
         HF's order, and each source's length bound. The score is that of the ids; the text re-tokenised usually
         gives the same ids again."""
+        import transformers
         from transformers import LogitsProcessorList
 
         x = self.tokenize(sources, max_length=max_length)

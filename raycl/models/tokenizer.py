@@ -12,9 +12,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
+
+if TYPE_CHECKING:  # transformers where used: a Tune trial's actor imports this module and needs none of it
+    from transformers import PreTrainedTokenizerFast
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,8 @@ def train_bpe_tokenizer(
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE on ``texts`` with ``layout``'s special tokens, save it to ``out_dir`` and return it
     (loadable by AutoTokenizer)."""
+    from transformers import PreTrainedTokenizerFast
+
     backend = Tokenizer(models.BPE())
     # No prefix space: the first word is encoded without a leading "Ġ", exactly like BART's GPT-2 BPE.
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

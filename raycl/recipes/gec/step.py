@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedTokenizerBase
 
 from raycl.config.tasks.gec import PASSES
 from raycl.losses.gec_margin import GecContrastiveLoss, GecLossOutput
 from raycl.losses.token_log_probs import TokenLogProbs
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # transformers too: a Tune trial's actor imports this module and needs none of it
+    from transformers import PreTrainedTokenizerBase
+
     from raycl.data.gec import GecExample
     from raycl.models.seq2seq import Seq2SeqScorer
 

@@ -25,13 +25,12 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from transformers import AutoTokenizer
 
 from raycl.adversarial import build_adversarial
 from raycl.config.tasks.idiom import IdiomConfig
 from raycl.data.semeval import IdiomExample, read_idiom_train
 from raycl.memory.ema import EMA
-from raycl.models.classifier import encode_batch, load_classifier
+from raycl.models.classifier import encode_batch, load_classifier, load_tokenizer
 from raycl.models.masks import prepared
 from raycl.recipes.idiom.evaluation import Evaluator, model_input
 from raycl.training.batching import BatchPlan
@@ -104,7 +103,7 @@ class IdiomTask(TaskBase):
             extras,
             total_updates=total,
             epochs=o.epochs,
-            tokenizer=AutoTokenizer.from_pretrained(w.job.init_model),
+            tokenizer=load_tokenizer(w.job.init_model),
             examples=examples,
             adversary=adversary,
         )
