@@ -844,3 +844,66 @@ def test_yaml_aliases_that_nest_without_end_are_one_line(tmp_path: Path, text: s
     the text's own nesting, which the loader bounds."""
     path = _space_file(tmp_path, "task: idiom\n" + text)
     assert _load_refused(str(path)).startswith(f"{path}:") and f"invalid YAML ({why})" in _load_refused(str(path))
+
+
+def _nested(levels: int) -> str:
+    """``levels`` flow lists around one scalar: ``levels + 1`` nested nodes."""
+    return "[" * levels + "1" + "]" * levels
+
+
+def _unwrapped(value: Any, levels: int) -> Any:
+    for _ in range(levels):
+        assert isinstance(value, list) and len(value) == 1
+        value = value[0]
+    return value
+
+
+def test_yaml_nested_64_levels_deep_loads_and_one_more_is_one_line(tmp_path: Path) -> None:
+    from raycl.config.bounded_yaml import safe_yaml
+
+    assert _unwrapped(safe_yaml(_nested(63)), 63) == 1  # 64 nodes deep, the bound itself
+    path = _space_file(tmp_path, f"task: idiom\nx: {_nested(63)}\n")  # under the top mapping: 65
+    assert _load_refused(str(path)) == f"{path}:2: invalid YAML (nested deeper than 64 levels)"
+
+
+def _chain(anchors: int) -> str:
+    """``a0: &a0 [x]``, then each ``ai: &ai [*a(i-1)]``: ``a(n-1)`` nests ``anchors`` lists through aliases."""
+    return "".join(f"a{i}: &a{i} [*a{i - 1}]\n" if i else "a0: &a0 [x]\n" for i in range(anchors))
+
+
+def test_aliases_that_nest_64_levels_load_and_one_more_is_one_line(tmp_path: Path) -> None:
+    from raycl.config.bounded_yaml import safe_yaml
+
+    loaded = safe_yaml(_chain(62))  # the top mapping, a61's 62 lists, x: 64 levels
+    assert _unwrapped(loaded["a61"], 62) == "x" and _unwrapped(loaded["a0"], 1) == "x"
+    path = _space_file(tmp_path, "task: idiom\n" + _chain(63))
+    assert _load_refused(str(path)) == f"{path}:63: invalid YAML (aliases nest deeper than 64 levels)"
+
+
+def _copies(copies: int, extra: str = "") -> str:
+    """``a:`` a list of 101 scalars, ``b:`` ``copies`` aliases of it (then ``extra``): the top mapping, two keys
+    and two lists are 4 nodes, each list of 101 is 102: 4 + (copies + 1) · 102 nodes once the aliases expand."""
+    return "a: &a [" + ", ".join(["x"] * 101) + "]\nb: [" + ", ".join(["*a"] * copies) + extra + "]\n"
+
+
+def test_yaml_whose_aliases_expand_to_10000_nodes_loads_and_one_more_is_refused(tmp_path: Path) -> None:
+    import yaml
+
+    from raycl.config.bounded_yaml import safe_yaml
+
+    loaded = safe_yaml(_copies(97))  # 4 + 98 · 102 = 10,000
+    assert len(loaded["b"]) == 97 and all(b == ["x"] * 101 for b in loaded["b"])
+    with pytest.raises(yaml.YAMLError) as err:
+        safe_yaml(_copies(97, ", y"))  # 10,001
+    assert getattr(err.value, "problem", None) == "aliases expand to more than 10000 nodes"
+    path = _space_file(tmp_path, "task: idiom\n" + _copies(97))  # 10,002
+    assert _load_refused(str(path)) == f"{path}:1: invalid YAML (aliases expand to more than 10000 nodes)"
+
+
+def test_a_yaml_integer_of_40_characters_is_read_and_of_41_refused(tmp_path: Path) -> None:
+    from raycl.config.bounded_yaml import safe_yaml
+
+    assert safe_yaml(f"a: {'9' * 40}\nb: -{'9' * 39}\n") == {"a": int("9" * 40), "b": -int("9" * 39)}
+    path = _space_file(tmp_path, f"task: idiom\noptim:\n  epochs: -{'9' * 40}\n")
+    expected = "invalid YAML (an integer of 41 characters, expected at most 40)"
+    assert _load_refused(str(path)) == f"{path}:3: {expected}"
