@@ -377,3 +377,16 @@ def test_a_spec_counts_the_values_a_trial_draws_from(kind: str, values: list, co
     assert search_count(kind, values) == count
     if kind in ("grid", "choice"):
         assert expand_values(kind, values) == values
+
+
+@pytest.mark.parametrize(
+    ("qrange", "values"),
+    [
+        ("[0.5, 1.2, 0.5]", [0.5, 1.0]),  # its stop, 1.2, is no value: never checked against trade_off ≤ 1
+        ("[0.3, 0.3, 0.1]", [0.3]),  # start = stop: one value
+    ],
+)
+def test_a_qrange_is_checked_value_by_value(tmp_path: Path, qrange: str, values: list[float]) -> None:
+    path = _written(tmp_path, f"task: gec\nsearch:\n  loss.trade_off: {{qrange: {qrange}}}\n")
+    spec = load_space(str(path)).search["loss.trade_off"]
+    assert expand_values("qrange", spec["qrange"]) == values
