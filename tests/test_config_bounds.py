@@ -841,6 +841,127 @@ def test_the_cli_refuses_an_unbounded_number_in_one_line_before_ray_starts(
 )
 def test_yaml_aliases_that_nest_without_end_are_one_line(tmp_path: Path, text: str, why: str) -> None:
     """A recursive alias made the alias counter recurse until RecursionError; aliases of aliases nest deeper than
-    the text's own nesting, which the loader bounds."""
+    the text's own nesting, which the loader bounds. The line is the aliased node's."""
     path = _space_file(tmp_path, "task: idiom\n" + text)
-    assert _load_refused(str(path)).startswith(f"{path}:") and f"invalid YAML ({why})" in _load_refused(str(path))
+    line = 2 if "holds it" in why else 63  # the node an alias holds; a61, whose alias nests 65 levels in a62
+    assert _load_refused(str(path)) == f"{path}:{line}: invalid YAML ({why})"
+
+
+def _nested(levels: int) -> str:
+    """``levels`` flow lists around one scalar: ``levels + 1`` nested nodes."""
+    return "[" * levels + "1" + "]" * levels
+
+
+def _unwrapped(value: Any, levels: int) -> Any:
+    for _ in range(levels):
+        assert isinstance(value, list) and len(value) == 1
+        value = value[0]
+    return value
+
+
+def test_yaml_nested_64_levels_deep_loads_and_one_more_is_one_line(tmp_path: Path) -> None:
+    from raycl.config.bounded_yaml import safe_yaml
+
+    assert _unwrapped(safe_yaml(_nested(63)), 63) == 1  # 64 nodes deep, the bound itself
+    path = _space_file(tmp_path, f"task: idiom\nx: {_nested(63)}\n")  # under the top mapping: 65
+    assert _load_refused(str(path)) == f"{path}:2: invalid YAML (nested deeper than 64 levels)"
+    # counted from the top wherever the nesting starts: after siblings, and in a document that went deep before
+    assert _unwrapped(safe_yaml(f"[0, {_nested(61)}, {_nested(62)}]")[2], 62) == 1
+    path = _space_file(tmp_path, f"task: idiom\nx: [0, {_nested(61)}, {_nested(62)}]\n")
+    assert _load_refused(str(path)) == f"{path}:2: invalid YAML (nested deeper than 64 levels)"
+
+
+def _chain(anchors: int) -> str:
+    """``a0: &a0 [x]``, then each ``ai: &ai [*a(i-1)]``: ``a(n-1)`` nests ``anchors`` lists through aliases."""
+    return "".join(f"a{i}: &a{i} [*a{i - 1}]\n" if i else "a0: &a0 [x]\n" for i in range(anchors))
+
+
+def test_aliases_that_nest_64_levels_load_and_one_more_is_one_line(tmp_path: Path) -> None:
+    from raycl.config.bounded_yaml import safe_yaml
+
+    loaded = safe_yaml(_chain(62))  # the top mapping, a61's 62 lists, x: 64 levels
+    assert _unwrapped(loaded["a61"], 62) == "x" and _unwrapped(loaded["a0"], 1) == "x"
+    path = _space_file(tmp_path, "task: idiom\n" + _chain(63))
+    assert _load_refused(str(path)) == f"{path}:63: invalid YAML (aliases nest deeper than 64 levels)"
+
+
+def _copies(copies: int, extra: str = "") -> str:
+    """``a:`` a list of 101 scalars, ``b:`` ``copies`` aliases of it (then ``extra``): the top mapping, two keys
+    and two lists are 4 nodes, each list of 101 is 102: 4 + (copies + 1) · 102 nodes once the aliases expand."""
+    return "a: &a [" + ", ".join(["x"] * 101) + "]\nb: [" + ", ".join(["*a"] * copies) + extra + "]\n"
+
+
+def test_yaml_whose_aliases_expand_to_10000_nodes_loads_and_one_more_is_refused(tmp_path: Path) -> None:
+    import yaml
+
+    from raycl.config.bounded_yaml import safe_yaml
+
+    loaded = safe_yaml(_copies(97))  # 4 + 98 · 102 = 10,000
+    assert len(loaded["b"]) == 97 and all(b == ["x"] * 101 for b in loaded["b"])
+    with pytest.raises(yaml.YAMLError) as err:
+        safe_yaml(_copies(97, ", y"))  # 10,001
+    assert getattr(err.value, "problem", None) == "aliases expand to more than 10000 nodes"
+    path = _space_file(tmp_path, "task: idiom\n" + _copies(97))  # 10,002
+    assert _load_refused(str(path)) == f"{path}:1: invalid YAML (aliases expand to more than 10000 nodes)"
+
+
+def test_a_yaml_integer_of_40_characters_is_read_and_of_41_refused(tmp_path: Path) -> None:
+    from raycl.config.bounded_yaml import safe_yaml
+
+    assert safe_yaml(f"a: {'9' * 40}\nb: -{'9' * 39}\n") == {"a": int("9" * 40), "b": -int("9" * 39)}
+    path = _space_file(tmp_path, f"task: idiom\noptim:\n  epochs: -{'9' * 40}\n")
+    expected = "invalid YAML (an integer of 41 characters, expected at most 40)"
+    assert _load_refused(str(path)) == f"{path}:3: {expected}"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "bad", "expected"),
+    [
+        ({"wait_s": 604_800.0}, "wait_s", 604_800.5, SECONDS),  # a seconds key, below a section
+        ({"cpus_per_head": 1024.0}, "cpus_per_head", 1025.0, AMOUNT),
+        ({"driver_cpus": 1024.0}, "driver_cpus", 1025.0, AMOUNT),
+        ({"warmup_epochs": 100_000}, "warmup_epochs", 100_001, "an integer ≤ 100,000"),
+        ({"seed": 2**32 - 1}, "seed", 2**32, "an integer ≤ 4,294,967,295"),
+        (  # a seed four mappings down (BartConfig's task_specific_params): the last part names the kind
+            {"task_specific_params": {"summarization": {"seed": 2**32 - 1}}},
+            "task_specific_params.summarization.seed",
+            2**32,
+            "an integer ≤ 4,294,967,295",
+        ),
+        (  # a resource is a value of a resources mapping, not anything further down
+            {"resources": {"gpu": {"count": 2**31 - 1}}},
+            "resources.gpu.count",
+            2**31,
+            INT,
+        ),
+    ],
+)
+def test_a_number_is_bounded_by_its_last_key_at_any_depth(
+    overrides: dict[str, Any], key: str, bad: Any, expected: str
+) -> None:
+    """``model.overrides`` (BartConfig's fields) is a mapping of anything: its numbers are bounded by the kind
+    their own key names, as a section's are, however deep."""
+    validate(_config("gec", {"model.overrides": overrides}), where=WHERE)
+    nested = bad
+    for part in reversed(key.split(".")):
+        nested = {part: nested}
+    message = _refused(_config("gec", {"model.overrides": nested}))
+    assert message == _message(f"model.overrides.{key}", expected, bad)
+
+
+def test_a_config_without_checks_of_its_own_gets_the_common_ones() -> None:
+    """``validate`` runs a config's own ``validate(where)`` when it has one (every task's does); a config of
+    only the shared sections is checked by them alone."""
+    from raycl.config import LoopOptions, ScalingSection, TuneSection
+
+    @dataclasses.dataclass
+    class Plain:
+        scaling: ScalingSection = dataclasses.field(default_factory=ScalingSection)
+        tune: TuneSection = dataclasses.field(default_factory=TuneSection)
+        optim: LoopOptions = dataclasses.field(default_factory=LoopOptions)
+
+    validate(Plain(), where=WHERE)
+    message = _refused(Plain(optim=LoopOptions(update_freq=0)))
+    assert message == _message("optim.update_freq", "an integer ≥ 1", 0)
+    message = _refused(Plain(tune=TuneSection(num_samples=2**31)))
+    assert message == _message("tune.num_samples", INT, 2**31)

@@ -13,6 +13,7 @@ from raycl.errors import UserError, shown
 SEARCH_KINDS = ("grid", "choice", "uniform", "loguniform", "qrange")
 MAX_SEARCH_VALUES = 1_000  # values one search key expands to (grid, choice, qrange)
 MAX_TRIALS = 10_000  # trials a search expands to: the grid's points × tune.num_samples
+ON_STEP = 1e-9  # a qrange's stop this close to a step (in steps) is on it: (1.0 - 0.1) / 0.05 is 17.999...96
 
 
 def check_search(config: Any, search: Any, where: str) -> dict[str, dict[str, list[Any]]]:
@@ -75,21 +76,23 @@ def _is_num(v: Any) -> bool:
 
 
 def search_count(kind: str, values: list[Any]) -> float:
-    """How many values a checked spec expands to (a qrange's counted, not built; uniform and loguniform: 1)."""
+    """How many values a checked spec expands to (a qrange's counted, not built: start, start + step, ... up to
+    stop, stop included when it is on the step; uniform and loguniform: 1)."""
     if kind == "qrange":
         start, stop, step = values
         n = (stop - start) / step  # finite numbers, step > 0: at worst inf, never an error
-        return math.inf if not math.isfinite(n) else int(round(n)) + 1
+        return math.inf if not math.isfinite(n) else math.floor(n + ON_STEP) + 1
     return len(values) if kind in ("grid", "choice") else 1
 
 
 def expand_values(kind: str, values: list[Any]) -> list[Any]:
-    """The discrete values of a ``grid``/``choice``/``qrange`` spec (qrange is inclusive, rounded to the step)."""
+    """The discrete values of a ``grid``/``choice``/``qrange`` spec (a qrange's from start by step up to stop,
+    stop included when it is on the step, each rounded to the decimal places of its start and step)."""
     if kind != "qrange":
         return list(values)
     start, stop, step = values
     n = int(search_count(kind, values))
-    decimals = _decimals(step)
+    decimals = max(_decimals(start), _decimals(step))  # 0.15 + 0.1·i has two places: 0.15, 0.25, 0.35
     vals = [round(start + i * step, decimals) for i in range(n)]
     return [int(v) for v in vals] if all(isinstance(x, int) for x in values) else vals
 
