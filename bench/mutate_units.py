@@ -62,6 +62,13 @@ def _module(path: Path) -> str:
     return ".".join(path.with_suffix("").parts).removesuffix(".__init__")
 
 
+def _globs(path: Path) -> list[str]:
+    """mutmut's name globs for the mutants of ``path``: a package's ``__init__.py`` by its functions' and methods'
+    own prefixes (``raycl.config.*`` would also name every module of the package)."""
+    module = _module(path)
+    return [f"{module}.x_*", f"{module}.x\u01c1*"] if path.name == "__init__.py" else [f"{module}.*"]
+
+
 def _not_mutated(path: Path) -> list[str]:
     """The functions of ``path`` mutmut leaves alone: decorated by anything but staticmethod/classmethod."""
     out = []
@@ -179,7 +186,7 @@ def main() -> None:
     cfg = tomllib.loads((ROOT / "bench" / "mutate_units.toml").read_text(encoding="utf-8"))
     t0 = time.perf_counter()
     if not args.report_only:
-        names = _unkilled(files) if args.survivors else [f"{_module(f)}.*" for f in files]
+        names = _unkilled(files) if args.survivors else [n for f in files for n in _globs(f)]
         code = run_mutmut(names, args.max_children) if names else 0
         if code != 0:
             sys.exit(f"mutate-units: mutmut exited with {code} (run `python -m mutmut run` to see why)")
