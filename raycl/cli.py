@@ -256,11 +256,20 @@ def space_verb(verb: str, doc: str, argv: list[str] | None, *, sweep: bool, prog
         )
     check_inputs(space, run_dir, trust_out=args.trust_out)
     quiet_ray()
-    if on_ray:
-        from raycl.distributed.runtime import cpus_of_a_run, init_ray, local_cpus
+    started = False
+    try:
+        if on_ray:
+            from raycl.distributed.runtime import cpus_of_a_run, init_ray, local_cpus
 
-        init_ray(args.address, num_cpus=local_cpus(cpus_of_a_run(space.config)))
-        space = check_resources(
-            space, sweep=sweep, address=args.address, connected=True, cluster_config=args.cluster_config
-        )
-    finish(run(space, run_dir, sweep=sweep, track=args.track), as_json=args.json)
+            started = init_ray(args.address, num_cpus=local_cpus(cpus_of_a_run(space.config)))
+            space = check_resources(
+                space, sweep=sweep, address=args.address, connected=True, cluster_config=args.cluster_config
+            )
+        summary = run(space, run_dir, sweep=sweep, track=args.track)
+    except UserError:
+        if started:  # the Ray this command started or joined: its workers' output ends before the error's line
+            from raycl.distributed.runtime import stop_ray
+
+            stop_ray()
+        raise
+    finish(summary, as_json=args.json)

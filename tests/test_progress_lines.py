@@ -105,6 +105,59 @@ def test_worker_output_reaches_the_driver_unless_turned_off(monkeypatch) -> None
     assert runtime._propagated_env()["RAYCL_PROGRESS"] == "lines"  # the driver's choice, for its workers
 
 
+# A run that ends in a UserError while a Ray worker of it still prints (as a Ray Train controller prints its own
+# report of the error that ended the run): `python -m raycl.train`'s driver with its `run` replaced by one that
+# starts such a worker on the Ray the command started, lets its output stream, then fails.
+CHATTY_RUN = """
+import sys, threading, time
+from raycl import cli
+from raycl.errors import UserError
+
+
+def failing_run(space, run_dir, *, sweep, track=None):
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Chatter:
+        def start(self):
+            def chat():
+                while True:
+                    print("worker output", file=sys.stderr, flush=True)
+                    time.sleep(0.005)
+
+            threading.Thread(target=chat, daemon=True).start()
+            return True
+
+    chatter = Chatter.remote()
+    ray.get(chatter.start.remote(), timeout=120)
+    time.sleep(3)  # its lines stream to the driver meanwhile
+    raise UserError("the run failed")
+
+
+cli.run = failing_run
+from raycl.train import main
+
+main(["idiom", "--preset", "smoke", "--out", sys.argv[1]])
+"""
+
+
+def test_a_run_s_one_line_error_is_the_last_line_though_its_workers_still_print(tmp_path: Path) -> None:
+    """The error's line comes after everything Ray streamed from the run's workers (the command leaves its Ray
+    first): seen in CI as a controller's traceback printed after raycl's line."""
+    env = {k: v for k, v in os.environ.items() if k != "RAYCL_WORKER_LOGS"}
+    done = subprocess.run(
+        [sys.executable, "-c", CHATTY_RUN, str(tmp_path / "run")],
+        env={**env, "RAY_ADDRESS": "", "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert any("worker output" in line for line in lines), done.stderr[-3000:]  # the worker's output streamed
+    assert lines[-1] == "raycl: error: the run failed", lines[-5:]
+
+
 def test_every_environment_variable_raycl_reads_is_in_the_documented_table() -> None:
     root = Path(__file__).resolve().parents[1]
     code = "\n".join(p.read_text(encoding="utf-8") for p in (root / "raycl").rglob("*.py"))

@@ -30,8 +30,8 @@ TOKEN_HELP = (
 )
 
 
-def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
-    """Start (or join) Ray once per process.
+def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool:
+    """Start (or join) Ray once per process; whether this call did (False: this process was already connected).
 
     With no address and no ``RAY_ADDRESS`` this starts an embedded local Ray (``address="local"``: never another
     process's Ray on the same machine; ``--address auto`` joins a cluster), which ``ray[default]`` gives a
@@ -42,7 +42,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is not None:
         check_cluster(address)
@@ -55,6 +55,16 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
     kwargs["runtime_env"] = {"env_vars": _propagated_env(embedded=address is None), **_setup_hook()}
     ray.init(address=address or "local", **kwargs)  # type: ignore[arg-type]
     log.info("ray: %s", ray.cluster_resources())
+    return True
+
+
+def stop_ray() -> None:
+    """Leave Ray (an embedded Ray: stop it) before a run's one-line error is printed. Ray streams its workers'
+    output to this process as it reads their log files: a Ray Train controller's own report of the error that
+    ends the run (its traceback) could otherwise reach the terminal after raycl's line, which must be the last."""
+    import ray
+
+    ray.shutdown()
 
 
 SETUP_HOOK = "raycl.distributed.runtime.know_own_cluster"
