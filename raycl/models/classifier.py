@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from raycl.errors import UserError
-from raycl.models.tokenizer import train_bpe_tokenizer
+from raycl.models.tokenizer import load_tokenizer, train_bpe_tokenizer
 
 if TYPE_CHECKING:  # transformers where used: a Tune trial's actor imports this module and needs none of it
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -133,13 +133,6 @@ def load_classifier(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokeni
     from transformers import AutoModelForSequenceClassification
 
     return AutoModelForSequenceClassification.from_pretrained(str(path)), load_tokenizer(path)
-
-
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """The tokenizer of a folder written by :func:`build_classifier`."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path))
 
 
 def classifier_preset(preset: str) -> ClassifierPreset:

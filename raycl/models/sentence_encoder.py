@@ -28,7 +28,7 @@ from raycl.errors import UserError, at
 from raycl.models import masks
 from raycl.models.cross_attention import CrossAttention, mean_pool
 from raycl.models.folders import save_encoder_folder
-from raycl.models.tokenizer import train_bpe_tokenizer
+from raycl.models.tokenizer import load_tokenizer, train_bpe_tokenizer
 
 if TYPE_CHECKING:  # transformers where used: a Tune trial's actor imports this module and needs none of it
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -143,7 +143,7 @@ class SentenceEncoder(nn.Module):
         if not (folder / "config.json").is_file():
             raise UserError(f"{at(folder)}: not a model folder (expected an HF folder with config.json)")
         meta = _read_meta(folder / CONFIG_FILE)
-        encoder, tokenizer = _load_encoder(str(folder)), _load_tokenizer(str(folder))
+        encoder, tokenizer = _load_encoder(str(folder)), load_tokenizer(str(folder))
         cross = CrossAttention(
             int(meta.get("hidden", encoder.config.hidden_size)),
             int(meta.get("heads", encoder.config.num_attention_heads)),
@@ -194,7 +194,7 @@ def build_sentence_encoder(
         encoder, tokenizer = _smoke_encoder(texts, out, extra_tokens)
     else:
         source = checkpoint or (_small_checkpoint() if preset == "small" else PAPER_CHECKPOINT)
-        encoder, tokenizer = _load_encoder(source), _load_tokenizer(source)
+        encoder, tokenizer = _load_encoder(source), load_tokenizer(source)
         if tokenizer.add_tokens(list(extra_tokens)):
             encoder.resize_token_embeddings(len(tokenizer))
     SentenceEncoder(encoder, tokenizer, max_seq_length=max_seq_length).save_pretrained(out)
@@ -232,12 +232,6 @@ def _load_encoder(source: str) -> PreTrainedModel:
     model_type = AutoConfig.from_pretrained(source).model_type
     kwargs = {"add_pooling_layer": False} if model_type in _POOLER_TYPES else {}
     return AutoModel.from_pretrained(source, **kwargs)
-
-
-def _load_tokenizer(source: str) -> PreTrainedTokenizerBase:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(source)
 
 
 def _drop_pooler(encoder: nn.Module) -> None:

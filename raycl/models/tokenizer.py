@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 if TYPE_CHECKING:  # transformers where used: a Tune trial's actor imports this module and needs none of it
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 
 @dataclass(frozen=True)
@@ -99,3 +99,10 @@ def train_bpe_tokenizer(
     )
     tokenizer.save_pretrained(str(out_dir))
     return tokenizer
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of a model folder (or hub name), as ``AutoTokenizer`` reads it."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))

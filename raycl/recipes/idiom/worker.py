@@ -30,8 +30,9 @@ from raycl.adversarial import build_adversarial
 from raycl.config.tasks.idiom import IdiomConfig
 from raycl.data.semeval import IdiomExample, read_idiom_train
 from raycl.memory.ema import EMA
-from raycl.models.classifier import encode_batch, load_classifier, load_tokenizer
+from raycl.models.classifier import encode_batch, load_classifier
 from raycl.models.masks import prepared
+from raycl.models.tokenizer import load_tokenizer
 from raycl.recipes.idiom.evaluation import Evaluator, model_input
 from raycl.training.batching import BatchPlan
 from raycl.training.optim import build_scheduler, from_section
