@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import json
 import math
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -100,8 +101,15 @@ def _train(
         max_failures=1 if kill else 0,
         collective_timeout_s=60,
     )  # a hang fails in 60 s
+    before = signal.getsignal(signal.SIGINT)
     result = fit(functools.partial(loop.run, job), scaling=scaling, name=out.name, storage_path=out / "ray")
     assert result.error is None, result.error
+    # Ray Train's Ctrl-C handler (it aborts the run's controller and holds it alive) is gone once the run is over
+    assert signal.getsignal(signal.SIGINT) is before
+    if workers:  # no Ray Data part for a training without Ray Datasets (raycl's trainer drops it)
+        from ray.util.state import list_actors
+
+        assert not list_actors(filters=[("class_name", "=", "DatasetManager")], raise_on_missing_output=False)
     return [torch.load(out / "probe" / f"rank{r}.pt", weights_only=False) for r in range(max(workers, 1))]
 
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +53,7 @@ def fit(
         from ray.tune.integration.ray_train import TuneReportCallback
 
         callbacks.append(TuneReportCallback())
-    trainer = TorchTrainer(
+    trainer = _Trainer(
         train_fn,
         # a collective that never completes (ranks that disagree on what comes next) fails the run after this long
         torch_config=CheckedTorchConfig(timeout_s=scaling.collective_timeout_s),
@@ -73,7 +76,8 @@ def fit(
         ),
     )
     try:
-        return trainer.fit()
+        with _sigint_kept():
+            return trainer.fit()
     except ray.train.ControllerError as err:
         said = _user_error(err.controller_failure)
         if said is not None:  # a worker's node cannot run it (CheckedTorchConfig): its one line
@@ -85,6 +89,24 @@ def fit(
             f"{scaling.start_timeout_s:g} s: {workers_ask(scaling)}; {cluster()}, and other work "
             "(another run, a sweep's trials, miners) may hold part of it"
         ) from None
+
+
+@contextmanager
+def _sigint_kept() -> Iterator[None]:
+    """The process's SIGINT handler as it was before a training. On the main thread Ray Train's ``fit`` installs
+    a handler that aborts its controller and never puts the old one back: after the training, Ctrl-C in the
+    driver (its evaluation, report, the next phase) only asked a finished controller to abort — the third one
+    exited with status 0 — and the handler's hold on the controller kept that actor (and what it holds) alive
+    until the next training."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGINT)  # None: a handler not set from Python, which Ray's replaces anyway
+    try:
+        yield
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGINT, before)
 
 
 def _attempt_s() -> float:
@@ -115,6 +137,21 @@ def _did_not_start(err: ray.train.ControllerError) -> bool:
 
 def _gpu_node_problem() -> str | None:
     return gpu_problem("a Ray Train worker", "scaling.use_gpu=true", nccl=True)
+
+
+class _Trainer(TorchTrainer):  # type: ignore[misc]
+    """``TorchTrainer`` without Ray Data's part when no Ray Dataset is given (raycl gives none: a recipe's data is
+    read by its workers). Ray Train V2 starts a ``DatasetManager`` actor for every worker group whether or not
+    there are datasets — one more process per training, which imports Ray Data (``ray.data``) and registers its
+    cluster-wide helper actors (``_StatsActor``, ``ActorLocationTracker``, ``_AutoscalingCoordinatorActor``). A
+    worker group started without the callback gets no dataset shard provider, which only ``get_dataset_shard``
+    reads."""
+
+    def _create_default_callbacks(self) -> list[Any]:
+        from ray.train.v2._internal.callbacks import DatasetsCallback
+
+        callbacks = super()._create_default_callbacks()
+        return callbacks if self.datasets else [c for c in callbacks if not isinstance(c, DatasetsCallback)]
 
 
 class _CheckedTorchBackend(_TorchBackend):  # type: ignore[misc]
