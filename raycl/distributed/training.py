@@ -150,7 +150,7 @@ class _Trainer(TorchTrainer):  # type: ignore[misc]
     def _create_default_callbacks(self) -> list[Any]:
         from ray.train.v2._internal.callbacks import DatasetsCallback
 
-        callbacks = super()._create_default_callbacks()
+        callbacks = super()._create_default_callbacks()  # type: ignore[misc]
         return callbacks if self.datasets else [c for c in callbacks if not isinstance(c, DatasetsCallback)]
 
 
