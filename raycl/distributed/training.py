@@ -142,10 +142,9 @@ def _gpu_node_problem() -> str | None:
 class _Trainer(TorchTrainer):  # type: ignore[misc]
     """``TorchTrainer`` without Ray Data's part when no Ray Dataset is given (raycl gives none: a recipe's data is
     read by its workers). Ray Train V2 starts a ``DatasetManager`` actor for every worker group whether or not
-    there are datasets — one more process per training, which imports Ray Data (``ray.data``) and registers its
-    cluster-wide helper actors (``_StatsActor``, ``ActorLocationTracker``, ``_AutoscalingCoordinatorActor``). A
-    worker group started without the callback gets no dataset shard provider, which only ``get_dataset_shard``
-    reads."""
+    there are datasets — one more process per training, which imports Ray Data (``ray.data``) and, with the
+    controller's handle, lives as long as it. A worker group started without the callback gets no dataset shard
+    provider, which only ``get_dataset_shard`` reads."""
 
     def _create_default_callbacks(self) -> list[Any]:
         from ray.train.v2._internal.callbacks import DatasetsCallback
