@@ -26,6 +26,7 @@ import functools
 import json
 import math
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,19 @@ def _train(
 
         gcs = ray.get_runtime_context().gcs_address  # this session's Ray: CI's machine runs others beside it
         assert not list_actors(gcs, filters=[("class_name", "=", "DatasetManager")], raise_on_missing_output=False)
+        # Train's placement-group cleaner (it asks the dashboard) gives way to raycl's reaper, which the controller
+        # ends when it shuts down in order
+        assert not list_actors(
+            gcs, filters=[("class_name", "=", "PlacementGroupCleaner")], raise_on_missing_output=False
+        )
+        for _ in range(60):  # the kill is asynchronous: up to 30 s for the actor table to say so
+            reapers = list_actors(
+                gcs, filters=[("class_name", "=", "PlacementReaper")], raise_on_missing_output=False
+            )
+            if reapers and all(a.state == "DEAD" for a in reapers):
+                break
+            time.sleep(0.5)
+        assert reapers and all(a.state == "DEAD" for a in reapers), reapers
     return [torch.load(out / "probe" / f"rank{r}.pt", weights_only=False) for r in range(max(workers, 1))]
 
 

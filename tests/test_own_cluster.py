@@ -1,7 +1,6 @@
 """Two Rays on one machine: each run's Ray processes know their own cluster's address. Ray's State API without
-an address (what Train's ``PlacementGroupCleaner`` calls to learn whether a run's controller lives, and so free
-the placement group of a trial Tune stopped early) otherwise looks at the machine and fails beside another Ray:
-``ConnectionError: Found multiple active Ray instances``."""
+an address (what Ray's own helpers in a run's processes call, and a user's callback may) otherwise looks at the
+machine and fails beside another Ray: ``ConnectionError: Found multiple active Ray instances``."""
 
 from __future__ import annotations
 

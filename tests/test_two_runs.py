@@ -1,13 +1,16 @@
 """Two raycl sweeps at once on one machine, each on its own embedded Ray, where Tune stops a trial early (ASHA):
-both finish. A trial Tune stops leaves its Ray Train workers' placement group for Train's ``PlacementGroupCleaner``
-to remove, and the cleaner finds its cluster through the State API; beside another Ray on the machine it failed
-(``Found multiple active Ray instances``), the group stayed, and the next trial's workers waited for its CPUs for
-ever. Here each trial's driver and worker fill the 2 CPUs of its Ray, so a left group would stop the sweep.
+both finish. A trial Tune stops leaves its Ray Train workers' placement group for something else to remove. Train's
+own cleaner asked the dashboard's State API whether the controller lived: beside another Ray on the machine it
+failed (``Found multiple active Ray instances``), and once, in CI, the group stayed although each Ray process knew
+its own cluster — the third trial of one sweep waited ``scaling.start_timeout_s`` for its CPUs and failed.
+raycl's reaper (``raycl.distributed.placement``) asks the controller itself. Here each trial's driver and worker
+fill the 2 CPUs of its Ray, so a left group would stop the sweep.
 
 ``make test-cluster`` (``-m cluster``): about 3 minutes on 2 cores."""
 
 from __future__ import annotations
 
+import csv
 import os
 import subprocess
 import sys
@@ -73,10 +76,18 @@ def test_two_sweeps_at_once_on_one_machine_both_finish(tmp_path: Path) -> None:
     errs = [p.communicate(timeout=900)[1] for p in procs]
     for p, err in zip(procs, errs, strict=True):
         assert p.returncode == 0, err[-4000:]
-    for name in ("a", "b"):
+    for name, err in zip(("a", "b"), errs, strict=True):
         trials = sorted((tmp_path / name / "trials").iterdir())
+        with (tmp_path / name / "results.csv").open(encoding="utf-8") as f:  # a failed trial's error, to say why
+            why = {r["trial_id"]: r["error"] for r in csv.DictReader(f) if r.get("error")}
         reports = [len([r for r in read_history(t) if "epoch" in r and "final" not in r]) for t in trials]
         # ASHA stops the low-lr trial at its first report; the stop reaches a trial this small when it may already
         # have reported its second epoch (seen once: [2, 2, 2]): the stopped one is told by its missing done.json
         ended = [(t / DONE).exists() for t in trials]
-        assert len(trials) == 3 and ended == [True, False, True] and reports[1] >= 1, (name, reports, ended)
+        assert len(trials) == 3 and ended == [True, False, True] and reports[1] >= 1 and not why, (
+            name,
+            reports,
+            ended,
+            why,
+            err[-3000:],
+        )

@@ -35,9 +35,9 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool
 
     With no address and no ``RAY_ADDRESS`` this starts an embedded local Ray (``address="local"``: never another
     process's Ray on the same machine; ``--address auto`` joins a cluster), which ``ray[default]`` gives a
-    dashboard: Train V2 needs its State API to release the placement groups of trials that Tune stops early
-    (ray-project/ray#54305). A cluster that refuses us ends in one line (:func:`check_cluster`). Never calls
-    ``ray stop``.
+    dashboard. The placement groups of trials that Tune stops early are released without it
+    (:mod:`raycl.distributed.placement`). A cluster that refuses us ends in one line (:func:`check_cluster`).
+    Never calls ``ray stop``.
     """
     import ray
 
@@ -73,11 +73,11 @@ SETUP_HOOK = "raycl.distributed.runtime.know_own_cluster"
 def know_own_cluster() -> None:
     """Every Ray worker process of a raycl run runs this at its start (the runtime env's
     ``worker_process_setup_hook``): ``RAY_ADDRESS`` names the worker's own cluster. Ray's State API without an
-    address — Train's ``PlacementGroupCleaner`` asks it whether a run's controller still lives, to free the
-    placement group of a trial Tune stopped early — otherwise finds "the" cluster by looking at the machine
-    (``ray._private.services.get_ray_address_from_environment``): with two Rays on one machine (two runs, a test's
-    Ray beside a run) it fails with ``Found multiple active Ray instances``, and beside a ``ray start`` cluster
-    it picks that one's recorded address, another cluster's."""
+    address — what Ray's own helpers call (Train's run-state tracking, its placement-group cleaner where raycl's
+    trainer does not replace it) and a user's callback may — otherwise finds "the" cluster by looking at the
+    machine (``ray._private.services.get_ray_address_from_environment``): with two Rays on one machine (two runs,
+    a test's Ray beside a run) it fails with ``Found multiple active Ray instances``, and beside a ``ray start``
+    cluster it picks that one's recorded address, another cluster's."""
     import ray
 
     os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address

@@ -13,8 +13,10 @@ from typing import Any
 import ray.train
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.train.torch.config import _TorchBackend
+from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
 
 from raycl.config import ScalingSection
+from raycl.distributed.placement import HEAD_NODE, PlacementReaper
 from raycl.distributed.resources import cluster, gpu_problem, start_attempts_limit, worker_bundle, workers_ask
 from raycl.errors import UserError
 from raycl.storage import ray_storage
@@ -144,12 +146,18 @@ class _Trainer(TorchTrainer):  # type: ignore[misc]
     read by its workers). Ray Train V2 starts a ``DatasetManager`` actor for every worker group whether or not
     there are datasets — one more process per training, which imports Ray Data (``ray.data``) and, with the
     controller's handle, lives as long as it. A worker group started without the callback gets no dataset shard
-    provider, which only ``get_dataset_shard`` reads."""
+    provider, which only ``get_dataset_shard`` reads. Train's placement-group cleaner, which learns through the
+    dashboard that a controller died, gives way to :class:`raycl.distributed.placement.ReaperCallback`, which asks
+    the controller."""
 
     def _create_default_callbacks(self) -> list[Any]:
         from ray.train.v2._internal.callbacks import DatasetsCallback
+        from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 
-        callbacks = super()._create_default_callbacks()  # type: ignore[misc]
+        callbacks = [
+            ReaperCallback() if isinstance(c, PlacementGroupCleanerCallback) else c
+            for c in super()._create_default_callbacks()  # type: ignore[misc]
+        ]
         return callbacks if self.datasets else [c for c in callbacks if not isinstance(c, DatasetsCallback)]
 
 
@@ -163,6 +171,44 @@ class _CheckedTorchBackend(_TorchBackend):  # type: ignore[misc]
             if problems:
                 raise UserError(problems[0])
         super().on_start(worker_group, backend_config)
+
+
+class ReaperCallback(ControllerCallback, WorkerGroupCallback):  # type: ignore[misc]
+    """Starts a :class:`PlacementReaper` beside the controller, gives it each worker group's placement group, and
+    ends it when the controller shuts down or aborts in order. Replaces Train's ``PlacementGroupCleanerCallback``
+    (:class:`_Trainer`)."""
+
+    def __init__(self) -> None:
+        self.reaper: Any = None
+
+    def after_controller_start(self, train_run_context: Any) -> None:
+        self.reaper = (
+            ray.remote(PlacementReaper)
+            .options(  # two threads: its watch; what the controller tells it. Not in the trial's placement group
+                num_cpus=0,
+                max_concurrency=2,
+                lifetime="detached",
+                resources={HEAD_NODE: 0.001},
+                scheduling_strategy="DEFAULT",
+            )
+            .remote(ray.get_runtime_context().current_actor)
+        )
+        self.reaper.run.remote()
+
+    def after_worker_group_start(self, worker_group: Any) -> None:
+        group = worker_group.get_worker_group_state().placement_group_handle.placement_group
+        ray.get(self.reaper.watch.remote(group))
+
+    async def before_controller_shutdown(self) -> None:
+        self._end()
+
+    def before_controller_abort(self) -> None:
+        self._end()
+
+    def _end(self) -> None:
+        if self.reaper is not None:
+            ray.kill(self.reaper)
+            self.reaper = None
 
 
 class CheckedTorchConfig(TorchConfig):  # type: ignore[misc]

@@ -1,0 +1,76 @@
+"""A Ray Train run's worker placement group, removed once the run's controller is gone, without Ray's State API.
+
+Ray Train V2's worker placement group lives as long as the Ray job, not as the controller that made it
+(ray-project/ray#54305): when Tune stops a trial early (ASHA, PBT) its actor ends, the controller with it, and the
+group keeps its CPUs and GPUs until something removes it. Train's own ``PlacementGroupCleaner`` learns that the
+controller died through the State API (``ray.util.state.get_actor``), that is through the dashboard's HTTP server:
+where the dashboard is missing, not yet up, or too slow on a loaded head node, it only logs "Failed to query Ray
+Train Controller actor state" and the group stays, and the next trial's workers wait for resources that never come
+(``scaling.start_timeout_s`` then ends that trial). :class:`PlacementReaper` asks the controller itself, through
+its actor handle: a call to a dead actor fails at once with ``RayActorError`` (the core worker, not the
+dashboard, knows), a live one answers. This module imports no ``ray.train`` (about 2 CPU-s a process): the
+reaper's process starts lighter than Train's cleaner's. :class:`raycl.distributed.training.ReaperCallback`
+starts it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import ray
+
+log = logging.getLogger(__name__)
+
+HEAD_NODE = "node:__internal_head__"  # Ray's resource of the head node: the reaper outlives any worker node
+
+
+class PlacementReaper:
+    """A detached actor beside one Train controller: it keeps the controller's latest worker placement group and
+    removes it once the controller is dead, then exits. The controller kills it when it shuts down in order (it
+    removes its group itself then)."""
+
+    def __init__(self, controller: Any, interval_s: float = 1.0, answer_s: float = 10.0) -> None:
+        self.controller, self.interval_s, self.answer_s = controller, interval_s, answer_s
+        self.group: Any = None
+        self.done = threading.Event()
+
+    def watch(self, group: Any) -> None:
+        """The controller's worker group (re)started on ``group``: the one to remove if the controller dies."""
+        self.group = group
+
+    def controller_alive(self) -> bool:
+        """False only when a call to the controller failed because the actor is dead; a slow answer (a loaded
+        node) counts as alive, and is asked again."""
+        ref = self.controller.__ray_ready__.remote()
+        ready, _ = ray.wait([ref], timeout=self.answer_s)
+        if not ready:
+            return True
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayActorError:
+            return False
+        return True
+
+    def run(self) -> None:
+        """Ask every ``interval_s`` until the controller is dead; then remove its group and end this actor."""
+        while not self.done.wait(self.interval_s):
+            try:
+                if self.controller_alive():
+                    continue
+            except Exception as err:  # never give up on the group: a failed question is asked again
+                log.warning(
+                    "raycl: could not ask the Ray Train controller whether it lives (%s); asking again", err
+                )
+                continue
+            self.remove()
+            ray.actor.exit_actor()
+
+    def remove(self) -> bool:
+        """Remove the watched group unless it is gone already; whether it did."""
+        group = self.group
+        if group is None or ray.util.placement_group_table(group).get("state") in (None, "REMOVED"):
+            return False
+        log.warning("raycl: the Ray Train controller died; removing its worker placement group %s", group.id.hex())
+        ray.util.remove_placement_group(group)
+        return True
