@@ -12,7 +12,7 @@ from typing import Any
 
 from raycl.config import Space, space_names, to_dict
 from raycl.config.tasks import load_space
-from raycl.errors import UserError, summary_out
+from raycl.errors import TrialsFailed, UserError, summary_out
 from raycl.storage import check_uri, is_uri, push, remote_of, stage
 
 TRACKERS = ("mlflow", "wandb")
@@ -224,11 +224,20 @@ def run(space: Space, run_dir: Path, *, sweep: bool, track: tuple[str, ...] | No
 
 
 def finish(summary: dict[str, Any], *, as_json: bool) -> None:
+    """Print the summary (``--json``) or where the report is; then say which trials failed, on stderr — and when
+    every one did, end with exit status 1: a sweep that trained nothing has not succeeded, whatever its report."""
+    where = (summary.get("store") or summary["run_dir"]).rstrip("/")
     if as_json:
         print(json.dumps(summary, indent=2, default=str), file=summary_out())
+    else:
+        print(f"report: {where}/report.md")
+    failed, total = summary.get("failed_trials") or [], summary.get("trials", 0)
+    if not failed:
         return
-    where = summary.get("store") or summary["run_dir"]
-    print(f"report: {where.rstrip('/')}/report.md")
+    what = f"{len(failed)} of {total} trials failed ({', '.join(failed)}): their errors are in {where}/results.csv"
+    if len(failed) >= total:
+        raise TrialsFailed(what)
+    print(f"raycl: {what}", file=sys.stderr)
 
 
 def quiet_ray() -> None:
@@ -266,10 +275,10 @@ def space_verb(verb: str, doc: str, argv: list[str] | None, *, sweep: bool, prog
                 space, sweep=sweep, address=args.address, connected=True, cluster_config=args.cluster_config
             )
         summary = run(space, run_dir, sweep=sweep, track=args.track)
+        finish(summary, as_json=args.json)  # every trial failed: a one-line error too, after Ray's output
     except UserError:
         if started:  # the Ray this command started or joined: its workers' output ends before the error's line
             from raycl.distributed.runtime import stop_ray
 
             stop_ray()
         raise
-    finish(summary, as_json=args.json)

@@ -1,7 +1,8 @@
 """User-facing errors: one line, naming the file and line (or the config key) and what was expected.
 
 A :class:`UserError` is a mistake in what the user gave us (a file, a key, a value); the CLI entry points
-print its message on one line and exit with status 2 (1 for :class:`RangesFailed`), without a traceback.
+print its message on one line and exit with status 2 (1 for :class:`RangesFailed` and :class:`TrialsFailed`),
+without a traceback.
 Internal bugs raise anything else.
 """
 
@@ -31,6 +32,13 @@ class UserError(Exception):
 class RangesFailed(UserError):
     """Some ranges of a corpus could not be mined (listed in the message and ``_failures.json``); the others
     were. Not a usage error: exit status 1."""
+
+    exit_status = 1
+
+
+class TrialsFailed(UserError):
+    """Every trial of a run failed (their errors are in its ``results.csv``, its report is written). Not a usage
+    error: exit status 1."""
 
     exit_status = 1
 

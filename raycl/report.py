@@ -296,6 +296,7 @@ def write_run_files(
         "timings": run.timings,
         "builtin_data": run.builtin,
         "data": run.counts,
+        "trials": len(trials),
         "failed_trials": failed(trials),
         **more,
     }

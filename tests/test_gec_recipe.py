@@ -65,7 +65,7 @@ def test_tune_sweep_and_baselines_on_local_ray(ray_local, tmp_path: Path) -> Non
     summary = driver.run_tune(gec, space, tmp_path)
     rows = list(csv.DictReader(open(tmp_path / "results.csv")))
     assert sorted(r["method"] for r in rows) == sorted(["CL", "CL", "DI", "NLL", "CL⁻", FN_DROPPED])
-    assert not summary["failed_trials"]
+    assert not summary["failed_trials"] and summary["trials"] == len(rows)
     assert [r["method"] for r in summary["table"]] == ["DI", "NLL", "CL⁻", "CL", FN_DROPPED]
     best = json.loads((tmp_path / "best.json").read_text())
     assert best["loss.margin"] in (0.25, 0.85) and "test/S/f05" in best
