@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -20,6 +21,8 @@ from raycl.distributed.placement import HEAD_NODE, PlacementReaper
 from raycl.distributed.resources import cluster, gpu_problem, start_attempts_limit, worker_bundle, workers_ask
 from raycl.errors import UserError
 from raycl.storage import ray_storage
+
+log = logging.getLogger(__name__)
 
 
 def has_checkpoint(storage_path: Path, name: str) -> bool:
@@ -197,7 +200,10 @@ class ReaperCallback(ControllerCallback, WorkerGroupCallback):  # type: ignore[m
 
     def after_worker_group_start(self, worker_group: Any) -> None:
         group = worker_group.get_worker_group_state().placement_group_handle.placement_group
-        ray.get(self.reaper.watch.remote(group))
+        try:  # bounded: a reaper that never started must not hold the run
+            ray.get(self.reaper.watch.remote(group), timeout=60)
+        except Exception as err:  # the run goes on; only the clean-up after a stop is at risk
+            log.warning("raycl: the placement-group reaper was not told of group %s (%s)", group.id.hex(), err)
 
     async def before_controller_shutdown(self) -> None:
         self._end()
