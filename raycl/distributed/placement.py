@@ -14,14 +14,12 @@ costs what Train's cleaner's did (``bench/trial_cost.py``: 2.3–2.5 CPU-s again
 from __future__ import annotations
 
 import logging
-import threading
+import time
 from typing import Any
 
 import ray
 
 log = logging.getLogger(__name__)
-
-HEAD_NODE = "node:__internal_head__"  # Ray's resource of the head node: the reaper outlives any worker node
 
 
 class PlacementReaper:
@@ -32,7 +30,6 @@ class PlacementReaper:
     def __init__(self, controller: Any, interval_s: float = 1.0, answer_s: float = 10.0) -> None:
         self.controller, self.interval_s, self.answer_s = controller, interval_s, answer_s
         self.group: Any = None
-        self.done = threading.Event()
 
     def watch(self, group: Any) -> None:
         """The controller's worker group (re)started on ``group``: the one to remove if the controller dies."""
@@ -53,7 +50,8 @@ class PlacementReaper:
 
     def run(self) -> None:
         """Ask every ``interval_s`` until the controller is dead; then remove its group and end this actor."""
-        while not self.done.wait(self.interval_s):
+        while True:
+            time.sleep(self.interval_s)
             try:
                 if self.controller_alive():
                     continue
@@ -65,11 +63,10 @@ class PlacementReaper:
             self.remove()
             ray.actor.exit_actor()
 
-    def remove(self) -> bool:
-        """Remove the watched group unless it is gone already; whether it did."""
+    def remove(self) -> None:
+        """Remove the watched group unless it is gone already."""
         group = self.group
         if group is None or ray.util.placement_group_table(group).get("state") in (None, "REMOVED"):
-            return False
+            return
         log.warning("raycl: the Ray Train controller died; removing its worker placement group %s", group.id.hex())
         ray.util.remove_placement_group(group)
-        return True

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import ray.train
+from ray._common.constants import HEAD_NODE_RESOURCE_NAME
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.train.torch.config import _TorchBackend
 from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
 
 from raycl.config import ScalingSection
-from raycl.distributed.placement import HEAD_NODE, PlacementReaper
+from raycl.distributed.placement import PlacementReaper
 from raycl.distributed.resources import cluster, gpu_problem, start_attempts_limit, worker_bundle, workers_ask
 from raycl.errors import UserError
 from raycl.storage import ray_storage
@@ -150,7 +151,7 @@ class _Trainer(TorchTrainer):  # type: ignore[misc]
     there are datasets — one more process per training, which imports Ray Data (``ray.data``) and, with the
     controller's handle, lives as long as it. A worker group started without the callback gets no dataset shard
     provider, which only ``get_dataset_shard`` reads. Train's placement-group cleaner, which learns through the
-    dashboard that a controller died, gives way to :class:`raycl.distributed.placement.ReaperCallback`, which asks
+    dashboard that a controller died, gives way to :class:`ReaperCallback`, which asks
     the controller."""
 
     def _create_default_callbacks(self) -> list[Any]:
@@ -191,7 +192,7 @@ class ReaperCallback(ControllerCallback, WorkerGroupCallback):  # type: ignore[m
                 num_cpus=0,
                 max_concurrency=2,
                 lifetime="detached",
-                resources={HEAD_NODE: 0.001},
+                resources={HEAD_NODE_RESOURCE_NAME: 0.001},  # on the head: it outlives any worker node
                 scheduling_strategy="DEFAULT",
             )
             .remote(ray.get_runtime_context().current_actor)
