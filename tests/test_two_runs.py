@@ -1,8 +1,8 @@
 """Two raycl sweeps at once on one machine, each on its own embedded Ray, where Tune stops a trial early (ASHA):
 both finish. A trial Tune stops leaves its Ray Train workers' placement group for something else to remove. Train's
 own cleaner asked the dashboard's State API whether the controller lived: beside another Ray on the machine it
-failed (``Found multiple active Ray instances``), and once, in CI, the group stayed although each Ray process knew
-its own cluster — the third trial of one sweep waited ``scaling.start_timeout_s`` for its CPUs and failed.
+failed (``Found multiple active Ray instances``), and once, in CI, the third trial of one sweep failed after about
+``scaling.start_timeout_s`` (a left group, inferred: no logs survived) although each Ray process knew its cluster.
 raycl's reaper (``raycl.distributed.placement``) asks the controller itself. Here each trial's driver and worker
 fill the 2 CPUs of its Ray, so a left group would stop the sweep.
 
