@@ -27,7 +27,7 @@ from raycl.distributed.mining_service import MiningService, trial_resources
 from raycl.distributed.nbest import SharedNBest, nbest_records, shared_nbest
 from raycl.distributed.resources import MiningPlan as MiningPlan  # the recipes' plan, named here
 from raycl.distributed.resources import waiting_line
-from raycl.distributed.session import RaySession
+from raycl.distributed.session import RaySession, TuneTrialSession
 from raycl.distributed.sweep import grid, report_again, run_sweep, to_param_space, trial_run_name
 from raycl.distributed.tracking import log_training
 from raycl.distributed.training import fit, has_checkpoint
@@ -179,7 +179,8 @@ def run_phase(run: Run, cfg: Any, phase: Phase, out_dir: Path, *, name: str, in_
     """A phase: its job, its miners started where it mines (or the run's pool read), the training, and what it
     keeps of its negatives; Ray's Result."""
     neg = phase.negatives
-    job = functools.partial(Job, phase.task, str(phase.init), str(out_dir), session=RaySession())
+    session = TuneTrialSession() if in_tune and cfg.scaling.num_workers == 0 else RaySession()
+    job = functools.partial(Job, phase.task, str(phase.init), str(out_dir), session=session)
     if not isinstance(neg, Miners):
         return fit_job(run, cfg, job(negatives=neg), name=name, in_tune=in_tune)
     if (pool := run.nbest) is not None and neg.shared is not None and pool.decoding == neg.shared.decoding:

@@ -10,7 +10,7 @@ from typing import Any
 
 @dataclass
 class ScalingSection:
-    num_workers: int = 1  # Ray Train workers per trial; 0 = local mode (no Ray, for tests and debugging)
+    num_workers: int = 1  # Ray Train workers per trial; 0 = local mode (in-process, a sweep's in its trials)
     use_gpu: bool = False
     # with use_gpu: GPUs per worker; a fraction shares a GPU (with miners, other trials), each process capped to
     # its share of the memory; two workers of one run never share one (NCCL refuses it): > 0.5 with 2 or more

@@ -3,7 +3,8 @@ negative source, opened from the driver's spec (the stream's and weight store's 
 
 :class:`RaySession` is the :class:`raycl.training.session.TrainSession` the driver puts in every job; the loop and
 the recipes call it and never import Ray themselves. With ``scaling.num_workers=0`` Ray Train runs the loop
-in-process (local mode) and the same calls work.
+in-process (local mode) and the same calls work; a Tune trial with ``scaling.num_workers=0`` runs it in the
+trial's own process with :class:`TuneTrialSession` (Ray Train's functions refuse to run in a Tune trial).
 """
 
 from __future__ import annotations
@@ -121,6 +122,38 @@ class RaySession:
             max_staleness=spec.max_staleness,
             wait_s=spec.wait_s,
         )
+
+
+class TuneTrialSession(RaySession):
+    """A Tune trial's own process as the one worker (``scaling.num_workers=0`` in a sweep): reports and
+    checkpoints go to Tune (``ray.tune.report``, ``ray.tune.get_checkpoint``); no Ray Train controller, worker or
+    helper actor is started."""
+
+    def world(self) -> tuple[int, int]:
+        return 0, 1
+
+    def device(self) -> torch.device:
+        """The GPU of the trial's bundle where it holds one, else the CPU."""
+        import ray
+
+        return torch.device("cuda") if ray.get_gpu_ids() and torch.cuda.is_available() else torch.device("cpu")
+
+    def report(self, metrics: dict[str, Any], *, checkpoint_dir: Path | None = None) -> None:
+        from ray import tune
+
+        ckpt = tune.Checkpoint.from_directory(str(checkpoint_dir)) if checkpoint_dir is not None else None
+        tune.report(metrics, checkpoint=ckpt)
+
+    @contextmanager
+    def resume_dir(self) -> Iterator[Path | None]:
+        from ray import tune
+
+        ckpt = tune.get_checkpoint()
+        if ckpt is None:
+            yield None
+            return
+        with ckpt.as_directory() as path:
+            yield Path(path)
 
 
 def open_source(spec: SourceSpec | None, at: Place[Any]) -> NegativeSource[Any]:
