@@ -56,6 +56,9 @@ FAST_LINES = {"RAYCL_PROGRESS_MIN_S": "1", "RAYCL_PROGRESS_MAX_S": "2"}
 def _space_file(tmp_path: Path) -> Path:
     space = yaml.safe_load((ROOT / "tune_spaces" / "idiom.yaml").read_text(encoding="utf-8"))
     space["presets"]["smoke"]["search"] = {"optim.epochs": {"grid": [1, 6]}}
+    # the baselines in their trials' own processes (scaling.num_workers=0: checkpoints reported to Tune itself, no
+    # Ray Train processes); the sweep's points on Ray Train workers, whose checkpoint the killed run continues from
+    space["baselines"] = {k: {**v, "scaling.num_workers": 0} for k, v in space["baselines"].items()}
     path = tmp_path / "idiom_resume.yaml"
     path.write_text(yaml.safe_dump(space, sort_keys=False), encoding="utf-8")
     return path
@@ -193,7 +196,11 @@ def test_a_sweep_whose_driver_was_killed_continues_where_it_was(
     trials = sorted({k.split("/")[1] for k in objects if k.startswith("trials/")})
     assert len(trials) == 4 and all(f"trials/{t}/best_model/model.safetensors" in objects for t in trials)
     assert any(k.startswith("ray/sweep/experiment_state") for k in objects), sorted(objects)  # Tune's own state
-    assert all(any(k.startswith(f"ray/train-trial_id={t}/checkpoint_") for k in objects) for t in trials)
+    baselines = {r["zero_shot/trial_id"] for r in summary["table"] if r["method"] != "sweep best"}
+    assert len(baselines) == 2 and baselines < set(trials)
+    for t in trials:  # a point's Ray Train checkpoints; a baseline's, reported to Tune, in its trial's folder
+        where = f"ray/baselines/trial_{t}_" if t in baselines else f"ray/train-trial_id={t}/checkpoint_"
+        assert any(k.startswith(where) and "/checkpoint_" in k for k in objects), (t, sorted(objects))
     print("\n".join(f"{v:>10}  {uri}/{k}" for k, v in sorted(objects.items())))  # the note's object listing
     histories = sorted(
         (

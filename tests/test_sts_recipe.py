@@ -120,10 +120,19 @@ def test_epoch_batches_give_every_rank_the_same_steps_and_end_with_the_shorter_l
 
 
 def test_tune_sweep_runs_table_5s_ladder(ray_local, tmp_path: Path) -> None:
-    over = [*TINY, "scaling.cpus_per_worker=0.5", "tune.driver_cpus=0.1", "finetune.epochs=0"]
+    over = [
+        *TINY,
+        "scaling.num_workers=0",
+        "scaling.cpus_per_worker=0.5",
+        "tune.driver_cpus=0.1",
+        "finetune.epochs=0",
+    ]
     space = load_space("sts", preset="smoke", overrides=over)
     space.search = {"moco.queue_size": {"grid": [8]}}
     del space.baselines["cross_attention"]  # three trials keep the file near its time budget; the demo runs all
+    # the refreshed row trains on a Ray Train worker (its miner in the trial's placement group), the sweep's point
+    # and the other rows in their trials' own processes (scaling.num_workers=0: no Ray Train processes)
+    space.baselines["dense_refreshed"] = {**space.baselines["dense_refreshed"], "scaling.num_workers": 1}
     summary = driver.run_tune(sts, space, tmp_path)
     assert not summary["failed_trials"]
     dense = ["+ InfoNCE (in-batch) + dense negatives", "+ InfoNCE (in-batch) + refreshed dense negatives"]
