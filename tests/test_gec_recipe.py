@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 from conftest import GEC_TINY
 
 from raycl import driver
@@ -160,3 +161,15 @@ def _check_mined_once(run_dir: Path, cfg) -> None:  # type: ignore[no-untyped-de
         )
         want = {r.id: list(r.negatives) for r in miner.mine(finetune)}
         assert got == want, (d.name, method[d.name])
+
+
+def test_a_trial_in_its_own_process_is_the_one_worker_and_refuses_a_gpu() -> None:
+    """``scaling.num_workers=0`` in a sweep (the baselines of the sweep test above train so): the trial is rank 0
+    of 1, and asked for a GPU (``scaling.use_gpu``) it says in one line that its bundle holds none."""
+    from raycl.distributed.session import TuneTrialSession
+    from raycl.errors import UserError
+
+    session = TuneTrialSession()
+    assert session.world() == (0, 1)
+    with pytest.raises(UserError, match="scaling.use_gpu=true with scaling.num_workers=0 in a sweep"):
+        session.device()

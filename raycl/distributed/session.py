@@ -22,6 +22,7 @@ import torch
 
 from raycl.distributed.consumer import StreamConsumer
 from raycl.distributed.nbest import wait_nbest
+from raycl.errors import UserError
 from raycl.miners.sources import (
     DenseRefresh,
     LiveStream,
@@ -133,10 +134,12 @@ class TuneTrialSession(RaySession):
         return 0, 1
 
     def device(self) -> torch.device:
-        """The GPU of the trial's bundle where it holds one, else the CPU."""
-        import ray
-
-        return torch.device("cuda") if ray.get_gpu_ids() and torch.cuda.is_available() else torch.device("cpu")
+        """Asked only with ``scaling.use_gpu``: a trial's bundle holds no GPU (``tune.driver_cpus`` and its
+        miners'), so such a training is refused in one line rather than run on the CPU unasked."""
+        raise UserError(
+            "scaling.use_gpu=true with scaling.num_workers=0 in a sweep: the trial trains in its own process, "
+            "which holds no GPU; set scaling.num_workers to 1 or more (Ray Train workers with GPUs)"
+        )
 
     def report(self, metrics: dict[str, Any], *, checkpoint_dir: Path | None = None) -> None:
         from ray import tune
