@@ -30,7 +30,7 @@ from raycl.distributed.resources import waiting_line
 from raycl.distributed.session import RaySession, TuneTrialSession
 from raycl.distributed.sweep import grid, report_again, run_sweep, to_param_space, trial_run_name
 from raycl.distributed.tracking import log_training
-from raycl.distributed.training import fit, has_checkpoint
+from raycl.distributed.training import fit, fit_in_trial, has_checkpoint
 from raycl.errors import UserError
 from raycl.miners.records import MinedNegatives
 from raycl.miners.registry import MinerKind
@@ -162,10 +162,13 @@ class RecipeBase:
 
 # ---------------------------------------------------------------------------------------------- one training
 def fit_job(run: Run, cfg: Any, job: Job, *, name: str, in_tune: bool) -> Any:
-    """One training (a ``TorchTrainer`` over the one loop; ``scaling.num_workers=0``: in-process); Ray's Result."""
+    """One training (a ``TorchTrainer`` over the one loop; ``scaling.num_workers=0``: in-process, in a sweep in
+    the trial's own process); Ray's Result."""
     # local mode would take a GPU it sees otherwise
     job = dataclasses.replace(job, use_gpu=cfg.scaling.use_gpu, hooks=run.trainer_hooks or job.hooks)
     publish(Path(job.init_model))  # a staged run: in the store before a worker on another node reads it
+    if in_tune and cfg.scaling.num_workers == 0:  # the trial's own process is the one worker
+        return fit_in_trial(functools.partial(loop.run, dataclasses.replace(job, session=TuneTrialSession())))
     return fit(
         functools.partial(loop.run, job),
         scaling=cfg.scaling,
@@ -179,8 +182,7 @@ def run_phase(run: Run, cfg: Any, phase: Phase, out_dir: Path, *, name: str, in_
     """A phase: its job, its miners started where it mines (or the run's pool read), the training, and what it
     keeps of its negatives; Ray's Result."""
     neg = phase.negatives
-    session = TuneTrialSession() if in_tune and cfg.scaling.num_workers == 0 else RaySession()
-    job = functools.partial(Job, phase.task, str(phase.init), str(out_dir), session=session)
+    job = functools.partial(Job, phase.task, str(phase.init), str(out_dir), session=RaySession())
     if not isinstance(neg, Miners):
         return fit_job(run, cfg, job(negatives=neg), name=name, in_tune=in_tune)
     if (pool := run.nbest) is not None and neg.shared is not None and pool.decoding == neg.shared.decoding:

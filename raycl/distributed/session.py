@@ -76,12 +76,18 @@ class RaySession:
         """Report metrics (all ranks must call) and, optionally, a checkpoint folder each rank just wrote: the
         ranks' folders are uploaded into one checkpoint (rank 0's state, every rank's RNG)."""
         ckpt = ray.train.Checkpoint.from_directory(str(checkpoint_dir)) if checkpoint_dir is not None else None
-        ray.train.report(metrics, checkpoint=ckpt)
+        self._report(metrics, ckpt)
+
+    def _report(self, metrics: dict[str, Any], checkpoint: ray.train.Checkpoint | None) -> None:
+        ray.train.report(metrics, checkpoint=checkpoint)
+
+    def _checkpoint(self) -> ray.train.Checkpoint | None:
+        return ray.train.get_checkpoint()
 
     @contextmanager
     def resume_dir(self) -> Iterator[Path | None]:
         """The folder of the checkpoint to resume from (after a worker failure or a resumed run), or None."""
-        ckpt = ray.train.get_checkpoint()
+        ckpt = self._checkpoint()
         if ckpt is None:
             yield None
             return
@@ -141,22 +147,15 @@ class TuneTrialSession(RaySession):
             "which holds no GPU; set scaling.num_workers to 1 or more (Ray Train workers with GPUs)"
         )
 
-    def report(self, metrics: dict[str, Any], *, checkpoint_dir: Path | None = None) -> None:
+    def _report(self, metrics: dict[str, Any], checkpoint: ray.train.Checkpoint | None) -> None:
         from ray import tune
 
-        ckpt = tune.Checkpoint.from_directory(str(checkpoint_dir)) if checkpoint_dir is not None else None
-        tune.report(metrics, checkpoint=ckpt)
+        tune.report(metrics, checkpoint=checkpoint)
 
-    @contextmanager
-    def resume_dir(self) -> Iterator[Path | None]:
+    def _checkpoint(self) -> ray.train.Checkpoint | None:
         from ray import tune
 
-        ckpt = tune.get_checkpoint()
-        if ckpt is None:
-            yield None
-            return
-        with ckpt.as_directory() as path:
-            yield Path(path)
+        return tune.get_checkpoint()
 
 
 def open_source(spec: SourceSpec | None, at: Place[Any]) -> NegativeSource[Any]:

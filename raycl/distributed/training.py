@@ -51,13 +51,8 @@ def fit(
     ``scaling.max_failures`` times; a worker group that cannot start ends the run in one line after
     ``scaling.start_timeout_s`` (:func:`_failure_config`). Inside a Tune trial the documented Train-in-Tune
     pattern applies (Ray Train's hyperparameter-optimization guide): a stable run name per trial (re-using it
-    resumes that trial's run) and a ``TuneReportCallback`` forwarding rank 0's metrics. A trial with
-    ``scaling.num_workers=0`` runs ``train_fn`` in its own process: its job's session reports to Tune itself
-    (:class:`raycl.distributed.session.TuneTrialSession`), and an error ends the trial.
+    resumes that trial's run) and a ``TuneReportCallback`` forwarding rank 0's metrics.
     """
-    if in_tune and scaling.num_workers == 0:  # the trial's process is the worker (TuneTrialSession)
-        train_fn()  # its reports went to Tune; an error ends the trial
-        return ray.train.Result(metrics={}, checkpoint=None, error=None, path=str(storage_path))
     where, filesystem = ray_storage(storage_path)  # a staged run's Ray storage is the object store itself
     callbacks: list[Any] = []
     if in_tune:
@@ -100,6 +95,14 @@ def fit(
             f"{scaling.start_timeout_s:g} s: {workers_ask(scaling)}; {cluster()}, and other work "
             "(another run, a sweep's trials, miners) may hold part of it"
         ) from None
+
+
+def fit_in_trial(train_fn: Callable[[], Any]) -> ray.train.Result:
+    """``scaling.num_workers=0`` in a Tune trial: ``train_fn`` in the trial's own process, no ``TorchTrainer``
+    (Ray Train's functions refuse to run in a Tune trial); its job's session reports to Tune itself
+    (:class:`raycl.distributed.session.TuneTrialSession`), and an error ends the trial."""
+    train_fn()
+    return ray.train.Result(metrics={}, checkpoint=None, error=None, path="")
 
 
 @contextmanager
