@@ -58,6 +58,7 @@ def main(out: Path) -> None:
     from raycl.data.gec import GecExample
     from raycl.distributed.miner_pool import MinerFactory, MinerPool
     from raycl.distributed.stream import start_stream
+    from raycl.testing.faults import Chaos
     from raycl.testing.miners import ECHO
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": FAST_HEALTH})
@@ -75,7 +76,9 @@ def main(out: Path) -> None:
         scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False),
     )
     pool = MinerPool(
-        MinerFactory(ECHO, options={"k": 1, "delay_s": 0.01}),
+        # miner 0 stalls holding its first task until it is killed (the lease would end at 20 s): the kill then
+        # takes a task with it whatever the timing, and its next life gives that task back
+        MinerFactory(ECHO, options={"k": 1, "delay_s": 0.01}, faults=Chaos(stall_s=60.0, miners=(0,))),
         num_miners=3,
         cpus_per_miner=0.25,
         node_ids=[worker.node_id],
