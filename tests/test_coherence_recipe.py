@@ -136,21 +136,22 @@ def test_the_pool_ranks_permutations_as_the_in_process_miner(ray_local, tmp_path
 
 def sweep_space() -> Any:
     """Two sweep trials side by side, then one baseline (staleness 0 runs in test_a_run_trains_…): the sweep of
-    ``test_tracking.py``'s tracked sweep, which checks it with :func:`check_the_sweep`."""
+    ``test_tracking.py``'s tracked sweep, which checks it with :func:`check_the_sweep`. Every trial trains in its
+    own process (``scaling.num_workers=0``: no Ray Train processes; what the tracking callbacks log is Tune's
+    report either way), mining while it trains: a Tune trial's negative stream and miners beside a local-mode
+    loop. Sweeps on Ray Train workers: ``test_gec_recipe.py``'s, ``test_resume_driver.py``'s."""
     over = [
         *TINY,
-        "scaling.num_workers=1",
-        "scaling.cpus_per_worker=0.5",
-        "tune.driver_cpus=0.1",
+        "scaling.num_workers=0",
+        "tune.driver_cpus=0.5",
         # side by side in the test's 2-CPU Ray (the smoke preset, a 2-core demo, runs one at a time): a trial's
-        # driver, miner and worker take 0.1 + 0.25 + 0.5 CPU (a miner's 0.25 or 0.5 gives it the same one thread)
+        # process and miner take 0.5 + 0.25 CPU (a miner's 0.25 or 0.5 gives it the same one thread)
         "tune.max_concurrent_trials=2",
         "mining.cpus_per_miner=0.25",
     ]
     space = load_space("coherence", preset="smoke", overrides=over)
     space.search = {"mining.max_staleness": {"grid": [1]}, "loss.margin": {"grid": [0.1, 0.3]}}
-    # the baseline in its trial's own process (scaling.num_workers=0: no Ray Train processes), the points on Train
-    space.baselines = {"pairwise": {**space.baselines["pairwise"], "scaling.num_workers": 0}}
+    space.baselines = {"pairwise": space.baselines["pairwise"]}
     return space
 
 

@@ -1,12 +1,13 @@
 """A driver killed mid-run (SIGKILL, as a lost head node or a closed terminal) and the same command run again.
 
-``raycl.tune``: Tune's own restore continues the sweep — the trial that ended is not trained again, the
-interrupted one continues from its last Ray Train checkpoint, the baselines and the report follow — and every
-trial's history and the report's tables equal those of an uninterrupted run of the same sweep (which also checks
-the idiom ladder's rows). That uninterrupted run is issue 20's S3 sweep: ``--out s3://…`` on a real S3 API server
-on localhost (moto's, the ``s3`` fixture), its report, histories and Ray's own state read back from the bucket,
-then restored from the bucket by the same command's ``main`` in the test's process (raycl restores only Tune
-state it recorded writing).
+``raycl.tune``: Tune's own restore continues the sweep — the trial that ended is not trained again, the interrupted
+one continues from its last Ray Train checkpoint, the baselines and the report follow — and every trial's history
+and the report's tables equal those of an uninterrupted run of the same sweep (which also checks the idiom ladder's
+rows) whose every trial trains in its own process (``scaling.num_workers=0``: a sweep point on one Ray Train worker
+and in its trial's process train alike). That uninterrupted run is issue 20's S3 sweep: ``--out s3://…`` on a real
+S3 API server on localhost (moto's, the ``s3`` fixture), its report, histories and Ray's own state read back from
+the bucket, then restored from the bucket by the same command's ``main`` in the test's process (raycl restores only
+Tune state it recorded writing).
 ``raycl.train``'s killed driver: ``test_resume_train_driver.py`` (a file of its own, so that ``make test``'s two
 workers can run it beside this one). The re-run goes through a pipe, as ``ray job logs`` would read it: a Tune
 trial's progress lines reach the driver's stderr without any setting (worker output is on by default).
@@ -176,12 +177,11 @@ def test_a_sweep_whose_driver_was_killed_continues_where_it_was(
 
     # The same sweep, uninterrupted, run as a user runs it on a cluster whose storage is S3 (a real S3 API
     # server on localhost, its endpoint and credentials from the environment): its report and histories are
-    # read back from the bucket.
-    uri = f"s3://{S3_BUCKET}/whole"
+    # read back from the bucket. Its points train in their trials' own processes, not on Ray Train workers.
+    uri, local = f"s3://{S3_BUCKET}/whole", [*SETS, "scaling.num_workers=0"]
     env = {**_env(), **s3, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(
-        [*_cli("tune", str(space_file), uri, SETS), "--json"], capture_output=True, text=True, timeout=600, env=env
-    )
+    cmd = [*_cli("tune", str(space_file), uri, local), "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
     assert not summary["failed_trials"] and summary["store"] == uri
@@ -198,8 +198,8 @@ def test_a_sweep_whose_driver_was_killed_continues_where_it_was(
     assert any(k.startswith("ray/sweep/experiment_state") for k in objects), sorted(objects)  # Tune's own state
     baselines = {r["zero_shot/trial_id"] for r in summary["table"] if r["method"] != "sweep best"}
     assert len(baselines) == 2 and baselines < set(trials)
-    for t in trials:  # a point's Ray Train checkpoints; a baseline's, reported to Tune, in its trial's folder
-        where = f"ray/baselines/trial_{t}_" if t in baselines else f"ray/train-trial_id={t}/checkpoint_"
+    for t in trials:  # every trial's checkpoints, reported to Tune, in its trial's folder
+        where = f"ray/{'baselines' if t in baselines else 'sweep'}/trial_{t}_"
         assert any(k.startswith(where) and "/checkpoint_" in k for k in objects), (t, sorted(objects))
     print("\n".join(f"{v:>10}  {uri}/{k}" for k, v in sorted(objects.items())))  # the note's object listing
     histories = sorted(
@@ -233,7 +233,7 @@ def test_a_sweep_whose_driver_was_killed_continues_where_it_was(
     t0, out = time.monotonic(), io.StringIO()
     capfd.readouterr()
     with contextlib.redirect_stdout(out):
-        tune_main([*_cli("tune", str(space_file), uri, SETS)[3:], "--json"])
+        tune_main([*_cli("tune", str(space_file), uri, local)[3:], "--json"])
     err = capfd.readouterr().err
     print(f"\nthe finished sweep restored from the bucket in {time.monotonic() - t0:.0f} s")  # the note's figure
     for name in ("sweep", "baselines"):
