@@ -139,7 +139,8 @@ def sweep_space() -> Any:
     ``test_tracking.py``'s tracked sweep, which checks it with :func:`check_the_sweep`. Every trial trains in its
     own process (``scaling.num_workers=0``: no Ray Train processes; what the tracking callbacks log is Tune's
     report either way), mining while it trains: a Tune trial's negative stream and miners beside a local-mode
-    loop. Sweeps on Ray Train workers: ``test_gec_recipe.py``'s, ``test_resume_driver.py``'s."""
+    loop. Trials on Ray Train workers: the killed sweep's points (``test_resume_driver.py``), STS's refreshed
+    dense row (``test_sts_recipe.py``)."""
     over = [
         *TINY,
         "scaling.num_workers=0",
