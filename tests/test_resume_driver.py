@@ -239,3 +239,38 @@ def test_a_sweep_whose_driver_was_killed_continues_where_it_was(
     for name in ("sweep", "baselines"):
         assert f"[raycl] resumed sweep: continuing the experiment stored at {uri}/ray/{name}" in err, err[-3000:]
     assert json.loads(out.getvalue())["table"] == summary["table"]
+
+
+def test_a_killed_sweep_continues_a_trial_trained_in_its_own_process_from_its_checkpoint(
+    ray_local, tmp_path: Path
+) -> None:
+    """``scaling.num_workers=0``: the trial trains in its own process and checkpoints to Tune, which keeps its
+    newest checkpoint and saves its experiment snapshot with each (``tune.CheckpointConfig(num_to_keep=1)``). The
+    driver is killed after the trial's third report; the same command continues it from a checkpoint (its second
+    start is a resume at a step > 0), not from the start, and only one checkpoint is kept on disk. Without the
+    snapshot taken at each checkpoint Tune restored the trial as never started (it trained again from step 0)."""
+    address = ray_local.get_runtime_context().gcs_address
+    space = yaml.safe_load((ROOT / "tune_spaces" / "idiom.yaml").read_text(encoding="utf-8"))
+    # 16 epochs (under a second each), killed after 3: a dead driver's trial runs on a while, not to its end
+    space["presets"]["smoke"]["search"] = {"optim.epochs": {"grid": [16]}}
+    space["baselines"], space["presets"]["smoke"]["ladder"]["baselines"] = {}, []  # one trial
+    space_file, out = tmp_path / "idiom_local.yaml", tmp_path / "run"
+    space_file.write_text(yaml.safe_dump(space, sort_keys=False), encoding="utf-8")
+    sets = [*SETS[:1], "tune.driver_cpus=0.5", "scaling.num_workers=0"]
+    cmd = _cli("tune", str(space_file), out, sets, address)
+
+    def reported_three_times() -> bool:  # the trial's own records (Tune's driver writes its result.json late)
+        return any(len(read_history(t)) >= 3 for t in (out / "trials").glob("*"))
+
+    _kill_when(cmd, reported_three_times)
+    stderr = _rerun(cmd)
+    assert _line(stderr, "[raycl] resumed sweep:").startswith(
+        "[raycl] resumed sweep: 0 finished trials kept, 1 interrupted trials continued from their last "
+        "checkpoint, 0 trials still to run"
+    )
+    (trial,) = [t for t in (out / "trials").iterdir() if t.is_dir()]
+    starts = _starts(trial)
+    assert len(starts) == 2 and starts[1]["resumed"] and starts[1]["step"] > 0, starts
+    assert is_done(trial)
+    (folder,) = (out / "ray" / "sweep").glob("trial_*")
+    assert len(list(folder.glob("checkpoint_*"))) == 1

@@ -74,12 +74,17 @@ def resumed_line(path: Path, total: int, trials_dir: Path | None) -> str:
 
     trials = ExperimentAnalysis(str(path)).trials
     ended = [t for t in trials if t.status == "TERMINATED" or (trials_dir and is_done(trials_dir / t.trial_id))]
-    # a trial with a checkpoint is interrupted whatever its status: Tune's snapshot may predate its start
+    # a trial with a checkpoint is interrupted whatever its status: Tune's snapshot may predate its start (a Ray
+    # Train trial's checkpoint is in Train's own snapshot; one trained in its trial's process, in Tune's)
     started = [
         t
         for t in trials
         if t not in ended
-        and (t.status in ("RUNNING", "PAUSED", "ERROR") or has_checkpoint(path.parent, trial_run_name(t.trial_id)))
+        and (
+            t.status in ("RUNNING", "PAUSED", "ERROR")
+            or t.checkpoint is not None
+            or has_checkpoint(path.parent, trial_run_name(t.trial_id))
+        )
     ]
     todo = max(total - len(ended) - len(started), 0)
     return (
@@ -198,6 +203,10 @@ def run_sweep(
                 storage_path=where,
                 storage_filesystem=store,
                 verbose=0,
+                # a trial training in its own process (scaling.num_workers=0) checkpoints to Tune: its newest only,
+                # as a Ray Train run keeps, and each one saves Tune's experiment snapshot at once, so that a sweep
+                # whose driver died continues such a trial from it (Train's trials: from Train's own snapshot)
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                 callbacks=[
                     _TrialProgress(total, tune_cfg.metric, tune_cfg.mode, name),
                     *tracking.sweep_callbacks(name),
