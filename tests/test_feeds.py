@@ -184,3 +184,18 @@ def test_row_batches_cut_across_pools_skip_rows_and_carry_the_position() -> None
     # a naive count: the position after a batch is 5 + the index (1-based) of its last row in the epoch
     last = [1 + next(i for i, r in enumerate(rows) if r[0] == b.data[0][-1]) for b in batches]
     assert [b.progress for b in batches] == [{"done": 5 + last[0]}, {"done": 5 + len(rows)}]
+
+
+def test_row_batches_hand_take_each_row_s_own_example_and_refuse_a_pool_of_unequal_columns() -> None:
+    """``take`` decides by the row's example as well as its negatives (here: only odd-numbered examples, each
+    trained on its own name); a pool whose examples and negatives differ in number is an error, not a silent
+    cut to the shorter."""
+
+    def take(x: str, negs: list[str]) -> list[str] | None:
+        return [f"{x}:{n}" for n in negs] if int(x[1:]) % 2 else None
+
+    pool = Batch((["x0", "x1", "x2", "x3"], [["a"], ["b"], ["c"], ["d"]]))
+    (batch,) = list(row_batches([pool], 8, done=0, take=take))
+    assert batch.data == (["x1", "x3"], [["x1:b"], ["x3:d"]]) and batch.progress == {"done": 4}
+    with pytest.raises(ValueError, match="zip"):
+        list(row_batches([Batch((["x1", "x3"], [["b"]]))], 8, done=0, take=take))
