@@ -4,7 +4,10 @@ own cleaner asked the dashboard's State API whether the controller lived: beside
 failed (``Found multiple active Ray instances``), and once, in CI, the third trial of one sweep failed after about
 ``scaling.start_timeout_s`` (a left group, inferred: no logs survived) although each Ray process knew its cluster.
 raycl's reaper (``raycl.distributed.placement``) asks the controller itself. Here each trial's driver and worker
-fill the 2 CPUs of its Ray, so a left group would stop the sweep.
+fill the 2 CPUs of its Ray, so a left group would stop the sweep. CI saw it once more with the reaper (sweep a's
+third trial, the stopped one past its second epoch): a removal that failed ended the reaper's watch, and an abort
+or a failed shutdown ended the reaper before the group was gone — both mended, neither proved the cause. Each
+sweep's Ray now lives in a folder of the test's own, and a failure prints its placement groups' timeline.
 
 ``make test-cluster`` (``-m cluster``): about 3 minutes on 2 cores."""
 
@@ -12,8 +15,10 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -47,6 +52,24 @@ def _space(tmp_path: Path) -> Path:
     return path
 
 
+# what a sweep's Ray logs of its placement groups (gcs_server.out), for a failure's message
+_GCS_EVENTS = ("Registering placement group", "Successfully created placement group", "is removed successfully")
+
+
+def _ray_story(ray_tmp: Path) -> str:
+    """The placement groups' lives in a sweep's Ray and what raycl said in its workers' logs: the timeline that
+    tells which group a waiting trial waited behind (the test's failure message)."""
+    lines: list[str] = []
+    for logs in sorted(ray_tmp.glob("ray/session_2*/logs")):
+        gcs = (logs / "gcs_server.out").read_text(encoding="utf-8", errors="replace").splitlines()
+        # "[2026-11-29 05:25:27,345 I 5156 5156] (gcs_server) file.cc:392: what": the time and the what
+        lines += [f"{g[12:24]} {g.split(': ', 1)[-1][:140]}" for g in gcs if any(e in g for e in _GCS_EVENTS)]
+        for log in sorted(logs.glob("worker-*.err")):
+            said = log.read_text(encoding="utf-8", errors="replace").splitlines()
+            lines += [f"{log.name[:15]} {w[:200]}" for w in said if "raycl:" in w]
+    return "\n".join(lines[-120:])
+
+
 @pytest.mark.cluster
 def test_two_sweeps_at_once_on_one_machine_both_finish(tmp_path: Path) -> None:
     space = _space(tmp_path)
@@ -58,6 +81,18 @@ def test_two_sweeps_at_once_on_one_machine_both_finish(tmp_path: Path) -> None:
         "TUNE_DISABLE_STRICT_METRIC_CHECKING": "1",
     }  # a trial's last report (its test scores) has no lr
     sets = ["data.setting=zero_shot", "optim.epochs=2", "scaling.start_timeout_s=240"]
+    # each sweep's Ray in a folder of its own, read back if the test fails (short: Ray's socket paths end there)
+    ray_tmp = {name: Path(tempfile.mkdtemp(prefix="rc2-")) for name in ("a", "b")}
+    try:
+        _two_sweeps(tmp_path, space, env, sets, ray_tmp)
+    finally:
+        for folder in ray_tmp.values():
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _two_sweeps(
+    tmp_path: Path, space: Path, env: dict[str, str], sets: list[str], ray_tmp: dict[str, Path]
+) -> None:
     procs = []
     for name in ("a", "b"):
         cmd = [
@@ -71,7 +106,15 @@ def test_two_sweeps_at_once_on_one_machine_both_finish(tmp_path: Path) -> None:
             str(tmp_path / name),
             *(a for s in sets for a in ("--set", s)),
         ]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env))
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                env={**env, "RAY_TMPDIR": str(ray_tmp[name])},
+            )
+        )
         time.sleep(2)  # both Rays up while the other runs
     errs = [p.communicate(timeout=900)[1] for p in procs]
     for p, err in zip(procs, errs, strict=True):
@@ -85,9 +128,6 @@ def test_two_sweeps_at_once_on_one_machine_both_finish(tmp_path: Path) -> None:
         # have reported its second epoch (seen once: [2, 2, 2]): the stopped one is told by its missing done.json
         ended = [(t / DONE).exists() for t in trials]
         assert len(trials) == 3 and ended == [True, False, True] and reports[1] >= 1 and not why, (
-            name,
-            reports,
-            ended,
-            why,
-            err[-3000:],
+            f"sweep {name}: epochs reported {reports}, ended {ended}, errors {why}\n{err[-3000:]}\n"
+            f"its Ray's placement groups:\n{_ray_story(ray_tmp[name])}"
         )

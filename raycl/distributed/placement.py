@@ -24,8 +24,8 @@ log = logging.getLogger(__name__)
 
 class PlacementReaper:
     """A detached actor beside one Train controller: it keeps the controller's latest worker placement group and
-    removes it once the controller is dead, then exits. The controller kills it when it shuts down in order (it
-    removes its group itself then)."""
+    removes it once the controller is dead, then exits. The controller kills it when it shuts down in order, once
+    it has removed its group itself."""
 
     def __init__(self, controller: Any, interval_s: float = 1.0, answer_s: float = 10.0) -> None:
         self.controller, self.interval_s, self.answer_s = controller, interval_s, answer_s
@@ -55,18 +55,21 @@ class PlacementReaper:
             try:
                 if self.controller_alive():
                     continue
-            except Exception as err:  # never give up on the group: a failed question is asked again
-                log.warning(
-                    "raycl: could not ask the Ray Train controller whether it lives (%s); asking again", err
-                )
+                self.remove()
+            except Exception as err:  # never give up on the group: a failed question or removal is tried again
+                log.warning("raycl: the placement-group reaper's question or removal failed (%s); again", err)
                 continue
-            self.remove()
             ray.actor.exit_actor()
 
     def remove(self) -> None:
         """Remove the watched group unless it is gone already."""
         group = self.group
-        if group is None or ray.util.placement_group_table(group).get("state") in (None, "REMOVED"):
+        if gone(group):
             return
         log.warning("raycl: the Ray Train controller died; removing its worker placement group %s", group.id.hex())
         ray.util.remove_placement_group(group)
+
+
+def gone(group: Any) -> bool:
+    """Whether the placement group ``group`` (None: none was made) no longer holds resources."""
+    return group is None or ray.util.placement_group_table(group).get("state") in (None, "REMOVED")

@@ -18,7 +18,7 @@ from ray.train.torch.config import _TorchBackend
 from ray.train.v2._internal.execution.callback import ControllerCallback, WorkerGroupCallback
 
 from raycl.config import ScalingSection
-from raycl.distributed.placement import PlacementReaper
+from raycl.distributed.placement import PlacementReaper, gone
 from raycl.distributed.resources import cluster, gpu_problem, start_attempts_limit, worker_bundle, workers_ask
 from raycl.errors import UserError
 from raycl.storage import ray_storage
@@ -187,11 +187,12 @@ class _CheckedTorchBackend(_TorchBackend):  # type: ignore[misc]
 
 class ReaperCallback(ControllerCallback, WorkerGroupCallback):  # type: ignore[misc]
     """Starts a :class:`PlacementReaper` beside the controller, gives it each worker group's placement group, and
-    ends it when the controller shuts down or aborts in order. Replaces Train's ``PlacementGroupCleanerCallback``
-    (:class:`_Trainer`)."""
+    ends it when the controller shuts down in order, which removes the group first. Replaces Train's
+    ``PlacementGroupCleanerCallback`` (:class:`_Trainer`)."""
 
     def __init__(self) -> None:
         self.reaper: Any = None
+        self.group: Any = None  # the worker group's placement group, as the reaper was told
 
     def after_controller_start(self, train_run_context: Any) -> None:
         self.reaper = (
@@ -208,22 +209,22 @@ class ReaperCallback(ControllerCallback, WorkerGroupCallback):  # type: ignore[m
         self.reaper.run.remote()
 
     def after_worker_group_start(self, worker_group: Any) -> None:
-        group = worker_group.get_worker_group_state().placement_group_handle.placement_group
+        group = self.group = worker_group.get_worker_group_state().placement_group_handle.placement_group
         try:  # bounded: a reaper that never started must not hold the run
             ray.get(self.reaper.watch.remote(group), timeout=60)
         except Exception as err:  # the run goes on; only the clean-up after a stop is at risk
             log.warning("raycl: the placement-group reaper was not told of group %s (%s)", group.id.hex(), err)
 
     async def before_controller_shutdown(self) -> None:
-        self._end()
-
-    def before_controller_abort(self) -> None:
-        self._end()
-
-    def _end(self) -> None:
-        if self.reaper is not None:
+        """Ray Train calls this after it shut the worker group down, which removed its group: the reaper ends
+        (a group a failed shutdown left stays with it, until the controller is gone)."""
+        if self.reaper is not None and gone(self.group):
             ray.kill(self.reaper)
             self.reaper = None
+
+    def before_controller_abort(self) -> None:
+        """Ray Train calls this before it aborts the worker group and ends the controller: the reaper stays, and
+        removes the group should the controller die before its abort has."""
 
 
 class CheckedTorchConfig(TorchConfig):  # type: ignore[misc]
