@@ -6,7 +6,7 @@ failed (``Found multiple active Ray instances``), and once, in CI, the third tri
 raycl's reaper (``raycl.distributed.placement``) asks the controller itself. Here each trial's driver and worker
 fill the 2 CPUs of its Ray, so a left group would stop the sweep. CI saw it once more with the reaper (sweep a's
 third trial, the stopped one past its second epoch): a removal that failed ended the reaper's watch, and an abort
-or a failed shutdown ended the reaper before the group was gone — both mended, neither proved the cause. Each
+or a failed shutdown ended the reaper before the group was gone — all three mended, none proved the cause. Each
 sweep's Ray now lives in a folder of the test's own, and a failure prints its placement groups' timeline.
 
 ``make test-cluster`` (``-m cluster``): about 3 minutes on 2 cores."""
