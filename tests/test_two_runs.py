@@ -9,9 +9,9 @@ third trial, the stopped one past its second epoch): a removal that failed ended
 or a failed shutdown ended the reaper before the group was gone — all three mended, and it still happened twice in
 seven runs of ``make test-cluster`` on a 2-core machine. The timeline this test now prints showed why: Tune
 removed the stopped trial's bundle, its worker died first, its controller restarted the worker group on a new
-placement group in the 15 ms before it died too, and the reaper — told of a group only once it has started —
-knew only the old one (not mended yet). Each sweep's Ray lives in a folder of the test's own, and a failure
-prints its placement groups' timeline and the reaper's lines.
+placement group (14 ms after the old one went) before it died too, and the reaper — told of a group only once
+it has started — knew only the old one (not mended yet). Each sweep's Ray lives in a folder of the test's own,
+and a failure prints its placement groups' timeline and the reaper's lines.
 
 ``make test-cluster`` (``-m cluster``): about 3 minutes on 2 cores."""
 
