@@ -187,8 +187,9 @@ class _CheckedTorchBackend(_TorchBackend):  # type: ignore[misc]
 
 class ReaperCallback(ControllerCallback, WorkerGroupCallback):  # type: ignore[misc]
     """Starts a :class:`PlacementReaper` beside the controller, gives it each worker group's placement group, and
-    ends it when the controller shuts down in order, which removes the group first. Replaces Train's
-    ``PlacementGroupCleanerCallback`` (:class:`_Trainer`)."""
+    ends it when the controller shuts down in order, which removes the group first. An abort leaves it be: Ray
+    Train calls ``before_controller_abort`` before it aborts the worker group, and the reaper removes the group
+    should the controller die in between. Replaces Train's ``PlacementGroupCleanerCallback`` (:class:`_Trainer`)."""
 
     def __init__(self) -> None:
         self.reaper: Any = None
@@ -221,10 +222,6 @@ class ReaperCallback(ControllerCallback, WorkerGroupCallback):  # type: ignore[m
         if self.reaper is not None and gone(self.group):
             ray.kill(self.reaper)
             self.reaper = None
-
-    def before_controller_abort(self) -> None:
-        """Ray Train calls this before it aborts the worker group and ends the controller: the reaper stays, and
-        removes the group should the controller die before its abort has."""
 
 
 class CheckedTorchConfig(TorchConfig):  # type: ignore[misc]
