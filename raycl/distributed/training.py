@@ -189,7 +189,8 @@ class ReaperCallback(ControllerCallback, WorkerGroupCallback):  # type: ignore[m
     """Starts a :class:`PlacementReaper` beside the controller, gives it each worker group's placement group, and
     ends it when the controller shuts down in order, which removes the group first. An abort leaves it be: Ray
     Train calls ``before_controller_abort`` before it aborts the worker group, and the reaper removes the group
-    should the controller die in between. Replaces Train's ``PlacementGroupCleanerCallback`` (:class:`_Trainer`)."""
+    should the controller die in between. Replaces Train's ``PlacementGroupCleanerCallback``
+    (:class:`_Trainer`)."""
 
     def __init__(self) -> None:
         self.reaper: Any = None
